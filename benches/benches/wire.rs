@@ -1,0 +1,2 @@
+//! Wire codec benchmarks (filled in below).
+fn main() {}

@@ -1,0 +1,2 @@
+//! tether-benches: criterion benchmarks, each reported beside a baseline measured in the same
+//! run (`cargo bench -p tether-benches`).

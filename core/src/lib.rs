@@ -1,0 +1,27 @@
+//! tether-core: every wire format and protocol decision of tether, with no I/O.
+//!
+//! This crate is a pure function of its inputs, the time passed in and a seed passed in. It has
+//! no tokio, no iroh, no sockets, no threads, no clock reads, no OS randomness and no disk
+//! (enforced by `clippy.toml`). Shells (`tether`, `tether-sim`) move bytes and time in and out.
+//!
+//! # Wire codecs
+//!
+//! [`wire`] holds the four formats tether speaks, each with an incremental decoder built on
+//! [`wire::StreamDecoder`]: push bytes in any split with [`wire::StreamDecoder::push`], pop
+//! complete items with [`wire::StreamDecoder::pop`] until it returns `Ok(None)`, and call
+//! [`wire::StreamDecoder::finish`] at end of stream to learn whether a truncated tail is left.
+//!
+//! Every decoder in this crate:
+//! - never panics on any input;
+//! - never allocates past a named limit from [`limits`];
+//! - is strict: trailing bytes, reserved bits, non-minimal encodings and unknown fields are
+//!   typed errors;
+//! - is zero-copy: payloads are [`bytes::Bytes`] slices of the buffer the bytes arrived in.
+//!
+//! Every encoder checks the same limits its decoder enforces and returns a typed error instead
+//! of writing bytes its peer would reject.
+
+#![forbid(unsafe_code)]
+
+pub mod limits;
+pub mod wire;

@@ -1,0 +1,77 @@
+//! Every bound tether enforces, in one place.
+//!
+//! Units come last in each name (`_bytes_max`, `_count_max`). Each constant says why it has the
+//! value it has; a decoder or machine that needs a bound names one of these instead of writing a
+//! number.
+
+/// Largest actor-record type tag. Seed 000 §4.3: "Tags larger than 1024 bytes are rejected".
+pub const ACTOR_TAG_BYTES_MAX: usize = 1024;
+
+/// Default bound on an actor-record payload. REFERENCE §A: the original used 64 KiB; tether
+/// makes the bound a decoder setting and defaults to 1 MiB, room for any gossip or application
+/// message that should travel inline rather than as a byte stream.
+pub const ACTOR_PAYLOAD_BYTES_DEFAULT: usize = 1024 * 1024;
+
+/// Hard ceiling for the actor payload setting: one record is buffered whole before it is
+/// delivered, so the setting may not make a single peer able to pin more than this.
+pub const ACTOR_PAYLOAD_BYTES_CEILING: usize = 16 * 1024 * 1024;
+
+/// Longest unsigned varint, in bytes (multiformats unsigned-varint: at most 9 bytes, 63 bits).
+pub const VARINT_BYTES_MAX: usize = 9;
+
+/// Largest value an unsigned varint can carry: 9 groups of 7 bits.
+pub const VARINT_VALUE_MAX: u64 = (1 << 63) - 1;
+
+/// Bound on every telemetry record and every decoded (decompressed) batch.
+/// Seed 000 §4.5: "Each decoded record or batch is bounded by 16 * 1024 * 1024 bytes".
+pub const TELEMETRY_RECORD_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Largest telemetry header token: its length travels as a `u16` (seed 000 §8).
+pub const TELEMETRY_TOKEN_BYTES_MAX: usize = u16::MAX as usize;
+
+/// The writer closes a batch once its raw entries reach this many bytes (seed 000 §4.5).
+pub const TELEMETRY_BATCH_BYTES_TARGET: usize = 256 * 1024;
+
+/// The writer closes a batch once it holds this many events (seed 000 §4.5).
+pub const TELEMETRY_BATCH_EVENTS_MAX: usize = 1024;
+
+/// Most channel descriptors a header snapshot may list. Descriptors decode into owned
+/// structures; this keeps the memory a header costs proportional to a sane channel count rather
+/// than to the 16 MiB record bound (a 2-byte descriptor would otherwise cost ~100 bytes each).
+pub const TELEMETRY_HEADER_CHANNELS_MAX: usize = 4096;
+
+/// Most labels one stream or channel descriptor may carry, for the same reason.
+pub const TELEMETRY_LABELS_MAX: usize = 32;
+
+/// zstd level of telemetry batches (seed 000 §4.5: "Zstandard level 1").
+pub const TELEMETRY_ZSTD_LEVEL: i32 = 1;
+
+/// Default largest bifaci frame (REFERENCE §B: 3,670,016 bytes, a margin below 3.75 MB).
+pub const BIFACI_FRAME_BYTES_DEFAULT: usize = 3_670_016;
+
+/// Hard ceiling for the bifaci frame setting (REFERENCE §B: "hard cap 16 MiB").
+pub const BIFACI_FRAME_BYTES_CEILING: usize = 16 * 1024 * 1024;
+
+/// Deepest CBOR nesting accepted inside a bifaci `meta` map. Skipping a nested item recurses;
+/// this bounds the stack a hostile frame can make the decoder use.
+pub const CBOR_NESTING_DEPTH_MAX: usize = 16;
+
+/// Largest substrate frame: length-prefixed type byte plus CBOR (REFERENCE §C: 1 MiB).
+pub const ENVELOPE_FRAME_BYTES_MAX: usize = 1024 * 1024;
+
+/// Largest inline substrate body (REFERENCE §C: 64 KiB; larger payloads travel as bulk chunks).
+pub const ENVELOPE_INLINE_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// Largest substrate bulk-chunk body (REFERENCE §C: 256 KiB).
+pub const ENVELOPE_CHUNK_BODY_BYTES_MAX: usize = 256 * 1024;
+
+/// Longest substrate address (REFERENCE §C: `[a-z0-9._/-]{1,128}`).
+pub const ADDRESS_BYTES_MAX: usize = 128;
+
+/// Most keys one envelope `env` map may carry: the seven core keys plus verb-specific keys.
+/// Bounds the work and memory an envelope costs regardless of its byte length.
+pub const ENVELOPE_ENV_KEYS_MAX: usize = 32;
+
+/// Longest text value inside an envelope (`id`, `code`, `message`, `reason`, ...). A human
+/// readable reason never needs more; op ids are ~26 characters.
+pub const ENVELOPE_TEXT_BYTES_MAX: usize = 4096;

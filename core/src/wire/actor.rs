@@ -1,0 +1,346 @@
+//! Actor records: the length-delimited frames of the actor-message ALPN (seed 000 §4.3).
+//!
+//! ```text
+//! [32B dest][u32 BE tag_len][tag (UTF-8)][u32 BE payload_len][payload]
+//! ```
+//!
+//! Many records follow each other on one stream with no other framing. Every error is fatal:
+//! the seed drops a malformed actor stream (the connection survives), so the decoder poisons.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::{u32_be_at, Format, FormatError};
+use crate::limits::{
+    ACTOR_PAYLOAD_BYTES_CEILING, ACTOR_PAYLOAD_BYTES_DEFAULT, ACTOR_TAG_BYTES_MAX,
+};
+
+/// Bytes of an actor address (an iroh endpoint key or an actor id).
+pub const DEST_LEN: usize = 32;
+
+/// Bytes before the tag: dest and the tag length.
+const TAG_AT: usize = DEST_LEN + 4;
+
+/// One actor message on the wire.
+///
+/// The tag and payload are zero-copy slices of the received buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorRecord {
+    dest: [u8; DEST_LEN],
+    tag: Bytes,
+    payload: Bytes,
+}
+
+impl ActorRecord {
+    /// A record for `dest` with network type `tag` and an already-encoded `payload`.
+    ///
+    /// Fails when the tag is longer than [`ACTOR_TAG_BYTES_MAX`]; the payload bound is the
+    /// receiver's setting and is checked by [`ActorRecord::encode`].
+    pub fn new(dest: [u8; DEST_LEN], tag: &str, payload: Bytes) -> Result<Self, ActorError> {
+        if tag.len() > ACTOR_TAG_BYTES_MAX {
+            return Err(ActorError::TagTooLong {
+                len: tag.len() as u64,
+            });
+        }
+        Ok(Self {
+            dest,
+            tag: Bytes::copy_from_slice(tag.as_bytes()),
+            payload,
+        })
+    }
+
+    /// The addressed actor (or peer mailbox).
+    pub fn dest(&self) -> &[u8; DEST_LEN] {
+        &self.dest
+    }
+
+    /// The network message type tag.
+    pub fn tag(&self) -> &str {
+        // Checked at construction and at decode; neither path stores anything else.
+        std::str::from_utf8(&self.tag).expect("actor tag validated as UTF-8")
+    }
+
+    /// The opaque payload bytes.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// Bytes this record takes on the wire.
+    pub fn encoded_len(&self) -> usize {
+        TAG_AT + self.tag.len() + 4 + self.payload.len()
+    }
+
+    /// Appends the record to `out`, refusing a payload above `payload_bytes_max` (the bound the
+    /// receiving [`ActorDecoder`] enforces).
+    pub fn encode(
+        &self,
+        payload_bytes_max: usize,
+        out: &mut impl BufMut,
+    ) -> Result<(), ActorError> {
+        if self.payload.len() > payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING) {
+            let len = self.payload.len() as u64;
+            return Err(ActorError::PayloadTooLarge {
+                len,
+                max: payload_bytes_max as u64,
+            });
+        }
+        debug_assert!(self.tag.len() <= ACTOR_TAG_BYTES_MAX);
+        out.put_slice(&self.dest);
+        out.put_u32(self.tag.len() as u32);
+        out.put_slice(&self.tag);
+        out.put_u32(self.payload.len() as u32);
+        out.put_slice(&self.payload);
+        Ok(())
+    }
+}
+
+/// Why an actor stream could not be decoded. All of these end the stream.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActorError {
+    /// The stream ended inside a record.
+    #[error("actor stream ends inside a record ({buffered} bytes left)")]
+    Truncated {
+        /// Bytes of the incomplete record.
+        buffered: u64,
+    },
+    /// `tag_len` above [`ACTOR_TAG_BYTES_MAX`].
+    #[error("actor tag of {len} bytes exceeds {ACTOR_TAG_BYTES_MAX}")]
+    TagTooLong {
+        /// Declared tag length.
+        len: u64,
+    },
+    /// The tag is not UTF-8.
+    #[error("actor tag is not UTF-8")]
+    TagNotUtf8,
+    /// `payload_len` above the decoder's setting.
+    #[error("actor payload of {len} bytes exceeds {max}")]
+    PayloadTooLarge {
+        /// Declared payload length.
+        len: u64,
+        /// The bound in force.
+        max: u64,
+    },
+}
+
+impl FormatError for ActorError {
+    fn is_fatal(&self) -> bool {
+        true
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Truncated { .. } => "truncated",
+            Self::TagTooLong { .. } => "tag_too_long",
+            Self::TagNotUtf8 => "tag_not_utf8",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+        }
+    }
+}
+
+/// The actor-record [`Format`]; wrap it in a [`super::StreamDecoder`].
+#[derive(Debug, Clone)]
+pub struct ActorDecoder {
+    payload_bytes_max: usize,
+}
+
+impl Default for ActorDecoder {
+    fn default() -> Self {
+        Self {
+            payload_bytes_max: ACTOR_PAYLOAD_BYTES_DEFAULT,
+        }
+    }
+}
+
+impl ActorDecoder {
+    /// A decoder accepting payloads up to `payload_bytes_max`, clamped to
+    /// [`ACTOR_PAYLOAD_BYTES_CEILING`].
+    pub fn with_payload_bytes_max(payload_bytes_max: usize) -> Self {
+        Self {
+            payload_bytes_max: payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING),
+        }
+    }
+
+    /// The payload bound in force.
+    pub fn payload_bytes_max(&self) -> usize {
+        self.payload_bytes_max
+    }
+}
+
+impl Format for ActorDecoder {
+    type Item = ActorRecord;
+    type Error = ActorError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<ActorRecord>, ActorError> {
+        let Some(tag_len) = u32_be_at(buf, DEST_LEN) else {
+            return Ok(None);
+        };
+        let tag_len = tag_len as usize;
+        if tag_len > ACTOR_TAG_BYTES_MAX {
+            return Err(ActorError::TagTooLong {
+                len: tag_len as u64,
+            });
+        }
+        let payload_len_at = TAG_AT + tag_len;
+        let Some(payload_len) = u32_be_at(buf, payload_len_at) else {
+            return Ok(None);
+        };
+        let payload_len = payload_len as usize;
+        if payload_len > self.payload_bytes_max {
+            let (len, max) = (payload_len as u64, self.payload_bytes_max as u64);
+            return Err(ActorError::PayloadTooLarge { len, max });
+        }
+        // The tag is complete here: reject it before waiting for a payload we would discard.
+        if std::str::from_utf8(&buf[TAG_AT..payload_len_at]).is_err() {
+            return Err(ActorError::TagNotUtf8);
+        }
+        let total = payload_len_at + 4 + payload_len;
+        if buf.len() < total {
+            buf.reserve(total - buf.len());
+            return Ok(None);
+        }
+        let mut record = buf.split_to(total).freeze();
+        let mut dest = [0u8; DEST_LEN];
+        record.copy_to_slice(&mut dest);
+        let tag = record.slice(4..4 + tag_len);
+        let payload = record.split_off(4 + tag_len + 4);
+        Ok(Some(ActorRecord { dest, tag, payload }))
+    }
+
+    fn finish(&self, buffered: usize) -> Result<(), ActorError> {
+        match buffered {
+            0 => Ok(()),
+            n => Err(ActorError::Truncated { buffered: n as u64 }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{decode_split, expect_line, golden};
+    use crate::wire::StreamDecoder;
+    use proptest::prelude::*;
+
+    fn encode_all(records: &[ActorRecord]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for record in records {
+            record
+                .encode(ACTOR_PAYLOAD_BYTES_DEFAULT, &mut out)
+                .expect("within bounds");
+        }
+        out
+    }
+
+    #[test]
+    fn golden_valid_two_records() {
+        let bytes = golden(include_str!(
+            "../../tests/golden/actor/valid_two_records.hex"
+        ));
+        let mut dest = [0u8; 32];
+        dest.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let expected = vec![
+            ActorRecord::new(dest, "swim.ping", Bytes::from_static(b"hi")).unwrap(),
+            ActorRecord::new([0xff; 32], "", Bytes::new()).unwrap(),
+        ];
+        assert_eq!(encode_all(&expected), bytes);
+        let (items, verdict) = decode_split(ActorDecoder::default(), &bytes, &[]);
+        assert_eq!(verdict, Ok(()));
+        assert_eq!(items, expected);
+    }
+
+    #[test]
+    fn golden_malformed_vectors() {
+        let vectors = [
+            include_str!("../../tests/golden/actor/malformed_tag_too_long.hex"),
+            include_str!("../../tests/golden/actor/malformed_tag_not_utf8.hex"),
+            include_str!("../../tests/golden/actor/malformed_payload_too_large.hex"),
+            include_str!("../../tests/golden/actor/malformed_truncated.hex"),
+        ];
+        for text in vectors {
+            let (kind, offset) = expect_line(text).expect("vector states its error");
+            let bytes = golden(text);
+            for cut in 0..bytes.len() {
+                let (_, verdict) = decode_split(ActorDecoder::default(), &bytes, &[cut]);
+                let error = verdict.expect_err(&kind);
+                assert_eq!((error.error.kind(), error.offset), (kind.as_str(), offset));
+            }
+        }
+    }
+
+    #[test]
+    fn poisoned_decoder_discards_later_bytes() {
+        let bytes = golden(include_str!(
+            "../../tests/golden/actor/malformed_tag_too_long.hex"
+        ));
+        let mut decoder = StreamDecoder::new(ActorDecoder::default());
+        decoder.push(&bytes);
+        let first = decoder.pop().expect_err("tag too long");
+        decoder.push(&[0; 4096]);
+        assert_eq!(decoder.buffered_len(), 0);
+        assert_eq!(decoder.pop().expect_err("still poisoned"), first);
+    }
+
+    #[test]
+    fn encoder_refuses_what_the_decoder_rejects() {
+        let long = "x".repeat(ACTOR_TAG_BYTES_MAX + 1);
+        let error = ActorRecord::new([0; 32], &long, Bytes::new()).unwrap_err();
+        assert_eq!(error.kind(), "tag_too_long");
+        let record = ActorRecord::new([0; 32], "t", Bytes::from(vec![0; 11])).unwrap();
+        let error = record.encode(10, &mut Vec::new()).unwrap_err();
+        assert_eq!(error, ActorError::PayloadTooLarge { len: 11, max: 10 });
+        let (_, verdict) = decode_split(
+            ActorDecoder::with_payload_bytes_max(10),
+            &encode_all(&[record]),
+            &[],
+        );
+        assert_eq!(verdict.unwrap_err().error.kind(), "payload_too_large");
+    }
+
+    fn record() -> impl Strategy<Value = ActorRecord> {
+        let tag = proptest::string::string_regex("[a-zA-Z0-9._/é-]{0,40}").expect("valid regex");
+        (
+            any::<[u8; 32]>(),
+            tag,
+            proptest::collection::vec(any::<u8>(), 0..300),
+        )
+            .prop_map(|(dest, tag, payload)| ActorRecord::new(dest, &tag, payload.into()).unwrap())
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips_in_every_split(
+            records in proptest::collection::vec(record(), 0..8),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6),
+        ) {
+            let bytes = encode_all(&records);
+            let (items, verdict) = decode_split(ActorDecoder::default(), &bytes, &cuts);
+            prop_assert_eq!(verdict, Ok(()));
+            prop_assert_eq!(items, records);
+        }
+
+        #[test]
+        fn truncation_is_reported(records in proptest::collection::vec(record(), 1..4), cut in 1usize..64) {
+            let bytes = encode_all(&records);
+            let cut = bytes.len() - cut.min(bytes.len());
+            let (_, verdict) = decode_split(ActorDecoder::default(), &bytes[..cut], &[]);
+            let truncated = verdict.is_err_and(|e| e.error.kind() == "truncated");
+            prop_assert!(truncated || cut == 0);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_and_reencode_stably(
+            bytes in proptest::collection::vec(any::<u8>(), 0..600),
+            cuts in proptest::collection::vec(any::<usize>(), 0..4),
+        ) {
+            let format = ActorDecoder::with_payload_bytes_max(256);
+            let (items, _) = decode_split(format.clone(), &bytes, &cuts);
+            for item in &items {
+                prop_assert!(item.payload().len() <= 256);
+                prop_assert!(item.tag().len() <= ACTOR_TAG_BYTES_MAX);
+            }
+            let (again, verdict) = decode_split(format, &encode_all(&items), &[]);
+            prop_assert_eq!(verdict, Ok(()));
+            prop_assert_eq!(again, items);
+        }
+    }
+}

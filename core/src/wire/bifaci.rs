@@ -1,0 +1,596 @@
+//! Request-switch frames (seed 001, REFERENCE §B): a `u32` big-endian length, then a CBOR map
+//! with integer keys 0–20.
+//!
+//! | key | field | CBOR | | key | field | CBOR |
+//! |---|---|---|---|---|---|---|
+//! | 0 | version (= 4) | uint | | 11 | stream_id | text |
+//! | 1 | frame_type | uint | | 12 | media_urn | text |
+//! | 2 | id | bytes(16) or uint | | 13 | routing_id | bytes(16) or uint |
+//! | 3 | seq | uint | | 14 | chunk_index | uint |
+//! | 4 | content_type | text | | 15 | chunk_count | uint |
+//! | 5 | meta | map, text keys | | 16 | checksum (FNV-1a 64) | uint |
+//! | 6 | payload | bytes | | 17 | is_sequence | bool |
+//! | 7 | len | uint | | 18 | force_kill | bool |
+//! | 8 | offset | uint | | 19 | credit | uint |
+//! | 9 | eof | bool | | 20 | unbounded | bool |
+//! | 10 | cap | text | | | | |
+//!
+//! Keys 0, 1 and 2 are required; `seq` defaults to 0 when absent (non-flow frames). Unknown
+//! and duplicate keys are rejected. A length above the decoder's bound is fatal; any other
+//! error is frame-local (the bad frame is consumed and decoding continues after it).
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::cbor::{self, CborError, Reader};
+use super::{u32_be_at, Format, FormatError};
+use crate::limits::{BIFACI_FRAME_BYTES_CEILING, BIFACI_FRAME_BYTES_DEFAULT};
+
+/// The only protocol version tether speaks (REFERENCE §B).
+pub const PROTOCOL_VERSION: u64 = 4;
+
+/// Frame types. Type 2 (the old single response) is retired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum FrameType {
+    /// Handshake with limits (and a manifest from the non-host side).
+    Hello,
+    /// A request to invoke a cap.
+    Req,
+    /// A chunk of a stream.
+    Chunk,
+    /// The request finished (terminal).
+    End,
+    /// Log or progress.
+    Log,
+    /// The request failed (terminal).
+    Err,
+    /// Liveness probe, answered with the same id.
+    Heartbeat,
+    /// A stream of a request starts.
+    StreamStart,
+    /// A stream of a request ends.
+    StreamEnd,
+    /// Capability advertisement from a relay.
+    RelayNotify,
+    /// Host state towards a relay.
+    RelayState,
+    /// Cancel a request.
+    Cancel,
+    /// Grant credit to a stream's sender.
+    Credit,
+    /// Close a request's input feeds (stop-feeds).
+    CloseStream,
+}
+
+impl FrameType {
+    /// Every frame type, in wire-code order.
+    pub const ALL: [FrameType; 14] = [
+        Self::Hello,
+        Self::Req,
+        Self::Chunk,
+        Self::End,
+        Self::Log,
+        Self::Err,
+        Self::Heartbeat,
+        Self::StreamStart,
+        Self::StreamEnd,
+        Self::RelayNotify,
+        Self::RelayState,
+        Self::Cancel,
+        Self::Credit,
+        Self::CloseStream,
+    ];
+
+    /// The wire code.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Hello => 0,
+            Self::Req => 1,
+            Self::Chunk => 3,
+            Self::End => 4,
+            Self::Log => 5,
+            Self::Err => 6,
+            Self::Heartbeat => 7,
+            Self::StreamStart => 8,
+            Self::StreamEnd => 9,
+            Self::RelayNotify => 10,
+            Self::RelayState => 11,
+            Self::Cancel => 12,
+            Self::Credit => 13,
+            Self::CloseStream => 14,
+        }
+    }
+
+    /// The type with wire code `code`, if any.
+    pub fn from_code(code: u64) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| u64::from(t.code()) == code)
+    }
+
+    /// Upper-case name as REFERENCE §B spells it (`REQ`, `STREAM_START`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hello => "HELLO",
+            Self::Req => "REQ",
+            Self::Chunk => "CHUNK",
+            Self::End => "END",
+            Self::Log => "LOG",
+            Self::Err => "ERR",
+            Self::Heartbeat => "HEARTBEAT",
+            Self::StreamStart => "STREAM_START",
+            Self::StreamEnd => "STREAM_END",
+            Self::RelayNotify => "RELAY_NOTIFY",
+            Self::RelayState => "RELAY_STATE",
+            Self::Cancel => "CANCEL",
+            Self::Credit => "CREDIT",
+            Self::CloseStream => "CLOSE_STREAM",
+        }
+    }
+}
+
+/// A request or routing id: a 16-byte UUID or an integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MessageId {
+    /// 16 raw bytes (CBOR byte string).
+    Uuid([u8; 16]),
+    /// An integer (CBOR uint).
+    Uint(u64),
+}
+
+/// A `meta` map, kept as its validated CBOR bytes (a map with text keys, well formed, nested
+/// at most `CBOR_NESTING_DEPTH_MAX` deep). Decode it with any CBOR library when needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta(Bytes);
+
+impl Meta {
+    /// Validates `cbor` as a meta map.
+    pub fn from_cbor(cbor: Bytes) -> Result<Self, BifaciError> {
+        let mut reader = Reader::new(&cbor);
+        check_meta(&mut reader)?;
+        if !reader.is_empty() {
+            return Err(BifaciError::TrailingBytes);
+        }
+        Ok(Self(cbor))
+    }
+
+    /// The CBOR bytes of the map.
+    pub fn as_cbor(&self) -> &Bytes {
+        &self.0
+    }
+}
+
+/// One bifaci frame. `version` is implicit: always [`PROTOCOL_VERSION`] on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // Each field is the REFERENCE §B field of the same name (see module table).
+pub struct Frame {
+    pub frame_type: FrameType,
+    pub id: MessageId,
+    pub seq: u64,
+    pub content_type: Option<String>,
+    pub meta: Option<Meta>,
+    pub payload: Option<Bytes>,
+    pub len: Option<u64>,
+    pub offset: Option<u64>,
+    pub eof: Option<bool>,
+    pub cap: Option<String>,
+    pub stream_id: Option<String>,
+    pub media_urn: Option<String>,
+    pub routing_id: Option<MessageId>,
+    pub chunk_index: Option<u64>,
+    pub chunk_count: Option<u64>,
+    pub checksum: Option<u64>,
+    pub is_sequence: Option<bool>,
+    pub force_kill: Option<bool>,
+    pub credit: Option<u64>,
+    pub unbounded: Option<bool>,
+}
+
+/// Why a bifaci frame could not be decoded or encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BifaciError {
+    /// The stream ended inside a frame.
+    #[error("bifaci stream ends inside a frame ({buffered} bytes left)")]
+    Truncated {
+        /// Bytes of the incomplete frame.
+        buffered: u64,
+    },
+    /// A frame longer than the bound in force (fatal).
+    #[error("bifaci frame of {len} bytes exceeds {max}")]
+    FrameTooLarge {
+        /// Declared length.
+        len: u64,
+        /// The bound in force.
+        max: u64,
+    },
+    /// Malformed or non-canonical CBOR.
+    #[error("bifaci frame CBOR: {0}")]
+    Cbor(#[from] CborError),
+    /// The frame body is not a CBOR map.
+    #[error("bifaci frame is not a CBOR map")]
+    NotAMap,
+    /// A key outside 0–20, or not an integer.
+    #[error("unknown bifaci key {key}")]
+    UnknownKey {
+        /// The key (`u64::MAX` when it was not an unsigned integer).
+        key: u64,
+    },
+    /// A key present twice.
+    #[error("duplicate bifaci key {key}")]
+    DuplicateKey {
+        /// The key.
+        key: u64,
+    },
+    /// A version other than 4.
+    #[error("bifaci version {version} is not {PROTOCOL_VERSION}")]
+    BadVersion {
+        /// The version sent.
+        version: u64,
+    },
+    /// A frame type code that does not exist (including the retired 2).
+    #[error("unknown bifaci frame type {code}")]
+    UnknownFrameType {
+        /// The code sent.
+        code: u64,
+    },
+    /// A required key (version, frame_type, id) is absent.
+    #[error("bifaci frame lacks `{field}`")]
+    MissingField {
+        /// Field name.
+        field: &'static str,
+    },
+    /// A field with the wrong CBOR type (an id that is neither 16 bytes nor a uint, a meta that
+    /// is not a map with text keys, ...).
+    #[error("bifaci field `{field}` has the wrong type")]
+    WrongType {
+        /// Field name.
+        field: &'static str,
+    },
+    /// Bytes after the map inside the frame.
+    #[error("bytes after the bifaci map")]
+    TrailingBytes,
+}
+
+impl FormatError for BifaciError {
+    fn is_fatal(&self) -> bool {
+        matches!(self, Self::FrameTooLarge { .. } | Self::Truncated { .. })
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Truncated { .. } => "truncated",
+            Self::FrameTooLarge { .. } => "frame_too_large",
+            Self::Cbor(_) => "bad_cbor",
+            Self::NotAMap => "not_a_map",
+            Self::UnknownKey { .. } => "unknown_key",
+            Self::DuplicateKey { .. } => "duplicate_key",
+            Self::BadVersion { .. } => "bad_version",
+            Self::UnknownFrameType { .. } => "unknown_frame_type",
+            Self::MissingField { .. } => "missing_field",
+            Self::WrongType { .. } => "wrong_type",
+            Self::TrailingBytes => "trailing_bytes",
+        }
+    }
+}
+
+/// The bifaci [`Format`]; wrap it in a [`super::StreamDecoder`].
+#[derive(Debug, Clone)]
+pub struct BifaciDecoder {
+    frame_bytes_max: usize,
+}
+
+impl Default for BifaciDecoder {
+    fn default() -> Self {
+        Self {
+            frame_bytes_max: BIFACI_FRAME_BYTES_DEFAULT,
+        }
+    }
+}
+
+impl BifaciDecoder {
+    /// A decoder accepting frames up to `frame_bytes_max`, clamped to
+    /// [`BIFACI_FRAME_BYTES_CEILING`] (the negotiated `max_frame`).
+    pub fn with_frame_bytes_max(frame_bytes_max: usize) -> Self {
+        Self {
+            frame_bytes_max: frame_bytes_max.min(BIFACI_FRAME_BYTES_CEILING),
+        }
+    }
+
+    /// The frame bound in force.
+    pub fn frame_bytes_max(&self) -> usize {
+        self.frame_bytes_max
+    }
+}
+
+impl Format for BifaciDecoder {
+    type Item = Frame;
+    type Error = BifaciError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, BifaciError> {
+        let Some(len) = u32_be_at(buf, 0) else {
+            return Ok(None);
+        };
+        let len = len as usize;
+        if len > self.frame_bytes_max {
+            let max = self.frame_bytes_max as u64;
+            return Err(BifaciError::FrameTooLarge {
+                len: len as u64,
+                max,
+            });
+        }
+        if buf.len() < 4 + len {
+            buf.reserve(4 + len - buf.len());
+            return Ok(None);
+        }
+        let body = buf.split_to(4 + len).freeze().split_off(4);
+        Frame::decode_body(&body).map(Some)
+    }
+
+    fn finish(&self, buffered: usize) -> Result<(), BifaciError> {
+        match buffered {
+            0 => Ok(()),
+            n => Err(BifaciError::Truncated { buffered: n as u64 }),
+        }
+    }
+}
+
+/// Field names by key, for errors.
+const FIELD_NAMES: [&str; 21] = [
+    "version",
+    "frame_type",
+    "id",
+    "seq",
+    "content_type",
+    "meta",
+    "payload",
+    "len",
+    "offset",
+    "eof",
+    "cap",
+    "stream_id",
+    "media_urn",
+    "routing_id",
+    "chunk_index",
+    "chunk_count",
+    "checksum",
+    "is_sequence",
+    "force_kill",
+    "credit",
+    "unbounded",
+];
+
+impl Frame {
+    /// A frame with only the required fields.
+    pub fn new(frame_type: FrameType, id: MessageId) -> Self {
+        Self {
+            frame_type,
+            id,
+            seq: 0,
+            content_type: None,
+            meta: None,
+            payload: None,
+            len: None,
+            offset: None,
+            eof: None,
+            cap: None,
+            stream_id: None,
+            media_urn: None,
+            routing_id: None,
+            chunk_index: None,
+            chunk_count: None,
+            checksum: None,
+            is_sequence: None,
+            force_kill: None,
+            credit: None,
+            unbounded: None,
+        }
+    }
+
+    /// Decodes a frame body (the CBOR map, without its length prefix). Payload and meta are
+    /// zero-copy slices of `body`.
+    pub fn decode_body(body: &Bytes) -> Result<Frame, BifaciError> {
+        let mut reader = Reader::new(body);
+        let pairs = reader.map().map_err(|error| match error {
+            CborError::WrongType => BifaciError::NotAMap,
+            other => BifaciError::Cbor(other),
+        })?;
+        let mut seen = 0u32;
+        // Placeholders for the required keys; `seen` proves each was overwritten.
+        let mut frame = Frame::new(FrameType::Hello, MessageId::Uint(0));
+        for _ in 0..pairs {
+            let key = match reader.uint() {
+                Ok(key) => key,
+                Err(CborError::WrongType) => return Err(BifaciError::UnknownKey { key: u64::MAX }),
+                Err(other) => return Err(other.into()),
+            };
+            if key > 20 {
+                return Err(BifaciError::UnknownKey { key });
+            }
+            if seen & (1 << key) != 0 {
+                return Err(BifaciError::DuplicateKey { key });
+            }
+            seen |= 1 << key;
+            frame.read_field(key, &mut reader, body)?;
+        }
+        if !reader.is_empty() {
+            return Err(BifaciError::TrailingBytes);
+        }
+        for (key, field) in FIELD_NAMES.iter().enumerate().take(3) {
+            if seen & (1 << key) == 0 {
+                return Err(BifaciError::MissingField { field });
+            }
+        }
+        Ok(frame)
+    }
+
+    /// Appends the frame (length prefix and map), refusing a body above `frame_bytes_max`.
+    pub fn encode(&self, frame_bytes_max: usize, out: &mut impl BufMut) -> Result<(), BifaciError> {
+        let body = self.encode_body();
+        let max = frame_bytes_max.min(BIFACI_FRAME_BYTES_CEILING);
+        if body.len() > max {
+            return Err(BifaciError::FrameTooLarge {
+                len: body.len() as u64,
+                max: max as u64,
+            });
+        }
+        out.put_u32(body.len() as u32);
+        out.put_slice(&body);
+        Ok(())
+    }
+
+    /// The CBOR map alone: present keys ascending, every head in its shortest form.
+    pub fn encode_body(&self) -> Vec<u8> {
+        let fields = self.fields();
+        let mut out = Vec::with_capacity(64 + self.payload.as_ref().map_or(0, Bytes::len));
+        cbor::write_map(&mut out, fields.iter().flatten().count());
+        for (key, field) in fields.iter().enumerate() {
+            let Some(field) = field else { continue };
+            cbor::write_uint(&mut out, key as u64);
+            match field {
+                Value::Uint(value) => cbor::write_uint(&mut out, *value),
+                Value::Text(value) => cbor::write_text(&mut out, value),
+                Value::Bytes(value) => cbor::write_bytes(&mut out, value),
+                Value::Cbor(value) => out.extend_from_slice(value),
+                Value::Bool(value) => cbor::write_bool(&mut out, *value),
+                Value::Id(MessageId::Uuid(bytes)) => cbor::write_bytes(&mut out, bytes),
+                Value::Id(MessageId::Uint(value)) => cbor::write_uint(&mut out, *value),
+            }
+        }
+        out
+    }
+
+    /// Every field by key, `None` where absent.
+    fn fields<'a>(&'a self) -> [Option<Value<'a>>; 21] {
+        let text = |v: &'a Option<String>| v.as_deref().map(Value::Text);
+        let uint = |v: Option<u64>| v.map(Value::Uint);
+        let flag = |v: Option<bool>| v.map(Value::Bool);
+        [
+            Some(Value::Uint(PROTOCOL_VERSION)),
+            Some(Value::Uint(u64::from(self.frame_type.code()))),
+            Some(Value::Id(&self.id)),
+            Some(Value::Uint(self.seq)),
+            text(&self.content_type),
+            self.meta.as_ref().map(|meta| Value::Cbor(meta.as_cbor())),
+            self.payload.as_deref().map(Value::Bytes),
+            uint(self.len),
+            uint(self.offset),
+            flag(self.eof),
+            text(&self.cap),
+            text(&self.stream_id),
+            text(&self.media_urn),
+            self.routing_id.as_ref().map(Value::Id),
+            uint(self.chunk_index),
+            uint(self.chunk_count),
+            uint(self.checksum),
+            flag(self.is_sequence),
+            flag(self.force_kill),
+            uint(self.credit),
+            flag(self.unbounded),
+        ]
+    }
+
+    /// Reads the value of `key` into the frame under construction.
+    fn read_field(
+        &mut self,
+        key: u64,
+        reader: &mut Reader<'_>,
+        body: &Bytes,
+    ) -> Result<(), BifaciError> {
+        let field = FIELD_NAMES[key as usize];
+        let typed = |error: CborError| match error {
+            CborError::WrongType => BifaciError::WrongType { field },
+            other => BifaciError::Cbor(other),
+        };
+        match key {
+            0 => match reader.uint().map_err(typed)? {
+                PROTOCOL_VERSION => {}
+                version => return Err(BifaciError::BadVersion { version }),
+            },
+            1 => {
+                let code = reader.uint().map_err(typed)?;
+                self.frame_type =
+                    FrameType::from_code(code).ok_or(BifaciError::UnknownFrameType { code })?;
+            }
+            2 => self.id = read_id(reader, field)?,
+            3 => self.seq = reader.uint().map_err(typed)?,
+            5 => {
+                let span = check_meta(reader)?;
+                self.meta = Some(Meta(body.slice_ref(span)));
+            }
+            6 => self.payload = Some(body.slice_ref(reader.bytes().map_err(typed)?)),
+            13 => self.routing_id = Some(read_id(reader, field)?),
+            4 | 10 | 11 | 12 => {
+                let value = Some(reader.text().map_err(typed)?.to_owned());
+                match key {
+                    4 => self.content_type = value,
+                    10 => self.cap = value,
+                    11 => self.stream_id = value,
+                    _ => self.media_urn = value,
+                }
+            }
+            9 | 17 | 18 | 20 => {
+                let value = Some(reader.bool().map_err(typed)?);
+                match key {
+                    9 => self.eof = value,
+                    17 => self.is_sequence = value,
+                    18 => self.force_kill = value,
+                    _ => self.unbounded = value,
+                }
+            }
+            _ => {
+                let value = Some(reader.uint().map_err(typed)?);
+                match key {
+                    7 => self.len = value,
+                    8 => self.offset = value,
+                    14 => self.chunk_index = value,
+                    15 => self.chunk_count = value,
+                    16 => self.checksum = value,
+                    _ => self.credit = value,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One field value, borrowed from a [`Frame`] for encoding.
+enum Value<'a> {
+    Uint(u64),
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    Cbor(&'a [u8]),
+    Bool(bool),
+    Id(&'a MessageId),
+}
+
+fn read_id(reader: &mut Reader<'_>, field: &'static str) -> Result<MessageId, BifaciError> {
+    let wrong = BifaciError::WrongType { field };
+    match reader.peek_major() {
+        Some(cbor::MAJOR_UINT) => Ok(MessageId::Uint(reader.uint()?)),
+        Some(cbor::MAJOR_BYTES) => {
+            let bytes: [u8; 16] = reader.bytes()?.try_into().map_err(|_| wrong)?;
+            Ok(MessageId::Uuid(bytes))
+        }
+        Some(_) => Err(wrong),
+        None => Err(CborError::Truncated.into()),
+    }
+}
+
+/// Checks that the next item is a map with text keys and well-formed values; returns its span.
+fn check_meta<'a>(reader: &mut Reader<'a>) -> Result<&'a [u8], BifaciError> {
+    let wrong = BifaciError::WrongType { field: "meta" };
+    if reader.peek_major() != Some(cbor::MAJOR_MAP) {
+        return Err(if reader.is_empty() {
+            CborError::Truncated.into()
+        } else {
+            wrong
+        });
+    }
+    let span = reader.skip()?;
+    // Walk it again to check the keys: `skip` already proved it well formed and bounded.
+    let mut inner = Reader::new(span);
+    for _ in 0..inner.map()? {
+        inner.text().map_err(|_| wrong.clone())?;
+        inner.skip()?;
+    }
+    Ok(span)
+}

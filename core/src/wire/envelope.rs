@@ -1,0 +1,553 @@
+//! Substrate frames (seed 003, REFERENCE §C): a `u32` big-endian length, a type byte, then a
+//! CBOR map `{"env": {...}, "body": bytes}` (`body` optional).
+//!
+//! The length counts the type byte and the CBOR. Type `0x00` is reserved; `0x01` is an
+//! envelope, `0x02` a bulk chunk, `0x03`–`0x0f` control, `0x10`–`0xff` application.
+//!
+//! `env` has text keys: `v` (must be 1), `kind` (the verb), `obj` (an address), `objKind`
+//! (`session` | `queue`), `id` (producer-stable op id), `seq`, `receipt` (delivery attempt,
+//! from 1), and the verb-specific `code`, `message`, `reason`, `fromSeq` and `cap` (capability
+//! token). Unknown and duplicate keys are rejected.
+//!
+//! A length above [`ENVELOPE_FRAME_BYTES_MAX`] is fatal. Every other error is frame-local: the
+//! frame is consumed, and the caller answers it (an address with `@` is `routing_not_supported`,
+//! an oversized body `payload_too_large`) and keeps the connection.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::cbor::{self, CborError, Reader};
+use super::{u32_be_at, Format, FormatError};
+use crate::limits::{
+    ADDRESS_BYTES_MAX, ENVELOPE_CHUNK_BODY_BYTES_MAX, ENVELOPE_ENV_KEYS_MAX,
+    ENVELOPE_FRAME_BYTES_MAX, ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX,
+};
+
+/// The envelope version tether speaks.
+pub const ENVELOPE_VERSION: u64 = 1;
+
+/// Type byte of an envelope frame.
+pub const TYPE_ENVELOPE: u8 = 0x01;
+/// Type byte of a bulk-chunk frame (body bound [`ENVELOPE_CHUNK_BODY_BYTES_MAX`]).
+pub const TYPE_BULK_CHUNK: u8 = 0x02;
+
+/// A substrate address: an opaque token matched, never parsed (`[a-z0-9._/-]{1,128}`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Address(String);
+
+/// Why a string is not an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AddressError {
+    /// An `@` anywhere: the substrate does not route (answered `routing_not_supported`).
+    #[error("addresses with `@` are not routed")]
+    RoutingNotSupported,
+    /// Empty, longer than 128 bytes, or a character outside `[a-z0-9._/-]`.
+    #[error("address is not [a-z0-9._/-]{{1,{ADDRESS_BYTES_MAX}}}")]
+    Invalid,
+}
+
+impl Address {
+    /// Validates `text` as an address. An `@` wins over every other defect.
+    pub fn parse(text: &str) -> Result<Self, AddressError> {
+        if text.contains('@') {
+            return Err(AddressError::RoutingNotSupported);
+        }
+        let allowed = |b: u8| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'/' | b'-');
+        if text.is_empty() || text.len() > ADDRESS_BYTES_MAX || !text.bytes().all(allowed) {
+            return Err(AddressError::Invalid);
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    /// The address text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The verbs of seed 003.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+#[allow(missing_docs)] // Each verb is named by its wire spelling.
+pub enum Verb {
+    Open,
+    Accept,
+    Reject,
+    Close,
+    Send,
+    Ack,
+    Req,
+    Res,
+    End,
+    Err,
+    Chunk,
+    Resync,
+}
+
+impl Verb {
+    /// Every verb.
+    pub const ALL: [Verb; 12] = [
+        Self::Open,
+        Self::Accept,
+        Self::Reject,
+        Self::Close,
+        Self::Send,
+        Self::Ack,
+        Self::Req,
+        Self::Res,
+        Self::End,
+        Self::Err,
+        Self::Chunk,
+        Self::Resync,
+    ];
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Accept => "accept",
+            Self::Reject => "reject",
+            Self::Close => "close",
+            Self::Send => "send",
+            Self::Ack => "ack",
+            Self::Req => "req",
+            Self::Res => "res",
+            Self::End => "end",
+            Self::Err => "err",
+            Self::Chunk => "chunk",
+            Self::Resync => "resync",
+        }
+    }
+
+    /// The verb spelled `text`, if any.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|verb| verb.as_str() == text)
+    }
+}
+
+/// The two kinds of named object (seed 003).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjKind {
+    /// Request/response conversation.
+    Session,
+    /// One-way durable messages.
+    Queue,
+}
+
+impl ObjKind {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Queue => "queue",
+        }
+    }
+}
+
+/// The `env` map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Env {
+    /// The verb (`kind`).
+    pub kind: Verb,
+    /// The object addressed (`obj`).
+    pub obj: Option<Address>,
+    /// The object's kind (`objKind`), carried on first introduction.
+    pub obj_kind: Option<ObjKind>,
+    /// Producer-stable op id (`id`).
+    pub id: Option<String>,
+    /// Per-object sequence number (`seq`).
+    pub seq: Option<u64>,
+    /// Delivery attempt, from 1 (`receipt`).
+    pub receipt: Option<u64>,
+    /// Error or reject code (`code`).
+    pub code: Option<String>,
+    /// Human-readable message (`message`).
+    pub message: Option<String>,
+    /// Close or cancel reason (`reason`).
+    pub reason: Option<String>,
+    /// First sequence to resend (`fromSeq`).
+    pub from_seq: Option<u64>,
+    /// Capability token presented with an open (`cap`).
+    pub cap: Option<String>,
+}
+
+impl Env {
+    /// An env with only a verb.
+    pub fn new(kind: Verb) -> Self {
+        Self {
+            kind,
+            obj: None,
+            obj_kind: None,
+            id: None,
+            seq: None,
+            receipt: None,
+            code: None,
+            message: None,
+            reason: None,
+            from_seq: None,
+            cap: None,
+        }
+    }
+}
+
+/// One substrate frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// The type byte (never 0).
+    pub type_byte: u8,
+    /// The envelope.
+    pub env: Env,
+    /// The opaque body, a zero-copy slice of the received frame.
+    pub body: Option<Bytes>,
+}
+
+/// Why a substrate frame could not be decoded or encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvelopeError {
+    /// The stream ended inside a frame.
+    #[error("substrate stream ends inside a frame ({buffered} bytes left)")]
+    Truncated {
+        /// Bytes of the incomplete frame.
+        buffered: u64,
+    },
+    /// A frame longer than [`ENVELOPE_FRAME_BYTES_MAX`] (fatal).
+    #[error("substrate frame of {len} bytes exceeds {ENVELOPE_FRAME_BYTES_MAX}")]
+    FrameTooLarge {
+        /// Declared length.
+        len: u64,
+    },
+    /// A zero length: no type byte.
+    #[error("substrate frame without a type byte")]
+    Empty,
+    /// Type byte `0x00`.
+    #[error("substrate type byte 0x00 is reserved")]
+    ReservedType,
+    /// Malformed or non-canonical CBOR.
+    #[error("substrate frame CBOR: {0}")]
+    Cbor(#[from] CborError),
+    /// A key that is not part of the format.
+    #[error("unknown substrate key `{key}`")]
+    UnknownKey {
+        /// The key (empty when it was not text).
+        key: String,
+    },
+    /// A key present twice.
+    #[error("duplicate substrate key `{key}`")]
+    DuplicateKey {
+        /// The key.
+        key: &'static str,
+    },
+    /// A required key is absent (`env`, `v`, `kind`).
+    #[error("substrate frame lacks `{field}`")]
+    MissingField {
+        /// Field name.
+        field: &'static str,
+    },
+    /// A field with the wrong type, or a value outside its domain (unknown verb or objKind,
+    /// receipt 0, text over [`ENVELOPE_TEXT_BYTES_MAX`], more than
+    /// [`ENVELOPE_ENV_KEYS_MAX`] keys).
+    #[error("substrate field `{field}` is invalid")]
+    Invalid {
+        /// Field name.
+        field: &'static str,
+    },
+    /// An envelope version other than 1.
+    #[error("substrate envelope version {version} is not {ENVELOPE_VERSION}")]
+    BadVersion {
+        /// The version sent.
+        version: u64,
+    },
+    /// `obj` is not an address.
+    #[error("substrate address: {0}")]
+    Address(#[from] AddressError),
+    /// A body above its bound (64 KiB inline, 256 KiB bulk chunk).
+    #[error("substrate body of {len} bytes exceeds {max}")]
+    BodyTooLarge {
+        /// Body length.
+        len: u64,
+        /// The bound for this frame type.
+        max: u64,
+    },
+    /// Bytes after the CBOR map inside the frame.
+    #[error("bytes after the substrate map")]
+    TrailingBytes,
+}
+
+impl FormatError for EnvelopeError {
+    fn is_fatal(&self) -> bool {
+        matches!(self, Self::FrameTooLarge { .. } | Self::Truncated { .. })
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Truncated { .. } => "truncated",
+            Self::FrameTooLarge { .. } => "frame_too_large",
+            Self::Empty => "empty_frame",
+            Self::ReservedType => "reserved_type",
+            Self::Cbor(_) => "bad_cbor",
+            Self::UnknownKey { .. } => "unknown_key",
+            Self::DuplicateKey { .. } => "duplicate_key",
+            Self::MissingField { .. } => "missing_field",
+            Self::Invalid { .. } => "invalid_field",
+            Self::BadVersion { .. } => "bad_version",
+            Self::Address(AddressError::RoutingNotSupported) => "routing_not_supported",
+            Self::Address(_) => "invalid_address",
+            Self::BodyTooLarge { .. } => "payload_too_large",
+            Self::TrailingBytes => "trailing_bytes",
+        }
+    }
+}
+
+/// The substrate-frame [`Format`]; wrap it in a [`super::StreamDecoder`].
+#[derive(Debug, Clone, Default)]
+pub struct EnvelopeDecoder;
+
+impl Format for EnvelopeDecoder {
+    type Item = Envelope;
+    type Error = EnvelopeError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Envelope>, EnvelopeError> {
+        let Some(len) = u32_be_at(buf, 0) else {
+            return Ok(None);
+        };
+        let len = len as usize;
+        if len > ENVELOPE_FRAME_BYTES_MAX {
+            return Err(EnvelopeError::FrameTooLarge { len: len as u64 });
+        }
+        if buf.len() < 4 + len {
+            buf.reserve(4 + len - buf.len());
+            return Ok(None);
+        }
+        let frame = buf.split_to(4 + len).freeze().split_off(4);
+        Envelope::decode_frame(&frame).map(Some)
+    }
+
+    fn finish(&self, buffered: usize) -> Result<(), EnvelopeError> {
+        match buffered {
+            0 => Ok(()),
+            n => Err(EnvelopeError::Truncated { buffered: n as u64 }),
+        }
+    }
+}
+
+/// The env keys, in the order the encoder writes them.
+const ENV_KEYS: [&str; 12] = [
+    "v", "kind", "obj", "objKind", "id", "seq", "receipt", "code", "message", "reason", "fromSeq",
+    "cap",
+];
+
+impl Envelope {
+    /// An envelope frame (type `0x01`) without a body.
+    pub fn new(env: Env) -> Self {
+        Self {
+            type_byte: TYPE_ENVELOPE,
+            env,
+            body: None,
+        }
+    }
+
+    /// Decodes one frame (type byte and CBOR, without the length prefix).
+    pub fn decode_frame(frame: &Bytes) -> Result<Envelope, EnvelopeError> {
+        let (&type_byte, cbor) = frame.split_first().ok_or(EnvelopeError::Empty)?;
+        if type_byte == 0 {
+            return Err(EnvelopeError::ReservedType);
+        }
+        let mut reader = Reader::new(cbor);
+        let (mut env, mut body) = (None, None);
+        let pairs = reader.map().map_err(invalid("frame"))?;
+        for _ in 0..pairs {
+            match reader.text().map_err(|_| unknown_key(""))? {
+                "env" if env.is_some() => return Err(EnvelopeError::DuplicateKey { key: "env" }),
+                "env" => env = Some(read_env(&mut reader)?),
+                "body" if body.is_some() => {
+                    return Err(EnvelopeError::DuplicateKey { key: "body" });
+                }
+                "body" => body = Some(frame.slice_ref(reader.bytes().map_err(invalid("body"))?)),
+                other => return Err(unknown_key(other)),
+            }
+        }
+        if !reader.is_empty() {
+            return Err(EnvelopeError::TrailingBytes);
+        }
+        let env = env.ok_or(EnvelopeError::MissingField { field: "env" })?;
+        let envelope = Envelope {
+            type_byte,
+            env,
+            body,
+        };
+        envelope.check_body()?;
+        Ok(envelope)
+    }
+
+    /// Appends the frame (length, type byte, CBOR), refusing what a decoder would reject.
+    pub fn encode(&self, out: &mut impl BufMut) -> Result<(), EnvelopeError> {
+        if self.type_byte == 0 {
+            return Err(EnvelopeError::ReservedType);
+        }
+        self.check_body()?;
+        let texts = [
+            &self.env.id,
+            &self.env.code,
+            &self.env.message,
+            &self.env.reason,
+        ];
+        if texts
+            .iter()
+            .chain([&&self.env.cap])
+            .any(|t| t.as_deref().is_some_and(too_long))
+        {
+            return Err(EnvelopeError::Invalid { field: "text" });
+        }
+        if self.env.receipt == Some(0) {
+            return Err(EnvelopeError::Invalid { field: "receipt" });
+        }
+        let mut cbor = Vec::with_capacity(96 + self.body.as_ref().map_or(0, Bytes::len));
+        cbor::write_map(&mut cbor, 1 + usize::from(self.body.is_some()));
+        cbor::write_text(&mut cbor, "env");
+        write_env(&self.env, &mut cbor);
+        if let Some(body) = &self.body {
+            cbor::write_text(&mut cbor, "body");
+            cbor::write_bytes(&mut cbor, body);
+        }
+        let len = 1 + cbor.len();
+        if len > ENVELOPE_FRAME_BYTES_MAX {
+            return Err(EnvelopeError::FrameTooLarge { len: len as u64 });
+        }
+        out.put_u32(len as u32);
+        out.put_u8(self.type_byte);
+        out.put_slice(&cbor);
+        Ok(())
+    }
+
+    /// The body bound for this frame's type.
+    pub fn body_bytes_max(&self) -> usize {
+        match self.type_byte {
+            TYPE_BULK_CHUNK => ENVELOPE_CHUNK_BODY_BYTES_MAX,
+            _ => ENVELOPE_INLINE_BODY_BYTES_MAX,
+        }
+    }
+
+    fn check_body(&self) -> Result<(), EnvelopeError> {
+        let len = self.body.as_ref().map_or(0, Bytes::len);
+        let max = self.body_bytes_max();
+        if len > max {
+            return Err(EnvelopeError::BodyTooLarge {
+                len: len as u64,
+                max: max as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn invalid(field: &'static str) -> impl Fn(CborError) -> EnvelopeError {
+    move |error| match error {
+        CborError::WrongType => EnvelopeError::Invalid { field },
+        other => EnvelopeError::Cbor(other),
+    }
+}
+
+fn unknown_key(key: &str) -> EnvelopeError {
+    // Bound the copy: the key is only for diagnostics.
+    let key = key.chars().take(64).collect();
+    EnvelopeError::UnknownKey { key }
+}
+
+fn too_long(text: &str) -> bool {
+    text.len() > ENVELOPE_TEXT_BYTES_MAX
+}
+
+fn read_text(reader: &mut Reader<'_>, field: &'static str) -> Result<String, EnvelopeError> {
+    let text = reader.text().map_err(invalid(field))?;
+    if text.len() > ENVELOPE_TEXT_BYTES_MAX {
+        return Err(EnvelopeError::Invalid { field });
+    }
+    Ok(text.to_owned())
+}
+
+fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
+    let pairs = reader.map().map_err(invalid("env"))?;
+    if pairs > ENVELOPE_ENV_KEYS_MAX {
+        return Err(EnvelopeError::Invalid { field: "env" });
+    }
+    let mut seen = [false; ENV_KEYS.len()];
+    let (mut version, mut kind) = (None, None);
+    let mut env = Env::new(Verb::Open);
+    for _ in 0..pairs {
+        let key = reader.text().map_err(|_| unknown_key(""))?;
+        let index = ENV_KEYS
+            .iter()
+            .position(|k| *k == key)
+            .ok_or_else(|| unknown_key(key))?;
+        let field = ENV_KEYS[index];
+        if std::mem::replace(&mut seen[index], true) {
+            return Err(EnvelopeError::DuplicateKey { key: field });
+        }
+        let uint = |reader: &mut Reader<'_>| reader.uint().map_err(invalid(field));
+        match field {
+            "v" => version = Some(uint(reader)?),
+            "kind" => {
+                let verb = Verb::parse(reader.text().map_err(invalid(field))?);
+                kind = Some(verb.ok_or(EnvelopeError::Invalid { field })?);
+            }
+            "obj" => env.obj = Some(Address::parse(reader.text().map_err(invalid(field))?)?),
+            "objKind" => {
+                env.obj_kind = Some(match reader.text().map_err(invalid(field))? {
+                    "session" => ObjKind::Session,
+                    "queue" => ObjKind::Queue,
+                    _ => return Err(EnvelopeError::Invalid { field }),
+                });
+            }
+            "seq" => env.seq = Some(uint(reader)?),
+            "receipt" => match uint(reader)? {
+                0 => return Err(EnvelopeError::Invalid { field }),
+                receipt => env.receipt = Some(receipt),
+            },
+            "fromSeq" => env.from_seq = Some(uint(reader)?),
+            "id" => env.id = Some(read_text(reader, field)?),
+            "code" => env.code = Some(read_text(reader, field)?),
+            "message" => env.message = Some(read_text(reader, field)?),
+            "reason" => env.reason = Some(read_text(reader, field)?),
+            _ => env.cap = Some(read_text(reader, field)?),
+        }
+    }
+    match version {
+        Some(ENVELOPE_VERSION) => {}
+        Some(version) => return Err(EnvelopeError::BadVersion { version }),
+        None => return Err(EnvelopeError::MissingField { field: "v" }),
+    }
+    env.kind = kind.ok_or(EnvelopeError::MissingField { field: "kind" })?;
+    Ok(env)
+}
+
+fn write_env<'a>(env: &'a Env, out: &mut Vec<u8>) {
+    enum V<'a> {
+        Text(&'a str),
+        Uint(u64),
+    }
+    let text = |v: &'a Option<String>| v.as_deref().map(V::Text);
+    let values: [Option<V<'a>>; ENV_KEYS.len()] = [
+        Some(V::Uint(ENVELOPE_VERSION)),
+        Some(V::Text(env.kind.as_str())),
+        env.obj.as_ref().map(|a| V::Text(a.as_str())),
+        env.obj_kind.map(|k| V::Text(k.as_str())),
+        text(&env.id),
+        env.seq.map(V::Uint),
+        env.receipt.map(V::Uint),
+        text(&env.code),
+        text(&env.message),
+        text(&env.reason),
+        env.from_seq.map(V::Uint),
+        text(&env.cap),
+    ];
+    cbor::write_map(out, values.iter().flatten().count());
+    for (key, value) in ENV_KEYS.iter().zip(&values) {
+        let Some(value) = value else { continue };
+        cbor::write_text(out, key);
+        match value {
+            V::Text(text) => cbor::write_text(out, text),
+            V::Uint(value) => cbor::write_uint(out, *value),
+        }
+    }
+}

@@ -1,0 +1,912 @@
+//! DSQ2 telemetry streams (seed 000 §4.5, REFERENCE §A).
+//!
+//! One unidirectional stream carries one header and then records, with no outer framing:
+//!
+//! ```text
+//! header  = "DSQ2" flow_id[16] token_len:u16 LE token
+//!           varint len + postcard StreamDescriptor
+//!           varint len + postcard Vec<ChannelDescriptor>
+//! record  = 0x01 varint len + postcard ChannelDescriptor        channel declared
+//!         | 0x02 varint len + entries                           raw batch
+//!         | 0x03                                                stream ended
+//!         | 0x04 varint raw_len varint comp_len + LZ4 block     LZ4 batch (read only)
+//!         | 0x05 varint raw_len varint comp_len + zstd frame    zstd batch
+//! entry   = varint channel_id, varint position, varint payload_len, payload
+//! ```
+//!
+//! The first entry of a batch carries its absolute position; each later entry carries its
+//! position minus the previous entry's, so positions never decrease within a batch.
+//!
+//! Every error is fatal: a telemetry stream has no frame boundary to resynchronise on.
+//! Every record and every decompressed batch is bounded by [`TELEMETRY_RECORD_BYTES_MAX`];
+//! descriptor lists by [`TELEMETRY_HEADER_CHANNELS_MAX`] and [`TELEMETRY_LABELS_MAX`].
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::varint::{self, VarintError};
+use super::{Format, FormatError};
+use crate::limits::{
+    TELEMETRY_BATCH_BYTES_TARGET, TELEMETRY_BATCH_EVENTS_MAX, TELEMETRY_HEADER_CHANNELS_MAX,
+    TELEMETRY_LABELS_MAX, TELEMETRY_RECORD_BYTES_MAX, TELEMETRY_TOKEN_BYTES_MAX,
+    TELEMETRY_ZSTD_LEVEL,
+};
+
+/// The four bytes every telemetry stream starts with.
+pub const MAGIC: [u8; 4] = *b"DSQ2";
+
+/// Record tags.
+const TAG_CHANNEL_DECLARED: u8 = 0x01;
+const TAG_RAW_BATCH: u8 = 0x02;
+const TAG_STREAM_ENDED: u8 = 0x03;
+const TAG_LZ4_BATCH: u8 = 0x04;
+const TAG_ZSTD_BATCH: u8 = 0x05;
+
+/// Who publishes a stream. Postcard field order is part of the wire format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamDescriptor {
+    /// Stream name.
+    pub name: String,
+    /// Publishing node (iroh endpoint key).
+    pub node_id: [u8; 32],
+    /// Unix time the stream started, in milliseconds.
+    pub started_at_ms: u64,
+    /// Free-form labels, at most [`TELEMETRY_LABELS_MAX`].
+    #[serde(deserialize_with = "bounded_seq::<_, _, TELEMETRY_LABELS_MAX>")]
+    pub labels: Vec<(String, String)>,
+}
+
+/// One channel of a stream. Postcard field order is part of the wire format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelDescriptor {
+    /// Id that batch entries cite.
+    pub channel_id: u64,
+    /// Channel name.
+    pub name: String,
+    /// Content type of the channel's payloads (opaque to tether).
+    pub content_type: String,
+    /// Free-form labels, at most [`TELEMETRY_LABELS_MAX`].
+    #[serde(deserialize_with = "bounded_seq::<_, _, TELEMETRY_LABELS_MAX>")]
+    pub labels: Vec<(String, String)>,
+}
+
+/// The header snapshot that opens a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Flow this stream belongs to.
+    pub flow_id: [u8; 16],
+    /// Subscription token, at most [`TELEMETRY_TOKEN_BYTES_MAX`] bytes.
+    pub token: Bytes,
+    /// The stream.
+    pub stream: StreamDescriptor,
+    /// Channels known when the stream opened, at most [`TELEMETRY_HEADER_CHANNELS_MAX`].
+    pub channels: Vec<ChannelDescriptor>,
+}
+
+/// One telemetry event: a payload at a position of a channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TelemetryFrame {
+    /// Channel the event belongs to.
+    pub channel_id: u64,
+    /// Absolute position (at most 63 bits).
+    pub position: u64,
+    /// Opaque payload.
+    pub payload: Bytes,
+}
+
+/// How a batch travelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// Record `0x02`.
+    None,
+    /// Record `0x04` (accepted from older senders, never written).
+    Lz4,
+    /// Record `0x05`.
+    Zstd,
+}
+
+impl Compression {
+    /// `none`, `lz4` or `zstd`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Lz4 => "lz4",
+            Self::Zstd => "zstd",
+        }
+    }
+}
+
+/// A validated batch. Its frames are decoded lazily from the raw entries, which were fully
+/// checked when the batch was decoded, so iterating cannot fail and allocates nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    compression: Compression,
+    entries: Bytes,
+    len: usize,
+}
+
+impl Batch {
+    /// How the batch travelled.
+    pub fn compression(&self) -> Compression {
+        self.compression
+    }
+
+    /// Number of frames.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a batch without frames.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The frames, with absolute positions, in stream order.
+    pub fn frames(&self) -> BatchFrames<'_> {
+        BatchFrames {
+            entries: &self.entries,
+            at: 0,
+            previous: None,
+        }
+    }
+}
+
+/// Iterator over a [`Batch`].
+#[derive(Debug, Clone)]
+pub struct BatchFrames<'a> {
+    entries: &'a Bytes,
+    at: usize,
+    previous: Option<u64>,
+}
+
+impl Iterator for BatchFrames<'_> {
+    type Item = TelemetryFrame;
+
+    fn next(&mut self) -> Option<TelemetryFrame> {
+        if self.at == self.entries.len() {
+            return None;
+        }
+        // `validate_entries` walked these exact bytes with the same parser and succeeded.
+        let entry = parse_entry(self.entries, self.at, self.previous)
+            .expect("batch entries were validated at decode");
+        self.at = entry.payload.end;
+        self.previous = Some(entry.position);
+        let payload = self.entries.slice(entry.payload);
+        Some(TelemetryFrame {
+            channel_id: entry.channel_id,
+            position: entry.position,
+            payload,
+        })
+    }
+}
+
+/// One item of a telemetry stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TelemetryItem {
+    /// The header; always the first item.
+    Header(Header),
+    /// Record `0x01`.
+    ChannelDeclared(ChannelDescriptor),
+    /// Records `0x02`, `0x04`, `0x05`.
+    Batch(Batch),
+    /// Record `0x03`; nothing may follow it.
+    StreamEnded,
+}
+
+/// Why a telemetry stream could not be decoded (or encoded).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// The stream ended inside the header or a record.
+    #[error("telemetry stream ends inside an item ({buffered} bytes left)")]
+    Truncated {
+        /// Bytes of the incomplete item.
+        buffered: u64,
+    },
+    /// The stream does not start with `DSQ2`.
+    #[error("telemetry stream does not start with DSQ2")]
+    BadMagic,
+    /// A header token longer than `u16::MAX` (encode side only: the length is a `u16`).
+    #[error("telemetry token of {len} bytes exceeds {TELEMETRY_TOKEN_BYTES_MAX}")]
+    TokenTooLong {
+        /// Token length.
+        len: u64,
+    },
+    /// A malformed varint.
+    #[error("telemetry varint: {0}")]
+    Varint(#[from] VarintError),
+    /// A record, descriptor or decompressed batch above [`TELEMETRY_RECORD_BYTES_MAX`].
+    #[error("telemetry record of {len} bytes exceeds {TELEMETRY_RECORD_BYTES_MAX}")]
+    RecordTooLarge {
+        /// Declared length.
+        len: u64,
+    },
+    /// A record tag outside `0x01..=0x05`.
+    #[error("unknown telemetry record tag {tag:#04x}")]
+    UnknownRecord {
+        /// The tag byte.
+        tag: u8,
+    },
+    /// A descriptor that is not the postcard the format defines (or exceeds a count bound).
+    #[error("telemetry descriptor does not decode")]
+    BadDescriptor,
+    /// A batch entry runs past its batch.
+    #[error("telemetry batch entry runs past its batch")]
+    BadEntry,
+    /// An absolute position above 63 bits.
+    #[error("telemetry position overflows 63 bits")]
+    PositionOverflow,
+    /// Compressed bytes that do not decompress.
+    #[error("{compression} batch does not decompress")]
+    Decompress {
+        /// `lz4` or `zstd`.
+        compression: &'static str,
+    },
+    /// A decompressed batch whose size is not the declared raw length.
+    #[error("batch decompressed to {actual} bytes, declared {declared}")]
+    RawLengthMismatch {
+        /// Declared raw length.
+        declared: u64,
+        /// Decompressed length.
+        actual: u64,
+    },
+    /// Bytes after the stream-ended record.
+    #[error("bytes after the stream-ended record")]
+    TrailingAfterEnd,
+    /// A value the format cannot carry (encode side): a channel id or position above 63 bits,
+    /// or more labels or channels than the bounds allow.
+    #[error("value does not fit the telemetry format: {what}")]
+    Unencodable {
+        /// What did not fit.
+        what: &'static str,
+    },
+}
+
+impl FormatError for TelemetryError {
+    fn is_fatal(&self) -> bool {
+        true
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Truncated { .. } => "truncated",
+            Self::BadMagic => "bad_magic",
+            Self::TokenTooLong { .. } => "token_too_long",
+            Self::Varint(VarintError::Overlong) => "varint_overlong",
+            Self::Varint(_) => "varint_too_long",
+            Self::RecordTooLarge { .. } => "record_too_large",
+            Self::UnknownRecord { .. } => "unknown_record",
+            Self::BadDescriptor => "bad_descriptor",
+            Self::BadEntry => "bad_entry",
+            Self::PositionOverflow => "position_overflow",
+            Self::Decompress { .. } => "decompress_failed",
+            Self::RawLengthMismatch { .. } => "raw_length_mismatch",
+            Self::TrailingAfterEnd => "trailing_after_end",
+            Self::Unencodable { .. } => "unencodable",
+        }
+    }
+}
+
+/// The telemetry [`Format`]; wrap it in a [`super::StreamDecoder`].
+#[derive(Debug, Clone, Default)]
+pub struct TelemetryDecoder {
+    phase: Phase,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Phase {
+    #[default]
+    Header,
+    Records,
+    Ended,
+}
+
+impl Format for TelemetryDecoder {
+    type Item = TelemetryItem;
+    type Error = TelemetryError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<TelemetryItem>, TelemetryError> {
+        let step = match self.phase {
+            Phase::Header => decode_header(buf),
+            Phase::Records => decode_record(buf),
+            Phase::Ended if buf.is_empty() => Err(Stop::More),
+            Phase::Ended => Err(Stop::Fail(TelemetryError::TrailingAfterEnd)),
+        };
+        match step {
+            Ok(item) => {
+                self.phase = match item {
+                    TelemetryItem::StreamEnded => Phase::Ended,
+                    _ => Phase::Records,
+                };
+                Ok(Some(item))
+            }
+            Err(Stop::More) => Ok(None),
+            Err(Stop::Fail(error)) => Err(error),
+        }
+    }
+
+    fn finish(&self, buffered: usize) -> Result<(), TelemetryError> {
+        // A stream that never carried its header is truncated even when nothing is buffered.
+        if buffered > 0 || self.phase == Phase::Header {
+            return Err(TelemetryError::Truncated {
+                buffered: buffered as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why a parse step stopped: it needs more bytes, or the stream is bad.
+enum Stop {
+    More,
+    Fail(TelemetryError),
+}
+
+impl<E: Into<TelemetryError>> From<E> for Stop {
+    fn from(error: E) -> Self {
+        Stop::Fail(error.into())
+    }
+}
+
+/// A cursor over buffered bytes that may not yet hold a whole item.
+struct Peek<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Peek<'a> {
+    fn take(&mut self, len: usize) -> Result<&'a [u8], Stop> {
+        let end = self.at.checked_add(len).ok_or(Stop::More)?;
+        let bytes = self.buf.get(self.at..end).ok_or(Stop::More)?;
+        self.at = end;
+        Ok(bytes)
+    }
+
+    fn varint(&mut self) -> Result<u64, Stop> {
+        let rest = self.buf.get(self.at..).unwrap_or_default();
+        let (value, len) = varint::decode(rest)?.ok_or(Stop::More)?;
+        self.at += len;
+        Ok(value)
+    }
+
+    /// A varint length, checked against the record bound before anything waits for it.
+    fn length(&mut self) -> Result<usize, Stop> {
+        let len = self.varint()?;
+        match usize::try_from(len) {
+            Ok(len) if len <= TELEMETRY_RECORD_BYTES_MAX => Ok(len),
+            _ => Err(TelemetryError::RecordTooLarge { len }.into()),
+        }
+    }
+}
+
+fn decode_header(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
+    let prefix = &buf[..buf.len().min(MAGIC.len())];
+    if prefix != &MAGIC[..prefix.len()] {
+        return Err(TelemetryError::BadMagic.into());
+    }
+    let mut peek = Peek { buf, at: 0 };
+    peek.take(MAGIC.len())?;
+    let flow_id: [u8; 16] = peek.take(16)?.try_into().expect("take(16) yields 16 bytes");
+    let token_len = peek.take(2)?;
+    let token_len = usize::from(u16::from_le_bytes([token_len[0], token_len[1]]));
+    let token_at = peek.at;
+    peek.take(token_len)?;
+    let stream_len = peek.length()?;
+    let stream: StreamDescriptor = postcard_exact(peek.take(stream_len)?)?;
+    let channels_len = peek.length()?;
+    let channels: ChannelList = postcard_exact(peek.take(channels_len)?)?;
+    let header_len = peek.at;
+    let header = buf.split_to(header_len).freeze();
+    let token = header.slice(token_at..token_at + token_len);
+    Ok(TelemetryItem::Header(Header {
+        flow_id,
+        token,
+        stream,
+        channels: channels.0,
+    }))
+}
+
+fn decode_record(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
+    let mut peek = Peek { buf, at: 0 };
+    let tag = peek.take(1)?[0];
+    match tag {
+        TAG_CHANNEL_DECLARED => {
+            let len = peek.length()?;
+            let channel = postcard_exact(peek.take(len)?)?;
+            let _ = buf.split_to(peek.at);
+            Ok(TelemetryItem::ChannelDeclared(channel))
+        }
+        TAG_RAW_BATCH => {
+            let len = peek.length()?;
+            let entries_at = peek.at;
+            let entries = &buf[entries_at..];
+            if entries.len() < len {
+                return Err(Stop::More);
+            }
+            let count = validate_entries(&entries[..len])?;
+            let entries = buf
+                .split_to(entries_at + len)
+                .freeze()
+                .split_off(entries_at);
+            Ok(TelemetryItem::Batch(Batch {
+                compression: Compression::None,
+                entries,
+                len: count,
+            }))
+        }
+        TAG_STREAM_ENDED => {
+            let _ = buf.split_to(1);
+            Ok(TelemetryItem::StreamEnded)
+        }
+        TAG_LZ4_BATCH | TAG_ZSTD_BATCH => {
+            let raw_len = peek.length()?;
+            let compressed_len = peek.length()?;
+            let compressed = peek.take(compressed_len)?;
+            let compression = if tag == TAG_LZ4_BATCH {
+                Compression::Lz4
+            } else {
+                Compression::Zstd
+            };
+            let entries = decompress(compression, compressed, raw_len)?;
+            let count = validate_entries(&entries)?;
+            let _ = buf.split_to(peek.at);
+            Ok(TelemetryItem::Batch(Batch {
+                compression,
+                entries: entries.into(),
+                len: count,
+            }))
+        }
+        tag => Err(TelemetryError::UnknownRecord { tag }.into()),
+    }
+}
+
+/// Decompresses into at most `raw_len` bytes (already bounded by the record limit) and checks
+/// the result is exactly `raw_len` long.
+fn decompress(
+    compression: Compression,
+    compressed: &[u8],
+    raw_len: usize,
+) -> Result<Vec<u8>, TelemetryError> {
+    let failed = TelemetryError::Decompress {
+        compression: compression.as_str(),
+    };
+    let raw = match compression {
+        Compression::Lz4 => lz4_flex::block::decompress(compressed, raw_len).map_err(|_| failed)?,
+        _ => zstd::bulk::decompress(compressed, raw_len).map_err(|_| failed)?,
+    };
+    if raw.len() != raw_len {
+        let (declared, actual) = (raw_len as u64, raw.len() as u64);
+        return Err(TelemetryError::RawLengthMismatch { declared, actual });
+    }
+    Ok(raw)
+}
+
+/// Walks every entry of a batch, returning how many there are.
+fn validate_entries(entries: &[u8]) -> Result<usize, TelemetryError> {
+    let (mut at, mut count, mut previous) = (0, 0, None);
+    while at < entries.len() {
+        let entry = parse_entry(entries, at, previous)?;
+        previous = Some(entry.position);
+        at = entry.payload.end;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// One entry as parsed in place: absolute position and where its payload lies.
+struct EntryAt {
+    channel_id: u64,
+    position: u64,
+    payload: std::ops::Range<usize>,
+}
+
+/// Parses the entry starting at `at`; `previous` is the prior entry's absolute position.
+fn parse_entry(
+    entries: &[u8],
+    at: usize,
+    previous: Option<u64>,
+) -> Result<EntryAt, TelemetryError> {
+    let mut peek = Peek { buf: entries, at };
+    let parsed = (|| {
+        let channel_id = peek.varint()?;
+        let encoded_position = peek.varint()?;
+        let len = usize::try_from(peek.varint()?).map_err(|_| Stop::More)?;
+        let payload_at = peek.at;
+        peek.take(len)?;
+        Ok::<_, Stop>((channel_id, encoded_position, payload_at..peek.at))
+    })();
+    let (channel_id, encoded_position, payload) = match parsed {
+        Ok(parsed) => parsed,
+        // Inside a complete batch, "needs more bytes" means the entry overruns the batch.
+        Err(Stop::More) => return Err(TelemetryError::BadEntry),
+        Err(Stop::Fail(error)) => return Err(error),
+    };
+    let position = match previous {
+        None => Some(encoded_position),
+        Some(previous) => previous.checked_add(encoded_position),
+    };
+    match position {
+        Some(position) if varint::fits(position) => Ok(EntryAt {
+            channel_id,
+            position,
+            payload,
+        }),
+        _ => Err(TelemetryError::PositionOverflow),
+    }
+}
+
+/// Decodes one postcard value that must span exactly `bytes`.
+fn postcard_exact<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, TelemetryError> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((value, [])) => Ok(value),
+        _ => Err(TelemetryError::BadDescriptor),
+    }
+}
+
+/// The header's channel list, decoded under [`TELEMETRY_HEADER_CHANNELS_MAX`].
+#[derive(Deserialize)]
+struct ChannelList(
+    #[serde(deserialize_with = "bounded_seq::<_, _, TELEMETRY_HEADER_CHANNELS_MAX>")]
+    Vec<ChannelDescriptor>,
+);
+
+/// Deserializes a sequence, refusing more than `MAX` elements before allocating for them.
+fn bounded_seq<'de, D, T, const MAX: usize>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Bounded<T, const MAX: usize>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>, const MAX: usize> serde::de::Visitor<'de> for Bounded<T, MAX> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a sequence of at most {MAX} elements")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let declared = seq.size_hint().unwrap_or(0);
+            if declared > MAX {
+                return Err(serde::de::Error::invalid_length(declared, &self));
+            }
+            let mut items = Vec::with_capacity(declared);
+            while let Some(item) = seq.next_element()? {
+                if items.len() == MAX {
+                    return Err(serde::de::Error::invalid_length(MAX + 1, &self));
+                }
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+
+    deserializer.deserialize_seq(Bounded::<T, MAX>(PhantomData))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+// ---------------------------------------------------------------------------------------------
+
+impl Header {
+    /// Appends the header, refusing anything its decoder would reject.
+    pub fn encode(&self, out: &mut BytesMut) -> Result<(), TelemetryError> {
+        if self.token.len() > TELEMETRY_TOKEN_BYTES_MAX {
+            return Err(TelemetryError::TokenTooLong {
+                len: self.token.len() as u64,
+            });
+        }
+        check_labels(&self.stream.labels)?;
+        if self.channels.len() > TELEMETRY_HEADER_CHANNELS_MAX {
+            return Err(TelemetryError::Unencodable {
+                what: "more channels than the bound",
+            });
+        }
+        self.channels
+            .iter()
+            .try_for_each(|c| check_labels(&c.labels))?;
+        let stream = postcard_bytes(&self.stream)?;
+        let channels = postcard_bytes(&self.channels)?;
+        out.put_slice(&MAGIC);
+        out.put_slice(&self.flow_id);
+        out.put_u16_le(self.token.len() as u16);
+        out.put_slice(&self.token);
+        put_length_prefixed(&stream, out);
+        put_length_prefixed(&channels, out);
+        Ok(())
+    }
+}
+
+/// Appends a `0x01` channel-declared record.
+pub fn encode_channel_declared(
+    channel: &ChannelDescriptor,
+    out: &mut BytesMut,
+) -> Result<(), TelemetryError> {
+    check_labels(&channel.labels)?;
+    let bytes = postcard_bytes(channel)?;
+    out.put_u8(TAG_CHANNEL_DECLARED);
+    put_length_prefixed(&bytes, out);
+    Ok(())
+}
+
+/// Appends the `0x03` stream-ended record.
+pub fn encode_stream_ended(out: &mut BytesMut) {
+    out.put_u8(TAG_STREAM_ENDED);
+}
+
+/// Appends one batch holding exactly `frames`, raw or zstd (never LZ4, which is read-only).
+///
+/// Positions must not decrease (a batch carries unsigned deltas) and the raw entries must fit
+/// [`TELEMETRY_RECORD_BYTES_MAX`]. [`BatchWriter`] is the writer that picks batch boundaries
+/// and compression by itself; this is the exact-control form.
+pub fn encode_batch(
+    frames: &[TelemetryFrame],
+    compression: Compression,
+    out: &mut BytesMut,
+) -> Result<(), TelemetryError> {
+    let mut entries = Vec::new();
+    let mut previous = None;
+    for frame in frames {
+        if previous.is_some_and(|previous| frame.position < previous) {
+            return Err(TelemetryError::Unencodable {
+                what: "a position below its predecessor",
+            });
+        }
+        put_entry(frame, previous, &mut entries)?;
+        previous = Some(frame.position);
+    }
+    if entries.len() > TELEMETRY_RECORD_BYTES_MAX {
+        return Err(TelemetryError::RecordTooLarge {
+            len: entries.len() as u64,
+        });
+    }
+    match compression {
+        Compression::None => put_raw_batch(&entries, out),
+        Compression::Zstd => {
+            let compressed =
+                zstd::bulk::compress(&entries, TELEMETRY_ZSTD_LEVEL).map_err(|_| {
+                    TelemetryError::Unencodable {
+                        what: "zstd refused the batch",
+                    }
+                })?;
+            if compressed.len() > TELEMETRY_RECORD_BYTES_MAX {
+                return Err(TelemetryError::RecordTooLarge {
+                    len: compressed.len() as u64,
+                });
+            }
+            put_compressed_batch(TAG_ZSTD_BATCH, entries.len(), &compressed, out);
+        }
+        Compression::Lz4 => {
+            return Err(TelemetryError::Unencodable {
+                what: "LZ4 batches are read-only",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Batches telemetry events the way seed 000 §4.5 prescribes.
+///
+/// Events are taken without waiting; a batch closes at [`TELEMETRY_BATCH_BYTES_TARGET`] raw
+/// bytes, at [`TELEMETRY_BATCH_EVENTS_MAX`] events, or before an event whose position is below
+/// its predecessor's. A closed batch is written as zstd level 1 only when the whole compressed
+/// record is smaller than the raw record.
+pub struct BatchWriter {
+    compressor: zstd::bulk::Compressor<'static>,
+    entries: Vec<u8>,
+    compressed: Vec<u8>,
+    count: usize,
+    previous: Option<u64>,
+    stats: BatchWriterStats,
+}
+
+/// What a [`BatchWriter`] has written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchWriterStats {
+    /// Events written.
+    pub events: u64,
+    /// Batches written raw (`0x02`).
+    pub raw_batches: u64,
+    /// Batches written compressed (`0x05`).
+    pub zstd_batches: u64,
+}
+
+impl fmt::Debug for BatchWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchWriter")
+            .field("pending_events", &self.count)
+            .field("pending_bytes", &self.entries.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl BatchWriter {
+    /// A writer with an empty batch.
+    ///
+    /// # Panics
+    /// If zstd cannot allocate a compression context (out of memory).
+    pub fn new() -> Self {
+        let compressor = zstd::bulk::Compressor::new(TELEMETRY_ZSTD_LEVEL)
+            .expect("zstd accepts level 1 and allocates a context");
+        Self {
+            compressor,
+            entries: Vec::with_capacity(TELEMETRY_BATCH_BYTES_TARGET),
+            compressed: Vec::new(),
+            count: 0,
+            previous: None,
+            stats: BatchWriterStats::default(),
+        }
+    }
+
+    /// Takes events from `next` until it returns `None` (nothing more available right now),
+    /// writes every batch they fill into `out`, and closes the last one. Returns the number of
+    /// events taken.
+    pub fn drain(
+        &mut self,
+        mut next: impl FnMut() -> Option<TelemetryFrame>,
+        out: &mut BytesMut,
+    ) -> Result<usize, TelemetryError> {
+        let mut taken = 0;
+        while let Some(frame) = next() {
+            self.push(&frame, out)?;
+            taken += 1;
+        }
+        self.flush(out);
+        Ok(taken)
+    }
+
+    /// Adds one event, first closing the open batch into `out` if the event does not belong in
+    /// it. A refused event leaves the writer unchanged.
+    pub fn push(
+        &mut self,
+        frame: &TelemetryFrame,
+        out: &mut BytesMut,
+    ) -> Result<(), TelemetryError> {
+        let entry_len = entry_len(frame)?;
+        if entry_len > TELEMETRY_RECORD_BYTES_MAX {
+            return Err(TelemetryError::RecordTooLarge {
+                len: entry_len as u64,
+            });
+        }
+        let goes_backwards = self
+            .previous
+            .is_some_and(|previous| frame.position < previous);
+        let overflows = self.entries.len() + entry_len > TELEMETRY_BATCH_BYTES_TARGET;
+        if self.count > 0 && (goes_backwards || overflows) {
+            self.flush(out);
+        }
+        put_entry(frame, self.previous, &mut self.entries)?;
+        self.previous = Some(frame.position);
+        self.count += 1;
+        self.stats.events += 1;
+        if self.count == TELEMETRY_BATCH_EVENTS_MAX
+            || self.entries.len() >= TELEMETRY_BATCH_BYTES_TARGET
+        {
+            self.flush(out);
+        }
+        Ok(())
+    }
+
+    /// Closes the open batch (if any) into `out`.
+    pub fn flush(&mut self, out: &mut BytesMut) {
+        if self.count == 0 {
+            return;
+        }
+        debug_assert!(self.entries.len() <= TELEMETRY_RECORD_BYTES_MAX);
+        let raw_record_len =
+            1 + varint::encoded_len(self.entries.len() as u64) + self.entries.len();
+        self.compressed.clear();
+        self.compressed
+            .reserve(zstd::zstd_safe::compress_bound(self.entries.len()));
+        let compressed = self
+            .compressor
+            .compress_to_buffer(&self.entries, &mut self.compressed);
+        let zstd_record_len = compressed.ok().map(|len| {
+            1 + varint::encoded_len(self.entries.len() as u64)
+                + varint::encoded_len(len as u64)
+                + len
+        });
+        match zstd_record_len {
+            Some(len) if len < raw_record_len => {
+                put_compressed_batch(TAG_ZSTD_BATCH, self.entries.len(), &self.compressed, out);
+                self.stats.zstd_batches += 1;
+            }
+            _ => {
+                put_raw_batch(&self.entries, out);
+                self.stats.raw_batches += 1;
+            }
+        }
+        self.entries.clear();
+        self.count = 0;
+        self.previous = None;
+    }
+
+    /// What has been written so far.
+    pub fn stats(&self) -> BatchWriterStats {
+        self.stats
+    }
+}
+
+impl Default for BatchWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn check_labels(labels: &[(String, String)]) -> Result<(), TelemetryError> {
+    if labels.len() > TELEMETRY_LABELS_MAX {
+        return Err(TelemetryError::Unencodable {
+            what: "more labels than the bound",
+        });
+    }
+    Ok(())
+}
+
+fn postcard_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, TelemetryError> {
+    let bytes = postcard::to_allocvec(value).map_err(|_| TelemetryError::Unencodable {
+        what: "postcard refused the descriptor",
+    })?;
+    if bytes.len() > TELEMETRY_RECORD_BYTES_MAX {
+        return Err(TelemetryError::RecordTooLarge {
+            len: bytes.len() as u64,
+        });
+    }
+    Ok(bytes)
+}
+
+fn put_length_prefixed(bytes: &[u8], out: &mut BytesMut) {
+    varint::encode(bytes.len() as u64, out);
+    out.put_slice(bytes);
+}
+
+fn entry_len(frame: &TelemetryFrame) -> Result<usize, TelemetryError> {
+    if !varint::fits(frame.channel_id) || !varint::fits(frame.position) {
+        return Err(TelemetryError::Unencodable {
+            what: "a channel id or position above 63 bits",
+        });
+    }
+    let len = frame.payload.len();
+    // Deltas are never larger than absolute positions, so this bounds the entry from above.
+    Ok(varint::encoded_len(frame.channel_id)
+        + varint::encoded_len(frame.position)
+        + varint::encoded_len(len as u64)
+        + len)
+}
+
+fn put_entry(
+    frame: &TelemetryFrame,
+    previous: Option<u64>,
+    out: &mut Vec<u8>,
+) -> Result<(), TelemetryError> {
+    entry_len(frame)?;
+    let position = match previous {
+        Some(previous) => {
+            debug_assert!(
+                frame.position >= previous,
+                "callers start a new batch first"
+            );
+            frame.position - previous
+        }
+        None => frame.position,
+    };
+    varint::encode(frame.channel_id, out);
+    varint::encode(position, out);
+    varint::encode(frame.payload.len() as u64, out);
+    out.extend_from_slice(&frame.payload);
+    Ok(())
+}
+
+fn put_raw_batch(entries: &[u8], out: &mut BytesMut) {
+    out.put_u8(TAG_RAW_BATCH);
+    put_length_prefixed(entries, out);
+}
+
+fn put_compressed_batch(tag: u8, raw_len: usize, compressed: &[u8], out: &mut BytesMut) {
+    out.put_u8(tag);
+    varint::encode(raw_len as u64, out);
+    put_length_prefixed(compressed, out);
+}

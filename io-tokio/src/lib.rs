@@ -1,0 +1,2 @@
+//! tether: reliable, authenticated messaging between peers over iroh.
+pub mod inspect;
