@@ -1,2 +1,11 @@
 //! tether: reliable, authenticated messaging between peers over iroh.
+//!
+//! tether unites three planes, each a sans-IO state machine in `tether-core` driven by a thin
+//! shell here: a transport driver (one iroh endpoint per node, ALPN dispatch, a per-peer
+//! egress queue), a request switch (cap-aware routing with credit flow control) and a
+//! substrate (named sessions and queues with exactly-once delivery across restarts).
+//!
+//! What is here today: [`inspect`], which decodes captured wire bytes of any of tether's four
+//! formats into JSON lines (the `tether inspect` command).
+
 pub mod inspect;

@@ -217,7 +217,7 @@ impl Format for ActorDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::testing::{decode_split, expect_line, golden};
+    use crate::wire::testing::{check_malformed, decode_split, golden};
     use crate::wire::StreamDecoder;
     use proptest::prelude::*;
 
@@ -257,13 +257,7 @@ mod tests {
             include_str!("../../tests/golden/actor/malformed_truncated.hex"),
         ];
         for text in vectors {
-            let (kind, offset) = expect_line(text).expect("vector states its error");
-            let bytes = golden(text);
-            for cut in 0..bytes.len() {
-                let (_, verdict) = decode_split(ActorDecoder::default(), &bytes, &[cut]);
-                let error = verdict.expect_err(&kind);
-                assert_eq!((error.error.kind(), error.offset), (kind.as_str(), offset));
-            }
+            check_malformed(ActorDecoder::default(), text);
         }
     }
 

@@ -225,4 +225,21 @@ pub(crate) mod testing {
         let (kind, offset) = line.split_once(" @ ")?;
         Some((kind.to_owned(), offset.trim().parse().ok()?))
     }
+
+    /// Checks a malformed golden vector: pushed whole or cut in two anywhere, the decoder
+    /// reports the error kind and offset its `# expect:` line states.
+    pub(crate) fn check_malformed<F: Format + Clone>(format: F, text: &str) {
+        use super::FormatError;
+        let (kind, offset) = expect_line(text).expect("vector states its error");
+        let bytes = golden(text);
+        for cut in 0..=bytes.len() {
+            let (_, verdict) = decode_split(format.clone(), &bytes, &[cut]);
+            let error = verdict.expect_err(&kind);
+            assert_eq!(
+                (error.error.kind(), error.offset),
+                (kind.as_str(), offset),
+                "cut {cut}"
+            );
+        }
+    }
 }

@@ -910,3 +910,367 @@ fn put_compressed_batch(tag: u8, raw_len: usize, compressed: &[u8], out: &mut By
     varint::encode(raw_len as u64, out);
     put_length_prefixed(compressed, out);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{check_malformed, decode_split, golden};
+    use proptest::prelude::*;
+
+    fn frame(channel_id: u64, position: u64, payload: &[u8]) -> TelemetryFrame {
+        TelemetryFrame {
+            channel_id,
+            position,
+            payload: Bytes::copy_from_slice(payload),
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn golden_header() -> Header {
+        Header {
+            flow_id: core::array::from_fn(|i| i as u8),
+            token: Bytes::from_static(b"abc"),
+            stream: StreamDescriptor {
+                name: "node-a".into(),
+                node_id: [0xaa; 32],
+                started_at_ms: 1_700_000_000_000,
+                labels: labels(&[("env", "test")]),
+            },
+            channels: vec![ChannelDescriptor {
+                channel_id: 7,
+                name: "cpu".into(),
+                content_type: "application/json".into(),
+                labels: vec![],
+            }],
+        }
+    }
+
+    fn mem_channel() -> ChannelDescriptor {
+        ChannelDescriptor {
+            channel_id: 9,
+            name: "mem".into(),
+            content_type: "text/plain".into(),
+            labels: labels(&[("unit", "kb")]),
+        }
+    }
+
+    fn batch_frames(item: &TelemetryItem) -> (Compression, Vec<TelemetryFrame>) {
+        match item {
+            TelemetryItem::Batch(batch) => (batch.compression(), batch.frames().collect()),
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn golden_valid_stream_decodes_and_its_raw_records_encode_identically() {
+        let text = include_str!("../../tests/golden/telemetry/valid_stream.hex");
+        let bytes = golden(text);
+        let raw = vec![
+            frame(7, 100, b"a"),
+            frame(9, 105, b"bc"),
+            frame(7, 105, b""),
+        ];
+        let compressed: Vec<_> = (0..4)
+            .map(|i| frame(7, 1000 + i * 10, &[b'x'; 64]))
+            .collect();
+        for cut in [0, 1, 5, 30, 90, 130, bytes.len() - 1] {
+            let (items, verdict) = decode_split(TelemetryDecoder::default(), &bytes, &[cut]);
+            assert_eq!(verdict, Ok(()));
+            assert_eq!(items.len(), 6);
+            assert_eq!(items[0], TelemetryItem::Header(golden_header()));
+            assert_eq!(items[1], TelemetryItem::ChannelDeclared(mem_channel()));
+            assert_eq!(batch_frames(&items[2]), (Compression::None, raw.clone()));
+            assert_eq!(
+                batch_frames(&items[3]),
+                (Compression::Zstd, compressed.clone())
+            );
+            assert_eq!(
+                batch_frames(&items[4]),
+                (Compression::Lz4, compressed.clone())
+            );
+            assert_eq!(items[5], TelemetryItem::StreamEnded);
+        }
+        // The encoder writes the hand-computed bytes (zstd output may vary by library version,
+        // so only the records without compression are compared byte for byte).
+        let mut out = BytesMut::new();
+        golden_header().encode(&mut out).unwrap();
+        encode_channel_declared(&mem_channel(), &mut out).unwrap();
+        encode_batch(&raw, Compression::None, &mut out).unwrap();
+        assert_eq!(&out[..], &bytes[..out.len()]);
+        let mut end = BytesMut::new();
+        encode_stream_ended(&mut end);
+        assert_eq!(&end[..], &bytes[bytes.len() - 1..]);
+    }
+
+    #[test]
+    fn golden_malformed_vectors() {
+        let vectors = [
+            include_str!("../../tests/golden/telemetry/malformed_bad_magic.hex"),
+            include_str!("../../tests/golden/telemetry/malformed_unknown_record.hex"),
+            include_str!("../../tests/golden/telemetry/malformed_varint_overlong.hex"),
+            include_str!("../../tests/golden/telemetry/malformed_record_too_large.hex"),
+            include_str!("../../tests/golden/telemetry/malformed_raw_length_mismatch.hex"),
+            include_str!("../../tests/golden/telemetry/malformed_bad_entry.hex"),
+            include_str!("../../tests/golden/telemetry/malformed_trailing_after_end.hex"),
+            include_str!("../../tests/golden/telemetry/malformed_truncated_header.hex"),
+        ];
+        for text in vectors {
+            check_malformed(TelemetryDecoder::default(), text);
+        }
+    }
+
+    #[test]
+    fn empty_stream_is_truncated() {
+        let (items, verdict) = decode_split(TelemetryDecoder::default(), &[], &[]);
+        assert!(items.is_empty());
+        assert_eq!(
+            verdict.unwrap_err().error,
+            TelemetryError::Truncated { buffered: 0 }
+        );
+    }
+
+    #[test]
+    fn writer_closes_batches_at_the_event_and_byte_bounds() {
+        let mut writer = BatchWriter::new();
+        let mut out = BytesMut::new();
+        let mut source = (0..2500u64).map(|i| frame(1, i, &[i as u8; 8]));
+        let taken = writer.drain(|| source.next(), &mut out).unwrap();
+        assert_eq!(taken, 2500);
+        let batches = decode_batches(&out);
+        let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [1024, 1024, 452]);
+        let all: Vec<_> = batches.concat();
+        assert_eq!(
+            all,
+            (0..2500u64)
+                .map(|i| frame(1, i, &[i as u8; 8]))
+                .collect::<Vec<_>>()
+        );
+
+        // 100 events of 4 KiB: the batch closes before passing 256 KiB.
+        let mut out = BytesMut::new();
+        let mut source = (0..100u64).map(|i| frame(2, i, &vec![(i % 251) as u8; 4096]));
+        writer.drain(|| source.next(), &mut out).unwrap();
+        for batch in decode_batches(&out) {
+            let raw: usize = batch.iter().map(|f| f.payload.len() + 6).sum();
+            assert!(
+                raw <= TELEMETRY_BATCH_BYTES_TARGET,
+                "batch of {raw} raw bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn writer_starts_a_new_batch_when_positions_go_back() {
+        let mut writer = BatchWriter::new();
+        let mut out = BytesMut::new();
+        let events = [
+            frame(1, 10, b"a"),
+            frame(1, 20, b"b"),
+            frame(2, 5, b"c"),
+            frame(2, 6, b"d"),
+        ];
+        let mut source = events.iter().cloned();
+        writer.drain(|| source.next(), &mut out).unwrap();
+        let batches = decode_batches(&out);
+        assert_eq!(batches, [events[..2].to_vec(), events[2..].to_vec()]);
+    }
+
+    #[test]
+    fn writer_compresses_only_when_smaller() {
+        let mut writer = BatchWriter::new();
+        let mut out = BytesMut::new();
+        let mut source = (0..64u64).map(|i| frame(1, i, b"the same payload every time"));
+        writer.drain(|| source.next(), &mut out).unwrap();
+        assert_eq!(writer.stats().zstd_batches, 1);
+        // One tiny event: zstd framing overhead makes the compressed record larger.
+        let mut out = BytesMut::new();
+        let mut one = Some(frame(1, 1, b"z"));
+        writer.drain(|| one.take(), &mut out).unwrap();
+        assert_eq!(writer.stats().raw_batches, 1);
+        assert_eq!(out[0], TAG_RAW_BATCH);
+    }
+
+    #[test]
+    fn encoders_refuse_what_decoders_reject() {
+        let mut header = golden_header();
+        header.token = Bytes::from(vec![0; TELEMETRY_TOKEN_BYTES_MAX + 1]);
+        let error = header.encode(&mut BytesMut::new()).unwrap_err();
+        assert_eq!(error.kind(), "token_too_long");
+        let mut header = golden_header();
+        header.stream.labels = labels(&[("k", "v"); TELEMETRY_LABELS_MAX + 1]);
+        assert_eq!(
+            header.encode(&mut BytesMut::new()).unwrap_err().kind(),
+            "unencodable"
+        );
+        let backwards = [frame(1, 5, b""), frame(1, 4, b"")];
+        let error = encode_batch(&backwards, Compression::None, &mut BytesMut::new());
+        assert_eq!(error.unwrap_err().kind(), "unencodable");
+        let huge = frame(1, u64::MAX, b"");
+        assert!(BatchWriter::new()
+            .push(&huge, &mut BytesMut::new())
+            .is_err());
+    }
+
+    #[test]
+    fn header_channel_list_is_bounded() {
+        let with_channels = |count: usize| {
+            let mut out = BytesMut::new();
+            golden_header().encode(&mut out).unwrap();
+            let mut bytes = out.to_vec();
+            bytes.truncate(bytes.len() - 25);
+            // postcard: varint count, then `count` minimal descriptors (id 0, "", "", no labels).
+            let mut list = Vec::new();
+            varint::encode(count as u64, &mut list);
+            list.extend(std::iter::repeat_n([0u8; 4], count).flatten());
+            varint::encode(list.len() as u64, &mut bytes);
+            bytes.extend_from_slice(&list);
+            decode_split(TelemetryDecoder::default(), &bytes, &[])
+        };
+        let (items, verdict) = with_channels(TELEMETRY_HEADER_CHANNELS_MAX);
+        assert_eq!(verdict, Ok(()));
+        let TelemetryItem::Header(header) = &items[0] else {
+            panic!("header first")
+        };
+        assert_eq!(header.channels.len(), TELEMETRY_HEADER_CHANNELS_MAX);
+        let (_, verdict) = with_channels(TELEMETRY_HEADER_CHANNELS_MAX + 1);
+        assert_eq!(verdict.unwrap_err().error, TelemetryError::BadDescriptor);
+    }
+
+    fn decode_batches(bytes: &[u8]) -> Vec<Vec<TelemetryFrame>> {
+        let mut stream = BytesMut::new();
+        golden_header().encode(&mut stream).unwrap();
+        stream.extend_from_slice(bytes);
+        let (items, verdict) = decode_split(TelemetryDecoder::default(), &stream, &[]);
+        assert_eq!(verdict, Ok(()));
+        items
+            .iter()
+            .skip(1)
+            .map(|item| batch_frames(item).1)
+            .collect()
+    }
+
+    fn label_list() -> impl Strategy<Value = Vec<(String, String)>> {
+        proptest::collection::vec((".{0,8}", ".{0,8}"), 0..4)
+    }
+
+    fn channel() -> impl Strategy<Value = ChannelDescriptor> {
+        (any::<u64>(), ".{0,12}", ".{0,12}", label_list()).prop_map(
+            |(channel_id, name, content_type, labels)| ChannelDescriptor {
+                channel_id,
+                name,
+                content_type,
+                labels,
+            },
+        )
+    }
+
+    fn header() -> impl Strategy<Value = Header> {
+        let stream = (".{0,12}", any::<[u8; 32]>(), any::<u64>(), label_list()).prop_map(
+            |(name, node_id, started_at_ms, labels)| StreamDescriptor {
+                name,
+                node_id,
+                started_at_ms,
+                labels,
+            },
+        );
+        let token = proptest::collection::vec(any::<u8>(), 0..40);
+        (
+            any::<[u8; 16]>(),
+            token,
+            stream,
+            proptest::collection::vec(channel(), 0..4),
+        )
+            .prop_map(|(flow_id, token, stream, channels)| Header {
+                flow_id,
+                token: token.into(),
+                stream,
+                channels,
+            })
+    }
+
+    fn events() -> impl Strategy<Value = Vec<TelemetryFrame>> {
+        let event = (
+            0..1000u64,
+            0..(1u64 << 40),
+            proptest::collection::vec(any::<u8>(), 0..64),
+        );
+        proptest::collection::vec(event, 0..40).prop_map(|events| {
+            events
+                .into_iter()
+                .map(|(c, p, payload)| frame(c, p, &payload))
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn streams_round_trip_in_every_split(
+            header in header(),
+            declared in proptest::collection::vec(channel(), 0..3),
+            events in events(),
+            ended in any::<bool>(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6),
+        ) {
+            let mut bytes = BytesMut::new();
+            header.encode(&mut bytes).unwrap();
+            for channel in &declared {
+                encode_channel_declared(channel, &mut bytes).unwrap();
+            }
+            let mut writer = BatchWriter::new();
+            let mut source = events.iter().cloned();
+            writer.drain(|| source.next(), &mut bytes).unwrap();
+            if ended {
+                encode_stream_ended(&mut bytes);
+            }
+            let (items, verdict) = decode_split(TelemetryDecoder::default(), &bytes, &cuts);
+            prop_assert_eq!(verdict, Ok(()));
+            prop_assert_eq!(&items[0], &TelemetryItem::Header(header));
+            let channels: Vec<_> = items[1..1 + declared.len()].to_vec();
+            let expected: Vec<_> = declared.into_iter().map(TelemetryItem::ChannelDeclared).collect();
+            prop_assert_eq!(channels, expected);
+            let decoded: Vec<TelemetryFrame> = items
+                .iter()
+                .filter_map(|item| match item {
+                    TelemetryItem::Batch(batch) => Some(batch.frames()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            prop_assert_eq!(decoded, events);
+            prop_assert_eq!(items.last() == Some(&TelemetryItem::StreamEnded), ended);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_and_reencode_stably(
+            tail in proptest::collection::vec(any::<u8>(), 0..400),
+            cuts in proptest::collection::vec(any::<usize>(), 0..4),
+        ) {
+            // Start from a valid header so the fuzzing reaches the record decoder too.
+            let mut bytes = BytesMut::new();
+            golden_header().encode(&mut bytes).unwrap();
+            bytes.extend_from_slice(&tail);
+            let (items, _) = decode_split(TelemetryDecoder::default(), &bytes, &cuts);
+            for item in &items {
+                if let TelemetryItem::Batch(batch) = item {
+                    let frames: Vec<_> = batch.frames().collect();
+                    prop_assert_eq!(frames.len(), batch.len());
+                    let mut again = BytesMut::new();
+                    encode_batch(&frames, Compression::None, &mut again).unwrap();
+                    let mut stream = BytesMut::new();
+                    golden_header().encode(&mut stream).unwrap();
+                    stream.extend_from_slice(&again);
+                    let (redecoded, verdict) = decode_split(TelemetryDecoder::default(), &stream, &[]);
+                    prop_assert_eq!(verdict, Ok(()));
+                    prop_assert_eq!(batch_frames(&redecoded[1]).1, frames);
+                }
+            }
+        }
+    }
+}
