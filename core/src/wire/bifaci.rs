@@ -594,3 +594,226 @@ fn check_meta<'a>(reader: &mut Reader<'a>) -> Result<&'a [u8], BifaciError> {
     }
     Ok(span)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{check_malformed, decode_split, golden};
+    use proptest::prelude::*;
+
+    fn encode_all(frames: &[Frame]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for frame in frames {
+            frame
+                .encode(BIFACI_FRAME_BYTES_DEFAULT, &mut out)
+                .expect("within bounds");
+        }
+        out
+    }
+
+    fn golden_frames() -> Vec<Frame> {
+        let uuid: [u8; 16] = hex::decode("00112233445566778899aabbccddeeff")
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let mut req = Frame::new(FrameType::Req, MessageId::Uuid(uuid));
+        req.content_type = Some("application/cbor".into());
+        req.meta = Some(Meta::from_cbor(Bytes::from_static(&[0xa1, 0x61, b'k', 0x01])).unwrap());
+        req.payload = Some(Bytes::from_static(&[1, 2]));
+        req.cap = Some("cap:effect=none".into());
+        let mut chunk = Frame::new(FrameType::Chunk, MessageId::Uint(7));
+        chunk.seq = 3;
+        chunk.payload = Some(Bytes::from_static(b"hi"));
+        chunk.stream_id = Some("s1".into());
+        chunk.routing_id = Some(MessageId::Uint(42));
+        chunk.chunk_index = Some(0);
+        chunk.checksum = Some(628_919_584_683_901_914); // FNV-1a 64 of "hi"
+        let heartbeat = Frame::new(FrameType::Heartbeat, MessageId::Uint(0));
+        let mut credit = Frame::new(FrameType::Credit, MessageId::Uint(7));
+        credit.len = Some(1000);
+        credit.offset = Some(5);
+        credit.eof = Some(false);
+        credit.stream_id = Some("s1".into());
+        credit.media_urn = Some("media:bytes".into());
+        credit.chunk_count = Some(2);
+        credit.is_sequence = Some(true);
+        credit.force_kill = Some(false);
+        credit.credit = Some(16);
+        credit.unbounded = Some(true);
+        vec![req, chunk, heartbeat, credit]
+    }
+
+    #[test]
+    fn golden_valid_frames_both_ways() {
+        let bytes = golden(include_str!("../../tests/golden/bifaci/valid_frames.hex"));
+        let expected = golden_frames();
+        assert_eq!(encode_all(&expected), bytes);
+        let (items, verdict) = decode_split(BifaciDecoder::default(), &bytes, &[7, 80]);
+        assert_eq!(verdict, Ok(()));
+        assert_eq!(items, expected);
+    }
+
+    #[test]
+    fn ciborium_reads_what_we_write() {
+        for frame in golden_frames() {
+            let body = frame.encode_body();
+            let value: ciborium::Value = ciborium::from_reader(&body[..]).expect("valid CBOR");
+            let map = value.as_map().expect("a map");
+            let key = |k: u64| map.iter().find(|(key, _)| *key == ciborium::Value::from(k));
+            assert_eq!(key(0).unwrap().1, ciborium::Value::from(4));
+            assert_eq!(
+                key(1).unwrap().1,
+                ciborium::Value::from(frame.frame_type.code())
+            );
+        }
+    }
+
+    #[test]
+    fn golden_malformed_vectors() {
+        let vectors = [
+            include_str!("../../tests/golden/bifaci/malformed_bad_cbor.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_bad_cbor_nonminimal.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_bad_version.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_duplicate_key.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_frame_too_large.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_missing_field.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_not_a_map.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_trailing_bytes.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_truncated.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_unknown_frame_type.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_unknown_key.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_wrong_type.hex"),
+            include_str!("../../tests/golden/bifaci/malformed_wrong_type_short_uuid.hex"),
+        ];
+        for text in vectors {
+            check_malformed(BifaciDecoder::default(), text);
+        }
+    }
+
+    #[test]
+    fn a_frame_local_error_leaves_the_stream_usable() {
+        let bad = golden(include_str!(
+            "../../tests/golden/bifaci/malformed_bad_version.hex"
+        ));
+        let mut bytes = bad.clone();
+        bytes.extend(encode_all(&golden_frames()));
+        let mut decoder = crate::wire::StreamDecoder::new(BifaciDecoder::default());
+        decoder.push(&bytes);
+        assert_eq!(
+            decoder.pop().unwrap().unwrap().frame_type,
+            FrameType::Heartbeat
+        );
+        assert_eq!(decoder.pop().unwrap_err().error.kind(), "bad_version");
+        let rest: Vec<Frame> = std::iter::from_fn(|| decoder.pop().unwrap()).collect();
+        assert_eq!(rest, golden_frames());
+    }
+
+    #[test]
+    fn frame_bound_is_a_setting_with_a_ceiling() {
+        let mut big = Frame::new(FrameType::Chunk, MessageId::Uint(1));
+        big.payload = Some(Bytes::from(vec![0; 200]));
+        assert!(big.encode(100, &mut Vec::new()).is_err());
+        let bytes = encode_all(&[big]);
+        let (_, verdict) = decode_split(BifaciDecoder::with_frame_bytes_max(100), &bytes, &[]);
+        assert_eq!(verdict.unwrap_err().error.kind(), "frame_too_large");
+        let clamped = BifaciDecoder::with_frame_bytes_max(usize::MAX);
+        assert_eq!(clamped.frame_bytes_max(), BIFACI_FRAME_BYTES_CEILING);
+    }
+
+    fn id() -> impl Strategy<Value = MessageId> {
+        prop_oneof![
+            any::<[u8; 16]>().prop_map(MessageId::Uuid),
+            any::<u64>().prop_map(MessageId::Uint)
+        ]
+    }
+
+    fn meta() -> impl Strategy<Value = Meta> {
+        proptest::collection::btree_map(".{0,6}", any::<i64>(), 0..4).prop_map(|map| {
+            let value =
+                ciborium::Value::Map(map.into_iter().map(|(k, v)| (k.into(), v.into())).collect());
+            let mut bytes = Vec::new();
+            ciborium::into_writer(&value, &mut bytes).expect("in-memory write");
+            Meta::from_cbor(bytes.into()).expect("ciborium writes canonical maps")
+        })
+    }
+
+    fn frame() -> impl Strategy<Value = Frame> {
+        let text = || proptest::option::of(".{0,12}");
+        let uint = || proptest::option::of(any::<u64>());
+        let flag = || proptest::option::of(any::<bool>());
+        let payload = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64));
+        let head = (
+            proptest::sample::select(FrameType::ALL.to_vec()),
+            id(),
+            any::<u64>(),
+        );
+        let texts = (text(), text(), text(), text());
+        let uints = (uint(), uint(), uint(), uint(), uint(), uint());
+        let flags = (flag(), flag(), flag(), flag());
+        let rest = (
+            proptest::option::of(meta()),
+            payload,
+            proptest::option::of(id()),
+        );
+        (head, texts, uints, flags, rest).prop_map(|(head, texts, uints, flags, rest)| {
+            let mut frame = Frame::new(head.0, head.1);
+            frame.seq = head.2;
+            (
+                frame.content_type,
+                frame.cap,
+                frame.stream_id,
+                frame.media_urn,
+            ) = texts;
+            (
+                frame.len,
+                frame.offset,
+                frame.chunk_index,
+                frame.chunk_count,
+            ) = (uints.0, uints.1, uints.2, uints.3);
+            (frame.checksum, frame.credit) = (uints.4, uints.5);
+            (
+                frame.eof,
+                frame.is_sequence,
+                frame.force_kill,
+                frame.unbounded,
+            ) = flags;
+            frame.meta = rest.0;
+            frame.payload = rest.1.map(Bytes::from);
+            frame.routing_id = rest.2;
+            frame
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips_in_every_split(
+            frames in proptest::collection::vec(frame(), 0..6),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6),
+        ) {
+            let bytes = encode_all(&frames);
+            let (items, verdict) = decode_split(BifaciDecoder::default(), &bytes, &cuts);
+            prop_assert_eq!(verdict, Ok(()));
+            prop_assert_eq!(items, frames);
+        }
+
+        #[test]
+        fn arbitrary_bodies_never_panic_and_reencode_stably(
+            body in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            let body = Bytes::from(body);
+            if let Ok(frame) = Frame::decode_body(&body) {
+                let again = Frame::decode_body(&Bytes::from(frame.encode_body()));
+                prop_assert_eq!(again, Ok(frame));
+            }
+        }
+
+        #[test]
+        fn arbitrary_streams_never_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..300),
+            cuts in proptest::collection::vec(any::<usize>(), 0..4),
+        ) {
+            let format = BifaciDecoder::with_frame_bytes_max(128);
+            let _ = decode_split(format, &bytes, &cuts);
+        }
+    }
+}

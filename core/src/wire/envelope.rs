@@ -551,3 +551,221 @@ fn write_env<'a>(env: &'a Env, out: &mut Vec<u8>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::testing::{check_malformed, decode_split, golden};
+    use proptest::prelude::*;
+
+    fn encode_all(envelopes: &[Envelope]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for envelope in envelopes {
+            envelope.encode(&mut out).expect("within bounds");
+        }
+        out
+    }
+
+    fn env(kind: Verb, obj: &str) -> Env {
+        Env {
+            obj: Some(Address::parse(obj).unwrap()),
+            ..Env::new(kind)
+        }
+    }
+
+    fn golden_envelopes() -> Vec<Envelope> {
+        let op = Some("01HZX3K9Q4M2".to_string());
+        let send = Env {
+            obj_kind: Some(ObjKind::Queue),
+            id: op.clone(),
+            seq: Some(7),
+            receipt: Some(1),
+            ..env(Verb::Send, "orders/eu-1")
+        };
+        let ack = Env {
+            id: op,
+            seq: Some(7),
+            receipt: Some(1),
+            ..env(Verb::Ack, "orders/eu-1")
+        };
+        let err = Env {
+            obj_kind: Some(ObjKind::Session),
+            id: Some("op-9".into()),
+            code: Some("scope_denied".into()),
+            message: Some("not allowed".into()),
+            reason: Some("policy".into()),
+            ..env(Verb::Err, "chat.room_1")
+        };
+        let resync = Env {
+            from_seq: Some(300),
+            ..env(Verb::Resync, "orders/eu-1")
+        };
+        let open = Env {
+            obj_kind: Some(ObjKind::Session),
+            id: Some("op-1".into()),
+            cap: Some("tok-123".into()),
+            ..env(Verb::Open, "chat.room_1")
+        };
+        let chunk = Env {
+            id: Some("op-2".into()),
+            seq: Some(0),
+            ..env(Verb::Chunk, "blobs")
+        };
+        vec![
+            Envelope {
+                body: Some(Bytes::from_static(b"hello")),
+                ..Envelope::new(send)
+            },
+            Envelope::new(ack),
+            Envelope::new(err),
+            Envelope {
+                type_byte: 0x03,
+                ..Envelope::new(resync)
+            },
+            Envelope::new(open),
+            Envelope {
+                type_byte: TYPE_BULK_CHUNK,
+                env: chunk,
+                body: Some(vec![0xab; 300].into()),
+            },
+        ]
+    }
+
+    #[test]
+    fn golden_valid_frames_both_ways() {
+        let bytes = golden(include_str!("../../tests/golden/envelope/valid_frames.hex"));
+        let expected = golden_envelopes();
+        assert_eq!(encode_all(&expected), bytes);
+        let (items, verdict) = decode_split(EnvelopeDecoder, &bytes, &[3, 50, 200]);
+        assert_eq!(verdict, Ok(()));
+        assert_eq!(items, expected);
+    }
+
+    #[test]
+    fn golden_malformed_vectors() {
+        let vectors = [
+            include_str!("../../tests/golden/envelope/malformed_bad_version.hex"),
+            include_str!("../../tests/golden/envelope/malformed_duplicate_key.hex"),
+            include_str!("../../tests/golden/envelope/malformed_empty_frame.hex"),
+            include_str!("../../tests/golden/envelope/malformed_frame_too_large.hex"),
+            include_str!("../../tests/golden/envelope/malformed_invalid_address.hex"),
+            include_str!("../../tests/golden/envelope/malformed_invalid_field.hex"),
+            include_str!("../../tests/golden/envelope/malformed_invalid_field_verb.hex"),
+            include_str!("../../tests/golden/envelope/malformed_missing_field.hex"),
+            include_str!("../../tests/golden/envelope/malformed_payload_too_large.hex"),
+            include_str!("../../tests/golden/envelope/malformed_reserved_type.hex"),
+            include_str!("../../tests/golden/envelope/malformed_routing_not_supported.hex"),
+            include_str!("../../tests/golden/envelope/malformed_trailing_bytes.hex"),
+            include_str!("../../tests/golden/envelope/malformed_truncated.hex"),
+            include_str!("../../tests/golden/envelope/malformed_unknown_key.hex"),
+        ];
+        for text in vectors {
+            check_malformed(EnvelopeDecoder, text);
+        }
+    }
+
+    #[test]
+    fn addresses_follow_the_charset_and_at_wins() {
+        assert!(Address::parse("a").is_ok());
+        assert!(Address::parse(&"a".repeat(ADDRESS_BYTES_MAX)).is_ok());
+        assert_eq!(
+            Address::parse(&"a".repeat(ADDRESS_BYTES_MAX + 1)),
+            Err(AddressError::Invalid)
+        );
+        assert_eq!(Address::parse(""), Err(AddressError::Invalid));
+        assert_eq!(Address::parse("Q"), Err(AddressError::Invalid));
+        assert_eq!(Address::parse("a b"), Err(AddressError::Invalid));
+        assert_eq!(
+            Address::parse("a@b"),
+            Err(AddressError::RoutingNotSupported)
+        );
+        let long_with_at = format!("{}@", "A".repeat(200));
+        assert_eq!(
+            Address::parse(&long_with_at),
+            Err(AddressError::RoutingNotSupported)
+        );
+    }
+
+    #[test]
+    fn encoder_refuses_what_the_decoder_rejects() {
+        let mut big = golden_envelopes().remove(0);
+        big.body = Some(vec![0; ENVELOPE_INLINE_BODY_BYTES_MAX + 1].into());
+        assert_eq!(
+            big.encode(&mut Vec::new()).unwrap_err().kind(),
+            "payload_too_large"
+        );
+        big.type_byte = TYPE_BULK_CHUNK;
+        assert!(
+            big.encode(&mut Vec::new()).is_ok(),
+            "bulk chunks carry up to 256 KiB"
+        );
+        big.type_byte = 0;
+        assert_eq!(
+            big.encode(&mut Vec::new()).unwrap_err().kind(),
+            "reserved_type"
+        );
+        let mut zero = golden_envelopes().remove(1);
+        zero.env.receipt = Some(0);
+        assert_eq!(
+            zero.encode(&mut Vec::new()).unwrap_err().kind(),
+            "invalid_field"
+        );
+        let mut chatty = golden_envelopes().remove(1);
+        chatty.env.message = Some("m".repeat(ENVELOPE_TEXT_BYTES_MAX + 1));
+        assert_eq!(
+            chatty.encode(&mut Vec::new()).unwrap_err().kind(),
+            "invalid_field"
+        );
+    }
+
+    fn envelope() -> impl Strategy<Value = Envelope> {
+        let text = || proptest::option::of(".{0,10}");
+        let uint = || proptest::option::of(any::<u64>());
+        let obj =
+            proptest::option::of("[a-z0-9._/-]{1,20}".prop_map(|a| Address::parse(&a).unwrap()));
+        let kind = proptest::sample::select(Verb::ALL.to_vec());
+        let obj_kind =
+            proptest::option::of(prop_oneof![Just(ObjKind::Session), Just(ObjKind::Queue)]);
+        let receipt = proptest::option::of(1..u64::MAX);
+        let head = (1u8..=255, kind, obj, obj_kind, receipt);
+        let rest = (text(), text(), text(), text(), text(), uint(), uint());
+        let body = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..100));
+        (head, rest, body).prop_map(|(head, rest, body)| {
+            let mut env = Env::new(head.1);
+            (env.obj, env.obj_kind, env.receipt) = (head.2, head.3, head.4);
+            (env.id, env.code, env.message, env.reason, env.cap) =
+                (rest.0, rest.1, rest.2, rest.3, rest.4);
+            (env.seq, env.from_seq) = (rest.5, rest.6);
+            Envelope {
+                type_byte: head.0,
+                env,
+                body: body.map(Bytes::from),
+            }
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips_in_every_split(
+            envelopes in proptest::collection::vec(envelope(), 0..6),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6),
+        ) {
+            let bytes = encode_all(&envelopes);
+            let (items, verdict) = decode_split(EnvelopeDecoder, &bytes, &cuts);
+            prop_assert_eq!(verdict, Ok(()));
+            prop_assert_eq!(items, envelopes);
+        }
+
+        #[test]
+        fn arbitrary_frames_never_panic_and_reencode_stably(
+            frame in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            if let Ok(envelope) = Envelope::decode_frame(&Bytes::from(frame)) {
+                let mut bytes = Vec::new();
+                envelope.encode(&mut bytes).unwrap();
+                let again = Envelope::decode_frame(&Bytes::from(bytes).split_off(4));
+                prop_assert_eq!(again, Ok(envelope));
+            }
+        }
+    }
+}
