@@ -144,6 +144,12 @@ impl Batch {
         self.len == 0
     }
 
+    /// The batch's entry bytes as they were before compression (validated), for callers that
+    /// store or forward batches without looking inside.
+    pub fn raw_entries(&self) -> &Bytes {
+        &self.entries
+    }
+
     /// The frames, with absolute positions, in stream order.
     pub fn frames(&self) -> BatchFrames<'_> {
         BatchFrames {

@@ -1,0 +1,121 @@
+//! Checks shared by tether's fuzz targets: each decoder is fed arbitrary bytes in two pushes,
+//! must never panic, must keep every item within its bounds, and every item it yields must
+//! encode and decode back to itself (decode → encode → decode stability).
+
+use bytes::{Bytes, BytesMut};
+use tether_core::wire::actor::ActorDecoder;
+use tether_core::wire::bifaci::{BifaciDecoder, Frame};
+use tether_core::wire::envelope::{Envelope, EnvelopeDecoder};
+use tether_core::wire::telemetry::{
+    encode_batch, encode_channel_declared, encode_stream_ended, Compression, TelemetryDecoder,
+    TelemetryItem,
+};
+use tether_core::wire::{Format, StreamDecoder};
+
+/// Splits the input at a point chosen by its first byte and decodes it in two pushes.
+fn decode_all<F: Format>(format: F, data: &[u8]) -> Vec<F::Item> {
+    let Some((&split, data)) = data.split_first() else { return Vec::new() };
+    let split = usize::from(split).min(data.len());
+    let mut decoder = StreamDecoder::new(format);
+    let mut items = Vec::new();
+    for part in [&data[..split], &data[split..]] {
+        decoder.push(part);
+        loop {
+            match decoder.pop() {
+                Ok(Some(item)) => items.push(item),
+                Ok(None) => break,
+                // Frame-local errors leave the stream usable: keep decoding past them.
+                Err(error) if !tether_core::wire::FormatError::is_fatal(&error.error) => {}
+                Err(_) => return items,
+            }
+        }
+    }
+    let _ = decoder.finish();
+    items
+}
+
+/// Decodes `bytes` whole and expects exactly `expected` with a clean end.
+fn redecode<F: Format>(format: F, bytes: &[u8]) -> Vec<F::Item> {
+    let mut decoder = StreamDecoder::new(format);
+    decoder.push(bytes);
+    let items: Vec<F::Item> =
+        std::iter::from_fn(|| decoder.pop().expect("re-encoded bytes decode")).collect();
+    decoder.finish().expect("re-encoded bytes end cleanly");
+    items
+}
+
+/// Actor records.
+pub fn actor(data: &[u8]) {
+    let format = ActorDecoder::with_payload_bytes_max(4096);
+    let items = decode_all(format.clone(), data);
+    let mut bytes = Vec::new();
+    for item in &items {
+        assert!(item.payload().len() <= 4096);
+        item.encode(4096, &mut bytes).expect("a decoded record re-encodes");
+    }
+    assert_eq!(redecode(format, &bytes), items);
+}
+
+/// Telemetry streams.
+pub fn telemetry(data: &[u8]) {
+    let items = decode_all(TelemetryDecoder::default(), data);
+    let mut bytes = BytesMut::new();
+    for item in &items {
+        match item {
+            TelemetryItem::Header(header) => header.encode(&mut bytes).expect("re-encodes"),
+            TelemetryItem::ChannelDeclared(channel) => {
+                encode_channel_declared(channel, &mut bytes).expect("re-encodes")
+            }
+            TelemetryItem::Batch(batch) => {
+                let frames: Vec<_> = batch.frames().collect();
+                assert_eq!(frames.len(), batch.len());
+                encode_batch(&frames, Compression::None, &mut bytes).expect("re-encodes")
+            }
+            TelemetryItem::StreamEnded => encode_stream_ended(&mut bytes),
+        }
+    }
+    if items.is_empty() {
+        return;
+    }
+    let again = redecode(TelemetryDecoder::default(), &bytes);
+    assert_eq!(again.len(), items.len());
+    for (a, b) in again.iter().zip(&items) {
+        match (a, b) {
+            (TelemetryItem::Batch(a), TelemetryItem::Batch(b)) => {
+                assert!(a.frames().eq(b.frames()))
+            }
+            (a, b) => assert_eq!(a, b),
+        }
+    }
+}
+
+/// Bifaci frames.
+pub fn bifaci(data: &[u8]) {
+    let items = decode_all(BifaciDecoder::default(), data);
+    let mut bytes = Vec::new();
+    for item in &items {
+        item.encode(usize::MAX, &mut bytes).expect("a decoded frame re-encodes");
+    }
+    assert_eq!(redecode(BifaciDecoder::default(), &bytes), items);
+    // The body decoder alone, on the raw input.
+    if let Ok(frame) = Frame::decode_body(&Bytes::copy_from_slice(data)) {
+        assert_eq!(Frame::decode_body(&Bytes::from(frame.encode_body())), Ok(frame));
+    }
+}
+
+/// Substrate envelopes.
+pub fn envelope(data: &[u8]) {
+    let items = decode_all(EnvelopeDecoder, data);
+    let mut bytes = Vec::new();
+    for item in &items {
+        item.encode(&mut bytes).expect("a decoded envelope re-encodes");
+    }
+    assert_eq!(redecode(EnvelopeDecoder, &bytes), items);
+    if let Ok(envelope) = Envelope::decode_frame(&Bytes::copy_from_slice(data)) {
+        let mut bytes = Vec::new();
+        envelope.encode(&mut bytes).expect("re-encodes");
+        let again = Envelope::decode_frame(&Bytes::from(bytes).split_off(4));
+        assert_eq!(again, Ok(envelope));
+    }
+}
+
