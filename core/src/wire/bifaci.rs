@@ -22,7 +22,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::cbor::{self, CborError, Reader};
-use super::{u32_be_at, Format, FormatError};
+use super::{take_length_prefixed, Format, FormatError};
 use crate::limits::{BIFACI_FRAME_BYTES_CEILING, BIFACI_FRAME_BYTES_DEFAULT};
 
 /// The only protocol version tether speaks (REFERENCE §B).
@@ -306,23 +306,15 @@ impl Format for BifaciDecoder {
     type Error = BifaciError;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, BifaciError> {
-        let Some(len) = u32_be_at(buf, 0) else {
-            return Ok(None);
-        };
-        let len = len as usize;
-        if len > self.frame_bytes_max {
-            let max = self.frame_bytes_max as u64;
-            return Err(BifaciError::FrameTooLarge {
-                len: len as u64,
-                max,
-            });
+        let max = self.frame_bytes_max;
+        match take_length_prefixed(buf, max) {
+            Ok(Some(body)) => Frame::decode_body(&body).map(Some),
+            Ok(None) => Ok(None),
+            Err(len) => Err(BifaciError::FrameTooLarge {
+                len,
+                max: max as u64,
+            }),
         }
-        if buf.len() < 4 + len {
-            buf.reserve(4 + len - buf.len());
-            return Ok(None);
-        }
-        let body = buf.split_to(4 + len).freeze().split_off(4);
-        Frame::decode_body(&body).map(Some)
     }
 
     fn finish(&self, buffered: usize) -> Result<(), BifaciError> {

@@ -16,7 +16,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::cbor::{self, CborError, Reader};
-use super::{u32_be_at, Format, FormatError};
+use super::{take_length_prefixed, Format, FormatError};
 use crate::limits::{
     ADDRESS_BYTES_MAX, ENVELOPE_CHUNK_BODY_BYTES_MAX, ENVELOPE_ENV_KEYS_MAX,
     ENVELOPE_FRAME_BYTES_MAX, ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX,
@@ -308,19 +308,11 @@ impl Format for EnvelopeDecoder {
     type Error = EnvelopeError;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Envelope>, EnvelopeError> {
-        let Some(len) = u32_be_at(buf, 0) else {
-            return Ok(None);
-        };
-        let len = len as usize;
-        if len > ENVELOPE_FRAME_BYTES_MAX {
-            return Err(EnvelopeError::FrameTooLarge { len: len as u64 });
+        match take_length_prefixed(buf, ENVELOPE_FRAME_BYTES_MAX) {
+            Ok(Some(frame)) => Envelope::decode_frame(&frame).map(Some),
+            Ok(None) => Ok(None),
+            Err(len) => Err(EnvelopeError::FrameTooLarge { len }),
         }
-        if buf.len() < 4 + len {
-            buf.reserve(4 + len - buf.len());
-            return Ok(None);
-        }
-        let frame = buf.split_to(4 + len).freeze().split_off(4);
-        Envelope::decode_frame(&frame).map(Some)
     }
 
     fn finish(&self, buffered: usize) -> Result<(), EnvelopeError> {

@@ -167,6 +167,24 @@ impl<F: Format> StreamDecoder<F> {
     }
 }
 
+/// Takes one `u32` big-endian length-prefixed frame off the front of `buf`, returning its body
+/// (without the prefix). `Ok(None)`: incomplete, `buf` untouched (room for the body is
+/// reserved). `Err(len)`: the declared length exceeds `max`, `buf` untouched.
+fn take_length_prefixed(buf: &mut BytesMut, max: usize) -> Result<Option<bytes::Bytes>, u64> {
+    let Some(len) = u32_be_at(buf, 0) else {
+        return Ok(None);
+    };
+    let len = len as usize;
+    if len > max {
+        return Err(len as u64);
+    }
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return Ok(None);
+    }
+    Ok(Some(buf.split_to(4 + len).freeze().split_off(4)))
+}
+
 /// Reads a big-endian `u32` at `at`, if four bytes are there.
 fn u32_be_at(buf: &[u8], at: usize) -> Option<u32> {
     let bytes = buf.get(at..at.checked_add(4)?)?;
