@@ -661,7 +661,8 @@ pub fn encode_batch(
                 what: "a position below its predecessor",
             });
         }
-        put_entry(frame, previous, &mut entries)?;
+        entry_len(frame)?;
+        put_entry(frame, previous, &mut entries);
         previous = Some(frame.position);
     }
     if entries.len() > TELEMETRY_RECORD_BYTES_MAX {
@@ -785,7 +786,7 @@ impl BatchWriter {
         if self.count > 0 && (goes_backwards || overflows) {
             self.flush(out);
         }
-        put_entry(frame, self.previous, &mut self.entries)?;
+        put_entry(frame, self.previous, &mut self.entries);
         self.previous = Some(frame.position);
         self.count += 1;
         self.stats.events += 1;
@@ -883,12 +884,8 @@ fn entry_len(frame: &TelemetryFrame) -> Result<usize, TelemetryError> {
         + len)
 }
 
-fn put_entry(
-    frame: &TelemetryFrame,
-    previous: Option<u64>,
-    out: &mut Vec<u8>,
-) -> Result<(), TelemetryError> {
-    entry_len(frame)?;
+/// Appends one entry; the caller has checked it with [`entry_len`] and ordered positions.
+fn put_entry(frame: &TelemetryFrame, previous: Option<u64>, out: &mut Vec<u8>) {
     let position = match previous {
         Some(previous) => {
             debug_assert!(
@@ -903,7 +900,6 @@ fn put_entry(
     varint::encode(position, out);
     varint::encode(frame.payload.len() as u64, out);
     out.extend_from_slice(&frame.payload);
-    Ok(())
 }
 
 fn put_raw_batch(entries: &[u8], out: &mut BytesMut) {
