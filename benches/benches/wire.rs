@@ -56,32 +56,44 @@ fn memcpy_baseline(c: &mut Criterion, group_name: &str, bytes: &[u8]) -> Vec<u8>
     dst
 }
 
+/// Benchmarks one length-delimited format: a stream of copies of one item, decoded by a
+/// long-lived decoder and encoded item by item, beside a memcpy of the same bytes.
+fn bench_codec<F: Format>(
+    c: &mut Criterion,
+    name: &str,
+    format: F,
+    encode_one: impl Fn(&mut Vec<u8>),
+) {
+    let mut stream = Vec::new();
+    let mut items = 0;
+    while stream.len() < STREAM_BYTES {
+        encode_one(&mut stream);
+        items += 1;
+    }
+    memcpy_baseline(c, name, &stream);
+    let mut group = c.benchmark_group(name);
+    group.throughput(Throughput::Bytes(stream.len() as u64));
+    let mut decoder = StreamDecoder::new(format);
+    group.bench_function("decode", |b| b.iter(|| decode_all(&mut decoder, &stream)));
+    let mut out = Vec::with_capacity(stream.len());
+    group.bench_function("encode", |b| {
+        b.iter(|| {
+            out.clear();
+            for _ in 0..items {
+                encode_one(&mut out);
+            }
+        })
+    });
+    group.finish();
+}
+
 fn actor(c: &mut Criterion) {
     for size in SIZES {
         let record = ActorRecord::new([7; 32], "app.message", payload(size)).unwrap();
-        let mut stream = Vec::new();
-        while stream.len() < STREAM_BYTES {
-            record.encode(usize::MAX, &mut stream).unwrap();
-        }
-        let records = stream.len() / record.encoded_len();
-        let name = format!("actor/{size}");
-        memcpy_baseline(c, &name, &stream);
-        let mut group = c.benchmark_group(&name);
-        group.throughput(Throughput::Bytes(stream.len() as u64));
-        group.bench_function("decode", |b| {
-            let mut decoder = StreamDecoder::new(ActorDecoder::with_payload_bytes_max(size));
-            b.iter(|| decode_all(&mut decoder, &stream))
+        let format = ActorDecoder::with_payload_bytes_max(size);
+        bench_codec(c, &format!("actor/{size}"), format, |out| {
+            record.encode(usize::MAX, out).unwrap()
         });
-        let mut out = Vec::with_capacity(stream.len());
-        group.bench_function("encode", |b| {
-            b.iter(|| {
-                out.clear();
-                for _ in 0..records {
-                    record.encode(usize::MAX, &mut out).unwrap();
-                }
-            })
-        });
-        group.finish();
     }
 }
 
@@ -181,30 +193,12 @@ fn bifaci(c: &mut Criterion) {
         frame.payload = Some(payload(size));
         frame.chunk_index = Some(3);
         frame.checksum = Some(0x1234_5678_9abc_def0);
-        let mut stream = Vec::new();
-        let mut frames = 0;
-        while stream.len() < STREAM_BYTES {
-            frame.encode(usize::MAX, &mut stream).unwrap();
-            frames += 1;
-        }
-        let name = format!("bifaci/{size}");
-        memcpy_baseline(c, &name, &stream);
-        let mut group = c.benchmark_group(&name);
-        group.throughput(Throughput::Bytes(stream.len() as u64));
-        group.bench_function("decode", |b| {
-            let mut decoder = StreamDecoder::new(BifaciDecoder::default());
-            b.iter(|| decode_all(&mut decoder, &stream))
-        });
-        let mut out = Vec::with_capacity(stream.len());
-        group.bench_function("encode", |b| {
-            b.iter(|| {
-                out.clear();
-                for _ in 0..frames {
-                    frame.encode(usize::MAX, &mut out).unwrap();
-                }
-            })
-        });
-        group.finish();
+        bench_codec(
+            c,
+            &format!("bifaci/{size}"),
+            BifaciDecoder::default(),
+            |out| frame.encode(usize::MAX, out).unwrap(),
+        );
     }
 }
 
@@ -222,30 +216,9 @@ fn envelope(c: &mut Criterion) {
             body: Some(payload(size)),
             ..Envelope::new(env)
         };
-        let mut stream = Vec::new();
-        let mut frames = 0;
-        while stream.len() < STREAM_BYTES {
-            envelope.encode(&mut stream).unwrap();
-            frames += 1;
-        }
-        let name = format!("envelope/{size}");
-        memcpy_baseline(c, &name, &stream);
-        let mut group = c.benchmark_group(&name);
-        group.throughput(Throughput::Bytes(stream.len() as u64));
-        group.bench_function("decode", |b| {
-            let mut decoder = StreamDecoder::new(EnvelopeDecoder);
-            b.iter(|| decode_all(&mut decoder, &stream))
+        bench_codec(c, &format!("envelope/{size}"), EnvelopeDecoder, |out| {
+            envelope.encode(out).unwrap()
         });
-        let mut out = Vec::with_capacity(stream.len());
-        group.bench_function("encode", |b| {
-            b.iter(|| {
-                out.clear();
-                for _ in 0..frames {
-                    envelope.encode(&mut out).unwrap();
-                }
-            })
-        });
-        group.finish();
     }
 }
 
