@@ -198,11 +198,13 @@ impl Format for ActorDecoder {
             buf.reserve(total - buf.len());
             return Ok(None);
         }
+        // One handle for the record becomes the payload; the tag is the only extra reference.
         let mut record = buf.split_to(total).freeze();
         let mut dest = [0u8; DEST_LEN];
-        record.copy_to_slice(&mut dest);
-        let tag = record.slice(4..4 + tag_len);
-        let payload = record.split_off(4 + tag_len + 4);
+        dest.copy_from_slice(&record[..DEST_LEN]);
+        let tag = record.slice(TAG_AT..payload_len_at);
+        record.advance(payload_len_at + 4);
+        let payload = record;
         Ok(Some(ActorRecord { dest, tag, payload }))
     }
 
