@@ -24,4 +24,6 @@
 #![forbid(unsafe_code)]
 
 pub mod limits;
+pub mod request;
+pub mod time;
 pub mod wire;

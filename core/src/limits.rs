@@ -75,3 +75,42 @@ pub const ENVELOPE_ENV_KEYS_MAX: usize = 32;
 /// Longest text value inside an envelope (`id`, `code`, `message`, `reason`, ...). A human
 /// readable reason never needs more; op ids are ~26 characters.
 pub const ENVELOPE_TEXT_BYTES_MAX: usize = 4096;
+
+/// Default initial per-stream credit window, in chunks (REFERENCE §B: "initial credit 32
+/// chunks"). Both sides propose a window; the smaller one is used.
+pub const CREDIT_WINDOW_CHUNKS_DEFAULT: u64 = 32;
+
+/// Default reorder-buffer bound per flow (REFERENCE §B: "reorder buffer 64 per flow"). A peer
+/// that races further ahead than this is refused with `overflow` instead of pinning memory.
+pub const REORDER_HELD_COUNT_DEFAULT: usize = 64;
+
+/// Hard ceiling for the reorder-buffer setting: held frames are buffered whole, so the setting
+/// may not let one flow pin more than this many frames (×3.5 MiB per frame at most).
+pub const REORDER_HELD_COUNT_CEILING: usize = 4096;
+
+/// Default size of the recently-terminated ring (REFERENCE §B: "a ring of the 64 most recent
+/// terminations"). It is the horizon inside which a late frame counts as a benign straggler.
+pub const TERMINATED_RING_COUNT_DEFAULT: usize = 64;
+
+/// Hard ceiling for the ring setting: every summary is a few hundred bytes and the ring is
+/// scanned for diagnostics, so a setting above this is a configuration mistake.
+pub const TERMINATED_RING_COUNT_CEILING: usize = 65_536;
+
+/// Default bound on live requests in one table. A misbehaving peer that opens requests without
+/// ever ending them is refused with `TableFull` instead of exhausting memory.
+pub const LIVE_REQUESTS_COUNT_DEFAULT: usize = 65_536;
+
+/// Most streams tracked per request (flow stats and the emission checker). Real requests have a
+/// handful of streams; beyond this a peer is refused instead of growing per-request state.
+pub const STREAMS_PER_REQUEST_COUNT_MAX: usize = 1024;
+
+/// Longest stream id the request machines keep (stream ids are short names such as `input`).
+pub const STREAM_ID_BYTES_MAX: usize = 256;
+
+/// Most cancel-cascade children one request may record (seed 001: peer calls made on behalf of
+/// a request). Bounds the per-request child list a cartridge can grow.
+pub const CHILDREN_PER_REQUEST_COUNT_MAX: usize = 1024;
+
+/// Longest cancel or error message kept on a terminated summary; longer ones are cut on a
+/// character boundary (the summary is diagnostics, not a data path).
+pub const TERMINATION_MESSAGE_BYTES_MAX: usize = 1024;

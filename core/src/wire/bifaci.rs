@@ -136,6 +136,24 @@ pub enum MessageId {
     Uint(u64),
 }
 
+/// Serialized as the integer itself, or the UUID as 32 lowercase hex digits (snapshots, JSON).
+impl serde::Serialize for MessageId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MessageId::Uint(value) => serializer.serialize_u64(*value),
+            MessageId::Uuid(bytes) => {
+                use std::fmt::Write as _;
+                let mut text = String::with_capacity(32);
+                for byte in bytes {
+                    // Writing to a String cannot fail.
+                    let _ = write!(text, "{byte:02x}");
+                }
+                serializer.serialize_str(&text)
+            }
+        }
+    }
+}
+
 /// A `meta` map, kept as its validated CBOR bytes (a map with text keys, well formed, nested
 /// at most `CBOR_NESTING_DEPTH_MAX` deep). Decode it with any CBOR library when needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
