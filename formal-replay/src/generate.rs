@@ -1,0 +1,415 @@
+//! Writing new conformance scripts with the reference model as the oracle.
+//!
+//! Cases alternate between two sources: an exhaustive enumeration of short op sequences over a
+//! small alphabet of each section (in length-then-lexicographic order, starting at an offset
+//! the seed picks, so successive seeds cover successive slices), and seeded random walks with
+//! longer sequences and edge values (0, 1, the window, 2^63−1, 2^64−1). Inputs are chosen
+//! here; every observation is filled in by the model.
+
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::model;
+use crate::replay::{complete_with_model, known_section};
+use crate::script::ScriptFile;
+
+/// Longest random walk, in ops.
+const WALK_OPS_MAX: usize = 24;
+
+/// Writes `cases` cases of `section` from `seed`.
+pub fn generate(section: &str, seed: u64, cases: usize) -> Result<ScriptFile, String> {
+    let section = known_section(section)?;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let mut generated = Vec::with_capacity(cases);
+    let offset = seed.wrapping_mul(cases as u64);
+    for index in 0..cases {
+        let inputs = if index % 2 == 0 {
+            let nth = offset.wrapping_add(index as u64 / 2);
+            enumerated(section, nth)
+        } else {
+            walk(section, &mut rng)
+        };
+        let case = complete_with_model(section, &inputs).map_err(|failure| {
+            format!("generated {section} case {index} is outside the format: {failure}")
+        })?;
+        generated.push(case);
+    }
+    Ok(ScriptFile {
+        section: section.to_owned(),
+        cases: generated,
+    })
+}
+
+/// The `n`-th sequence over `symbols` symbols in length-then-lexicographic order (bijective
+/// base-`symbols` numeration: 0 is the empty sequence).
+pub fn nth_sequence(symbols: usize, mut n: u64) -> Vec<usize> {
+    let base = symbols as u64;
+    let mut digits = Vec::new();
+    while n > 0 {
+        n -= 1;
+        digits.push((n % base) as usize);
+        n /= base;
+    }
+    digits.reverse();
+    digits
+}
+
+const STREAM_POOL: [Option<&str>; 6] = [
+    None,
+    Some(""),
+    Some("a"),
+    Some("b"),
+    Some("A"),
+    Some("input"),
+];
+const REASONS: [&str; 5] = ["", "END", "ERR", "cancelled", "a b"];
+
+fn known_codes() -> Vec<u8> {
+    model::FRAME_TYPES.iter().map(|row| row.code).collect()
+}
+
+fn enumerated(section: &str, n: u64) -> Value {
+    match section {
+        "frame_types" => frame_types_case((n % 256) as u8),
+        "ledger" => {
+            let codes = known_codes();
+            let values: [u64; 6] = [0, 1, 2, 31, 32, 1 << 40];
+            let code = codes[(n % codes.len() as u64) as usize];
+            let rest = n / codes.len() as u64;
+            let remaining = values[(rest % values.len() as u64) as usize];
+            let granted = values[((rest / values.len() as u64) % values.len() as u64) as usize];
+            json!({"remaining": remaining, "frame": code, "granted": granted, "after": 0})
+        }
+        "negotiate" => {
+            let values = [0, 1, 2, 16, 32, u64::MAX];
+            let ours = values[(n % 6) as usize];
+            let theirs = values[((n / 6) % 6) as usize];
+            json!({"ours": ours, "theirs": theirs, "window": null})
+        }
+        "grant_target" => {
+            let subsets = 1u64 << STREAM_POOL.len();
+            let mask = n % subsets;
+            let streams: Vec<Option<&str>> = STREAM_POOL
+                .iter()
+                .enumerate()
+                .filter(|(bit, _)| mask & (1 << bit) != 0)
+                .map(|(_, stream)| *stream)
+                .collect();
+            let named_pool = [
+                None,
+                Some(""),
+                Some("a"),
+                Some("b"),
+                Some("A"),
+                Some("input"),
+                Some("zz"),
+            ];
+            let named = named_pool[((n / subsets) % named_pool.len() as u64) as usize];
+            grant_target_case(&streams, named)
+        }
+        "gate" => {
+            let window = n % 5;
+            let alphabet = [
+                json!({"op": "acquire", "n": 0}),
+                json!({"op": "acquire", "n": 1}),
+                json!({"op": "acquire", "n": 2}),
+                json!({"op": "grant", "n": 1}),
+                json!({"op": "grant", "n": u64::MAX}),
+                json!({"op": "close", "reason": "END"}),
+            ];
+            let ops = pick(&alphabet, n / 5);
+            json!({"window": window, "steps": placeholder_gate_steps(ops.len()), "ops": ops})
+        }
+        "window" => {
+            let window = n % 5;
+            let ops = pick(
+                &["arrive", "continuation", "consume", "flush"].map(Value::from),
+                n / 5,
+            );
+            window_case(window, ops)
+        }
+        "reorder" => {
+            let limit = n % 3;
+            let arrivals: Vec<u64> = nth_sequence(4, n / 3)
+                .into_iter()
+                .map(|seq| seq as u64)
+                .collect();
+            reorder_case(limit, arrivals)
+        }
+        "writer" => {
+            let codes = known_codes();
+            let frames: Vec<u8> = nth_sequence(codes.len(), n)
+                .into_iter()
+                .map(|i| codes[i])
+                .collect();
+            writer_case(frames)
+        }
+        "table" => {
+            let keep = n % 3 + 1;
+            let alphabet: Vec<Value> = ["register", "terminate"]
+                .iter()
+                .flat_map(|op| {
+                    ["x1", "x2"].iter().flat_map(move |xid| {
+                        ["r1", "r2", "r3"]
+                            .iter()
+                            .map(move |rid| json!({"op": op, "xid": xid, "rid": rid}))
+                    })
+                })
+                .collect();
+            table_case(keep, pick(&alphabet, n / 3))
+        }
+        "emission" => {
+            let alphabet = [
+                json!({"kind": "streamStart", "stream": "a"}),
+                json!({"kind": "streamStart", "stream": "b"}),
+                json!({"kind": "chunk", "stream": "a", "index": 0}),
+                json!({"kind": "chunk", "stream": "a", "index": 1}),
+                json!({"kind": "chunk", "stream": "b", "index": 0}),
+                json!({"kind": "streamEnd", "stream": "a", "count": null}),
+                json!({"kind": "streamEnd", "stream": "a", "count": 1}),
+                json!({"kind": "streamEnd", "stream": "b", "count": 0}),
+                json!({"kind": "end"}),
+                json!({"kind": "err"}),
+                json!({"kind": "other"}),
+            ];
+            emission_case(pick(&alphabet, n))
+        }
+        other => unreachable!("known_section admitted {other}"),
+    }
+}
+
+fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
+    let len = rng.random_range(1..=WALK_OPS_MAX);
+    match section {
+        "frame_types" => frame_types_case(rng.random()),
+        "ledger" => {
+            let codes = known_codes();
+            let code = codes[rng.random_range(0..codes.len())];
+            let remaining = edge(rng) >> 1;
+            let granted = edge(rng).min(i64::MAX as u64 - remaining);
+            json!({"remaining": remaining, "frame": code, "granted": granted, "after": 0})
+        }
+        "negotiate" => json!({"ours": edge(rng), "theirs": edge(rng), "window": null}),
+        "grant_target" => {
+            let mut streams = Vec::new();
+            for stream in STREAM_POOL {
+                if rng.random_bool(0.4) {
+                    streams.push(stream);
+                }
+            }
+            let named = STREAM_POOL[rng.random_range(0..STREAM_POOL.len())];
+            grant_target_case(&streams, named)
+        }
+        "gate" => {
+            let window = edge(rng);
+            let ops: Vec<Value> = (0..len)
+                .map(|_| match rng.random_range(0..10) {
+                    0..=4 => json!({"op": "acquire", "n": small_or_edge(rng)}),
+                    5..=7 => json!({"op": "grant", "n": small_or_edge(rng)}),
+                    _ => json!({"op": "close", "reason": REASONS[rng.random_range(0..REASONS.len())]}),
+                })
+                .collect();
+            json!({"window": window, "steps": placeholder_gate_steps(ops.len()), "ops": ops})
+        }
+        "window" => {
+            let window = [0, 1, 2, 3, 5, 8, 32, u64::MAX][rng.random_range(0..8)];
+            let names = [
+                "arrive",
+                "arrive",
+                "continuation",
+                "consume",
+                "consume",
+                "flush",
+            ];
+            let ops = (0..len)
+                .map(|_| Value::from(names[rng.random_range(0..names.len())]))
+                .collect();
+            window_case(window, ops)
+        }
+        "reorder" => {
+            let limit = [0, 1, 2, 3, 4, 64][rng.random_range(0..6)];
+            let mut next = 0u64;
+            let arrivals = (0..len)
+                .map(|_| {
+                    let seq = next
+                        .saturating_add(rng.random_range(0..4))
+                        .saturating_sub(rng.random_range(0..2));
+                    if seq == next {
+                        next += 1;
+                    }
+                    seq
+                })
+                .collect();
+            reorder_case(limit, arrivals)
+        }
+        "writer" => {
+            let codes = known_codes();
+            writer_case(
+                (0..len)
+                    .map(|_| codes[rng.random_range(0..codes.len())])
+                    .collect(),
+            )
+        }
+        "table" => {
+            let keep = [1, 2, 3, 4, 64][rng.random_range(0..5)];
+            let ops = (0..len)
+                .map(|_| {
+                    let op = if rng.random_bool(0.5) {
+                        "register"
+                    } else {
+                        "terminate"
+                    };
+                    let xid = ["x1", "x2"][rng.random_range(0..2)];
+                    let rid = ["r1", "r2", "r3"][rng.random_range(0..3)];
+                    json!({"op": op, "xid": xid, "rid": rid})
+                })
+                .collect();
+            table_case(keep, ops)
+        }
+        "emission" => emission_case(emission_walk(rng, len)),
+        other => unreachable!("known_section admitted {other}"),
+    }
+}
+
+/// A mostly well-formed emission sequence (streams opened, chunked in order and ended with the
+/// right count) with an occasional mistake, so that clean runs and every violation both occur.
+fn emission_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
+    let names = ["a", "b", "c", ""];
+    let mut open: Vec<(&str, u64)> = Vec::new();
+    let mut started = 0;
+    let mut emitted = Vec::new();
+    while emitted.len() < len {
+        let mistake = rng.random_bool(0.08);
+        let choice = rng.random_range(0..10);
+        let emission = if open.is_empty() || choice < 2 {
+            let stream = if mistake || started == names.len() {
+                names[rng.random_range(0..names.len())]
+            } else {
+                started += 1;
+                names[started - 1]
+            };
+            open.push((stream, 0));
+            json!({"kind": "streamStart", "stream": stream})
+        } else if choice < 7 {
+            let at = rng.random_range(0..open.len());
+            let (stream, seen) = &mut open[at];
+            let index = if mistake { *seen + 1 } else { *seen };
+            *seen += 1;
+            json!({"kind": "chunk", "stream": *stream, "index": index})
+        } else if choice < 9 {
+            let at = rng.random_range(0..open.len());
+            let (stream, seen) = open.remove(at);
+            let count = match (mistake, rng.random_bool(0.3)) {
+                (true, _) => json!(seen + 1),
+                (false, true) => Value::Null,
+                (false, false) => json!(seen),
+            };
+            json!({"kind": "streamEnd", "stream": stream, "count": count})
+        } else {
+            ["end", "err", "other"].map(|kind| json!({"kind": kind}))[rng.random_range(0..3)]
+                .clone()
+        };
+        emitted.push(emission);
+    }
+    emitted
+}
+
+fn edge(rng: &mut Xoshiro256PlusPlus) -> u64 {
+    match rng.random_range(0..8) {
+        0 => 0,
+        1 => 1,
+        2 => u64::MAX,
+        3 => u64::MAX - 1,
+        4 => i64::MAX as u64,
+        5 => rng.random_range(2..64),
+        _ => rng.random(),
+    }
+}
+
+fn small_or_edge(rng: &mut Xoshiro256PlusPlus) -> u64 {
+    if rng.random_bool(0.8) {
+        rng.random_range(0..5)
+    } else {
+        edge(rng)
+    }
+}
+
+fn pick(alphabet: &[Value], n: u64) -> Vec<Value> {
+    nth_sequence(alphabet.len(), n)
+        .into_iter()
+        .map(|i| alphabet[i].clone())
+        .collect()
+}
+
+fn frame_types_case(code: u8) -> Value {
+    json!({"code": code, "known": false, "flow": null, "terminal": null, "ends": null})
+}
+
+fn grant_target_case(streams: &[Option<&str>], named: Option<&str>) -> Value {
+    json!({"streams": streams, "named": named, "matched": false, "target": null})
+}
+
+fn placeholder_gate_steps(len: usize) -> Vec<Value> {
+    vec![json!({"answer": null, "available": 0, "closed": null}); len]
+}
+
+fn window_case(window: u64, ops: Vec<Value>) -> Value {
+    let steps =
+        vec![json!({"violation": false, "grant": 0, "remaining": 0, "pending": 0}); ops.len()];
+    json!({"window": window, "ops": ops, "steps": steps})
+}
+
+fn reorder_case(limit: u64, arrivals: Vec<u64>) -> Value {
+    let steps = vec![json!({"hold": true}); arrivals.len()];
+    json!({"limit": limit, "arrivals": arrivals, "steps": steps})
+}
+
+fn writer_case(frames: Vec<u8>) -> Value {
+    let written = vec![false; frames.len()];
+    let seqs = vec![Value::Null; frames.len()];
+    json!({"frames": frames, "written": written, "seqs": seqs})
+}
+
+fn table_case(keep: u64, ops: Vec<Value>) -> Value {
+    let step = json!({"ok": false, "frames": ["no_route", "no_route", "no_route"]});
+    let steps = vec![step; ops.len()];
+    json!({"keep": keep, "ops": ops, "steps": steps, "live": 0, "registered": 0})
+}
+
+fn emission_case(emitted: Vec<Value>) -> Value {
+    json!({"emitted": emitted, "violation": null, "at": null, "stream": null,
+        "expected": null, "got": null})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequences_are_enumerated_by_length_then_lexicographically() {
+        let firsts: Vec<Vec<usize>> = (0..7).map(|n| nth_sequence(2, n)).collect();
+        assert_eq!(
+            firsts,
+            [
+                vec![],
+                vec![0],
+                vec![1],
+                vec![0, 0],
+                vec![0, 1],
+                vec![1, 0],
+                vec![1, 1]
+            ]
+        );
+    }
+
+    #[test]
+    fn generation_is_a_function_of_the_seed() {
+        for section in crate::script::SECTIONS {
+            let once = generate(section, 7, 20).unwrap();
+            let again = generate(section, 7, 20).unwrap();
+            assert_eq!(once.cases, again.cases, "{section}");
+            assert_eq!(once.cases.len(), 20);
+        }
+    }
+}

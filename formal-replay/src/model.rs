@@ -1,0 +1,485 @@
+//! The reference model: CONFORMANCE.md transcribed as directly as possible.
+//!
+//! Written for clarity, not speed, and sharing no code with `tether-core`: sets are vectors
+//! searched linearly, counters are `u128` clamped only where the document says "saturate",
+//! the ring is a plain vector of request ids. If core and this model ever disagree, one of
+//! them misreads the document, and the conformance run says which case shows it.
+
+/// One row of the frame-type table (CONFORMANCE §1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameTypeRow {
+    /// Wire code.
+    pub code: u8,
+    /// Part of a request's ordered flow.
+    pub flow: bool,
+    /// Ends its request.
+    pub terminal: bool,
+    /// `"finished"`, `"failed"` or nothing.
+    pub ends: Option<&'static str>,
+}
+
+const fn row(code: u8, flow: bool, terminal: bool, ends: Option<&'static str>) -> FrameTypeRow {
+    FrameTypeRow {
+        code,
+        flow,
+        terminal,
+        ends,
+    }
+}
+
+/// The 14 known frame types. Code 2 (the retired RES) is absent on purpose.
+pub const FRAME_TYPES: [FrameTypeRow; 14] = [
+    row(0, false, false, None),           // HELLO
+    row(1, true, false, None),            // REQ
+    row(3, true, false, None),            // CHUNK
+    row(4, true, true, Some("finished")), // END
+    row(5, true, false, None),            // LOG
+    row(6, true, true, Some("failed")),   // ERR
+    row(7, false, false, None),           // HEARTBEAT
+    row(8, true, false, None),            // STREAM_START
+    row(9, true, false, None),            // STREAM_END
+    row(10, false, false, None),          // RELAY_NOTIFY
+    row(11, false, false, None),          // RELAY_STATE
+    row(12, false, false, None),          // CANCEL
+    row(13, false, false, None),          // CREDIT
+    row(14, false, false, None),          // CLOSE_STREAM
+];
+
+/// Code of CHUNK.
+pub const CHUNK: u8 = 3;
+/// Code of CREDIT.
+pub const CREDIT: u8 = 13;
+
+/// The table row of `code`, `None` when the code is unknown.
+pub fn frame_type(code: u8) -> Option<FrameTypeRow> {
+    FRAME_TYPES.iter().copied().find(|row| row.code == code)
+}
+
+/// §3: the ledger after one frame, in unbounded integers.
+pub fn ledger(remaining: u64, frame: u8, granted: u64) -> i128 {
+    let start = i128::from(remaining);
+    if frame == CHUNK {
+        start - 1
+    } else if frame == CREDIT {
+        start + i128::from(granted)
+    } else {
+        start
+    }
+}
+
+/// §4: the smaller proposal, refused when it is 0.
+pub fn negotiate(ours: u64, theirs: u64) -> Option<u64> {
+    let smaller = if ours < theirs { ours } else { theirs };
+    if smaller == 0 {
+        None
+    } else {
+        Some(smaller)
+    }
+}
+
+/// §5: `Some(identity)` when a gate is credited (the identity may be `None`), else `None`.
+pub fn grant_target(streams: &[Option<String>], named: &Option<String>) -> Option<Option<String>> {
+    for stream in streams {
+        if stream == named {
+            return Some(stream.clone());
+        }
+    }
+    if named.is_none() && streams.len() == 1 {
+        return Some(streams[0].clone());
+    }
+    None
+}
+
+const U64_MAX: u128 = u64::MAX as u128;
+
+/// §6: the sender's gate.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Gate {
+    /// Credits still spendable.
+    pub available: u128,
+    /// `None` while open; the first close reason otherwise.
+    pub closed: Option<String>,
+}
+
+/// A gate operation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum GateOp {
+    /// acquire n
+    Acquire(u64),
+    /// grant n
+    Grant(u64),
+    /// close reason
+    Close(String),
+}
+
+impl Gate {
+    /// A gate opened with `window`.
+    pub fn opened(window: u64) -> Self {
+        Gate {
+            available: u128::from(window),
+            closed: None,
+        }
+    }
+
+    /// Applies `op`; returns the answer (`None` for grant and close).
+    pub fn apply(&mut self, op: &GateOp) -> Option<String> {
+        match op {
+            GateOp::Acquire(n) => {
+                if let Some(reason) = &self.closed {
+                    return Some(format!("closed:{reason}"));
+                }
+                let n = u128::from(*n);
+                if n <= self.available {
+                    self.available -= n;
+                    Some("acquired".to_string())
+                } else {
+                    Some("wait".to_string())
+                }
+            }
+            GateOp::Grant(n) => {
+                if self.closed.is_none() {
+                    self.available = (self.available + u128::from(*n)).min(U64_MAX);
+                }
+                None
+            }
+            GateOp::Close(reason) => {
+                if self.closed.is_none() {
+                    self.closed = Some(reason.clone());
+                }
+                None
+            }
+        }
+    }
+}
+
+/// A window operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WindowOp {
+    /// A CHUNK arrived.
+    Arrive,
+    /// A CHUNK continuing an item arrived.
+    Continuation,
+    /// The consumer took a chunk.
+    Consume,
+    /// Grant everything pending.
+    Flush,
+}
+
+/// §7: the receiver's window.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// Chunks the sender may still send.
+    pub remaining: u128,
+    /// Consumed, not yet granted.
+    pub pending: u128,
+    /// `max(1, ⌊window/2⌋)`.
+    pub batch: u128,
+}
+
+impl Window {
+    /// A window opened with `window`.
+    pub fn opened(window: u64) -> Self {
+        let half = u128::from(window) / 2;
+        Window {
+            remaining: u128::from(window),
+            pending: 0,
+            batch: if half < 1 { 1 } else { half },
+        }
+    }
+
+    /// Applies `op`; returns (violation, grant).
+    pub fn apply(&mut self, op: WindowOp) -> (bool, u128) {
+        match op {
+            WindowOp::Arrive => {
+                if self.remaining == 0 {
+                    (true, 0)
+                } else {
+                    self.remaining -= 1;
+                    (false, 0)
+                }
+            }
+            WindowOp::Continuation => {
+                if self.remaining == 0 {
+                    (true, 0)
+                } else {
+                    // Arrive, then give the chunk back at once.
+                    (false, 1)
+                }
+            }
+            WindowOp::Consume => {
+                self.pending = (self.pending + 1).min(U64_MAX);
+                if self.pending >= self.batch {
+                    self.grant_pending()
+                } else {
+                    (false, 0)
+                }
+            }
+            WindowOp::Flush => self.grant_pending(),
+        }
+    }
+
+    fn grant_pending(&mut self) -> (bool, u128) {
+        let grant = self.pending;
+        self.remaining = (self.remaining + grant).min(U64_MAX);
+        self.pending = 0;
+        (false, grant)
+    }
+}
+
+/// One reorder step.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ReorderStep {
+    /// Handed on, in order.
+    Deliver(Vec<u64>),
+    /// Buffered.
+    Hold,
+    /// Refused: `stale`, `duplicate` or `overflow`.
+    Error(&'static str),
+}
+
+/// §8: one flow's reorder buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Reorder {
+    /// Next seq to hand on (unbounded).
+    pub expected: u128,
+    /// Held seqs, in arrival order.
+    pub held: Vec<u64>,
+    /// Most seqs held at once.
+    pub limit: u64,
+}
+
+impl Reorder {
+    /// An empty buffer.
+    pub fn start(limit: u64) -> Self {
+        Reorder {
+            expected: 0,
+            held: Vec::new(),
+            limit,
+        }
+    }
+
+    /// One arrival.
+    pub fn accept(&mut self, seq: u64) -> ReorderStep {
+        let s = u128::from(seq);
+        if s < self.expected {
+            return ReorderStep::Error("stale");
+        }
+        if s == self.expected {
+            let mut delivered = vec![seq];
+            let mut next = s + 1;
+            loop {
+                let found = self.held.iter().position(|held| u128::from(*held) == next);
+                match found {
+                    Some(index) => {
+                        delivered.push(self.held.remove(index));
+                        next += 1;
+                    }
+                    None => break,
+                }
+            }
+            self.expected = next;
+            return ReorderStep::Deliver(delivered);
+        }
+        if self.held.contains(&seq) {
+            return ReorderStep::Error("duplicate");
+        }
+        if self.held.len() as u128 >= u128::from(self.limit) {
+            return ReorderStep::Error("overflow");
+        }
+        self.held.push(seq);
+        ReorderStep::Hold
+    }
+}
+
+/// §9: one flow's writer. Returns (written, seq) per frame code.
+pub fn writer(frames: &[u8]) -> Vec<(bool, Option<u64>)> {
+    let mut ended = false;
+    let mut next: u64 = 0;
+    let mut out = Vec::new();
+    for code in frames {
+        let row = frame_type(*code).expect("writer frames are known codes");
+        if row.flow && ended {
+            out.push((false, None));
+        } else if row.flow {
+            out.push((true, Some(next)));
+            next += 1;
+            if row.terminal {
+                ended = true;
+            }
+        } else {
+            out.push((true, Some(0)));
+        }
+    }
+    out
+}
+
+/// §10: the request table over small string ids.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Table {
+    /// Live (xid, rid) keys.
+    pub live: Vec<(String, String)>,
+    /// Recently ended rids, oldest first.
+    pub ring: Vec<String>,
+    /// Successful registrations.
+    pub registered: u64,
+    /// Ring capacity.
+    pub keep: u64,
+}
+
+impl Table {
+    /// An empty table remembering `keep` endings.
+    pub fn empty(keep: u64) -> Self {
+        Table {
+            live: Vec::new(),
+            ring: Vec::new(),
+            registered: 0,
+            keep,
+        }
+    }
+
+    /// Whether `rid` is live under any xid.
+    pub fn is_live(&self, rid: &str) -> bool {
+        self.live.iter().any(|(_, live_rid)| live_rid == rid)
+    }
+
+    /// register(x, r).
+    pub fn register(&mut self, xid: &str, rid: &str) -> bool {
+        if self.is_live(rid) {
+            return false;
+        }
+        self.live.push((xid.to_string(), rid.to_string()));
+        self.registered += 1;
+        true
+    }
+
+    /// terminate(x, r).
+    pub fn terminate(&mut self, xid: &str, rid: &str) -> bool {
+        let position = self.live.iter().position(|(x, r)| x == xid && r == rid);
+        let Some(index) = position else {
+            return false;
+        };
+        self.live.remove(index);
+        self.ring.push(rid.to_string());
+        if self.ring.len() as u64 > self.keep {
+            self.ring.remove(0);
+        }
+        true
+    }
+
+    /// disposition(r): `route`, `straggler` or `no_route`.
+    pub fn disposition(&self, rid: &str) -> &'static str {
+        if self.is_live(rid) {
+            "route"
+        } else if self.ring.iter().any(|ended| ended == rid) {
+            "straggler"
+        } else {
+            "no_route"
+        }
+    }
+}
+
+/// §11: one emission.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Emission {
+    /// STREAM_START.
+    StreamStart(String),
+    /// CHUNK with its index.
+    Chunk(String, u64),
+    /// STREAM_END with its optional count.
+    StreamEnd(String, Option<u64>),
+    /// END.
+    End,
+    /// ERR.
+    Err,
+    /// REQ or LOG.
+    Other,
+}
+
+/// The checker's verdict: (violation, at, stream, expected, got), all `None` when clean.
+pub type Verdict = (
+    Option<&'static str>,
+    Option<u64>,
+    Option<String>,
+    Option<u64>,
+    Option<u64>,
+);
+
+/// §11: checks `emitted`, stopping at the first violation.
+pub fn check_emissions(emitted: &[Emission]) -> Verdict {
+    let mut open: Vec<(String, u64)> = Vec::new();
+    let mut closed: Vec<String> = Vec::new();
+    let mut ended = false;
+    for (at, emission) in emitted.iter().enumerate() {
+        let at = Some(at as u64);
+        if ended {
+            return (Some("afterEnd"), at, None, None, None);
+        }
+        let open_position = |stream: &String| open.iter().position(|(s, _)| s == stream);
+        match emission {
+            Emission::StreamStart(stream) => {
+                if open_position(stream).is_some() || closed.contains(stream) {
+                    return (
+                        Some("streamRestarted"),
+                        at,
+                        Some(stream.clone()),
+                        None,
+                        None,
+                    );
+                }
+                open.push((stream.clone(), 0));
+            }
+            Emission::Chunk(stream, index) => {
+                let Some(position) = open_position(stream) else {
+                    return (Some("streamNotOpen"), at, Some(stream.clone()), None, None);
+                };
+                let seen = open[position].1;
+                if *index != seen {
+                    let stream = Some(stream.clone());
+                    return (
+                        Some("chunkOutOfPlace"),
+                        at,
+                        stream,
+                        Some(seen),
+                        Some(*index),
+                    );
+                }
+                open[position].1 += 1;
+            }
+            Emission::StreamEnd(stream, count) => {
+                let Some(position) = open_position(stream) else {
+                    return (Some("streamNotOpen"), at, Some(stream.clone()), None, None);
+                };
+                let seen = open[position].1;
+                if let Some(count) = count {
+                    if *count != seen {
+                        let stream = Some(stream.clone());
+                        return (
+                            Some("chunkCountWrong"),
+                            at,
+                            stream,
+                            Some(seen),
+                            Some(*count),
+                        );
+                    }
+                }
+                open.remove(position);
+                closed.push(stream.clone());
+            }
+            Emission::End => {
+                if let Some((stream, _)) = open.first() {
+                    return (
+                        Some("endWithOpenStream"),
+                        at,
+                        Some(stream.clone()),
+                        None,
+                        None,
+                    );
+                }
+                ended = true;
+            }
+            Emission::Err => ended = true,
+            Emission::Other => {}
+        }
+    }
+    (None, None, None, None, None)
+}

@@ -1,0 +1,346 @@
+//! The conformance script format (CONFORMANCE.md §1–§11), parsed strictly: every key of every
+//! object is required (`null` where a value can be nothing), no extra keys, integers exact.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// The ten sections, in the document's order.
+pub const SECTIONS: [&str; 10] = [
+    "frame_types",
+    "ledger",
+    "negotiate",
+    "grant_target",
+    "gate",
+    "window",
+    "reorder",
+    "writer",
+    "table",
+    "emission",
+];
+
+/// A nullable key that must still be present (serde would otherwise default a missing
+/// `Option` to `None`).
+fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    Option::<T>::deserialize(deserializer)
+}
+
+/// A script file: `{"section": ..., "cases": [...]}`. Cases stay raw JSON until the section
+/// is known, so one malformed case is reported as such without losing the others.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptFile {
+    /// The section name.
+    pub section: String,
+    /// The cases.
+    pub cases: Vec<serde_json::Value>,
+}
+
+/// §2.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrameTypesCase {
+    pub code: u8,
+    pub known: bool,
+    #[serde(deserialize_with = "required")]
+    pub flow: Option<bool>,
+    #[serde(deserialize_with = "required")]
+    pub terminal: Option<bool>,
+    #[serde(deserialize_with = "required")]
+    pub ends: Option<Ending>,
+}
+
+/// How a frame ends its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ending {
+    Finished,
+    Failed,
+}
+
+/// §3.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerCase {
+    pub remaining: u64,
+    pub frame: u8,
+    pub granted: u64,
+    pub after: i64,
+}
+
+/// §4.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NegotiateCase {
+    pub ours: u64,
+    pub theirs: u64,
+    #[serde(deserialize_with = "required")]
+    pub window: Option<u64>,
+}
+
+/// §5.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantTargetCase {
+    pub streams: Vec<Option<String>>,
+    #[serde(deserialize_with = "required")]
+    pub named: Option<String>,
+    pub matched: bool,
+    #[serde(deserialize_with = "required")]
+    pub target: Option<String>,
+}
+
+/// §6 operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum GateOp {
+    Acquire { n: u64 },
+    Grant { n: u64 },
+    Close { reason: String },
+}
+
+/// §6 observation after one op.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateStep {
+    #[serde(deserialize_with = "required")]
+    pub answer: Option<String>,
+    pub available: u64,
+    #[serde(deserialize_with = "required")]
+    pub closed: Option<String>,
+}
+
+/// §6.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateCase {
+    pub window: u64,
+    pub ops: Vec<GateOp>,
+    pub steps: Vec<GateStep>,
+}
+
+/// §7 operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowOp {
+    Arrive,
+    Continuation,
+    Consume,
+    Flush,
+}
+
+/// §7 observation after one op.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowStep {
+    pub violation: bool,
+    pub grant: u64,
+    pub remaining: u64,
+    pub pending: u64,
+}
+
+/// §7.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowCase {
+    pub window: u64,
+    pub ops: Vec<WindowOp>,
+    pub steps: Vec<WindowStep>,
+}
+
+/// §8 refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReorderError {
+    Stale,
+    Duplicate,
+    Overflow,
+}
+
+/// §8 step: exactly one key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum ReorderStep {
+    Deliver(Vec<u64>),
+    Hold(HoldTrue),
+    Error(ReorderError),
+}
+
+/// The literal `true` of `{"hold": true}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldTrue;
+
+impl Serialize for HoldTrue {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bool(true)
+    }
+}
+
+impl<'de> Deserialize<'de> for HoldTrue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if bool::deserialize(deserializer)? {
+            Ok(HoldTrue)
+        } else {
+            Err(serde::de::Error::custom("\"hold\" must be true"))
+        }
+    }
+}
+
+/// §8.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReorderCase {
+    pub limit: u64,
+    pub arrivals: Vec<u64>,
+    pub steps: Vec<ReorderStep>,
+}
+
+/// §9.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriterCase {
+    pub frames: Vec<u8>,
+    pub written: Vec<bool>,
+    pub seqs: Vec<Option<u64>>,
+}
+
+/// §10 xid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Xid {
+    X1,
+    X2,
+}
+
+/// §10 rid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rid {
+    R1,
+    R2,
+    R3,
+}
+
+impl Xid {
+    /// Both xids.
+    pub const ALL: [Xid; 2] = [Xid::X1, Xid::X2];
+
+    /// The spelling in scripts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Xid::X1 => "x1",
+            Xid::X2 => "x2",
+        }
+    }
+}
+
+impl Rid {
+    /// The three rids, in the order `frames` reports them.
+    pub const ALL: [Rid; 3] = [Rid::R1, Rid::R2, Rid::R3];
+
+    /// The spelling in scripts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rid::R1 => "r1",
+            Rid::R2 => "r2",
+            Rid::R3 => "r3",
+        }
+    }
+}
+
+/// §10 operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableOp {
+    pub op: TableOpKind,
+    pub xid: Xid,
+    pub rid: Rid,
+}
+
+/// register or terminate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TableOpKind {
+    Register,
+    Terminate,
+}
+
+/// A disposition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Disposition {
+    Route,
+    Straggler,
+    NoRoute,
+}
+
+/// §10 observation after one op.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableStep {
+    pub ok: bool,
+    pub frames: [Disposition; 3],
+}
+
+/// §10.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableCase {
+    pub keep: u64,
+    pub ops: Vec<TableOp>,
+    pub steps: Vec<TableStep>,
+    pub live: u64,
+    pub registered: u64,
+}
+
+/// §11 emission.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
+pub enum Emission {
+    StreamStart {
+        stream: String,
+    },
+    Chunk {
+        stream: String,
+        index: u64,
+    },
+    StreamEnd {
+        stream: String,
+        #[serde(deserialize_with = "required")]
+        count: Option<u64>,
+    },
+    // Empty struct variants, not unit variants: serde lets a unit variant of an internally
+    // tagged enum ignore extra keys, an empty struct variant with `deny_unknown_fields` does not.
+    End {},
+    Err {},
+    Other {},
+}
+
+/// §11 violation names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ViolationName {
+    AfterEnd,
+    StreamRestarted,
+    StreamNotOpen,
+    ChunkOutOfPlace,
+    ChunkCountWrong,
+    EndWithOpenStream,
+}
+
+/// §11.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmissionCase {
+    pub emitted: Vec<Emission>,
+    #[serde(deserialize_with = "required")]
+    pub violation: Option<ViolationName>,
+    #[serde(deserialize_with = "required")]
+    pub at: Option<u64>,
+    #[serde(deserialize_with = "required")]
+    pub stream: Option<String>,
+    #[serde(deserialize_with = "required")]
+    pub expected: Option<u64>,
+    #[serde(deserialize_with = "required")]
+    pub got: Option<u64>,
+}
