@@ -148,14 +148,7 @@ fn check(condition: bool, law: &str) -> Result<(), String> {
 
 /// All table op sequences of length ≤ `depth` over 2 xids and 3 rids, rings of 1–3.
 pub fn explore_table(depth: usize) -> Result<Report, String> {
-    let mut ops = Vec::new();
-    for register in [true, false] {
-        for xid in ["x1", "x2"] {
-            for rid in ["r1", "r2", "r3"] {
-                ops.push((register, xid, rid));
-            }
-        }
-    }
+    let ops = table_ops();
     let mut sequences = 0;
     let mut states = 0;
     for keep in 1..=3usize {
@@ -180,10 +173,26 @@ pub fn explore_table(depth: usize) -> Result<Report, String> {
     })
 }
 
+/// The 12 table ops: register or terminate, over 2 xids and 3 rids.
+fn table_ops() -> Vec<TableOp> {
+    let mut ops = Vec::new();
+    for register in [true, false] {
+        for xid in ["x1", "x2"] {
+            for rid in ["r1", "r2", "r3"] {
+                ops.push((register, xid, rid));
+            }
+        }
+    }
+    ops
+}
+
+/// (register?, xid, rid).
+type TableOp = (bool, &'static str, &'static str);
+
 fn table_step(
     model: &mut model::Table,
     core: &mut RequestTable<()>,
-    &(register, xid, rid): &(bool, &str, &str),
+    &(register, xid, rid): &TableOp,
 ) -> Result<(), String> {
     let key = RequestKey {
         xid: id_of(xid),
@@ -350,12 +359,7 @@ type WindowState = (model::Window, [u128; 4]);
 
 /// All window op sequences of length ≤ `depth` for windows 0–4.
 pub fn explore_window(depth: usize) -> Result<Report, String> {
-    let ops = vec![
-        model::WindowOp::Arrive,
-        model::WindowOp::Continuation,
-        model::WindowOp::Consume,
-        model::WindowOp::Flush,
-    ];
+    let ops = WINDOW_OPS.to_vec();
     let mut sequences = 0;
     let mut states = 0;
     for window in 0..=4u64 {
@@ -375,6 +379,13 @@ pub fn explore_window(depth: usize) -> Result<Report, String> {
         states,
     })
 }
+
+const WINDOW_OPS: [model::WindowOp; 4] = [
+    model::WindowOp::Arrive,
+    model::WindowOp::Continuation,
+    model::WindowOp::Consume,
+    model::WindowOp::Flush,
+];
 
 fn window_step(
     (model, totals): &mut WindowState,
@@ -563,6 +574,59 @@ fn writer_step(
     )?;
     *state = (!terminals.is_empty(), written_flow.len() as u64);
     Ok(())
+}
+
+/// The request table, core and model in lockstep with every law checked after each op; the
+/// stateful fuzz target drives it with arbitrary op bytes.
+pub struct TableLockstep {
+    ops: Vec<TableOp>,
+    model: model::Table,
+    core: RequestTable<()>,
+}
+
+impl TableLockstep {
+    /// An empty table remembering `keep` (≥ 1) endings.
+    pub fn new(keep: NonZeroUsize) -> Self {
+        let config = RequestTableConfig {
+            ring_capacity: keep,
+            ..RequestTableConfig::default()
+        };
+        Self {
+            ops: table_ops(),
+            model: model::Table::empty(keep.get() as u64),
+            core: RequestTable::new(config),
+        }
+    }
+
+    /// Applies op `op % 12` to both; an error names the broken law.
+    pub fn apply(&mut self, op: u8) -> Result<(), String> {
+        let op = self.ops[usize::from(op) % self.ops.len()];
+        table_step(&mut self.model, &mut self.core, &op)
+    }
+}
+
+/// The receive window, core and model in lockstep with the grant laws checked after each op.
+pub struct WindowLockstep {
+    model: WindowState,
+    core: (u64, ReceiveWindow),
+}
+
+impl WindowLockstep {
+    /// A window of `window` chunks (kept below 2^32 so no counter saturates and the
+    /// conservation laws stay exact).
+    pub fn new(window: u32) -> Self {
+        let window = u64::from(window);
+        Self {
+            model: (model::Window::opened(window), [0; 4]),
+            core: (window, ReceiveWindow::new(Credits::new(window))),
+        }
+    }
+
+    /// Applies op `op % 4` (arrive, continuation, consume, flush) to both.
+    pub fn apply(&mut self, op: u8) -> Result<(), String> {
+        let op = WINDOW_OPS[usize::from(op) % WINDOW_OPS.len()];
+        window_step(&mut self.model, &mut self.core, &op)
+    }
 }
 
 #[cfg(test)]

@@ -160,7 +160,11 @@ fn to_json(value: &impl Serialize) -> Value {
 /// The first place (in key order of `expected`) where two JSON trees differ.
 fn first_difference(expected: &Value, got: &Value, path: String) -> Option<(String, Value, Value)> {
     match (expected, got) {
-        (Value::Object(left), Value::Object(right)) => {
+        // Same keys: descend. Different keys (another variant, e.g. `hold` vs `error`):
+        // report the whole object, which reads better than a missing key.
+        (Value::Object(left), Value::Object(right))
+            if left.len() == right.len() && left.keys().all(|key| right.contains_key(key)) =>
+        {
             for (key, value) in left {
                 let child = if path.is_empty() {
                     key.clone()

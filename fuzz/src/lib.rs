@@ -1,6 +1,7 @@
-//! Checks shared by tether's fuzz targets: each decoder is fed arbitrary bytes in two pushes,
-//! must never panic, must keep every item within its bounds, and every item it yields must
-//! encode and decode back to itself (decode → encode → decode stability).
+//! Checks shared by tether's fuzz targets. Decoders are fed arbitrary bytes in two pushes,
+//! must never panic, must keep every item within its bounds, and every item they yield must
+//! encode and decode back to itself (decode → encode → decode stability). Stateful targets
+//! drive a core machine and its reference model in lockstep with arbitrary op sequences.
 
 use bytes::{Bytes, BytesMut};
 use tether_core::wire::actor::ActorDecoder;
@@ -119,3 +120,29 @@ pub fn envelope(data: &[u8]) {
     }
 }
 
+
+/// Stateful: the first byte picks the ring size (1–8), every later byte one table op; core and
+/// the reference model run in lockstep and every lifecycle law is checked after each op.
+pub fn request_table(data: &[u8]) {
+    let Some((&keep, ops)) = data.split_first() else { return };
+    let keep = std::num::NonZeroUsize::new(usize::from(keep % 8) + 1).expect("1..=8");
+    let mut lockstep = tether_formal_replay::explore::TableLockstep::new(keep);
+    for op in ops {
+        if let Err(law) = lockstep.apply(*op) {
+            panic!("request table: {law}");
+        }
+    }
+}
+
+/// Stateful: the first two bytes pick the window (0–65535), every later byte one window op;
+/// core and the model run in lockstep and the grant laws are checked after each op.
+pub fn credit_window(data: &[u8]) {
+    let [high, low, ops @ ..] = data else { return };
+    let mut lockstep =
+        tether_formal_replay::explore::WindowLockstep::new(u32::from(u16::from_be_bytes([*high, *low])));
+    for op in ops {
+        if let Err(law) = lockstep.apply(*op) {
+            panic!("credit window: {law}");
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Core against the reference model over long random op sequences: the model fills in every
+//! observation of a random case, then core must replay it exactly. 10,000 cases per machine.
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+use tether_formal_replay::replay::complete_with_model;
+use tether_formal_replay::{check_case, Engine};
+
+const CASES: u32 = 10_000;
+const OPS_MAX: usize = 200;
+
+fn agree(section: &str, inputs: Value) -> Result<(), TestCaseError> {
+    let case = complete_with_model(section, &inputs)
+        .map_err(|failure| TestCaseError::fail(format!("model: {failure}")))?;
+    check_case(section, &case, Engine::Core)
+        .map_err(|failure| TestCaseError::fail(format!("{section}: {failure}\ncase: {case}")))
+}
+
+/// Counts that stress both small windows and the top of u64.
+fn amount() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        6 => 0u64..6,
+        1 => Just(u64::MAX),
+        1 => Just(u64::MAX - 1),
+        1 => any::<u64>(),
+    ]
+}
+
+fn stream() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        Just(None),
+        prop::sample::select(vec!["", "a", "b", "A", "input"]).prop_map(|s| Some(s.to_owned()))
+    ]
+}
+
+fn steps_like(len: usize, step: Value) -> Vec<Value> {
+    vec![step; len]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn frame_types(code in any::<u8>()) {
+        agree("frame_types", json!({"code": code, "known": false, "flow": null, "terminal": null, "ends": null}))?;
+    }
+
+    #[test]
+    fn ledger(remaining in 0u64..=i64::MAX as u64 / 2, code in prop::sample::select(vec![0u8, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]), granted in 0u64..=i64::MAX as u64 / 2) {
+        agree("ledger", json!({"remaining": remaining, "frame": code, "granted": granted, "after": 0}))?;
+    }
+
+    #[test]
+    fn negotiate(ours in amount(), theirs in amount()) {
+        agree("negotiate", json!({"ours": ours, "theirs": theirs, "window": null}))?;
+    }
+
+    #[test]
+    fn grant_target(streams in prop::collection::btree_set(stream(), 0..5), named in stream()) {
+        let streams: Vec<Option<String>> = streams.into_iter().collect();
+        agree("grant_target", json!({"streams": streams, "named": named, "matched": false, "target": null}))?;
+    }
+
+    #[test]
+    fn gate(window in amount(), ops in prop::collection::vec(gate_op(), 0..OPS_MAX)) {
+        let steps = steps_like(ops.len(), json!({"answer": null, "available": 0, "closed": null}));
+        agree("gate", json!({"window": window, "ops": ops, "steps": steps}))?;
+    }
+
+    #[test]
+    fn window(window in amount(), ops in prop::collection::vec(prop::sample::select(vec!["arrive", "continuation", "consume", "flush"]), 0..OPS_MAX)) {
+        let steps = steps_like(ops.len(), json!({"violation": false, "grant": 0, "remaining": 0, "pending": 0}));
+        agree("window", json!({"window": window, "ops": ops, "steps": steps}))?;
+    }
+
+    #[test]
+    fn reorder(limit in prop_oneof![0u64..5, Just(64)], arrivals in prop::collection::vec(0u64..40, 0..OPS_MAX)) {
+        let steps = steps_like(arrivals.len(), json!({"hold": true}));
+        agree("reorder", json!({"limit": limit, "arrivals": arrivals, "steps": steps}))?;
+    }
+
+    #[test]
+    fn writer(frames in prop::collection::vec(prop::sample::select(vec![0u8, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]), 0..OPS_MAX)) {
+        let written = vec![false; frames.len()];
+        let seqs = vec![Value::Null; frames.len()];
+        agree("writer", json!({"frames": frames, "written": written, "seqs": seqs}))?;
+    }
+
+    #[test]
+    fn table(keep in prop_oneof![1u64..5, Just(64)], ops in prop::collection::vec(table_op(), 0..OPS_MAX)) {
+        let step = json!({"ok": false, "frames": ["no_route", "no_route", "no_route"]});
+        let steps = steps_like(ops.len(), step);
+        agree("table", json!({"keep": keep, "ops": ops, "steps": steps, "live": 0, "registered": 0}))?;
+    }
+
+    #[test]
+    fn emission(emitted in prop::collection::vec(emission_op(), 0..40)) {
+        agree("emission", json!({"emitted": emitted, "violation": null, "at": null, "stream": null, "expected": null, "got": null}))?;
+    }
+}
+
+fn gate_op() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        4 => amount().prop_map(|n| json!({"op": "acquire", "n": n})),
+        3 => amount().prop_map(|n| json!({"op": "grant", "n": n})),
+        1 => prop::sample::select(vec!["", "END", "ERR", "x y"]).prop_map(|r| json!({"op": "close", "reason": r})),
+    ]
+}
+
+fn table_op() -> impl Strategy<Value = Value> {
+    (
+        prop::sample::select(vec!["register", "terminate"]),
+        prop::sample::select(vec!["x1", "x2"]),
+        prop::sample::select(vec!["r1", "r2", "r3"]),
+    )
+        .prop_map(|(op, xid, rid)| json!({"op": op, "xid": xid, "rid": rid}))
+}
+
+/// Emissions over few streams and small indexes, so that well-ordered runs are common.
+fn emission_op() -> impl Strategy<Value = Value> {
+    let stream = prop::sample::select(vec!["a", "b", ""]);
+    prop_oneof![
+        2 => stream.clone().prop_map(|s| json!({"kind": "streamStart", "stream": s})),
+        4 => (stream.clone(), 0u64..3).prop_map(|(s, i)| json!({"kind": "chunk", "stream": s, "index": i})),
+        2 => (stream, prop::option::of(0u64..3)).prop_map(|(s, c)| json!({"kind": "streamEnd", "stream": s, "count": c})),
+        1 => Just(json!({"kind": "end"})),
+        1 => Just(json!({"kind": "err"})),
+        1 => Just(json!({"kind": "other"})),
+    ]
+}
