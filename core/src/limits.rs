@@ -84,10 +84,6 @@ pub const CREDIT_WINDOW_CHUNKS_DEFAULT: u64 = 32;
 /// that races further ahead than this is refused with `overflow` instead of pinning memory.
 pub const REORDER_HELD_COUNT_DEFAULT: usize = 64;
 
-/// Hard ceiling for the reorder-buffer setting: held frames are buffered whole, so the setting
-/// may not let one flow pin more than this many frames (×3.5 MiB per frame at most).
-pub const REORDER_HELD_COUNT_CEILING: usize = 4096;
-
 /// Default size of the recently-terminated ring (REFERENCE §B: "a ring of the 64 most recent
 /// terminations"). It is the horizon inside which a late frame counts as a benign straggler.
 pub const TERMINATED_RING_COUNT_DEFAULT: usize = 64;

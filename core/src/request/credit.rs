@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::limits::{STREAMS_PER_REQUEST_COUNT_MAX, STREAM_ID_BYTES_MAX};
+use crate::limits::{
+    CREDIT_WINDOW_CHUNKS_DEFAULT, STREAMS_PER_REQUEST_COUNT_MAX, STREAM_ID_BYTES_MAX,
+};
 use crate::wire::bifaci::MessageId;
 
 use super::grant_target;
@@ -22,6 +24,8 @@ impl Credits {
     pub const ZERO: Credits = Credits(0);
     /// The most credit a counter can hold; adding past it saturates.
     pub const MAX: Credits = Credits(u64::MAX);
+    /// The window tether proposes unless configured otherwise (32 chunks, REFERENCE §B).
+    pub const DEFAULT_WINDOW: Credits = Credits(CREDIT_WINDOW_CHUNKS_DEFAULT);
 
     /// `count` credits.
     pub const fn new(count: u64) -> Self {

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::limits::STREAMS_PER_REQUEST_COUNT_MAX;
+use crate::limits::{REORDER_HELD_COUNT_DEFAULT, STREAMS_PER_REQUEST_COUNT_MAX};
 use crate::wire::bifaci::{Frame, FrameType};
 
 use super::{is_flow, write, WriteDecision};
@@ -145,8 +145,9 @@ pub struct ReorderBuffer<T> {
 }
 
 impl<T> ReorderBuffer<T> {
-    /// An empty buffer expecting seq 0 that holds at most `limit` early arrivals. With
-    /// `limit = 0` in-order traffic flows and every early arrival overflows.
+    /// An empty buffer expecting seq 0 that holds at most `limit` early arrivals, which
+    /// bounds its memory at `limit` items. With `limit = 0` in-order traffic flows and every
+    /// early arrival overflows.
     pub fn new(limit: u64) -> Self {
         Self {
             expected: Seq(0),
@@ -211,6 +212,13 @@ impl<T> ReorderBuffer<T> {
     /// How many early arrivals are held.
     pub fn held_len(&self) -> usize {
         self.held.len()
+    }
+}
+
+impl<T> Default for ReorderBuffer<T> {
+    /// A buffer holding at most [`REORDER_HELD_COUNT_DEFAULT`] early arrivals.
+    fn default() -> Self {
+        Self::new(REORDER_HELD_COUNT_DEFAULT as u64)
     }
 }
 

@@ -250,8 +250,11 @@ pub struct RequestState<T> {
     /// Observations of streams beyond [`STREAMS_PER_REQUEST_COUNT_MAX`] (or with over-long
     /// ids), counted here instead of growing the map.
     pub untracked_observations: u64,
-    /// Child requests cancelled with this one (peer calls made on its behalf).
+    /// Child requests cancelled with this one (peer calls made on its behalf). A child that
+    /// ends leaves this list, so a later request under the same key is never cascaded.
     pub children: Vec<RequestKey>,
+    /// The request this one was made on behalf of, if any.
+    pub parent: Option<RequestKey>,
 }
 
 impl<T> RequestState<T> {
@@ -337,6 +340,8 @@ pub struct RequestSnapshot {
     pub streams: Vec<(Option<String>, StreamStats)>,
     /// Children keys.
     pub children: Vec<RequestKey>,
+    /// Parent key.
+    pub parent: Option<RequestKey>,
 }
 
 /// A serializable view of the whole table.
@@ -418,6 +423,7 @@ impl<T> RequestTable<T> {
             streams: BTreeMap::new(),
             untracked_observations: 0,
             children: Vec::new(),
+            parent: None,
         };
         self.live.insert(key, state);
         self.rid_index.insert(key.rid, key.xid);
@@ -479,21 +485,24 @@ impl<T> RequestTable<T> {
     }
 
     /// Records `child` as a peer request made on behalf of `parent`, cancelled with it. Both
-    /// must be live. Returns `false` (nothing recorded) otherwise, or when `parent` already has
-    /// [`CHILDREN_PER_REQUEST_COUNT_MAX`] children.
+    /// must be live and distinct, `child` must not have a parent yet, and `parent` must have
+    /// fewer than [`CHILDREN_PER_REQUEST_COUNT_MAX`] children; otherwise returns `false` and
+    /// records nothing.
     pub fn add_child(&mut self, parent: RequestKey, child: RequestKey) -> bool {
-        if parent == child || !self.live.contains_key(&child) {
+        let parent_has_room = self
+            .live
+            .get(&parent)
+            .is_some_and(|state| state.children.len() < CHILDREN_PER_REQUEST_COUNT_MAX);
+        let Some(child_state) = self.live.get_mut(&child) else {
+            return false;
+        };
+        if parent == child || !parent_has_room || child_state.parent.is_some() {
             return false;
         }
-        match self.live.get_mut(&parent) {
-            Some(state) if state.children.len() < CHILDREN_PER_REQUEST_COUNT_MAX => {
-                if !state.children.contains(&child) {
-                    state.children.push(child);
-                }
-                true
-            }
-            _ => false,
-        }
+        child_state.parent = Some(parent);
+        let parent_state = self.live.get_mut(&parent).expect("checked live above");
+        parent_state.children.push(child);
+        true
     }
 
     /// The live request of `key`.
@@ -651,6 +660,7 @@ impl<T> RequestTable<T> {
                     .map(|(id, stats)| (id.clone(), *stats))
                     .collect(),
                 children: state.children.clone(),
+                parent: state.parent,
             })
             .collect();
         active.sort_by_key(|request| (request.key.rid, request.key.xid));
@@ -670,6 +680,9 @@ impl<T> RequestTable<T> {
         now: Time,
     ) -> Option<Terminated<T>> {
         let state = self.live.remove(&key)?;
+        if let Some(parent) = state.parent.and_then(|parent| self.live.get_mut(&parent)) {
+            parent.children.retain(|child| *child != key);
+        }
         let indexed = self.rid_index.remove(&key.rid);
         debug_assert_eq!(indexed, Some(key.xid), "the rid index names every live key");
         let summary = Summary {
@@ -841,5 +854,132 @@ mod tests {
         assert_eq!(state.phase, Phase::Streaming);
         let snapshot = serde_json::to_string(&table.snapshot());
         assert!(snapshot.is_ok());
+    }
+
+    /// Operations on a table of small ids, including everything the conformance model does
+    /// not cover: children, cascades, cancellations, observations, unroutable frames.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Register(u64, u64),
+        Terminate(u64, u64, u8),
+        Cancel(u64, u64),
+        Child(u64, u64, u64, u64),
+        Cascade(u64, u64),
+        Observe(u64, u64, u8),
+        Unrouted(u64, u8),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let id = || 0u64..4;
+        prop_oneof![
+            3 => (id(), id()).prop_map(|(x, r)| Op::Register(x, r)),
+            2 => (id(), id(), 0u8..3).prop_map(|(x, r, k)| Op::Terminate(x, r, k)),
+            1 => (id(), id()).prop_map(|(x, r)| Op::Cancel(x, r)),
+            2 => (id(), id(), id(), id()).prop_map(|(a, b, c, d)| Op::Child(a, b, c, d)),
+            1 => (id(), id()).prop_map(|(x, r)| Op::Cascade(x, r)),
+            2 => (id(), id(), 0u8..15).prop_map(|(x, r, t)| Op::Observe(x, r, t)),
+            1 => (id(), 0u8..15).prop_map(|(r, t)| Op::Unrouted(r, t)),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn every_request_ends_once_and_leaves_nothing_behind(
+            keep in 1usize..6,
+            ops in proptest::collection::vec(op(), 0..120),
+        ) {
+            let mut table: RequestTable<u64> = table_with(keep);
+            let mut ended = 0u64;
+            let mut unrouted = 0u64;
+            for (step, op) in ops.into_iter().enumerate() {
+                let now = Time::from_millis(step as u64);
+                match op {
+                    Op::Register(x, r) => {
+                        let was_live = table.key_of(MessageId::Uint(r)).is_some();
+                        let result = table.register(key(x, r), r, Credits::new(4), now);
+                        assert_eq!(result.is_ok(), !was_live);
+                    }
+                    Op::Terminate(x, r, kind) => {
+                        let kind = [TerminationKind::End, TerminationKind::Err, TerminationKind::MasterDied][usize::from(kind)];
+                        if let Some(done) = table.terminate(key(x, r), kind, now) {
+                            assert_eq!(done.state.key, key(x, r));
+                            assert_eq!(done.state.data, r, "the caller's data comes back whole");
+                            ended += 1;
+                        }
+                    }
+                    Op::Cancel(x, r) => {
+                        let reason = CancelReason::operator("x".repeat(2000));
+                        if let Some(done) = table.terminate_cancelled(key(x, r), reason, now) {
+                            let Termination::Cancelled(reason) = &done.summary.termination else {
+                                panic!("a cancel ends as cancelled");
+                            };
+                            assert_eq!(reason.message.len(), TERMINATION_MESSAGE_BYTES_MAX);
+                            ended += 1;
+                        }
+                    }
+                    Op::Child(a, b, c, d) => {
+                        let both = table.get(key(a, b)).is_some() && table.get(key(c, d)).is_some();
+                        let added = table.add_child(key(a, b), key(c, d));
+                        assert!(!added || both);
+                    }
+                    Op::Cascade(x, r) => {
+                        let done = table.cancel_cascade(key(x, r), &CancelReason::operator("stop"), now);
+                        let mut keys: Vec<RequestKey> = done.iter().map(|t| t.state.key).collect();
+                        for terminated in &done {
+                            assert!(table.get(terminated.state.key).is_none());
+                            for child in &terminated.state.children {
+                                assert!(table.get(*child).is_none(), "children end with the parent");
+                            }
+                        }
+                        let before = keys.len();
+                        keys.sort();
+                        keys.dedup();
+                        assert_eq!(before, keys.len(), "a cascade ends each request once");
+                        ended += keys.len() as u64;
+                    }
+                    Op::Observe(x, r, code) => {
+                        let Some(frame_type) = FrameType::from_code(u64::from(code)) else { continue };
+                        let live = table.get(key(x, r)).is_some();
+                        let observed = Observed { stream: Some("s"), frame_type, direction: Direction::In, payload_bytes: 3, granted: 1 };
+                        assert_eq!(table.observe(key(x, r), observed, now), live);
+                    }
+                    Op::Unrouted(r, code) => {
+                        let Some(frame_type) = FrameType::from_code(u64::from(code)) else { continue };
+                        let expected = if table.recently_terminated(MessageId::Uint(r)) { Disposition::Straggler } else { Disposition::NoRoute };
+                        assert_eq!(table.account_unrouted(MessageId::Uint(r), frame_type, NoRouteSite::Response), expected);
+                        unrouted += 1;
+                    }
+                }
+                // Zero state: every live key is indexed, nothing else is, and every recorded
+                // child is live and names its parent.
+                let live: Vec<RequestKey> = table.live_keys().collect();
+                for k in &live {
+                    assert_eq!(table.key_of(k.rid), Some(*k));
+                    for child in &table.get(*k).unwrap().children {
+                        assert_eq!(table.get(*child).map(|c| c.parent), Some(Some(*k)));
+                    }
+                }
+                let counters = table.counters();
+                assert_eq!(counters.registered, live.len() as u64 + ended);
+                assert_eq!(counters.terminated.values().sum::<u64>(), ended);
+                let accounted: u64 = counters.stragglers.values().sum::<u64>() + counters.no_route.values().sum::<u64>();
+                assert_eq!(accounted, unrouted);
+                assert!(table.ring().count() <= keep);
+                let snapshot = table.snapshot();
+                assert!(snapshot.active.windows(2).all(|w| w[0].key.rid <= w[1].key.rid));
+                assert_eq!(snapshot.live, live.len());
+            }
+        }
+    }
+
+    fn table_with(keep: usize) -> RequestTable<u64> {
+        let ring_capacity = NonZeroUsize::new(keep).unwrap();
+        RequestTable::new(RequestTableConfig {
+            ring_capacity,
+            ..RequestTableConfig::default()
+        })
     }
 }
