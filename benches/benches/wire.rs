@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use bytes::{Bytes, BytesMut};
-use criterion::{criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use tether_core::wire::actor::{ActorDecoder, ActorRecord};
 use tether_core::wire::bifaci::{BifaciDecoder, Frame, FrameType, MessageId};
 use tether_core::wire::envelope::{Address, Env, Envelope, EnvelopeDecoder, ObjKind, Verb};
@@ -75,6 +75,23 @@ fn bench_codec<F: Format>(
     group.throughput(Throughput::Bytes(stream.len() as u64));
     let mut decoder = StreamDecoder::new(format);
     group.bench_function("decode", |b| b.iter(|| decode_all(&mut decoder, &stream)));
+    // Zero-copy: the decoder adopts each received buffer (fresh per iteration, made outside the
+    // timing) and items are slices of it, as when a reader hands over what a socket read filled.
+    group.bench_function("decode_zero_copy", |b| {
+        b.iter_batched(
+            || Bytes::from(stream.clone()),
+            |received| {
+                decoder.push_bytes(received);
+                let mut count = 0;
+                while let Some(item) = decoder.pop().expect("benchmark input is valid") {
+                    black_box(item);
+                    count += 1;
+                }
+                count
+            },
+            BatchSize::LargeInput,
+        )
+    });
     let mut out = Vec::with_capacity(stream.len());
     group.bench_function("encode", |b| {
         b.iter(|| {
@@ -97,14 +114,46 @@ fn actor(c: &mut Criterion) {
     }
 }
 
+/// Metric lines whose numbers vary from event to event, as real telemetry does (a simple
+/// deterministic generator; the repeated line of [`payload`] is the best case for zstd).
+fn varied_payload(len: usize, seed: u64) -> Bytes {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut text = String::with_capacity(len + 96);
+    while text.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let (cpu, mem, ts) = (
+            state % 1000,
+            (state >> 10) % 65_536,
+            1_700_000_000_000 + (state >> 20) % 1_000_000,
+        );
+        text.push_str(&format!(
+            "{{\"cpu\":0.{cpu:03},\"mem\":{mem},\"host\":\"node-a\",\"ts\":{ts}}}\n"
+        ));
+    }
+    text.truncate(len);
+    Bytes::from(text)
+}
+
 fn telemetry(c: &mut Criterion) {
-    for size in SIZES {
+    let kinds: [(&str, fn(usize, u64) -> Bytes); 2] =
+        [("", |len, _| payload(len)), ("varied/", varied_payload)];
+    for (kind, make) in kinds {
+        for size in SIZES {
+            telemetry_one(c, &format!("telemetry/{kind}{size}"), size, make);
+        }
+    }
+}
+
+fn telemetry_one(c: &mut Criterion, name: &str, size: usize, make: fn(usize, u64) -> Bytes) {
+    {
         let count = STREAM_BYTES / size;
         let events: Vec<TelemetryFrame> = (0..count as u64)
             .map(|i| TelemetryFrame {
                 channel_id: i % 4,
                 position: i,
-                payload: payload(size),
+                payload: make(size, i),
             })
             .collect();
         let mut writer = BatchWriter::new();
@@ -114,7 +163,7 @@ fn telemetry(c: &mut Criterion) {
         // The same entry bytes the writer compresses, batch by batch, for the zstd baseline.
         let raw_batches = raw_batches(&encoded);
         let raw_len: usize = raw_batches.iter().map(Bytes::len).sum();
-        let name = format!("telemetry/{size}");
+        let name = name.to_owned();
         let raw: Vec<u8> = raw_batches
             .iter()
             .flat_map(|batch| batch.iter().copied())

@@ -22,13 +22,33 @@ const TAG_AT: usize = DEST_LEN + 4;
 
 /// One actor message on the wire.
 ///
-/// The tag and payload are zero-copy slices of the received buffer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A decoded record is one zero-copy handle on the received buffer; the tag and payload are
+/// views of it.
+#[derive(Debug, Clone)]
 pub struct ActorRecord {
     dest: [u8; DEST_LEN],
-    tag: Bytes,
-    payload: Bytes,
+    parts: Parts,
 }
+
+#[derive(Debug, Clone)]
+enum Parts {
+    /// As received: `[tag][u32 BE payload_len][payload]`, one handle on the receive buffer (one
+    /// reference count per record instead of one per field).
+    Received { bytes: Bytes, tag_len: usize },
+    /// As built for sending.
+    Built { tag: Bytes, payload: Bytes },
+}
+
+impl PartialEq for ActorRecord {
+    /// Records are equal when they encode the same bytes, however they were made.
+    fn eq(&self, other: &Self) -> bool {
+        self.dest == other.dest
+            && self.tag_bytes() == other.tag_bytes()
+            && self.payload() == other.payload()
+    }
+}
+
+impl Eq for ActorRecord {}
 
 impl ActorRecord {
     /// A record for `dest` with network type `tag` and an already-encoded `payload`.
@@ -41,10 +61,10 @@ impl ActorRecord {
                 len: tag.len() as u64,
             });
         }
+        let tag = Bytes::copy_from_slice(tag.as_bytes());
         Ok(Self {
             dest,
-            tag: Bytes::copy_from_slice(tag.as_bytes()),
-            payload,
+            parts: Parts::Built { tag, payload },
         })
     }
 
@@ -56,17 +76,46 @@ impl ActorRecord {
     /// The network message type tag.
     pub fn tag(&self) -> &str {
         // Checked at construction and at decode; neither path stores anything else.
-        std::str::from_utf8(&self.tag).expect("actor tag validated as UTF-8")
+        std::str::from_utf8(self.tag_bytes()).expect("actor tag validated as UTF-8")
     }
 
     /// The opaque payload bytes.
-    pub fn payload(&self) -> &Bytes {
-        &self.payload
+    pub fn payload(&self) -> &[u8] {
+        match &self.parts {
+            Parts::Received { bytes, tag_len } => &bytes[tag_len + 4..],
+            Parts::Built { payload, .. } => payload,
+        }
+    }
+
+    /// The payload as a zero-copy handle (shares the received buffer).
+    pub fn payload_bytes(&self) -> Bytes {
+        match &self.parts {
+            Parts::Received { bytes, tag_len } => bytes.slice(tag_len + 4..),
+            Parts::Built { payload, .. } => payload.clone(),
+        }
+    }
+
+    /// The payload, consuming the record without touching a reference count.
+    pub fn into_payload(self) -> Bytes {
+        match self.parts {
+            Parts::Received { mut bytes, tag_len } => {
+                bytes.advance(tag_len + 4);
+                bytes
+            }
+            Parts::Built { payload, .. } => payload,
+        }
+    }
+
+    fn tag_bytes(&self) -> &[u8] {
+        match &self.parts {
+            Parts::Received { bytes, tag_len } => &bytes[..*tag_len],
+            Parts::Built { tag, .. } => tag,
+        }
     }
 
     /// Bytes this record takes on the wire.
     pub fn encoded_len(&self) -> usize {
-        TAG_AT + self.tag.len() + 4 + self.payload.len()
+        TAG_AT + self.tag_bytes().len() + 4 + self.payload().len()
     }
 
     /// Appends the record to `out`, refusing a payload above `payload_bytes_max` (the bound the
@@ -76,19 +125,20 @@ impl ActorRecord {
         payload_bytes_max: usize,
         out: &mut impl BufMut,
     ) -> Result<(), ActorError> {
-        if self.payload.len() > payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING) {
-            let len = self.payload.len() as u64;
+        let (tag, payload) = (self.tag_bytes(), self.payload());
+        if payload.len() > payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING) {
+            let len = payload.len() as u64;
             return Err(ActorError::PayloadTooLarge {
                 len,
                 max: payload_bytes_max as u64,
             });
         }
-        debug_assert!(self.tag.len() <= ACTOR_TAG_BYTES_MAX);
+        debug_assert!(tag.len() <= ACTOR_TAG_BYTES_MAX);
         out.put_slice(&self.dest);
-        out.put_u32(self.tag.len() as u32);
-        out.put_slice(&self.tag);
-        out.put_u32(self.payload.len() as u32);
-        out.put_slice(&self.payload);
+        out.put_u32(tag.len() as u32);
+        out.put_slice(tag);
+        out.put_u32(payload.len() as u32);
+        out.put_slice(payload);
         Ok(())
     }
 }
@@ -190,7 +240,9 @@ impl Format for ActorDecoder {
             return Err(ActorError::PayloadTooLarge { len, max });
         }
         // The tag is complete here: reject it before waiting for a payload we would discard.
-        if std::str::from_utf8(&buf[TAG_AT..payload_len_at]).is_err() {
+        let tag = &buf[TAG_AT..payload_len_at];
+        // Tags are almost always ASCII; `is_ascii` is a word-at-a-time check that inlines.
+        if !tag.is_ascii() && std::str::from_utf8(tag).is_err() {
             return Err(ActorError::TagNotUtf8);
         }
         let total = payload_len_at + 4 + payload_len;
@@ -198,14 +250,13 @@ impl Format for ActorDecoder {
             buf.reserve(total - buf.len());
             return Ok(None);
         }
-        // One handle for the record becomes the payload; the tag is the only extra reference.
-        let mut record = buf.split_to(total).freeze();
+        // One handle on the buffer per record: tag and payload are views of it.
+        let mut bytes = buf.split_to(total).freeze();
         let mut dest = [0u8; DEST_LEN];
-        dest.copy_from_slice(&record[..DEST_LEN]);
-        let tag = record.slice(TAG_AT..payload_len_at);
-        record.advance(payload_len_at + 4);
-        let payload = record;
-        Ok(Some(ActorRecord { dest, tag, payload }))
+        dest.copy_from_slice(&bytes[..DEST_LEN]);
+        bytes.advance(TAG_AT);
+        let parts = Parts::Received { bytes, tag_len };
+        Ok(Some(ActorRecord { dest, parts }))
     }
 
     fn finish(&self, buffered: usize) -> Result<(), ActorError> {

@@ -98,6 +98,24 @@ impl<F: Format> StreamDecoder<F> {
         }
     }
 
+    /// Appends a received buffer without copying it when possible: if nothing is buffered and
+    /// `bytes` is the only handle to its memory (as a buffer fresh from a socket read is), the
+    /// decoder adopts it and items become slices of it. Otherwise it is copied like
+    /// [`StreamDecoder::push`]. Bytes pushed after a fatal error are discarded.
+    pub fn push_bytes(&mut self, bytes: bytes::Bytes) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        if self.buf.is_empty() {
+            match bytes.try_into_mut() {
+                Ok(unique) => self.buf = unique,
+                Err(shared) => self.buf.extend_from_slice(&shared),
+            }
+        } else {
+            self.buf.extend_from_slice(&bytes);
+        }
+    }
+
     /// Pops the next complete item, `Ok(None)` when more bytes are needed.
     pub fn pop(&mut self) -> Result<Option<F::Item>, DecodeError<F::Error>> {
         if let Some(error) = &self.poisoned {
@@ -213,8 +231,18 @@ pub(crate) mod testing {
         points.sort_unstable();
         let mut decoder = StreamDecoder::new(format);
         let mut items = Vec::new();
-        for window in points.windows(2) {
-            decoder.push(&bytes[window[0]..window[1]]);
+        for (index, window) in points.windows(2).enumerate() {
+            let part = &bytes[window[0]..window[1]];
+            // Every way bytes can arrive: copied, adopted (unique), copied from a shared handle.
+            match index % 3 {
+                0 => decoder.push(part),
+                1 => decoder.push_bytes(bytes::Bytes::copy_from_slice(part)),
+                _ => {
+                    let shared = bytes::Bytes::copy_from_slice(part);
+                    decoder.push_bytes(shared.clone());
+                    drop(shared);
+                }
+            }
             loop {
                 match decoder.pop() {
                     Ok(Some(item)) => items.push(item),
