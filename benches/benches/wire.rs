@@ -136,8 +136,11 @@ fn varied_payload(len: usize, seed: u64) -> Bytes {
     Bytes::from(text)
 }
 
+/// Makes the payload of event `i` with `len` bytes.
+type MakePayload = fn(usize, u64) -> Bytes;
+
 fn telemetry(c: &mut Criterion) {
-    let kinds: [(&str, fn(usize, u64) -> Bytes); 2] =
+    let kinds: [(&str, MakePayload); 2] =
         [("", |len, _| payload(len)), ("varied/", varied_payload)];
     for (kind, make) in kinds {
         for size in SIZES {
@@ -146,7 +149,7 @@ fn telemetry(c: &mut Criterion) {
     }
 }
 
-fn telemetry_one(c: &mut Criterion, name: &str, size: usize, make: fn(usize, u64) -> Bytes) {
+fn telemetry_one(c: &mut Criterion, name: &str, size: usize, make: MakePayload) {
     {
         let count = STREAM_BYTES / size;
         let events: Vec<TelemetryFrame> = (0..count as u64)
