@@ -6,8 +6,8 @@
 //!
 //! `env` has text keys: `v` (must be 1), `kind` (the verb), `obj` (an address), `objKind`
 //! (`session` | `queue`), `id` (producer-stable op id), `seq`, `receipt` (delivery attempt,
-//! from 1), and the verb-specific `code`, `message`, `reason`, `fromSeq` and `cap` (capability
-//! token). Unknown and duplicate keys are rejected.
+//! from 1), and the verb-specific `code`, `message`, `reason`, `fromSeq`, `cap` (capability
+//! token) and `floor` (the sender's low-water mark). Unknown and duplicate keys are rejected.
 //!
 //! A length above [`ENVELOPE_FRAME_BYTES_MAX`] is fatal. Every other error is frame-local: the
 //! frame is consumed, and the caller answers it (an address with `@` is `routing_not_supported`,
@@ -169,6 +169,10 @@ pub struct Env {
     pub from_seq: Option<u64>,
     /// Capability token presented with an open (`cap`).
     pub cap: Option<String>,
+    /// The sender's low-water mark for this object (`floor`): every seq of its direction below
+    /// it that the receiver has not delivered was ended by the sender (a terminal answer or
+    /// expiry) and will never be sent, so the receiver's frontier may skip to it.
+    pub floor: Option<u64>,
 }
 
 impl Env {
@@ -186,6 +190,7 @@ impl Env {
             reason: None,
             from_seq: None,
             cap: None,
+            floor: None,
         }
     }
 }
@@ -324,9 +329,9 @@ impl Format for EnvelopeDecoder {
 }
 
 /// The env keys, in the order the encoder writes them.
-const ENV_KEYS: [&str; 12] = [
+const ENV_KEYS: [&str; 13] = [
     "v", "kind", "obj", "objKind", "id", "seq", "receipt", "code", "message", "reason", "fromSeq",
-    "cap",
+    "cap", "floor",
 ];
 
 impl Envelope {
@@ -497,6 +502,7 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
                 receipt => env.receipt = Some(receipt),
             },
             "fromSeq" => env.from_seq = Some(uint(reader)?),
+            "floor" => env.floor = Some(uint(reader)?),
             "id" => env.id = Some(read_text(reader, field)?),
             "code" => env.code = Some(read_text(reader, field)?),
             "message" => env.message = Some(read_text(reader, field)?),
@@ -532,6 +538,7 @@ fn write_env<'a>(env: &'a Env, out: &mut Vec<u8>) {
         text(&env.reason),
         env.from_seq.map(V::Uint),
         text(&env.cap),
+        env.floor.map(V::Uint),
     ];
     cbor::write_map(out, values.iter().flatten().count());
     for (key, value) in ENV_KEYS.iter().zip(&values) {
@@ -720,14 +727,23 @@ mod tests {
             proptest::option::of(prop_oneof![Just(ObjKind::Session), Just(ObjKind::Queue)]);
         let receipt = proptest::option::of(1..u64::MAX);
         let head = (1u8..=255, kind, obj, obj_kind, receipt);
-        let rest = (text(), text(), text(), text(), text(), uint(), uint());
+        let rest = (
+            text(),
+            text(),
+            text(),
+            text(),
+            text(),
+            uint(),
+            uint(),
+            uint(),
+        );
         let body = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..100));
         (head, rest, body).prop_map(|(head, rest, body)| {
             let mut env = Env::new(head.1);
             (env.obj, env.obj_kind, env.receipt) = (head.2, head.3, head.4);
             (env.id, env.code, env.message, env.reason, env.cap) =
                 (rest.0, rest.1, rest.2, rest.3, rest.4);
-            (env.seq, env.from_seq) = (rest.5, rest.6);
+            (env.seq, env.from_seq, env.floor) = (rest.5, rest.6, rest.7);
             Envelope {
                 type_byte: head.0,
                 env,
