@@ -25,5 +25,6 @@
 
 pub mod limits;
 pub mod request;
+pub mod substrate;
 pub mod time;
 pub mod wire;

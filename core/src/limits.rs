@@ -110,3 +110,42 @@ pub const CHILDREN_PER_REQUEST_COUNT_MAX: usize = 1024;
 /// Longest cancel or error message kept on a terminated summary; longer ones are cut on a
 /// character boundary (the summary is diagnostics, not a data path).
 pub const TERMINATION_MESSAGE_BYTES_MAX: usize = 1024;
+
+/// Default in-flight window per substrate object: ops transmitted and not yet hop-acked.
+/// Window 1 is the seed's stop-and-wait; per-object seqs keep FIFO for any window (REFERENCE §D).
+pub const SUBSTRATE_IN_FLIGHT_OPS_DEFAULT: usize = 32;
+
+/// Default receive window per object: ops buffered above the frontier (`[next, next+W]`).
+pub const SUBSTRATE_RECEIVE_WINDOW_DEFAULT: u64 = 64;
+
+/// Most un-acked ops one object's outbox may hold (REFERENCE §C: 1000 ops per object); the
+/// next send is refused with `queue_full`.
+pub const SUBSTRATE_OUTBOX_OPS_MAX: usize = 1000;
+
+/// Most live objects per peer (REFERENCE §C: 200 sessions per peer); the next open is refused
+/// with `quota`.
+pub const SUBSTRATE_OBJECTS_PER_PEER_MAX: usize = 200;
+
+/// Most bounce tombstones kept per peer. Each is an op id the frontier cannot answer for; a
+/// peer spraying ops at unknown objects evicts its own oldest tombstones instead of growing
+/// state (a duplicate of an evicted one bounces again, which is counted).
+pub const SUBSTRATE_BOUNCES_MAX: usize = 4096;
+
+/// A gap older than this triggers a `resync` (REFERENCE §C: 30 s).
+pub const SUBSTRATE_GAP_RESYNC_MS: u64 = 30_000;
+
+/// Keepalive interval (REFERENCE §C: every 30 s).
+pub const SUBSTRATE_KEEPALIVE_MS: u64 = 30_000;
+
+/// Silence after which a link is dead (REFERENCE §C: 90 s).
+pub const SUBSTRATE_DEAD_AFTER_MS: u64 = 90_000;
+
+/// Queue TTL: an op that could not be sent for this long ends as `ttl_expired` (REFERENCE §C).
+pub const SUBSTRATE_QUEUE_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// Default dedupe retention: tombstones and closed objects are kept this long (REFERENCE §C:
+/// ≥ 7 days). Never below the sender's resend horizon (the queue TTL).
+pub const SUBSTRATE_DEDUPE_RETENTION_MS: u64 = 7 * 24 * 60 * 60 * 1000;
+
+/// Delay before an op answered with a transient code is sent again.
+pub const SUBSTRATE_TRANSIENT_RETRY_MS: u64 = 1_000;

@@ -1,0 +1,399 @@
+//! A deterministic in-memory world for two substrate machines: a store per node that commits
+//! batches when told, a link that can drop, duplicate, reorder and disconnect, a crash switch
+//! that throws away everything a node has not committed, and virtual time.
+//!
+//! Frames cross the link as bytes through the real envelope codec. The app of each node
+//! accepts every open and consumes every delivery; a delivery counts as *consumed* only when
+//! the batch recording its consumption is committed, which is what "exactly once" means for an
+//! app whose own effects commit with it. Randomness comes from a seed, so every run repeats.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+
+use super::{Authorizer, Config, DurableState, Event, Machine, Op, PeerId, PersistBatch, Record};
+use crate::time::Time;
+use crate::wire::envelope::{Envelope, EnvelopeDecoder};
+use crate::wire::StreamDecoder;
+
+/// Which node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeId {
+    /// The first node (usually the opener).
+    A,
+    /// The second node.
+    B,
+}
+
+impl NodeId {
+    fn other(self) -> NodeId {
+        match self {
+            NodeId::A => NodeId::B,
+            NodeId::B => NodeId::A,
+        }
+    }
+}
+
+/// Link faults, each a probability in per-mille, drawn from the harness seed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Frames dropped.
+    pub drop_per_mille: u32,
+    /// Frames delivered twice.
+    pub duplicate_per_mille: u32,
+    /// Frames swapped with the next one in flight.
+    pub reorder_per_mille: u32,
+}
+
+/// One node: its machine, its committed store, the batches it emitted and has not committed,
+/// and what its app saw.
+pub struct Node {
+    /// The machine.
+    pub machine: Machine,
+    /// What is committed.
+    pub store: DurableState,
+    /// Emitted, not yet committed.
+    pub uncommitted: VecDeque<PersistBatch>,
+    /// Every event the app received (across crashes).
+    pub events: Vec<Event>,
+    /// Deliveries whose consumption committed, in order: the app's durable effects.
+    pub consumed: Vec<Op>,
+    /// Ops of this node whose enqueue committed, in order: what it promised to deliver.
+    pub enqueued: Vec<Op>,
+    /// Times this node crashed.
+    pub crashes: u64,
+    config: Config,
+    authorizer: Arc<Authorizer>,
+    remote: PeerId,
+    boot: u64,
+    auto_accept: bool,
+    decoder: StreamDecoder<EnvelopeDecoder>,
+}
+
+impl Node {
+    fn new(remote: PeerId, config: Config, authorizer: Arc<Authorizer>, boot: u64) -> Self {
+        let machine = Machine::new(
+            remote.clone(),
+            config.clone(),
+            Arc::clone(&authorizer),
+            boot,
+        );
+        Self {
+            machine,
+            store: DurableState::default(),
+            uncommitted: VecDeque::new(),
+            events: Vec::new(),
+            consumed: Vec::new(),
+            enqueued: Vec::new(),
+            crashes: 0,
+            config,
+            authorizer,
+            remote,
+            boot,
+            auto_accept: true,
+            decoder: StreamDecoder::new(EnvelopeDecoder),
+        }
+    }
+
+    /// Commits the oldest emitted batch (the store's transaction).
+    fn commit_one(&mut self) -> Option<super::BatchId> {
+        let batch = self.uncommitted.pop_front()?;
+        for record in &batch.records {
+            match record {
+                Record::InboxRemoved { obj, seq } => {
+                    if let Some(op) = self.store.inbox.get(&(obj.clone(), *seq)) {
+                        self.consumed.push(op.clone());
+                    }
+                }
+                Record::Outbox(op) => self.enqueued.push(op.clone()),
+                _ => {}
+            }
+        }
+        self.store.apply(&batch);
+        Some(batch.id)
+    }
+}
+
+/// Two nodes, one link, virtual time.
+pub struct Harness {
+    /// Node A.
+    pub a: Node,
+    /// Node B.
+    pub b: Node,
+    /// Virtual now.
+    pub now: Time,
+    /// Link faults in force.
+    pub faults: Faults,
+    link_up: bool,
+    a_to_b: VecDeque<Bytes>,
+    b_to_a: VecDeque<Bytes>,
+    rng: u64,
+    /// Frames that crossed the link.
+    pub frames_delivered: u64,
+}
+
+impl Harness {
+    /// Two nodes with the same settings, authorizers of their own, link down.
+    pub fn new(
+        config: Config,
+        authorize_a: Authorizer,
+        authorize_b: Authorizer,
+        seed: u64,
+    ) -> Self {
+        let config = config.checked();
+        Self {
+            a: Node::new(
+                PeerId::new("b"),
+                config.clone(),
+                Arc::new(authorize_a),
+                0xa000,
+            ),
+            b: Node::new(PeerId::new("a"), config, Arc::new(authorize_b), 0xb000),
+            now: Time::from_millis(1_000),
+            faults: Faults::default(),
+            link_up: false,
+            a_to_b: VecDeque::new(),
+            b_to_a: VecDeque::new(),
+            rng: seed | 1,
+            frames_delivered: 0,
+        }
+    }
+
+    /// The node `id`.
+    pub fn node(&mut self, id: NodeId) -> &mut Node {
+        match id {
+            NodeId::A => &mut self.a,
+            NodeId::B => &mut self.b,
+        }
+    }
+
+    /// Whether node `id` answers opens by itself (default true).
+    pub fn set_auto_accept(&mut self, id: NodeId, accept: bool) {
+        self.node(id).auto_accept = accept;
+    }
+
+    /// Brings the link up on both sides.
+    pub fn connect(&mut self) {
+        self.link_up = true;
+        let now = self.now;
+        self.a.machine.handle_link_up(now);
+        self.b.machine.handle_link_up(now);
+        self.a.decoder = StreamDecoder::new(EnvelopeDecoder);
+        self.b.decoder = StreamDecoder::new(EnvelopeDecoder);
+        self.collect_all();
+    }
+
+    /// Drops the link: frames in flight are lost.
+    pub fn disconnect(&mut self) {
+        self.link_up = false;
+        self.a_to_b.clear();
+        self.b_to_a.clear();
+        let now = self.now;
+        self.a.machine.handle_link_down(now);
+        self.b.machine.handle_link_down(now);
+        self.collect_all();
+    }
+
+    /// Crashes node `id`: its machine and every uncommitted batch are gone; it restarts from
+    /// its store. The link drops (a crash ends connections).
+    pub fn crash(&mut self, id: NodeId) {
+        let was_up = self.link_up;
+        self.disconnect();
+        let node = self.node(id);
+        node.uncommitted.clear();
+        node.crashes += 1;
+        node.boot += 1;
+        node.machine = Machine::recover(
+            node.remote.clone(),
+            node.config.clone(),
+            Arc::clone(&node.authorizer),
+            node.boot,
+            &node.store,
+        );
+        self.collect(id);
+        if was_up {
+            self.connect();
+        }
+    }
+
+    /// Moves virtual time forward by `by` and fires due timers.
+    pub fn advance(&mut self, by: Duration) {
+        self.now = self.now.saturating_add(by);
+        let now = self.now;
+        for id in [NodeId::A, NodeId::B] {
+            let node = self.node(id);
+            if node.machine.poll_timeout().is_some_and(|at| at <= now) {
+                node.machine.handle_timeout(now);
+            }
+            self.collect(id);
+        }
+    }
+
+    /// Runs an app command on node `id` and collects its outputs.
+    pub fn with<T>(&mut self, id: NodeId, command: impl FnOnce(&mut Machine, Time) -> T) -> T {
+        let now = self.now;
+        let result = command(&mut self.node(id).machine, now);
+        self.collect(id);
+        result
+    }
+
+    /// Commits every batch and delivers every frame until nothing moves. Returns the number of
+    /// steps taken (bounded: a livelock is a bug, reported by panic).
+    pub fn run(&mut self) -> u64 {
+        self.run_with(|_| false)
+    }
+
+    /// Like [`Harness::run`], but before each commit asks `crash_before(id)` whether node `id`
+    /// crashes instead of committing (the crash switch).
+    pub fn run_with(&mut self, mut crash_before: impl FnMut(NodeId) -> bool) -> u64 {
+        let mut steps = 0;
+        loop {
+            steps += 1;
+            assert!(steps < 1_000_000, "the harness did not settle");
+            let mut moved = false;
+            for id in [NodeId::A, NodeId::B] {
+                if !self.node(id).uncommitted.is_empty() {
+                    if crash_before(id) {
+                        self.crash(id);
+                    } else {
+                        let node = self.node(id);
+                        let committed = node.commit_one().expect("not empty");
+                        let now = self.now;
+                        self.node(id).machine.handle_persisted(now, committed);
+                        self.collect(id);
+                    }
+                    moved = true;
+                }
+            }
+            if self.deliver_one(NodeId::A) | self.deliver_one(NodeId::B) {
+                moved = true;
+            }
+            if !moved {
+                return steps;
+            }
+        }
+    }
+
+    /// Delivers the next frame travelling towards `to`, applying faults.
+    fn deliver_one(&mut self, to: NodeId) -> bool {
+        let queue = match to {
+            NodeId::A => &mut self.b_to_a,
+            NodeId::B => &mut self.a_to_b,
+        };
+        let Some(bytes) = queue.pop_front() else {
+            return false;
+        };
+        if !self.link_up {
+            return true;
+        }
+        let faults = self.faults;
+        if self.chance(faults.drop_per_mille) {
+            return true;
+        }
+        if self.chance(faults.reorder_per_mille) {
+            let queue = match to {
+                NodeId::A => &mut self.b_to_a,
+                NodeId::B => &mut self.a_to_b,
+            };
+            if !queue.is_empty() {
+                queue.insert(1.min(queue.len()), bytes);
+                return true;
+            }
+        }
+        let copies = if self.chance(faults.duplicate_per_mille) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            self.frames_delivered += 1;
+            let now = self.now;
+            let node = self.node(to);
+            node.decoder.push(&bytes);
+            while let Ok(Some(frame)) = node.decoder.pop() {
+                node.machine.handle_frame(now, frame);
+            }
+            self.collect(to);
+        }
+        true
+    }
+
+    fn chance(&mut self, per_mille: u32) -> bool {
+        if per_mille == 0 {
+            return false;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng % 1000) < u64::from(per_mille)
+    }
+
+    fn collect_all(&mut self) {
+        self.collect(NodeId::A);
+        self.collect(NodeId::B);
+    }
+
+    /// Drains node `id`'s outputs: batches to its store queue, frames onto the link, events to
+    /// its app (which accepts opens and consumes deliveries).
+    fn collect(&mut self, id: NodeId) {
+        loop {
+            let now = self.now;
+            let link_up = self.link_up;
+            let node = self.node(id);
+            let mut progressed = false;
+            while let Some(batch) = node.machine.poll_persist() {
+                node.uncommitted.push_back(batch);
+                progressed = true;
+            }
+            let mut frames = Vec::new();
+            while let Some(frame) = node.machine.poll_transmit() {
+                let mut bytes = BytesMut::new();
+                frame
+                    .encode(&mut bytes)
+                    .expect("the machine only builds valid frames");
+                frames.push(bytes.freeze());
+                progressed = true;
+            }
+            let mut events = Vec::new();
+            while let Some(event) = node.machine.poll_event() {
+                events.push(event);
+                progressed = true;
+            }
+            for event in &events {
+                match event {
+                    Event::OpenRequested { obj, .. } if node.auto_accept => {
+                        let _ = node.machine.accept(now, obj);
+                    }
+                    Event::Delivered(op) => {
+                        node.machine.consume(now, &op.obj, op.seq);
+                    }
+                    _ => {}
+                }
+            }
+            node.events.extend(events);
+            if link_up {
+                let queue = match id {
+                    NodeId::A => &mut self.a_to_b,
+                    NodeId::B => &mut self.b_to_a,
+                };
+                queue.extend(frames);
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    /// Injects raw frame bytes as if node `from` had sent them.
+    pub fn inject(&mut self, from: NodeId, frame: &Envelope) {
+        let mut bytes = BytesMut::new();
+        frame.encode(&mut bytes).expect("test frames are valid");
+        let queue = match from.other() {
+            NodeId::A => &mut self.b_to_a,
+            NodeId::B => &mut self.a_to_b,
+        };
+        queue.push_back(bytes.freeze());
+    }
+}

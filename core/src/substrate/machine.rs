@@ -1,0 +1,1357 @@
+//! The per-peer substrate machine (seed 003): objects, outbox, sequencer, dedupe, finality and
+//! the authorize gate, with no I/O.
+//!
+//! # Driving it
+//!
+//! Inputs are `handle_*` calls and app commands, each taking `now`. After every input, drain
+//! the outputs: [`Machine::poll_persist`] (hand each batch to the store, in order),
+//! [`Machine::poll_transmit`] (frames for the link, in order), [`Machine::poll_event`] (for the
+//! app), then sleep until [`Machine::poll_timeout`] and call [`Machine::handle_timeout`].
+//! When the store has committed batches, call [`Machine::handle_persisted`] with the highest
+//! committed id.
+//!
+//! # The two rules that give exactly-once
+//!
+//! - Nothing is transmitted before the batch holding it is persisted: an op enters the outbox
+//!   durably, then goes on the wire; it leaves the outbox only when a hop ack citing its
+//!   current receipt arrives (or a terminal answer ends it).
+//! - Nothing is acknowledged or reported before the batch that made it durable is persisted:
+//!   hop acks, re-acks of duplicates, bounces and every app event wait for their batch.
+//!
+//! Each object has one sequence authority per direction. The receiver delivers in seq order,
+//! holds early ops within `[next, next + W]` (persisted before they are acked), answers ops
+//! beyond with `out_of_seq`, re-acks anything below the frontier and asks for a `resync` when a
+//! gap is older than 30 s. An op that ends without being delivered (a terminal answer, TTL
+//! expiry) would leave a gap; the sender closes it by carrying `floor`, the lowest seq still in
+//! its outbox, on every op: the receiver's frontier never waits below it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::authorize::{AuthorizeContext, Authorizer};
+use super::durable::{
+    BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record, Side,
+};
+use super::finality::{self, class_of, Class};
+use super::{Config, PeerId, Stats};
+use crate::limits::{ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX};
+use crate::time::Time;
+use crate::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
+
+/// Type byte of the keepalive control frame.
+pub const TYPE_KEEPALIVE: u8 = 0x03;
+
+/// What the app learns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The remote opened an object; answer with [`Machine::accept`] or [`Machine::reject`].
+    OpenRequested {
+        /// Address.
+        obj: String,
+        /// Session or queue.
+        kind: ObjKind,
+        /// The open's op id.
+        op_id: String,
+        /// The capability token presented, unparsed.
+        cap: Option<String>,
+    },
+    /// The remote accepted an object this side opened.
+    Opened {
+        /// Address.
+        obj: String,
+    },
+    /// The remote rejected an object this side opened.
+    Rejected {
+        /// Address.
+        obj: String,
+        /// The reject code.
+        code: Option<String>,
+    },
+    /// A send or req of the remote, durable here; call [`Machine::consume`] when done with it.
+    Delivered(Op),
+    /// The remote's app answered a req of this side (res, end or err).
+    Answered {
+        /// Address.
+        obj: String,
+        /// The req's op id.
+        req_id: String,
+        /// Res, End or Err.
+        verb: Verb,
+        /// Its body.
+        body: Option<Bytes>,
+        /// Its code (err).
+        code: Option<String>,
+    },
+    /// The object was closed (by the remote when `by_remote`).
+    Closed {
+        /// Address.
+        obj: String,
+        /// The reason given.
+        reason: Option<String>,
+        /// Whether the remote closed it.
+        by_remote: bool,
+    },
+    /// An op of this side is durable at the remote (hop ack).
+    Acked {
+        /// Address.
+        obj: String,
+        /// The op id.
+        op_id: String,
+    },
+    /// An op of this side ended without effect (a terminal error, a close, TTL expiry).
+    Futile {
+        /// Address.
+        obj: String,
+        /// The op id.
+        op_id: String,
+        /// Why.
+        code: String,
+    },
+    /// Nothing was heard for the dead-after interval: the shell should drop the link.
+    LinkDead,
+}
+
+/// Why an app command was refused. Nothing changes when a command is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The address is not `[a-z0-9._/-]{1,128}` (or contains `@`).
+    #[error("invalid address: {0}")]
+    Address(#[from] crate::wire::envelope::AddressError),
+    /// No such object, or it is closed.
+    #[error("no live object {0:?}")]
+    NoSuchObject(String),
+    /// The object exists already.
+    #[error("object {0:?} is already open")]
+    AlreadyOpen(String),
+    /// The object is not in a state that allows this command.
+    #[error("object {0:?} does not allow this now")]
+    WrongState(String),
+    /// The body is above the inline bound (64 KiB).
+    #[error("payload of {len} bytes exceeds {max}")]
+    PayloadTooLarge {
+        /// Body length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The object's outbox holds its maximum of un-acked ops.
+    #[error("queue_full: the object's outbox is full")]
+    QueueFull,
+    /// This peer has the maximum number of objects.
+    #[error("quota: too many objects for this peer")]
+    Quota,
+    /// A code, reason or capability longer than the envelope allows.
+    #[error("text field longer than {ENVELOPE_TEXT_BYTES_MAX} bytes")]
+    TextTooLong,
+}
+
+/// One outbox entry: the durable op and its transmission state (memory only).
+#[derive(Debug, Clone)]
+struct Outgoing {
+    op: Op,
+    /// The batch that made it durable; it may go on the wire once that batch is persisted.
+    batch: BatchId,
+    /// Attempts so far; the receipt of the latest transmission.
+    receipt: u64,
+    /// On the wire and not yet acked.
+    in_flight: bool,
+    /// A transient error asked to wait until then.
+    retry_at: Option<Time>,
+}
+
+#[derive(Debug, Clone)]
+struct Object {
+    record: ObjectRecord,
+    outbox: BTreeMap<u64, Outgoing>,
+    /// Early ops of the remote, with their arrival time.
+    held: BTreeMap<u64, Op>,
+    /// Delivered, not yet consumed by the app.
+    inbox: BTreeMap<u64, Op>,
+    /// When the current gap was first seen.
+    gap_since: Option<Time>,
+    last_resync: Option<Time>,
+}
+
+impl Object {
+    fn new(record: ObjectRecord) -> Self {
+        Self {
+            record,
+            outbox: BTreeMap::new(),
+            held: BTreeMap::new(),
+            inbox: BTreeMap::new(),
+            gap_since: None,
+            last_resync: None,
+        }
+    }
+
+    /// The lowest seq still in the outbox, or the next to assign: the sender's `floor`.
+    fn floor(&self) -> u64 {
+        self.outbox
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(self.record.tx_next)
+    }
+
+    fn remote_is_participant(&self) -> bool {
+        match self.record.state {
+            ObjectState::Live => true,
+            ObjectState::AwaitingAccept => self.record.opened_by == Side::Remote,
+            ObjectState::Opening | ObjectState::Closed(_) | ObjectState::Rejected(_) => false,
+        }
+    }
+}
+
+/// An output that waits for a batch to be persisted.
+#[derive(Debug, Clone)]
+enum Deferred {
+    Transmit(Envelope),
+    Event(Event),
+}
+
+/// The substrate machine for one remote peer.
+pub struct Machine {
+    remote: PeerId,
+    config: Config,
+    authorizer: Arc<Authorizer>,
+    /// Prefix of op ids minted in this boot (a seed passed in, distinct per boot).
+    boot: u64,
+    minted: u64,
+    objects: BTreeMap<String, Object>,
+    bounces: BTreeMap<String, (String, Time)>,
+    link_up: bool,
+    last_heard: Time,
+    last_sent: Time,
+    /// Records of the step in progress; become one batch when the step ends.
+    staged: Vec<Record>,
+    /// Outputs of the step in progress that wait for durability.
+    staged_outputs: Vec<Deferred>,
+    next_batch: BatchId,
+    persisted_through: BatchId,
+    waiting: VecDeque<(BatchId, Vec<Deferred>)>,
+    persist: VecDeque<PersistBatch>,
+    transmit: VecDeque<Envelope>,
+    events: VecDeque<Event>,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("remote", &self.remote)
+            .field("objects", &self.objects.len())
+            .field("link_up", &self.link_up)
+            .field("persisted_through", &self.persisted_through)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Machine {
+    /// A machine with nothing persisted. `boot` must differ between boots of the same node
+    /// (a random seed from the shell): op ids are `boot` plus a counter.
+    pub fn new(remote: PeerId, config: Config, authorizer: Arc<Authorizer>, boot: u64) -> Self {
+        Self {
+            remote,
+            config,
+            authorizer,
+            boot,
+            minted: 0,
+            objects: BTreeMap::new(),
+            bounces: BTreeMap::new(),
+            link_up: false,
+            last_heard: Time::ZERO,
+            last_sent: Time::ZERO,
+            staged: Vec::new(),
+            staged_outputs: Vec::new(),
+            next_batch: BatchId(1),
+            persisted_through: BatchId(0),
+            waiting: VecDeque::new(),
+            persist: VecDeque::new(),
+            transmit: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Rebuilds a machine after a restart from exactly what was persisted. Unconsumed
+    /// deliveries and undecided opens are reported again; outbox ops are sent again on the
+    /// next link with new receipts.
+    pub fn recover(
+        remote: PeerId,
+        config: Config,
+        authorizer: Arc<Authorizer>,
+        boot: u64,
+        state: &DurableState,
+    ) -> Self {
+        let mut machine = Self::new(remote, config, authorizer, boot);
+        for (name, record) in &state.objects {
+            machine
+                .objects
+                .insert(name.clone(), Object::new(record.clone()));
+        }
+        for ((obj, seq), op) in &state.outbox {
+            if let Some(object) = machine.objects.get_mut(obj) {
+                let entry = Outgoing {
+                    op: op.clone(),
+                    batch: BatchId(0),
+                    receipt: 0,
+                    in_flight: false,
+                    retry_at: None,
+                };
+                object.outbox.insert(*seq, entry);
+            }
+        }
+        for ((obj, seq), op) in &state.held {
+            if let Some(object) = machine.objects.get_mut(obj) {
+                object.held.insert(*seq, op.clone());
+            }
+        }
+        for ((obj, seq), op) in &state.inbox {
+            if let Some(object) = machine.objects.get_mut(obj) {
+                object.inbox.insert(*seq, op.clone());
+            }
+        }
+        machine.bounces = state.bounces.clone();
+        for object in machine.objects.values() {
+            if object.record.state == ObjectState::AwaitingAccept {
+                machine
+                    .events
+                    .push_back(open_requested(&object.record, None));
+            }
+            for op in object.inbox.values() {
+                machine.events.push_back(Event::Delivered(op.clone()));
+            }
+        }
+        machine
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Outputs
+
+    /// The next batch to persist, in order.
+    pub fn poll_persist(&mut self) -> Option<PersistBatch> {
+        self.persist.pop_front()
+    }
+
+    /// The next frame to transmit, in order.
+    pub fn poll_transmit(&mut self) -> Option<Envelope> {
+        self.transmit.pop_front()
+    }
+
+    /// The next app event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Machine::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let mut next: Option<Time> = None;
+        let mut consider = |at: Time| next = Some(next.map_or(at, |n| n.min(at)));
+        if self.link_up {
+            consider(self.last_sent.saturating_add(self.config.keepalive));
+            consider(self.last_heard.saturating_add(self.config.dead_after));
+        }
+        for object in self.objects.values() {
+            if let Some(since) = object.gap_since {
+                let due = since.saturating_add(self.config.gap_resync_after);
+                let allowed = object.last_resync.map_or(due, |last| {
+                    last.saturating_add(self.config.gap_resync_after)
+                });
+                consider(due.max(allowed));
+            }
+            for entry in object.outbox.values() {
+                if let Some(at) = entry.retry_at {
+                    consider(at);
+                }
+                if entry.receipt == 0 {
+                    consider(entry.op.at.saturating_add(self.config.queue_ttl));
+                }
+            }
+            if let ObjectState::Closed(at) | ObjectState::Rejected(at) = object.record.state {
+                consider(at.saturating_add(self.config.dedupe_retention));
+            }
+        }
+        if let Some((_, at)) = self.bounces.values().min_by_key(|(_, at)| *at) {
+            consider(at.saturating_add(self.config.dedupe_retention));
+        }
+        next
+    }
+
+    /// Counters (serializable).
+    pub fn stats(&self) -> Stats {
+        let mut stats = self.stats.clone();
+        stats.outbox_depth = self
+            .objects
+            .iter()
+            .filter(|(_, object)| !object.outbox.is_empty())
+            .map(|(name, object)| (name.clone(), object.outbox.len() as u64))
+            .collect();
+        stats
+    }
+
+    /// The remote peer.
+    pub fn remote(&self) -> &PeerId {
+        &self.remote
+    }
+
+    /// The lifecycle state of `obj`, if known.
+    pub fn object_state(&self, obj: &str) -> Option<ObjectState> {
+        self.objects.get(obj).map(|object| object.record.state)
+    }
+
+    /// Un-acked ops across all objects.
+    pub fn outbox_len(&self) -> usize {
+        self.objects
+            .values()
+            .map(|object| object.outbox.len())
+            .sum()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Inputs
+
+    /// A link to the peer is up (a new connection, after authentication). Every un-acked op is
+    /// sent again with a new receipt.
+    pub fn handle_link_up(&mut self, now: Time) {
+        self.link_up = true;
+        self.last_heard = now;
+        self.last_sent = now;
+        self.stats.link_ups += 1;
+        for object in self.objects.values_mut() {
+            for entry in object.outbox.values_mut() {
+                entry.in_flight = false;
+            }
+        }
+        self.end_step(now);
+    }
+
+    /// The link is gone. Nothing is lost: un-acked ops stay in the outbox.
+    pub fn handle_link_down(&mut self, now: Time) {
+        self.link_up = false;
+        self.stats.link_downs += 1;
+        self.end_step(now);
+    }
+
+    /// The store committed every batch up to and including `batch`.
+    pub fn handle_persisted(&mut self, now: Time, batch: BatchId) {
+        if batch <= self.persisted_through {
+            return;
+        }
+        debug_assert!(
+            batch < self.next_batch,
+            "only emitted batches can be persisted"
+        );
+        self.persisted_through = batch;
+        while self.waiting.front().is_some_and(|(id, _)| *id <= batch) {
+            let (_, outputs) = self.waiting.pop_front().expect("front exists");
+            self.release(outputs);
+        }
+        self.end_step(now);
+    }
+
+    /// Time passed: keepalive, dead link, gap resync, TTL expiry, transient retries, retention.
+    /// A spurious call does nothing.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.link_up {
+            if now.saturating_since(self.last_heard) >= self.config.dead_after {
+                self.link_up = false;
+                self.stats.link_downs += 1;
+                self.events.push_back(Event::LinkDead);
+            } else if now.saturating_since(self.last_sent) >= self.config.keepalive {
+                let mut keepalive = Envelope::new(Env::new(Verb::Ack));
+                keepalive.type_byte = TYPE_KEEPALIVE;
+                self.send_now(now, keepalive);
+            }
+        }
+        let names: Vec<String> = self.objects.keys().cloned().collect();
+        for name in names {
+            self.object_timers(now, &name);
+        }
+        let expired: Vec<String> = self
+            .bounces
+            .iter()
+            .filter(|(_, (_, at))| now.saturating_since(*at) >= self.config.dedupe_retention)
+            .map(|(op_id, _)| op_id.clone())
+            .collect();
+        for op_id in expired {
+            self.bounces.remove(&op_id);
+            self.staged.push(Record::BounceRemoved { op_id });
+        }
+        self.end_step(now);
+    }
+
+    /// One decoded frame from the peer.
+    pub fn handle_frame(&mut self, now: Time, frame: Envelope) {
+        self.last_heard = now;
+        if frame.type_byte == TYPE_KEEPALIVE {
+            self.end_step(now);
+            return;
+        }
+        let Envelope { env, body, .. } = frame;
+        match env.kind {
+            Verb::Ack => self.on_ack(&env),
+            Verb::Resync => self.on_resync(&env),
+            _ if env.seq.is_none() && env.kind == Verb::Err => self.on_substrate_err(now, &env),
+            _ => self.on_op(now, env, body),
+        }
+        self.end_step(now);
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // App commands
+
+    /// Opens an object of `kind` at `obj`, presenting `cap`. Returns the open's op id.
+    pub fn open(
+        &mut self,
+        now: Time,
+        kind: ObjKind,
+        obj: &str,
+        cap: Option<&str>,
+    ) -> Result<String, CommandError> {
+        Address::parse(obj)?;
+        check_text(cap)?;
+        if self
+            .objects
+            .get(obj)
+            .is_some_and(|o| !o.record.state.is_terminal())
+        {
+            return Err(CommandError::AlreadyOpen(obj.to_owned()));
+        }
+        if self.live_object_count() >= self.config.objects_max {
+            return Err(CommandError::Quota);
+        }
+        let open_id = self.mint();
+        let record = ObjectRecord {
+            obj: obj.to_owned(),
+            kind,
+            opened_by: Side::Local,
+            open_id: open_id.clone(),
+            state: ObjectState::Opening,
+            tx_next: 0,
+            rx_next: 0,
+        };
+        self.objects.insert(obj.to_owned(), Object::new(record));
+        let mut op = self.op(now, obj, Verb::Open, open_id.clone());
+        op.obj_kind = Some(kind);
+        op.cap = cap.map(str::to_owned);
+        self.enqueue(op);
+        self.end_step(now);
+        Ok(open_id)
+    }
+
+    /// Accepts an object the remote opened.
+    pub fn accept(&mut self, now: Time, obj: &str) -> Result<(), CommandError> {
+        self.decide(now, obj, None)
+    }
+
+    /// Rejects an object the remote opened, with `code` (e.g. `approval_denied`).
+    pub fn reject(&mut self, now: Time, obj: &str, code: &str) -> Result<(), CommandError> {
+        check_text(Some(code))?;
+        self.decide(now, obj, Some(code))
+    }
+
+    /// A one-way message on a live object (or one still opening: it follows the open).
+    /// Returns its op id; [`Event::Acked`] reports it durable at the peer.
+    pub fn send(&mut self, now: Time, obj: &str, body: Bytes) -> Result<String, CommandError> {
+        self.message(now, obj, Verb::Send, body)
+    }
+
+    /// A request on a live session; the peer's answers arrive as [`Event::Answered`].
+    pub fn req(&mut self, now: Time, obj: &str, body: Bytes) -> Result<String, CommandError> {
+        self.message(now, obj, Verb::Req, body)
+    }
+
+    /// Answers the remote's req `req_id` with `verb` (Res, End or Err).
+    pub fn answer(
+        &mut self,
+        now: Time,
+        obj: &str,
+        req_id: &str,
+        verb: Verb,
+        body: Option<Bytes>,
+        code: Option<&str>,
+    ) -> Result<(), CommandError> {
+        if !matches!(verb, Verb::Res | Verb::End | Verb::Err) {
+            return Err(CommandError::WrongState(obj.to_owned()));
+        }
+        check_text(code)?;
+        check_text(Some(req_id))?;
+        check_body(body.as_ref())?;
+        self.live_for_app(obj)?;
+        let mut op = self.op(now, obj, verb, req_id.to_owned());
+        op.body = body;
+        op.code = code.map(str::to_owned);
+        self.enqueue(op);
+        self.end_step(now);
+        Ok(())
+    }
+
+    /// Closes an object. Ops enqueued before the close still go first.
+    pub fn close(&mut self, now: Time, obj: &str, reason: &str) -> Result<(), CommandError> {
+        check_text(Some(reason))?;
+        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
+        if !matches!(
+            object.record.state,
+            ObjectState::Live | ObjectState::Opening
+        ) {
+            return Err(CommandError::WrongState(obj.to_owned()));
+        }
+        let id = self.mint();
+        let mut op = self.op(now, obj, Verb::Close, id);
+        op.reason = Some(reason.to_owned());
+        self.enqueue(op);
+        let object = self.objects.get_mut(obj).expect("checked above");
+        object.record.state = ObjectState::Closed(now);
+        self.staged.push(Record::Object(object.record.clone()));
+        let event = Event::Closed {
+            obj: obj.to_owned(),
+            reason: Some(reason.to_owned()),
+            by_remote: false,
+        };
+        self.staged_outputs.push(Deferred::Event(event));
+        self.end_step(now);
+        Ok(())
+    }
+
+    /// The app is done with delivery `seq` of `obj`: its durable copy is dropped.
+    pub fn consume(&mut self, now: Time, obj: &str, seq: u64) -> bool {
+        let removed = self
+            .objects
+            .get_mut(obj)
+            .and_then(|object| object.inbox.remove(&seq))
+            .is_some();
+        if removed {
+            self.staged.push(Record::InboxRemoved {
+                obj: obj.to_owned(),
+                seq,
+            });
+        }
+        self.end_step(now);
+        removed
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Inbound
+
+    fn on_op(&mut self, now: Time, env: Env, body: Option<Bytes>) {
+        let (Some(obj), Some(id), Some(seq)) = (env.obj.clone(), env.id.clone(), env.seq) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let obj = obj.as_str().to_owned();
+        let initiating = matches!(env.kind, Verb::Open | Verb::Send | Verb::Req | Verb::Close);
+        if initiating {
+            let ctx = AuthorizeContext {
+                peer: &self.remote,
+                verb: env.kind,
+                obj: &obj,
+                obj_kind: env.obj_kind,
+                cap: env.cap.as_deref(),
+            };
+            if let Err(denial) = self.authorizer.check(&ctx) {
+                let key = format!("{}:{}", env.kind.as_str(), denial.code);
+                *self.stats.denials.entry(key).or_default() += 1;
+                self.send_now(now, substrate_err(&obj, &id, &denial.code));
+                return;
+            }
+        }
+        let op = Op {
+            obj: obj.clone(),
+            seq,
+            id,
+            verb: env.kind,
+            obj_kind: env.obj_kind,
+            body,
+            code: env.code,
+            reason: env.reason,
+            cap: env.cap,
+            at: now,
+        };
+        let receipt = env.receipt.unwrap_or(1);
+        let known = self.objects.get(&obj).is_some_and(|object| {
+            !(op.verb == Verb::Open
+                && object.record.state.is_terminal()
+                && object.record.open_id != op.id)
+        });
+        if !known {
+            self.on_unknown_object(now, op, receipt);
+            return;
+        }
+        let object = self.objects.get(&obj).expect("known");
+        let killing = matches!(op.verb, Verb::Close | Verb::Err);
+        if killing && !object.remote_is_participant() && op.seq >= object.record.rx_next {
+            // Law 2: finality only from a participant, refused before the frontier moves.
+            self.stats.finality_rejected += 1;
+            return;
+        }
+        self.sequence(now, op, receipt, env.floor.unwrap_or(0));
+    }
+
+    /// An op for an object this side does not know.
+    fn on_unknown_object(&mut self, now: Time, op: Op, receipt: u64) {
+        match op.verb {
+            Verb::Open => {
+                if self.live_object_count() >= self.config.objects_max {
+                    self.send_now(now, substrate_err(&op.obj, &op.id, finality::QUOTA));
+                    return;
+                }
+                let record = ObjectRecord {
+                    obj: op.obj.clone(),
+                    kind: op.obj_kind.unwrap_or(ObjKind::Session),
+                    opened_by: Side::Remote,
+                    open_id: op.id.clone(),
+                    state: ObjectState::AwaitingAccept,
+                    tx_next: 0,
+                    rx_next: 0,
+                };
+                self.objects.insert(op.obj.clone(), Object::new(record));
+                self.sequence(now, op, receipt, 0);
+            }
+            // Laws 2 and 4: a killing verb or an err to an unknown object is never bounced.
+            Verb::Close | Verb::Err => self.stats.finality_rejected += 1,
+            _ => self.bounce(now, &op),
+        }
+    }
+
+    /// Law 3: one bounce per op id; a duplicate is re-served the stored outcome.
+    fn bounce(&mut self, now: Time, op: &Op) {
+        if let Some((code, _)) = self.bounces.get(&op.id) {
+            self.stats.bounces_reserved += 1;
+            let frame = substrate_err(&op.obj, &op.id, &code.clone());
+            self.staged_outputs.push(Deferred::Transmit(frame));
+            return;
+        }
+        if self.bounces.len() >= crate::limits::SUBSTRATE_BOUNCES_MAX {
+            let oldest = self
+                .bounces
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(id, _)| id.clone())
+                .expect("the map is full, so not empty");
+            self.bounces.remove(&oldest);
+            self.staged.push(Record::BounceRemoved { op_id: oldest });
+            self.stats.bounces_evicted += 1;
+        }
+        let code = finality::NO_SUCH_OBJECT.to_owned();
+        self.bounces.insert(op.id.clone(), (code.clone(), now));
+        self.staged.push(Record::Bounce {
+            op_id: op.id.clone(),
+            code: code.clone(),
+            at: now,
+        });
+        self.stats.bounces += 1;
+        self.staged_outputs
+            .push(Deferred::Transmit(substrate_err(&op.obj, &op.id, &code)));
+    }
+
+    /// The receiving half of per-object FIFO.
+    fn sequence(&mut self, now: Time, op: Op, receipt: u64, floor: u64) {
+        let window = self.config.receive_window;
+        let object = self
+            .objects
+            .get_mut(&op.obj)
+            .expect("callers create the object");
+        let obj = op.obj.clone();
+        let mut frontier_moved = false;
+        if floor > object.record.rx_next {
+            object.record.rx_next = floor;
+            frontier_moved = true;
+            let below: Vec<u64> = object.held.range(..floor).map(|(seq, _)| *seq).collect();
+            for seq in below {
+                object.held.remove(&seq);
+                self.staged.push(Record::HeldRemoved {
+                    obj: obj.clone(),
+                    seq,
+                });
+                self.stats.skipped_below_floor += 1;
+            }
+        }
+        let next = object.record.rx_next;
+        let ack = ack_frame(&obj, &op.id, op.seq, receipt);
+        if op.seq < next || object.held.contains_key(&op.seq) {
+            self.stats.duplicates += 1;
+            if frontier_moved {
+                self.deliver_held(now, &obj);
+            }
+            // Waits for the latest unpersisted batch: the original may still be in it.
+            self.staged_outputs.push(Deferred::Transmit(ack));
+            return;
+        }
+        if op.seq > next.saturating_add(window) {
+            self.stats.out_of_seq += 1;
+            self.send_now(now, substrate_err(&obj, &op.id, finality::OUT_OF_SEQ));
+            return;
+        }
+        if op.seq > next {
+            self.stats.deferred += 1;
+            object.gap_since.get_or_insert(now);
+            self.staged.push(Record::Held(op.clone()));
+            object.held.insert(op.seq, op);
+            if frontier_moved {
+                self.deliver_held(now, &obj);
+            }
+            self.staged_outputs.push(Deferred::Transmit(ack));
+            return;
+        }
+        object.record.rx_next = next + 1;
+        self.apply(now, op);
+        self.deliver_held(now, &obj);
+        self.staged_outputs.push(Deferred::Transmit(ack));
+    }
+
+    /// Delivers every held op the frontier has reached, then records the frontier.
+    fn deliver_held(&mut self, now: Time, obj: &str) {
+        loop {
+            let Some(object) = self.objects.get_mut(obj) else {
+                return;
+            };
+            let next = object.record.rx_next;
+            let Some(op) = object.held.remove(&next) else {
+                object.gap_since =
+                    (!object.held.is_empty()).then_some(object.gap_since.unwrap_or(now));
+                if object.held.is_empty() {
+                    object.gap_since = None;
+                }
+                self.staged.push(Record::Object(object.record.clone()));
+                return;
+            };
+            object.record.rx_next = next + 1;
+            self.staged.push(Record::HeldRemoved {
+                obj: obj.to_owned(),
+                seq: next,
+            });
+            self.apply(now, op);
+        }
+    }
+
+    /// Applies one op of the remote, in order.
+    fn apply(&mut self, now: Time, op: Op) {
+        let object = self
+            .objects
+            .get_mut(&op.obj)
+            .expect("sequenced ops have an object");
+        let obj = op.obj.clone();
+        match op.verb {
+            Verb::Open => {
+                self.staged_outputs
+                    .push(Deferred::Event(open_requested(&object.record, op.cap)));
+            }
+            Verb::Send | Verb::Req | Verb::Chunk => {
+                if object.record.state != ObjectState::Live {
+                    let code = finality::CLOSED;
+                    self.staged_outputs
+                        .push(Deferred::Transmit(substrate_err(&obj, &op.id, code)));
+                    return;
+                }
+                self.staged.push(Record::Inbox(op.clone()));
+                object.inbox.insert(op.seq, op.clone());
+                self.staged_outputs
+                    .push(Deferred::Event(Event::Delivered(op)));
+            }
+            Verb::Close => {
+                object.record.state = ObjectState::Closed(now);
+                let event = Event::Closed {
+                    obj: obj.clone(),
+                    reason: op.reason,
+                    by_remote: true,
+                };
+                self.staged_outputs.push(Deferred::Event(event));
+                self.purge_outbox(&obj, finality::CLOSED, |op| op.verb != Verb::Close);
+            }
+            Verb::Accept => {
+                if object.record.state == ObjectState::Opening {
+                    object.record.state = ObjectState::Live;
+                    self.staged_outputs
+                        .push(Deferred::Event(Event::Opened { obj: obj.clone() }));
+                }
+                self.end_answered(&obj, &op.id);
+            }
+            Verb::Reject => {
+                if object.record.state == ObjectState::Opening {
+                    object.record.state = ObjectState::Rejected(now);
+                    let event = Event::Rejected {
+                        obj: obj.clone(),
+                        code: op.code.clone(),
+                    };
+                    self.staged_outputs.push(Deferred::Event(event));
+                }
+                self.end_answered(&obj, &op.id);
+                let code = op
+                    .code
+                    .as_deref()
+                    .unwrap_or(finality::APPROVAL_DENIED)
+                    .to_owned();
+                self.purge_outbox(&obj, &code, |_| true);
+            }
+            Verb::Res | Verb::End | Verb::Err => {
+                self.end_answered(&obj, &op.id);
+                let event = Event::Answered {
+                    obj,
+                    req_id: op.id,
+                    verb: op.verb,
+                    body: op.body,
+                    code: op.code,
+                };
+                self.staged_outputs.push(Deferred::Event(event));
+            }
+            Verb::Ack | Verb::Resync => self.stats.malformed += 1,
+        }
+    }
+
+    /// An answer arrived for op `id`: it was received, so it leaves the outbox (its ack may
+    /// have been lost with a connection).
+    fn end_answered(&mut self, obj: &str, id: &str) {
+        let Some(object) = self.objects.get_mut(obj) else {
+            return;
+        };
+        let seq = object
+            .outbox
+            .iter()
+            .find(|(_, e)| e.op.id == id)
+            .map(|(seq, _)| *seq);
+        if let Some(seq) = seq {
+            object.outbox.remove(&seq);
+            self.staged.push(Record::OutboxRemoved {
+                obj: obj.to_owned(),
+                seq,
+            });
+        }
+    }
+
+    /// Ends every outbox op of `obj` matching `filter` as futile with `code` (law 5).
+    fn purge_outbox(&mut self, obj: &str, code: &str, filter: impl Fn(&Op) -> bool) {
+        let Some(object) = self.objects.get_mut(obj) else {
+            return;
+        };
+        let seqs: Vec<u64> = object
+            .outbox
+            .iter()
+            .filter(|(_, e)| filter(&e.op))
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in seqs {
+            let entry = object.outbox.remove(&seq).expect("listed above");
+            self.staged.push(Record::OutboxRemoved {
+                obj: obj.to_owned(),
+                seq,
+            });
+            *self.stats.futile.entry(code.to_owned()).or_default() += 1;
+            let event = Event::Futile {
+                obj: obj.to_owned(),
+                op_id: entry.op.id,
+                code: code.to_owned(),
+            };
+            self.staged_outputs.push(Deferred::Event(event));
+        }
+        self.staged.push(Record::Object(object.record.clone()));
+    }
+
+    /// An unsequenced `err` from the substrate of the peer (bounce, denial, out_of_seq, ...)
+    /// about one of this side's ops.
+    fn on_substrate_err(&mut self, now: Time, env: &Env) {
+        let (Some(obj), Some(id)) = (env.obj.as_ref(), env.id.as_deref()) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let obj = obj.as_str();
+        let code = env
+            .code
+            .clone()
+            .unwrap_or_else(|| finality::CLOSED.to_owned());
+        let found = self.objects.get(obj).and_then(|object| {
+            object
+                .outbox
+                .iter()
+                .find(|(_, e)| e.op.id == id && e.receipt > 0)
+                .map(|(s, _)| *s)
+        });
+        let Some(seq) = found else {
+            // Not an op of ours in flight: dropped and counted, never answered (law 4).
+            self.stats.finality_rejected += 1;
+            return;
+        };
+        let object = self.objects.get_mut(obj).expect("found above");
+        match class_of(&code) {
+            Class::Transient => {
+                let entry = object.outbox.get_mut(&seq).expect("found above");
+                entry.in_flight = false;
+                entry.retry_at = Some(now.saturating_add(self.config.transient_retry));
+                *self.stats.transient.entry(code).or_default() += 1;
+            }
+            Class::Terminal => {
+                let is_open = seq == 0 && object.record.opened_by == Side::Local;
+                if is_open && object.record.state == ObjectState::Opening {
+                    object.record.state = ObjectState::Rejected(now);
+                    let event = Event::Rejected {
+                        obj: obj.to_owned(),
+                        code: Some(code.clone()),
+                    };
+                    self.staged_outputs.push(Deferred::Event(event));
+                    self.purge_outbox(obj, &code, |_| true);
+                } else {
+                    self.purge_outbox(obj, &code, |op| op.seq == seq);
+                    self.reannounce_floor(obj);
+                }
+            }
+        }
+    }
+
+    /// After an op in the middle ended, the lowest op still in flight is sent again so that
+    /// the receiver learns the new `floor` and its frontier skips the ended seq.
+    fn reannounce_floor(&mut self, obj: &str) {
+        let Some(object) = self.objects.get_mut(obj) else {
+            return;
+        };
+        if let Some(entry) = object.outbox.values_mut().find(|entry| entry.in_flight) {
+            entry.in_flight = false;
+        }
+    }
+
+    fn on_ack(&mut self, env: &Env) {
+        let (Some(obj), Some(seq), Some(receipt)) = (env.obj.as_ref(), env.seq, env.receipt) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let obj = obj.as_str();
+        let Some(object) = self.objects.get_mut(obj) else {
+            self.stats.stale_receipts += 1;
+            return;
+        };
+        match object.outbox.get(&seq) {
+            Some(entry) if entry.in_flight && entry.receipt == receipt => {
+                let entry = object.outbox.remove(&seq).expect("matched above");
+                self.staged.push(Record::OutboxRemoved {
+                    obj: obj.to_owned(),
+                    seq,
+                });
+                self.stats.ops_acked += 1;
+                let event = Event::Acked {
+                    obj: obj.to_owned(),
+                    op_id: entry.op.id,
+                };
+                self.staged_outputs.push(Deferred::Event(event));
+            }
+            _ => self.stats.stale_receipts += 1,
+        }
+    }
+
+    fn on_resync(&mut self, env: &Env) {
+        let (Some(obj), Some(from)) = (env.obj.as_ref(), env.from_seq) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        self.stats.resyncs_received += 1;
+        if let Some(object) = self.objects.get_mut(obj.as_str()) {
+            for entry in object.outbox.range_mut(from..).map(|(_, entry)| entry) {
+                entry.in_flight = false;
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Timers
+
+    fn object_timers(&mut self, now: Time, name: &str) {
+        let config = self.config.clone();
+        let link_up = self.link_up;
+        let object = self.objects.get_mut(name).expect("listed by the caller");
+        if let Some(since) = object.gap_since {
+            let due = now.saturating_since(since) >= config.gap_resync_after;
+            let allowed = object
+                .last_resync
+                .is_none_or(|last| now.saturating_since(last) >= config.gap_resync_after);
+            if due && allowed && link_up {
+                object.last_resync = Some(now);
+                let mut env = Env::new(Verb::Resync);
+                env.obj = Some(Address::parse(name).expect("stored objects have valid names"));
+                env.from_seq = Some(object.record.rx_next);
+                self.stats.resyncs_sent += 1;
+                self.send_now(now, Envelope::new(env));
+            }
+        }
+        let object = self.objects.get_mut(name).expect("still there");
+        for entry in object.outbox.values_mut() {
+            if entry.retry_at.is_some_and(|at| at <= now) {
+                entry.retry_at = None;
+            }
+        }
+        let expired: Vec<u64> = object
+            .outbox
+            .iter()
+            .filter(|(_, e)| e.receipt == 0 && now.saturating_since(e.op.at) >= config.queue_ttl)
+            .map(|(seq, _)| *seq)
+            .collect();
+        if !expired.is_empty() {
+            self.purge_outbox(name, finality::TTL_EXPIRED, |op| expired.contains(&op.seq));
+        }
+        let object = self.objects.get(name).expect("still there");
+        let retired = match object.record.state {
+            ObjectState::Closed(at) | ObjectState::Rejected(at) => {
+                now.saturating_since(at) >= config.dedupe_retention
+                    && object.outbox.is_empty()
+                    && object.inbox.is_empty()
+            }
+            _ => false,
+        };
+        if retired {
+            self.objects.remove(name);
+            self.staged.push(Record::ObjectRemoved {
+                obj: name.to_owned(),
+            });
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Helpers
+
+    fn decide(&mut self, now: Time, obj: &str, reject: Option<&str>) -> Result<(), CommandError> {
+        let object = self.objects.get_mut(obj).ok_or_else(|| no_such(obj))?;
+        if object.record.state != ObjectState::AwaitingAccept {
+            return Err(CommandError::WrongState(obj.to_owned()));
+        }
+        object.record.state = match reject {
+            None => ObjectState::Live,
+            Some(_) => ObjectState::Rejected(now),
+        };
+        let open_id = object.record.open_id.clone();
+        let verb = if reject.is_some() {
+            Verb::Reject
+        } else {
+            Verb::Accept
+        };
+        let mut op = self.op(now, obj, verb, open_id);
+        op.code = reject.map(str::to_owned);
+        self.enqueue(op);
+        self.end_step(now);
+        Ok(())
+    }
+
+    fn message(
+        &mut self,
+        now: Time,
+        obj: &str,
+        verb: Verb,
+        body: Bytes,
+    ) -> Result<String, CommandError> {
+        check_body(Some(&body))?;
+        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
+        if !matches!(
+            object.record.state,
+            ObjectState::Live | ObjectState::Opening
+        ) {
+            return Err(CommandError::WrongState(obj.to_owned()));
+        }
+        if object.outbox.len() >= self.config.outbox_ops_max {
+            return Err(CommandError::QueueFull);
+        }
+        let id = self.mint();
+        let mut op = self.op(now, obj, verb, id.clone());
+        op.body = Some(body);
+        self.enqueue(op);
+        self.end_step(now);
+        Ok(id)
+    }
+
+    fn live_for_app(&self, obj: &str) -> Result<(), CommandError> {
+        match self.objects.get(obj).map(|object| object.record.state) {
+            Some(ObjectState::Live) => Ok(()),
+            Some(_) => Err(CommandError::WrongState(obj.to_owned())),
+            None => Err(no_such(obj)),
+        }
+    }
+
+    fn live_object_count(&self) -> usize {
+        self.objects
+            .values()
+            .filter(|object| !object.record.state.is_terminal())
+            .count()
+    }
+
+    fn mint(&mut self) -> String {
+        self.minted += 1;
+        format!("{:016x}{:016x}", self.boot, self.minted)
+    }
+
+    fn op(&self, now: Time, obj: &str, verb: Verb, id: String) -> Op {
+        Op {
+            obj: obj.to_owned(),
+            seq: 0,
+            id,
+            verb,
+            obj_kind: None,
+            body: None,
+            code: None,
+            reason: None,
+            cap: None,
+            at: now,
+        }
+    }
+
+    /// Gives `op` the object's next seq and puts it in the outbox, durably (row insert and seq
+    /// bump in one batch).
+    fn enqueue(&mut self, mut op: Op) {
+        let batch = self.next_batch;
+        let object = self
+            .objects
+            .get_mut(&op.obj)
+            .expect("commands check the object");
+        op.seq = object.record.tx_next;
+        object.record.tx_next += 1;
+        self.staged.push(Record::Object(object.record.clone()));
+        self.staged.push(Record::Outbox(op.clone()));
+        let entry = Outgoing {
+            op,
+            batch,
+            receipt: 0,
+            in_flight: false,
+            retry_at: None,
+        };
+        object.outbox.insert(entry.op.seq, entry);
+        self.stats.ops_enqueued += 1;
+    }
+
+    /// Sends a frame that needs no durability (keepalive, resync, denial, out_of_seq).
+    fn send_now(&mut self, now: Time, frame: Envelope) {
+        if self.link_up {
+            self.last_sent = now;
+            self.transmit.push_back(frame);
+        }
+    }
+
+    fn release(&mut self, outputs: Vec<Deferred>) {
+        for output in outputs {
+            match output {
+                Deferred::Transmit(frame) => {
+                    if self.link_up {
+                        self.transmit.push_back(frame);
+                    }
+                }
+                Deferred::Event(event) => self.events.push_back(event),
+            }
+        }
+    }
+
+    /// Ends every input: staged records become one batch, and the outputs staged with them
+    /// wait for it; outputs staged without records wait for the latest unpersisted batch.
+    fn end_step(&mut self, now: Time) {
+        let outputs = std::mem::take(&mut self.staged_outputs);
+        if !self.staged.is_empty() {
+            let id = self.next_batch;
+            self.next_batch = BatchId(id.0 + 1);
+            let records = std::mem::take(&mut self.staged);
+            self.persist.push_back(PersistBatch { id, records });
+            self.waiting.push_back((id, outputs));
+        } else if !outputs.is_empty() {
+            match self.waiting.back_mut() {
+                Some((_, waiting)) => waiting.extend(outputs),
+                None => self.release(outputs),
+            }
+        }
+        self.transmit_ready(now);
+    }
+
+    /// Puts every persisted, transmittable outbox op on the wire, within each object's window.
+    fn transmit_ready(&mut self, now: Time) {
+        if !self.link_up {
+            return;
+        }
+        let window = self.config.in_flight_max;
+        let persisted = self.persisted_through;
+        for object in self.objects.values_mut() {
+            let floor = object.floor();
+            let opening = object.record.state == ObjectState::Opening;
+            let mut in_flight = object.outbox.values().filter(|e| e.in_flight).count();
+            for entry in object.outbox.values_mut() {
+                if in_flight >= window {
+                    break;
+                }
+                if entry.in_flight || entry.batch > persisted {
+                    continue;
+                }
+                if entry.retry_at.is_some() || (opening && entry.op.verb != Verb::Open) {
+                    continue;
+                }
+                entry.receipt += 1;
+                entry.in_flight = true;
+                in_flight += 1;
+                self.transmit
+                    .push_back(op_frame(&entry.op, entry.receipt, floor));
+                self.last_sent = now;
+            }
+        }
+    }
+}
+
+fn check_text(text: Option<&str>) -> Result<(), CommandError> {
+    match text {
+        Some(text) if text.len() > ENVELOPE_TEXT_BYTES_MAX => Err(CommandError::TextTooLong),
+        _ => Ok(()),
+    }
+}
+
+fn check_body(body: Option<&Bytes>) -> Result<(), CommandError> {
+    match body {
+        Some(body) if body.len() > ENVELOPE_INLINE_BODY_BYTES_MAX => {
+            Err(CommandError::PayloadTooLarge {
+                len: body.len(),
+                max: ENVELOPE_INLINE_BODY_BYTES_MAX,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+fn no_such(obj: &str) -> CommandError {
+    CommandError::NoSuchObject(obj.to_owned())
+}
+
+fn open_requested(record: &ObjectRecord, cap: Option<String>) -> Event {
+    Event::OpenRequested {
+        obj: record.obj.clone(),
+        kind: record.kind,
+        op_id: record.open_id.clone(),
+        cap,
+    }
+}
+
+fn address(obj: &str) -> Address {
+    Address::parse(obj).expect("the machine only stores addresses it parsed")
+}
+
+fn op_frame(op: &Op, receipt: u64, floor: u64) -> Envelope {
+    let mut env = Env::new(op.verb);
+    env.obj = Some(address(&op.obj));
+    env.obj_kind = op.obj_kind;
+    env.id = Some(op.id.clone());
+    env.seq = Some(op.seq);
+    env.receipt = Some(receipt);
+    env.code = op.code.clone();
+    env.reason = op.reason.clone();
+    env.cap = op.cap.clone();
+    env.floor = Some(floor);
+    Envelope {
+        body: op.body.clone(),
+        ..Envelope::new(env)
+    }
+}
+
+fn ack_frame(obj: &str, id: &str, seq: u64, receipt: u64) -> Envelope {
+    let mut env = Env::new(Verb::Ack);
+    env.obj = Some(address(obj));
+    env.id = Some(id.to_owned());
+    env.seq = Some(seq);
+    env.receipt = Some(receipt);
+    Envelope::new(env)
+}
+
+/// An unsequenced terminal or transient `err` about op `id` (bounce, denial, out_of_seq).
+fn substrate_err(obj: &str, id: &str, code: &str) -> Envelope {
+    let mut env = Env::new(Verb::Err);
+    env.obj = Some(address(obj));
+    env.id = Some(id.to_owned());
+    env.code = Some(code.to_owned());
+    Envelope::new(env)
+}

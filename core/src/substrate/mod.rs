@@ -1,0 +1,147 @@
+//! The substrate (seed 003, REFERENCE §C): named sessions and queues living on both sides of a
+//! connection, per-object strict FIFO, exactly-once across disconnects and restarts through a
+//! durable outbox and a frontier-based dedupe ledger, two acknowledgement levels, the finality
+//! laws and a required, deny-by-default authorize gate.
+//!
+//! - [`Machine`]: one per remote peer, symmetric for dialer and listener, outliving
+//!   connections. See its module for the drain order and the exactly-once rules.
+//! - [`durable`]: the typed records the machine asks a store to persist, and
+//!   [`DurableState`], what they add up to (the input of [`Machine::recover`]).
+//! - [`authorize`]: the interceptor chain and the scope policy.
+//! - [`finality`]: error codes and the class the receiver derives from them.
+
+pub mod authorize;
+pub mod durable;
+pub mod finality;
+pub mod harness;
+mod machine;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub use authorize::{AllowAll, AuthorizeContext, Authorizer, Denial, Interceptor, ScopeAuthorizer};
+pub use durable::{
+    BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record, Side,
+};
+pub use machine::{CommandError, Event, Machine, TYPE_KEEPALIVE};
+
+use crate::limits::{
+    SUBSTRATE_DEAD_AFTER_MS, SUBSTRATE_DEDUPE_RETENTION_MS, SUBSTRATE_GAP_RESYNC_MS,
+    SUBSTRATE_IN_FLIGHT_OPS_DEFAULT, SUBSTRATE_KEEPALIVE_MS, SUBSTRATE_OBJECTS_PER_PEER_MAX,
+    SUBSTRATE_OUTBOX_OPS_MAX, SUBSTRATE_QUEUE_TTL_MS, SUBSTRATE_RECEIVE_WINDOW_DEFAULT,
+    SUBSTRATE_TRANSIENT_RETRY_MS,
+};
+
+/// A peer's identity as the transport authenticated it (e.g. an iroh endpoint id in hex).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct PeerId(String);
+
+impl PeerId {
+    /// The peer named `id`.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Machine settings. [`Config::default`] is REFERENCE §C.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Ops per object transmitted and not yet acked (≥ 1; 1 is stop-and-wait).
+    pub in_flight_max: usize,
+    /// Ops held above the receive frontier (`W`).
+    pub receive_window: u64,
+    /// Un-acked ops per object before `queue_full`.
+    pub outbox_ops_max: usize,
+    /// Live objects per peer before `quota`.
+    pub objects_max: usize,
+    /// A gap older than this asks for a resync (also the resync rate limit).
+    pub gap_resync_after: Duration,
+    /// Keepalive interval.
+    pub keepalive: Duration,
+    /// Silence after which the link is dead.
+    pub dead_after: Duration,
+    /// An op not sent within this ends as `ttl_expired`.
+    pub queue_ttl: Duration,
+    /// How long tombstones and closed objects are kept; never below `queue_ttl`.
+    pub dedupe_retention: Duration,
+    /// Wait before resending an op answered with a transient code.
+    pub transient_retry: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            in_flight_max: SUBSTRATE_IN_FLIGHT_OPS_DEFAULT,
+            receive_window: SUBSTRATE_RECEIVE_WINDOW_DEFAULT,
+            outbox_ops_max: SUBSTRATE_OUTBOX_OPS_MAX,
+            objects_max: SUBSTRATE_OBJECTS_PER_PEER_MAX,
+            gap_resync_after: Duration::from_millis(SUBSTRATE_GAP_RESYNC_MS),
+            keepalive: Duration::from_millis(SUBSTRATE_KEEPALIVE_MS),
+            dead_after: Duration::from_millis(SUBSTRATE_DEAD_AFTER_MS),
+            queue_ttl: Duration::from_millis(SUBSTRATE_QUEUE_TTL_MS),
+            dedupe_retention: Duration::from_millis(SUBSTRATE_DEDUPE_RETENTION_MS),
+            transient_retry: Duration::from_millis(SUBSTRATE_TRANSIENT_RETRY_MS),
+        }
+    }
+}
+
+impl Config {
+    /// The settings with the window clamped to at least 1 and retention raised to at least the
+    /// queue TTL (dedupe must outlive every resend).
+    pub fn checked(mut self) -> Self {
+        self.in_flight_max = self.in_flight_max.max(1);
+        self.dedupe_retention = self.dedupe_retention.max(self.queue_ttl);
+        self
+    }
+}
+
+/// Counters of one machine (serde, for the `metrics` facade and snapshots).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    /// Ops this side put in its outbox.
+    pub ops_enqueued: u64,
+    /// Ops of this side hop-acked by the peer.
+    pub ops_acked: u64,
+    /// Un-acked ops per object (filled in by [`Machine::stats`]).
+    pub outbox_depth: BTreeMap<String, u64>,
+    /// Ops of the peer seen again (below the frontier or already held): re-acked only.
+    pub duplicates: u64,
+    /// Ops of the peer held above the frontier.
+    pub deferred: u64,
+    /// Denials by `verb:code`.
+    pub denials: BTreeMap<String, u64>,
+    /// Bounces (ops to unknown objects), one per op id.
+    pub bounces: u64,
+    /// Duplicates of bounced ops answered with the stored outcome.
+    pub bounces_reserved: u64,
+    /// Tombstones evicted at the bound.
+    pub bounces_evicted: u64,
+    /// Ops of this side ended futile, by code.
+    pub futile: BTreeMap<String, u64>,
+    /// Transient errors received, by code.
+    pub transient: BTreeMap<String, u64>,
+    /// Acks citing a receipt that is not the op's current one.
+    pub stale_receipts: u64,
+    /// Close/err from a non-participant, or errs about nothing of ours: dropped.
+    pub finality_rejected: u64,
+    /// Ops of the peer beyond the receive window.
+    pub out_of_seq: u64,
+    /// Held ops the peer's floor skipped.
+    pub skipped_below_floor: u64,
+    /// Resyncs asked for.
+    pub resyncs_sent: u64,
+    /// Resyncs answered.
+    pub resyncs_received: u64,
+    /// Frames missing a field their verb needs.
+    pub malformed: u64,
+    /// Links up.
+    pub link_ups: u64,
+    /// Links down (including dead links).
+    pub link_downs: u64,
+}

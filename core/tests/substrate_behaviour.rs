@@ -1,0 +1,497 @@
+//! Substrate behaviours, each proven from the outside in the deterministic in-memory harness:
+//! two machines, a faulty link, a crash switch and virtual time.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tether_core::substrate::finality;
+use tether_core::substrate::harness::{Faults, Harness, NodeId};
+use tether_core::substrate::{
+    AllowAll, AuthorizeContext, Authorizer, Config, Denial, Event, ObjectState, ScopeAuthorizer,
+};
+use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
+
+fn harness(window: usize) -> Harness {
+    let config = Config {
+        in_flight_max: window,
+        ..Config::default()
+    };
+    Harness::new(
+        config,
+        Authorizer::new(AllowAll),
+        Authorizer::new(AllowAll),
+        7,
+    )
+}
+
+fn body(i: u64) -> Bytes {
+    Bytes::from(i.to_be_bytes().to_vec())
+}
+
+/// Opens queue `q` from A and sends `count` messages; returns their op ids.
+fn open_and_send(h: &mut Harness, count: u64) -> Vec<String> {
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    (0..count)
+        .map(|i| {
+            h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// B's app consumed exactly the bodies 0..count, once each, in order.
+fn assert_exactly_once_in_order(h: &Harness, count: u64) {
+    let bodies: Vec<Bytes> =
+        h.b.consumed
+            .iter()
+            .filter_map(|op| op.body.clone())
+            .collect();
+    let expected: Vec<Bytes> = (0..count).map(body).collect();
+    assert_eq!(
+        bodies, expected,
+        "B consumed every message exactly once, in order"
+    );
+}
+
+#[test]
+fn queue_messages_are_delivered_once_in_order_and_acked() {
+    for window in [1, 32] {
+        let mut h = harness(window);
+        h.connect();
+        let ids = open_and_send(&mut h, 50);
+        h.run();
+        assert_exactly_once_in_order(&h, 50);
+        let acked: Vec<&String> =
+            h.a.events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Acked { op_id, .. } => Some(op_id),
+                    _ => None,
+                })
+                .collect();
+        assert_eq!(acked.len(), 51, "the open and every send are hop-acked");
+        assert!(ids.iter().all(|id| acked.contains(&id)));
+        assert_eq!(h.a.machine.outbox_len(), 0);
+        assert!(h.a.events.contains(&Event::Opened { obj: "q".into() }));
+    }
+}
+
+#[test]
+fn exactly_once_across_a_forced_disconnect() {
+    for window in [1, 4, 32] {
+        let mut h = harness(window);
+        h.connect();
+        open_and_send(&mut h, 40);
+        // Let some frames through, then cut the link with acks and ops in flight.
+        for _ in 0..7 {
+            h.advance(Duration::ZERO);
+        }
+        h.faults = Faults {
+            drop_per_mille: 300,
+            ..Faults::default()
+        };
+        h.run();
+        h.disconnect();
+        h.faults = Faults::default();
+        h.connect();
+        h.run();
+        assert_exactly_once_in_order(&h, 40);
+        assert_eq!(
+            h.a.machine.outbox_len(),
+            0,
+            "window {window}: everything acked"
+        );
+    }
+}
+
+#[test]
+fn exactly_once_across_a_crash_at_every_persist_boundary() {
+    // A clean run counts the commits; then each commit of each node is replaced by a crash.
+    let mut clean = harness(4);
+    clean.connect();
+    open_and_send(&mut clean, 8);
+    let mut commits = 0;
+    clean.run_with(|_| {
+        commits += 1;
+        false
+    });
+    for crashing in [NodeId::A, NodeId::B] {
+        for boundary in 0..commits {
+            let mut h = harness(4);
+            h.connect();
+            open_and_send(&mut h, 8);
+            let mut seen = 0;
+            h.run_with(|id| {
+                seen += 1;
+                id == crashing && seen == boundary + 1
+            });
+            // The crash may have cut the link mid-flight: reconnect and settle.
+            h.connect();
+            h.run();
+            // A crash before A committed an enqueue loses that op (its send never resolved);
+            // every op A committed is consumed by B exactly once, in order.
+            let promised: Vec<Bytes> =
+                h.a.enqueued
+                    .iter()
+                    .filter(|op| op.verb == Verb::Send)
+                    .filter_map(|op| op.body.clone())
+                    .collect();
+            let crashed_before_enqueue = crashing == NodeId::A && promised.len() < 8;
+            if !crashed_before_enqueue {
+                assert_exactly_once_in_order(&h, 8);
+            }
+            assert_exactly_once_in_order_of(&h, &promised);
+            assert_eq!(
+                h.a.machine.outbox_len(),
+                0,
+                "{crashing:?} crash at commit {boundary}"
+            );
+        }
+    }
+}
+
+#[test]
+fn lossy_duplicating_reordering_link_still_delivers_exactly_once_in_order() {
+    for seed in 0..20 {
+        let config = Config {
+            in_flight_max: 8,
+            ..Config::default()
+        };
+        let mut h = Harness::new(
+            config,
+            Authorizer::new(AllowAll),
+            Authorizer::new(AllowAll),
+            seed,
+        );
+        h.faults = Faults {
+            drop_per_mille: 100,
+            duplicate_per_mille: 100,
+            reorder_per_mille: 100,
+        };
+        h.connect();
+        open_and_send(&mut h, 30);
+        for _ in 0..40 {
+            h.run();
+            if h.a.machine.outbox_len() == 0 {
+                break;
+            }
+            // Lost frames are recovered by reconnecting (resend) or by the gap resync.
+            h.disconnect();
+            h.connect();
+        }
+        h.faults = Faults::default();
+        h.run();
+        assert_exactly_once_in_order(&h, 30);
+    }
+}
+
+#[test]
+fn requests_get_their_end_to_end_answer() {
+    let mut h = harness(8);
+    h.connect();
+    h.with(NodeId::A, |m, now| {
+        m.open(now, ObjKind::Session, "svc", Some("token-1"))
+    })
+    .unwrap();
+    h.run();
+    let req_id = h
+        .with(NodeId::A, |m, now| {
+            m.req(now, "svc", Bytes::from_static(b"ping"))
+        })
+        .unwrap();
+    h.run();
+    let delivered =
+        h.b.consumed
+            .iter()
+            .find(|op| op.verb == Verb::Req)
+            .unwrap()
+            .clone();
+    assert_eq!(delivered.id, req_id);
+    h.with(NodeId::B, |m, now| {
+        m.answer(
+            now,
+            "svc",
+            &req_id,
+            Verb::End,
+            Some(Bytes::from_static(b"pong")),
+            None,
+        )
+    })
+    .unwrap();
+    h.run();
+    let answered = h.a.events.iter().find_map(|e| match e {
+        Event::Answered {
+            req_id: id,
+            verb,
+            body,
+            ..
+        } => Some((id.clone(), *verb, body.clone())),
+        _ => None,
+    });
+    assert_eq!(
+        answered,
+        Some((req_id, Verb::End, Some(Bytes::from_static(b"pong"))))
+    );
+    let opened = h.b.events.iter().find_map(|e| match e {
+        Event::OpenRequested { cap, kind, .. } => Some((cap.clone(), *kind)),
+        _ => None,
+    });
+    assert_eq!(opened, Some((Some("token-1".to_owned()), ObjKind::Session)));
+}
+
+#[test]
+fn unknown_object_bounces_once_then_the_op_id_is_tombstoned() {
+    let mut h = harness(1);
+    h.connect();
+    let mut env = Env::new(Verb::Send);
+    env.obj = Some(Address::parse("nowhere").unwrap());
+    env.id = Some("op-1".into());
+    env.seq = Some(3);
+    env.receipt = Some(1);
+    let stray = Envelope::new(env);
+    h.inject(NodeId::A, &stray);
+    h.run();
+    h.inject(NodeId::A, &stray);
+    h.run();
+    let stats = h.b.machine.stats();
+    assert_eq!(
+        (stats.bounces, stats.bounces_reserved),
+        (1, 1),
+        "one bounce, then re-served"
+    );
+    assert!(
+        h.b.store.bounces.contains_key("op-1"),
+        "the tombstone is durable"
+    );
+    assert!(
+        h.b.machine.object_state("nowhere").is_none(),
+        "no object was created"
+    );
+    // The name was never tombstoned: a later legitimate open works.
+    h.with(NodeId::A, |m, now| {
+        m.open(now, ObjKind::Queue, "nowhere", None)
+    })
+    .unwrap();
+    h.run();
+    assert_eq!(h.b.machine.object_state("nowhere"), Some(ObjectState::Live));
+}
+
+#[test]
+fn an_err_is_never_bounced_and_close_from_a_non_participant_is_dropped() {
+    let mut h = harness(1);
+    h.set_auto_accept(NodeId::A, false);
+    h.connect();
+    // B opens "mine"; A never accepts, so A is not a participant of it yet.
+    h.with(NodeId::B, |m, now| {
+        m.open(now, ObjKind::Session, "mine", None)
+    })
+    .unwrap();
+    h.run();
+    let mut close = Env::new(Verb::Close);
+    close.obj = Some(Address::parse("mine").unwrap());
+    close.id = Some("rogue-close".into());
+    close.seq = Some(0);
+    close.receipt = Some(1);
+    h.inject(NodeId::A, &Envelope::new(close));
+    let mut err = Env::new(Verb::Err);
+    err.obj = Some(Address::parse("elsewhere").unwrap());
+    err.id = Some("rogue-err".into());
+    err.code = Some("closed".into());
+    h.inject(NodeId::A, &Envelope::new(err));
+    h.run();
+    let stats = h.b.machine.stats();
+    assert_eq!(stats.finality_rejected, 2);
+    assert_eq!(stats.bounces, 0, "an err never begets an err");
+    assert_eq!(h.b.machine.object_state("mine"), Some(ObjectState::Opening));
+}
+
+#[test]
+fn an_authorize_denial_answers_the_op_and_leaves_no_state() {
+    let deny_opens = ScopeAuthorizer::new(
+        |_| Some(vec!["producer".to_owned()]),
+        [("producer".to_owned(), vec!["send".to_owned()])],
+    );
+    let mut h = Harness::new(
+        Config::default(),
+        Authorizer::new(AllowAll),
+        Authorizer::new(deny_opens),
+        1,
+    );
+    h.connect();
+    let open_id = h
+        .with(NodeId::A, |m, now| {
+            m.open(now, ObjKind::Queue, "jobs", None)
+        })
+        .unwrap();
+    h.run();
+    assert!(
+        h.b.store.objects.is_empty() && h.b.store.row_count() == 0,
+        "nothing persisted"
+    );
+    assert!(h.b.machine.object_state("jobs").is_none());
+    assert_eq!(
+        h.b.machine.stats().denials.get("open:scope_denied"),
+        Some(&1)
+    );
+    assert!(h.a.events.contains(&Event::Rejected {
+        obj: "jobs".into(),
+        code: Some(finality::SCOPE_DENIED.into())
+    }));
+    assert!(!h
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Acked { op_id, .. } if *op_id == open_id)));
+}
+
+#[test]
+fn an_op_denied_in_the_middle_does_not_stall_the_object() {
+    // B denies the second send only: A's third send must still arrive (floor skips the gap).
+    let sends = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&sends);
+    let deny_second = move |ctx: &AuthorizeContext<'_>| {
+        if ctx.verb == Verb::Send && counter.fetch_add(1, Ordering::SeqCst) == 1 {
+            Err(Denial::with_code("unauthorized"))
+        } else {
+            Ok(())
+        }
+    };
+    for window in [1, 8] {
+        sends.store(0, Ordering::SeqCst);
+        let config = Config {
+            in_flight_max: window,
+            ..Config::default()
+        };
+        let mut h = Harness::new(
+            config,
+            Authorizer::new(AllowAll),
+            Authorizer::new(deny_second.clone()),
+            3,
+        );
+        h.connect();
+        let ids = open_and_send(&mut h, 3);
+        h.run();
+        let bodies: Vec<Bytes> =
+            h.b.consumed
+                .iter()
+                .filter_map(|op| op.body.clone())
+                .collect();
+        assert_eq!(bodies, [body(0), body(2)], "window {window}");
+        assert!(h.a.events.contains(&Event::Futile {
+            obj: "q".into(),
+            op_id: ids[1].clone(),
+            code: "unauthorized".into()
+        }));
+        assert_eq!(h.a.machine.outbox_len(), 0);
+    }
+}
+
+#[test]
+fn a_stale_receipt_is_ignored_and_counted() {
+    let mut h = harness(1);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    h.with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .unwrap();
+    // Before B answers, an ack citing an older attempt arrives.
+    let mut ack = Env::new(Verb::Ack);
+    ack.obj = Some(Address::parse("q").unwrap());
+    ack.id = Some("whatever".into());
+    ack.seq = Some(1);
+    ack.receipt = Some(99);
+    h.inject(NodeId::B, &ack_envelope(ack));
+    h.run();
+    assert_eq!(h.a.machine.stats().stale_receipts, 1);
+    assert_exactly_once_in_order_of(&h, &[body(1)]);
+}
+
+fn ack_envelope(env: Env) -> Envelope {
+    Envelope::new(env)
+}
+
+fn assert_exactly_once_in_order_of(h: &Harness, expected: &[Bytes]) {
+    let bodies: Vec<Bytes> =
+        h.b.consumed
+            .iter()
+            .filter_map(|op| op.body.clone())
+            .collect();
+    assert_eq!(bodies, expected);
+}
+
+#[test]
+fn a_gap_older_than_thirty_seconds_is_resynced() {
+    let mut h = harness(4);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    // The first send is lost on the wire; the second arrives and is held.
+    h.faults = Faults {
+        drop_per_mille: 1000,
+        ..Faults::default()
+    };
+    h.with(NodeId::A, |m, now| m.send(now, "q", body(0)))
+        .unwrap();
+    h.run();
+    h.faults = Faults::default();
+    h.with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .unwrap();
+    h.run();
+    assert!(h.b.consumed.is_empty(), "seq 2 waits for seq 1");
+    assert_eq!(h.b.store.held.len(), 1, "the early op is held durably");
+    h.advance(Duration::from_secs(29));
+    h.run();
+    assert_eq!(h.b.machine.stats().resyncs_sent, 0);
+    h.advance(Duration::from_secs(2));
+    h.run();
+    assert_eq!(h.b.machine.stats().resyncs_sent, 1);
+    assert_exactly_once_in_order_of(&h, &[body(0), body(1)]);
+}
+
+#[test]
+fn durable_state_does_not_grow_with_ops_exchanged() {
+    let mut h = harness(32);
+    h.connect();
+    open_and_send(&mut h, 500);
+    h.run();
+    assert_exactly_once_in_order(&h, 500);
+    // One object row per side; no per-op rows once ops are acked and consumed.
+    assert_eq!(h.a.store.row_count(), 1);
+    assert_eq!(h.b.store.row_count(), 1);
+}
+
+#[test]
+fn close_ends_the_object_on_both_sides_and_later_ops_are_futile() {
+    let mut h = harness(4);
+    h.connect();
+    open_and_send(&mut h, 2);
+    h.run();
+    h.with(NodeId::B, |m, now| m.close(now, "q", "done"))
+        .unwrap();
+    let late = h
+        .with(NodeId::A, |m, now| m.send(now, "q", body(9)))
+        .unwrap();
+    h.run();
+    assert!(matches!(
+        h.a.machine.object_state("q"),
+        Some(ObjectState::Closed(_))
+    ));
+    assert!(h.a.events.iter().any(|e| matches!(
+        e,
+        Event::Closed {
+            by_remote: true,
+            ..
+        }
+    )));
+    assert!(h
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Futile { op_id, .. } if *op_id == late)));
+    assert_exactly_once_in_order(&h, 2);
+}
