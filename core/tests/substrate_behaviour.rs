@@ -495,3 +495,34 @@ fn close_ends_the_object_on_both_sides_and_later_ops_are_futile() {
         .any(|e| matches!(e, Event::Futile { op_id, .. } if *op_id == late)));
     assert_exactly_once_in_order(&h, 2);
 }
+
+/// Virtual seconds to move `ops` 1 KiB sends over one object with `window` ops in flight and a
+/// 5 ms one-way delay.
+fn virtual_seconds(window: usize, ops: u64) -> f64 {
+    let mut h = harness(window);
+    h.latency = Duration::from_millis(5);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    let start = h.now;
+    for _ in 0..ops {
+        h.with(NodeId::A, |m, now| {
+            m.send(now, "q", Bytes::from(vec![7u8; 1024]))
+        })
+        .unwrap();
+    }
+    h.run();
+    assert_eq!(h.b.consumed.len() as u64, ops);
+    h.now.saturating_since(start).as_secs_f64()
+}
+
+#[test]
+fn a_window_of_32_moves_at_least_ten_times_the_ops_of_stop_and_wait_under_delay() {
+    let stop_and_wait = virtual_seconds(1, 320);
+    let windowed = virtual_seconds(32, 320);
+    assert!(
+        stop_and_wait >= 10.0 * windowed,
+        "window 1: {stop_and_wait} s, window 32: {windowed} s"
+    );
+}

@@ -146,3 +146,58 @@ pub fn credit_window(data: &[u8]) {
         }
     }
 }
+
+/// Stateful: one substrate machine fed an arbitrary mix of frames (decoded from the input by
+/// the real envelope decoder), app commands, persistence reports, link changes and time. It
+/// must never panic, and what it keeps stays within the configured bounds.
+pub fn substrate(data: &[u8]) {
+    use std::sync::Arc;
+    use tether_core::substrate::{AllowAll, Authorizer, BatchId, Config, Machine, PeerId};
+    use tether_core::time::Time;
+    use tether_core::wire::envelope::ObjKind;
+
+    let config = Config { in_flight_max: 4, receive_window: 8, objects_max: 4, outbox_ops_max: 8, ..Config::default() };
+    let mut machine =
+        Machine::new(PeerId::new("peer"), config.clone(), Arc::new(Authorizer::new(AllowAll)), 1);
+    let mut now = 0u64;
+    let mut emitted = 0u64;
+    let mut decoder = StreamDecoder::new(EnvelopeDecoder);
+    let mut rest = data;
+    while let Some((&op, tail)) = rest.split_first() {
+        rest = tail;
+        let at = Time::from_millis(now);
+        let name = ["a", "b", "c", "d", "e"][usize::from(op >> 5) % 5];
+        match op % 12 {
+            0 => machine.handle_link_up(at),
+            1 => machine.handle_link_down(at),
+            2 => {
+                now += u64::from(op) * 1_000;
+                machine.handle_timeout(Time::from_millis(now));
+            }
+            3 => machine.handle_persisted(at, BatchId(emitted)),
+            4 => drop(machine.open(at, ObjKind::Queue, name, None)),
+            5 => drop(machine.send(at, name, Bytes::from_static(b"x"))),
+            6 => drop(machine.accept(at, name)),
+            7 => drop(machine.close(at, name, "bye")),
+            _ => {
+                // Wire bytes: the next chunk of the input, its length given by one byte.
+                let Some((&len, tail)) = rest.split_first() else { break };
+                let len = usize::from(len).min(tail.len());
+                decoder.push(&tail[..len]);
+                rest = &tail[len..];
+                while let Ok(Some(frame)) = decoder.pop() {
+                    machine.handle_frame(at, frame);
+                }
+            }
+        }
+        while let Some(batch) = machine.poll_persist() {
+            emitted = batch.id.0;
+        }
+        while machine.poll_transmit().is_some() {}
+        while machine.poll_event().is_some() {}
+        let stats = machine.stats();
+        // Sends, reqs and answers stop at the bound; open, accept/reject and close add one each.
+        let bound = config.outbox_ops_max as u64 + 2;
+        assert!(stats.outbox_depth.values().all(|depth| *depth <= bound));
+    }
+}

@@ -127,8 +127,11 @@ pub struct Harness {
     /// Link faults in force.
     pub faults: Faults,
     link_up: bool,
-    a_to_b: VecDeque<Bytes>,
-    b_to_a: VecDeque<Bytes>,
+    /// Frames in flight with the time they arrive.
+    a_to_b: VecDeque<(Time, Bytes)>,
+    b_to_a: VecDeque<(Time, Bytes)>,
+    /// One-way link delay (zero by default).
+    pub latency: Duration,
     rng: u64,
     /// Frames that crossed the link.
     pub frames_delivered: u64,
@@ -156,6 +159,7 @@ impl Harness {
             link_up: false,
             a_to_b: VecDeque::new(),
             b_to_a: VecDeque::new(),
+            latency: Duration::ZERO,
             rng: seed | 1,
             frames_delivered: 0,
         }
@@ -271,7 +275,12 @@ impl Harness {
                 moved = true;
             }
             if !moved {
-                return steps;
+                // Nothing to do now: wait for the next frame still on the wire, if any.
+                let fronts = self.a_to_b.front().into_iter().chain(self.b_to_a.front());
+                match fronts.map(|(at, _)| *at).min() {
+                    Some(at) if self.link_up && at > self.now => self.now = at,
+                    _ => return steps,
+                }
             }
         }
     }
@@ -282,9 +291,10 @@ impl Harness {
             NodeId::A => &mut self.b_to_a,
             NodeId::B => &mut self.a_to_b,
         };
-        let Some(bytes) = queue.pop_front() else {
+        if queue.front().is_none_or(|(at, _)| *at > self.now) {
             return false;
-        };
+        }
+        let (arrives, bytes) = queue.pop_front().expect("checked above");
         if !self.link_up {
             return true;
         }
@@ -298,7 +308,7 @@ impl Harness {
                 NodeId::B => &mut self.a_to_b,
             };
             if !queue.is_empty() {
-                queue.insert(1.min(queue.len()), bytes);
+                queue.insert(1.min(queue.len()), (arrives, bytes));
                 return true;
             }
         }
@@ -378,7 +388,8 @@ impl Harness {
                     NodeId::A => &mut self.a_to_b,
                     NodeId::B => &mut self.b_to_a,
                 };
-                queue.extend(frames);
+                let arrives = now.saturating_add(self.latency);
+                queue.extend(frames.into_iter().map(|bytes| (arrives, bytes)));
             }
             if !progressed {
                 return;
@@ -394,6 +405,6 @@ impl Harness {
             NodeId::A => &mut self.b_to_a,
             NodeId::B => &mut self.a_to_b,
         };
-        queue.push_back(bytes.freeze());
+        queue.push_back((self.now, bytes.freeze()));
     }
 }

@@ -162,10 +162,136 @@ struct Outgoing {
     retry_at: Option<Time>,
 }
 
+/// One object's outbox: entries by seq, with the count of those in flight kept exact so that
+/// the window check is O(1).
+#[derive(Debug, Clone, Default)]
+struct Outbox {
+    entries: BTreeMap<u64, Outgoing>,
+    in_flight: usize,
+}
+
+impl Outbox {
+    fn insert(&mut self, entry: Outgoing) {
+        debug_assert!(
+            !entry.in_flight,
+            "entries enter the outbox before any transmission"
+        );
+        self.entries.insert(entry.op.seq, entry);
+    }
+
+    fn remove(&mut self, seq: u64) -> Option<Outgoing> {
+        let entry = self.entries.remove(&seq)?;
+        self.in_flight -= usize::from(entry.in_flight);
+        Some(entry)
+    }
+
+    fn get(&self, seq: u64) -> Option<&Outgoing> {
+        self.entries.get(&seq)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Outgoing> + '_ {
+        self.entries.values()
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn first_seq(&self) -> Option<u64> {
+        self.entries.keys().next().copied()
+    }
+
+    /// The seq of the op with id `id`, if it was ever transmitted (only such ops can be
+    /// answered by the peer's substrate).
+    fn transmitted_seq_of(&self, id: &str) -> Option<u64> {
+        self.entries
+            .values()
+            .find(|e| e.op.id == id && e.receipt > 0)
+            .map(|e| e.op.seq)
+    }
+
+    fn seq_of(&self, id: &str) -> Option<u64> {
+        self.entries
+            .values()
+            .find(|e| e.op.id == id)
+            .map(|e| e.op.seq)
+    }
+
+    /// Marks entries from `from` on as not in flight: they go out again with new receipts.
+    fn land_from(&mut self, from: u64) {
+        for entry in self.entries.range_mut(from..).map(|(_, entry)| entry) {
+            self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
+        }
+    }
+
+    /// A transient error: the entry waits until `at`, then goes out again.
+    fn retry_at(&mut self, seq: u64, at: Time) {
+        if let Some(entry) = self.entries.get_mut(&seq) {
+            self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
+            entry.retry_at = Some(at);
+        }
+    }
+
+    /// The lowest entry in flight goes out again (to carry a new floor).
+    fn land_first_in_flight(&mut self) {
+        if let Some(entry) = self.entries.values_mut().find(|entry| entry.in_flight) {
+            entry.in_flight = false;
+            self.in_flight -= 1;
+        }
+    }
+
+    fn clear_due_retries(&mut self, now: Time) {
+        for entry in self.entries.values_mut() {
+            if entry.retry_at.is_some_and(|at| at <= now) {
+                entry.retry_at = None;
+            }
+        }
+    }
+
+    /// Transmits, in seq order, every entry that may go: persisted, not waiting on a retry,
+    /// within `window` in flight; while `opening` only the open may go.
+    fn transmit(
+        &mut self,
+        persisted: BatchId,
+        opening: bool,
+        window: usize,
+        floor: u64,
+        out: &mut VecDeque<Envelope>,
+    ) -> bool {
+        let mut sent = false;
+        for entry in self.entries.values_mut() {
+            if self.in_flight >= window {
+                break;
+            }
+            if entry.in_flight || entry.retry_at.is_some() {
+                continue;
+            }
+            // Seqs are assigned in batch order: everything after an unpersisted op is too.
+            if entry.batch > persisted || (opening && entry.op.verb != Verb::Open) {
+                break;
+            }
+            entry.receipt += 1;
+            entry.in_flight = true;
+            self.in_flight += 1;
+            out.push_back(op_frame(&entry.op, entry.receipt, floor));
+            sent = true;
+        }
+        debug_assert_eq!(
+            self.in_flight,
+            self.entries.values().filter(|e| e.in_flight).count()
+        );
+        sent
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Object {
     record: ObjectRecord,
-    outbox: BTreeMap<u64, Outgoing>,
+    outbox: Outbox,
     /// Early ops of the remote, with their arrival time.
     held: BTreeMap<u64, Op>,
     /// Delivered, not yet consumed by the app.
@@ -179,7 +305,7 @@ impl Object {
     fn new(record: ObjectRecord) -> Self {
         Self {
             record,
-            outbox: BTreeMap::new(),
+            outbox: Outbox::default(),
             held: BTreeMap::new(),
             inbox: BTreeMap::new(),
             gap_since: None,
@@ -189,11 +315,7 @@ impl Object {
 
     /// The lowest seq still in the outbox, or the next to assign: the sender's `floor`.
     fn floor(&self) -> u64 {
-        self.outbox
-            .keys()
-            .next()
-            .copied()
-            .unwrap_or(self.record.tx_next)
+        self.outbox.first_seq().unwrap_or(self.record.tx_next)
     }
 
     fn remote_is_participant(&self) -> bool {
@@ -301,7 +423,8 @@ impl Machine {
                     in_flight: false,
                     retry_at: None,
                 };
-                object.outbox.insert(*seq, entry);
+                debug_assert_eq!(*seq, entry.op.seq);
+                object.outbox.insert(entry);
             }
         }
         for ((obj, seq), op) in &state.held {
@@ -421,9 +544,7 @@ impl Machine {
         self.last_sent = now;
         self.stats.link_ups += 1;
         for object in self.objects.values_mut() {
-            for entry in object.outbox.values_mut() {
-                entry.in_flight = false;
-            }
+            object.outbox.land_from(0);
         }
         self.end_step(now);
     }
@@ -581,6 +702,7 @@ impl Machine {
         check_text(Some(req_id))?;
         check_body(body.as_ref())?;
         self.live_for_app(obj)?;
+        self.check_room(obj)?;
         let mut op = self.op(now, obj, verb, req_id.to_owned());
         op.body = body;
         op.code = code.map(str::to_owned);
@@ -907,13 +1029,8 @@ impl Machine {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
-        let seq = object
-            .outbox
-            .iter()
-            .find(|(_, e)| e.op.id == id)
-            .map(|(seq, _)| *seq);
-        if let Some(seq) = seq {
-            object.outbox.remove(&seq);
+        if let Some(seq) = object.outbox.seq_of(id) {
+            object.outbox.remove(seq);
             self.staged.push(Record::OutboxRemoved {
                 obj: obj.to_owned(),
                 seq,
@@ -928,12 +1045,12 @@ impl Machine {
         };
         let seqs: Vec<u64> = object
             .outbox
-            .iter()
-            .filter(|(_, e)| filter(&e.op))
-            .map(|(seq, _)| *seq)
+            .values()
+            .filter(|e| filter(&e.op))
+            .map(|e| e.op.seq)
             .collect();
         for seq in seqs {
-            let entry = object.outbox.remove(&seq).expect("listed above");
+            let entry = object.outbox.remove(seq).expect("listed above");
             self.staged.push(Record::OutboxRemoved {
                 obj: obj.to_owned(),
                 seq,
@@ -961,13 +1078,10 @@ impl Machine {
             .code
             .clone()
             .unwrap_or_else(|| finality::CLOSED.to_owned());
-        let found = self.objects.get(obj).and_then(|object| {
-            object
-                .outbox
-                .iter()
-                .find(|(_, e)| e.op.id == id && e.receipt > 0)
-                .map(|(s, _)| *s)
-        });
+        let found = self
+            .objects
+            .get(obj)
+            .and_then(|object| object.outbox.transmitted_seq_of(id));
         let Some(seq) = found else {
             // Not an op of ours in flight: dropped and counted, never answered (law 4).
             self.stats.finality_rejected += 1;
@@ -976,9 +1090,8 @@ impl Machine {
         let object = self.objects.get_mut(obj).expect("found above");
         match class_of(&code) {
             Class::Transient => {
-                let entry = object.outbox.get_mut(&seq).expect("found above");
-                entry.in_flight = false;
-                entry.retry_at = Some(now.saturating_add(self.config.transient_retry));
+                let at = now.saturating_add(self.config.transient_retry);
+                object.outbox.retry_at(seq, at);
                 *self.stats.transient.entry(code).or_default() += 1;
             }
             Class::Terminal => {
@@ -1005,9 +1118,7 @@ impl Machine {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
-        if let Some(entry) = object.outbox.values_mut().find(|entry| entry.in_flight) {
-            entry.in_flight = false;
-        }
+        object.outbox.land_first_in_flight();
     }
 
     fn on_ack(&mut self, env: &Env) {
@@ -1020,9 +1131,9 @@ impl Machine {
             self.stats.stale_receipts += 1;
             return;
         };
-        match object.outbox.get(&seq) {
+        match object.outbox.get(seq) {
             Some(entry) if entry.in_flight && entry.receipt == receipt => {
-                let entry = object.outbox.remove(&seq).expect("matched above");
+                let entry = object.outbox.remove(seq).expect("matched above");
                 self.staged.push(Record::OutboxRemoved {
                     obj: obj.to_owned(),
                     seq,
@@ -1045,9 +1156,7 @@ impl Machine {
         };
         self.stats.resyncs_received += 1;
         if let Some(object) = self.objects.get_mut(obj.as_str()) {
-            for entry in object.outbox.range_mut(from..).map(|(_, entry)| entry) {
-                entry.in_flight = false;
-            }
+            object.outbox.land_from(from);
         }
     }
 
@@ -1073,16 +1182,12 @@ impl Machine {
             }
         }
         let object = self.objects.get_mut(name).expect("still there");
-        for entry in object.outbox.values_mut() {
-            if entry.retry_at.is_some_and(|at| at <= now) {
-                entry.retry_at = None;
-            }
-        }
+        object.outbox.clear_due_retries(now);
         let expired: Vec<u64> = object
             .outbox
-            .iter()
-            .filter(|(_, e)| e.receipt == 0 && now.saturating_since(e.op.at) >= config.queue_ttl)
-            .map(|(seq, _)| *seq)
+            .values()
+            .filter(|e| e.receipt == 0 && now.saturating_since(e.op.at) >= config.queue_ttl)
+            .map(|e| e.op.seq)
             .collect();
         if !expired.is_empty() {
             self.purge_outbox(name, finality::TTL_EXPIRED, |op| expired.contains(&op.seq));
@@ -1144,9 +1249,7 @@ impl Machine {
         ) {
             return Err(CommandError::WrongState(obj.to_owned()));
         }
-        if object.outbox.len() >= self.config.outbox_ops_max {
-            return Err(CommandError::QueueFull);
-        }
+        self.check_room(obj)?;
         let id = self.mint();
         let mut op = self.op(now, obj, verb, id.clone());
         op.body = Some(body);
@@ -1161,6 +1264,17 @@ impl Machine {
             Some(_) => Err(CommandError::WrongState(obj.to_owned())),
             None => Err(no_such(obj)),
         }
+    }
+
+    /// Sends, reqs and answers are refused with `queue_full` at the outbox bound. The open,
+    /// the accept or reject, and the close are never refused for room (each happens once per
+    /// object), so an outbox holds at most `outbox_ops_max + 2` ops.
+    fn check_room(&self, obj: &str) -> Result<(), CommandError> {
+        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
+        if object.outbox.len() >= self.config.outbox_ops_max {
+            return Err(CommandError::QueueFull);
+        }
+        Ok(())
     }
 
     fn live_object_count(&self) -> usize {
@@ -1209,7 +1323,7 @@ impl Machine {
             in_flight: false,
             retry_at: None,
         };
-        object.outbox.insert(entry.op.seq, entry);
+        object.outbox.insert(entry);
         self.stats.ops_enqueued += 1;
     }
 
@@ -1263,22 +1377,10 @@ impl Machine {
         for object in self.objects.values_mut() {
             let floor = object.floor();
             let opening = object.record.state == ObjectState::Opening;
-            let mut in_flight = object.outbox.values().filter(|e| e.in_flight).count();
-            for entry in object.outbox.values_mut() {
-                if in_flight >= window {
-                    break;
-                }
-                if entry.in_flight || entry.batch > persisted {
-                    continue;
-                }
-                if entry.retry_at.is_some() || (opening && entry.op.verb != Verb::Open) {
-                    continue;
-                }
-                entry.receipt += 1;
-                entry.in_flight = true;
-                in_flight += 1;
-                self.transmit
-                    .push_back(op_frame(&entry.op, entry.receipt, floor));
+            if object
+                .outbox
+                .transmit(persisted, opening, window, floor, &mut self.transmit)
+            {
                 self.last_sent = now;
             }
         }
