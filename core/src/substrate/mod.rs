@@ -9,10 +9,14 @@
 //!   [`DurableState`], what they add up to (the input of [`Machine::recover`]).
 //! - [`authorize`]: the interceptor chain and the scope policy.
 //! - [`finality`]: error codes and the class the receiver derives from them.
+//! - [`handshake`]: capabilities, negotiation and the proof bound to the negotiated tuple and
+//!   the connection; the shell runs it on every new link before [`Machine::handle_link_up`].
+//! - [`harness`]: a deterministic in-memory world of two machines for tests and benchmarks.
 
 pub mod authorize;
 pub mod durable;
 pub mod finality;
+pub mod handshake;
 pub mod harness;
 mod machine;
 
