@@ -18,6 +18,7 @@ pub mod model;
 pub mod replay;
 #[allow(missing_docs)] // Every field is the key of the same name in CONFORMANCE.md.
 pub mod script;
+pub mod substrate;
 
 use std::path::Path;
 

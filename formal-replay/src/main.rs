@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 
 use tether_formal_replay::explore::{explore_all, Bounds};
 use tether_formal_replay::generate::generate;
-use tether_formal_replay::{check_file, Engine};
+use tether_formal_replay::{check_file, substrate, Engine};
 
 #[derive(Parser)]
 #[command(name = "tether-formal-replay", version, about)]
@@ -56,6 +56,9 @@ enum Command {
         /// Smaller bounds (seconds instead of minutes in a debug build).
         #[arg(long)]
         quick: bool,
+        /// Overrides the depth of the substrate scopes.
+        #[arg(long)]
+        substrate_depth: Option<usize>,
     },
 }
 
@@ -117,19 +120,37 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Explore { quick } => {
+        Command::Explore {
+            quick,
+            substrate_depth,
+        } => {
             let bounds = if quick { Bounds::QUICK } else { Bounds::FULL };
-            match explore_all(bounds) {
-                Ok(reports) => {
-                    for report in reports {
-                        println!("{report}");
+            let scopes: &[substrate::Scope] = if quick {
+                &[substrate::Scope::QUICK]
+            } else {
+                &substrate::Scope::FULL
+            };
+            let substrate = scopes.iter().map(|scope| {
+                let depth = substrate_depth.unwrap_or(scope.depth);
+                substrate::explore(substrate::Scope { depth, ..*scope })
+                    .map(|report| report.to_string())
+            });
+            let request = explore_all(bounds)
+                .map(|reports| reports.iter().map(ToString::to_string).collect::<Vec<_>>());
+            let mut failed = false;
+            for result in std::iter::once(request).chain(substrate.map(|r| r.map(|l| vec![l]))) {
+                match result {
+                    Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
+                    Err(error) => {
+                        println!("law violated: {error}");
+                        failed = true;
                     }
-                    ExitCode::SUCCESS
                 }
-                Err(error) => {
-                    println!("law violated: {error}");
-                    ExitCode::FAILURE
-                }
+            }
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
             }
         }
     }

@@ -49,6 +49,7 @@ pub struct Faults {
 
 /// One node: its machine, its committed store, the batches it emitted and has not committed,
 /// and what its app saw.
+#[derive(Clone)]
 pub struct Node {
     /// The machine.
     pub machine: Machine,
@@ -117,6 +118,7 @@ impl Node {
 }
 
 /// Two nodes, one link, virtual time.
+#[derive(Clone)]
 pub struct Harness {
     /// Node A.
     pub a: Node,
@@ -395,6 +397,93 @@ impl Harness {
                 return;
             }
         }
+    }
+
+    /// Commits node `id`'s oldest uncommitted batch and reports it persisted. False when there
+    /// is none.
+    pub fn commit(&mut self, id: NodeId) -> bool {
+        let Some(committed) = self.node(id).commit_one() else {
+            return false;
+        };
+        let now = self.now;
+        self.node(id).machine.handle_persisted(now, committed);
+        self.collect(id);
+        true
+    }
+
+    /// Batches node `id` emitted and has not committed.
+    pub fn uncommitted(&self, id: NodeId) -> usize {
+        match id {
+            NodeId::A => self.a.uncommitted.len(),
+            NodeId::B => self.b.uncommitted.len(),
+        }
+    }
+
+    /// Frames on the wire towards `to`.
+    pub fn in_flight(&self, to: NodeId) -> usize {
+        match to {
+            NodeId::A => self.b_to_a.len(),
+            NodeId::B => self.a_to_b.len(),
+        }
+    }
+
+    /// Delivers frame `index` of those travelling towards `to` (any index: the link
+    /// reorders), ignoring latency and faults. False when there is no such frame.
+    pub fn deliver_at(&mut self, to: NodeId, index: usize, keep_copy: bool) -> bool {
+        let queue = match to {
+            NodeId::A => &mut self.b_to_a,
+            NodeId::B => &mut self.a_to_b,
+        };
+        let Some((arrives, bytes)) = queue.remove(index) else {
+            return false;
+        };
+        if keep_copy {
+            queue.push_back((arrives, bytes.clone()));
+        }
+        self.frames_delivered += 1;
+        let now = self.now;
+        let node = self.node(to);
+        node.decoder.push(&bytes);
+        while let Ok(Some(frame)) = node.decoder.pop() {
+            node.machine.handle_frame(now, frame);
+        }
+        self.collect(to);
+        true
+    }
+
+    /// Loses frame `index` of those travelling towards `to`.
+    pub fn drop_at(&mut self, to: NodeId, index: usize) -> bool {
+        let queue = match to {
+            NodeId::A => &mut self.b_to_a,
+            NodeId::B => &mut self.a_to_b,
+        };
+        queue.remove(index).is_some()
+    }
+
+    /// A canonical rendering of the whole world, for model checkers.
+    pub fn fingerprint(&self) -> String {
+        let node = |n: &Node| {
+            format!(
+                "{}|{:?}|{:?}|{:?}|{:?}",
+                n.machine.fingerprint(),
+                n.store,
+                n.uncommitted,
+                n.consumed
+                    .iter()
+                    .map(|op| (&op.obj, op.seq))
+                    .collect::<Vec<_>>(),
+                n.enqueued.len(),
+            )
+        };
+        format!(
+            "{}#{}#{}#{:?}#{:?}#{:?}",
+            node(&self.a),
+            node(&self.b),
+            self.link_up,
+            self.now,
+            self.a_to_b,
+            self.b_to_a
+        )
     }
 
     /// Injects raw frame bytes as if node `from` had sent them.

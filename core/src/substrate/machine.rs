@@ -335,6 +335,7 @@ enum Deferred {
 }
 
 /// The substrate machine for one remote peer.
+#[derive(Clone)]
 pub struct Machine {
     remote: PeerId,
     config: Config,
@@ -523,6 +524,27 @@ impl Machine {
     /// The lifecycle state of `obj`, if known.
     pub fn object_state(&self, obj: &str) -> Option<ObjectState> {
         self.objects.get(obj).map(|object| object.record.state)
+    }
+
+    /// A canonical rendering of the whole machine state, for model checkers that deduplicate
+    /// states (two machines with equal fingerprints behave identically).
+    pub fn fingerprint(&self) -> String {
+        format!(
+            "{:?}|{:?}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            self.objects,
+            self.bounces,
+            self.link_up,
+            self.last_heard,
+            self.last_sent,
+            self.minted,
+            self.next_batch,
+            self.persisted_through,
+            self.waiting,
+            self.persist,
+            self.transmit,
+            self.events,
+            self.staged,
+        )
     }
 
     /// Un-acked ops across all objects.

@@ -72,7 +72,7 @@ pub struct DecodeError<E> {
 /// zero-copy [`bytes::Bytes`] slice of that buffer. The buffer never holds more than one
 /// incomplete item beyond what the caller pushed, and an item's declared length is checked
 /// against its bound before the decoder waits for (or reserves room for) its body.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct StreamDecoder<F: Format> {
     format: F,
     buf: BytesMut,

@@ -1,0 +1,429 @@
+//! The substrate against an independent model of what it promises, over every action sequence
+//! within a small scope and over long random ones.
+//!
+//! The world is two core machines in core's in-memory harness (real codec on the wire). An
+//! action is one thing the environment does: the app of A sends, a store commits its oldest
+//! batch, the link delivers any frame in flight (so it reorders), delivers one and keeps a copy
+//! (so it duplicates), loses one, the link drops and comes back, a node crashes (losing
+//! everything uncommitted), 31 s pass, or a stray op for an unknown object arrives.
+//!
+//! The model is [`Promises`]: written from the seed's guarantees alone, it knows nothing of
+//! outboxes, windows or frontiers. After every action it judges what the apps observed:
+//!
+//! - exactly once, in order: per object, what B's app consumed is a prefix of what A durably
+//!   promised (its committed sends), each op once;
+//! - every op A was told is hop-acked is durable at B (held, in the inbox or consumed);
+//! - one bounce per stray op id;
+//! - nothing is lost: from every reached state, healing the link and letting everything settle
+//!   ends with B having consumed exactly everything A promised and A's outbox empty.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tether_core::substrate::harness::{Harness, NodeId};
+use tether_core::substrate::{AllowAll, Authorizer, Config, Event};
+use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
+
+/// The objects A uses.
+const OBJECTS: [&str; 2] = ["q0", "q1"];
+
+/// One thing the environment does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A's app sends on object `n`.
+    Send(u8),
+    /// A node's store commits its oldest batch.
+    Commit(NodeId),
+    /// The link delivers frame `n` of those towards a node.
+    Deliver(NodeId, u8),
+    /// The link delivers frame `n` towards a node and keeps a copy in flight.
+    Duplicate(NodeId, u8),
+    /// The link loses frame `n` towards a node.
+    Drop(NodeId, u8),
+    /// The link goes down and comes back (a new connection).
+    Reconnect,
+    /// A node crashes and restarts from its store.
+    Crash(NodeId),
+    /// 31 s pass (gap resync, keepalive).
+    Wait,
+    /// A stray send for an unknown object reaches B (always the same op id).
+    Stray,
+}
+
+/// How much of each fault a trace may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Scope {
+    /// Ops in flight per object.
+    pub window: usize,
+    /// Sends in total.
+    pub sends: u8,
+    /// Reconnects.
+    pub reconnects: u8,
+    /// Crashes per node.
+    pub crashes: u8,
+    /// Duplications.
+    pub duplicates: u8,
+    /// Waits.
+    pub waits: u8,
+    /// Stray ops.
+    pub strays: u8,
+    /// Longest trace.
+    pub depth: usize,
+}
+
+impl Scope {
+    /// The scope CI checks (run in release).
+    pub const FULL: [Scope; 2] = [
+        Scope {
+            window: 1,
+            sends: 3,
+            reconnects: 2,
+            crashes: 1,
+            duplicates: 1,
+            waits: 1,
+            strays: 2,
+            depth: 8,
+        },
+        Scope {
+            window: 2,
+            sends: 3,
+            reconnects: 2,
+            crashes: 1,
+            duplicates: 1,
+            waits: 1,
+            strays: 2,
+            depth: 8,
+        },
+    ];
+    /// A small scope for unit tests.
+    pub const QUICK: Scope = Scope {
+        window: 2,
+        sends: 2,
+        reconnects: 1,
+        crashes: 1,
+        duplicates: 1,
+        waits: 0,
+        strays: 1,
+        depth: 6,
+    };
+}
+
+/// Budget left in a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Budget {
+    sends: u8,
+    reconnects: u8,
+    crashes: [u8; 2],
+    duplicates: u8,
+    waits: u8,
+    strays: u8,
+}
+
+/// The independent model: what the apps may observe, judged from the seed's guarantees.
+#[derive(Debug, Default)]
+pub struct Promises;
+
+impl Promises {
+    /// Judges one world. `Err` names the guarantee broken.
+    pub fn judge(h: &Harness) -> Result<(), String> {
+        for obj in OBJECTS {
+            let promised: Vec<&str> =
+                h.a.enqueued
+                    .iter()
+                    .filter(|op| op.obj == obj && op.verb == Verb::Send)
+                    .map(|op| op.id.as_str())
+                    .collect();
+            let consumed: Vec<&str> =
+                h.b.consumed
+                    .iter()
+                    .filter(|op| op.obj == obj)
+                    .map(|op| op.id.as_str())
+                    .collect();
+            if consumed.len() > promised.len() || promised[..consumed.len()] != consumed[..] {
+                return Err(format!(
+                    "exactly once in order broken on {obj}: promised {promised:?}, consumed {consumed:?}"
+                ));
+            }
+        }
+        let durable: BTreeSet<&str> =
+            h.b.store
+                .inbox
+                .values()
+                .chain(h.b.store.held.values())
+                .chain(&h.b.consumed)
+                .map(|op| op.id.as_str())
+                .collect();
+        let sends: BTreeSet<&str> = h.a.enqueued.iter().map(|op| op.id.as_str()).collect();
+        for event in &h.a.events {
+            if let Event::Acked { op_id, .. } = event {
+                let is_send = sends.contains(op_id.as_str())
+                    && h.a
+                        .enqueued
+                        .iter()
+                        .any(|op| op.id == *op_id && op.verb == Verb::Send);
+                if is_send && !durable.contains(op_id.as_str()) {
+                    return Err(format!("{op_id} was hop-acked but is not durable at B"));
+                }
+            }
+        }
+        if h.b.machine.stats().bounces > 1 {
+            return Err("more than one bounce for one op id".into());
+        }
+        Ok(())
+    }
+
+    /// Judges the world once the link heals and everything settles: nothing promised is lost.
+    pub fn judge_healed(h: &Harness) -> Result<(), String> {
+        let mut healed = h.clone();
+        healed.connect();
+        healed.run();
+        Self::judge(&healed)?;
+        let promised = healed
+            .a
+            .enqueued
+            .iter()
+            .filter(|op| op.verb == Verb::Send)
+            .count();
+        let consumed = healed
+            .b
+            .consumed
+            .iter()
+            .filter(|op| op.verb == Verb::Send)
+            .count();
+        if promised != consumed || healed.a.machine.outbox_len() != 0 {
+            return Err(format!(
+                "after healing, {consumed} of {promised} promised ops consumed, {} un-acked",
+                healed.a.machine.outbox_len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A world with both objects open and accepted, link up.
+pub fn start(window: usize) -> Harness {
+    let config = Config {
+        in_flight_max: window,
+        ..Config::default()
+    };
+    let mut h = Harness::new(
+        config,
+        Authorizer::new(AllowAll),
+        Authorizer::new(AllowAll),
+        5,
+    );
+    h.connect();
+    for obj in OBJECTS {
+        h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, obj, None))
+            .expect("fresh objects open");
+    }
+    h.run();
+    h
+}
+
+/// Applies `action` if it is possible; false (nothing changed) otherwise.
+pub fn apply(h: &mut Harness, action: Action) -> bool {
+    match action {
+        Action::Send(obj) => {
+            let obj = OBJECTS[usize::from(obj) % OBJECTS.len()];
+            let body = Bytes::from(vec![obj.as_bytes()[1]; 4]);
+            h.with(NodeId::A, |m, now| m.send(now, obj, body)).is_ok()
+        }
+        Action::Commit(id) => h.commit(id),
+        Action::Deliver(to, n) => h.deliver_at(to, usize::from(n), false),
+        Action::Duplicate(to, n) => h.deliver_at(to, usize::from(n), true),
+        Action::Drop(to, n) => h.drop_at(to, usize::from(n)),
+        Action::Reconnect => {
+            h.disconnect();
+            h.connect();
+            true
+        }
+        Action::Crash(id) => {
+            h.crash(id);
+            true
+        }
+        Action::Wait => {
+            h.advance(Duration::from_secs(31));
+            true
+        }
+        Action::Stray => {
+            let mut env = Env::new(Verb::Send);
+            env.obj = Some(Address::parse("stray").expect("valid"));
+            env.id = Some("stray-op".into());
+            env.seq = Some(0);
+            env.receipt = Some(1);
+            h.inject(NodeId::A, &Envelope::new(env));
+            true
+        }
+    }
+}
+
+/// The actions worth trying in `h` within `budget`.
+fn enabled(h: &Harness, budget: &Budget) -> Vec<Action> {
+    let mut actions = Vec::new();
+    if budget.sends > 0 {
+        actions.extend([Action::Send(0), Action::Send(1)]);
+    }
+    for id in [NodeId::A, NodeId::B] {
+        if h.uncommitted(id) > 0 {
+            actions.push(Action::Commit(id));
+        }
+        let frames = h.in_flight(id).min(3) as u8;
+        for n in 0..frames {
+            actions.push(Action::Deliver(id, n));
+            actions.push(Action::Drop(id, n));
+            if budget.duplicates > 0 {
+                actions.push(Action::Duplicate(id, n));
+            }
+        }
+        if budget.crashes[id as usize] > 0 {
+            actions.push(Action::Crash(id));
+        }
+    }
+    if budget.reconnects > 0 {
+        actions.push(Action::Reconnect);
+    }
+    if budget.waits > 0 {
+        actions.push(Action::Wait);
+    }
+    if budget.strays > 0 {
+        actions.push(Action::Stray);
+    }
+    actions
+}
+
+fn spend(budget: &mut Budget, action: Action) {
+    match action {
+        Action::Send(_) => budget.sends -= 1,
+        Action::Duplicate(..) => budget.duplicates -= 1,
+        Action::Reconnect => budget.reconnects -= 1,
+        Action::Crash(id) => budget.crashes[id as usize] -= 1,
+        Action::Wait => budget.waits -= 1,
+        Action::Stray => budget.strays -= 1,
+        Action::Commit(_) | Action::Deliver(..) | Action::Drop(..) => {}
+    }
+}
+
+/// What an exploration covered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubstrateReport {
+    /// The scope.
+    pub scope: Scope,
+    /// Distinct worlds reached (machine states, stores, wire, budgets).
+    pub states: usize,
+    /// Transitions taken.
+    pub transitions: u64,
+}
+
+impl std::fmt::Display for SubstrateReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.scope;
+        write!(
+            f,
+            "substrate: {} distinct states, {} transitions (window {}, {} sends over 2 objects, \
+             {} reconnects, {} crash per side, {} duplicate, {} wait, {} strays, depth {})",
+            self.states,
+            self.transitions,
+            s.window,
+            s.sends,
+            s.reconnects,
+            s.crashes,
+            s.duplicates,
+            s.waits,
+            s.strays,
+            s.depth
+        )
+    }
+}
+
+/// Depth-first over every action sequence within `scope`, deduplicating worlds by a 64-bit
+/// hash of their full fingerprint (a world reached again at the same or a greater depth is
+/// not explored again); every reached world is judged by [`Promises`], healed or not. `Err`
+/// carries the first broken guarantee with the trace that broke it.
+pub fn explore(scope: Scope) -> Result<SubstrateReport, String> {
+    let budget = Budget {
+        sends: scope.sends,
+        reconnects: scope.reconnects,
+        crashes: [scope.crashes; 2],
+        duplicates: scope.duplicates,
+        waits: scope.waits,
+        strays: scope.strays,
+    };
+    let mut walk = Walk {
+        scope,
+        seen: HashMap::new(),
+        transitions: 0,
+        trace: Vec::new(),
+    };
+    walk.visit(start(scope.window), budget)?;
+    Ok(SubstrateReport {
+        scope,
+        states: walk.seen.len(),
+        transitions: walk.transitions,
+    })
+}
+
+struct Walk {
+    scope: Scope,
+    /// World hash → the shallowest depth it was explored from.
+    seen: HashMap<u64, usize>,
+    transitions: u64,
+    trace: Vec<Action>,
+}
+
+impl Walk {
+    fn visit(&mut self, world: Harness, budget: Budget) -> Result<(), String> {
+        let depth = self.trace.len();
+        let mut hasher = DefaultHasher::new();
+        (budget, world.fingerprint()).hash(&mut hasher);
+        match self.seen.get(&hasher.finish()) {
+            Some(explored_at) if *explored_at <= depth => return Ok(()),
+            _ => {}
+        }
+        self.seen.insert(hasher.finish(), depth);
+        let fail = |why: String, trace: &[Action]| format!("{why}\n  trace: {trace:?}");
+        Promises::judge(&world).map_err(|why| fail(why, &self.trace))?;
+        Promises::judge_healed(&world).map_err(|why| fail(why, &self.trace))?;
+        if depth == self.scope.depth {
+            return Ok(());
+        }
+        for action in enabled(&world, &budget) {
+            let mut next = world.clone();
+            if !apply(&mut next, action) {
+                continue;
+            }
+            self.transitions += 1;
+            let mut left = budget;
+            spend(&mut left, action);
+            self.trace.push(action);
+            self.visit(next, left)?;
+            self.trace.pop();
+        }
+        Ok(())
+    }
+}
+
+/// Runs `actions` from the start world for `window`, judging after every step (the random
+/// traces of the property test use this).
+pub fn replay(window: usize, actions: &[Action]) -> Result<(), String> {
+    let mut h = start(window);
+    for (step, action) in actions.iter().enumerate() {
+        apply(&mut h, *action);
+        Promises::judge(&h).map_err(|why| format!("step {step} ({action:?}): {why}"))?;
+    }
+    Promises::judge_healed(&h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quick_scope_holds_every_promise() {
+        let report = explore(Scope::QUICK).unwrap();
+        assert!(report.states > 1_000, "{report}");
+    }
+}
