@@ -526,3 +526,84 @@ fn a_window_of_32_moves_at_least_ten_times_the_ops_of_stop_and_wait_under_delay(
         "window 1: {stop_and_wait} s, window 32: {windowed} s"
     );
 }
+
+#[test]
+fn an_address_with_an_at_sign_is_answered_routing_not_supported() {
+    let mut h = harness(1);
+    h.connect();
+    let mut env = Env::new(Verb::Send);
+    env.obj = Some(Address::parse("userxhost").unwrap());
+    env.id = Some("routed-op".into());
+    env.seq = Some(0);
+    env.receipt = Some(1);
+    let mut bytes = bytes::BytesMut::new();
+    Envelope::new(env).encode(&mut bytes).unwrap();
+    // Same length, so the frame stays well formed apart from the address.
+    let at = bytes.windows(9).position(|w| w == b"userxhost").unwrap();
+    bytes[at + 4] = b'@';
+    h.inject_bytes(NodeId::A, bytes.freeze());
+    h.run();
+    assert_eq!(h.b.machine.stats().malformed, 1);
+    // A never sent `routed-op`, so the answer is about nothing of A's: dropped, not answered.
+    assert_eq!(h.a.machine.stats().finality_rejected, 1);
+    assert_eq!(h.a.machine.stats().bounces, 0);
+}
+
+#[test]
+fn keepalives_keep_a_quiet_link_and_silence_kills_it() {
+    let mut h = harness(1);
+    h.connect();
+    for _ in 0..6 {
+        h.advance(Duration::from_secs(31));
+        h.run();
+    }
+    assert!(!h.a.events.contains(&Event::LinkDead), "keepalives flowed");
+    h.faults = Faults {
+        drop_per_mille: 1000,
+        ..Faults::default()
+    };
+    for _ in 0..4 {
+        h.advance(Duration::from_secs(31));
+        h.run();
+    }
+    assert!(h.a.events.contains(&Event::LinkDead));
+    assert!(h.b.events.contains(&Event::LinkDead));
+}
+
+#[test]
+fn an_op_that_cannot_be_sent_within_the_ttl_is_futile() {
+    let mut h = harness(1);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    h.disconnect();
+    let id = h
+        .with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .unwrap();
+    h.run();
+    h.advance(Duration::from_secs(24 * 3600));
+    h.run();
+    assert!(h.a.events.contains(&Event::Futile {
+        obj: "q".into(),
+        op_id: id,
+        code: finality::TTL_EXPIRED.into()
+    }));
+    assert_eq!(h.a.machine.outbox_len(), 0);
+    h.connect();
+    h.run();
+    assert!(h.b.consumed.is_empty(), "an expired op is never delivered");
+}
+
+#[test]
+fn the_stats_snapshot_serializes() {
+    let mut h = harness(4);
+    h.connect();
+    open_and_send(&mut h, 3);
+    h.run();
+    let stats = h.a.machine.stats();
+    assert_eq!((stats.ops_enqueued, stats.ops_acked), (4, 4));
+    let json = serde_json::to_value(&stats).unwrap();
+    assert_eq!(json["ops_acked"], 4);
+    assert_eq!(json["link_ups"], 1);
+}

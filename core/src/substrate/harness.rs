@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use super::{Authorizer, Config, DurableState, Event, Machine, Op, PeerId, PersistBatch, Record};
 use crate::time::Time;
 use crate::wire::envelope::{Envelope, EnvelopeDecoder};
-use crate::wire::StreamDecoder;
+use crate::wire::{FormatError, StreamDecoder};
 
 /// Which node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -95,6 +95,21 @@ impl Node {
             boot,
             auto_accept: true,
             decoder: StreamDecoder::new(EnvelopeDecoder),
+        }
+    }
+
+    /// Hands received bytes to the machine: frames, and frame-local decode errors.
+    fn feed(&mut self, now: Time, bytes: &[u8]) {
+        self.decoder.push(bytes);
+        loop {
+            match self.decoder.pop() {
+                Ok(Some(frame)) => self.machine.handle_frame(now, frame),
+                Ok(None) => return,
+                Err(error) if !error.error.is_fatal() => {
+                    self.machine.handle_bad_frame(now, &error.error);
+                }
+                Err(_) => return,
+            }
         }
     }
 
@@ -322,11 +337,7 @@ impl Harness {
         for _ in 0..copies {
             self.frames_delivered += 1;
             let now = self.now;
-            let node = self.node(to);
-            node.decoder.push(&bytes);
-            while let Ok(Some(frame)) = node.decoder.pop() {
-                node.machine.handle_frame(now, frame);
-            }
+            self.node(to).feed(now, &bytes);
             self.collect(to);
         }
         true
@@ -442,11 +453,7 @@ impl Harness {
         }
         self.frames_delivered += 1;
         let now = self.now;
-        let node = self.node(to);
-        node.decoder.push(&bytes);
-        while let Ok(Some(frame)) = node.decoder.pop() {
-            node.machine.handle_frame(now, frame);
-        }
+        self.node(to).feed(now, &bytes);
         self.collect(to);
         true
     }
@@ -486,14 +493,19 @@ impl Harness {
         )
     }
 
-    /// Injects raw frame bytes as if node `from` had sent them.
+    /// Injects a frame as if node `from` had sent it.
     pub fn inject(&mut self, from: NodeId, frame: &Envelope) {
         let mut bytes = BytesMut::new();
         frame.encode(&mut bytes).expect("test frames are valid");
+        self.inject_bytes(from, bytes.freeze());
+    }
+
+    /// Injects raw bytes as if node `from` had sent them (for frames no encoder would write).
+    pub fn inject_bytes(&mut self, from: NodeId, bytes: Bytes) {
         let queue = match from.other() {
             NodeId::A => &mut self.b_to_a,
             NodeId::B => &mut self.a_to_b,
         };
-        queue.push_back((self.now, bytes.freeze()));
+        queue.push_back((self.now, bytes));
     }
 }

@@ -38,7 +38,7 @@ use super::finality::{self, class_of, Class};
 use super::{Config, PeerId, Stats};
 use crate::limits::{ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX};
 use crate::time::Time;
-use crate::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
+use crate::wire::envelope::{Address, Env, Envelope, EnvelopeError, ObjKind, Verb};
 
 /// Type byte of the keepalive control frame.
 pub const TYPE_KEEPALIVE: u8 = 0x03;
@@ -643,6 +643,21 @@ impl Machine {
         self.end_step(now);
     }
 
+    /// A frame that did not decode (a frame-local error; fatal errors end the link in the
+    /// shell). Counted; an op whose address contains `@` is answered with one terminal
+    /// `routing_not_supported`.
+    pub fn handle_bad_frame(&mut self, now: Time, error: &EnvelopeError) {
+        self.last_heard = now;
+        self.stats.malformed += 1;
+        if let EnvelopeError::RoutingNotSupported { id: Some(id) } = error {
+            let mut env = Env::new(Verb::Err);
+            env.id = Some(id.clone());
+            env.code = Some(finality::ROUTING_NOT_SUPPORTED.to_owned());
+            self.send_now(now, Envelope::new(env));
+        }
+        self.end_step(now);
+    }
+
     // -----------------------------------------------------------------------------------------
     // App commands
 
@@ -1091,24 +1106,27 @@ impl Machine {
     /// An unsequenced `err` from the substrate of the peer (bounce, denial, out_of_seq, ...)
     /// about one of this side's ops.
     fn on_substrate_err(&mut self, now: Time, env: &Env) {
-        let (Some(obj), Some(id)) = (env.obj.as_ref(), env.id.as_deref()) else {
+        let Some(id) = env.id.as_deref() else {
             self.stats.malformed += 1;
             return;
         };
-        let obj = obj.as_str();
         let code = env
             .code
             .clone()
             .unwrap_or_else(|| finality::CLOSED.to_owned());
-        let found = self
-            .objects
-            .get(obj)
-            .and_then(|object| object.outbox.transmitted_seq_of(id));
-        let Some(seq) = found else {
+        // The object names where to look; an answer to an address the peer could not parse
+        // (`routing_not_supported`) names none, so every object is searched.
+        let found = self.objects.iter().find_map(|(name, object)| {
+            let named = env.obj.as_ref().is_none_or(|obj| obj.as_str() == name);
+            let seq = object.outbox.transmitted_seq_of(id).filter(|_| named)?;
+            Some((name.clone(), seq))
+        });
+        let Some((obj, seq)) = found else {
             // Not an op of ours in flight: dropped and counted, never answered (law 4).
             self.stats.finality_rejected += 1;
             return;
         };
+        let obj = obj.as_str();
         let object = self.objects.get_mut(obj).expect("found above");
         match class_of(&code) {
             Class::Transient => {

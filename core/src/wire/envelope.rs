@@ -266,6 +266,13 @@ pub enum EnvelopeError {
     /// `obj` is not an address.
     #[error("substrate address: {0}")]
     Address(#[from] AddressError),
+    /// `obj` contains `@`. The rest of the frame decoded, so the op can be answered with one
+    /// terminal `routing_not_supported` (seed 003): its id is kept.
+    #[error("substrate address with `@`: routing is not supported")]
+    RoutingNotSupported {
+        /// The op's id, if the frame carried one.
+        id: Option<String>,
+    },
     /// A body above its bound (64 KiB inline, 256 KiB bulk chunk).
     #[error("substrate body of {len} bytes exceeds {max}")]
     BodyTooLarge {
@@ -296,7 +303,9 @@ impl FormatError for EnvelopeError {
             Self::MissingField { .. } => "missing_field",
             Self::Invalid { .. } => "invalid_field",
             Self::BadVersion { .. } => "bad_version",
-            Self::Address(AddressError::RoutingNotSupported) => "routing_not_supported",
+            Self::Address(AddressError::RoutingNotSupported) | Self::RoutingNotSupported { .. } => {
+                "routing_not_supported"
+            }
             Self::Address(_) => "invalid_address",
             Self::BodyTooLarge { .. } => "payload_too_large",
             Self::TrailingBytes => "trailing_bytes",
@@ -470,6 +479,7 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
     }
     let mut seen = [false; ENV_KEYS.len()];
     let (mut version, mut kind) = (None, None);
+    let mut routed = false;
     let mut env = Env::new(Verb::Open);
     for _ in 0..pairs {
         let key = reader.text().map_err(|_| unknown_key(""))?;
@@ -488,7 +498,12 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
                 let verb = Verb::parse(reader.text().map_err(invalid(field))?);
                 kind = Some(verb.ok_or(EnvelopeError::Invalid { field })?);
             }
-            "obj" => env.obj = Some(Address::parse(reader.text().map_err(invalid(field))?)?),
+            "obj" => match Address::parse(reader.text().map_err(invalid(field))?) {
+                Ok(address) => env.obj = Some(address),
+                // Keep decoding: the answer needs the op id, which may come later.
+                Err(AddressError::RoutingNotSupported) => routed = true,
+                Err(other) => return Err(other.into()),
+            },
             "objKind" => {
                 env.obj_kind = Some(match reader.text().map_err(invalid(field))? {
                     "session" => ObjKind::Session,
@@ -516,6 +531,9 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
         None => return Err(EnvelopeError::MissingField { field: "v" }),
     }
     env.kind = kind.ok_or(EnvelopeError::MissingField { field: "kind" })?;
+    if routed {
+        return Err(EnvelopeError::RoutingNotSupported { id: env.id });
+    }
     Ok(env)
 }
 
