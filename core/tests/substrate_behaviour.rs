@@ -203,13 +203,15 @@ fn requests_get_their_end_to_end_answer() {
         })
         .unwrap();
     h.run();
-    let delivered =
-        h.b.consumed
-            .iter()
-            .find(|op| op.verb == Verb::Req)
-            .unwrap()
-            .clone();
-    assert_eq!(delivered.id, req_id);
+    let delivered = h.b.events.iter().find_map(|e| match e {
+        Event::Delivered(op) if op.verb == Verb::Req => Some(op.id.clone()),
+        _ => None,
+    });
+    assert_eq!(delivered, Some(req_id.clone()));
+    assert!(
+        h.b.consumed.is_empty(),
+        "a req stays delivered until it is answered"
+    );
     h.with(NodeId::B, |m, now| {
         m.answer(
             now,
@@ -231,6 +233,7 @@ fn requests_get_their_end_to_end_answer() {
         } => Some((id.clone(), *verb, body.clone())),
         _ => None,
     });
+    assert_eq!(h.b.consumed.len(), 1, "the final answer consumed the req");
     assert_eq!(
         answered,
         Some((req_id, Verb::End, Some(Bytes::from_static(b"pong"))))

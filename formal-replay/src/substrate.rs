@@ -24,17 +24,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether_core::substrate::harness::{Harness, NodeId};
-use tether_core::substrate::{AllowAll, Authorizer, Config, Event};
+use tether_core::substrate::{AllowAll, Authorizer, Config, Event, Op};
 use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
 
-/// The objects A uses.
-const OBJECTS: [&str; 2] = ["q0", "q1"];
+/// The objects A uses: a queue (sends) and a session (reqs, answered by B's app).
+const OBJECTS: [(&str, ObjKind); 2] = [("q0", ObjKind::Queue), ("s1", ObjKind::Session)];
 
 /// One thing the environment does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// A's app sends on object `n`.
+    /// A's app sends on the queue (`0`) or makes a req on the session (`1`).
     Send(u8),
+    /// B's app answers its oldest unanswered req with `end` (which consumes it).
+    Answer,
     /// A node's store commits its oldest batch.
     Commit(NodeId),
     /// The link delivers frame `n` of those towards a node.
@@ -129,11 +131,12 @@ pub struct Promises;
 impl Promises {
     /// Judges one world. `Err` names the guarantee broken.
     pub fn judge(h: &Harness) -> Result<(), String> {
-        for obj in OBJECTS {
+        let is_message = |op: &&Op| matches!(op.verb, Verb::Send | Verb::Req);
+        for (obj, _) in OBJECTS {
             let promised: Vec<&str> =
                 h.a.enqueued
                     .iter()
-                    .filter(|op| op.obj == obj && op.verb == Verb::Send)
+                    .filter(|op| op.obj == obj && is_message(op))
                     .map(|op| op.id.as_str())
                     .collect();
             let consumed: Vec<&str> =
@@ -156,18 +159,38 @@ impl Promises {
                 .chain(&h.b.consumed)
                 .map(|op| op.id.as_str())
                 .collect();
-        let sends: BTreeSet<&str> = h.a.enqueued.iter().map(|op| op.id.as_str()).collect();
+        let messages: BTreeSet<&str> =
+            h.a.enqueued
+                .iter()
+                .filter(is_message)
+                .map(|op| op.id.as_str())
+                .collect();
         for event in &h.a.events {
             if let Event::Acked { op_id, .. } = event {
-                let is_send = sends.contains(op_id.as_str())
-                    && h.a
-                        .enqueued
-                        .iter()
-                        .any(|op| op.id == *op_id && op.verb == Verb::Send);
-                if is_send && !durable.contains(op_id.as_str()) {
+                if messages.contains(op_id.as_str()) && !durable.contains(op_id.as_str()) {
                     return Err(format!("{op_id} was hop-acked but is not durable at B"));
                 }
             }
+        }
+        // Answers: each req answered at most once, in the order the reqs were made.
+        let reqs: Vec<&str> =
+            h.a.enqueued
+                .iter()
+                .filter(|op| op.verb == Verb::Req)
+                .map(|op| op.id.as_str())
+                .collect();
+        let answered: Vec<&str> =
+            h.a.events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Answered { req_id, .. } => Some(req_id.as_str()),
+                    _ => None,
+                })
+                .collect();
+        if answered.len() > reqs.len() || reqs[..answered.len()] != answered[..] {
+            return Err(format!(
+                "answers repeated or out of order: reqs {reqs:?}, answered {answered:?}"
+            ));
         }
         if h.b.machine.stats().bounces > 1 {
             return Err("more than one bounce for one op id".into());
@@ -175,27 +198,35 @@ impl Promises {
         Ok(())
     }
 
-    /// Judges the world once the link heals and everything settles: nothing promised is lost.
+    /// Judges the world once the link heals, B's app answers every req it holds and everything
+    /// settles: nothing promised is lost and every req is answered once.
     pub fn judge_healed(h: &Harness) -> Result<(), String> {
         let mut healed = h.clone();
         healed.connect();
         healed.run();
+        while apply(&mut healed, Action::Answer) {
+            healed.run();
+        }
         Self::judge(&healed)?;
-        let promised = healed
+        let is_message = |op: &&Op| matches!(op.verb, Verb::Send | Verb::Req);
+        let promised = healed.a.enqueued.iter().filter(is_message).count();
+        let consumed = healed.b.consumed.iter().filter(is_message).count();
+        let reqs = healed
             .a
             .enqueued
             .iter()
-            .filter(|op| op.verb == Verb::Send)
+            .filter(|op| op.verb == Verb::Req)
             .count();
-        let consumed = healed
-            .b
-            .consumed
+        let answered = healed
+            .a
+            .events
             .iter()
-            .filter(|op| op.verb == Verb::Send)
+            .filter(|e| matches!(e, Event::Answered { .. }))
             .count();
-        if promised != consumed || healed.a.machine.outbox_len() != 0 {
+        if promised != consumed || reqs != answered || healed.a.machine.outbox_len() != 0 {
             return Err(format!(
-                "after healing, {consumed} of {promised} promised ops consumed, {} un-acked",
+                "after healing: {consumed} of {promised} promised ops consumed, {answered} of \
+                 {reqs} reqs answered, {} un-acked",
                 healed.a.machine.outbox_len()
             ));
         }
@@ -216,8 +247,8 @@ pub fn start(window: usize) -> Harness {
         5,
     );
     h.connect();
-    for obj in OBJECTS {
-        h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, obj, None))
+    for (obj, kind) in OBJECTS {
+        h.with(NodeId::A, |m, now| m.open(now, kind, obj, None))
             .expect("fresh objects open");
     }
     h.run();
@@ -227,10 +258,29 @@ pub fn start(window: usize) -> Harness {
 /// Applies `action` if it is possible; false (nothing changed) otherwise.
 pub fn apply(h: &mut Harness, action: Action) -> bool {
     match action {
-        Action::Send(obj) => {
-            let obj = OBJECTS[usize::from(obj) % OBJECTS.len()];
+        Action::Send(n) => {
+            let (obj, kind) = OBJECTS[usize::from(n) % OBJECTS.len()];
             let body = Bytes::from(vec![obj.as_bytes()[1]; 4]);
-            h.with(NodeId::A, |m, now| m.send(now, obj, body)).is_ok()
+            match kind {
+                ObjKind::Queue => h.with(NodeId::A, |m, now| m.send(now, obj, body)).is_ok(),
+                ObjKind::Session => h.with(NodeId::A, |m, now| m.req(now, obj, body)).is_ok(),
+            }
+        }
+        Action::Answer => {
+            let oldest =
+                h.b.machine
+                    .pending_deliveries()
+                    .into_iter()
+                    .find(|op| op.verb == Verb::Req)
+                    .map(|op| (op.obj.clone(), op.id.clone()));
+            let Some((obj, id)) = oldest else {
+                return false;
+            };
+            let body = Some(Bytes::from_static(b"done"));
+            h.with(NodeId::B, |m, now| {
+                m.answer(now, &obj, &id, Verb::End, body, None)
+            })
+            .is_ok()
         }
         Action::Commit(id) => h.commit(id),
         Action::Deliver(to, n) => h.deliver_at(to, usize::from(n), false),
@@ -266,6 +316,14 @@ fn enabled(h: &Harness, budget: &Budget) -> Vec<Action> {
     let mut actions = Vec::new();
     if budget.sends > 0 {
         actions.extend([Action::Send(0), Action::Send(1)]);
+    }
+    if h.b
+        .machine
+        .pending_deliveries()
+        .iter()
+        .any(|op| op.verb == Verb::Req)
+    {
+        actions.push(Action::Answer);
     }
     for id in [NodeId::A, NodeId::B] {
         if h.uncommitted(id) > 0 {
@@ -303,7 +361,7 @@ fn spend(budget: &mut Budget, action: Action) {
         Action::Crash(id) => budget.crashes[id as usize] -= 1,
         Action::Wait => budget.waits -= 1,
         Action::Stray => budget.strays -= 1,
-        Action::Commit(_) | Action::Deliver(..) | Action::Drop(..) => {}
+        Action::Commit(_) | Action::Deliver(..) | Action::Drop(..) | Action::Answer => {}
     }
 }
 
@@ -323,7 +381,7 @@ impl std::fmt::Display for SubstrateReport {
         let s = &self.scope;
         write!(
             f,
-            "substrate: {} distinct states, {} transitions (window {}, {} sends over 2 objects, \
+            "substrate: {} distinct states, {} transitions (window {}, {} sends over a queue and a session, \
              {} reconnects, {} crash per side, {} duplicate, {} wait, {} strays, depth {})",
             self.states,
             self.transitions,

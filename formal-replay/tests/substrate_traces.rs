@@ -13,6 +13,7 @@ fn node() -> impl Strategy<Value = NodeId> {
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
         4 => (0u8..2).prop_map(Action::Send),
+        2 => Just(Action::Answer),
         6 => node().prop_map(Action::Commit),
         8 => (node(), 0u8..3).prop_map(|(n, i)| Action::Deliver(n, i)),
         1 => (node(), 0u8..3).prop_map(|(n, i)| Action::Duplicate(n, i)),

@@ -389,7 +389,8 @@ impl Harness {
                     Event::OpenRequested { obj, .. } if node.auto_accept => {
                         let _ = node.machine.accept(now, obj);
                     }
-                    Event::Delivered(op) => {
+                    // Reqs stay delivered until the app answers them (which consumes them).
+                    Event::Delivered(op) if op.verb != crate::wire::envelope::Verb::Req => {
                         node.machine.consume(now, &op.obj, op.seq);
                     }
                     _ => {}

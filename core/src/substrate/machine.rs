@@ -547,6 +547,14 @@ impl Machine {
         )
     }
 
+    /// Deliveries the app has not consumed (or, for reqs, not answered) yet, by object and seq.
+    pub fn pending_deliveries(&self) -> Vec<&Op> {
+        self.objects
+            .values()
+            .flat_map(|object| object.inbox.values())
+            .collect()
+    }
+
     /// Un-acked ops across all objects.
     pub fn outbox_len(&self) -> usize {
         self.objects
@@ -722,7 +730,8 @@ impl Machine {
         self.message(now, obj, Verb::Req, body)
     }
 
-    /// Answers the remote's req `req_id` with `verb` (Res, End or Err).
+    /// Answers the remote's req `req_id` with `verb` (Res, End or Err). A final answer (End or
+    /// Err) also consumes the req's delivery, atomically with the answer.
     pub fn answer(
         &mut self,
         now: Time,
@@ -744,6 +753,23 @@ impl Machine {
         op.body = body;
         op.code = code.map(str::to_owned);
         self.enqueue(op);
+        if verb != Verb::Res {
+            // A final answer consumes the req in the same batch: after a crash the req is
+            // either still delivered and unanswered, or answered and gone, never both.
+            let object = self.objects.get_mut(obj).expect("checked live above");
+            let seq = object
+                .inbox
+                .iter()
+                .find(|(_, op)| op.id == req_id)
+                .map(|(seq, _)| *seq);
+            if let Some(seq) = seq {
+                object.inbox.remove(&seq);
+                self.staged.push(Record::InboxRemoved {
+                    obj: obj.to_owned(),
+                    seq,
+                });
+            }
+        }
         self.end_step(now);
         Ok(())
     }
