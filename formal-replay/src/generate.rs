@@ -159,6 +159,10 @@ fn enumerated(section: &str, n: u64) -> Value {
                 .collect();
             table_case(keep, pick(&alphabet, n / 3))
         }
+        "substrate" => substrate_case(
+            (n % 2 + 1) as u8,
+            substrate_trace(&mut Xoshiro256PlusPlus::seed_from_u64(n), 8),
+        ),
         "emission" => {
             let alphabet = [
                 json!({"kind": "streamStart", "stream": "a"}),
@@ -268,6 +272,10 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
             table_case(keep, ops)
         }
         "emission" => emission_case(emission_walk(rng, len)),
+        "substrate" => {
+            let window = [1u8, 2, 8][rng.random_range(0..3)];
+            substrate_case(window, substrate_trace(rng, 4 * len))
+        }
         other => unreachable!("known_section admitted {other}"),
     }
 }
@@ -313,6 +321,28 @@ fn emission_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
         emitted.push(emission);
     }
     emitted
+}
+
+/// A random environment trace for the substrate section.
+fn substrate_trace(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
+    let node = |rng: &mut Xoshiro256PlusPlus| if rng.random_bool(0.5) { "a" } else { "b" };
+    (0..len)
+        .map(|_| match rng.random_range(0..24) {
+            0..=3 => json!({"do": "send", "n": rng.random_range(0..2)}),
+            4..=5 => json!({"do": "answer"}),
+            6..=11 => json!({"do": "commit", "node": node(rng)}),
+            12..=18 => json!({"do": "deliver", "to": node(rng), "index": rng.random_range(0..3)}),
+            19 => json!({"do": "duplicate", "to": node(rng), "index": rng.random_range(0..3)}),
+            20 => json!({"do": "drop", "to": node(rng), "index": rng.random_range(0..3)}),
+            21 => json!({"do": "reconnect"}),
+            22 => json!({"do": "crash", "node": node(rng)}),
+            _ => json!({"do": if rng.random_bool(0.5) { "wait" } else { "stray" }}),
+        })
+        .collect()
+}
+
+fn substrate_case(window: u8, actions: Vec<Value>) -> Value {
+    json!({"window": window, "actions": actions, "verdict": "ok"})
 }
 
 fn edge(rng: &mut Xoshiro256PlusPlus) -> u64 {

@@ -23,9 +23,9 @@ use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
 use crate::model;
 use crate::script::{
     Disposition, Emission, EmissionCase, Ending, FrameTypesCase, GateCase, GateOp, GateStep,
-    GrantTargetCase, HoldTrue, LedgerCase, NegotiateCase, ReorderCase, ReorderError, ReorderStep,
-    Rid, TableCase, TableOpKind, TableStep, ViolationName, WindowCase, WindowOp, WindowStep,
-    WriterCase, Xid, SECTIONS,
+    GrantTargetCase, HoldTrue, LedgerCase, NegotiateCase, Node, ReorderCase, ReorderError,
+    ReorderStep, Rid, SubstrateAction, SubstrateCase, TableCase, TableOpKind, TableStep, Verdict,
+    ViolationName, WindowCase, WindowOp, WindowStep, WriterCase, Xid, SECTIONS,
 };
 
 /// Which implementation a case is replayed against.
@@ -95,6 +95,7 @@ pub fn check_case(section: &str, raw: &Value, engine: Engine) -> Result<(), Fail
         "writer" => replay(raw, engine, core_writer, model_writer),
         "table" => replay(raw, engine, core_table, model_table),
         "emission" => replay(raw, engine, core_emission, model_emission),
+        "substrate" => replay(raw, engine, substrate_trace, substrate_trace),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }
@@ -121,6 +122,7 @@ pub fn complete_with_model(section: &str, case: &Value) -> Result<Value, Failure
         "writer" => run(case, model_writer),
         "table" => run(case, model_table),
         "emission" => run(case, model_emission),
+        "substrate" => run(case, substrate_trace),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }
@@ -777,6 +779,45 @@ fn model_emission(case: &EmissionCase) -> Result<EmissionCase, String> {
         stream,
         expected,
         got,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// substrate traces: core's machines run the trace, the model judges (both engines alike)
+
+fn substrate_trace(case: &SubstrateCase) -> Result<SubstrateCase, String> {
+    use crate::substrate::{replay as run_trace, Action};
+    use tether_core::substrate::harness::NodeId;
+    if case.window == 0 {
+        return Err("window must be at least 1".into());
+    }
+    let node = |node: Node| match node {
+        Node::A => NodeId::A,
+        Node::B => NodeId::B,
+    };
+    let actions: Vec<Action> = case
+        .actions
+        .iter()
+        .map(|action| match *action {
+            SubstrateAction::Send { n } => Action::Send(n),
+            SubstrateAction::Answer {} => Action::Answer,
+            SubstrateAction::Commit { node: n } => Action::Commit(node(n)),
+            SubstrateAction::Deliver { to, index } => Action::Deliver(node(to), index),
+            SubstrateAction::Duplicate { to, index } => Action::Duplicate(node(to), index),
+            SubstrateAction::Drop { to, index } => Action::Drop(node(to), index),
+            SubstrateAction::Reconnect {} => Action::Reconnect,
+            SubstrateAction::Crash { node: n } => Action::Crash(node(n)),
+            SubstrateAction::Wait {} => Action::Wait,
+            SubstrateAction::Stray {} => Action::Stray,
+        })
+        .collect();
+    let verdict = match run_trace(usize::from(case.window), &actions) {
+        Ok(()) => Verdict::Ok,
+        Err(_) => Verdict::Broken,
+    };
+    Ok(SubstrateCase {
+        verdict,
+        ..case.clone()
     })
 }
 

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The ten sections, in the document's order.
-pub const SECTIONS: [&str; 10] = [
+pub const SECTIONS: [&str; 11] = [
     "frame_types",
     "ledger",
     "negotiate",
@@ -15,6 +15,7 @@ pub const SECTIONS: [&str; 10] = [
     "writer",
     "table",
     "emission",
+    "substrate",
 ];
 
 /// A nullable key that must still be present (serde would otherwise default a missing
@@ -343,4 +344,58 @@ pub struct EmissionCase {
     pub expected: Option<u64>,
     #[serde(deserialize_with = "required")]
     pub got: Option<u64>,
+}
+
+/// Which substrate node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Node {
+    A,
+    B,
+}
+
+/// One environment action of a substrate trace (see `crate::substrate::Action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "do", rename_all = "lowercase", deny_unknown_fields)]
+pub enum SubstrateAction {
+    /// A sends on the queue (`n = 0`) or makes a req on the session (`n = 1`).
+    Send { n: u8 },
+    /// B answers its oldest req.
+    Answer {},
+    /// A node commits its oldest batch.
+    Commit { node: Node },
+    /// The link delivers frame `index` towards `to`.
+    Deliver { to: Node, index: u8 },
+    /// ... and keeps a copy in flight.
+    Duplicate { to: Node, index: u8 },
+    /// The link loses frame `index` towards `to`.
+    Drop { to: Node, index: u8 },
+    /// New connection.
+    Reconnect {},
+    /// A node crashes.
+    Crash { node: Node },
+    /// 31 s pass.
+    Wait {},
+    /// A stray op reaches B.
+    Stray {},
+}
+
+/// The model's verdict on a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Every promise held at every step and after healing.
+    Ok,
+    /// Some promise broke.
+    Broken,
+}
+
+/// A substrate trace (tether's own section, not part of CONFORMANCE.md): the actions run
+/// from two nodes with a queue and a session open, judged by the model after every step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubstrateCase {
+    pub window: u8,
+    pub actions: Vec<SubstrateAction>,
+    pub verdict: Verdict,
 }
