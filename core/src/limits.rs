@@ -149,3 +149,12 @@ pub const SUBSTRATE_DEDUPE_RETENTION_MS: u64 = 7 * 24 * 60 * 60 * 1000;
 
 /// Delay before an op answered with a transient code is sent again.
 pub const SUBSTRATE_TRANSIENT_RETRY_MS: u64 = 1_000;
+
+/// Most closed or rejected objects kept per peer for the retention period. They answer
+/// duplicates of their ops; a peer opening and closing objects in a loop evicts its own oldest
+/// ones instead of growing state (a duplicate for an evicted object bounces, which is counted).
+pub const SUBSTRATE_RETAINED_OBJECTS_MAX: usize = 4096;
+
+/// Most deliveries per object the app has not consumed yet. Beyond it the next op is answered
+/// with the transient `queue_full` and the frontier waits: the sender retries later.
+pub const SUBSTRATE_INBOX_OPS_MAX: usize = 1000;

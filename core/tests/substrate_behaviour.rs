@@ -610,3 +610,55 @@ fn the_stats_snapshot_serializes() {
     assert_eq!(json["ops_acked"], 4);
     assert_eq!(json["link_ups"], 1);
 }
+
+#[test]
+fn a_slow_app_pushes_back_with_queue_full_and_nothing_is_lost() {
+    let mut h = harness(32);
+    h.set_auto_consume(NodeId::B, false);
+    h.connect();
+    // The open takes one slot of A's 1000-op outbox, so the burst is sent in two parts.
+    open_and_send(&mut h, 999);
+    h.run();
+    assert_eq!(h.a.machine.outbox_len(), 0, "999 deliveries fit B's inbox");
+    for i in 999..1005 {
+        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+            .unwrap();
+    }
+    h.run();
+    assert!(h.b.machine.stats().inbox_full >= 1);
+    assert!(h
+        .a
+        .machine
+        .stats()
+        .transient
+        .contains_key(finality::QUEUE_FULL));
+    // The first op past the bound is refused and waits at A; the ones after it are held
+    // (durably, so acked) above B's frontier.
+    assert_eq!(h.a.machine.outbox_len(), 1);
+    assert_eq!(h.b.store.held.len(), 4);
+    h.consume_all(NodeId::B);
+    h.set_auto_consume(NodeId::B, true);
+    h.run();
+    h.advance(Duration::from_secs(2));
+    h.run();
+    assert_exactly_once_in_order(&h, 1005);
+}
+
+#[test]
+fn closed_objects_are_retained_up_to_a_bound() {
+    let mut h = harness(1);
+    h.connect();
+    let bound = tether_core::limits::SUBSTRATE_RETAINED_OBJECTS_MAX;
+    for i in 0..bound + 3 {
+        let name = format!("o{i}");
+        h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
+            .unwrap();
+        h.run();
+        h.with(NodeId::A, |m, now| m.close(now, &name, "done"))
+            .unwrap();
+        h.run();
+    }
+    assert_eq!(h.a.machine.stats().objects_evicted, 3);
+    assert_eq!(h.b.machine.stats().objects_evicted, 3);
+    assert!(h.b.store.objects.len() <= bound + 1);
+}

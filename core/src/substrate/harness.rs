@@ -70,6 +70,7 @@ pub struct Node {
     remote: PeerId,
     boot: u64,
     auto_accept: bool,
+    auto_consume: bool,
     decoder: StreamDecoder<EnvelopeDecoder>,
 }
 
@@ -94,6 +95,7 @@ impl Node {
             remote,
             boot,
             auto_accept: true,
+            auto_consume: true,
             decoder: StreamDecoder::new(EnvelopeDecoder),
         }
     }
@@ -193,6 +195,28 @@ impl Harness {
     /// Whether node `id` answers opens by itself (default true).
     pub fn set_auto_accept(&mut self, id: NodeId, accept: bool) {
         self.node(id).auto_accept = accept;
+    }
+
+    /// Whether node `id`'s app consumes sends as they are delivered (default true).
+    pub fn set_auto_consume(&mut self, id: NodeId, consume: bool) {
+        self.node(id).auto_consume = consume;
+    }
+
+    /// Node `id`'s app consumes every pending send now.
+    pub fn consume_all(&mut self, id: NodeId) {
+        let now = self.now;
+        let node = self.node(id);
+        let pending: Vec<(String, u64)> = node
+            .machine
+            .pending_deliveries()
+            .into_iter()
+            .filter(|op| op.verb != crate::wire::envelope::Verb::Req)
+            .map(|op| (op.obj.clone(), op.seq))
+            .collect();
+        for (obj, seq) in pending {
+            node.machine.consume(now, &obj, seq);
+        }
+        self.collect(id);
     }
 
     /// Brings the link up on both sides.
@@ -390,7 +414,9 @@ impl Harness {
                         let _ = node.machine.accept(now, obj);
                     }
                     // Reqs stay delivered until the app answers them (which consumes them).
-                    Event::Delivered(op) if op.verb != crate::wire::envelope::Verb::Req => {
+                    Event::Delivered(op)
+                        if node.auto_consume && op.verb != crate::wire::envelope::Verb::Req =>
+                    {
                         node.machine.consume(now, &op.obj, op.seq);
                     }
                     _ => {}

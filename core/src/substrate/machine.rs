@@ -689,6 +689,7 @@ impl Machine {
         if self.live_object_count() >= self.config.objects_max {
             return Err(CommandError::Quota);
         }
+        self.bound_retained_objects();
         let open_id = self.mint();
         let record = ObjectRecord {
             obj: obj.to_owned(),
@@ -883,6 +884,7 @@ impl Machine {
                     self.send_now(now, substrate_err(&op.obj, &op.id, finality::QUOTA));
                     return;
                 }
+                self.bound_retained_objects();
                 let record = ObjectRecord {
                     obj: op.obj.clone(),
                     kind: op.obj_kind.unwrap_or(ObjKind::Session),
@@ -979,6 +981,16 @@ impl Machine {
                 self.deliver_held(now, &obj);
             }
             self.staged_outputs.push(Deferred::Transmit(ack));
+            return;
+        }
+        let message = matches!(op.verb, Verb::Send | Verb::Req);
+        if message && object.inbox.len() >= crate::limits::SUBSTRATE_INBOX_OPS_MAX {
+            // Backpressure: the app is behind. The frontier waits; the sender retries.
+            self.stats.inbox_full += 1;
+            if frontier_moved {
+                self.deliver_held(now, &obj);
+            }
+            self.send_now(now, substrate_err(&obj, &op.id, finality::QUEUE_FULL));
             return;
         }
         object.record.rx_next = next + 1;
@@ -1341,6 +1353,33 @@ impl Machine {
             return Err(CommandError::QueueFull);
         }
         Ok(())
+    }
+
+    /// Keeps at most [`crate::limits::SUBSTRATE_RETAINED_OBJECTS_MAX`] closed or rejected
+    /// objects: before another object is created, the oldest idle one is forgotten.
+    fn bound_retained_objects(&mut self) {
+        let retained = self
+            .objects
+            .values()
+            .filter(|o| o.record.state.is_terminal())
+            .count();
+        if retained < crate::limits::SUBSTRATE_RETAINED_OBJECTS_MAX {
+            return;
+        }
+        let oldest = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.outbox.is_empty() && o.inbox.is_empty() && o.held.is_empty())
+            .filter_map(|(name, o)| match o.record.state {
+                ObjectState::Closed(at) | ObjectState::Rejected(at) => Some((at, name.clone())),
+                _ => None,
+            })
+            .min();
+        if let Some((_, name)) = oldest {
+            self.objects.remove(&name);
+            self.staged.push(Record::ObjectRemoved { obj: name });
+            self.stats.objects_evicted += 1;
+        }
     }
 
     fn live_object_count(&self) -> usize {

@@ -148,4 +148,8 @@ pub struct Stats {
     pub link_ups: u64,
     /// Links down (including dead links).
     pub link_downs: u64,
+    /// Ops refused with `queue_full` because the app had not consumed enough.
+    pub inbox_full: u64,
+    /// Closed or rejected objects forgotten early at the retention bound.
+    pub objects_evicted: u64,
 }
