@@ -662,3 +662,36 @@ fn closed_objects_are_retained_up_to_a_bound() {
     assert_eq!(h.b.machine.stats().objects_evicted, 3);
     assert!(h.b.store.objects.len() <= bound + 1);
 }
+
+#[test]
+fn a_machine_corrects_its_settings_window_and_retention() {
+    use tether_core::substrate::{BatchId, Machine, PeerId};
+    use tether_core::time::Time;
+    let config = Config {
+        dedupe_retention: Duration::from_secs(60),
+        queue_ttl: Duration::from_secs(3600),
+        in_flight_max: 0,
+        ..Config::default()
+    };
+    assert_eq!(
+        config.clone().checked().dedupe_retention,
+        Duration::from_secs(3600)
+    );
+    // A window of 0 would never send anything; the machine uses 1.
+    let mut machine = Machine::new(
+        PeerId::new("b"),
+        config,
+        Arc::new(Authorizer::new(AllowAll)),
+        1,
+    );
+    let now = Time::from_millis(1);
+    machine.handle_link_up(now);
+    machine.open(now, ObjKind::Queue, "q", None).unwrap();
+    let batch = machine.poll_persist().unwrap();
+    assert_eq!(batch.id, BatchId(1));
+    machine.handle_persisted(now, batch.id);
+    assert_eq!(
+        machine.poll_transmit().map(|frame| frame.env.kind),
+        Some(Verb::Open)
+    );
+}

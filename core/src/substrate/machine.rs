@@ -374,11 +374,12 @@ impl std::fmt::Debug for Machine {
 
 impl Machine {
     /// A machine with nothing persisted. `boot` must differ between boots of the same node
-    /// (a random seed from the shell): op ids are `boot` plus a counter.
+    /// (a random seed from the shell): op ids are `boot` plus a counter. `config` is applied
+    /// through [`Config::checked`] (window at least 1, retention at least the queue TTL).
     pub fn new(remote: PeerId, config: Config, authorizer: Arc<Authorizer>, boot: u64) -> Self {
         Self {
             remote,
-            config,
+            config: config.checked(),
             authorizer,
             boot,
             minted: 0,
