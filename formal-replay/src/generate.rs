@@ -96,15 +96,9 @@ fn enumerated(section: &str, n: u64) -> Value {
                 .filter(|(bit, _)| mask & (1 << bit) != 0)
                 .map(|(_, stream)| *stream)
                 .collect();
-            let named_pool = [
-                None,
-                Some(""),
-                Some("a"),
-                Some("b"),
-                Some("A"),
-                Some("input"),
-                Some("zz"),
-            ];
+            let mut named_pool = STREAM_POOL.to_vec();
+            // A name no stream has: a named grant never falls back to the sole stream.
+            named_pool.push(Some("zz"));
             let named = named_pool[((n / subsets) % named_pool.len() as u64) as usize];
             grant_target_case(&streams, named)
         }
