@@ -695,3 +695,47 @@ fn a_machine_corrects_its_settings_window_and_retention() {
         Some(Verb::Open)
     );
 }
+
+#[test]
+fn a_close_never_reports_futile_an_op_the_closer_already_delivered() {
+    // Found by the model check: A's op reaches B and is consumed, B closes before A sees the
+    // ack. A must learn the op was delivered (acked), not futile; the later op is futile.
+    let mut h = harness(2);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    let first = h
+        .with(NodeId::A, |m, now| m.send(now, "q", body(0)))
+        .unwrap();
+    let second = h
+        .with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .unwrap();
+    assert!(h.commit(NodeId::A) && h.commit(NodeId::A));
+    assert!(
+        h.deliver_at(NodeId::B, 0, false),
+        "the first send reaches B"
+    );
+    h.with(NodeId::B, |m, now| m.close(now, "q", "done"))
+        .unwrap();
+    h.disconnect();
+    h.connect();
+    h.run();
+    assert_exactly_once_in_order_of(&h, &[body(0)]);
+    assert!(h
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Acked { op_id, .. } if *op_id == first)));
+    assert!(!h
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Futile { op_id, .. } if *op_id == first)));
+    assert!(h
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Futile { op_id, .. } if *op_id == second)));
+    assert_eq!(h.a.machine.outbox_len(), 0);
+}

@@ -321,7 +321,7 @@ fn emission_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
 fn substrate_trace(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
     let node = |rng: &mut Xoshiro256PlusPlus| if rng.random_bool(0.5) { "a" } else { "b" };
     (0..len)
-        .map(|_| match rng.random_range(0..24) {
+        .map(|_| match rng.random_range(0..25) {
             0..=3 => json!({"do": "send", "n": rng.random_range(0..2)}),
             4..=5 => json!({"do": "answer"}),
             6..=11 => json!({"do": "commit", "node": node(rng)}),
@@ -330,7 +330,8 @@ fn substrate_trace(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
             20 => json!({"do": "drop", "to": node(rng), "index": rng.random_range(0..3)}),
             21 => json!({"do": "reconnect"}),
             22 => json!({"do": "crash", "node": node(rng)}),
-            _ => json!({"do": if rng.random_bool(0.5) { "wait" } else { "stray" }}),
+            23 => json!({"do": if rng.random_bool(0.5) { "wait" } else { "stray" }}),
+            _ => json!({"do": "close"}),
         })
         .collect()
 }

@@ -809,6 +809,7 @@ fn substrate_trace(case: &SubstrateCase) -> Result<SubstrateCase, String> {
             SubstrateAction::Crash { node: n } => Action::Crash(node(n)),
             SubstrateAction::Wait {} => Action::Wait,
             SubstrateAction::Stray {} => Action::Stray,
+            SubstrateAction::Close {} => Action::Close,
         })
         .collect();
     let verdict = match run_trace(usize::from(case.window), &actions) {

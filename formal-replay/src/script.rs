@@ -378,6 +378,8 @@ pub enum SubstrateAction {
     Wait {},
     /// A stray op reaches B.
     Stray {},
+    /// B closes the queue.
+    Close {},
 }
 
 /// The model's verdict on a trace.

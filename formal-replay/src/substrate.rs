@@ -5,17 +5,22 @@
 //! action is one thing the environment does: the app of A sends, a store commits its oldest
 //! batch, the link delivers any frame in flight (so it reorders), delivers one and keeps a copy
 //! (so it duplicates), loses one, the link drops and comes back, a node crashes (losing
-//! everything uncommitted), 31 s pass, or a stray op for an unknown object arrives.
+//! everything uncommitted), 31 s pass, a stray op for an unknown object arrives, or B's app
+//! closes the queue.
 //!
 //! The model is [`Promises`]: written from the seed's guarantees alone, it knows nothing of
 //! outboxes, windows or frontiers. After every action it judges what the apps observed:
 //!
-//! - exactly once, in order: per object, what B's app consumed is a prefix of what A durably
-//!   promised (its committed sends), each op once;
+//! - exactly once, in order: per object, what B's app consumed is an in-order subsequence of
+//!   what A durably promised (its committed sends and reqs), each op once, never one A was
+//!   told is futile;
+//! - every op has at most one outcome (acked and futile never both);
 //! - every op A was told is hop-acked is durable at B (held, in the inbox or consumed);
 //! - one bounce per stray op id;
-//! - nothing is lost: from every reached state, healing the link and letting everything settle
-//!   ends with B having consumed exactly everything A promised and A's outbox empty.
+//! - nothing is lost unless it got a terminal outcome: from every reached state, healing the
+//!   link and letting everything settle ends with every promised op either consumed at B or
+//!   reported futile at A (exactly one of the two), every consumed req answered once, and A's
+//!   outbox empty.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
@@ -53,6 +58,8 @@ pub enum Action {
     Wait,
     /// A stray send for an unknown object reaches B (always the same op id).
     Stray,
+    /// B's app closes the queue: A's ops still un-acked end futile.
+    Close,
 }
 
 /// How much of each fault a trace may use.
@@ -72,6 +79,8 @@ pub struct Scope {
     pub waits: u8,
     /// Stray ops.
     pub strays: u8,
+    /// Closes of the queue by B.
+    pub closes: u8,
     /// Longest trace.
     pub depth: usize,
 }
@@ -93,6 +102,7 @@ impl Scope {
         duplicates: 1,
         waits: 1,
         strays: 2,
+        closes: 1,
         depth: 8,
     };
     /// A small scope for unit tests.
@@ -104,6 +114,7 @@ impl Scope {
         duplicates: 1,
         waits: 0,
         strays: 1,
+        closes: 1,
         depth: 6,
     };
 }
@@ -117,6 +128,7 @@ struct Budget {
     duplicates: u8,
     waits: u8,
     strays: u8,
+    closes: u8,
 }
 
 /// The independent model: what the apps may observe, judged from the seed's guarantees.
@@ -127,6 +139,14 @@ impl Promises {
     /// Judges one world. `Err` names the guarantee broken.
     pub fn judge(h: &Harness) -> Result<(), String> {
         let is_message = |op: &&Op| matches!(op.verb, Verb::Send | Verb::Req);
+        let futile: BTreeSet<&str> =
+            h.a.events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Futile { op_id, .. } => Some(op_id.as_str()),
+                    _ => None,
+                })
+                .collect();
         for (obj, _) in OBJECTS {
             let promised: Vec<&str> =
                 h.a.enqueued
@@ -140,10 +160,18 @@ impl Promises {
                     .filter(|op| op.obj == obj)
                     .map(|op| op.id.as_str())
                     .collect();
-            if consumed.len() > promised.len() || promised[..consumed.len()] != consumed[..] {
-                return Err(format!(
-                    "exactly once in order broken on {obj}: promised {promised:?}, consumed {consumed:?}"
-                ));
+            // Exactly once, in order: what B consumed is an in-order subsequence of what A
+            // promised, never including an op A was told is futile.
+            let mut rest = promised.iter();
+            for id in &consumed {
+                if futile.contains(id) {
+                    return Err(format!("{id} was consumed at B but reported futile at A"));
+                }
+                if !rest.any(|promised| promised == id) {
+                    return Err(format!(
+                        "exactly once in order broken on {obj}: promised {promised:?}, consumed {consumed:?}"
+                    ));
+                }
             }
         }
         let durable: BTreeSet<&str> =
@@ -162,8 +190,16 @@ impl Promises {
                 .collect();
         for event in &h.a.events {
             if let Event::Acked { op_id, .. } = event {
-                if messages.contains(op_id.as_str()) && !durable.contains(op_id.as_str()) {
+                // A close by B's app may discard what B held but had not delivered yet.
+                let discardable = closed_by_b(h, &obj_of(h, op_id));
+                if messages.contains(op_id.as_str())
+                    && !durable.contains(op_id.as_str())
+                    && !discardable
+                {
                     return Err(format!("{op_id} was hop-acked but is not durable at B"));
+                }
+                if futile.contains(op_id.as_str()) {
+                    return Err(format!("{op_id} has two outcomes: acked and futile"));
                 }
             }
         }
@@ -182,7 +218,8 @@ impl Promises {
                     _ => None,
                 })
                 .collect();
-        if answered.len() > reqs.len() || reqs[..answered.len()] != answered[..] {
+        let mut rest = reqs.iter();
+        if !answered.iter().all(|id| rest.any(|req| req == id)) {
             return Err(format!(
                 "answers repeated or out of order: reqs {reqs:?}, answered {answered:?}"
             ));
@@ -203,30 +240,75 @@ impl Promises {
             healed.run();
         }
         Self::judge(&healed)?;
-        let is_message = |op: &&Op| matches!(op.verb, Verb::Send | Verb::Req);
-        let promised = healed.a.enqueued.iter().filter(is_message).count();
-        let consumed = healed.b.consumed.iter().filter(is_message).count();
-        let reqs = healed
+        let futile: BTreeSet<&str> = healed
             .a
-            .enqueued
+            .events
             .iter()
-            .filter(|op| op.verb == Verb::Req)
-            .count();
+            .filter_map(|e| match e {
+                Event::Futile { op_id, .. } => Some(op_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let consumed: BTreeSet<&str> = healed.b.consumed.iter().map(|op| op.id.as_str()).collect();
         let answered = healed
             .a
             .events
             .iter()
             .filter(|e| matches!(e, Event::Answered { .. }))
             .count();
-        if promised != consumed || reqs != answered || healed.a.machine.outbox_len() != 0 {
+        let mut answered_reqs = 0;
+        for op in healed
+            .a
+            .enqueued
+            .iter()
+            .filter(|op| matches!(op.verb, Verb::Send | Verb::Req))
+        {
+            // Outcomes: consumed at B, futile at A, or acked and then discarded by B's close.
+            let acked = healed
+                .a
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::Acked { op_id, .. } if *op_id == op.id));
+            let discarded =
+                acked && !consumed.contains(op.id.as_str()) && closed_by_b(&healed, &op.obj);
+            let outcomes = usize::from(consumed.contains(op.id.as_str()))
+                + usize::from(futile.contains(op.id.as_str()))
+                + usize::from(discarded);
+            if outcomes != 1 {
+                return Err(format!(
+                    "after healing, op {} has {outcomes} outcomes",
+                    op.id
+                ));
+            }
+            answered_reqs += usize::from(op.verb == Verb::Req && consumed.contains(op.id.as_str()));
+        }
+        if answered != answered_reqs || healed.a.machine.outbox_len() != 0 {
             return Err(format!(
-                "after healing: {consumed} of {promised} promised ops consumed, {answered} of \
-                 {reqs} reqs answered, {} un-acked",
+                "after healing: {answered} answers for {answered_reqs} answered reqs, {} un-acked",
                 healed.a.machine.outbox_len()
             ));
         }
         Ok(())
     }
+}
+
+/// Whether B's app closed `obj` (the close is in B's machine or its store).
+fn closed_by_b(h: &Harness, obj: &str) -> bool {
+    let closing = |op: &Op| op.obj == obj && op.verb == Verb::Close;
+    h.b.enqueued.iter().any(closing)
+        || matches!(
+            h.b.machine.object_state(obj),
+            Some(tether_core::substrate::ObjectState::Closed(_))
+        )
+}
+
+/// The object of A's op `id`.
+fn obj_of(h: &Harness, id: &str) -> String {
+    h.a.enqueued
+        .iter()
+        .find(|op| op.id == id)
+        .map(|op| op.obj.clone())
+        .unwrap_or_default()
 }
 
 /// A world with both objects open and accepted, link up.
@@ -294,6 +376,11 @@ pub fn apply(h: &mut Harness, action: Action) -> bool {
             h.advance(Duration::from_secs(31));
             true
         }
+        Action::Close => {
+            let (queue, _) = OBJECTS[0];
+            h.with(NodeId::B, |m, now| m.close(now, queue, "done"))
+                .is_ok()
+        }
         Action::Stray => {
             let mut env = Env::new(Verb::Send);
             env.obj = Some(Address::parse("stray").expect("valid"));
@@ -345,6 +432,9 @@ fn enabled(h: &Harness, budget: &Budget) -> Vec<Action> {
     if budget.strays > 0 {
         actions.push(Action::Stray);
     }
+    if budget.closes > 0 {
+        actions.push(Action::Close);
+    }
     actions
 }
 
@@ -356,6 +446,7 @@ fn spend(budget: &mut Budget, action: Action) {
         Action::Crash(id) => budget.crashes[id as usize] -= 1,
         Action::Wait => budget.waits -= 1,
         Action::Stray => budget.strays -= 1,
+        Action::Close => budget.closes -= 1,
         Action::Commit(_) | Action::Deliver(..) | Action::Drop(..) | Action::Answer => {}
     }
 }
@@ -377,7 +468,7 @@ impl std::fmt::Display for SubstrateReport {
         write!(
             f,
             "substrate: {} distinct states, {} transitions (window {}, {} sends over a queue and a session, \
-             {} reconnects, {} crash per side, {} duplicate, {} wait, {} strays, depth {})",
+             {} reconnects, {} crash per side, {} duplicate, {} wait, {} strays, {} close, depth {})",
             self.states,
             self.transitions,
             s.window,
@@ -387,6 +478,7 @@ impl std::fmt::Display for SubstrateReport {
             s.duplicates,
             s.waits,
             s.strays,
+            s.closes,
             s.depth
         )
     }
@@ -404,6 +496,7 @@ pub fn explore(scope: Scope) -> Result<SubstrateReport, String> {
         duplicates: scope.duplicates,
         waits: scope.waits,
         strays: scope.strays,
+        closes: scope.closes,
     };
     let mut walk = Walk {
         scope,

@@ -22,6 +22,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => node().prop_map(Action::Crash),
         1 => Just(Action::Wait),
         1 => Just(Action::Stray),
+        1 => Just(Action::Close),
     ]
 }
 

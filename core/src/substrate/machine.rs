@@ -1057,7 +1057,10 @@ impl Machine {
                     by_remote: true,
                 };
                 self.staged_outputs.push(Deferred::Event(event));
-                self.purge_outbox(&obj, finality::CLOSED, |op| op.verb != Verb::Close);
+                // Only ops never transmitted are certainly undelivered. One already on the
+                // wire may have been delivered before the close: it keeps its place and gets
+                // its own outcome (a re-ack, or `closed` from the peer's closed object).
+                self.purge_outbox(&obj, finality::CLOSED, |e| e.receipt == 0);
             }
             Verb::Accept => {
                 if object.record.state == ObjectState::Opening {
@@ -1115,14 +1118,14 @@ impl Machine {
     }
 
     /// Ends every outbox op of `obj` matching `filter` as futile with `code` (law 5).
-    fn purge_outbox(&mut self, obj: &str, code: &str, filter: impl Fn(&Op) -> bool) {
+    fn purge_outbox(&mut self, obj: &str, code: &str, filter: impl Fn(&Outgoing) -> bool) {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
         let seqs: Vec<u64> = object
             .outbox
             .values()
-            .filter(|e| filter(&e.op))
+            .filter(|e| filter(e))
             .map(|e| e.op.seq)
             .collect();
         for seq in seqs {
@@ -1184,7 +1187,7 @@ impl Machine {
                     self.staged_outputs.push(Deferred::Event(event));
                     self.purge_outbox(obj, &code, |_| true);
                 } else {
-                    self.purge_outbox(obj, &code, |op| op.seq == seq);
+                    self.purge_outbox(obj, &code, |e| e.op.seq == seq);
                     self.reannounce_floor(obj);
                 }
             }
@@ -1269,7 +1272,7 @@ impl Machine {
             .map(|e| e.op.seq)
             .collect();
         if !expired.is_empty() {
-            self.purge_outbox(name, finality::TTL_EXPIRED, |op| expired.contains(&op.seq));
+            self.purge_outbox(name, finality::TTL_EXPIRED, |e| expired.contains(&e.op.seq));
         }
         let object = self.objects.get(name).expect("still there");
         let retired = match object.record.state {
