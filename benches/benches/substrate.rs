@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_main, BatchSize, Criterion, Throughput};
 use tether_core::substrate::harness::{Harness, NodeId};
-use tether_core::substrate::{AllowAll, Authorizer, Config};
+use tether_core::substrate::Config;
 use tether_core::wire::envelope::{Address, Env, Envelope, EnvelopeDecoder, ObjKind, Verb};
 use tether_core::wire::StreamDecoder;
 
@@ -26,12 +26,7 @@ fn loaded(window: usize, objects: usize, latency: Duration) -> Harness {
         outbox_ops_max: OPS as usize,
         ..Config::default()
     };
-    let mut h = Harness::new(
-        config,
-        Authorizer::new(AllowAll),
-        Authorizer::new(AllowAll),
-        1,
-    );
+    let mut h = Harness::allowing_all(config, 1);
     h.latency = latency;
     h.connect();
     for object in 0..objects {

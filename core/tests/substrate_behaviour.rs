@@ -18,12 +18,7 @@ fn harness(window: usize) -> Harness {
         in_flight_max: window,
         ..Config::default()
     };
-    Harness::new(
-        config,
-        Authorizer::new(AllowAll),
-        Authorizer::new(AllowAll),
-        7,
-    )
+    Harness::allowing_all(config, 7)
 }
 
 fn body(i: u64) -> Bytes {
@@ -160,12 +155,7 @@ fn lossy_duplicating_reordering_link_still_delivers_exactly_once_in_order() {
             in_flight_max: 8,
             ..Config::default()
         };
-        let mut h = Harness::new(
-            config,
-            Authorizer::new(AllowAll),
-            Authorizer::new(AllowAll),
-            seed,
-        );
+        let mut h = Harness::allowing_all(config, seed);
         h.faults = Faults {
             drop_per_mille: 100,
             duplicate_per_mille: 100,

@@ -103,7 +103,7 @@ impl<S: Clone + Eq + Hash, O: std::fmt::Debug> Walk<S, O> {
         }
     }
 
-    /// `key` projects the part of the carried state that is the model state.
+    /// Walks from `start`, the model state and core's state side by side.
     fn run<C: Clone>(
         &mut self,
         start: (S, C),

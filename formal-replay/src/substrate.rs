@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether_core::substrate::harness::{Harness, NodeId};
-use tether_core::substrate::{AllowAll, Authorizer, Config, Event, Op};
+use tether_core::substrate::{Config, Event, Op};
 use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
 
 /// The objects A uses: a queue (sends) and a session (reqs, answered by B's app).
@@ -317,12 +317,7 @@ pub fn start(window: usize) -> Harness {
         in_flight_max: window,
         ..Config::default()
     };
-    let mut h = Harness::new(
-        config,
-        Authorizer::new(AllowAll),
-        Authorizer::new(AllowAll),
-        5,
-    );
+    let mut h = Harness::allowing_all(config, 5);
     h.connect();
     for (obj, kind) in OBJECTS {
         h.with(NodeId::A, |m, now| m.open(now, kind, obj, None))

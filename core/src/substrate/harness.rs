@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use super::{Authorizer, Config, DurableState, Event, Machine, Op, PeerId, PersistBatch, Record};
+use super::{
+    AllowAll, Authorizer, Config, DurableState, Event, Machine, Op, PeerId, PersistBatch, Record,
+};
 use crate::time::Time;
 use crate::wire::envelope::{Envelope, EnvelopeDecoder};
 use crate::wire::{FormatError, StreamDecoder};
@@ -182,6 +184,16 @@ impl Harness {
             rng: seed | 1,
             frames_delivered: 0,
         }
+    }
+
+    /// Two nodes with `config` whose authorizers allow everything (the common test setup).
+    pub fn allowing_all(config: Config, seed: u64) -> Self {
+        Self::new(
+            config,
+            Authorizer::new(AllowAll),
+            Authorizer::new(AllowAll),
+            seed,
+        )
     }
 
     /// The node `id`.

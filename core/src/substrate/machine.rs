@@ -1008,10 +1008,10 @@ impl Machine {
             };
             let next = object.record.rx_next;
             let Some(op) = object.held.remove(&next) else {
-                object.gap_since =
-                    (!object.held.is_empty()).then_some(object.gap_since.unwrap_or(now));
                 if object.held.is_empty() {
                     object.gap_since = None;
+                } else {
+                    object.gap_since.get_or_insert(now);
                 }
                 self.staged.push(Record::Object(object.record.clone()));
                 return;
