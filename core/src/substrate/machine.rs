@@ -339,6 +339,9 @@ enum Deferred {
 pub struct Machine {
     remote: PeerId,
     config: Config,
+    /// In-flight ops per object on the current link: the configured window, lowered by what
+    /// the handshake negotiated.
+    window: usize,
     authorizer: Arc<Authorizer>,
     /// Prefix of op ids minted in this boot (a seed passed in, distinct per boot).
     boot: u64,
@@ -377,9 +380,11 @@ impl Machine {
     /// (a random seed from the shell): op ids are `boot` plus a counter. `config` is applied
     /// through [`Config::checked`] (window at least 1, retention at least the queue TTL).
     pub fn new(remote: PeerId, config: Config, authorizer: Arc<Authorizer>, boot: u64) -> Self {
+        let config = config.checked();
         Self {
             remote,
-            config: config.checked(),
+            window: config.in_flight_max,
+            config,
             authorizer,
             boot,
             minted: 0,
@@ -578,6 +583,27 @@ impl Machine {
             object.outbox.land_from(0);
         }
         self.end_step(now);
+    }
+
+    /// The configured in-flight window (what this side proposes in a handshake).
+    pub fn configured_window(&self) -> usize {
+        self.config.in_flight_max
+    }
+
+    /// [`Machine::handle_link_up`], with `first` (the handshake's last frames) sent before
+    /// anything of the machine.
+    pub fn handle_link_up_with(&mut self, now: Time, first: Vec<Envelope>) {
+        for frame in first.into_iter().rev() {
+            self.transmit.push_front(frame);
+        }
+        self.handle_link_up(now);
+    }
+
+    /// Lowers the in-flight window to what the link's handshake negotiated (never above the
+    /// configured window, never below 1). Call before [`Machine::handle_link_up`].
+    pub fn limit_window(&mut self, negotiated: u64) {
+        let negotiated = usize::try_from(negotiated).unwrap_or(usize::MAX);
+        self.window = self.config.in_flight_max.min(negotiated).max(1);
     }
 
     /// The link is gone. Nothing is lost: un-acked ops stay in the outbox.
@@ -1481,7 +1507,7 @@ impl Machine {
         if !self.link_up {
             return;
         }
-        let window = self.config.in_flight_max;
+        let window = self.window;
         let persisted = self.persisted_through;
         for object in self.objects.values_mut() {
             let floor = object.floor();

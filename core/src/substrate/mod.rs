@@ -10,7 +10,9 @@
 //! - [`authorize`]: the interceptor chain and the scope policy.
 //! - [`finality`]: error codes and the class the receiver derives from them.
 //! - [`handshake`]: capabilities, negotiation and the proof bound to the negotiated tuple and
-//!   the connection; the shell runs it on every new link before [`Machine::handle_link_up`].
+//!   the connection.
+//! - [`PeerLink`]: a machine bound to its current link (handshake, frame codec, machine), so
+//!   that a shell only moves bytes, time and persistence results.
 //! - [`harness`]: a deterministic in-memory world of two machines for tests and benchmarks.
 
 pub mod authorize;
@@ -18,6 +20,7 @@ pub mod durable;
 pub mod finality;
 pub mod handshake;
 pub mod harness;
+mod link;
 mod machine;
 
 use std::collections::BTreeMap;
@@ -27,6 +30,7 @@ pub use authorize::{AllowAll, AuthorizeContext, Authorizer, Denial, Interceptor,
 pub use durable::{
     BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record, Side,
 };
+pub use link::{LinkClose, PeerLink};
 pub use machine::{CommandError, Event, Machine, TYPE_KEEPALIVE};
 
 use crate::limits::{
