@@ -9,3 +9,5 @@
 //! formats into JSON lines (the `tether inspect` command).
 
 pub mod inspect;
+pub mod store;
+pub mod substrate;

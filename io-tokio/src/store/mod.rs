@@ -1,0 +1,88 @@
+//! Where the substrate's durable state lives: [`SqliteStore`] for real use, [`MemoryStore`]
+//! for tests and processes that accept losing everything on restart.
+//!
+//! A store applies [`PersistBatch`]es exactly as [`DurableState::apply`] defines them. The
+//! shell hands it every batch a machine emitted up to a commit point in one call to
+//! [`Store::commit`] (group commit); the store makes them durable in one transaction and only
+//! then does the shell report them persisted to the machine. A failure leaves no batch
+//! partially applied.
+
+mod sqlite;
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use tether_core::substrate::{DurableState, PeerId, PersistBatch};
+
+pub use sqlite::SqliteStore;
+
+/// Why a store could not load or commit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// SQLite refused.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored row does not decode (written by another program or corrupted).
+    #[error("corrupt row in {table}: {detail}")]
+    Corrupt {
+        /// The table.
+        table: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A store failed on purpose (simulated crash or disk fault).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Durable state for every peer of one node, every key scoped by peer id.
+pub trait Store: Send + Sync + 'static {
+    /// Everything persisted for `peer` (empty when nothing is).
+    fn load(&self, peer: &PeerId) -> Result<DurableState, StoreError>;
+
+    /// Applies `batches`, in order, atomically: all of them or none.
+    fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError>;
+
+    /// Peers with anything persisted (their machines are recovered at start).
+    fn peers(&self) -> Result<Vec<PeerId>, StoreError>;
+
+    /// Whether calls block on disk (the shell then runs them off the async workers).
+    fn is_blocking(&self) -> bool {
+        false
+    }
+}
+
+/// Keeps everything in memory: durable for the life of the process only.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    peers: Mutex<HashMap<PeerId, DurableState>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Store for MemoryStore {
+    fn load(&self, peer: &PeerId) -> Result<DurableState, StoreError> {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(peers.get(peer).cloned().unwrap_or_default())
+    }
+
+    fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = peers.entry(peer.clone()).or_default();
+        for batch in batches {
+            state.apply(batch);
+        }
+        Ok(())
+    }
+
+    fn peers(&self) -> Result<Vec<PeerId>, StoreError> {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(peers.keys().cloned().collect())
+    }
+}

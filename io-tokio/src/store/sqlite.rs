@@ -1,0 +1,581 @@
+//! [`SqliteStore`]: the substrate's durable state in SQLite (bundled), WAL journal,
+//! `synchronous=FULL`, one transaction per group commit.
+//!
+//! Tables (each name behind an optional prefix; every key starts with the peer id):
+//!
+//! | table | key | holds |
+//! |---|---|---|
+//! | `peers` | peer | that the peer has state (machines are recovered at start) |
+//! | `objects` | peer, obj | kind, opener, open op id, state (+ since), next seq out, frontier in |
+//! | `outbox` | peer, obj, seq | un-acked ops of this side |
+//! | `inbox` | peer, place, obj, seq | ops of the remote held above the frontier (`held`) or delivered and not yet consumed (`delivered`) |
+//! | `dedupe` | peer, op id | the stored outcome of a bounced op id (tombstone) and when |
+//!
+//! Everything below an object's frontier is answered by the frontier itself, so the tables
+//! hold rows only for objects, in-flight ops and tombstones, never one per op ever exchanged.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use rusqlite::{params, Connection, Row, Transaction};
+use tether_core::substrate::{
+    DurableState, ObjectRecord, ObjectState, Op, PeerId, PersistBatch, Record, Side,
+};
+use tether_core::time::Time;
+use tether_core::wire::envelope::{ObjKind, Verb};
+
+use super::{Store, StoreError};
+
+/// The substrate's durable state in one SQLite database.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    tables: Arc<Tables>,
+}
+
+#[derive(Debug)]
+struct Tables {
+    peers: String,
+    objects: String,
+    outbox: String,
+    inbox: String,
+    dedupe: String,
+}
+
+impl Tables {
+    fn new(prefix: &str) -> Self {
+        Self {
+            peers: format!("{prefix}peers"),
+            objects: format!("{prefix}objects"),
+            outbox: format!("{prefix}outbox"),
+            inbox: format!("{prefix}inbox"),
+            dedupe: format!("{prefix}dedupe"),
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, in WAL mode with
+    /// `synchronous=FULL`. The store closes it when the last clone is dropped.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with_prefix(path, "")
+    }
+
+    /// [`SqliteStore::open`] with every table name prefixed by `prefix` (e.g. `tether_`).
+    pub fn open_with_prefix(path: impl AsRef<Path>, prefix: &str) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        Self::with_connection(Arc::new(Mutex::new(conn)), prefix)
+    }
+
+    /// Uses a connection the host owns and keeps using; the store never closes it and does
+    /// not change its settings (the host chooses journal mode and synchronous level).
+    pub fn with_connection(conn: Arc<Mutex<Connection>>, prefix: &str) -> Result<Self, StoreError> {
+        check_prefix(prefix)?;
+        let tables = Tables::new(prefix);
+        {
+            let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            conn.execute_batch(&schema(&tables))?;
+        }
+        Ok(Self {
+            conn,
+            tables: Arc::new(tables),
+        })
+    }
+
+    /// Deletes tombstones and closed objects whose retention ended before `cutoff`, for every
+    /// peer (including peers that never reconnect). Returns the rows deleted.
+    pub fn gc(&self, cutoff: Time) -> Result<usize, StoreError> {
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = conn.transaction()?;
+        let t = &self.tables;
+        let cutoff = to_sql_time(cutoff);
+        let mut deleted = tx.execute(
+            &format!("DELETE FROM {} WHERE at < ?1", t.dedupe),
+            params![cutoff],
+        )?;
+        deleted += tx.execute(
+            &format!(
+                "DELETE FROM {} WHERE state IN ('closed', 'rejected') AND state_at < ?1",
+                t.objects
+            ),
+            params![cutoff],
+        )?;
+        tx.commit()?;
+        Ok(deleted)
+    }
+
+    fn apply(
+        tx: &Transaction<'_>,
+        t: &Tables,
+        peer: &str,
+        record: &Record,
+    ) -> rusqlite::Result<()> {
+        match record {
+            Record::Object(object) => {
+                let (state, at) = state_to_sql(object.state);
+                tx.prepare_cached(&format!(
+                    "INSERT OR REPLACE INTO {} (peer, obj, kind, opened_by, open_id, state, \
+                     state_at, tx_next, rx_next) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    t.objects
+                ))?
+                .execute(params![
+                    peer,
+                    object.obj,
+                    object.kind.as_str(),
+                    side_to_sql(object.opened_by),
+                    object.open_id,
+                    state,
+                    at,
+                    to_sql_u64(object.tx_next),
+                    to_sql_u64(object.rx_next),
+                ])?;
+            }
+            Record::ObjectRemoved { obj } => {
+                tx.prepare_cached(&format!(
+                    "DELETE FROM {} WHERE peer = ?1 AND obj = ?2",
+                    t.objects
+                ))?
+                .execute(params![peer, obj])?;
+            }
+            Record::Outbox(op) => insert_op(tx, &t.outbox, peer, None, op)?,
+            Record::Held(op) => insert_op(tx, &t.inbox, peer, Some("held"), op)?,
+            Record::Inbox(op) => insert_op(tx, &t.inbox, peer, Some("delivered"), op)?,
+            Record::OutboxRemoved { obj, seq } => {
+                tx.prepare_cached(&format!(
+                    "DELETE FROM {} WHERE peer = ?1 AND obj = ?2 AND seq = ?3",
+                    t.outbox
+                ))?
+                .execute(params![peer, obj, to_sql_u64(*seq)])?;
+            }
+            Record::HeldRemoved { obj, seq } | Record::InboxRemoved { obj, seq } => {
+                let place = match record {
+                    Record::HeldRemoved { .. } => "held",
+                    _ => "delivered",
+                };
+                tx.prepare_cached(&format!(
+                    "DELETE FROM {} WHERE peer = ?1 AND place = ?2 AND obj = ?3 AND seq = ?4",
+                    t.inbox
+                ))?
+                .execute(params![peer, place, obj, to_sql_u64(*seq)])?;
+            }
+            Record::Bounce { op_id, code, at } => {
+                tx.prepare_cached(&format!(
+                    "INSERT OR REPLACE INTO {} (peer, op_id, code, at) VALUES (?1, ?2, ?3, ?4)",
+                    t.dedupe
+                ))?
+                .execute(params![peer, op_id, code, to_sql_time(*at)])?;
+            }
+            Record::BounceRemoved { op_id } => {
+                tx.prepare_cached(&format!(
+                    "DELETE FROM {} WHERE peer = ?1 AND op_id = ?2",
+                    t.dedupe
+                ))?
+                .execute(params![peer, op_id])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Store for SqliteStore {
+    fn load(&self, peer: &PeerId) -> Result<DurableState, StoreError> {
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = &self.tables;
+        let peer = peer.as_str();
+        let mut state = DurableState::default();
+        let mut objects = conn.prepare(&format!(
+            "SELECT obj, kind, opened_by, open_id, state, state_at, tx_next, rx_next FROM {} \
+             WHERE peer = ?1",
+            t.objects
+        ))?;
+        let mut rows = objects.query(params![peer])?;
+        while let Some(row) = rows.next()? {
+            let object = object_from_row(row)?;
+            state.objects.insert(object.obj.clone(), object);
+        }
+        let mut outbox = conn.prepare(&format!(
+            "SELECT {OP_COLUMNS} FROM {} WHERE peer = ?1",
+            t.outbox
+        ))?;
+        let mut rows = outbox.query(params![peer])?;
+        while let Some(row) = rows.next()? {
+            let op = op_from_row(row)?;
+            state.outbox.insert((op.obj.clone(), op.seq), op);
+        }
+        let mut inbox = conn.prepare(&format!(
+            "SELECT {OP_COLUMNS}, place FROM {} WHERE peer = ?1",
+            t.inbox
+        ))?;
+        let mut rows = inbox.query(params![peer])?;
+        while let Some(row) = rows.next()? {
+            let op = op_from_row(row)?;
+            let place: String = row.get(10)?;
+            let map = match place.as_str() {
+                "held" => &mut state.held,
+                "delivered" => &mut state.inbox,
+                other => return Err(corrupt("inbox", format!("place {other:?}"))),
+            };
+            map.insert((op.obj.clone(), op.seq), op);
+        }
+        let mut dedupe = conn.prepare(&format!(
+            "SELECT op_id, code, at FROM {} WHERE peer = ?1",
+            t.dedupe
+        ))?;
+        let mut rows = dedupe.query(params![peer])?;
+        while let Some(row) = rows.next()? {
+            let op_id: String = row.get(0)?;
+            let code: String = row.get(1)?;
+            let at = from_sql_time(row.get(2)?);
+            state.bounces.insert(op_id, (code, at));
+        }
+        Ok(state)
+    }
+
+    fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let t = &self.tables;
+        tx.prepare_cached(&format!(
+            "INSERT OR IGNORE INTO {} (peer) VALUES (?1)",
+            t.peers
+        ))?
+        .execute(params![peer.as_str()])?;
+        for batch in batches {
+            for record in &batch.records {
+                Self::apply(&tx, t, peer.as_str(), record)?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn peers(&self) -> Result<Vec<PeerId>, StoreError> {
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut statement = conn.prepare(&format!("SELECT peer FROM {}", self.tables.peers))?;
+        let peers = statement
+            .query_map([], |row| row.get::<_, String>(0))?
+            .map(|peer| peer.map(PeerId::new))
+            .collect::<Result<_, _>>()?;
+        Ok(peers)
+    }
+
+    fn is_blocking(&self) -> bool {
+        true
+    }
+}
+
+const OP_COLUMNS: &str = "obj, seq, op_id, verb, obj_kind, body, code, reason, cap, at";
+
+fn schema(t: &Tables) -> String {
+    let op_columns = "obj TEXT NOT NULL, seq INTEGER NOT NULL, op_id TEXT NOT NULL, \
+                      verb TEXT NOT NULL, obj_kind TEXT, body BLOB, code TEXT, reason TEXT, \
+                      cap TEXT, at INTEGER NOT NULL";
+    format!(
+        "CREATE TABLE IF NOT EXISTS {peers} (peer TEXT PRIMARY KEY);
+         CREATE TABLE IF NOT EXISTS {objects} (peer TEXT NOT NULL, obj TEXT NOT NULL,
+             kind TEXT NOT NULL, opened_by TEXT NOT NULL, open_id TEXT NOT NULL,
+             state TEXT NOT NULL, state_at INTEGER, tx_next INTEGER NOT NULL,
+             rx_next INTEGER NOT NULL, PRIMARY KEY (peer, obj));
+         CREATE TABLE IF NOT EXISTS {outbox} (peer TEXT NOT NULL, {op_columns},
+             PRIMARY KEY (peer, obj, seq));
+         CREATE TABLE IF NOT EXISTS {inbox} (peer TEXT NOT NULL, place TEXT NOT NULL,
+             {op_columns}, PRIMARY KEY (peer, place, obj, seq));
+         CREATE TABLE IF NOT EXISTS {dedupe} (peer TEXT NOT NULL, op_id TEXT NOT NULL,
+             code TEXT NOT NULL, at INTEGER NOT NULL, PRIMARY KEY (peer, op_id));",
+        peers = t.peers,
+        objects = t.objects,
+        outbox = t.outbox,
+        inbox = t.inbox,
+        dedupe = t.dedupe,
+    )
+}
+
+/// Table prefixes are spliced into SQL: only `[A-Za-z0-9_]` is allowed.
+fn check_prefix(prefix: &str) -> Result<(), StoreError> {
+    if prefix.len() <= 32
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        Ok(())
+    } else {
+        Err(StoreError::Unavailable(format!(
+            "table prefix {prefix:?} must be at most 32 of [A-Za-z0-9_]"
+        )))
+    }
+}
+
+fn insert_op(
+    tx: &Transaction<'_>,
+    table: &str,
+    peer: &str,
+    place: Option<&str>,
+    op: &Op,
+) -> rusqlite::Result<()> {
+    let (place_column, place_value) = match place {
+        Some(_) => ("place, ", "?12, "),
+        None => ("", ""),
+    };
+    let sql = format!(
+        "INSERT OR REPLACE INTO {table} (peer, {place_column}{OP_COLUMNS}) VALUES (?1, \
+         {place_value}?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+    );
+    let mut statement = tx.prepare_cached(&sql)?;
+    let values = params![
+        peer,
+        op.obj,
+        to_sql_u64(op.seq),
+        op.id,
+        op.verb.as_str(),
+        op.obj_kind.map(ObjKind::as_str),
+        op.body.as_deref(),
+        op.code,
+        op.reason,
+        op.cap,
+        to_sql_time(op.at),
+        place,
+    ];
+    match place {
+        Some(_) => statement.execute(values)?,
+        None => statement.execute(&values[..11])?,
+    };
+    Ok(())
+}
+
+fn op_from_row(row: &Row<'_>) -> Result<Op, StoreError> {
+    let verb: String = row.get(3)?;
+    let obj_kind: Option<String> = row.get(4)?;
+    let body: Option<Vec<u8>> = row.get(5)?;
+    Ok(Op {
+        obj: row.get(0)?,
+        seq: from_sql_u64(row.get(1)?),
+        id: row.get(2)?,
+        verb: Verb::parse(&verb).ok_or_else(|| corrupt("ops", format!("verb {verb:?}")))?,
+        obj_kind: obj_kind.as_deref().map(kind_from_sql).transpose()?,
+        body: body.map(Bytes::from),
+        code: row.get(6)?,
+        reason: row.get(7)?,
+        cap: row.get(8)?,
+        at: from_sql_time(row.get(9)?),
+    })
+}
+
+fn object_from_row(row: &Row<'_>) -> Result<ObjectRecord, StoreError> {
+    let kind: String = row.get(1)?;
+    let opened_by: String = row.get(2)?;
+    let state: String = row.get(4)?;
+    let at: Option<i64> = row.get(5)?;
+    Ok(ObjectRecord {
+        obj: row.get(0)?,
+        kind: kind_from_sql(&kind)?,
+        opened_by: match opened_by.as_str() {
+            "local" => Side::Local,
+            "remote" => Side::Remote,
+            other => return Err(corrupt("objects", format!("opened_by {other:?}"))),
+        },
+        open_id: row.get(3)?,
+        state: state_from_sql(&state, at)?,
+        tx_next: from_sql_u64(row.get(6)?),
+        rx_next: from_sql_u64(row.get(7)?),
+    })
+}
+
+fn kind_from_sql(kind: &str) -> Result<ObjKind, StoreError> {
+    match kind {
+        "session" => Ok(ObjKind::Session),
+        "queue" => Ok(ObjKind::Queue),
+        other => Err(corrupt("objects", format!("kind {other:?}"))),
+    }
+}
+
+fn side_to_sql(side: Side) -> &'static str {
+    match side {
+        Side::Local => "local",
+        Side::Remote => "remote",
+    }
+}
+
+fn state_to_sql(state: ObjectState) -> (&'static str, Option<i64>) {
+    match state {
+        ObjectState::Opening => ("opening", None),
+        ObjectState::AwaitingAccept => ("awaiting_accept", None),
+        ObjectState::Live => ("live", None),
+        ObjectState::Closed(at) => ("closed", Some(to_sql_time(at))),
+        ObjectState::Rejected(at) => ("rejected", Some(to_sql_time(at))),
+    }
+}
+
+fn state_from_sql(state: &str, at: Option<i64>) -> Result<ObjectState, StoreError> {
+    let at = || {
+        at.map(from_sql_time)
+            .ok_or_else(|| corrupt("objects", format!("{state} without state_at")))
+    };
+    Ok(match state {
+        "opening" => ObjectState::Opening,
+        "awaiting_accept" => ObjectState::AwaitingAccept,
+        "live" => ObjectState::Live,
+        "closed" => ObjectState::Closed(at()?),
+        "rejected" => ObjectState::Rejected(at()?),
+        other => return Err(corrupt("objects", format!("state {other:?}"))),
+    })
+}
+
+fn corrupt(table: &'static str, detail: String) -> StoreError {
+    StoreError::Corrupt { table, detail }
+}
+
+/// SQLite integers are i64; u64 values are stored bit-for-bit.
+fn to_sql_u64(value: u64) -> i64 {
+    value as i64
+}
+
+fn from_sql_u64(value: i64) -> u64 {
+    value as u64
+}
+
+fn to_sql_time(time: Time) -> i64 {
+    to_sql_u64(time.as_millis())
+}
+
+fn from_sql_time(value: i64) -> Time {
+    Time::from_millis(from_sql_u64(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tether_core::substrate::BatchId;
+
+    fn op(obj: &str, seq: u64, verb: Verb) -> Op {
+        Op {
+            obj: obj.to_owned(),
+            seq,
+            id: format!("id-{seq}"),
+            verb,
+            obj_kind: (verb == Verb::Open).then_some(ObjKind::Session),
+            body: Some(Bytes::from(vec![seq as u8; 3])),
+            code: None,
+            reason: None,
+            cap: Some("cap".to_owned()),
+            at: Time::from_millis(seq * 10),
+        }
+    }
+
+    fn object(obj: &str, state: ObjectState) -> ObjectRecord {
+        ObjectRecord {
+            obj: obj.to_owned(),
+            kind: ObjKind::Queue,
+            opened_by: Side::Remote,
+            open_id: "open-1".to_owned(),
+            state,
+            tx_next: 7,
+            rx_next: u64::MAX,
+        }
+    }
+
+    fn batches() -> Vec<PersistBatch> {
+        vec![
+            PersistBatch {
+                id: BatchId(1),
+                records: vec![
+                    Record::Object(object("a", ObjectState::Live)),
+                    Record::Object(object("b", ObjectState::Closed(Time::from_millis(5)))),
+                    Record::Outbox(op("a", 0, Verb::Open)),
+                    Record::Outbox(op("a", 1, Verb::Send)),
+                    Record::Held(op("a", 4, Verb::Send)),
+                    Record::Inbox(op("a", 2, Verb::Req)),
+                    Record::Bounce {
+                        op_id: "x".to_owned(),
+                        code: "no_such_object".to_owned(),
+                        at: Time::from_millis(3),
+                    },
+                ],
+            },
+            PersistBatch {
+                id: BatchId(2),
+                records: vec![
+                    Record::OutboxRemoved {
+                        obj: "a".to_owned(),
+                        seq: 0,
+                    },
+                    Record::Inbox(op("a", 4, Verb::Send)),
+                    Record::HeldRemoved {
+                        obj: "a".to_owned(),
+                        seq: 4,
+                    },
+                ],
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trips_the_reference_state_and_scopes_by_peer() {
+        let dir = std::env::temp_dir().join(format!("tether-sqlite-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("rt.db");
+        let _ = std::fs::remove_file(&path);
+        let store = SqliteStore::open_with_prefix(&path, "t_").expect("open");
+        let (a, b) = (PeerId::new("peer-a"), PeerId::new("peer-b"));
+        store.commit(&a, &batches()).expect("commit");
+        let mut reference = DurableState::default();
+        for batch in batches() {
+            reference.apply(&batch);
+        }
+        assert_eq!(store.load(&a).expect("load"), reference);
+        assert_eq!(store.load(&b).expect("load"), DurableState::default());
+        drop(store);
+        // Reopened from the file: the same state.
+        let store = SqliteStore::open_with_prefix(&path, "t_").expect("reopen");
+        assert_eq!(store.load(&a).expect("load"), reference);
+        assert_eq!(store.peers().expect("peers"), vec![a.clone()]);
+        // GC drops the tombstone and the closed object older than the cutoff.
+        assert_eq!(store.gc(Time::from_millis(6)).expect("gc"), 2);
+        let state = store.load(&a).expect("load");
+        assert!(state.bounces.is_empty() && !state.objects.contains_key("b"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_failed_commit_leaves_no_partial_batch() {
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+        let store = SqliteStore::with_connection(conn.clone(), "").expect("store");
+        let peer = PeerId::new("p");
+        store.commit(&peer, &batches()[..1]).expect("first");
+        let before = store.load(&peer).expect("load");
+        // Break the inbox table so the second batch fails after its first statement.
+        conn.lock()
+            .expect("lock")
+            .execute_batch("DROP TABLE inbox")
+            .expect("drop");
+        assert!(store.commit(&peer, &batches()[1..]).is_err());
+        conn.lock()
+            .expect("lock")
+            .execute_batch(
+                "CREATE TABLE inbox (peer TEXT NOT NULL, place TEXT NOT NULL, obj TEXT NOT NULL, \
+                 seq INTEGER NOT NULL, op_id TEXT NOT NULL, verb TEXT NOT NULL, obj_kind TEXT, \
+                 body BLOB, code TEXT, reason TEXT, cap TEXT, at INTEGER NOT NULL, \
+                 PRIMARY KEY (peer, place, obj, seq))",
+            )
+            .expect("recreate");
+        let after = store.load(&peer).expect("load");
+        assert_eq!(
+            after.outbox, before.outbox,
+            "the outbox delete was rolled back"
+        );
+        // The host's connection is still usable: the store never closed it.
+        drop(store);
+        conn.lock()
+            .expect("lock")
+            .execute_batch("SELECT 1")
+            .expect("open");
+    }
+
+    #[test]
+    fn rejects_a_prefix_that_is_not_an_identifier() {
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+        assert!(SqliteStore::with_connection(conn, "x; DROP TABLE y").is_err());
+    }
+}

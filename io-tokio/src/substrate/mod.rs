@@ -1,0 +1,717 @@
+//! The substrate from async Rust: named queues and sessions to peers with exactly-once,
+//! per-object FIFO delivery across disconnects and restarts.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tether::store::SqliteStore;
+//! use tether::substrate::{Auth, Authorizer, Inbound, PeerId, ScopeAuthorizer, Substrate, TcpTransport};
+//!
+//! let transport = TcpTransport::bind(PeerId::new("alice"), "127.0.0.1:0".parse()?).await?;
+//! transport.add_peer(PeerId::new("bob"), "127.0.0.1:7000".parse()?);
+//! // bob may open and send on anything; every other peer is refused.
+//! let scopes = ScopeAuthorizer::new(
+//!     |peer| (peer.as_str() == "bob").then(|| vec!["worker".to_owned()]),
+//!     [("worker".to_owned(), vec!["open".to_owned(), "send".to_owned()])],
+//! );
+//! let substrate = Substrate::builder(PeerId::new("alice"), transport)
+//!     .auth(Auth::SharedKey(b"a key both sides hold".to_vec()))
+//!     .authorize(Authorizer::new(scopes))
+//!     .store(Arc::new(SqliteStore::open("alice.db")?))
+//!     .start()?;
+//! let queue = substrate.peer(&PeerId::new("bob")).open_queue("jobs/resize").await?;
+//! queue.send(b"photo-1".to_vec()).await?; // durable at bob when this returns
+//! let mut inbound = substrate.inbound().expect("taken once");
+//! while let Some(item) = inbound.recv().await {
+//!     if let Inbound::Message(message) = item {
+//!         println!("{} bytes on {}", message.body.len(), message.obj);
+//!         message.done(); // not redelivered after a restart
+//!     }
+//! }
+//! substrate.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! The shell is thin: each peer has one task that owns a [`tether_core::substrate::PeerLink`]
+//! and only moves bytes, time and persistence results; every decision is the core machine's.
+//! Persist batches are group-committed (all batches emitted up to a commit point in one store
+//! transaction) before anything they cover is transmitted or acknowledged.
+
+mod driver;
+pub mod transport;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{Rng, SeedableRng, TryRng};
+use tether_core::substrate::Machine;
+use tether_core::time::Time;
+use tether_core::wire::envelope::{ObjKind, Verb};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+pub use tether_core::substrate::handshake::Auth;
+pub use tether_core::substrate::{
+    AllowAll, Authorizer, CommandError, Config, Denial, Interceptor, PeerId, ScopeAuthorizer,
+};
+pub use transport::{Link, LinkStream, TcpTransport, Transport};
+
+use crate::store::{MemoryStore, Store, StoreError};
+use driver::{Command, Driver};
+
+/// Why an operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The machine refused the command (nothing changed).
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// The op ended without effect (terminal error from the peer, close, TTL expiry).
+    #[error("futile: {0}")]
+    Futile(String),
+    /// The peer rejected the open.
+    #[error("rejected: {0}")]
+    Rejected(String),
+    /// The peer answered the request with an error.
+    #[error("remote error: {0}")]
+    Remote(String),
+    /// The object was closed before the open completed.
+    #[error("closed: {0}")]
+    Closed(String),
+    /// The substrate is shutting down (or the peer's task stopped on a store failure).
+    #[error("shut down")]
+    Shutdown,
+}
+
+/// Why the substrate could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No authentication method was chosen (use `Auth::None` to opt out explicitly).
+    #[error("an auth method is required")]
+    AuthRequired,
+    /// No authorize chain was given (use `AllowAll` to opt out explicitly).
+    #[error("an authorize chain is required")]
+    AuthorizeRequired,
+    /// The store could not load what it holds.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The answer to a request: the `res` parts in order, then the `end` body.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reply {
+    /// Bodies of `res` answers, in order.
+    pub res: Vec<Bytes>,
+    /// Body of the final `end`.
+    pub end: Option<Bytes>,
+}
+
+/// What peers send this node.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A peer opened an object: accept or reject it.
+    Open(OpenRequest),
+    /// A message on a queue (or a send on a session).
+    Message(Delivery),
+    /// A request on a session: answer it.
+    Request(Request),
+    /// A peer closed an object.
+    Closed {
+        /// The peer.
+        peer: PeerId,
+        /// The object.
+        obj: String,
+        /// The reason given.
+        reason: Option<String>,
+    },
+}
+
+/// A peer's `open`, awaiting this side's decision.
+#[derive(Debug)]
+pub struct OpenRequest {
+    /// The peer.
+    pub peer: PeerId,
+    /// The object.
+    pub obj: String,
+    /// Session or queue.
+    pub kind: ObjKind,
+    /// The capability token presented.
+    pub cap: Option<String>,
+    handle: mpsc::UnboundedSender<Command>,
+}
+
+impl OpenRequest {
+    /// Accepts: the object is live on both sides.
+    pub async fn accept(self) -> Result<(), Error> {
+        let obj = self.obj;
+        call(&self.handle, |reply| Command::Decide {
+            obj,
+            reject: None,
+            reply,
+        })
+        .await
+    }
+
+    /// Rejects with `code` (e.g. `approval_denied`).
+    pub async fn reject(self, code: &str) -> Result<(), Error> {
+        let obj = self.obj;
+        call(&self.handle, |reply| Command::Decide {
+            obj,
+            reject: Some(code.to_owned()),
+            reply,
+        })
+        .await
+    }
+}
+
+/// A delivered message, durable here. Call [`Delivery::done`] once it is processed: until
+/// then it is delivered again after a restart (with the same `peer`, `obj`, `seq` and
+/// `op_id`, which identify it).
+#[derive(Debug)]
+pub struct Delivery {
+    /// The sender.
+    pub peer: PeerId,
+    /// The object.
+    pub obj: String,
+    /// Its seq in the object's direction (strictly increasing per object).
+    pub seq: u64,
+    /// The sender's op id.
+    pub op_id: String,
+    /// The body.
+    pub body: Bytes,
+    handle: mpsc::UnboundedSender<Command>,
+}
+
+impl Delivery {
+    /// The app is done with it: its durable copy is dropped.
+    pub fn done(self) {
+        let _ = self.handle.send(Command::Consume {
+            obj: self.obj,
+            seq: self.seq,
+        });
+    }
+}
+
+/// A request from a peer; answer with [`Request::respond`] (any number of times) then
+/// [`Request::end`] or [`Request::fail`]. Until it is ended it is delivered again after a
+/// restart.
+#[derive(Debug)]
+pub struct Request {
+    /// The requester.
+    pub peer: PeerId,
+    /// The session.
+    pub obj: String,
+    /// Its seq.
+    pub seq: u64,
+    /// The req's op id.
+    pub req_id: String,
+    /// The body.
+    pub body: Bytes,
+    handle: mpsc::UnboundedSender<Command>,
+}
+
+impl Request {
+    /// A partial answer (`res`).
+    pub async fn respond(&self, body: impl Into<Bytes>) -> Result<(), Error> {
+        self.answer(Verb::Res, Some(body.into()), None).await
+    }
+
+    /// The final answer (`end`); the request is consumed with it, atomically.
+    pub async fn end(self, body: impl Into<Bytes>) -> Result<(), Error> {
+        self.answer(Verb::End, Some(body.into()), None).await
+    }
+
+    /// A final error answer with `code`.
+    pub async fn fail(self, code: &str) -> Result<(), Error> {
+        self.answer(Verb::Err, None, Some(code.to_owned())).await
+    }
+
+    async fn answer(
+        &self,
+        verb: Verb,
+        body: Option<Bytes>,
+        code: Option<String>,
+    ) -> Result<(), Error> {
+        let (obj, req_id) = (self.obj.clone(), self.req_id.clone());
+        call(&self.handle, |reply| Command::Answer {
+            obj,
+            req_id,
+            verb,
+            body,
+            code,
+            reply,
+        })
+        .await
+    }
+}
+
+/// Resolves when the peer's task answers; created when the command is sent, so several can
+/// be in flight at once.
+pub struct Pending<T> {
+    rx: oneshot::Receiver<Result<T, Error>>,
+}
+
+impl<T> std::fmt::Debug for Pending<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
+impl<T> Future for Pending<T> {
+    type Output = Result<T, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|result| result.unwrap_or(Err(Error::Shutdown)))
+    }
+}
+
+fn send_command<T>(
+    handle: &mpsc::UnboundedSender<Command>,
+    command: impl FnOnce(driver::Reply1<T>) -> Command,
+) -> Pending<T> {
+    let (reply, rx) = oneshot::channel();
+    let _ = handle.send(command(reply));
+    Pending { rx }
+}
+
+async fn call<T>(
+    handle: &mpsc::UnboundedSender<Command>,
+    command: impl FnOnce(driver::Reply1<T>) -> Command,
+) -> Result<T, Error> {
+    send_command(handle, command).await
+}
+
+/// A remote peer.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    id: PeerId,
+    handle: mpsc::UnboundedSender<Command>,
+}
+
+impl Peer {
+    /// Its id.
+    pub fn id(&self) -> &PeerId {
+        &self.id
+    }
+
+    /// Opens a queue at `obj`; resolves when the peer accepts it.
+    pub async fn open_queue(&self, obj: &str) -> Result<Queue, Error> {
+        self.open(ObjKind::Queue, obj, None).await?;
+        Ok(Queue(self.object(obj)))
+    }
+
+    /// Opens a session at `obj`; resolves when the peer accepts it.
+    pub async fn open_session(&self, obj: &str) -> Result<Session, Error> {
+        self.open(ObjKind::Session, obj, None).await?;
+        Ok(Session(self.object(obj)))
+    }
+
+    /// Opens an object of `kind` presenting capability token `cap`.
+    pub async fn open(&self, kind: ObjKind, obj: &str, cap: Option<&str>) -> Result<(), Error> {
+        let (obj, cap) = (obj.to_owned(), cap.map(str::to_owned));
+        call(&self.handle, |reply| Command::Open {
+            kind,
+            obj,
+            cap,
+            reply,
+        })
+        .await
+    }
+
+    /// A handle on queue `obj`, already open (e.g. recovered after a restart).
+    pub fn queue(&self, obj: &str) -> Queue {
+        Queue(self.object(obj))
+    }
+
+    /// A handle on session `obj`, already open.
+    pub fn session(&self, obj: &str) -> Session {
+        Session(self.object(obj))
+    }
+
+    fn object(&self, obj: &str) -> Object {
+        Object {
+            obj: obj.to_owned(),
+            handle: self.handle.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Object {
+    obj: String,
+    handle: mpsc::UnboundedSender<Command>,
+}
+
+impl Object {
+    fn close(&self, reason: &str) -> Pending<()> {
+        let (obj, reason) = (self.obj.clone(), reason.to_owned());
+        send_command(&self.handle, |reply| Command::Close { obj, reason, reply })
+    }
+}
+
+/// A queue: one-way durable messages, in order.
+#[derive(Debug, Clone)]
+pub struct Queue(Object);
+
+impl Queue {
+    /// Sends `body`; resolves to its op id once it is durable at the peer (hop ack). The op
+    /// is queued when this is called, so sends issued one after another keep their order
+    /// and can be awaited together.
+    pub fn send(&self, body: impl Into<Bytes>) -> Pending<String> {
+        let (obj, body) = (self.0.obj.clone(), body.into());
+        send_command(&self.0.handle, |reply| Command::Send { obj, body, reply })
+    }
+
+    /// Closes the queue; ops sent before still go first.
+    pub fn close(&self, reason: &str) -> Pending<()> {
+        self.0.close(reason)
+    }
+}
+
+/// A session: requests with answers, in order.
+#[derive(Debug, Clone)]
+pub struct Session(Object);
+
+impl Session {
+    /// Sends a request; resolves to the peer's answer.
+    pub fn req(&self, body: impl Into<Bytes>) -> Pending<Reply> {
+        let (obj, body) = (self.0.obj.clone(), body.into());
+        send_command(&self.0.handle, |reply| Command::Req { obj, body, reply })
+    }
+
+    /// A one-way message on the session; resolves at the hop ack.
+    pub fn send(&self, body: impl Into<Bytes>) -> Pending<String> {
+        let (obj, body) = (self.0.obj.clone(), body.into());
+        send_command(&self.0.handle, |reply| Command::Send { obj, body, reply })
+    }
+
+    /// Closes the session.
+    pub fn close(&self, reason: &str) -> Pending<()> {
+        self.0.close(reason)
+    }
+}
+
+/// Reads the time the machines run on, in milliseconds (wall clock by default, so that TTLs
+/// and retention survive restarts).
+pub type Clock = Arc<dyn Fn() -> Time + Send + Sync>;
+
+enum Entropy {
+    Os,
+    Seeded(Xoshiro256PlusPlus),
+}
+
+/// What every peer task shares.
+struct Shared {
+    local: PeerId,
+    transport: Arc<dyn Transport>,
+    store: Arc<dyn Store>,
+    auth: Auth,
+    authorizer: Arc<Authorizer>,
+    features: Vec<String>,
+    config: Config,
+    clock: Clock,
+    entropy: Mutex<Entropy>,
+    inbound_tx: mpsc::UnboundedSender<Inbound>,
+}
+
+impl Shared {
+    fn random_bytes(&self) -> [u8; 16] {
+        let mut bytes = [0u8; 16];
+        match &mut *self.entropy.lock().unwrap_or_else(PoisonError::into_inner) {
+            Entropy::Os => rand::rngs::SysRng
+                .try_fill_bytes(&mut bytes)
+                .expect("the OS provides randomness"),
+            Entropy::Seeded(rng) => rng.fill_bytes(&mut bytes),
+        }
+        bytes
+    }
+
+    fn random_u64(&self) -> u64 {
+        let bytes = self.random_bytes();
+        u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))
+    }
+
+    /// Publishes a machine's counters through the `metrics` facade.
+    fn publish(&self, peer: &PeerId, machine: &Machine) {
+        let Ok(serde_json::Value::Object(stats)) = serde_json::to_value(machine.stats()) else {
+            return;
+        };
+        for (name, value) in stats {
+            let metric = format!("tether_substrate_{name}");
+            match value {
+                serde_json::Value::Number(n) => {
+                    metrics::counter!(metric, "peer" => peer.as_str().to_owned())
+                        .absolute(n.as_u64().unwrap_or(0));
+                }
+                serde_json::Value::Object(by_key) => {
+                    for (key, n) in by_key {
+                        metrics::gauge!(metric.clone(), "peer" => peer.as_str().to_owned(), "key" => key)
+                            .set(n.as_u64().unwrap_or(0) as f64);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A peer's task and the sender of its commands.
+type PeerTask = (mpsc::UnboundedSender<Command>, JoinHandle<()>);
+
+struct Inner {
+    shared: Arc<Shared>,
+    peers: Mutex<HashMap<PeerId, PeerTask>>,
+    inbound_rx: Mutex<Option<mpsc::UnboundedReceiver<Inbound>>>,
+    accept: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A node's substrate: one task per peer, an accept loop, a store.
+#[derive(Clone)]
+pub struct Substrate {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Substrate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Substrate")
+            .field("local", &self.inner.shared.local)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Substrate`]. Authentication and the authorize chain are required choices.
+pub struct SubstrateBuilder {
+    local: PeerId,
+    transport: Arc<dyn Transport>,
+    auth: Option<Auth>,
+    authorizer: Option<Authorizer>,
+    store: Arc<dyn Store>,
+    config: Config,
+    features: Vec<String>,
+    clock: Option<Clock>,
+    seed: Option<u64>,
+}
+
+impl std::fmt::Debug for SubstrateBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubstrateBuilder")
+            .field("local", &self.local)
+            .field("auth", &self.auth)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Substrate {
+    /// Starts building the substrate of node `local` over `transport`.
+    pub fn builder(local: PeerId, transport: impl Transport) -> SubstrateBuilder {
+        SubstrateBuilder {
+            local,
+            transport: Arc::new(transport),
+            auth: None,
+            authorizer: None,
+            store: Arc::new(MemoryStore::new()),
+            config: Config::default(),
+            features: Vec::new(),
+            clock: None,
+            seed: None,
+        }
+    }
+
+    /// The peer `id` (its task starts on first use; it dials if the transport can reach it).
+    pub fn peer(&self, id: &PeerId) -> Peer {
+        Peer {
+            id: id.clone(),
+            handle: self.inner.handle(id),
+        }
+    }
+
+    /// What peers send this node. Taken once; later calls return `None`.
+    pub fn inbound(&self) -> Option<mpsc::UnboundedReceiver<Inbound>> {
+        self.inner
+            .inbound_rx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// This node's id.
+    pub fn local(&self) -> &PeerId {
+        &self.inner.shared.local
+    }
+
+    /// Stops accepting, commits what each peer task has pending, drops every link and waits
+    /// for every task. Pending operations resolve with [`Error::Shutdown`].
+    pub async fn shutdown(&self) {
+        if let Some(accept) = self
+            .inner
+            .accept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            accept.abort();
+        }
+        let peers: Vec<_> = self
+            .inner
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        for (_, (handle, task)) in peers {
+            let (done, wait) = oneshot::channel();
+            if handle.send(Command::Shutdown(done)).is_ok() {
+                let _ = wait.await;
+            }
+            let _ = task.await;
+        }
+    }
+}
+
+impl Inner {
+    fn handle(&self, id: &PeerId) -> mpsc::UnboundedSender<Command> {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((handle, task)) = peers.get(id) {
+            if !task.is_finished() {
+                return handle.clone();
+            }
+        }
+        let shared = &self.shared;
+        let state = shared.store.load(id).unwrap_or_else(|error| {
+            warn!(%error, peer = id.as_str(), "could not load the peer's state; starting empty");
+            Default::default()
+        });
+        let boot = shared.random_u64();
+        let machine = Machine::recover(
+            id.clone(),
+            shared.config.clone(),
+            shared.authorizer.clone(),
+            boot,
+            &state,
+        );
+        let (tx, rx) = mpsc::unbounded_channel();
+        let driver = Driver::new(id.clone(), machine, shared.clone(), rx, tx.clone());
+        let task = tokio::spawn(driver.run());
+        peers.insert(id.clone(), (tx.clone(), task));
+        tx
+    }
+}
+
+impl SubstrateBuilder {
+    /// How links are authenticated (required; `Auth::None` is an explicit opt-out).
+    pub fn auth(mut self, auth: Auth) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// The authorize chain every inbound op passes (required; `AllowAll` is an explicit
+    /// opt-out).
+    pub fn authorize(mut self, authorizer: Authorizer) -> Self {
+        self.authorizer = Some(authorizer);
+        self
+    }
+
+    /// Where durable state lives (default: [`MemoryStore`], lost on restart).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Machine settings.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Optional features offered in the handshake.
+    pub fn features(mut self, features: Vec<String>) -> Self {
+        self.features = features;
+        self
+    }
+
+    /// The clock (default: wall-clock milliseconds since the Unix epoch).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Draws nonces, op-id prefixes and redial jitter from a seeded generator instead of the
+    /// OS: for deterministic simulation and tests only.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Starts the accept loop and a task for every peer with persisted state. Must be
+    /// called inside a tokio runtime.
+    pub fn start(self) -> Result<Substrate, BuildError> {
+        let auth = self.auth.ok_or(BuildError::AuthRequired)?;
+        let authorizer = self.authorizer.ok_or(BuildError::AuthorizeRequired)?;
+        if auth == Auth::None {
+            warn!(
+                local = self.local.as_str(),
+                "authentication is off (Auth::None)"
+            );
+        }
+        let (inbound_tx, inbound_rx) = mpsc::unbounded_channel();
+        let entropy = match self.seed {
+            Some(seed) => Entropy::Seeded(Xoshiro256PlusPlus::seed_from_u64(seed)),
+            None => Entropy::Os,
+        };
+        let shared = Arc::new(Shared {
+            local: self.local,
+            transport: self.transport,
+            store: self.store,
+            auth,
+            authorizer: Arc::new(authorizer),
+            features: self.features,
+            config: self.config,
+            clock: self.clock.unwrap_or_else(|| Arc::new(wall_clock)),
+            entropy: Mutex::new(entropy),
+            inbound_tx,
+        });
+        let inner = Arc::new(Inner {
+            shared: shared.clone(),
+            peers: Mutex::default(),
+            inbound_rx: Mutex::new(Some(inbound_rx)),
+            accept: Mutex::default(),
+        });
+        let mut recovered = shared.store.peers()?;
+        recovered.sort();
+        for peer in recovered {
+            inner.handle(&peer);
+        }
+        let weak = Arc::downgrade(&inner);
+        let accept = tokio::spawn(async move {
+            loop {
+                let transport = match weak.upgrade() {
+                    Some(inner) => inner.shared.transport.clone(),
+                    None => return,
+                };
+                let Ok((peer, link)) = transport.accept().await else {
+                    return;
+                };
+                let Some(inner) = weak.upgrade() else { return };
+                let _ = inner.handle(&peer).send(Command::Attach(link));
+            }
+        });
+        *inner.accept.lock().unwrap_or_else(PoisonError::into_inner) = Some(accept);
+        Ok(Substrate { inner })
+    }
+}
+
+fn wall_clock() -> Time {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Time::from_millis(since_epoch.as_millis() as u64)
+}

@@ -1,0 +1,237 @@
+//! The boundary between the substrate shell and a network: dial a peer, accept links, one
+//! ordered byte stream per link. [`TcpTransport`] is here; the simulator implements it over
+//! turmoil and the iroh driver over QUIC, so all of them run the same shell.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tether_core::substrate::handshake::Channel;
+use tether_core::substrate::PeerId;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// A boxed future, as the transport methods return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An ordered, reliable byte stream of one link.
+pub trait LinkStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> LinkStream for S {}
+
+/// One established link: its byte stream and what the handshake binds it to.
+pub struct Link {
+    /// The byte stream.
+    pub stream: Box<dyn LinkStream>,
+    /// Connection id and channel-binding bytes for the handshake proof.
+    pub channel: Channel,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the shell reaches peers.
+pub trait Transport: Send + Sync + 'static {
+    /// Whether this side knows how to reach `peer` (the side that does dials and redials; the
+    /// other side waits for the peer's links).
+    fn can_dial(&self, peer: &PeerId) -> bool;
+
+    /// Opens a link to `peer`; `nonce` is fresh randomness for the connection id.
+    fn dial<'a>(&'a self, peer: &'a PeerId, nonce: [u8; 16]) -> BoxFuture<'a, io::Result<Link>>;
+
+    /// The next inbound link and the peer it claims to be (the handshake proves it).
+    fn accept(&self) -> BoxFuture<'_, io::Result<(PeerId, Link)>>;
+}
+
+/// Magic bytes opening every link of the stream transports.
+const PREAMBLE_MAGIC: &[u8; 4] = b"TTH1";
+/// Longest peer id in a preamble.
+const PREAMBLE_ID_BYTES_MAX: usize = 128;
+/// Random bytes that make each connection id distinct.
+const CONN_NONCE_BYTES: usize = 16;
+
+/// Writes the dialer's preamble (`TTH1`, id length, dialer id, 16 random bytes) and returns
+/// the link's channel: the connection id binds both peer ids and the nonce, so a shared-key
+/// proof also proves the claimed identities. Plain streams have no channel-binding bytes.
+pub async fn write_preamble<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    local: &PeerId,
+    remote: &PeerId,
+    nonce: [u8; CONN_NONCE_BYTES],
+) -> io::Result<Channel> {
+    let id = local.as_str().as_bytes();
+    if id.len() > PREAMBLE_ID_BYTES_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "peer id too long",
+        ));
+    }
+    let mut preamble = Vec::with_capacity(5 + id.len() + CONN_NONCE_BYTES);
+    preamble.extend_from_slice(PREAMBLE_MAGIC);
+    preamble.push(id.len() as u8);
+    preamble.extend_from_slice(id);
+    preamble.extend_from_slice(&nonce);
+    stream.write_all(&preamble).await?;
+    stream.flush().await?;
+    Ok(channel(local, remote, &nonce))
+}
+
+/// Reads a dialer's preamble; returns who it claims to be and the link's channel.
+pub async fn read_preamble<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    local: &PeerId,
+) -> io::Result<(PeerId, Channel)> {
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head).await?;
+    if &head[..4] != PREAMBLE_MAGIC || usize::from(head[4]) > PREAMBLE_ID_BYTES_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a tether link",
+        ));
+    }
+    let mut rest = vec![0u8; usize::from(head[4]) + CONN_NONCE_BYTES];
+    stream.read_exact(&mut rest).await?;
+    let (id, nonce) = rest.split_at(usize::from(head[4]));
+    let id = std::str::from_utf8(id)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "peer id is not UTF-8"))?;
+    let remote = PeerId::new(id);
+    Ok((remote.clone(), channel(&remote, local, nonce)))
+}
+
+fn channel(dialer: &PeerId, listener: &PeerId, nonce: &[u8]) -> Channel {
+    let mut conn_id = Vec::new();
+    for part in [
+        dialer.as_str().as_bytes(),
+        listener.as_str().as_bytes(),
+        nonce,
+    ] {
+        conn_id.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        conn_id.extend_from_slice(part);
+    }
+    Channel {
+        conn_id,
+        binding: Vec::new(),
+    }
+}
+
+/// Links over TCP with the tether preamble. It has no channel binding: use `shared-key`
+/// authentication (or `none`, explicitly) with it.
+#[derive(Clone)]
+pub struct TcpTransport {
+    local: PeerId,
+    local_addr: SocketAddr,
+    peers: Arc<Mutex<HashMap<PeerId, SocketAddr>>>,
+    inbound: Arc<tokio::sync::Mutex<mpsc::Receiver<(PeerId, Link)>>>,
+}
+
+impl std::fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("local", &self.local)
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TcpTransport {
+    /// Listens on `addr` (e.g. `127.0.0.1:0`) as `local`. Inbound preambles are read in a task
+    /// per connection, so a slow or silent client never holds up others.
+    pub async fn bind(local: PeerId, addr: SocketAddr) -> io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let (tx, rx) = mpsc::channel(64);
+        let me = local.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                if tx.is_closed() {
+                    break;
+                }
+                let (tx, me) = (tx.clone(), me.clone());
+                tokio::spawn(async move {
+                    let _ = stream.set_nodelay(true);
+                    let mut stream = stream;
+                    let identified = tokio::time::timeout(
+                        std::time::Duration::from_secs(5),
+                        read_preamble(&mut stream, &me),
+                    )
+                    .await;
+                    if let Ok(Ok((peer, channel))) = identified {
+                        let link = Link {
+                            stream: Box::new(stream),
+                            channel,
+                        };
+                        let _ = tx.send((peer, link)).await;
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            local,
+            local_addr,
+            peers: Arc::default(),
+            inbound: Arc::new(tokio::sync::Mutex::new(rx)),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Records where `peer` listens; this side then dials it.
+    pub fn add_peer(&self, peer: PeerId, addr: SocketAddr) {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(peer, addr);
+    }
+
+    fn addr_of(&self, peer: &PeerId) -> Option<SocketAddr> {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(peer)
+            .copied()
+    }
+}
+
+impl Transport for TcpTransport {
+    fn can_dial(&self, peer: &PeerId) -> bool {
+        self.addr_of(peer).is_some()
+    }
+
+    fn dial<'a>(&'a self, peer: &'a PeerId, nonce: [u8; 16]) -> BoxFuture<'a, io::Result<Link>> {
+        Box::pin(async move {
+            let addr = self
+                .addr_of(peer)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address for peer"))?;
+            let mut stream = TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            let channel = write_preamble(&mut stream, &self.local, peer, nonce).await?;
+            Ok(Link {
+                stream: Box::new(stream),
+                channel,
+            })
+        })
+    }
+
+    fn accept(&self) -> BoxFuture<'_, io::Result<(PeerId, Link)>> {
+        Box::pin(async move {
+            self.inbound
+                .lock()
+                .await
+                .recv()
+                .await
+                .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "listener stopped"))
+        })
+    }
+}
