@@ -729,3 +729,107 @@ fn a_close_never_reports_futile_an_op_the_closer_already_delivered() {
         .any(|e| matches!(e, Event::Futile { op_id, .. } if *op_id == second)));
     assert_eq!(h.a.machine.outbox_len(), 0);
 }
+
+/// Opens session `svc` from A and delivers one req to B's app (unanswered). Returns its id.
+fn session_with_one_request(h: &mut Harness) -> String {
+    h.connect();
+    h.with(NodeId::A, |m, now| {
+        m.open(now, ObjKind::Session, "svc", None)
+    })
+    .unwrap();
+    h.run();
+    let req_id = h
+        .with(NodeId::A, |m, now| {
+            m.req(now, "svc", Bytes::from_static(b"q"))
+        })
+        .unwrap();
+    h.run();
+    assert_eq!(h.b.machine.pending_deliveries().len(), 1);
+    req_id
+}
+
+#[test]
+fn a_closed_session_drops_requests_it_can_no_longer_answer() {
+    let mut h = harness(4);
+    let req_id = session_with_one_request(&mut h);
+    h.with(NodeId::A, |m, now| m.close(now, "svc", "bye"))
+        .unwrap();
+    h.run();
+    assert_eq!(
+        h.b.machine.object_state("svc").map(|s| s.is_terminal()),
+        Some(true)
+    );
+    assert!(h.b.machine.pending_deliveries().is_empty());
+    assert!(
+        h.b.store.inbox.is_empty(),
+        "nothing unanswerable is kept durably"
+    );
+    let answer = h.with(NodeId::B, |m, now| {
+        m.answer(now, "svc", &req_id, Verb::End, None, None)
+    });
+    assert!(answer.is_err(), "a closed session takes no answer");
+    // After a restart the req is not delivered again.
+    let before = h.b.events.len();
+    h.crash(NodeId::B);
+    h.run();
+    assert!(!h.b.events[before..]
+        .iter()
+        .any(|e| matches!(e, Event::Delivered(op) if op.id == req_id)));
+}
+
+#[test]
+fn an_answer_waits_for_the_link_however_long_it_takes() {
+    let mut h = harness(4);
+    let req_id = session_with_one_request(&mut h);
+    h.disconnect();
+    h.with(NodeId::B, |m, now| {
+        m.answer(now, "svc", &req_id, Verb::End, Some(body(9)), None)
+    })
+    .unwrap();
+    h.run();
+    h.advance(Duration::from_secs(25 * 3600));
+    h.run();
+    assert!(!h.b.events.iter().any(|e| matches!(e, Event::Futile { .. })));
+    h.connect();
+    h.run();
+    assert!(h.a.events.iter().any(|e| matches!(
+        e,
+        Event::Answered { req_id: id, verb: Verb::End, .. } if *id == req_id
+    )));
+}
+
+#[test]
+fn an_op_recovered_after_a_crash_is_never_expired_as_unsent() {
+    let mut h = harness(4);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    let id = h
+        .with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .unwrap();
+    // The send reaches B and is made durable there; B's ack is lost.
+    assert!(h.commit(NodeId::A));
+    assert!(h.deliver_at(NodeId::B, 0, false));
+    while h.commit(NodeId::B) {}
+    while h.drop_at(NodeId::A, 0) {}
+    // A restarts without knowing whether the op left: it may have been delivered (it was).
+    h.disconnect();
+    h.crash(NodeId::A);
+    h.advance(Duration::from_secs(25 * 3600));
+    h.run();
+    assert!(
+        !h.a.events
+            .iter()
+            .any(|e| matches!(e, Event::Futile { op_id, .. } if *op_id == id)),
+        "a possibly delivered op is never reported futile"
+    );
+    h.connect();
+    h.run();
+    assert!(h
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Acked { op_id, .. } if *op_id == id)));
+    assert_exactly_once_in_order_of(&h, &[body(1)]);
+}

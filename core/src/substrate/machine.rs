@@ -160,6 +160,23 @@ struct Outgoing {
     in_flight: bool,
     /// A transient error asked to wait until then.
     retry_at: Option<Time>,
+    /// Rebuilt by [`Machine::recover`]: it may have been transmitted before the restart.
+    recovered: bool,
+}
+
+impl Outgoing {
+    /// Certainly never on the wire, so certainly not delivered: only such an op may end
+    /// without the peer's word (peer close, TTL).
+    fn never_sent(&self) -> bool {
+        self.receipt == 0 && !self.recovered
+    }
+
+    /// Whether the queue TTL applies: opens, sends and reqs that never left. Answers,
+    /// decisions and closes answer something the peer holds and wait for the link however
+    /// long it takes (the outbox bound still applies).
+    fn expires(&self) -> bool {
+        self.never_sent() && matches!(self.op.verb, Verb::Open | Verb::Send | Verb::Req)
+    }
 }
 
 /// One object's outbox: entries by seq, with the count of those in flight kept exact so that
@@ -429,6 +446,7 @@ impl Machine {
                     receipt: 0,
                     in_flight: false,
                     retry_at: None,
+                    recovered: true,
                 };
                 debug_assert_eq!(*seq, entry.op.seq);
                 object.outbox.insert(entry);
@@ -496,7 +514,7 @@ impl Machine {
                 if let Some(at) = entry.retry_at {
                     consider(at);
                 }
-                if entry.receipt == 0 {
+                if entry.expires() {
                     consider(entry.op.at.saturating_add(self.config.queue_ttl));
                 }
             }
@@ -819,6 +837,7 @@ impl Machine {
         let object = self.objects.get_mut(obj).expect("checked above");
         object.record.state = ObjectState::Closed(now);
         self.staged.push(Record::Object(object.record.clone()));
+        self.drop_unanswerable_reqs(obj);
         let event = Event::Closed {
             obj: obj.to_owned(),
             reason: Some(reason.to_owned()),
@@ -1086,7 +1105,8 @@ impl Machine {
                 // Only ops never transmitted are certainly undelivered. One already on the
                 // wire may have been delivered before the close: it keeps its place and gets
                 // its own outcome (a re-ack, or `closed` from the peer's closed object).
-                self.purge_outbox(&obj, finality::CLOSED, |e| e.receipt == 0);
+                self.purge_outbox(&obj, finality::CLOSED, Outgoing::never_sent);
+                self.drop_unanswerable_reqs(&obj);
             }
             Verb::Accept => {
                 if object.record.state == ObjectState::Opening {
@@ -1294,7 +1314,7 @@ impl Machine {
         let expired: Vec<u64> = object
             .outbox
             .values()
-            .filter(|e| e.receipt == 0 && now.saturating_since(e.op.at) >= config.queue_ttl)
+            .filter(|e| e.expires() && now.saturating_since(e.op.at) >= config.queue_ttl)
             .map(|e| e.op.seq)
             .collect();
         if !expired.is_empty() {
@@ -1364,6 +1384,27 @@ impl Machine {
         self.enqueue(op);
         self.end_step(now);
         Ok(id)
+    }
+
+    /// A closed object's reqs can never be answered: their deliveries leave the inbox (and
+    /// are not delivered again after a restart). Sends stay until the app consumes them.
+    fn drop_unanswerable_reqs(&mut self, obj: &str) {
+        let Some(object) = self.objects.get_mut(obj) else {
+            return;
+        };
+        let reqs: Vec<u64> = object
+            .inbox
+            .iter()
+            .filter(|(_, op)| op.verb == Verb::Req)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in reqs {
+            object.inbox.remove(&seq);
+            self.staged.push(Record::InboxRemoved {
+                obj: obj.to_owned(),
+                seq,
+            });
+        }
     }
 
     fn live_for_app(&self, obj: &str) -> Result<(), CommandError> {
@@ -1457,6 +1498,7 @@ impl Machine {
             receipt: 0,
             in_flight: false,
             retry_at: None,
+            recovered: false,
         };
         object.outbox.insert(entry);
         self.stats.ops_enqueued += 1;

@@ -440,11 +440,11 @@ impl Driver {
     fn event(&mut self, event: Event) {
         match event {
             Event::Acked { op_id, .. } => {
-                if let Some(Waiter::Send(reply)) = self.waiters.remove(&op_id) {
-                    let _ = reply.send(Ok(op_id));
-                } else if let Some(other) = self.waiters.remove(&op_id) {
-                    // A req's hop ack: keep waiting for its answer.
-                    self.waiters.insert(op_id, other);
+                // A req's hop ack is not its outcome: it keeps waiting for the answer.
+                if matches!(self.waiters.get(&op_id), Some(Waiter::Send(_))) {
+                    if let Some(Waiter::Send(reply)) = self.waiters.remove(&op_id) {
+                        let _ = reply.send(Ok(op_id));
+                    }
                 }
             }
             Event::Futile { obj, op_id, code } => {

@@ -1,0 +1,99 @@
+//! The shell's [`Transport`] over turmoil's simulated TCP, with the same preamble as
+//! [`tether::substrate::TcpTransport`].
+
+use std::collections::BTreeMap;
+use std::io;
+
+use tether::substrate::transport::{read_preamble, write_preamble, BoxFuture};
+use tether::substrate::{Link, PeerId, Transport};
+use tokio::sync::{mpsc, Mutex};
+
+/// The port every simulated node listens on.
+pub const PORT: u16 = 7000;
+
+/// Links between simulated hosts; a peer's id is its turmoil host name.
+pub struct SimTransport {
+    local: PeerId,
+    dials: BTreeMap<PeerId, String>,
+    inbound: Mutex<mpsc::Receiver<(PeerId, Link)>>,
+}
+
+impl std::fmt::Debug for SimTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimTransport")
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimTransport {
+    /// Listens on [`PORT`] of this host as `local`, dialing the peers in `dials`.
+    pub async fn bind(local: PeerId, dials: &[PeerId]) -> io::Result<Self> {
+        let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let me = local.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (tx, me) = (tx.clone(), me.clone());
+                tokio::spawn(async move {
+                    let mut stream = stream;
+                    let identified = tokio::time::timeout(
+                        std::time::Duration::from_secs(5),
+                        read_preamble(&mut stream, &me),
+                    )
+                    .await;
+                    if let Ok(Ok((peer, channel))) = identified {
+                        let link = Link {
+                            stream: Box::new(stream),
+                            channel,
+                        };
+                        let _ = tx.send((peer, link)).await;
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            local,
+            dials: dials
+                .iter()
+                .map(|peer| (peer.clone(), peer.as_str().to_owned()))
+                .collect(),
+            inbound: Mutex::new(rx),
+        })
+    }
+}
+
+impl Transport for SimTransport {
+    fn can_dial(&self, peer: &PeerId) -> bool {
+        self.dials.contains_key(peer)
+    }
+
+    fn dial<'a>(&'a self, peer: &'a PeerId, nonce: [u8; 16]) -> BoxFuture<'a, io::Result<Link>> {
+        Box::pin(async move {
+            let host = self
+                .dials
+                .get(peer)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "unknown host"))?;
+            let connect = turmoil::net::TcpStream::connect((host.as_str(), PORT));
+            let mut stream = tokio::time::timeout(std::time::Duration::from_secs(5), connect)
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+            let channel = write_preamble(&mut stream, &self.local, peer, nonce).await?;
+            Ok(Link {
+                stream: Box::new(stream),
+                channel,
+            })
+        })
+    }
+
+    fn accept(&self) -> BoxFuture<'_, io::Result<(PeerId, Link)>> {
+        Box::pin(async move {
+            self.inbound
+                .lock()
+                .await
+                .recv()
+                .await
+                .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "listener stopped"))
+        })
+    }
+}
