@@ -73,8 +73,10 @@ fn group_commit(c: &mut Criterion) {
     // Baseline: the same outbox rows, inserted raw with one prepared statement in one
     // transaction, no seq bumps, no record dispatch.
     let mut conn = Connection::open(temp_path("raw.db")).expect("raw db");
-    conn.pragma_update(None, "journal_mode", "WAL").expect("wal");
-    conn.pragma_update(None, "synchronous", "FULL").expect("full");
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .expect("wal");
+    conn.pragma_update(None, "synchronous", "FULL")
+        .expect("full");
     conn.execute_batch(
         "CREATE TABLE outbox (peer TEXT NOT NULL, obj TEXT NOT NULL, seq INTEGER NOT NULL,
          op_id TEXT NOT NULL, verb TEXT NOT NULL, obj_kind TEXT, body BLOB, code TEXT,

@@ -58,11 +58,13 @@ pub enum FaultKind {
     CrashReceiver,
     /// Several short partitions in a row.
     Storm,
+    /// Random message loss at a rate (turmoil's fail rate), then none.
+    FailRate,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -70,6 +72,7 @@ impl FaultKind {
         FaultKind::CrashSender,
         FaultKind::CrashReceiver,
         FaultKind::Storm,
+        FaultKind::FailRate,
     ];
 
     /// The name on the command line.
@@ -82,6 +85,7 @@ impl FaultKind {
             FaultKind::CrashSender => "crash-a",
             FaultKind::CrashReceiver => "crash-b",
             FaultKind::Storm => "storm",
+            FaultKind::FailRate => "fail-rate",
         }
     }
 }
@@ -508,6 +512,7 @@ enum Action {
     Latency(Duration),
     Crash(&'static str),
     Restart(&'static str),
+    FailRate(f64),
 }
 
 fn schedule(
@@ -557,6 +562,11 @@ fn schedule(
                 };
                 actions.push((at, Action::Crash(host)));
                 actions.push((at + lasting / 2, Action::Restart(host)));
+            }
+            FaultKind::FailRate => {
+                let rate = f64::from(rng.random_range(1..40u32)) / 1_000.0;
+                actions.push((at, Action::FailRate(rate)));
+                actions.push((at + lasting, Action::FailRate(0.0)));
             }
             FaultKind::Storm => {
                 let mut t = at;
@@ -733,10 +743,12 @@ fn apply(sim: &mut turmoil::Sim<'_>, action: &Action) {
                 sim.bounce(*host);
             }
         }
+        Action::FailRate(rate) => sim.set_fail_rate(*rate),
     }
 }
 
 fn heal(sim: &mut turmoil::Sim<'_>) {
+    sim.set_fail_rate(0.0);
     sim.repair("a", "b");
     sim.release("a", "b");
     sim.set_max_message_latency(Duration::from_millis(5));

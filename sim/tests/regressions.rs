@@ -28,7 +28,8 @@ fn pinned_regression_seeds_pass() {
 
 #[test]
 fn the_same_seed_gives_the_same_trace() {
-    for seed in [3, 42] {
+    // 150 once alternated between two traces: `tokio::select!` picked branches at random.
+    for seed in [3, 42, 150] {
         let first = run(&options(seed));
         let second = run(&options(seed));
         assert_eq!(first.trace_hash, second.trace_hash, "seed {seed}");

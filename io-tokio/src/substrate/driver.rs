@@ -75,6 +75,13 @@ pub(super) enum Command {
     Shutdown(oneshot::Sender<()>),
 }
 
+/// What woke the task.
+enum Wake {
+    Link(LinkMsg),
+    Command(Command),
+    Timer,
+}
+
 enum LinkMsg {
     Bytes(u64, Bytes),
     Closed(u64),
@@ -149,34 +156,46 @@ impl Driver {
             loop {
                 let due = self.next_due();
                 let sleep = self.sleep_for(due);
-                tokio::select! {
-                    command = self.commands.recv() => {
-                        let Some(command) = command else { return self.stop() };
-                        if let Some(done) = self.command(command) {
-                            let _ = self.flush().await;
-                            self.stop();
-                            let _ = done.send(());
-                            return;
-                        }
-                        for _ in 1..COMMANDS_PER_WAKE {
-                            let Ok(command) = self.commands.try_recv() else { break };
-                            if let Some(done) = self.command(command) {
-                                let _ = self.flush().await;
-                                self.stop();
-                                let _ = done.send(());
-                                return;
-                            }
-                        }
-                    }
+                // `biased`: the branch order is fixed, so a run replays exactly under a
+                // simulator. Fairness comes from draining both channels on every wake.
+                let wake = tokio::select! {
+                    biased;
                     message = self.link_rx.recv() => {
-                        let message = message.expect("the driver holds a sender");
-                        self.link_message(message);
-                        for _ in 1..READS_PER_WAKE {
-                            let Ok(message) = self.link_rx.try_recv() else { break };
-                            self.link_message(message);
-                        }
+                        Wake::Link(message.expect("the driver holds a sender"))
                     }
-                    () = sleep => self.timeout(),
+                    command = self.commands.recv() => match command {
+                        Some(command) => Wake::Command(command),
+                        None => return self.stop(),
+                    },
+                    () = sleep => Wake::Timer,
+                };
+                let mut first_command = None;
+                match wake {
+                    Wake::Link(message) => self.link_message(message),
+                    Wake::Command(command) => first_command = Some(command),
+                    Wake::Timer => self.timeout(),
+                }
+                for _ in 0..READS_PER_WAKE {
+                    let Ok(message) = self.link_rx.try_recv() else {
+                        break;
+                    };
+                    self.link_message(message);
+                }
+                let commands = first_command
+                    .into_iter()
+                    .chain(std::iter::from_fn(|| self.commands.try_recv().ok()));
+                let mut stop = None;
+                for command in commands.take(COMMANDS_PER_WAKE).collect::<Vec<_>>() {
+                    if let Some(done) = self.command(command) {
+                        stop = Some(done);
+                        break;
+                    }
+                }
+                if let Some(done) = stop {
+                    let _ = self.flush().await;
+                    self.stop();
+                    let _ = done.send(());
+                    return;
                 }
                 if let Err(error) = self.flush().await {
                     warn!(%error, "store failed; the peer's task stops");
