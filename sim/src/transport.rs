@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use tether::substrate::transport::{read_preamble, write_preamble, BoxFuture};
+use std::sync::Arc;
+
+use tether::substrate::transport::{serve_preamble_links, write_preamble, AcceptQueue, BoxFuture};
 use tether::substrate::{Link, PeerId, Transport};
-use tokio::sync::{mpsc, Mutex};
 
 /// The port every simulated node listens on.
 pub const PORT: u16 = 7000;
@@ -15,7 +16,7 @@ pub const PORT: u16 = 7000;
 pub struct SimTransport {
     local: PeerId,
     dials: BTreeMap<PeerId, String>,
-    inbound: Mutex<mpsc::Receiver<(PeerId, Link)>>,
+    inbound: AcceptQueue,
 }
 
 impl std::fmt::Debug for SimTransport {
@@ -29,28 +30,10 @@ impl std::fmt::Debug for SimTransport {
 impl SimTransport {
     /// Listens on [`PORT`] of this host as `local`, dialing the peers in `dials`.
     pub async fn bind(local: PeerId, dials: &[PeerId]) -> io::Result<Self> {
-        let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
-        let (tx, rx) = mpsc::channel(16);
-        let me = local.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let (tx, me) = (tx.clone(), me.clone());
-                tokio::spawn(async move {
-                    let mut stream = stream;
-                    let identified = tokio::time::timeout(
-                        std::time::Duration::from_secs(5),
-                        read_preamble(&mut stream, &me),
-                    )
-                    .await;
-                    if let Ok(Ok((peer, channel))) = identified {
-                        let link = Link {
-                            stream: Box::new(stream),
-                            channel,
-                        };
-                        let _ = tx.send((peer, link)).await;
-                    }
-                });
-            }
+        let listener = Arc::new(turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?);
+        let inbound = serve_preamble_links(local.clone(), move || {
+            let listener = listener.clone();
+            async move { listener.accept().await.map(|(stream, _)| stream) }
         });
         Ok(Self {
             local,
@@ -58,7 +41,7 @@ impl SimTransport {
                 .iter()
                 .map(|peer| (peer.clone(), peer.as_str().to_owned()))
                 .collect(),
-            inbound: Mutex::new(rx),
+            inbound,
         })
     }
 }
@@ -87,13 +70,6 @@ impl Transport for SimTransport {
     }
 
     fn accept(&self) -> BoxFuture<'_, io::Result<(PeerId, Link)>> {
-        Box::pin(async move {
-            self.inbound
-                .lock()
-                .await
-                .recv()
-                .await
-                .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "listener stopped"))
-        })
+        Box::pin(self.inbound.next())
     }
 }

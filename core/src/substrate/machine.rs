@@ -579,6 +579,17 @@ impl Machine {
             .collect()
     }
 
+    /// No object, nothing waiting to be persisted or released: dropping this machine loses
+    /// nothing that [`Machine::recover`] would not rebuild (tombstones are durable).
+    pub fn is_idle(&self) -> bool {
+        self.objects.is_empty()
+            && self.staged.is_empty()
+            && self.staged_outputs.is_empty()
+            && self.waiting.is_empty()
+            && self.persist.is_empty()
+            && self.events.is_empty()
+    }
+
     /// Un-acked ops across all objects.
     pub fn outbox_len(&self) -> usize {
         self.objects

@@ -2,6 +2,7 @@
 //! results, drains its outputs. No protocol decision is made here.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -112,6 +113,7 @@ pub(super) struct Driver {
     was_up: bool,
     waiters: HashMap<String, Waiter>,
     opens: HashMap<String, (String, Reply1<()>)>,
+    pinned: Arc<AtomicBool>,
 }
 
 impl Driver {
@@ -121,6 +123,7 @@ impl Driver {
         shared: Arc<Shared>,
         commands: mpsc::UnboundedReceiver<Command>,
         handle: mpsc::UnboundedSender<Command>,
+        pinned: Arc<AtomicBool>,
     ) -> Self {
         let link = PeerLink::new(machine, shared.auth.clone(), shared.features.clone());
         let (link_tx, link_rx) = mpsc::channel(16);
@@ -140,6 +143,7 @@ impl Driver {
             was_up: false,
             waiters: HashMap::new(),
             opens: HashMap::new(),
+            pinned,
         }
     }
 
@@ -201,10 +205,26 @@ impl Driver {
                     warn!(%error, "store failed; the peer's task stops");
                     return self.stop();
                 }
+                if self.idle() {
+                    debug!("no link, no state: the peer's task ends");
+                    return self.stop();
+                }
             }
         }
         .instrument(span)
         .await
+    }
+
+    /// Nothing to keep the task for: no link, no way to dial, nothing in memory that is not
+    /// durable, nobody waiting. A link that failed its handshake under a made-up id ends here.
+    fn idle(&self) -> bool {
+        self.writer.is_none()
+            && !self.pinned.load(Ordering::SeqCst)
+            && !self.dialing
+            && !self.shared.transport.can_dial(&self.peer)
+            && self.waiters.is_empty()
+            && self.opens.is_empty()
+            && self.link.machine().is_idle()
     }
 
     fn now(&self) -> Time {
@@ -274,18 +294,21 @@ impl Driver {
                 reply,
             } => match machine.open(now, kind, &obj, cap.as_deref()) {
                 Ok(open_id) => {
+                    debug!(%obj, op_id = %open_id, kind = kind.as_str(), "open enqueued");
                     self.opens.insert(obj, (open_id, reply));
                 }
                 Err(error) => drop(reply.send(Err(error.into()))),
             },
             Command::Send { obj, body, reply } => match machine.send(now, &obj, body) {
                 Ok(id) => {
+                    debug!(%obj, op_id = %id, "send enqueued");
                     self.waiters.insert(id, Waiter::Send(reply));
                 }
                 Err(error) => drop(reply.send(Err(error.into()))),
             },
             Command::Req { obj, body, reply } => match machine.req(now, &obj, body) {
                 Ok(id) => {
+                    debug!(%obj, op_id = %id, "req enqueued");
                     let waiter = Waiter::Req {
                         res: Vec::new(),
                         reply,
@@ -458,7 +481,8 @@ impl Driver {
 
     fn event(&mut self, event: Event) {
         match event {
-            Event::Acked { op_id, .. } => {
+            Event::Acked { obj, op_id } => {
+                debug!(%obj, %op_id, "acked");
                 // A req's hop ack is not its outcome: it keeps waiting for the answer.
                 if matches!(self.waiters.get(&op_id), Some(Waiter::Send(_))) {
                     if let Some(Waiter::Send(reply)) = self.waiters.remove(&op_id) {
@@ -566,6 +590,7 @@ impl Driver {
     }
 
     fn stop(&mut self) {
+        self.shared.forget(&self.peer, &self.handle);
         self.detach_quietly();
         for (_, waiter) in self.waiters.drain() {
             match waiter {

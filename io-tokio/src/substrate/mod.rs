@@ -43,6 +43,7 @@ pub mod transport;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
@@ -400,6 +401,9 @@ impl Session {
     }
 }
 
+/// Default cap on peer tasks created by inbound links.
+const DEFAULT_MAX_PEERS: usize = 1024;
+
 /// Reads the time the machines run on, in milliseconds (wall clock by default, so that TTLs
 /// and retention survive restarts).
 pub type Clock = Arc<dyn Fn() -> Time + Send + Sync>;
@@ -421,6 +425,10 @@ struct Shared {
     clock: Clock,
     entropy: Mutex<Entropy>,
     inbound_tx: mpsc::UnboundedSender<Inbound>,
+    peers: Mutex<HashMap<PeerId, PeerTask>>,
+    /// Peer tasks an inbound link may create at most (a hostile dialer claiming ever new ids
+    /// cannot exhaust memory).
+    max_peers: usize,
 }
 
 impl Shared {
@@ -464,12 +472,16 @@ impl Shared {
     }
 }
 
-/// A peer's task and the sender of its commands.
-type PeerTask = (mpsc::UnboundedSender<Command>, JoinHandle<()>);
+/// A peer's task, the sender of its commands, and whether the app named the peer (then the
+/// task never ends for being idle).
+struct PeerTask {
+    handle: mpsc::UnboundedSender<Command>,
+    task: JoinHandle<()>,
+    pinned: Arc<AtomicBool>,
+}
 
 struct Inner {
     shared: Arc<Shared>,
-    peers: Mutex<HashMap<PeerId, PeerTask>>,
     inbound_rx: Mutex<Option<mpsc::UnboundedReceiver<Inbound>>>,
     accept: Mutex<Option<JoinHandle<()>>>,
 }
@@ -499,6 +511,7 @@ pub struct SubstrateBuilder {
     features: Vec<String>,
     clock: Option<Clock>,
     seed: Option<u64>,
+    max_peers: usize,
 }
 
 impl std::fmt::Debug for SubstrateBuilder {
@@ -523,6 +536,7 @@ impl Substrate {
             features: Vec::new(),
             clock: None,
             seed: None,
+            max_peers: DEFAULT_MAX_PEERS,
         }
     }
 
@@ -530,7 +544,11 @@ impl Substrate {
     pub fn peer(&self, id: &PeerId) -> Peer {
         Peer {
             id: id.clone(),
-            handle: self.inner.handle(id),
+            handle: self
+                .inner
+                .shared
+                .handle(id, false)
+                .expect("the app's peers are never capped"),
         }
     }
 
@@ -541,6 +559,23 @@ impl Substrate {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
+    }
+
+    /// Peers with a running task (a link, durable state, or named by the app).
+    pub fn peers(&self) -> Vec<PeerId> {
+        let peers = self
+            .inner
+            .shared
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut ids: Vec<PeerId> = peers
+            .iter()
+            .filter(|(_, entry)| !entry.task.is_finished())
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
     }
 
     /// This node's id.
@@ -562,12 +597,13 @@ impl Substrate {
         }
         let peers: Vec<_> = self
             .inner
+            .shared
             .peers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
             .collect();
-        for (_, (handle, task)) in peers {
+        for (_, PeerTask { handle, task, .. }) in peers {
             let (done, wait) = oneshot::channel();
             if handle.send(Command::Shutdown(done)).is_ok() {
                 let _ = wait.await;
@@ -577,32 +613,72 @@ impl Substrate {
     }
 }
 
-impl Inner {
-    fn handle(&self, id: &PeerId) -> mpsc::UnboundedSender<Command> {
+impl Shared {
+    /// The command sender of `id`'s task, starting it (from the peer's durable state) when
+    /// there is none. `None` when an inbound link would exceed the peer cap.
+    fn handle(
+        self: &Arc<Self>,
+        id: &PeerId,
+        inbound: bool,
+    ) -> Option<mpsc::UnboundedSender<Command>> {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((handle, task)) = peers.get(id) {
-            if !task.is_finished() {
-                return handle.clone();
+        if let Some(entry) = peers.get(id) {
+            if !entry.task.is_finished() {
+                if !inbound {
+                    entry.pinned.store(true, Ordering::SeqCst);
+                }
+                return Some(entry.handle.clone());
             }
         }
-        let shared = &self.shared;
-        let state = shared.store.load(id).unwrap_or_else(|error| {
+        if inbound && peers.len() >= self.max_peers {
+            warn!(
+                peer = id.as_str(),
+                max = self.max_peers,
+                "peer cap reached; link refused"
+            );
+            return None;
+        }
+        let state = self.store.load(id).unwrap_or_else(|error| {
             warn!(%error, peer = id.as_str(), "could not load the peer's state; starting empty");
             Default::default()
         });
-        let boot = shared.random_u64();
+        let boot = self.random_u64();
         let machine = Machine::recover(
             id.clone(),
-            shared.config.clone(),
-            shared.authorizer.clone(),
+            self.config.clone(),
+            self.authorizer.clone(),
             boot,
             &state,
         );
         let (tx, rx) = mpsc::unbounded_channel();
-        let driver = Driver::new(id.clone(), machine, shared.clone(), rx, tx.clone());
+        let pinned = Arc::new(AtomicBool::new(!inbound));
+        let driver = Driver::new(
+            id.clone(),
+            machine,
+            self.clone(),
+            rx,
+            tx.clone(),
+            pinned.clone(),
+        );
         let task = tokio::spawn(driver.run());
-        peers.insert(id.clone(), (tx.clone(), task));
-        tx
+        let entry = PeerTask {
+            handle: tx.clone(),
+            task,
+            pinned,
+        };
+        peers.insert(id.clone(), entry);
+        Some(tx)
+    }
+
+    /// A peer task ended on its own: forget it (unless a newer task took its place).
+    fn forget(&self, id: &PeerId, handle: &mpsc::UnboundedSender<Command>) {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if peers
+            .get(id)
+            .is_some_and(|entry| entry.handle.same_channel(handle))
+        {
+            peers.remove(id);
+        }
     }
 }
 
@@ -644,6 +720,13 @@ impl SubstrateBuilder {
         self
     }
 
+    /// Most peer tasks inbound links may create (default 1,024); peers with durable state
+    /// and peers the app names are always served.
+    pub fn max_peers(mut self, max: usize) -> Self {
+        self.max_peers = max;
+        self
+    }
+
     /// Draws nonces, op-id prefixes and redial jitter from a seeded generator instead of the
     /// OS: for deterministic simulation and tests only.
     pub fn seed(mut self, seed: u64) -> Self {
@@ -678,17 +761,18 @@ impl SubstrateBuilder {
             clock: self.clock.unwrap_or_else(|| Arc::new(wall_clock)),
             entropy: Mutex::new(entropy),
             inbound_tx,
+            peers: Mutex::default(),
+            max_peers: self.max_peers,
         });
         let inner = Arc::new(Inner {
             shared: shared.clone(),
-            peers: Mutex::default(),
             inbound_rx: Mutex::new(Some(inbound_rx)),
             accept: Mutex::default(),
         });
         let mut recovered = shared.store.peers()?;
         recovered.sort();
         for peer in recovered {
-            inner.handle(&peer);
+            shared.handle(&peer, false);
         }
         let weak = Arc::downgrade(&inner);
         let accept = tokio::spawn(async move {
@@ -701,7 +785,9 @@ impl SubstrateBuilder {
                     return;
                 };
                 let Some(inner) = weak.upgrade() else { return };
-                let _ = inner.handle(&peer).send(Command::Attach(link));
+                if let Some(handle) = inner.shared.handle(&peer, true) {
+                    let _ = handle.send(Command::Attach(link));
+                }
             }
         });
         *inner.accept.lock().unwrap_or_else(PoisonError::into_inner) = Some(accept);

@@ -123,6 +123,73 @@ fn channel(dialer: &PeerId, listener: &PeerId, nonce: &[u8]) -> Channel {
     }
 }
 
+/// Inbound links waiting for [`Transport::accept`].
+pub struct AcceptQueue {
+    rx: tokio::sync::Mutex<mpsc::Receiver<(PeerId, Link)>>,
+}
+
+impl std::fmt::Debug for AcceptQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AcceptQueue")
+    }
+}
+
+impl AcceptQueue {
+    /// A queue and the sender that fills it.
+    pub fn new(capacity: usize) -> (mpsc::Sender<(PeerId, Link)>, Self) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let queue = Self {
+            rx: tokio::sync::Mutex::new(rx),
+        };
+        (tx, queue)
+    }
+
+    /// The next inbound link (what [`Transport::accept`] returns).
+    pub async fn next(&self) -> io::Result<(PeerId, Link)> {
+        self.rx
+            .lock()
+            .await
+            .recv()
+            .await
+            .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "listener stopped"))
+    }
+}
+
+/// Runs an accept loop over `accept` (a listener's accept) in a task: each new stream's
+/// preamble is read in a task of its own, within 5 s, so a slow or silent client never holds
+/// up others; identified links go to the returned queue.
+pub fn serve_preamble_links<S, A, F>(local: PeerId, mut accept: A) -> AcceptQueue
+where
+    S: LinkStream,
+    A: FnMut() -> F + Send + 'static,
+    F: Future<Output = io::Result<S>> + Send,
+{
+    let (tx, queue) = AcceptQueue::new(64);
+    tokio::spawn(async move {
+        while let Ok(mut stream) = accept().await {
+            if tx.is_closed() {
+                break;
+            }
+            let (tx, local) = (tx.clone(), local.clone());
+            tokio::spawn(async move {
+                let identified = tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    read_preamble(&mut stream, &local),
+                )
+                .await;
+                if let Ok(Ok((peer, channel))) = identified {
+                    let link = Link {
+                        stream: Box::new(stream),
+                        channel,
+                    };
+                    let _ = tx.send((peer, link)).await;
+                }
+            });
+        }
+    });
+    queue
+}
+
 /// Links over TCP with the tether preamble. It has no channel binding: use `shared-key`
 /// authentication (or `none`, explicitly) with it.
 #[derive(Clone)]
@@ -130,7 +197,7 @@ pub struct TcpTransport {
     local: PeerId,
     local_addr: SocketAddr,
     peers: Arc<Mutex<HashMap<PeerId, SocketAddr>>>,
-    inbound: Arc<tokio::sync::Mutex<mpsc::Receiver<(PeerId, Link)>>>,
+    inbound: Arc<AcceptQueue>,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -146,39 +213,21 @@ impl TcpTransport {
     /// Listens on `addr` (e.g. `127.0.0.1:0`) as `local`. Inbound preambles are read in a task
     /// per connection, so a slow or silent client never holds up others.
     pub async fn bind(local: PeerId, addr: SocketAddr) -> io::Result<Self> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = Arc::new(TcpListener::bind(addr).await?);
         let local_addr = listener.local_addr()?;
-        let (tx, rx) = mpsc::channel(64);
-        let me = local.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                if tx.is_closed() {
-                    break;
-                }
-                let (tx, me) = (tx.clone(), me.clone());
-                tokio::spawn(async move {
-                    let _ = stream.set_nodelay(true);
-                    let mut stream = stream;
-                    let identified = tokio::time::timeout(
-                        std::time::Duration::from_secs(5),
-                        read_preamble(&mut stream, &me),
-                    )
-                    .await;
-                    if let Ok(Ok((peer, channel))) = identified {
-                        let link = Link {
-                            stream: Box::new(stream),
-                            channel,
-                        };
-                        let _ = tx.send((peer, link)).await;
-                    }
-                });
+        let inbound = serve_preamble_links(local.clone(), move || {
+            let listener = listener.clone();
+            async move {
+                let (stream, _) = listener.accept().await?;
+                stream.set_nodelay(true)?;
+                Ok(stream)
             }
         });
         Ok(Self {
             local,
             local_addr,
             peers: Arc::default(),
-            inbound: Arc::new(tokio::sync::Mutex::new(rx)),
+            inbound: Arc::new(inbound),
         })
     }
 
@@ -225,13 +274,6 @@ impl Transport for TcpTransport {
     }
 
     fn accept(&self) -> BoxFuture<'_, io::Result<(PeerId, Link)>> {
-        Box::pin(async move {
-            self.inbound
-                .lock()
-                .await
-                .recv()
-                .await
-                .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "listener stopped"))
-        })
+        Box::pin(self.inbound.next())
     }
 }
