@@ -23,6 +23,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod channel;
+pub mod driver;
 pub mod limits;
 pub mod request;
 pub mod substrate;

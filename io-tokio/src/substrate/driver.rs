@@ -83,6 +83,22 @@ enum Wake {
     Timer,
 }
 
+impl Command {
+    /// The object a command is about.
+    fn object(&self) -> Option<&str> {
+        match self {
+            Command::Open { obj, .. }
+            | Command::Send { obj, .. }
+            | Command::Req { obj, .. }
+            | Command::Answer { obj, .. }
+            | Command::Decide { obj, .. }
+            | Command::Close { obj, .. }
+            | Command::Consume { obj, .. } => Some(obj),
+            Command::Attach(_) | Command::Shutdown(_) => None,
+        }
+    }
+}
+
 enum LinkMsg {
     Bytes(u64, Bytes),
     Closed(u64),
@@ -284,6 +300,9 @@ impl Driver {
 
     /// Handles one command; `Some` when it asks the task to stop.
     fn command(&mut self, command: Command) -> Option<oneshot::Sender<()>> {
+        let _span = command
+            .object()
+            .map(|obj| tracing::debug_span!("object", obj = %obj).entered());
         let now = self.now();
         let machine = self.link.machine_mut();
         match command {
@@ -294,21 +313,21 @@ impl Driver {
                 reply,
             } => match machine.open(now, kind, &obj, cap.as_deref()) {
                 Ok(open_id) => {
-                    debug!(%obj, op_id = %open_id, kind = kind.as_str(), "open enqueued");
+                    debug!(op_id = %open_id, kind = kind.as_str(), "open enqueued");
                     self.opens.insert(obj, (open_id, reply));
                 }
                 Err(error) => drop(reply.send(Err(error.into()))),
             },
             Command::Send { obj, body, reply } => match machine.send(now, &obj, body) {
                 Ok(id) => {
-                    debug!(%obj, op_id = %id, "send enqueued");
+                    debug!(op_id = %id, "send enqueued");
                     self.waiters.insert(id, Waiter::Send(reply));
                 }
                 Err(error) => drop(reply.send(Err(error.into()))),
             },
             Command::Req { obj, body, reply } => match machine.req(now, &obj, body) {
                 Ok(id) => {
-                    debug!(%obj, op_id = %id, "req enqueued");
+                    debug!(op_id = %id, "req enqueued");
                     let waiter = Waiter::Req {
                         res: Vec::new(),
                         reply,
@@ -480,9 +499,21 @@ impl Driver {
     }
 
     fn event(&mut self, event: Event) {
+        let _span = match &event {
+            Event::Acked { obj, op_id } | Event::Futile { obj, op_id, .. } => {
+                Some(tracing::debug_span!("op", %obj, %op_id).entered())
+            }
+            Event::Answered { obj, req_id, .. } => {
+                Some(tracing::debug_span!("op", %obj, op_id = %req_id).entered())
+            }
+            Event::Delivered(op) => {
+                Some(tracing::debug_span!("op", obj = %op.obj, op_id = %op.id).entered())
+            }
+            _ => None,
+        };
         match event {
-            Event::Acked { obj, op_id } => {
-                debug!(%obj, %op_id, "acked");
+            Event::Acked { op_id, .. } => {
+                debug!("acked");
                 // A req's hop ack is not its outcome: it keeps waiting for the answer.
                 if matches!(self.waiters.get(&op_id), Some(Waiter::Send(_))) {
                     if let Some(Waiter::Send(reply)) = self.waiters.remove(&op_id) {
@@ -491,7 +522,7 @@ impl Driver {
                 }
             }
             Event::Futile { obj, op_id, code } => {
-                debug!(%obj, %op_id, %code, "op futile");
+                debug!(%code, "op futile");
                 match self.waiters.remove(&op_id) {
                     Some(Waiter::Send(reply)) => drop(reply.send(Err(Error::Futile(code)))),
                     Some(Waiter::Req { reply, .. }) => drop(reply.send(Err(Error::Futile(code)))),

@@ -1,0 +1,17 @@
+//! The transport driver's decisions (seed 000), with no I/O: the connection cache with
+//! generation-scoped eviction, dial and join schedules, peer admission, inbound routing,
+//! egress resolution and SWIM send-failure feedback. The iroh shell in `tether::node` runs
+//! them.
+
+pub mod cache;
+pub mod routing;
+pub mod schedule;
+
+pub use cache::{ConnectionCache, Entry, Eviction, Generation};
+pub use routing::{
+    resolve_egress, ActorAddr, DropReason, Drops, Egress, Inbound, NodeId, PeerAuth, Routes,
+    SWIM_TAGS,
+};
+pub use schedule::{
+    dial_retry_after, join_retry_after, DialTracker, Join, JoinNext, JoinPhase, JoinStatus,
+};

@@ -1,0 +1,275 @@
+//! Routing decisions of the actor plane (seed 000 §2.2, §3.1, §7.3–§7.5): peer admission,
+//! inbound routing of actor records, egress resolution and SWIM send-failure feedback. Every
+//! drop has a reason, counted by [`Drops`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A node id: the 32-byte endpoint public key. A peer's mailbox address is its node id.
+pub type NodeId = [u8; 32];
+/// An actor address on the wire (32 bytes).
+pub type ActorAddr = [u8; 32];
+
+/// The SWIM tags whose write failure is reported as `SendFailed { to }` (the default set).
+pub const SWIM_TAGS: [&str; 6] = [
+    "Ping",
+    "Ack",
+    "PingReq",
+    "IndirectAck",
+    "JoinRequest",
+    "JoinResponse",
+];
+
+/// Why a frame was dropped (seed 000 §7.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// The target is not a valid node id.
+    InvalidNodeId,
+    /// Peer authorization rejected the peer.
+    Unauthorized,
+    /// No cached connection; a background dial runs.
+    CacheMiss,
+    /// An inbound frame's type tag is not known to the codec registry.
+    UnknownTag,
+    /// An inbound gossip tag has no local route.
+    NoLocalRoute,
+    /// An inbound application destination is not hosted here.
+    NotLocal,
+    /// Raw delivery into the actor runtime failed.
+    DeliveryFailed,
+    /// An egress destination has no entry in the route view.
+    NoRoute,
+    /// A malformed inbound actor stream was dropped (the connection stays).
+    MalformedStream,
+    /// The write to the peer failed.
+    WriteFailed,
+}
+
+/// Drops by reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Drops(pub BTreeMap<DropReason, u64>);
+
+impl Drops {
+    /// Counts one drop.
+    pub fn count(&mut self, reason: DropReason) {
+        *self.0.entry(reason).or_default() += 1;
+    }
+
+    /// Drops for `reason`.
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.0.get(&reason).copied().unwrap_or(0)
+    }
+}
+
+/// Transport admission (seed 000 §7.5): `None` admits every peer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerAuth {
+    allowed: Option<BTreeSet<NodeId>>,
+}
+
+impl PeerAuth {
+    /// Every peer admitted.
+    pub fn open() -> Self {
+        Self { allowed: None }
+    }
+
+    /// Only `peers` admitted, inbound and outbound.
+    pub fn allow_list(peers: impl IntoIterator<Item = NodeId>) -> Self {
+        Self {
+            allowed: Some(peers.into_iter().collect()),
+        }
+    }
+
+    /// Whether `peer` is admitted.
+    pub fn permits(&self, peer: &NodeId) -> bool {
+        self.allowed.as_ref().is_none_or(|set| set.contains(peer))
+    }
+}
+
+/// Where an inbound actor record goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inbound<R> {
+    /// Gossip to this node's mailbox: to the local protocol actor owning the tag.
+    Protocol(R),
+    /// To the local actor at this address.
+    Actor(ActorAddr),
+    /// Dropped.
+    Drop(DropReason),
+}
+
+/// The local routing tables: known tags, gossip routes by tag, and which actors are local.
+#[derive(Debug, Clone)]
+pub struct Routes<R> {
+    mailbox: NodeId,
+    known_tags: BTreeSet<String>,
+    gossip: BTreeMap<String, R>,
+    local_actors: BTreeSet<ActorAddr>,
+    swim_tags: BTreeSet<String>,
+}
+
+impl<R: Clone> Routes<R> {
+    /// Routes of the node whose mailbox (node id) is `mailbox`, with the default SWIM tags.
+    pub fn new(mailbox: NodeId) -> Self {
+        Self {
+            mailbox,
+            known_tags: BTreeSet::new(),
+            gossip: BTreeMap::new(),
+            local_actors: BTreeSet::new(),
+            swim_tags: SWIM_TAGS.iter().map(|t| (*t).to_owned()).collect(),
+        }
+    }
+
+    /// Declares `tag` known to the codec registry.
+    pub fn know_tag(&mut self, tag: &str) {
+        self.known_tags.insert(tag.to_owned());
+    }
+
+    /// Routes gossip tagged `tag` to the local protocol actor `route` (the tag becomes known).
+    pub fn route_tag(&mut self, tag: &str, route: R) {
+        self.know_tag(tag);
+        self.gossip.insert(tag.to_owned(), route);
+    }
+
+    /// `actor` is hosted here.
+    pub fn host(&mut self, actor: ActorAddr) {
+        self.local_actors.insert(actor);
+    }
+
+    /// `actor` is no longer hosted here.
+    pub fn unhost(&mut self, actor: &ActorAddr) {
+        self.local_actors.remove(actor);
+    }
+
+    /// Replaces the SWIM tag set.
+    pub fn set_swim_tags(&mut self, tags: impl IntoIterator<Item = String>) {
+        self.swim_tags = tags.into_iter().collect();
+    }
+
+    /// Where an inbound record for `dest` with `tag` goes: to the mailbox → by tag to the
+    /// owning protocol actor; otherwise to the addressed actor if it is local.
+    pub fn inbound(&self, dest: &ActorAddr, tag: &str) -> Inbound<R> {
+        if !self.known_tags.contains(tag) {
+            return Inbound::Drop(DropReason::UnknownTag);
+        }
+        if *dest == self.mailbox {
+            return match self.gossip.get(tag) {
+                Some(route) => Inbound::Protocol(route.clone()),
+                None => Inbound::Drop(DropReason::NoLocalRoute),
+            };
+        }
+        if self.local_actors.contains(dest) {
+            Inbound::Actor(*dest)
+        } else {
+            Inbound::Drop(DropReason::NotLocal)
+        }
+    }
+
+    /// Whether a failed write of a frame tagged `tag` is reported as `SendFailed`.
+    pub fn is_swim(&self, tag: &str) -> bool {
+        self.swim_tags.contains(tag)
+    }
+}
+
+/// An egress destination as the actor runtime names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Egress {
+    /// A peer's mailbox: the peer is the address itself.
+    Mailbox(NodeId),
+    /// An actor hosted elsewhere: the route view names its peer.
+    Actor(ActorAddr),
+}
+
+/// Resolves `dest` to the peer to send to (seed 000 §2.2): a mailbox is its own peer; an
+/// actor is looked up in the route view. The peer must also be admitted.
+pub fn resolve_egress(
+    dest: Egress,
+    route_view: &BTreeMap<ActorAddr, NodeId>,
+    auth: &PeerAuth,
+) -> Result<NodeId, DropReason> {
+    let peer = match dest {
+        Egress::Mailbox(peer) => peer,
+        Egress::Actor(actor) => *route_view.get(&actor).ok_or(DropReason::NoRoute)?,
+    };
+    if auth.permits(&peer) {
+        Ok(peer)
+    } else {
+        Err(DropReason::Unauthorized)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> NodeId {
+        [n; 32]
+    }
+
+    #[test]
+    fn inbound_routing_covers_every_case() {
+        let mut routes: Routes<&str> = Routes::new(id(1));
+        routes.route_tag("Ping", "swim");
+        routes.know_tag("Chat");
+        routes.know_tag("Orphan");
+        routes.host(id(9));
+        assert_eq!(routes.inbound(&id(1), "Ping"), Inbound::Protocol("swim"));
+        assert_eq!(
+            routes.inbound(&id(1), "Orphan"),
+            Inbound::Drop(DropReason::NoLocalRoute)
+        );
+        assert_eq!(
+            routes.inbound(&id(1), "Nope"),
+            Inbound::Drop(DropReason::UnknownTag)
+        );
+        assert_eq!(routes.inbound(&id(9), "Chat"), Inbound::Actor(id(9)));
+        assert_eq!(
+            routes.inbound(&id(8), "Chat"),
+            Inbound::Drop(DropReason::NotLocal)
+        );
+        routes.unhost(&id(9));
+        assert_eq!(
+            routes.inbound(&id(9), "Chat"),
+            Inbound::Drop(DropReason::NotLocal)
+        );
+        assert!(routes.is_swim("JoinRequest") && !routes.is_swim("Chat"));
+    }
+
+    #[test]
+    fn egress_resolves_mailboxes_and_routed_actors_and_checks_admission() {
+        let view: BTreeMap<ActorAddr, NodeId> = [(id(9), id(2))].into_iter().collect();
+        let open = PeerAuth::open();
+        assert_eq!(
+            resolve_egress(Egress::Mailbox(id(3)), &view, &open),
+            Ok(id(3))
+        );
+        assert_eq!(
+            resolve_egress(Egress::Actor(id(9)), &view, &open),
+            Ok(id(2))
+        );
+        assert_eq!(
+            resolve_egress(Egress::Actor(id(7)), &view, &open),
+            Err(DropReason::NoRoute)
+        );
+        let only_two = PeerAuth::allow_list([id(2)]);
+        assert_eq!(
+            resolve_egress(Egress::Actor(id(9)), &view, &only_two),
+            Ok(id(2))
+        );
+        assert_eq!(
+            resolve_egress(Egress::Mailbox(id(3)), &view, &only_two),
+            Err(DropReason::Unauthorized)
+        );
+    }
+
+    #[test]
+    fn drops_are_counted_by_reason() {
+        let mut drops = Drops::default();
+        drops.count(DropReason::CacheMiss);
+        drops.count(DropReason::CacheMiss);
+        drops.count(DropReason::UnknownTag);
+        assert_eq!(drops.get(DropReason::CacheMiss), 2);
+        assert_eq!(drops.get(DropReason::NotLocal), 0);
+        let json = serde_json::to_string(&drops).expect("serializes");
+        assert_eq!(json, r#"{"cache_miss":2,"unknown_tag":1}"#);
+    }
+}
