@@ -9,5 +9,6 @@
 //! formats into JSON lines (the `tether inspect` command).
 
 pub mod inspect;
+pub mod node;
 pub mod store;
 pub mod substrate;

@@ -1,0 +1,920 @@
+//! The iroh transport driver (seed 000): one endpoint per node, ALPN dispatch, a connection
+//! cache with generation-scoped eviction, background dials and joins, and the actor plane (a
+//! per-peer [`HybridChannel`] drained by one writer task per peer onto one long-lived stream,
+//! and reader tasks decoding actor records from every inbound stream).
+//!
+//! Every decision is `tether_core::driver`'s; this module owns the endpoint, connections,
+//! streams and tasks, and hands none of them to callers. [`Node::close`] stops all of it.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
+//!
+//! struct Print;
+//! impl ActorBridge for Print {
+//!     fn deliver_raw(&self, dest: [u8; 32], tag: &str, payload: bytes::Bytes) -> Result<(), DeliveryError> {
+//!         println!("{tag}: {} bytes for {:x?}", payload.len(), &dest[..4]);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let node = Node::builder().bridge(Arc::new(Print)).know_tag("Chat").bind().await?;
+//! let peer_addr = node.endpoint_addr(); // a real peer's address in practice
+//! node.connect(peer_addr.clone()).await?;
+//! let to = *peer_addr.id.as_bytes();
+//! node.send(OutFrame { to, dest: to, type_tag: "Chat".into(), payload: "hi".into() });
+//! node.close().await;
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
+use iroh::{Endpoint, EndpointAddr, PublicKey, RelayMode, SecretKey};
+use tether_core::channel::{HybridChannel, Sender};
+use tether_core::driver::{
+    dial_retry_after, ActorAddr, ConnectionCache, DialTracker, DropReason, Drops, Eviction,
+    Generation, Inbound, Join, JoinNext, JoinStatus, NodeId, PeerAuth, Routes,
+};
+use tether_core::limits::ACTOR_PAYLOAD_BYTES_DEFAULT;
+use tether_core::time::Time;
+use tether_core::wire::actor::{ActorDecoder, ActorRecord};
+use tether_core::wire::{FormatError, StreamDecoder};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn, Instrument};
+
+/// The actor-plane ALPN (carries SWIM gossip and directory-routed messages alike).
+pub const ACTOR_ALPN: &[u8] = b"swactor/swim/1";
+/// The telemetry ALPN.
+pub const TELEMETRY_ALPN: &[u8] = b"swactor/telemetry/1";
+/// QUIC close code for a peer refused by the allow-list.
+pub const CLOSE_UNAUTHORIZED: u32 = 403;
+/// QUIC close code when the node closes.
+pub const CLOSE_SHUTDOWN: u32 = 0;
+/// Bytes of records coalesced into one stream write.
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+/// Bytes read per stream read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// One actor frame to send: to peer `to`, for actor `dest`, typed `type_tag`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutFrame {
+    /// The destination peer's node id.
+    pub to: NodeId,
+    /// The actor address carried on the wire (a peer mailbox for gossip).
+    pub dest: ActorAddr,
+    /// Selects the actor codec entry.
+    pub type_tag: String,
+    /// The encoded message.
+    pub payload: Bytes,
+}
+
+/// Why the actor runtime refused a delivery.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("delivery failed: {0}")]
+pub struct DeliveryError(pub String);
+
+/// Where inbound actor records go, and where SWIM write failures are reported.
+pub trait ActorBridge: Send + Sync + 'static {
+    /// Delivers one record to local actor `dest`.
+    fn deliver_raw(
+        &self,
+        dest: ActorAddr,
+        type_tag: &str,
+        payload: Bytes,
+    ) -> Result<(), DeliveryError>;
+
+    /// A write of a SWIM-tagged frame to `to` failed (`SwimIn::SendFailed { to }`).
+    fn send_failed(&self, to: NodeId) {
+        let _ = to;
+    }
+}
+
+/// Why a node could not be built or a connection made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The endpoint could not bind.
+    #[error("bind failed: {0}")]
+    Bind(String),
+    /// The peer is not on the allow-list (nothing was dialled).
+    #[error("peer not allowed")]
+    Unauthorized,
+    /// The peer's id is not a valid public key.
+    #[error("invalid node id")]
+    InvalidNodeId,
+    /// Every dial attempt failed.
+    #[error("connect failed: {0}")]
+    Connect(String),
+    /// The node is closed.
+    #[error("node closed")]
+    Closed,
+}
+
+/// Counters and cache state of a node (serde).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Snapshot {
+    /// This node's id, hex.
+    pub node_id: String,
+    /// Actor frames accepted by [`Node::send`] into a peer queue.
+    pub frames_enqueued: u64,
+    /// Actor records written to streams.
+    pub frames_written: u64,
+    /// Actor records read from streams.
+    pub frames_received: u64,
+    /// Records delivered to the bridge.
+    pub frames_delivered: u64,
+    /// Drops by reason.
+    pub drops: Drops,
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Inbound connections refused by the allow-list.
+    pub refused: u64,
+    /// Background dials started.
+    pub dials_started: u64,
+    /// Dial attempts that failed.
+    pub dial_failures: u64,
+    /// Current-generation evictions.
+    pub evictions: u64,
+    /// Failures of replaced generations, ignored.
+    pub stale_failures: u64,
+    /// Cached connections: peer (hex) → generation.
+    pub cache: BTreeMap<String, u64>,
+}
+
+/// Builds a [`Node`].
+pub struct NodeBuilder {
+    secret_key: Option<SecretKey>,
+    relay_mode: RelayMode,
+    auth: PeerAuth,
+    bind_addr: SocketAddr,
+    bridge: Option<Arc<dyn ActorBridge>>,
+    tags: Vec<String>,
+    routes: Vec<(String, ActorAddr)>,
+    hosted: Vec<ActorAddr>,
+    payload_bytes_max: usize,
+    actor_alpn: Vec<u8>,
+    join_policy: JoinPolicy,
+}
+
+impl std::fmt::Debug for NodeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeBuilder")
+            .field("bind_addr", &self.bind_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Join timing (defaults: seed 000, 5 attempts, 2 s doubling to 30 s, 10 s each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinPolicy {
+    /// Time allowed to one attempt.
+    pub attempt_timeout: Duration,
+    /// Divides the waits between attempts (1 = seed 000's schedule; tests shrink them).
+    pub delay_divisor: u32,
+}
+
+impl Default for JoinPolicy {
+    fn default() -> Self {
+        Self {
+            attempt_timeout: tether_core::driver::schedule::JOIN_ATTEMPT_TIMEOUT,
+            delay_divisor: 1,
+        }
+    }
+}
+
+impl Default for NodeBuilder {
+    fn default() -> Self {
+        Self {
+            secret_key: None,
+            relay_mode: RelayMode::Disabled,
+            auth: PeerAuth::open(),
+            bind_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            bridge: None,
+            tags: Vec::new(),
+            routes: Vec::new(),
+            hosted: Vec::new(),
+            payload_bytes_max: ACTOR_PAYLOAD_BYTES_DEFAULT,
+            actor_alpn: ACTOR_ALPN.to_vec(),
+            join_policy: JoinPolicy::default(),
+        }
+    }
+}
+
+impl NodeBuilder {
+    /// The node's secret key (absent: a fresh one).
+    pub fn secret_key(mut self, key: [u8; 32]) -> Self {
+        self.secret_key = Some(SecretKey::from_bytes(&key));
+        self
+    }
+
+    /// Relay use (default: disabled).
+    pub fn relay_mode(mut self, mode: RelayMode) -> Self {
+        self.relay_mode = mode;
+        self
+    }
+
+    /// Admits only these peers, inbound and outbound.
+    pub fn allow(mut self, peers: impl IntoIterator<Item = NodeId>) -> Self {
+        self.auth = PeerAuth::allow_list(peers);
+        self
+    }
+
+    /// Where the endpoint binds (default `127.0.0.1:0`).
+    pub fn bind_addr(mut self, addr: SocketAddr) -> Self {
+        self.bind_addr = addr;
+        self
+    }
+
+    /// Where inbound records go.
+    pub fn bridge(mut self, bridge: Arc<dyn ActorBridge>) -> Self {
+        self.bridge = Some(bridge);
+        self
+    }
+
+    /// A type tag the codec registry knows.
+    pub fn know_tag(mut self, tag: &str) -> Self {
+        self.tags.push(tag.to_owned());
+        self
+    }
+
+    /// Gossip to this node's mailbox tagged `tag` goes to local actor `actor`.
+    pub fn route_tag(mut self, tag: &str, actor: ActorAddr) -> Self {
+        self.routes.push((tag.to_owned(), actor));
+        self
+    }
+
+    /// A local actor application frames may address.
+    pub fn host(mut self, actor: ActorAddr) -> Self {
+        self.hosted.push(actor);
+        self
+    }
+
+    /// Largest actor payload read (default 1 MiB).
+    pub fn payload_bytes_max(mut self, max: usize) -> Self {
+        self.payload_bytes_max = max;
+        self
+    }
+
+    /// The actor-plane ALPN (default [`ACTOR_ALPN`]).
+    pub fn actor_alpn(mut self, alpn: &[u8]) -> Self {
+        self.actor_alpn = alpn.to_vec();
+        self
+    }
+
+    /// Join timing.
+    pub fn join_policy(mut self, policy: JoinPolicy) -> Self {
+        self.join_policy = policy;
+        self
+    }
+
+    /// Binds the endpoint and starts the accept loop.
+    pub async fn bind(self) -> Result<Node, NodeError> {
+        let secret = self.secret_key.unwrap_or_else(SecretKey::generate);
+        let endpoint = Endpoint::builder(presets::Minimal)
+            .secret_key(secret)
+            .relay_mode(self.relay_mode)
+            .alpns(vec![self.actor_alpn.clone(), TELEMETRY_ALPN.to_vec()])
+            .bind_addr(self.bind_addr)
+            .map_err(|error| NodeError::Bind(error.to_string()))?
+            .bind()
+            .await
+            .map_err(|error| NodeError::Bind(error.to_string()))?;
+        let local = *endpoint.id().as_bytes();
+        let mut routes = Routes::new(local);
+        for tag in &self.tags {
+            routes.know_tag(tag);
+        }
+        for (tag, actor) in &self.routes {
+            routes.route_tag(tag, *actor);
+        }
+        for actor in &self.hosted {
+            routes.host(*actor);
+        }
+        let (closed_tx, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            endpoint,
+            local,
+            auth: self.auth,
+            routes: Mutex::new(routes),
+            bridge: self.bridge,
+            payload_bytes_max: self.payload_bytes_max,
+            actor_alpn: self.actor_alpn,
+            join_policy: self.join_policy,
+            state: Mutex::new(State::default()),
+            counters: Counters::default(),
+            tasks: Mutex::new(JoinSet::new()),
+            closed: closed_tx,
+            started: std::time::Instant::now(),
+        });
+        let accept = inner.clone();
+        inner.spawn(async move { accept.accept_loop().await });
+        info!(node = %hex(&local), "node bound");
+        Ok(Node { inner })
+    }
+}
+
+/// A peer's egress queue: producers push, the writer task drains.
+struct PeerQueue {
+    sender: Sender<OutFrame>,
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    cache: ConnectionCache<NodeId, Connection>,
+    dials: DialTracker<NodeId>,
+    addrs: BTreeMap<NodeId, EndpointAddr>,
+    queues: BTreeMap<NodeId, PeerQueue>,
+    joins: BTreeMap<NodeId, JoinStatus>,
+    drops: Drops,
+    evictions: u64,
+    stale_failures: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    enqueued: AtomicU64,
+    written: AtomicU64,
+    received: AtomicU64,
+    delivered: AtomicU64,
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    dials_started: AtomicU64,
+    dial_failures: AtomicU64,
+}
+
+struct Inner {
+    endpoint: Endpoint,
+    local: NodeId,
+    auth: PeerAuth,
+    routes: Mutex<Routes<ActorAddr>>,
+    bridge: Option<Arc<dyn ActorBridge>>,
+    payload_bytes_max: usize,
+    actor_alpn: Vec<u8>,
+    join_policy: JoinPolicy,
+    state: Mutex<State>,
+    counters: Counters,
+    tasks: Mutex<JoinSet<()>>,
+    closed: watch::Sender<bool>,
+    started: std::time::Instant,
+}
+
+/// A tether node on iroh. Cheap to clone; [`Node::close`] stops everything it started.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &hex(&self.inner.local))
+            .finish_non_exhaustive()
+    }
+}
+
+fn hex(id: &[u8; 32]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Node {
+    /// Starts building a node.
+    pub fn builder() -> NodeBuilder {
+        NodeBuilder::default()
+    }
+
+    /// This node's id (its endpoint public key), which is also its mailbox address.
+    pub fn node_id(&self) -> NodeId {
+        self.inner.local
+    }
+
+    /// This node's address, with its bound socket addresses as direct addresses.
+    pub fn endpoint_addr(&self) -> EndpointAddr {
+        let mut addr = EndpointAddr::new(self.inner.endpoint.id());
+        for socket in self.direct_addresses() {
+            addr = addr.with_ip_addr(socket);
+        }
+        addr
+    }
+
+    /// The sockets the endpoint is bound to (unspecified addresses as loopback).
+    pub fn direct_addresses(&self) -> Vec<SocketAddr> {
+        self.inner
+            .endpoint
+            .bound_sockets()
+            .into_iter()
+            .map(|mut socket| {
+                if socket.ip().is_unspecified() {
+                    socket.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                }
+                socket
+            })
+            .collect()
+    }
+
+    /// Connects to `addr` now (awaitable; the actor plane dials in the background on its
+    /// own). The connection is cached and its streams read.
+    pub async fn connect(&self, addr: EndpointAddr) -> Result<(), NodeError> {
+        let peer = *addr.id.as_bytes();
+        if !self.inner.auth.permits(&peer) {
+            return Err(NodeError::Unauthorized);
+        }
+        self.inner.remember(addr.clone());
+        let conn = self
+            .inner
+            .endpoint
+            .connect(addr, &self.inner.actor_alpn)
+            .await
+            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        self.inner.adopt(peer, conn);
+        Ok(())
+    }
+
+    /// Queues `frame` for its peer without blocking. With no cached connection the frame is
+    /// dropped (counted) and a background dial starts (at most one per peer).
+    pub fn send(&self, frame: OutFrame) {
+        self.inner.send(frame);
+    }
+
+    /// Joins through `seeds`: for each, connect and write a `JoinRequest` to its mailbox, in
+    /// the background with the join schedule. Never waits for convergence.
+    pub fn join(&self, seeds: Vec<EndpointAddr>) {
+        for seed in seeds {
+            let inner = self.inner.clone();
+            self.inner.spawn(async move { inner.join_one(seed).await });
+        }
+    }
+
+    /// The status of every join, by seed id (hex).
+    pub fn join_statuses(&self) -> BTreeMap<String, JoinStatus> {
+        let state = self.inner.lock();
+        state
+            .joins
+            .iter()
+            .map(|(id, s)| (hex(id), s.clone()))
+            .collect()
+    }
+
+    /// Makes actor `actor` local (application frames to it are delivered).
+    pub fn host(&self, actor: ActorAddr) {
+        self.inner
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .host(actor);
+    }
+
+    /// Counters, drops by reason and cache entries with their generations.
+    pub fn snapshot(&self) -> Snapshot {
+        let c = &self.inner.counters;
+        let state = self.inner.lock();
+        Snapshot {
+            node_id: hex(&self.inner.local),
+            frames_enqueued: c.enqueued.load(Ordering::Relaxed),
+            frames_written: c.written.load(Ordering::Relaxed),
+            frames_received: c.received.load(Ordering::Relaxed),
+            frames_delivered: c.delivered.load(Ordering::Relaxed),
+            drops: state.drops.clone(),
+            accepted: c.accepted.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            dials_started: c.dials_started.load(Ordering::Relaxed),
+            dial_failures: c.dial_failures.load(Ordering::Relaxed),
+            evictions: state.evictions,
+            stale_failures: state.stale_failures,
+            cache: state
+                .cache
+                .generations()
+                .map(|(peer, generation)| (hex(peer), generation.get()))
+                .collect(),
+        }
+    }
+
+    /// Closes the cached connection to `peer` (if any); the next frame for it dials again.
+    pub fn disconnect(&self, peer: &NodeId) {
+        let entry = self.inner.lock().cache.remove(peer);
+        if let Some(entry) = entry {
+            entry.conn.close(CLOSE_SHUTDOWN.into(), b"disconnect");
+        }
+    }
+
+    /// Tasks still running (0 after [`Node::close`]).
+    pub fn tasks_running(&self) -> usize {
+        self.inner
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Closes every connection and stops the accept loop, readers, writers, dials and joins;
+    /// returns when all of them have ended.
+    pub async fn close(&self) {
+        self.inner.closed.send_replace(true);
+        let conns: Vec<Connection> = {
+            let mut state = self.inner.lock();
+            state.queues.clear();
+            state
+                .cache
+                .take_all()
+                .into_values()
+                .map(|e| e.conn)
+                .collect()
+        };
+        for conn in conns {
+            conn.close(CLOSE_SHUTDOWN.into(), b"closing");
+        }
+        self.inner.endpoint.close().await;
+        let mut tasks = std::mem::take(
+            &mut *self
+                .inner
+                .tasks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        info!(node = %hex(&self.inner.local), "node closed");
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now(&self) -> Time {
+        Time::from_millis(self.started.elapsed().as_millis() as u64)
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    /// Spawns a task the node owns (aborted and awaited by close).
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        if self.is_closed() {
+            return;
+        }
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        // Reap finished tasks so the set does not grow with every stream ever read.
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
+    }
+
+    fn count_drop(&self, reason: DropReason) {
+        self.lock().drops.count(reason);
+    }
+
+    fn remember(&self, addr: EndpointAddr) {
+        self.lock().addrs.insert(*addr.id.as_bytes(), addr);
+    }
+
+    async fn accept_loop(self: Arc<Self>) {
+        while let Some(incoming) = self.endpoint.accept().await {
+            let inner = self.clone();
+            self.spawn(async move {
+                let Ok(accepting) = incoming.accept() else {
+                    return;
+                };
+                let Ok(conn) = accepting.await else { return };
+                inner.admit(conn);
+            });
+        }
+    }
+
+    /// An accepted connection: admission, then ALPN dispatch.
+    fn admit(self: &Arc<Self>, conn: Connection) {
+        let peer = *conn.remote_id().as_bytes();
+        if !self.auth.permits(&peer) {
+            bump(&self.counters.refused);
+            warn!(peer = %hex(&peer), "unauthorized peer refused");
+            conn.close(CLOSE_UNAUTHORIZED.into(), b"unauthorized");
+            return;
+        }
+        bump(&self.counters.accepted);
+        if conn.alpn() == self.actor_alpn.as_slice() {
+            self.adopt(peer, conn);
+        } else {
+            debug!(alpn = %String::from_utf8_lossy(conn.alpn()), "no adapter for this ALPN");
+            conn.close(CLOSE_SHUTDOWN.into(), b"no adapter");
+        }
+    }
+
+    /// Caches an actor-plane connection under a fresh generation and reads its streams.
+    fn adopt(self: &Arc<Self>, peer: NodeId, conn: Connection) {
+        let generation = self.lock().cache.insert(peer, conn.clone());
+        debug!(peer = %hex(&peer), generation = generation.get(), "connection cached");
+        let inner = self.clone();
+        self.spawn(
+            async move { inner.read_connection(conn).await }
+                .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
+        );
+        // Frames may have queued for this peer: let its writer look again.
+        if let Some(queue) = self.lock().queues.get(&peer) {
+            queue.wake.notify_one();
+        }
+    }
+
+    fn send(self: &Arc<Self>, frame: OutFrame) {
+        let peer = frame.to;
+        if PublicKey::from_bytes(&peer).is_err() {
+            return self.count_drop(DropReason::InvalidNodeId);
+        }
+        if !self.auth.permits(&peer) {
+            return self.count_drop(DropReason::Unauthorized);
+        }
+        let mut state = self.lock();
+        if state
+            .cache
+            .get(&peer, |conn| conn.close_reason().is_some())
+            .is_none()
+        {
+            state.drops.count(DropReason::CacheMiss);
+            drop(state);
+            return self.dial(peer);
+        }
+        let queue = match state.queues.get(&peer) {
+            Some(queue) => queue,
+            None => {
+                let channel = HybridChannel::new();
+                let queue = PeerQueue {
+                    sender: channel.sender(),
+                    wake: Arc::new(Notify::new()),
+                };
+                let (inner, wake) = (self.clone(), queue.wake.clone());
+                self.spawn(
+                    async move { inner.write_peer(peer, channel, wake).await }
+                        .instrument(tracing::debug_span!("writer", peer = %hex(&peer))),
+                );
+                state.queues.entry(peer).or_insert(queue)
+            }
+        };
+        queue.sender.push(frame);
+        queue.wake.notify_one();
+        bump(&self.counters.enqueued);
+    }
+
+    /// Starts a background dial of `peer` unless one runs.
+    fn dial(self: &Arc<Self>, peer: NodeId) {
+        let addr = {
+            let mut state = self.lock();
+            if !state.dials.start(&peer) {
+                return;
+            }
+            state.addrs.get(&peer).cloned()
+        };
+        bump(&self.counters.dials_started);
+        let inner = self.clone();
+        self.spawn(async move {
+            let addr = match (addr, PublicKey::from_bytes(&peer)) {
+                (Some(addr), _) => addr,
+                (None, Ok(key)) => EndpointAddr::new(key),
+                (None, Err(_)) => return,
+            };
+            let mut attempt = 1;
+            loop {
+                let connect = inner.endpoint.connect(addr.clone(), &inner.actor_alpn);
+                match tokio::time::timeout(
+                    tether_core::driver::schedule::DIAL_ATTEMPT_TIMEOUT,
+                    connect,
+                )
+                .await
+                {
+                    Ok(Ok(conn)) => {
+                        inner.adopt(peer, conn);
+                        break;
+                    }
+                    _ => {
+                        bump(&inner.counters.dial_failures);
+                        match dial_retry_after(attempt) {
+                            Some(wait) => tokio::time::sleep(wait).await,
+                            None => break,
+                        }
+                        attempt += 1;
+                    }
+                }
+            }
+            inner.lock().dials.finish(&peer);
+        });
+    }
+
+    /// The writer of one peer: drains its queue onto one long-lived uni stream of the current
+    /// connection; a failed write evicts that generation (only) and redials.
+    async fn write_peer(
+        self: Arc<Self>,
+        peer: NodeId,
+        channel: HybridChannel<OutFrame>,
+        wake: Arc<Notify>,
+    ) {
+        let mut stream: Option<(Generation, SendStream)> = None;
+        let mut buf = BytesMut::new();
+        loop {
+            wake.notified().await;
+            loop {
+                let mut batch: Vec<(String, usize)> = Vec::new();
+                buf.clear();
+                while buf.len() < WRITE_BATCH_BYTES {
+                    let Some(frame) = channel.pop() else { break };
+                    let record = match ActorRecord::new(frame.dest, &frame.type_tag, frame.payload)
+                    {
+                        Ok(record) => record,
+                        Err(_) => {
+                            self.count_drop(DropReason::UnknownTag);
+                            continue;
+                        }
+                    };
+                    if record.encode(self.payload_bytes_max, &mut buf).is_err() {
+                        self.count_drop(DropReason::WriteFailed);
+                        continue;
+                    }
+                    batch.push((frame.type_tag, 1));
+                }
+                if batch.is_empty() {
+                    break;
+                }
+                let current = {
+                    let mut state = self.lock();
+                    state
+                        .cache
+                        .get(&peer, |conn| conn.close_reason().is_some())
+                        .map(|entry| (entry.generation, entry.conn.clone()))
+                };
+                let Some((generation, conn)) = current else {
+                    for _ in &batch {
+                        self.count_drop(DropReason::CacheMiss);
+                    }
+                    self.dial(peer);
+                    continue;
+                };
+                if stream.as_ref().is_none_or(|(g, _)| *g != generation) {
+                    stream = conn.open_uni().await.ok().map(|s| (generation, s));
+                }
+                let written = match &mut stream {
+                    Some((_, send)) => send.write_all(&buf).await.is_ok(),
+                    None => false,
+                };
+                if written {
+                    self.counters
+                        .written
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                } else {
+                    stream = None;
+                    self.write_failed(peer, generation, &batch);
+                }
+            }
+        }
+    }
+
+    fn write_failed(
+        self: &Arc<Self>,
+        peer: NodeId,
+        generation: Generation,
+        batch: &[(String, usize)],
+    ) {
+        let eviction = {
+            let mut state = self.lock();
+            for _ in batch {
+                state.drops.count(DropReason::WriteFailed);
+            }
+            let eviction = state.cache.fail(&peer, generation);
+            match eviction {
+                Eviction::Evicted => state.evictions += 1,
+                Eviction::Stale => state.stale_failures += 1,
+            }
+            eviction
+        };
+        let swim = {
+            let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+            batch.iter().any(|(tag, _)| routes.is_swim(tag))
+        };
+        if swim {
+            if let Some(bridge) = &self.bridge {
+                bridge.send_failed(peer);
+            }
+        }
+        if eviction == Eviction::Evicted {
+            debug!(peer = %hex(&peer), generation = generation.get(), "evicted; redialling");
+            self.dial(peer);
+        }
+    }
+
+    /// Reads every uni stream the peer opens on `conn`.
+    async fn read_connection(self: Arc<Self>, conn: Connection) {
+        while let Ok(recv) = conn.accept_uni().await {
+            let inner = self.clone();
+            self.spawn(async move { inner.read_stream(recv).await });
+        }
+    }
+
+    /// Decodes actor records from one stream and routes each; a malformed stream is dropped
+    /// (stopped) without closing the connection.
+    async fn read_stream(self: Arc<Self>, mut recv: RecvStream) {
+        let mut decoder =
+            StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
+        loop {
+            match recv.read_chunk(READ_CHUNK).await {
+                Ok(Some(chunk)) => decoder.push_bytes(chunk),
+                Ok(None) | Err(_) => return,
+            }
+            loop {
+                match decoder.pop() {
+                    Ok(Some(record)) => self.route(record),
+                    Ok(None) => break,
+                    Err(error) => {
+                        self.count_drop(DropReason::MalformedStream);
+                        if error.error.is_fatal() {
+                            let _ = recv.stop(1u32.into());
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn route(&self, record: ActorRecord) {
+        bump(&self.counters.received);
+        let decision = self
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .inbound(record.dest(), record.tag());
+        let dest = match decision {
+            Inbound::Protocol(actor) => actor,
+            Inbound::Actor(actor) => actor,
+            Inbound::Drop(reason) => return self.count_drop(reason),
+        };
+        let tag = record.tag().to_owned();
+        let delivered = match &self.bridge {
+            Some(bridge) => bridge
+                .deliver_raw(dest, &tag, record.into_payload())
+                .is_ok(),
+            None => false,
+        };
+        if delivered {
+            bump(&self.counters.delivered);
+        } else {
+            self.count_drop(DropReason::DeliveryFailed);
+        }
+    }
+
+    async fn join_one(self: Arc<Self>, seed: EndpointAddr) {
+        let peer = *seed.id.as_bytes();
+        self.remember(seed.clone());
+        let direct = seed.ip_addrs().count();
+        let relay = seed.relay_urls().next().is_some();
+        let (mut join, mut next) = Join::start(self.now(), relay, direct);
+        self.lock().joins.insert(peer, join.status().clone());
+        while let JoinNext::Attempt { at, .. } = next {
+            let wait = self.scaled(at.saturating_since(self.now()));
+            tokio::time::sleep(wait).await;
+            let connect = self.endpoint.connect(seed.clone(), &self.actor_alpn);
+            next = match tokio::time::timeout(self.join_policy.attempt_timeout, connect).await {
+                Ok(Ok(conn)) => {
+                    join.connected(self.now());
+                    self.lock().joins.insert(peer, join.status().clone());
+                    match self.write_join_request(&conn, peer).await {
+                        Ok(()) => {
+                            self.adopt(peer, conn);
+                            join.sent(self.now())
+                        }
+                        Err(error) => join.failed(self.now(), error),
+                    }
+                }
+                Ok(Err(error)) => join.failed(self.now(), error.to_string()),
+                Err(_) => join.failed(self.now(), "attempt timed out"),
+            };
+            self.lock().joins.insert(peer, join.status().clone());
+        }
+    }
+
+    fn scaled(&self, wait: Duration) -> Duration {
+        wait / self.join_policy.delay_divisor.max(1)
+    }
+
+    /// Writes a `JoinRequest` record (payload: this node's id) to the seed's mailbox.
+    async fn write_join_request(&self, conn: &Connection, seed: NodeId) -> Result<(), String> {
+        let record = ActorRecord::new(seed, "JoinRequest", Bytes::copy_from_slice(&self.local))
+            .map_err(|e| e.to_string())?;
+        let mut buf = BytesMut::new();
+        record
+            .encode(self.payload_bytes_max, &mut buf)
+            .map_err(|e| e.to_string())?;
+        let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
+        send.write_all(&buf).await.map_err(|e| e.to_string())?;
+        send.finish().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! The iroh driver over real endpoints on 127.0.0.1 (relay disabled, no port mapping: the
+//! crate is built without the portmapper feature).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tether::node::{ActorBridge, DeliveryError, JoinPolicy, Node, NodeError, OutFrame};
+use tether_core::driver::{DropReason, JoinPhase, NodeId};
+use tokio::sync::mpsc;
+
+type Delivery = (NodeId, String, Bytes);
+
+/// Hands every delivery and send failure to the test.
+struct Collect {
+    delivered: mpsc::UnboundedSender<Delivery>,
+    failed: mpsc::UnboundedSender<NodeId>,
+}
+
+impl ActorBridge for Collect {
+    fn deliver_raw(&self, dest: NodeId, tag: &str, payload: Bytes) -> Result<(), DeliveryError> {
+        self.delivered
+            .send((dest, tag.to_owned(), payload))
+            .map_err(|_| DeliveryError("test ended".into()))
+    }
+
+    fn send_failed(&self, to: NodeId) {
+        let _ = self.failed.send(to);
+    }
+}
+
+struct TestNode {
+    node: Node,
+    delivered: mpsc::UnboundedReceiver<Delivery>,
+}
+
+const SWIM_ACTOR: NodeId = [0x51; 32];
+const APP_ACTOR: NodeId = [0xA1; 32];
+
+async fn node_with(
+    configure: impl FnOnce(tether::node::NodeBuilder) -> tether::node::NodeBuilder,
+) -> TestNode {
+    let (delivered_tx, delivered) = mpsc::unbounded_channel();
+    let (failed, _) = mpsc::unbounded_channel();
+    let builder = Node::builder()
+        .bridge(Arc::new(Collect {
+            delivered: delivered_tx,
+            failed,
+        }))
+        .know_tag("Chat")
+        .know_tag("Orphan")
+        .route_tag("Ping", SWIM_ACTOR)
+        .route_tag("JoinRequest", SWIM_ACTOR)
+        .host(APP_ACTOR);
+    let node = configure(builder).bind().await.expect("bind");
+    TestNode { node, delivered }
+}
+
+async fn node() -> TestNode {
+    node_with(|b| b).await
+}
+
+fn chat(to: &Node, n: u32) -> OutFrame {
+    OutFrame {
+        to: to.node_id(),
+        dest: APP_ACTOR,
+        type_tag: "Chat".into(),
+        payload: Bytes::from(n.to_be_bytes().to_vec()),
+    }
+}
+
+/// Receives `count` deliveries; returns their payload numbers in arrival order.
+async fn receive(node: &mut TestNode, count: usize) -> Vec<u32> {
+    let mut numbers = Vec::new();
+    while numbers.len() < count {
+        let (dest, tag, payload) = node.delivered.recv().await.expect("bridge alive");
+        assert_eq!((dest, tag.as_str()), (APP_ACTOR, "Chat"));
+        numbers.push(u32::from_be_bytes(
+            payload[..4].try_into().expect("4 bytes"),
+        ));
+    }
+    numbers
+}
+
+/// Yields until `condition` holds (driven by network events, never by a timer).
+async fn until(mut condition: impl FnMut() -> bool) {
+    for _ in 0..50_000_000u64 {
+        if condition() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("condition never held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actor_frames_cross_two_and_three_nodes_in_order() {
+    let a = node().await;
+    let mut b = node().await;
+    let mut c = node().await;
+    a.node.connect(b.node.endpoint_addr()).await.expect("a-b");
+    a.node.connect(c.node.endpoint_addr()).await.expect("a-c");
+    b.node.connect(c.node.endpoint_addr()).await.expect("b-c");
+    for n in 0..300 {
+        a.node.send(chat(&b.node, n));
+        a.node.send(chat(&c.node, n));
+        b.node.send(chat(&c.node, 1_000 + n));
+    }
+    assert_eq!(receive(&mut b, 300).await, (0..300).collect::<Vec<_>>());
+    let at_c = receive(&mut c, 600).await;
+    let from_a: Vec<u32> = at_c.iter().copied().filter(|n| *n < 1_000).collect();
+    let from_b: Vec<u32> = at_c.iter().copied().filter(|n| *n >= 1_000).collect();
+    assert_eq!(from_a, (0..300).collect::<Vec<_>>(), "FIFO per sender");
+    assert_eq!(from_b, (1_000..1_300).collect::<Vec<_>>());
+    let snapshot = a.node.snapshot();
+    assert_eq!(snapshot.frames_enqueued, 600);
+    assert_eq!(snapshot.cache.len(), 2);
+    for n in [a, b, c] {
+        n.node.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_is_routed_by_tag_and_unroutable_frames_are_counted() {
+    let a = node().await;
+    let mut b = node().await;
+    a.node
+        .connect(b.node.endpoint_addr())
+        .await
+        .expect("connect");
+    let b_id = b.node.node_id();
+    let frame = |dest, tag: &str| OutFrame {
+        to: b_id,
+        dest,
+        type_tag: tag.into(),
+        payload: Bytes::from_static(b"x"),
+    };
+    a.node.send(frame(b_id, "Nope")); // unknown tag
+    a.node.send(frame(b_id, "Orphan")); // gossip tag without a local route
+    a.node.send(frame([0xEE; 32], "Chat")); // an actor not hosted at b
+    a.node.send(frame(b_id, "Ping")); // gossip: to the SWIM actor
+    let (dest, tag, _) = b.delivered.recv().await.expect("delivered");
+    assert_eq!((dest, tag.as_str()), (SWIM_ACTOR, "Ping"));
+    // The stream is FIFO: the three drops happened before the Ping was delivered.
+    let drops = b.node.snapshot().drops;
+    assert_eq!(drops.get(DropReason::UnknownTag), 1);
+    assert_eq!(drops.get(DropReason::NoLocalRoute), 1);
+    assert_eq!(drops.get(DropReason::NotLocal), 1);
+
+    // A frame for a peer with no connection is dropped at once and a dial starts.
+    let c = node().await;
+    a.node.send(chat(&c.node, 1));
+    let snapshot = a.node.snapshot();
+    assert_eq!(snapshot.drops.get(DropReason::CacheMiss), 1);
+    assert_eq!(snapshot.dials_started, 1);
+    for n in [a, b, c] {
+        n.node.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthorized_peer_is_refused_both_ways() {
+    let a = node().await;
+    let c = node().await;
+    let c_id = c.node.node_id();
+    let b = node_with(|builder| builder.allow([c_id])).await;
+    // Outbound: b never dials a peer off its list.
+    let refused = b.node.connect(a.node.endpoint_addr()).await;
+    assert!(matches!(refused, Err(NodeError::Unauthorized)));
+    b.node.send(chat(&a.node, 1));
+    assert_eq!(b.node.snapshot().drops.get(DropReason::Unauthorized), 1);
+    assert_eq!(b.node.snapshot().dials_started, 0);
+    // Inbound: a's connection is closed by b as unauthorized.
+    let _ = a.node.connect(b.node.endpoint_addr()).await;
+    until(|| b.node.snapshot().refused == 1).await;
+    assert!(b.node.snapshot().cache.is_empty());
+    // c is on the list.
+    c.node
+        .connect(b.node.endpoint_addr())
+        .await
+        .expect("allowed");
+    until(|| b.node.snapshot().accepted == 1).await;
+    for n in [a, b, c] {
+        n.node.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_is_replaced_under_a_new_generation() {
+    let a = node().await;
+    let mut b = node().await;
+    let b_key = hex(&b.node.node_id());
+    a.node
+        .connect(b.node.endpoint_addr())
+        .await
+        .expect("connect");
+    let first = a.node.snapshot().cache[&b_key];
+    a.node.send(chat(&b.node, 0));
+    assert_eq!(receive(&mut b, 1).await, vec![0]);
+    // b kills its side; a learns the connection closed.
+    b.node.disconnect(&a.node.node_id());
+    // The next frame finds the closed entry, drops it, and dials again (background).
+    until(|| {
+        a.node.send(chat(&b.node, 99));
+        a.node
+            .snapshot()
+            .cache
+            .get(&b_key)
+            .is_some_and(|g| *g > first)
+    })
+    .await;
+    let snapshot = a.node.snapshot();
+    assert!(snapshot.drops.get(DropReason::CacheMiss) >= 1);
+    assert!(snapshot.dials_started >= 1);
+    a.node.send(chat(&b.node, 7));
+    let got = receive(&mut b, 1).await;
+    assert!(
+        got == vec![99] || got == vec![7],
+        "frames flow on the new generation"
+    );
+    for n in [a, b] {
+        n.node.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_sends_a_request_to_the_seed_mailbox_or_reports_failed() {
+    let a = node_with(|b| {
+        b.join_policy(JoinPolicy {
+            attempt_timeout: std::time::Duration::from_millis(300),
+            delay_divisor: 1_000,
+        })
+    })
+    .await;
+    let mut b = node().await;
+    a.node.join(vec![b.node.endpoint_addr()]);
+    let (dest, tag, payload) = b.delivered.recv().await.expect("join request");
+    assert_eq!((dest, tag.as_str()), (SWIM_ACTOR, "JoinRequest"));
+    assert_eq!(&payload[..], &a.node.node_id()[..]);
+    let b_key = hex(&b.node.node_id());
+    until(|| {
+        a.node
+            .join_statuses()
+            .get(&b_key)
+            .is_some_and(|s| s.phase == JoinPhase::Sent)
+    })
+    .await;
+
+    // A seed nobody listens for: five attempts, then Failed.
+    let dead = Node::builder().bind().await.expect("bind");
+    let dead_addr = dead.endpoint_addr();
+    let dead_key = hex(&dead.node_id());
+    dead.close().await;
+    a.node.join(vec![dead_addr]);
+    until(|| {
+        a.node
+            .join_statuses()
+            .get(&dead_key)
+            .is_some_and(|s| s.phase == JoinPhase::Failed)
+    })
+    .await;
+    let status = &a.node.join_statuses()[&dead_key];
+    assert!(status.has_direct && !status.has_relay);
+    assert!(status.last_error.is_some());
+    for n in [a, b] {
+        n.node.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_leaves_no_task_running() {
+    let a = node().await;
+    let mut b = node().await;
+    a.node
+        .connect(b.node.endpoint_addr())
+        .await
+        .expect("connect");
+    for n in 0..10 {
+        a.node.send(chat(&b.node, n));
+    }
+    assert_eq!(receive(&mut b, 10).await.len(), 10);
+    assert!(a.node.tasks_running() > 0);
+    a.node.close().await;
+    b.node.close().await;
+    assert_eq!(a.node.tasks_running(), 0);
+    assert_eq!(b.node.tasks_running(), 0);
+    a.node.send(chat(&b.node, 1));
+    assert_eq!(a.node.tasks_running(), 0, "a closed node starts nothing");
+}
+
+fn hex(id: &NodeId) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
