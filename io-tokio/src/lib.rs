@@ -5,10 +5,16 @@
 //! egress queue), a request switch (cap-aware routing with credit flow control) and a
 //! substrate (named sessions and queues with exactly-once delivery across restarts).
 //!
-//! What is here today: [`inspect`], which decodes captured wire bytes of any of tether's four
-//! formats into JSON lines (the `tether inspect` command).
+//! What is here today:
+//! - [`substrate`]: the substrate from async Rust (queues and sessions with exactly-once,
+//!   per-object FIFO delivery across disconnects and restarts), over a [`substrate::Transport`];
+//! - [`store`]: where its durable state lives (SQLite with group commit, or memory);
+//! - `node` (feature `iroh`, on by default): the iroh transport driver's actor plane;
+//! - [`inspect`]: decodes captured wire bytes of tether's four formats into JSON lines (the
+//!   `tether inspect` command).
 
 pub mod inspect;
+#[cfg(feature = "iroh")]
 pub mod node;
 pub mod store;
 pub mod substrate;
