@@ -34,6 +34,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+mod substrate_link;
+
+pub use substrate_link::{peer_id_of, IrohTransport, SUBSTRATE_ALPN};
+
 use bytes::{Bytes, BytesMut};
 use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
 use iroh::{Endpoint, EndpointAddr, PublicKey, RelayMode, SecretKey};
@@ -162,6 +166,7 @@ pub struct NodeBuilder {
     payload_bytes_max: usize,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
+    substrate: bool,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -204,6 +209,7 @@ impl Default for NodeBuilder {
             payload_bytes_max: ACTOR_PAYLOAD_BYTES_DEFAULT,
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
+            substrate: false,
         }
     }
 }
@@ -269,6 +275,13 @@ impl NodeBuilder {
         self
     }
 
+    /// Serves substrate links ([`SUBSTRATE_ALPN`]); take the transport with
+    /// [`Node::substrate_transport`] and give it to a `Substrate`.
+    pub fn substrate(mut self) -> Self {
+        self.substrate = true;
+        self
+    }
+
     /// Join timing.
     pub fn join_policy(mut self, policy: JoinPolicy) -> Self {
         self.join_policy = policy;
@@ -278,10 +291,14 @@ impl NodeBuilder {
     /// Binds the endpoint and starts the accept loop.
     pub async fn bind(self) -> Result<Node, NodeError> {
         let secret = self.secret_key.unwrap_or_else(SecretKey::generate);
+        let mut alpns = vec![self.actor_alpn.clone(), TELEMETRY_ALPN.to_vec()];
+        if self.substrate {
+            alpns.push(SUBSTRATE_ALPN.to_vec());
+        }
         let endpoint = Endpoint::builder(presets::Minimal)
             .secret_key(secret)
             .relay_mode(self.relay_mode)
-            .alpns(vec![self.actor_alpn.clone(), TELEMETRY_ALPN.to_vec()])
+            .alpns(alpns)
             .bind_addr(self.bind_addr)
             .map_err(|error| NodeError::Bind(error.to_string()))?
             .bind()
@@ -299,7 +316,15 @@ impl NodeBuilder {
             routes.host(*actor);
         }
         let (closed_tx, _) = watch::channel(false);
+        let (substrate_transport, substrate_queue) = if self.substrate {
+            let (transport, queue) = IrohTransport::new(endpoint.clone());
+            (Some(transport), Some(queue))
+        } else {
+            (None, None)
+        };
         let inner = Arc::new(Inner {
+            substrate_transport: Mutex::new(substrate_transport),
+            substrate_queue,
             endpoint,
             local,
             auth: self.auth,
@@ -352,6 +377,9 @@ struct Counters {
 }
 
 struct Inner {
+    substrate_transport: Mutex<Option<IrohTransport>>,
+    substrate_queue:
+        Option<tokio::sync::mpsc::Sender<(tether_core::substrate::PeerId, crate::substrate::Link)>>,
     endpoint: Endpoint,
     local: NodeId,
     auth: PeerAuth,
@@ -501,6 +529,15 @@ impl Node {
         }
     }
 
+    /// The substrate transport of a node built with [`NodeBuilder::substrate`]; taken once.
+    pub fn substrate_transport(&self) -> Option<IrohTransport> {
+        self.inner
+            .substrate_transport
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
     /// Closes the cached connection to `peer` (if any); the next frame for it dials again.
     pub fn disconnect(&self, peer: &NodeId) {
         let entry = self.inner.lock().cache.remove(peer);
@@ -606,6 +643,13 @@ impl Inner {
         bump(&self.counters.accepted);
         if conn.alpn() == self.actor_alpn.as_slice() {
             self.adopt(peer, conn);
+        } else if let (SUBSTRATE_ALPN, Some(queue)) = (conn.alpn(), &self.substrate_queue) {
+            let (queue, local) = (queue.clone(), peer_id_of(&self.endpoint.id()));
+            self.spawn(async move {
+                if let Err(error) = substrate_link::accept_link(conn, local, queue).await {
+                    debug!(%error, "substrate link not established");
+                }
+            });
         } else {
             debug!(alpn = %String::from_utf8_lossy(conn.alpn()), "no adapter for this ALPN");
             conn.close(CLOSE_SHUTDOWN.into(), b"no adapter");

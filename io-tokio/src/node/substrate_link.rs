@@ -1,0 +1,191 @@
+//! The substrate over iroh: [`IrohTransport`] implements the shell's
+//! [`crate::substrate::Transport`] on a [`super::Node`]'s endpoint, so the same shell that runs
+//! over TCP and the simulator runs over QUIC.
+//!
+//! One link is one bidirectional stream on a connection negotiated with [`SUBSTRATE_ALPN`].
+//! The peer id is the remote endpoint key as TLS authenticated it (hex), and the channel
+//! binding is TLS keying material both ends export, so `Auth::TransportIdentity` proves the
+//! handshake ran over this very QUIC connection.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use iroh::endpoint::{Connection, RecvStream, SendStream};
+use iroh::{Endpoint, EndpointAddr, PublicKey};
+use tether_core::substrate::handshake::Channel;
+use tether_core::substrate::PeerId;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
+
+use crate::substrate::transport::{AcceptQueue, BoxFuture};
+use crate::substrate::{Link, Transport};
+
+/// The ALPN of substrate links.
+pub const SUBSTRATE_ALPN: &[u8] = b"tether/substrate/1";
+/// Label of the exported keying material used as channel binding.
+const BINDING_LABEL: &[u8] = b"tether substrate channel binding";
+
+/// The substrate's links over a node's endpoint.
+pub struct IrohTransport {
+    endpoint: Endpoint,
+    local: PeerId,
+    peers: Mutex<BTreeMap<PeerId, EndpointAddr>>,
+    inbound: AcceptQueue,
+}
+
+impl std::fmt::Debug for IrohTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IrohTransport")
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The peer id the substrate uses for an iroh node: its key in lowercase hex.
+pub fn peer_id_of(key: &PublicKey) -> PeerId {
+    PeerId::new(super::hex(key.as_bytes()))
+}
+
+impl IrohTransport {
+    pub(super) fn new(endpoint: Endpoint) -> (Self, mpsc::Sender<(PeerId, Link)>) {
+        let (tx, inbound) = AcceptQueue::new(64);
+        let local = peer_id_of(&endpoint.id());
+        let transport = Self {
+            endpoint,
+            local,
+            peers: Mutex::default(),
+            inbound,
+        };
+        (transport, tx)
+    }
+
+    /// This node's substrate peer id.
+    pub fn local(&self) -> &PeerId {
+        &self.local
+    }
+
+    /// Records how to reach a peer; this side then dials it.
+    pub fn add_peer(&self, addr: EndpointAddr) -> PeerId {
+        let peer = peer_id_of(&addr.id);
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(peer.clone(), addr);
+        peer
+    }
+
+    fn addr_of(&self, peer: &PeerId) -> Option<EndpointAddr> {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(peer)
+            .cloned()
+    }
+}
+
+/// The channel of a connection: both ids in dialer-then-listener order, and exported keying
+/// material.
+fn channel(conn: &Connection, dialer: &PeerId, listener: &PeerId) -> io::Result<Channel> {
+    let mut binding = vec![0u8; 32];
+    conn.export_keying_material(&mut binding, BINDING_LABEL, b"")
+        .map_err(|_| io::Error::other("cannot export keying material"))?;
+    let mut conn_id = Vec::new();
+    for part in [dialer.as_str().as_bytes(), listener.as_str().as_bytes()] {
+        conn_id.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        conn_id.extend_from_slice(part);
+    }
+    Ok(Channel { conn_id, binding })
+}
+
+/// A substrate link accepted by the node's accept loop (ALPN [`SUBSTRATE_ALPN`]).
+pub(super) async fn accept_link(
+    conn: Connection,
+    local: PeerId,
+    queue: mpsc::Sender<(PeerId, Link)>,
+) -> io::Result<()> {
+    let peer = peer_id_of(&conn.remote_id());
+    let (send, recv) = conn.accept_bi().await.map_err(io::Error::other)?;
+    let channel = channel(&conn, &peer, &local)?;
+    let link = Link {
+        stream: Box::new(QuicStream { conn, send, recv }),
+        channel,
+    };
+    queue
+        .send((peer, link))
+        .await
+        .map_err(|_| io::Error::other("substrate stopped"))
+}
+
+impl Transport for IrohTransport {
+    fn can_dial(&self, peer: &PeerId) -> bool {
+        self.addr_of(peer).is_some()
+    }
+
+    fn dial<'a>(&'a self, peer: &'a PeerId, _nonce: [u8; 16]) -> BoxFuture<'a, io::Result<Link>> {
+        Box::pin(async move {
+            let addr = self
+                .addr_of(peer)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address for peer"))?;
+            let conn = self
+                .endpoint
+                .connect(addr, SUBSTRATE_ALPN)
+                .await
+                .map_err(io::Error::other)?;
+            let (send, recv) = conn.open_bi().await.map_err(io::Error::other)?;
+            let channel = channel(&conn, &self.local, peer)?;
+            Ok(Link {
+                stream: Box::new(QuicStream { conn, send, recv }),
+                channel,
+            })
+        })
+    }
+
+    fn accept(&self) -> BoxFuture<'_, io::Result<(PeerId, Link)>> {
+        Box::pin(self.inbound.next())
+    }
+}
+
+/// One bidirectional QUIC stream as a byte stream; holds its connection open.
+struct QuicStream {
+    conn: Connection,
+    send: SendStream,
+    recv: RecvStream,
+}
+
+impl Drop for QuicStream {
+    fn drop(&mut self) {
+        let _ = self.send.finish();
+        self.conn.close(0u32.into(), b"link closed");
+    }
+}
+
+impl AsyncRead for QuicStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        AsyncRead::poll_read(Pin::new(&mut self.recv), cx, buf)
+    }
+}
+
+impl AsyncWrite for QuicStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        AsyncWrite::poll_write(Pin::new(&mut self.send), cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        AsyncWrite::poll_flush(Pin::new(&mut self.send), cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        AsyncWrite::poll_shutdown(Pin::new(&mut self.send), cx)
+    }
+}
