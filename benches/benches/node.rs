@@ -1,0 +1,182 @@
+//! Actor frames through `Node` (issue "iroh transport driver"): 64 B and 1 KiB frames enqueued
+//! on one node until all are delivered on the other, over real iroh on loopback, beside a raw
+//! iroh uni stream carrying the same actor-record bytes (coalesced the same way) to a reader
+//! that decodes and counts them. Target: Node ≥ 70% of the raw messages/s.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use criterion::{criterion_main, Criterion, Throughput};
+use iroh::endpoint::presets;
+use iroh::{Endpoint, RelayMode, SecretKey};
+use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
+use tether_core::wire::actor::{ActorDecoder, ActorRecord};
+use tether_core::wire::StreamDecoder;
+use tokio::runtime::Runtime;
+use tokio::sync::Notify;
+
+const FRAMES: u64 = 20_000;
+const ACTOR: [u8; 32] = [7; 32];
+const RAW_ALPN: &[u8] = b"tether/bench/raw";
+
+struct Count {
+    seen: AtomicU64,
+    notify: Notify,
+}
+
+impl ActorBridge for Count {
+    fn deliver_raw(&self, _: [u8; 32], _: &str, _: Bytes) -> Result<(), DeliveryError> {
+        self.seen.fetch_add(1, Ordering::Relaxed);
+        self.notify.notify_one();
+        Ok(())
+    }
+}
+
+async fn wait_for(count: &Count, target: u64) {
+    while count.seen.load(Ordering::Relaxed) < target {
+        count.notify.notified().await;
+    }
+}
+
+async fn raw_endpoint() -> Endpoint {
+    Endpoint::builder(presets::Minimal)
+        .secret_key(SecretKey::generate())
+        .relay_mode(RelayMode::Disabled)
+        .alpns(vec![RAW_ALPN.to_vec()])
+        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("addr")
+        .bind()
+        .await
+        .expect("bind")
+}
+
+fn node(c: &mut Criterion) {
+    let runtime = Runtime::new().expect("runtime");
+    let mut group = c.benchmark_group("node/actor_frames");
+    group.throughput(Throughput::Elements(FRAMES));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(10));
+
+    let count = Arc::new(Count {
+        seen: AtomicU64::new(0),
+        notify: Notify::new(),
+    });
+    let (a, b) = runtime.block_on(async {
+        let a = Node::builder().bind().await.expect("a");
+        let b = Node::builder()
+            .bridge(count.clone())
+            .know_tag("Bench")
+            .host(ACTOR)
+            .bind()
+            .await
+            .expect("b");
+        a.connect(b.endpoint_addr()).await.expect("connect");
+        (a, b)
+    });
+
+    // The raw baseline: a reader that decodes actor records from every uni stream.
+    let raw_count = Arc::new(Count {
+        seen: AtomicU64::new(0),
+        notify: Notify::new(),
+    });
+    let (raw_tx, raw_rx) = runtime.block_on(async { (raw_endpoint().await, raw_endpoint().await) });
+    {
+        let (raw_rx, raw_count) = (raw_rx.clone(), raw_count.clone());
+        runtime.spawn(async move {
+            while let Some(incoming) = raw_rx.accept().await {
+                let conn = incoming.accept().expect("accept").await.expect("conn");
+                let raw_count = raw_count.clone();
+                tokio::spawn(async move {
+                    while let Ok(mut recv) = conn.accept_uni().await {
+                        let raw_count = raw_count.clone();
+                        tokio::spawn(async move {
+                            let mut decoder = StreamDecoder::new(ActorDecoder::default());
+                            while let Ok(Some(chunk)) = recv.read_chunk(64 * 1024).await {
+                                decoder.push_bytes(chunk);
+                                while let Ok(Some(_)) = decoder.pop() {
+                                    raw_count.seen.fetch_add(1, Ordering::Relaxed);
+                                    raw_count.notify.notify_one();
+                                }
+                            }
+                        });
+                    }
+                });
+            }
+        });
+    }
+    let raw_send = runtime.block_on(async {
+        let mut addr = iroh::EndpointAddr::new(raw_rx.id());
+        for socket in raw_rx.bound_sockets() {
+            addr = addr.with_ip_addr(socket);
+        }
+        let conn = raw_tx.connect(addr, RAW_ALPN).await.expect("raw connect");
+        let send = conn.open_uni().await.expect("uni");
+        (conn, tokio::sync::Mutex::new(send))
+    });
+
+    for size in [64usize, 1024] {
+        let payload = Bytes::from(vec![1u8; size]);
+        let to = b.node_id();
+        group.bench_function(format!("node/{size}B"), |bench| {
+            bench.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    runtime.block_on(async {
+                        let target = count.seen.load(Ordering::Relaxed) + FRAMES;
+                        for _ in 0..FRAMES {
+                            a.send(OutFrame {
+                                to,
+                                dest: ACTOR,
+                                type_tag: "Bench".into(),
+                                payload: payload.clone(),
+                            });
+                        }
+                        wait_for(&count, target).await;
+                    });
+                }
+                start.elapsed()
+            });
+        });
+        group.bench_function(format!("raw_iroh_stream/{size}B"), |bench| {
+            bench.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    runtime.block_on(async {
+                        let target = raw_count.seen.load(Ordering::Relaxed) + FRAMES;
+                        let record =
+                            ActorRecord::new(ACTOR, "Bench", payload.clone()).expect("record");
+                        let mut buf = BytesMut::new();
+                        let mut send = raw_send.1.lock().await;
+                        for _ in 0..FRAMES {
+                            record.encode(1 << 20, &mut buf).expect("encode");
+                            if buf.len() >= 256 * 1024 {
+                                send.write_all(&buf).await.expect("write");
+                                buf.clear();
+                            }
+                        }
+                        send.write_all(&buf).await.expect("write");
+                        drop(send);
+                        wait_for(&raw_count, target).await;
+                    });
+                }
+                start.elapsed()
+            });
+        });
+    }
+    group.finish();
+    runtime.block_on(async {
+        a.close().await;
+        b.close().await;
+        raw_tx.close().await;
+        raw_rx.close().await;
+    });
+}
+
+fn benches() {
+    let mut criterion = Criterion::default().configure_from_args();
+    node(&mut criterion);
+}
+
+criterion_main!(benches);
