@@ -35,8 +35,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 mod substrate_link;
+mod telemetry;
 
 pub use substrate_link::{peer_id_of, IrohTransport, SUBSTRATE_ALPN};
+pub use telemetry::{TelemetryFault, TelemetryIngress};
 
 use bytes::{Bytes, BytesMut};
 use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
@@ -167,6 +169,7 @@ pub struct NodeBuilder {
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
+    telemetry_sink: Option<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -210,6 +213,7 @@ impl Default for NodeBuilder {
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
             substrate: false,
+            telemetry_sink: None,
         }
     }
 }
@@ -282,6 +286,16 @@ impl NodeBuilder {
         self
     }
 
+    /// Collects telemetry streams peers publish to this node into `sink` (without a sink,
+    /// telemetry connections are refused).
+    pub fn telemetry_sink(
+        mut self,
+        sink: tokio::sync::mpsc::UnboundedSender<TelemetryIngress>,
+    ) -> Self {
+        self.telemetry_sink = Some(sink);
+        self
+    }
+
     /// Join timing.
     pub fn join_policy(mut self, policy: JoinPolicy) -> Self {
         self.join_policy = policy;
@@ -323,6 +337,7 @@ impl NodeBuilder {
             (None, None)
         };
         let inner = Arc::new(Inner {
+            telemetry_sink: self.telemetry_sink,
             substrate_transport: Mutex::new(substrate_transport),
             substrate_queue,
             endpoint,
@@ -377,6 +392,7 @@ struct Counters {
 }
 
 struct Inner {
+    telemetry_sink: Option<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
     substrate_transport: Mutex<Option<IrohTransport>>,
     substrate_queue:
         Option<tokio::sync::mpsc::Sender<(tether_core::substrate::PeerId, crate::substrate::Link)>>,
@@ -529,6 +545,27 @@ impl Node {
         }
     }
 
+    /// Publishes a telemetry stream to the collector at `to`: the `header` snapshot, then
+    /// every event of `subscription` until it closes, batched (zstd when smaller). Runs in the
+    /// background; the returned receiver reports how it ended.
+    pub fn publish_telemetry(
+        &self,
+        to: EndpointAddr,
+        header: tether_core::wire::telemetry::Header,
+        subscription: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
+    ) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        let inner = self.inner.clone();
+        self.inner.spawn(async move {
+            let result = match inner.endpoint.connect(to, TELEMETRY_ALPN).await {
+                Ok(conn) => telemetry::publish(conn, header, subscription).await,
+                Err(error) => Err(error.to_string()),
+            };
+            let _ = done.send(result);
+        });
+        outcome
+    }
+
     /// The substrate transport of a node built with [`NodeBuilder::substrate`]; taken once.
     pub fn substrate_transport(&self) -> Option<IrohTransport> {
         self.inner
@@ -643,6 +680,12 @@ impl Inner {
         bump(&self.counters.accepted);
         if conn.alpn() == self.actor_alpn.as_slice() {
             self.adopt(peer, conn);
+        } else if let (TELEMETRY_ALPN, Some(sink)) = (conn.alpn(), &self.telemetry_sink) {
+            let (inner, sink) = (self.clone(), sink.clone());
+            self.spawn(async move {
+                let spawner = inner.clone();
+                telemetry::collect(conn, peer, sink, move |stream| spawner.spawn(stream)).await;
+            });
         } else if let (SUBSTRATE_ALPN, Some(queue)) = (conn.alpn(), &self.substrate_queue) {
             let (queue, local) = (queue.clone(), peer_id_of(&self.endpoint.id()));
             self.spawn(async move {

@@ -1,0 +1,204 @@
+//! The telemetry adapter (ALPN [`super::TELEMETRY_ALPN`], seed 000 §2.6, §3.4, §4.5, §6.5).
+//!
+//! Publisher: [`super::Node::publish_telemetry`] opens a uni stream to a collector, writes the
+//! DSQ2 header snapshot, then live events from a subscription through a [`BatchWriter`]
+//! (drained without waiting; zstd only when smaller) until the subscription closes, then the
+//! stream-ended record. Collector: every uni stream on a telemetry connection is decoded and
+//! forwarded to the node's sink as [`TelemetryIngress`]; a broken stream becomes one typed
+//! [`TelemetryFault`] and is stopped, without closing the connection.
+
+use bytes::BytesMut;
+use iroh::endpoint::{Connection, RecvStream};
+use tether_core::driver::NodeId;
+use tether_core::wire::telemetry::{
+    encode_stream_ended, BatchWriter, ChannelDescriptor, Compression, Header, TelemetryDecoder,
+    TelemetryError, TelemetryFrame, TelemetryItem,
+};
+use tether_core::wire::StreamDecoder;
+use tokio::sync::mpsc;
+
+/// Why a telemetry stream was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TelemetryFault {
+    /// The stream did not open with a valid DSQ2 header.
+    BadHeader,
+    /// A record tag outside `0x01..=0x05`.
+    BadRecordTag,
+    /// A record or decoded batch above 16 MiB.
+    Oversize,
+    /// The stream ended inside the header or a record.
+    Truncated,
+    /// Anything else that did not decode (bad descriptor, entry, varint, decompression...).
+    DecodeFailed,
+}
+
+impl TelemetryFault {
+    fn of(error: &TelemetryError, header_seen: bool) -> Self {
+        match error {
+            TelemetryError::Truncated { .. } => Self::Truncated,
+            TelemetryError::RecordTooLarge { .. } => Self::Oversize,
+            TelemetryError::UnknownRecord { .. } => Self::BadRecordTag,
+            _ if !header_seen => Self::BadHeader,
+            _ => Self::DecodeFailed,
+        }
+    }
+}
+
+/// What a collector receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TelemetryIngress {
+    /// A stream opened with this header snapshot.
+    Opened {
+        /// The publishing peer.
+        peer: NodeId,
+        /// The header.
+        header: Header,
+    },
+    /// A channel declared after the header.
+    ChannelDeclared {
+        /// The publishing peer.
+        peer: NodeId,
+        /// The flow.
+        flow_id: [u8; 16],
+        /// The channel.
+        channel: ChannelDescriptor,
+    },
+    /// One batch of events, in stream order.
+    Events {
+        /// The publishing peer.
+        peer: NodeId,
+        /// The flow.
+        flow_id: [u8; 16],
+        /// How the batch travelled.
+        compression: Compression,
+        /// The events.
+        frames: Vec<TelemetryFrame>,
+    },
+    /// The publisher ended the stream.
+    Ended {
+        /// The publishing peer.
+        peer: NodeId,
+        /// The flow.
+        flow_id: [u8; 16],
+    },
+    /// The stream broke and was dropped.
+    Fault {
+        /// The publishing peer.
+        peer: NodeId,
+        /// What broke.
+        fault: TelemetryFault,
+        /// The decoder's error kind (as `tether inspect` names it).
+        kind: &'static str,
+        /// Stream offset of the item that failed.
+        offset: u64,
+    },
+}
+
+/// Reads every telemetry stream the peer opens on `conn` into `sink`.
+pub(super) async fn collect(
+    conn: Connection,
+    peer: NodeId,
+    sink: mpsc::UnboundedSender<TelemetryIngress>,
+    spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
+) {
+    while let Ok(recv) = conn.accept_uni().await {
+        spawn(Box::pin(read_stream(recv, peer, sink.clone())));
+    }
+}
+
+async fn read_stream(
+    mut recv: RecvStream,
+    peer: NodeId,
+    sink: mpsc::UnboundedSender<TelemetryIngress>,
+) {
+    use tether_core::wire::FormatError;
+    let mut decoder = StreamDecoder::new(TelemetryDecoder::default());
+    let mut flow_id = None;
+    let fault = |error: &tether_core::wire::DecodeError<TelemetryError>, header_seen: bool| {
+        TelemetryIngress::Fault {
+            peer,
+            fault: TelemetryFault::of(&error.error, header_seen),
+            kind: error.error.kind(),
+            offset: error.offset,
+        }
+    };
+    loop {
+        let chunk = match recv.read_chunk(64 * 1024).await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) | Err(_) => {
+                if let Err(error) = decoder.finish() {
+                    let _ = sink.send(fault(&error, flow_id.is_some()));
+                }
+                return;
+            }
+        };
+        decoder.push_bytes(chunk);
+        loop {
+            let item = match decoder.pop() {
+                Ok(Some(item)) => item,
+                Ok(None) => break,
+                Err(error) => {
+                    let _ = sink.send(fault(&error, flow_id.is_some()));
+                    let _ = recv.stop(1u32.into());
+                    return;
+                }
+            };
+            let ingress = match item {
+                TelemetryItem::Header(header) => {
+                    flow_id = Some(header.flow_id);
+                    TelemetryIngress::Opened { peer, header }
+                }
+                TelemetryItem::ChannelDeclared(channel) => TelemetryIngress::ChannelDeclared {
+                    peer,
+                    flow_id: flow_id.unwrap_or_default(),
+                    channel,
+                },
+                TelemetryItem::Batch(batch) => TelemetryIngress::Events {
+                    peer,
+                    flow_id: flow_id.unwrap_or_default(),
+                    compression: batch.compression(),
+                    frames: batch.frames().collect(),
+                },
+                TelemetryItem::StreamEnded => TelemetryIngress::Ended {
+                    peer,
+                    flow_id: flow_id.unwrap_or_default(),
+                },
+            };
+            if sink.send(ingress).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Writes `header`, then every event of `subscription` until it closes, then the end record.
+pub(super) async fn publish(
+    conn: Connection,
+    header: Header,
+    mut subscription: mpsc::Receiver<TelemetryFrame>,
+) -> Result<(), String> {
+    let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
+    let mut out = BytesMut::new();
+    header.encode(&mut out).map_err(|e| e.to_string())?;
+    send.write_all(&out).await.map_err(|e| e.to_string())?;
+    let mut writer = BatchWriter::new();
+    while let Some(first) = subscription.recv().await {
+        out.clear();
+        let mut first = Some(first);
+        writer
+            .drain(
+                || first.take().or_else(|| subscription.try_recv().ok()),
+                &mut out,
+            )
+            .map_err(|e| e.to_string())?;
+        send.write_all(&out).await.map_err(|e| e.to_string())?;
+    }
+    out.clear();
+    encode_stream_ended(&mut out);
+    send.write_all(&out).await.map_err(|e| e.to_string())?;
+    send.finish().map_err(|e| e.to_string())?;
+    // Wait until the collector has read everything before the connection may close.
+    let _ = send.stopped().await;
+    Ok(())
+}

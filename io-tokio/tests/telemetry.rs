@@ -1,0 +1,184 @@
+//! The telemetry adapter over real iroh on loopback: a header and 100,000 events across zstd
+//! and raw batches arrive in order with identical payloads; broken streams become typed
+//! faults.
+
+use bytes::Bytes;
+use iroh::endpoint::presets;
+use iroh::{Endpoint, RelayMode, SecretKey};
+use tether::node::{Node, TelemetryFault, TelemetryIngress, TELEMETRY_ALPN};
+use tether_core::wire::telemetry::{
+    ChannelDescriptor, Compression, Header, StreamDescriptor, TelemetryFrame,
+};
+use tokio::sync::mpsc;
+
+const EVENTS: u64 = 100_000;
+
+fn header(node_id: [u8; 32]) -> Header {
+    Header {
+        flow_id: [9; 16],
+        token: Bytes::from_static(b"token"),
+        stream: StreamDescriptor {
+            name: "metrics".into(),
+            node_id,
+            started_at_ms: 1_767_225_600_000,
+            labels: vec![("host".into(), "a".into())],
+        },
+        channels: vec![ChannelDescriptor {
+            channel_id: 1,
+            name: "cpu".into(),
+            content_type: "application/octet-stream".into(),
+            labels: Vec::new(),
+        }],
+    }
+}
+
+/// Event `i`: the first half compress well (zstd batches), the second half do not (raw).
+fn event(i: u64) -> TelemetryFrame {
+    let payload = if i < EVENTS / 2 {
+        Bytes::from(format!("cpu=42 host=a sample={:08}", i % 10))
+    } else {
+        // A cheap pseudo-random generator: incompressible enough for zstd to lose.
+        let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let bytes: Vec<u8> = (0..48)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        Bytes::from(bytes)
+    };
+    TelemetryFrame {
+        channel_id: 1 + i % 3,
+        position: i,
+        payload,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_and_100k_events_arrive_in_order_across_zstd_and_raw_batches() {
+    let (sink, mut ingress) = mpsc::unbounded_channel();
+    let collector = Node::builder()
+        .telemetry_sink(sink)
+        .bind()
+        .await
+        .expect("collector");
+    let publisher = Node::builder().bind().await.expect("publisher");
+    let (events_tx, events_rx) = mpsc::channel(4096);
+    let done = publisher.publish_telemetry(
+        collector.endpoint_addr(),
+        header(publisher.node_id()),
+        events_rx,
+    );
+    let feeder = tokio::spawn(async move {
+        for i in 0..EVENTS {
+            events_tx.send(event(i)).await.expect("publisher alive");
+        }
+    });
+    match ingress.recv().await.expect("opened") {
+        TelemetryIngress::Opened { peer, header: got } => {
+            assert_eq!(peer, publisher.node_id());
+            assert_eq!(got, header(publisher.node_id()));
+        }
+        other => panic!("expected the header first, got {other:?}"),
+    }
+    let (mut next, mut zstd, mut raw) = (0u64, 0, 0);
+    loop {
+        match ingress.recv().await.expect("ingress") {
+            TelemetryIngress::Events {
+                frames,
+                compression,
+                flow_id,
+                ..
+            } => {
+                assert_eq!(flow_id, [9; 16]);
+                match compression {
+                    Compression::Zstd => zstd += 1,
+                    Compression::None => raw += 1,
+                    Compression::Lz4 => panic!("never written"),
+                }
+                for frame in frames {
+                    assert_eq!(frame, event(next), "event {next} in order, identical");
+                    next += 1;
+                }
+            }
+            TelemetryIngress::Ended { .. } => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(next, EVENTS);
+    assert!(
+        zstd > 0 && raw > 0,
+        "both batch kinds: {zstd} zstd, {raw} raw"
+    );
+    feeder.await.expect("feeder");
+    assert_eq!(done.await.expect("outcome"), Ok(()));
+    publisher.close().await;
+    collector.close().await;
+}
+
+async fn raw_stream(collector: &Node, bytes: &[u8]) {
+    let endpoint = Endpoint::builder(presets::Minimal)
+        .secret_key(SecretKey::generate())
+        .relay_mode(RelayMode::Disabled)
+        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("addr")
+        .bind()
+        .await
+        .expect("bind");
+    let conn = endpoint
+        .connect(collector.endpoint_addr(), TELEMETRY_ALPN)
+        .await
+        .expect("connect");
+    let mut send = conn.open_uni().await.expect("uni");
+    send.write_all(bytes).await.expect("write");
+    send.finish().expect("finish");
+    let _ = send.stopped().await;
+    endpoint.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_streams_are_reported_as_typed_faults() {
+    let (sink, mut ingress) = mpsc::unbounded_channel();
+    let collector = Node::builder()
+        .telemetry_sink(sink)
+        .bind()
+        .await
+        .expect("collector");
+    let mut good_header = bytes::BytesMut::new();
+    header([1; 32]).encode(&mut good_header).expect("encode");
+    let cases: Vec<(Vec<u8>, TelemetryFault)> = vec![
+        (
+            b"NOPE and more bytes here".to_vec(),
+            TelemetryFault::BadHeader,
+        ),
+        (
+            [&good_header[..], &[0x09]].concat(),
+            TelemetryFault::BadRecordTag,
+        ),
+        // A raw batch declaring 32 MiB.
+        (
+            [&good_header[..], &[0x02, 0x80, 0x80, 0x80, 0x10]].concat(),
+            TelemetryFault::Oversize,
+        ),
+        (
+            good_header[..good_header.len() - 3].to_vec(),
+            TelemetryFault::Truncated,
+        ),
+    ];
+    for (bytes, expected) in cases {
+        raw_stream(&collector, &bytes).await;
+        loop {
+            match ingress.recv().await.expect("ingress") {
+                TelemetryIngress::Fault { fault, .. } => {
+                    assert_eq!(fault, expected);
+                    break;
+                }
+                TelemetryIngress::Opened { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    collector.close().await;
+}
