@@ -34,9 +34,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+mod protocol;
+pub mod ring;
 mod substrate_link;
 mod telemetry;
 
+pub use protocol::{
+    LogicalStream, ProtocolBinding, ProtocolIngress, StreamEvent, StreamFaultReason,
+};
 pub use substrate_link::{peer_id_of, IrohTransport, SUBSTRATE_ALPN};
 pub use telemetry::{TelemetryFault, TelemetryIngress};
 
@@ -170,6 +175,7 @@ pub struct NodeBuilder {
     join_policy: JoinPolicy,
     substrate: bool,
     telemetry_sink: Option<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
+    protocols: Vec<protocol::Adapter>,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -214,6 +220,7 @@ impl Default for NodeBuilder {
             join_policy: JoinPolicy::default(),
             substrate: false,
             telemetry_sink: None,
+            protocols: Vec::new(),
         }
     }
 }
@@ -296,6 +303,17 @@ impl NodeBuilder {
         self
     }
 
+    /// Serves `binding` on this endpoint; its lifecycle events and inbound logical streams
+    /// go to `sink`.
+    pub fn bind_protocol(
+        mut self,
+        binding: ProtocolBinding,
+        sink: tokio::sync::mpsc::UnboundedSender<ProtocolIngress>,
+    ) -> Self {
+        self.protocols.push(protocol::Adapter { binding, sink });
+        self
+    }
+
     /// Join timing.
     pub fn join_policy(mut self, policy: JoinPolicy) -> Self {
         self.join_policy = policy;
@@ -309,6 +327,7 @@ impl NodeBuilder {
         if self.substrate {
             alpns.push(SUBSTRATE_ALPN.to_vec());
         }
+        alpns.extend(self.protocols.iter().map(|a| a.binding.wire_alpn.clone()));
         let endpoint = Endpoint::builder(presets::Minimal)
             .secret_key(secret)
             .relay_mode(self.relay_mode)
@@ -337,6 +356,7 @@ impl NodeBuilder {
             (None, None)
         };
         let inner = Arc::new(Inner {
+            adapters: self.protocols.into_iter().map(Arc::new).collect(),
             telemetry_sink: self.telemetry_sink,
             substrate_transport: Mutex::new(substrate_transport),
             substrate_queue,
@@ -392,6 +412,7 @@ struct Counters {
 }
 
 struct Inner {
+    adapters: Vec<Arc<protocol::Adapter>>,
     telemetry_sink: Option<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
     substrate_transport: Mutex<Option<IrohTransport>>,
     substrate_queue:
@@ -566,6 +587,50 @@ impl Node {
         outcome
     }
 
+    /// Opens a logical stream of `protocol_id` to the peer at `to`, announcing
+    /// `protocol_stream_id`; the driver runs its pumps and the caller gets its rings.
+    pub async fn open_stream(
+        &self,
+        to: EndpointAddr,
+        protocol_id: &str,
+        protocol_stream_id: u64,
+    ) -> Result<LogicalStream, NodeError> {
+        let adapter = self
+            .inner
+            .adapters
+            .iter()
+            .find(|adapter| adapter.binding.protocol_id == protocol_id)
+            .cloned()
+            .ok_or_else(|| NodeError::Connect(format!("no binding for {protocol_id}")))?;
+        let peer = *to.id.as_bytes();
+        if !self.inner.auth.permits(&peer) {
+            return Err(NodeError::Unauthorized);
+        }
+        let conn = self
+            .inner
+            .endpoint
+            .connect(to, &adapter.binding.wire_alpn)
+            .await
+            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        let (mut send, recv) = conn
+            .open_bi()
+            .await
+            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        send.write_all(&protocol_stream_id.to_be_bytes())
+            .await
+            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        let inner = self.inner.clone();
+        let stream = adapter.start(peer, protocol_stream_id, send, recv, &move |task| {
+            inner.spawn(task)
+        });
+        // The connection lives as long as the node (closed by `close`).
+        let keep = conn.clone();
+        self.inner.spawn(async move {
+            keep.closed().await;
+        });
+        Ok(stream)
+    }
+
     /// The substrate transport of a node built with [`NodeBuilder::substrate`]; taken once.
     pub fn substrate_transport(&self) -> Option<IrohTransport> {
         self.inner
@@ -647,6 +712,13 @@ impl Inner {
         tasks.spawn(task);
     }
 
+    fn adapter_for_alpn(&self, alpn: &[u8]) -> Option<Arc<protocol::Adapter>> {
+        self.adapters
+            .iter()
+            .find(|adapter| adapter.binding.wire_alpn == alpn)
+            .cloned()
+    }
+
     fn count_drop(&self, reason: DropReason) {
         self.lock().drops.count(reason);
     }
@@ -685,6 +757,14 @@ impl Inner {
             self.spawn(async move {
                 let spawner = inner.clone();
                 telemetry::collect(conn, peer, sink, move |stream| spawner.spawn(stream)).await;
+            });
+        } else if let Some(adapter) = self.adapter_for_alpn(conn.alpn()) {
+            let inner = self.clone();
+            self.spawn(async move {
+                let spawner = inner.clone();
+                adapter
+                    .serve(conn, peer, move |task| spawner.spawn(task))
+                    .await;
             });
         } else if let (SUBSTRATE_ALPN, Some(queue)) = (conn.alpn(), &self.substrate_queue) {
             let (queue, local) = (queue.clone(), peer_id_of(&self.endpoint.id()));
