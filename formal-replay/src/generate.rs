@@ -173,6 +173,21 @@ fn enumerated(section: &str, n: u64) -> Value {
             ];
             emission_case(pick(&alphabet, n))
         }
+        "driver" => {
+            let alphabet = [
+                json!({"op": "insert", "peer": 0}),
+                json!({"op": "insert", "peer": 1}),
+                json!({"op": "fail", "peer": 0, "generation": 1}),
+                json!({"op": "fail", "peer": 0, "generation": 2}),
+                json!({"op": "fail", "peer": 1, "generation": 2}),
+                json!({"op": "close", "peer": 0}),
+                json!({"op": "get", "peer": 0}),
+                json!({"op": "get", "peer": 1}),
+                json!({"op": "dial_start", "peer": 0}),
+                json!({"op": "dial_finish", "peer": 0}),
+            ];
+            driver_case(pick(&alphabet, n))
+        }
         other => unreachable!("known_section admitted {other}"),
     }
 }
@@ -269,6 +284,22 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
         "substrate" => {
             let window = [1u8, 2, 8][rng.random_range(0..3)];
             substrate_case(window, substrate_trace(rng, 4 * len))
+        }
+        "driver" => {
+            let ops: Vec<Value> = (0..len)
+                .map(|_| {
+                    let peer = rng.random_range(0..3u8);
+                    match rng.random_range(0..10) {
+                        0..=2 => json!({"op": "insert", "peer": peer}),
+                        3..=4 => json!({"op": "fail", "peer": peer, "generation": rng.random_range(0..len as u64 + 2)}),
+                        5 => json!({"op": "close", "peer": peer}),
+                        6..=7 => json!({"op": "get", "peer": peer}),
+                        8 => json!({"op": "dial_start", "peer": peer}),
+                        _ => json!({"op": "dial_finish", "peer": peer}),
+                    }
+                })
+                .collect();
+            driver_case(ops)
         }
         other => unreachable!("known_section admitted {other}"),
     }
@@ -437,4 +468,12 @@ mod tests {
             assert_eq!(once.cases.len(), 20);
         }
     }
+}
+
+fn driver_case(ops: Vec<Value>) -> Value {
+    let steps: Vec<Value> = ops
+        .iter()
+        .map(|_| json!({"generation": null, "eviction": null, "hit": null, "dial": null}))
+        .collect();
+    json!({"ops": ops, "steps": steps})
 }

@@ -483,3 +483,73 @@ pub fn check_emissions(emitted: &[Emission]) -> Verdict {
     }
     (None, None, None, None, None)
 }
+
+/// The transport driver's connection cache and dial tracker, written from seed 000 §5.4 and
+/// §7.6 and REFERENCE §A: one entry per peer; every insert takes the next generation of one
+/// counter that never yields 0; a failure evicts only when it cites the entry's generation;
+/// a closed entry is dropped when it is looked up; at most one dial per peer.
+#[derive(Debug, Clone, Default)]
+pub struct DriverCache {
+    /// (peer, generation, closed), at most one per peer.
+    entries: Vec<(u8, u128, bool)>,
+    counter: u128,
+    dialing: Vec<u8>,
+}
+
+impl DriverCache {
+    fn position(&self, peer: u8) -> Option<usize> {
+        self.entries.iter().position(|(p, _, _)| *p == peer)
+    }
+
+    /// Caches a new connection; returns its generation.
+    pub fn insert(&mut self, peer: u8) -> u128 {
+        self.counter += 1;
+        if let Some(at) = self.position(peer) {
+            self.entries.remove(at);
+        }
+        self.entries.push((peer, self.counter, false));
+        self.counter
+    }
+
+    /// A failure on `generation`: true when it evicted.
+    pub fn fail(&mut self, peer: u8, generation: u128) -> bool {
+        match self.position(peer) {
+            Some(at) if self.entries[at].1 == generation => {
+                self.entries.remove(at);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The peer's connection closed (the entry stays until looked up).
+    pub fn close(&mut self, peer: u8) {
+        if let Some(at) = self.position(peer) {
+            self.entries[at].2 = true;
+        }
+    }
+
+    /// The live generation, dropping a closed entry.
+    pub fn get(&mut self, peer: u8) -> Option<u128> {
+        let at = self.position(peer)?;
+        if self.entries[at].2 {
+            self.entries.remove(at);
+            return None;
+        }
+        Some(self.entries[at].1)
+    }
+
+    /// Whether a dial may start.
+    pub fn dial_start(&mut self, peer: u8) -> bool {
+        if self.dialing.contains(&peer) {
+            return false;
+        }
+        self.dialing.push(peer);
+        true
+    }
+
+    /// A dial ended.
+    pub fn dial_finish(&mut self, peer: u8) {
+        self.dialing.retain(|p| *p != peer);
+    }
+}

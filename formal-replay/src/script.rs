@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// The ten sections, in the document's order.
-pub const SECTIONS: [&str; 11] = [
+/// The sections: CONFORMANCE.md's ten in the document's order, then tether's own.
+pub const SECTIONS: [&str; 12] = [
     "frame_types",
     "ledger",
     "negotiate",
@@ -16,6 +16,7 @@ pub const SECTIONS: [&str; 11] = [
     "table",
     "emission",
     "substrate",
+    "driver",
 ];
 
 /// A nullable key that must still be present (serde would otherwise default a missing
@@ -400,4 +401,50 @@ pub struct SubstrateCase {
     pub window: u8,
     pub actions: Vec<SubstrateAction>,
     pub verdict: Verdict,
+}
+
+/// One op on the transport driver's connection cache and dial tracker (tether's own section,
+/// not part of CONFORMANCE.md). Peers are small integers; a generation cited by `fail` may be
+/// any value (current, replaced or never issued).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DriverOp {
+    Insert { peer: u8 },
+    Fail { peer: u8, generation: u64 },
+    Close { peer: u8 },
+    Get { peer: u8 },
+    DialStart { peer: u8 },
+    DialFinish { peer: u8 },
+}
+
+/// What a `fail` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverEviction {
+    Evicted,
+    Stale,
+}
+
+/// The observation after one driver op: each key is set by the op it belongs to and `null`
+/// otherwise (`generation` by insert, `eviction` by fail, `hit` by get — `null` on a miss —
+/// and `dial` by dial_start).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverStep {
+    #[serde(deserialize_with = "required")]
+    pub generation: Option<u64>,
+    #[serde(deserialize_with = "required")]
+    pub eviction: Option<DriverEviction>,
+    #[serde(deserialize_with = "required")]
+    pub hit: Option<u64>,
+    #[serde(deserialize_with = "required")]
+    pub dial: Option<bool>,
+}
+
+/// A driver case.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverCase {
+    pub ops: Vec<DriverOp>,
+    pub steps: Vec<DriverStep>,
 }

@@ -95,9 +95,27 @@ proptest! {
     }
 
     #[test]
+    fn driver(ops in prop::collection::vec(driver_op(), 0..OPS_MAX)) {
+        let steps = steps_like(ops.len(), json!({"generation": null, "eviction": null, "hit": null, "dial": null}));
+        agree("driver", json!({"ops": ops, "steps": steps}))?;
+    }
+
+    #[test]
     fn emission(emitted in prop::collection::vec(emission_op(), 0..40)) {
         agree("emission", json!({"emitted": emitted, "violation": null, "at": null, "stream": null, "expected": null, "got": null}))?;
     }
+}
+
+fn driver_op() -> impl Strategy<Value = Value> {
+    let peer = 0u8..3;
+    prop_oneof![
+        3 => peer.clone().prop_map(|p| json!({"op": "insert", "peer": p})),
+        2 => (peer.clone(), 0u64..12).prop_map(|(p, g)| json!({"op": "fail", "peer": p, "generation": g})),
+        1 => peer.clone().prop_map(|p| json!({"op": "close", "peer": p})),
+        2 => peer.clone().prop_map(|p| json!({"op": "get", "peer": p})),
+        1 => peer.clone().prop_map(|p| json!({"op": "dial_start", "peer": p})),
+        1 => peer.prop_map(|p| json!({"op": "dial_finish", "peer": p})),
+    ]
 }
 
 fn gate_op() -> impl Strategy<Value = Value> {
