@@ -438,6 +438,14 @@ fn emission_case(emitted: Vec<Value>) -> Value {
         "expected": null, "got": null})
 }
 
+fn driver_case(ops: Vec<Value>) -> Value {
+    let steps: Vec<Value> = ops
+        .iter()
+        .map(|_| json!({"generation": null, "eviction": null, "hit": null, "dial": null}))
+        .collect();
+    json!({"ops": ops, "steps": steps})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,12 +476,4 @@ mod tests {
             assert_eq!(once.cases.len(), 20);
         }
     }
-}
-
-fn driver_case(ops: Vec<Value>) -> Value {
-    let steps: Vec<Value> = ops
-        .iter()
-        .map(|_| json!({"generation": null, "eviction": null, "hit": null, "dial": null}))
-        .collect();
-    json!({"ops": ops, "steps": steps})
 }

@@ -825,59 +825,6 @@ fn substrate_trace(case: &SubstrateCase) -> Result<SubstrateCase, String> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn divergence_names_the_first_differing_key() {
-        let case = json!({"window": 2, "ops": [{"op": "acquire", "n": 1}],
-            "steps": [{"answer": "acquired", "available": 5, "closed": null}]});
-        let failure = check_case("gate", &case, Engine::Core).unwrap_err();
-        assert_eq!(failure.to_string(), "steps[0].available: expected 5, got 1");
-    }
-
-    #[test]
-    fn missing_nullable_keys_and_extra_keys_are_malformed() {
-        let missing = json!({"ours": 1, "theirs": 2});
-        assert!(matches!(
-            check_case("negotiate", &missing, Engine::Core),
-            Err(Failure::Malformed(_))
-        ));
-        let extra = json!({"ours": 1, "theirs": 2, "window": 1, "note": "x"});
-        assert!(matches!(
-            check_case("negotiate", &extra, Engine::Core),
-            Err(Failure::Malformed(_))
-        ));
-        let extra_unit = json!({"emitted": [{"kind": "end", "stream": "a"}], "violation": null,
-            "at": null, "stream": null, "expected": null, "got": null});
-        assert!(matches!(
-            check_case("emission", &extra_unit, Engine::Core),
-            Err(Failure::Malformed(_))
-        ));
-        let hold_false = json!({"limit": 1, "arrivals": [1], "steps": [{"hold": false}]});
-        assert!(matches!(
-            check_case("reorder", &hold_false, Engine::Core),
-            Err(Failure::Malformed(_))
-        ));
-    }
-
-    #[test]
-    fn unknown_sections_are_named() {
-        let error = check_case("gates", &json!({}), Engine::Core).unwrap_err();
-        assert!(error.to_string().contains("unknown section \"gates\""));
-    }
-
-    #[test]
-    fn integers_are_exact_at_the_top_of_u64() {
-        let case = json!({"window": 1, "ops": [{"op": "grant", "n": 18446744073709551615u64}],
-            "steps": [{"answer": null, "available": 18446744073709551615u64, "closed": null}]});
-        assert_eq!(check_case("gate", &case, Engine::Core), Ok(()));
-        assert_eq!(check_case("gate", &case, Engine::Model), Ok(()));
-    }
-}
-
 fn driver_step() -> DriverStep {
     DriverStep {
         generation: None,
@@ -972,4 +919,57 @@ fn model_driver(case: &DriverCase) -> Result<DriverCase, String> {
         steps,
         ..case.clone()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn divergence_names_the_first_differing_key() {
+        let case = json!({"window": 2, "ops": [{"op": "acquire", "n": 1}],
+            "steps": [{"answer": "acquired", "available": 5, "closed": null}]});
+        let failure = check_case("gate", &case, Engine::Core).unwrap_err();
+        assert_eq!(failure.to_string(), "steps[0].available: expected 5, got 1");
+    }
+
+    #[test]
+    fn missing_nullable_keys_and_extra_keys_are_malformed() {
+        let missing = json!({"ours": 1, "theirs": 2});
+        assert!(matches!(
+            check_case("negotiate", &missing, Engine::Core),
+            Err(Failure::Malformed(_))
+        ));
+        let extra = json!({"ours": 1, "theirs": 2, "window": 1, "note": "x"});
+        assert!(matches!(
+            check_case("negotiate", &extra, Engine::Core),
+            Err(Failure::Malformed(_))
+        ));
+        let extra_unit = json!({"emitted": [{"kind": "end", "stream": "a"}], "violation": null,
+            "at": null, "stream": null, "expected": null, "got": null});
+        assert!(matches!(
+            check_case("emission", &extra_unit, Engine::Core),
+            Err(Failure::Malformed(_))
+        ));
+        let hold_false = json!({"limit": 1, "arrivals": [1], "steps": [{"hold": false}]});
+        assert!(matches!(
+            check_case("reorder", &hold_false, Engine::Core),
+            Err(Failure::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_sections_are_named() {
+        let error = check_case("gates", &json!({}), Engine::Core).unwrap_err();
+        assert!(error.to_string().contains("unknown section \"gates\""));
+    }
+
+    #[test]
+    fn integers_are_exact_at_the_top_of_u64() {
+        let case = json!({"window": 1, "ops": [{"op": "grant", "n": 18446744073709551615u64}],
+            "steps": [{"answer": null, "available": 18446744073709551615u64, "closed": null}]});
+        assert_eq!(check_case("gate", &case, Engine::Core), Ok(()));
+        assert_eq!(check_case("gate", &case, Engine::Model), Ok(()));
+    }
 }
