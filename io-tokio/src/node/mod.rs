@@ -387,9 +387,23 @@ struct PeerQueue {
     wake: Arc<Notify>,
 }
 
+/// A cached connection and whether it is known closed (set by its reader when the
+/// connection ends: a per-frame look at the QUIC state would contend with its driver).
+#[derive(Clone)]
+struct Cached {
+    conn: Connection,
+    closed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Cached {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
 #[derive(Default)]
 struct State {
-    cache: ConnectionCache<NodeId, Connection>,
+    cache: ConnectionCache<NodeId, Cached>,
     dials: DialTracker<NodeId>,
     addrs: BTreeMap<NodeId, EndpointAddr>,
     queues: BTreeMap<NodeId, PeerQueue>,
@@ -644,7 +658,7 @@ impl Node {
     pub fn disconnect(&self, peer: &NodeId) {
         let entry = self.inner.lock().cache.remove(peer);
         if let Some(entry) = entry {
-            entry.conn.close(CLOSE_SHUTDOWN.into(), b"disconnect");
+            entry.conn.conn.close(CLOSE_SHUTDOWN.into(), b"disconnect");
         }
     }
 
@@ -668,7 +682,7 @@ impl Node {
                 .cache
                 .take_all()
                 .into_values()
-                .map(|e| e.conn)
+                .map(|e| e.conn.conn)
                 .collect()
         };
         for conn in conns {
@@ -781,12 +795,20 @@ impl Inner {
 
     /// Caches an actor-plane connection under a fresh generation and reads its streams.
     fn adopt(self: &Arc<Self>, peer: NodeId, conn: Connection) {
-        let generation = self.lock().cache.insert(peer, conn.clone());
+        let cached = Cached {
+            conn: conn.clone(),
+            closed: Arc::default(),
+        };
+        let closed = cached.closed.clone();
+        let generation = self.lock().cache.insert(peer, cached);
         debug!(peer = %hex(&peer), generation = generation.get(), "connection cached");
         let inner = self.clone();
         self.spawn(
-            async move { inner.read_connection(conn).await }
-                .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
+            async move {
+                inner.read_connection(conn).await;
+                closed.store(true, Ordering::Release);
+            }
+            .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
         );
         // Frames may have queued for this peer: let its writer look again.
         if let Some(queue) = self.lock().queues.get(&peer) {
@@ -796,20 +818,18 @@ impl Inner {
 
     fn send(self: &Arc<Self>, frame: OutFrame) {
         let peer = frame.to;
-        if PublicKey::from_bytes(&peer).is_err() {
-            return self.count_drop(DropReason::InvalidNodeId);
-        }
         if !self.auth.permits(&peer) {
             return self.count_drop(DropReason::Unauthorized);
         }
         let mut state = self.lock();
-        if state
-            .cache
-            .get(&peer, |conn| conn.close_reason().is_some())
-            .is_none()
-        {
-            state.drops.count(DropReason::CacheMiss);
+        if state.cache.get(&peer, Cached::is_closed).is_none() {
             drop(state);
+            // Only a miss checks the id: a cached peer's key was valid when it connected,
+            // and decoding a key costs a curve point decompression per call.
+            if PublicKey::from_bytes(&peer).is_err() {
+                return self.count_drop(DropReason::InvalidNodeId);
+            }
+            self.count_drop(DropReason::CacheMiss);
             return self.dial(peer);
         }
         let queue = match state.queues.get(&peer) {
@@ -915,8 +935,8 @@ impl Inner {
                     let mut state = self.lock();
                     state
                         .cache
-                        .get(&peer, |conn| conn.close_reason().is_some())
-                        .map(|entry| (entry.generation, entry.conn.clone()))
+                        .get(&peer, Cached::is_closed)
+                        .map(|entry| (entry.generation, entry.conn.conn.clone()))
                 };
                 let Some((generation, conn)) = current else {
                     for _ in &batch {
