@@ -52,7 +52,14 @@ pub struct Drops(pub BTreeMap<DropReason, u64>);
 impl Drops {
     /// Counts one drop.
     pub fn count(&mut self, reason: DropReason) {
-        *self.0.entry(reason).or_default() += 1;
+        self.add(reason, 1);
+    }
+
+    /// Counts `n` drops.
+    pub fn add(&mut self, reason: DropReason, n: u64) {
+        if n > 0 {
+            *self.0.entry(reason).or_default() += n;
+        }
     }
 
     /// Drops for `reason`.

@@ -125,22 +125,55 @@ impl ActorRecord {
         payload_bytes_max: usize,
         out: &mut impl BufMut,
     ) -> Result<(), ActorError> {
-        let (tag, payload) = (self.tag_bytes(), self.payload());
-        if payload.len() > payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING) {
-            let len = payload.len() as u64;
-            return Err(ActorError::PayloadTooLarge {
-                len,
-                max: payload_bytes_max as u64,
-            });
-        }
-        debug_assert!(tag.len() <= ACTOR_TAG_BYTES_MAX);
-        out.put_slice(&self.dest);
-        out.put_u32(tag.len() as u32);
-        out.put_slice(tag);
-        out.put_u32(payload.len() as u32);
-        out.put_slice(payload);
-        Ok(())
+        put_record(
+            &self.dest,
+            self.tag_bytes(),
+            self.payload(),
+            payload_bytes_max,
+            out,
+        )
     }
+}
+
+/// Appends the record `[dest][tag_len][tag][payload_len][payload]` to `out` without building
+/// an [`ActorRecord`] (the sending hot path): refuses a tag above [`ACTOR_TAG_BYTES_MAX`] and a
+/// payload above `payload_bytes_max`, writing nothing then.
+pub fn encode_record(
+    dest: &[u8; DEST_LEN],
+    tag: &str,
+    payload: &[u8],
+    payload_bytes_max: usize,
+    out: &mut impl BufMut,
+) -> Result<(), ActorError> {
+    if tag.len() > ACTOR_TAG_BYTES_MAX {
+        return Err(ActorError::TagTooLong {
+            len: tag.len() as u64,
+        });
+    }
+    put_record(dest, tag.as_bytes(), payload, payload_bytes_max, out)
+}
+
+fn put_record(
+    dest: &[u8; DEST_LEN],
+    tag: &[u8],
+    payload: &[u8],
+    payload_bytes_max: usize,
+    out: &mut impl BufMut,
+) -> Result<(), ActorError> {
+    if payload.len() > payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING) {
+        let len = payload.len() as u64;
+        return Err(ActorError::PayloadTooLarge {
+            len,
+            max: payload_bytes_max as u64,
+        });
+    }
+    debug_assert!(tag.len() <= ACTOR_TAG_BYTES_MAX);
+    out.put_slice(dest);
+    out.put_u32(tag.len() as u32);
+    out.put_slice(tag);
+    out.put_u32(payload.len() as u32);
+    out.put_slice(payload);
+    Ok(())
 }
 
 /// Why an actor stream could not be decoded. All of these end the stream.

@@ -55,7 +55,7 @@ use tether_core::driver::{
 };
 use tether_core::limits::ACTOR_PAYLOAD_BYTES_DEFAULT;
 use tether_core::time::Time;
-use tether_core::wire::actor::{ActorDecoder, ActorRecord};
+use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
 use tether_core::wire::{FormatError, StreamDecoder};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
@@ -171,6 +171,7 @@ pub struct NodeBuilder {
     routes: Vec<(String, ActorAddr)>,
     hosted: Vec<ActorAddr>,
     payload_bytes_max: usize,
+    batch_delay: Duration,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
@@ -216,6 +217,7 @@ impl Default for NodeBuilder {
             routes: Vec::new(),
             hosted: Vec::new(),
             payload_bytes_max: ACTOR_PAYLOAD_BYTES_DEFAULT,
+            batch_delay: Duration::ZERO,
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
             substrate: false,
@@ -277,6 +279,13 @@ impl NodeBuilder {
     /// Largest actor payload read (default 1 MiB).
     pub fn payload_bytes_max(mut self, max: usize) -> Self {
         self.payload_bytes_max = max;
+        self
+    }
+
+    /// How long a peer's writer waits after a wake for more frames to batch into one write
+    /// (default zero: one scheduler turn). Keep it at or below 1 ms.
+    pub fn batch_delay(mut self, delay: Duration) -> Self {
+        self.batch_delay = delay;
         self
     }
 
@@ -366,6 +375,7 @@ impl NodeBuilder {
             routes: Mutex::new(routes),
             bridge: self.bridge,
             payload_bytes_max: self.payload_bytes_max,
+            batch_delay: self.batch_delay,
             actor_alpn: self.actor_alpn,
             join_policy: self.join_policy,
             state: Mutex::new(State::default()),
@@ -437,6 +447,7 @@ struct Inner {
     routes: Mutex<Routes<ActorAddr>>,
     bridge: Option<Arc<dyn ActorBridge>>,
     payload_bytes_max: usize,
+    batch_delay: Duration,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     state: Mutex<State>,
@@ -909,26 +920,36 @@ impl Inner {
         let mut buf = BytesMut::new();
         loop {
             wake.notified().await;
+            // The latency bound: wait this long for more frames to share the write (zero:
+            // one scheduler turn, so frames enqueued in the same burst go together).
+            if self.batch_delay.is_zero() {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(self.batch_delay).await;
+            }
             loop {
-                let mut batch: Vec<(String, usize)> = Vec::new();
+                let (mut frames, mut swim) = (0u64, false);
                 buf.clear();
-                while buf.len() < WRITE_BATCH_BYTES {
-                    let Some(frame) = channel.pop() else { break };
-                    let record = match ActorRecord::new(frame.dest, &frame.type_tag, frame.payload)
-                    {
-                        Ok(record) => record,
-                        Err(_) => {
-                            self.count_drop(DropReason::UnknownTag);
+                {
+                    let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+                    while buf.len() < WRITE_BATCH_BYTES {
+                        let Some(frame) = channel.pop() else { break };
+                        let encoded = encode_record(
+                            &frame.dest,
+                            &frame.type_tag,
+                            &frame.payload,
+                            self.payload_bytes_max,
+                            &mut buf,
+                        );
+                        if encoded.is_err() {
+                            self.lock().drops.count(DropReason::WriteFailed);
                             continue;
                         }
-                    };
-                    if record.encode(self.payload_bytes_max, &mut buf).is_err() {
-                        self.count_drop(DropReason::WriteFailed);
-                        continue;
+                        frames += 1;
+                        swim |= routes.is_swim(&frame.type_tag);
                     }
-                    batch.push((frame.type_tag, 1));
                 }
-                if batch.is_empty() {
+                if frames == 0 {
                     break;
                 }
                 let current = {
@@ -939,9 +960,7 @@ impl Inner {
                         .map(|entry| (entry.generation, entry.conn.conn.clone()))
                 };
                 let Some((generation, conn)) = current else {
-                    for _ in &batch {
-                        self.count_drop(DropReason::CacheMiss);
-                    }
+                    self.lock().drops.add(DropReason::CacheMiss, frames);
                     self.dial(peer);
                     continue;
                 };
@@ -953,12 +972,10 @@ impl Inner {
                     None => false,
                 };
                 if written {
-                    self.counters
-                        .written
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    self.counters.written.fetch_add(frames, Ordering::Relaxed);
                 } else {
                     stream = None;
-                    self.write_failed(peer, generation, &batch);
+                    self.write_failed(peer, generation, frames, swim);
                 }
             }
         }
@@ -968,23 +985,18 @@ impl Inner {
         self: &Arc<Self>,
         peer: NodeId,
         generation: Generation,
-        batch: &[(String, usize)],
+        frames: u64,
+        swim: bool,
     ) {
         let eviction = {
             let mut state = self.lock();
-            for _ in batch {
-                state.drops.count(DropReason::WriteFailed);
-            }
+            state.drops.add(DropReason::WriteFailed, frames);
             let eviction = state.cache.fail(&peer, generation);
             match eviction {
                 Eviction::Evicted => state.evictions += 1,
                 Eviction::Stale => state.stale_failures += 1,
             }
             eviction
-        };
-        let swim = {
-            let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-            batch.iter().any(|(tag, _)| routes.is_swim(tag))
         };
         if swim {
             if let Some(bridge) = &self.bridge {
