@@ -566,8 +566,39 @@ impl Node {
             .host(actor);
     }
 
-    /// Counters, drops by reason and cache entries with their generations.
+    /// Counters, drops by reason and cache entries with their generations. Each call also
+    /// publishes the counters through the `metrics` facade (`tether_node_*`, labelled by
+    /// node; drops labelled by reason).
     pub fn snapshot(&self) -> Snapshot {
+        let snapshot = self.collect_snapshot();
+        let node = snapshot.node_id.clone();
+        for (name, value) in [
+            ("frames_enqueued", snapshot.frames_enqueued),
+            ("frames_written", snapshot.frames_written),
+            ("frames_received", snapshot.frames_received),
+            ("frames_delivered", snapshot.frames_delivered),
+            ("accepted", snapshot.accepted),
+            ("refused", snapshot.refused),
+            ("dials_started", snapshot.dials_started),
+            ("dial_failures", snapshot.dial_failures),
+            ("evictions", snapshot.evictions),
+            ("stale_failures", snapshot.stale_failures),
+        ] {
+            metrics::counter!(format!("tether_node_{name}"), "node" => node.clone())
+                .absolute(value);
+        }
+        for (reason, count) in &snapshot.drops.0 {
+            let reason = serde_json::to_value(reason)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            metrics::counter!("tether_node_drops", "node" => node.clone(), "reason" => reason)
+                .absolute(*count);
+        }
+        snapshot
+    }
+
+    fn collect_snapshot(&self) -> Snapshot {
         let c = &self.inner.counters;
         let state = self.inner.lock();
         Snapshot {
