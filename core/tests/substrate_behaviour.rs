@@ -833,3 +833,61 @@ fn an_op_recovered_after_a_crash_is_never_expired_as_unsent() {
         .any(|e| matches!(e, Event::Acked { op_id, .. } if *op_id == id)));
     assert_exactly_once_in_order_of(&h, &[body(1)]);
 }
+
+#[test]
+fn simultaneous_opens_of_one_address_resolve_to_the_lower_open_id() {
+    for window in [1, 32] {
+        let mut h = harness(window);
+        h.connect();
+        let a_open = h
+            .with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "x", None))
+            .unwrap();
+        let b_open = h
+            .with(NodeId::B, |m, now| m.open(now, ObjKind::Queue, "x", None))
+            .unwrap();
+        // Each side queues a send behind its own open.
+        h.with(NodeId::A, |m, now| m.send(now, "x", body(1)))
+            .unwrap();
+        h.with(NodeId::B, |m, now| m.send(now, "x", body(2)))
+            .unwrap();
+        h.run();
+        let (winner, loser, losing_open) = if a_open < b_open {
+            (NodeId::A, NodeId::B, b_open.clone())
+        } else {
+            (NodeId::B, NodeId::A, a_open.clone())
+        };
+        let node = |h: &mut Harness, id| h.node(id).clone();
+        let (w, l) = (node(&mut h, winner), node(&mut h, loser));
+        assert!(
+            w.events.contains(&Event::Opened { obj: "x".into() }),
+            "the winner's open is accepted"
+        );
+        assert!(
+            l.events.contains(&Event::Futile {
+                obj: "x".into(),
+                op_id: losing_open,
+                code: finality::OPEN_CONFLICT.into()
+            }),
+            "the loser's open ends futile"
+        );
+        assert_eq!(w.machine.object_state("x"), Some(ObjectState::Live));
+        assert_eq!(l.machine.object_state("x"), Some(ObjectState::Live));
+        // The send queued behind the losing open ended with it; the winner's was delivered.
+        let futile_sends = l
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::Futile { code, .. } if code == finality::OPEN_CONFLICT))
+            .count();
+        assert_eq!(
+            futile_sends, 2,
+            "window {window}: the open and the send behind it"
+        );
+        assert_eq!(l.consumed.len(), 1, "the loser got the winner's send");
+        assert!(w.consumed.is_empty());
+        // Both directions work afterwards.
+        h.with(loser, |m, now| m.send(now, "x", body(3))).unwrap();
+        h.run();
+        assert_eq!(h.node(winner).consumed.len(), 1);
+        assert_eq!(h.node(winner).machine.stats().open_conflicts, 1);
+    }
+}

@@ -52,6 +52,10 @@ pub const BUSY: &str = "busy";
 /// terminal, as every code outside the table).
 pub const TTL_EXPIRED: &str = "ttl_expired";
 
+/// Both sides opened the same address at once and this open lost the tie-break (tether's
+/// own code; terminal).
+pub const OPEN_CONFLICT: &str = "open_conflict";
+
 /// Codes the seed lists as terminal.
 pub const TERMINAL_CODES: [&str; 13] = [
     CLOSED,

@@ -1090,8 +1090,22 @@ impl Machine {
         let obj = op.obj.clone();
         match op.verb {
             Verb::Open => {
-                self.staged_outputs
-                    .push(Deferred::Event(open_requested(&object.record, op.cap)));
+                let record = &object.record;
+                if record.opened_by == Side::Remote && record.open_id == op.id {
+                    self.staged_outputs
+                        .push(Deferred::Event(open_requested(record, op.cap)));
+                } else if record.opened_by == Side::Local
+                    && record.state == ObjectState::Opening
+                    && op.id < record.open_id
+                {
+                    self.lose_open_race(&obj, op);
+                } else {
+                    // Simultaneous opens: the lower open id wins on both sides; the peer's
+                    // open lost (or names an object that exists already).
+                    self.stats.open_conflicts += 1;
+                    let frame = substrate_err(&obj, &op.id, finality::OPEN_CONFLICT);
+                    self.staged_outputs.push(Deferred::Transmit(frame));
+                }
             }
             Verb::Send | Verb::Req | Verb::Chunk => {
                 if object.record.state != ObjectState::Live {
@@ -1395,6 +1409,25 @@ impl Machine {
         self.enqueue(op);
         self.end_step(now);
         Ok(id)
+    }
+
+    /// Both sides opened `obj` at once and the peer's open (`theirs`) has the lower id: the
+    /// object becomes the peer's, awaiting this side's decision, and this side's open and
+    /// everything queued behind it end futile with `open_conflict` (only the open can have
+    /// left: nothing follows an open on the wire before it is accepted).
+    fn lose_open_race(&mut self, obj: &str, theirs: Op) {
+        self.stats.open_conflicts += 1;
+        self.purge_outbox(obj, finality::OPEN_CONFLICT, |_| true);
+        let object = self.objects.get_mut(obj).expect("the caller holds it");
+        object.record.opened_by = Side::Remote;
+        object.record.open_id = theirs.id;
+        object.record.state = ObjectState::AwaitingAccept;
+        if let Some(kind) = theirs.obj_kind {
+            object.record.kind = kind;
+        }
+        self.staged.push(Record::Object(object.record.clone()));
+        let event = open_requested(&object.record, theirs.cap);
+        self.staged_outputs.push(Deferred::Event(event));
     }
 
     /// A closed object's reqs can never be answered: their deliveries leave the inbox (and

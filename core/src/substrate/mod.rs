@@ -156,4 +156,6 @@ pub struct Stats {
     pub inbox_full: u64,
     /// Closed or rejected objects forgotten early at the retention bound.
     pub objects_evicted: u64,
+    /// Opens of an address that was opened from both sides at once (or exists already).
+    pub open_conflicts: u64,
 }
