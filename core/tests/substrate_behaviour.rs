@@ -891,3 +891,95 @@ fn simultaneous_opens_of_one_address_resolve_to_the_lower_open_id() {
         assert_eq!(h.node(winner).machine.stats().open_conflicts, 1);
     }
 }
+
+#[test]
+fn simultaneous_opens_resolve_once_over_a_faulty_link_with_crashes() {
+    for seed in 0..40 {
+        let mut h = Harness::allowing_all(harness_config(4), seed);
+        h.faults = Faults {
+            drop_per_mille: 150,
+            duplicate_per_mille: 150,
+            reorder_per_mille: 150,
+        };
+        h.connect();
+        let a_open = h
+            .with(NodeId::A, |m, now| m.open(now, ObjKind::Session, "x", None))
+            .unwrap();
+        let b_open = h
+            .with(NodeId::B, |m, now| m.open(now, ObjKind::Session, "x", None))
+            .unwrap();
+        let mut crashed = false;
+        for round in 0..40 {
+            h.run_with(|id| {
+                // One crash of one side, somewhere in the first rounds.
+                let crash = !crashed && round == (seed % 3) as usize && id == NodeId::B;
+                crashed |= crash;
+                crash
+            });
+            let live = |h: &Harness, id| {
+                h.node_ref(id).machine.object_state("x") == Some(ObjectState::Live)
+            };
+            if live(&h, NodeId::A)
+                && live(&h, NodeId::B)
+                && h.a.machine.outbox_len() == 0
+                && h.b.machine.outbox_len() == 0
+            {
+                break;
+            }
+            h.disconnect();
+            h.connect();
+        }
+        h.faults = Faults::default();
+        h.run();
+        let (winner, loser, losing_open) = if a_open < b_open {
+            (&h.a, &h.b, b_open.clone())
+        } else {
+            (&h.b, &h.a, a_open.clone())
+        };
+        assert_eq!(
+            winner.machine.object_state("x"),
+            Some(ObjectState::Live),
+            "seed {seed}"
+        );
+        assert_eq!(
+            loser.machine.object_state("x"),
+            Some(ObjectState::Live),
+            "seed {seed}"
+        );
+        let opened = |n: &tether_core::substrate::harness::Node| {
+            n.events
+                .iter()
+                .filter(|e| matches!(e, Event::Opened { .. }))
+                .count()
+        };
+        assert_eq!(
+            opened(winner),
+            1,
+            "seed {seed}: the winner's open is accepted once"
+        );
+        assert_eq!(opened(loser), 0, "seed {seed}");
+        let loser_futile = loser
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::Futile { op_id, code, .. } if *op_id == losing_open && code == finality::OPEN_CONFLICT))
+            .count();
+        // A crash of the loser between committing the outcome and reporting it loses the
+        // report with the process (its app is gone too); otherwise it is reported once.
+        let loser_crashed = crashed && std::ptr::eq(loser, &h.b);
+        if loser_crashed {
+            assert!(loser_futile <= 1, "seed {seed}: at most once");
+        } else {
+            assert_eq!(
+                loser_futile, 1,
+                "seed {seed}: the losing open ends exactly once"
+            );
+        }
+    }
+}
+
+fn harness_config(window: usize) -> Config {
+    Config {
+        in_flight_max: window,
+        ..Config::default()
+    }
+}

@@ -204,6 +204,14 @@ impl Harness {
         }
     }
 
+    /// The node `id`, read-only.
+    pub fn node_ref(&self, id: NodeId) -> &Node {
+        match id {
+            NodeId::A => &self.a,
+            NodeId::B => &self.b,
+        }
+    }
+
     /// Whether node `id` answers opens by itself (default true).
     pub fn set_auto_accept(&mut self, id: NodeId, accept: bool) {
         self.node(id).auto_accept = accept;

@@ -185,6 +185,9 @@ impl Outgoing {
 struct Outbox {
     entries: BTreeMap<u64, Outgoing>,
     in_flight: usize,
+    /// Seqs by op id (answers share the id of the req they answer), so that finding the op
+    /// an answer or an err names costs a lookup, not a scan.
+    by_id: BTreeMap<String, std::collections::BTreeSet<u64>>,
 }
 
 impl Outbox {
@@ -193,12 +196,22 @@ impl Outbox {
             !entry.in_flight,
             "entries enter the outbox before any transmission"
         );
+        self.by_id
+            .entry(entry.op.id.clone())
+            .or_default()
+            .insert(entry.op.seq);
         self.entries.insert(entry.op.seq, entry);
     }
 
     fn remove(&mut self, seq: u64) -> Option<Outgoing> {
         let entry = self.entries.remove(&seq)?;
         self.in_flight -= usize::from(entry.in_flight);
+        if let Some(seqs) = self.by_id.get_mut(&entry.op.id) {
+            seqs.remove(&seq);
+            if seqs.is_empty() {
+                self.by_id.remove(&entry.op.id);
+            }
+        }
         Some(entry)
     }
 
@@ -225,17 +238,15 @@ impl Outbox {
     /// The seq of the op with id `id`, if it was ever transmitted (only such ops can be
     /// answered by the peer's substrate).
     fn transmitted_seq_of(&self, id: &str) -> Option<u64> {
-        self.entries
-            .values()
-            .find(|e| e.op.id == id && e.receipt > 0)
-            .map(|e| e.op.seq)
+        self.by_id
+            .get(id)?
+            .iter()
+            .copied()
+            .find(|seq| self.entries.get(seq).is_some_and(|e| e.receipt > 0))
     }
 
     fn seq_of(&self, id: &str) -> Option<u64> {
-        self.entries
-            .values()
-            .find(|e| e.op.id == id)
-            .map(|e| e.op.seq)
+        self.by_id.get(id)?.iter().next().copied()
     }
 
     /// Marks entries from `from` on as not in flight: they go out again with new receipts.
@@ -1094,14 +1105,16 @@ impl Machine {
                 if record.opened_by == Side::Remote && record.open_id == op.id {
                     self.staged_outputs
                         .push(Deferred::Event(open_requested(record, op.cap)));
-                } else if record.opened_by == Side::Local
-                    && record.state == ObjectState::Opening
-                    && op.id < record.open_id
-                {
-                    self.lose_open_race(&obj, op);
+                } else if record.opened_by == Side::Local && record.state == ObjectState::Opening {
+                    // Both sides opened this address at once: the lower open id wins, on
+                    // both sides alike. The winner says nothing more: the loser learns from
+                    // the winner's open, which is on the wire before anything it sends next.
+                    self.stats.open_conflicts += 1;
+                    if op.id < record.open_id {
+                        self.lose_open_race(&obj, op);
+                    }
                 } else {
-                    // Simultaneous opens: the lower open id wins on both sides; the peer's
-                    // open lost (or names an object that exists already).
+                    // An open of an address that exists already here.
                     self.stats.open_conflicts += 1;
                     let frame = substrate_err(&obj, &op.id, finality::OPEN_CONFLICT);
                     self.staged_outputs.push(Deferred::Transmit(frame));
@@ -1416,8 +1429,23 @@ impl Machine {
     /// everything queued behind it end futile with `open_conflict` (only the open can have
     /// left: nothing follows an open on the wire before it is accepted).
     fn lose_open_race(&mut self, obj: &str, theirs: Op) {
-        self.stats.open_conflicts += 1;
+        let ours = self.objects[obj].record.open_id.clone();
+        let open_pending = self.objects[obj].outbox.seq_of(&ours).is_some();
         self.purge_outbox(obj, finality::OPEN_CONFLICT, |_| true);
+        if !open_pending {
+            // The open was hop-acked already (the winner consumed it): it still ends here.
+            *self
+                .stats
+                .futile
+                .entry(finality::OPEN_CONFLICT.to_owned())
+                .or_default() += 1;
+            let event = Event::Futile {
+                obj: obj.to_owned(),
+                op_id: ours,
+                code: finality::OPEN_CONFLICT.to_owned(),
+            };
+            self.staged_outputs.push(Deferred::Event(event));
+        }
         let object = self.objects.get_mut(obj).expect("the caller holds it");
         object.record.opened_by = Side::Remote;
         object.record.open_id = theirs.id;
