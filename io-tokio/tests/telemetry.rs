@@ -182,3 +182,47 @@ async fn broken_streams_are_reported_as_typed_faults() {
     }
     collector.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sink_of_a_fanout_gets_every_item_on_a_custom_alpn() {
+    let (first, mut first_rx) = mpsc::unbounded_channel();
+    let (second, mut second_rx) = mpsc::unbounded_channel();
+    let alpn = b"acme/telemetry/2";
+    let collector = Node::builder()
+        .telemetry_alpn(alpn)
+        .telemetry_sink(first)
+        .telemetry_sink(second)
+        .bind()
+        .await
+        .expect("collector");
+    let publisher = Node::builder()
+        .telemetry_alpn(alpn)
+        .bind()
+        .await
+        .expect("publisher");
+    let (events_tx, events_rx) = mpsc::channel(16);
+    let done = publisher.publish_telemetry(
+        collector.endpoint_addr(),
+        header(publisher.node_id()),
+        events_rx,
+    );
+    for i in 0..10 {
+        events_tx.send(event(i)).await.expect("publisher alive");
+    }
+    drop(events_tx);
+    assert_eq!(done.await.expect("outcome"), Ok(()));
+    for rx in [&mut first_rx, &mut second_rx] {
+        let mut frames = Vec::new();
+        loop {
+            match rx.recv().await.expect("item") {
+                TelemetryIngress::Events { frames: batch, .. } => frames.extend(batch),
+                TelemetryIngress::Ended { .. } => break,
+                TelemetryIngress::Opened { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(frames, (0..10).map(event).collect::<Vec<_>>());
+    }
+    publisher.close().await;
+    collector.close().await;
+}

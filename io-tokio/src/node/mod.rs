@@ -175,7 +175,8 @@ pub struct NodeBuilder {
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
-    telemetry_sink: Option<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
+    telemetry_sinks: Vec<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
+    telemetry_alpn: Vec<u8>,
     protocols: Vec<protocol::Adapter>,
 }
 
@@ -221,7 +222,8 @@ impl Default for NodeBuilder {
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
             substrate: false,
-            telemetry_sink: None,
+            telemetry_sinks: Vec::new(),
+            telemetry_alpn: TELEMETRY_ALPN.to_vec(),
             protocols: Vec::new(),
         }
     }
@@ -302,13 +304,20 @@ impl NodeBuilder {
         self
     }
 
-    /// Collects telemetry streams peers publish to this node into `sink` (without a sink,
-    /// telemetry connections are refused).
+    /// Collects telemetry streams peers publish to this node into `sink`; called again, adds
+    /// a sink (fanout: every sink gets every item). Without a sink, telemetry connections are
+    /// refused.
     pub fn telemetry_sink(
         mut self,
         sink: tokio::sync::mpsc::UnboundedSender<TelemetryIngress>,
     ) -> Self {
-        self.telemetry_sink = Some(sink);
+        self.telemetry_sinks.push(sink);
+        self
+    }
+
+    /// The telemetry ALPN (default [`TELEMETRY_ALPN`]).
+    pub fn telemetry_alpn(mut self, alpn: &[u8]) -> Self {
+        self.telemetry_alpn = alpn.to_vec();
         self
     }
 
@@ -332,7 +341,7 @@ impl NodeBuilder {
     /// Binds the endpoint and starts the accept loop.
     pub async fn bind(self) -> Result<Node, NodeError> {
         let secret = self.secret_key.unwrap_or_else(SecretKey::generate);
-        let mut alpns = vec![self.actor_alpn.clone(), TELEMETRY_ALPN.to_vec()];
+        let mut alpns = vec![self.actor_alpn.clone(), self.telemetry_alpn.clone()];
         if self.substrate {
             alpns.push(SUBSTRATE_ALPN.to_vec());
         }
@@ -366,7 +375,8 @@ impl NodeBuilder {
         };
         let inner = Arc::new(Inner {
             adapters: self.protocols.into_iter().map(Arc::new).collect(),
-            telemetry_sink: self.telemetry_sink,
+            telemetry_sinks: telemetry::Sinks::new(self.telemetry_sinks),
+            telemetry_alpn: self.telemetry_alpn,
             substrate_transport: Mutex::new(substrate_transport),
             substrate_queue,
             endpoint,
@@ -437,7 +447,8 @@ struct Counters {
 
 struct Inner {
     adapters: Vec<Arc<protocol::Adapter>>,
-    telemetry_sink: Option<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
+    telemetry_sinks: telemetry::Sinks,
+    telemetry_alpn: Vec<u8>,
     substrate_transport: Mutex<Option<IrohTransport>>,
     substrate_queue:
         Option<tokio::sync::mpsc::Sender<(tether_core::substrate::PeerId, crate::substrate::Link)>>,
@@ -634,7 +645,7 @@ impl Node {
         let (done, outcome) = tokio::sync::oneshot::channel();
         let inner = self.inner.clone();
         self.inner.spawn(async move {
-            let result = match inner.endpoint.connect(to, TELEMETRY_ALPN).await {
+            let result = match inner.endpoint.connect(to, &inner.telemetry_alpn).await {
                 Ok(conn) => telemetry::publish(conn, header, subscription).await,
                 Err(error) => Err(error.to_string()),
             };
@@ -808,8 +819,9 @@ impl Inner {
         bump(&self.counters.accepted);
         if conn.alpn() == self.actor_alpn.as_slice() {
             self.adopt(peer, conn);
-        } else if let (TELEMETRY_ALPN, Some(sink)) = (conn.alpn(), &self.telemetry_sink) {
-            let (inner, sink) = (self.clone(), sink.clone());
+        } else if conn.alpn() == self.telemetry_alpn.as_slice() && !self.telemetry_sinks.is_empty()
+        {
+            let (inner, sink) = (self.clone(), self.telemetry_sinks.clone());
             self.spawn(async move {
                 let spawner = inner.clone();
                 telemetry::collect(conn, peer, sink, move |stream| spawner.spawn(stream)).await;

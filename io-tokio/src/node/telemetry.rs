@@ -95,11 +95,38 @@ pub enum TelemetryIngress {
     },
 }
 
-/// Reads every telemetry stream the peer opens on `conn` into `sink`.
+/// Where collected telemetry goes: every sink gets every item (a fanout of one or more).
+#[derive(Clone)]
+pub(super) struct Sinks(std::sync::Arc<[mpsc::UnboundedSender<TelemetryIngress>]>);
+
+impl Sinks {
+    pub(super) fn new(sinks: Vec<mpsc::UnboundedSender<TelemetryIngress>>) -> Self {
+        Self(sinks.into())
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Sends `item` to every sink; false once no sink is left.
+    fn send(&self, item: TelemetryIngress) -> Result<(), ()> {
+        let mut alive = false;
+        for sink in self.0.iter() {
+            alive |= sink.send(item.clone()).is_ok();
+        }
+        if alive {
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+}
+
+/// Reads every telemetry stream the peer opens on `conn` into the sinks.
 pub(super) async fn collect(
     conn: Connection,
     peer: NodeId,
-    sink: mpsc::UnboundedSender<TelemetryIngress>,
+    sink: Sinks,
     spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
 ) {
     while let Ok(recv) = conn.accept_uni().await {
@@ -107,11 +134,7 @@ pub(super) async fn collect(
     }
 }
 
-async fn read_stream(
-    mut recv: RecvStream,
-    peer: NodeId,
-    sink: mpsc::UnboundedSender<TelemetryIngress>,
-) {
+async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks) {
     use tether_core::wire::FormatError;
     let mut decoder = StreamDecoder::new(TelemetryDecoder::default());
     let mut flow_id = None;
