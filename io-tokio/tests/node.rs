@@ -131,7 +131,7 @@ async fn gossip_is_routed_by_tag_and_unroutable_frames_are_counted() {
     let frame = |dest, tag: &str| OutFrame {
         to: b_id,
         dest,
-        type_tag: tag.into(),
+        type_tag: tag.to_owned().into(),
         payload: Bytes::from_static(b"x"),
     };
     a.node.send(frame(b_id, "Nope")); // unknown tag

@@ -81,8 +81,8 @@ pub struct OutFrame {
     pub to: NodeId,
     /// The actor address carried on the wire (a peer mailbox for gossip).
     pub dest: ActorAddr,
-    /// Selects the actor codec entry.
-    pub type_tag: String,
+    /// Selects the actor codec entry (a static tag costs no allocation).
+    pub type_tag: std::borrow::Cow<'static, str>,
     /// The encoded message.
     pub payload: Bytes,
 }
@@ -1063,6 +1063,7 @@ impl Inner {
     /// Decodes actor records from one stream and routes each; a malformed stream is dropped
     /// (stopped) without closing the connection.
     async fn read_stream(self: Arc<Self>, mut recv: RecvStream) {
+        let mut routed: Vec<(Inbound<ActorAddr>, ActorRecord)> = Vec::new();
         let mut decoder =
             StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
         loop {
@@ -1070,45 +1071,63 @@ impl Inner {
                 Ok(Some(chunk)) => decoder.push_bytes(chunk),
                 Ok(None) | Err(_) => return,
             }
-            loop {
-                match decoder.pop() {
-                    Ok(Some(record)) => self.route(record),
-                    Ok(None) => break,
-                    Err(error) => {
-                        self.count_drop(DropReason::MalformedStream);
-                        if error.error.is_fatal() {
-                            let _ = recv.stop(1u32.into());
-                            return;
+            // Route the chunk's records under one look at the tables, then deliver them
+            // outside the lock (a bridge may call back into the node).
+            routed.clear();
+            let mut fault = None;
+            {
+                let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+                loop {
+                    match decoder.pop() {
+                        Ok(Some(record)) => {
+                            routed.push((routes.inbound(record.dest(), record.tag()), record));
+                        }
+                        Ok(None) => break,
+                        Err(error) => {
+                            fault = Some(error);
+                            break;
                         }
                     }
+                }
+            }
+            self.deliver(&mut routed);
+            if let Some(error) = fault {
+                self.count_drop(DropReason::MalformedStream);
+                if error.error.is_fatal() {
+                    let _ = recv.stop(1u32.into());
+                    return;
                 }
             }
         }
     }
 
-    fn route(&self, record: ActorRecord) {
-        bump(&self.counters.received);
-        let decision = self
-            .routes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .inbound(record.dest(), record.tag());
-        let dest = match decision {
-            Inbound::Protocol(actor) => actor,
-            Inbound::Actor(actor) => actor,
-            Inbound::Drop(reason) => return self.count_drop(reason),
-        };
-        let tag = record.tag().to_owned();
-        let delivered = match &self.bridge {
-            Some(bridge) => bridge
-                .deliver_raw(dest, &tag, record.into_payload())
-                .is_ok(),
-            None => false,
-        };
-        if delivered {
-            bump(&self.counters.delivered);
-        } else {
-            self.count_drop(DropReason::DeliveryFailed);
+    /// Hands routed records to the bridge in order. Every count is made before the next
+    /// record is handed over, so an observer who saw a delivery sees everything before it.
+    fn deliver(&self, routed: &mut Vec<(Inbound<ActorAddr>, ActorRecord)>) {
+        if routed.is_empty() {
+            return;
+        }
+        self.counters
+            .received
+            .fetch_add(routed.len() as u64, Ordering::Relaxed);
+        for (decision, record) in routed.drain(..) {
+            let dest = match decision {
+                Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
+                Inbound::Drop(reason) => {
+                    self.count_drop(reason);
+                    continue;
+                }
+            };
+            let ok = self.bridge.as_ref().is_some_and(|bridge| {
+                bridge
+                    .deliver_raw(dest, record.tag(), record.payload_bytes())
+                    .is_ok()
+            });
+            if ok {
+                bump(&self.counters.delivered);
+            } else {
+                self.count_drop(DropReason::DeliveryFailed);
+            }
         }
     }
 
