@@ -188,6 +188,18 @@ fn enumerated(section: &str, n: u64) -> Value {
             ];
             driver_case(pick(&alphabet, n))
         }
+        "join" => {
+            let alphabet = [
+                json!({"at": 0, "event": "connected"}),
+                json!({"at": 0, "event": "sent"}),
+                json!({"at": 0, "event": "failed"}),
+            ];
+            let mut events = pick(&alphabet, n);
+            for (i, event) in events.iter_mut().enumerate() {
+                event["at"] = json!(i as u64 * 1_000);
+            }
+            join_case(events)
+        }
         other => unreachable!("known_section admitted {other}"),
     }
 }
@@ -300,6 +312,17 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
                 })
                 .collect();
             driver_case(ops)
+        }
+        "join" => {
+            let mut at = 0u64;
+            let kinds = ["connected", "sent", "failed", "failed", "failed"];
+            let events: Vec<Value> = (0..len.min(12))
+                .map(|_| {
+                    at += rng.random_range(0..40_000);
+                    json!({"at": at, "event": kinds[rng.random_range(0..kinds.len())]})
+                })
+                .collect();
+            join_case(events)
         }
         other => unreachable!("known_section admitted {other}"),
     }
@@ -444,6 +467,14 @@ fn driver_case(ops: Vec<Value>) -> Value {
         .map(|_| json!({"generation": null, "eviction": null, "hit": null, "dial": null}))
         .collect();
     json!({"ops": ops, "steps": steps})
+}
+
+fn join_case(events: Vec<Value>) -> Value {
+    let steps: Vec<Value> = events
+        .iter()
+        .map(|_| json!({"phase": "", "attempt": null, "next_at": null}))
+        .collect();
+    json!({"events": events, "steps": steps})
 }
 
 #[cfg(test)]

@@ -553,3 +553,48 @@ impl DriverCache {
         self.dialing.retain(|p| *p != peer);
     }
 }
+
+/// A join to one seed, written from seed 000 §6.3 and REFERENCE §A: up to 5 attempts; the
+/// wait before attempt k+1 is 2 s doubled k-1 times, capped at 30 s; connecting → sending →
+/// sent, or failed after the fifth failure; events that do not fit the phase change nothing.
+#[derive(Debug, Clone)]
+pub struct JoinModel {
+    /// "connecting", "sending", "sent" or "failed".
+    pub phase: &'static str,
+    /// The current attempt (1-based).
+    pub attempt: u32,
+}
+
+impl Default for JoinModel {
+    fn default() -> Self {
+        JoinModel {
+            phase: "connecting",
+            attempt: 1,
+        }
+    }
+}
+
+impl JoinModel {
+    /// One event at `at` ms; returns when the next attempt is due, if one was scheduled.
+    pub fn event(&mut self, at: u64, kind: &str) -> Option<u64> {
+        match (self.phase, kind) {
+            ("connecting", "connected") => self.phase = "sending",
+            ("sending", "sent") => self.phase = "sent",
+            ("connecting" | "sending", "failed") => {
+                if self.attempt >= 5 {
+                    self.phase = "failed";
+                } else {
+                    let mut wait: u64 = 2_000;
+                    for _ in 1..self.attempt {
+                        wait *= 2;
+                    }
+                    self.attempt += 1;
+                    self.phase = "connecting";
+                    return Some(at.saturating_add(wait.min(30_000)));
+                }
+            }
+            _ => {}
+        }
+        None
+    }
+}

@@ -23,10 +23,10 @@ use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
 use crate::model;
 use crate::script::{
     Disposition, DriverCase, DriverEviction, DriverOp, DriverStep, Emission, EmissionCase, Ending,
-    FrameTypesCase, GateCase, GateOp, GateStep, GrantTargetCase, HoldTrue, LedgerCase,
-    NegotiateCase, Node, ReorderCase, ReorderError, ReorderStep, Rid, SubstrateAction,
-    SubstrateCase, TableCase, TableOpKind, TableStep, Verdict, ViolationName, WindowCase, WindowOp,
-    WindowStep, WriterCase, Xid, SECTIONS,
+    FrameTypesCase, GateCase, GateOp, GateStep, GrantTargetCase, HoldTrue, JoinCase, JoinEventKind,
+    JoinStep, LedgerCase, NegotiateCase, Node, ReorderCase, ReorderError, ReorderStep, Rid,
+    SubstrateAction, SubstrateCase, TableCase, TableOpKind, TableStep, Verdict, ViolationName,
+    WindowCase, WindowOp, WindowStep, WriterCase, Xid, SECTIONS,
 };
 
 /// Which implementation a case is replayed against.
@@ -98,6 +98,7 @@ pub fn check_case(section: &str, raw: &Value, engine: Engine) -> Result<(), Fail
         "emission" => replay(raw, engine, core_emission, model_emission),
         "substrate" => replay(raw, engine, substrate_trace, substrate_trace),
         "driver" => replay(raw, engine, core_driver, model_driver),
+        "join" => replay(raw, engine, core_join, model_join),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }
@@ -126,6 +127,7 @@ pub fn complete_with_model(section: &str, case: &Value) -> Result<Value, Failure
         "emission" => run(case, model_emission),
         "substrate" => run(case, substrate_trace),
         "driver" => run(case, model_driver),
+        "join" => run(case, model_join),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }
@@ -916,6 +918,73 @@ fn model_driver(case: &DriverCase) -> Result<DriverCase, String> {
         steps.push(step);
     }
     Ok(DriverCase {
+        steps,
+        ..case.clone()
+    })
+}
+
+fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
+    use tether_core::driver::{Join, JoinNext, JoinPhase};
+
+    same_length(&case.events, &case.steps)?;
+    let (mut join, _) = Join::start(Time::ZERO, false, 1);
+    let steps = case
+        .events
+        .iter()
+        .map(|event| {
+            let at = Time::from_millis(event.at);
+            let next = match event.event {
+                JoinEventKind::Connected => {
+                    join.connected(at);
+                    JoinNext::Done
+                }
+                JoinEventKind::Sent => join.sent(at),
+                JoinEventKind::Failed => join.failed(at, "failed"),
+            };
+            let (phase, attempt) = match join.status().phase {
+                JoinPhase::Connecting { attempt, .. } => ("connecting", Some(attempt)),
+                JoinPhase::Sending => ("sending", None),
+                JoinPhase::Sent => ("sent", None),
+                JoinPhase::Failed => ("failed", None),
+            };
+            let next_at = match next {
+                JoinNext::Attempt { at, .. } => Some(at.as_millis()),
+                JoinNext::Done => None,
+            };
+            JoinStep {
+                phase: phase.to_owned(),
+                attempt,
+                next_at,
+            }
+        })
+        .collect();
+    Ok(JoinCase {
+        steps,
+        ..case.clone()
+    })
+}
+
+fn model_join(case: &JoinCase) -> Result<JoinCase, String> {
+    same_length(&case.events, &case.steps)?;
+    let mut join = model::JoinModel::default();
+    let steps = case
+        .events
+        .iter()
+        .map(|event| {
+            let kind = match event.event {
+                JoinEventKind::Connected => "connected",
+                JoinEventKind::Sent => "sent",
+                JoinEventKind::Failed => "failed",
+            };
+            let next_at = join.event(event.at, kind);
+            JoinStep {
+                phase: join.phase.to_owned(),
+                attempt: (join.phase == "connecting").then_some(join.attempt),
+                next_at,
+            }
+        })
+        .collect();
+    Ok(JoinCase {
         steps,
         ..case.clone()
     })

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The sections: CONFORMANCE.md's ten in the document's order, then tether's own.
-pub const SECTIONS: [&str; 12] = [
+pub const SECTIONS: [&str; 13] = [
     "frame_types",
     "ledger",
     "negotiate",
@@ -17,6 +17,7 @@ pub const SECTIONS: [&str; 12] = [
     "emission",
     "substrate",
     "driver",
+    "join",
 ];
 
 /// A nullable key that must still be present (serde would otherwise default a missing
@@ -447,4 +448,42 @@ pub struct DriverStep {
 pub struct DriverCase {
     pub ops: Vec<DriverOp>,
     pub steps: Vec<DriverStep>,
+}
+
+/// One event of a join to one seed (tether's own section): at `at` ms, the current attempt
+/// connected, the request was written, or the attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinEvent {
+    pub at: u64,
+    pub event: JoinEventKind,
+}
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JoinEventKind {
+    Connected,
+    Sent,
+    Failed,
+}
+
+/// The status after one event: the phase, the attempt while connecting (else `null`), and
+/// when the next attempt is due if the event scheduled one (else `null`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinStep {
+    pub phase: String,
+    #[serde(deserialize_with = "required")]
+    pub attempt: Option<u32>,
+    #[serde(deserialize_with = "required")]
+    pub next_at: Option<u64>,
+}
+
+/// A join case: the join starts at 0 ms.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinCase {
+    pub events: Vec<JoinEvent>,
+    pub steps: Vec<JoinStep>,
 }

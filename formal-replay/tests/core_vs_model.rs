@@ -101,6 +101,20 @@ proptest! {
     }
 
     #[test]
+    fn join(events in prop::collection::vec((0u64..40_000, prop::sample::select(vec!["connected", "sent", "failed", "failed"])), 0..16)) {
+        let mut at = 0u64;
+        let events: Vec<Value> = events
+            .into_iter()
+            .map(|(gap, kind)| {
+                at += gap;
+                json!({"at": at, "event": kind})
+            })
+            .collect();
+        let steps = steps_like(events.len(), json!({"phase": "", "attempt": null, "next_at": null}));
+        agree("join", json!({"events": events, "steps": steps}))?;
+    }
+
+    #[test]
     fn emission(emitted in prop::collection::vec(emission_op(), 0..40)) {
         agree("emission", json!({"emitted": emitted, "violation": null, "at": null, "stream": null, "expected": null, "got": null}))?;
     }

@@ -161,19 +161,27 @@ impl Join {
         &self.status
     }
 
-    /// The current attempt connected; the request is being written.
+    /// The current attempt connected; the request is being written. Ignored unless
+    /// connecting.
     pub fn connected(&mut self, now: Time) {
-        self.set(now, JoinPhase::Sending);
+        if matches!(self.status.phase, JoinPhase::Connecting { .. }) {
+            self.set(now, JoinPhase::Sending);
+        }
     }
 
-    /// The request was written.
+    /// The request was written. Ignored unless sending.
     pub fn sent(&mut self, now: Time) -> JoinNext {
-        self.set(now, JoinPhase::Sent);
+        if self.status.phase == JoinPhase::Sending {
+            self.set(now, JoinPhase::Sent);
+        }
         JoinNext::Done
     }
 
-    /// The current attempt failed (dial, timeout or write).
+    /// The current attempt failed (dial, timeout or write). Ignored once the join ended.
     pub fn failed(&mut self, now: Time, error: impl Into<String>) -> JoinNext {
+        if matches!(self.status.phase, JoinPhase::Sent | JoinPhase::Failed) {
+            return JoinNext::Done;
+        }
         self.status.last_error = Some(error.into());
         match join_retry_after(self.attempt) {
             Some(wait) => {
