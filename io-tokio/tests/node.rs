@@ -31,6 +31,7 @@ impl ActorBridge for Collect {
 struct TestNode {
     node: Node,
     delivered: mpsc::UnboundedReceiver<Delivery>,
+    failed: mpsc::UnboundedReceiver<NodeId>,
 }
 
 const SWIM_ACTOR: NodeId = [0x51; 32];
@@ -40,7 +41,7 @@ async fn node_with(
     configure: impl FnOnce(tether::node::NodeBuilder) -> tether::node::NodeBuilder,
 ) -> TestNode {
     let (delivered_tx, delivered) = mpsc::unbounded_channel();
-    let (failed, _) = mpsc::unbounded_channel();
+    let (failed, failed_rx) = mpsc::unbounded_channel();
     let builder = Node::builder()
         .bridge(Arc::new(Collect {
             delivered: delivered_tx,
@@ -52,7 +53,11 @@ async fn node_with(
         .route_tag("JoinRequest", SWIM_ACTOR)
         .host(APP_ACTOR);
     let node = configure(builder).bind().await.expect("bind");
-    TestNode { node, delivered }
+    TestNode {
+        node,
+        delivered,
+        failed: failed_rx,
+    }
 }
 
 async fn node() -> TestNode {
@@ -289,4 +294,39 @@ async fn close_leaves_no_task_running() {
 
 fn hex(id: &NodeId) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_of_a_swim_frame_reports_send_failed_and_evicts_its_generation() {
+    let mut a = node().await;
+    // b reads payloads of at most 16 bytes: a bigger record breaks the stream, which b stops.
+    let b = node_with(|builder| builder.payload_bytes_max(16)).await;
+    a.node
+        .connect(b.node.endpoint_addr())
+        .await
+        .expect("connect");
+    let b_id = b.node.node_id();
+    let ping = || OutFrame {
+        to: b_id,
+        dest: b_id,
+        type_tag: "Ping".into(),
+        payload: Bytes::from_static(&[0; 64]),
+    };
+    // Keep pinging until a write meets the stopped stream: the write fails, the generation is
+    // evicted and the SWIM actor hears SendFailed for b.
+    let failed = loop {
+        a.node.send(ping());
+        match a.failed.try_recv() {
+            Ok(peer) => break peer,
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    assert_eq!(failed, b_id);
+    let snapshot = a.node.snapshot();
+    assert!(snapshot.evictions >= 1, "{snapshot:?}");
+    assert!(snapshot.drops.get(DropReason::WriteFailed) >= 1);
+    assert!(b.node.snapshot().drops.get(DropReason::MalformedStream) >= 1);
+    for n in [a, b] {
+        n.node.close().await;
+    }
 }
