@@ -573,6 +573,117 @@ mod tests {
             .expect("open");
     }
 
+    mod equivalence {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn record() -> impl Strategy<Value = Record> {
+            let obj = prop::sample::select(vec!["a", "b/c", "q.1"]);
+            let seq = 0u64..6;
+            let state = prop_oneof![
+                Just(ObjectState::Opening),
+                Just(ObjectState::AwaitingAccept),
+                Just(ObjectState::Live),
+                (0u64..100).prop_map(|t| ObjectState::Closed(Time::from_millis(t))),
+                (0u64..100).prop_map(|t| ObjectState::Rejected(Time::from_millis(t))),
+            ];
+            let verb = prop::sample::select(vec![
+                Verb::Open,
+                Verb::Send,
+                Verb::Req,
+                Verb::End,
+                Verb::Close,
+            ]);
+            let op = (
+                obj.clone(),
+                seq.clone(),
+                verb,
+                prop::option::of(prop::collection::vec(any::<u8>(), 0..8)),
+            )
+                .prop_map(|(obj, seq, verb, body)| Op {
+                    obj: obj.to_owned(),
+                    seq,
+                    id: format!("id{seq}"),
+                    verb,
+                    obj_kind: (verb == Verb::Open).then_some(ObjKind::Queue),
+                    body: body.map(Bytes::from),
+                    code: (verb == Verb::End).then(|| "x".to_owned()),
+                    reason: None,
+                    cap: None,
+                    at: Time::from_millis(seq),
+                });
+            prop_oneof![
+                (obj.clone(), state, 0u64..9, any::<u64>()).prop_map(|(obj, state, tx, rx)| {
+                    Record::Object(ObjectRecord {
+                        obj: obj.to_owned(),
+                        kind: ObjKind::Session,
+                        opened_by: Side::Local,
+                        open_id: "o".to_owned(),
+                        state,
+                        tx_next: tx,
+                        rx_next: rx,
+                    })
+                }),
+                obj.clone().prop_map(|obj| Record::ObjectRemoved {
+                    obj: obj.to_owned()
+                }),
+                op.clone().prop_map(Record::Outbox),
+                op.clone().prop_map(Record::Held),
+                op.prop_map(Record::Inbox),
+                (obj.clone(), seq.clone()).prop_map(|(obj, seq)| Record::OutboxRemoved {
+                    obj: obj.to_owned(),
+                    seq
+                }),
+                (obj.clone(), seq.clone()).prop_map(|(obj, seq)| Record::HeldRemoved {
+                    obj: obj.to_owned(),
+                    seq
+                }),
+                (obj, seq).prop_map(|(obj, seq)| Record::InboxRemoved {
+                    obj: obj.to_owned(),
+                    seq
+                }),
+                (0u8..4, 0u64..50).prop_map(|(n, at)| Record::Bounce {
+                    op_id: format!("b{n}"),
+                    code: "no_such_object".to_owned(),
+                    at: Time::from_millis(at),
+                }),
+                (0u8..4).prop_map(|n| Record::BounceRemoved {
+                    op_id: format!("b{n}")
+                }),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(200))]
+
+            /// Any sequence of batches, committed in groups of any size, leaves exactly the
+            /// state `DurableState::apply` defines, for each peer separately.
+            #[test]
+            fn sqlite_ends_where_the_reference_ends(
+                batches in prop::collection::vec(prop::collection::vec(record(), 0..6), 0..12),
+                group in 1usize..4,
+            ) {
+                let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+                let store = SqliteStore::with_connection(conn, "p_").expect("store");
+                let (peer, other) = (PeerId::new("peer"), PeerId::new("other"));
+                let batches: Vec<PersistBatch> = batches
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, records)| PersistBatch { id: BatchId(i as u64 + 1), records })
+                    .collect();
+                let mut reference = DurableState::default();
+                for chunk in batches.chunks(group) {
+                    store.commit(&peer, chunk).expect("commit");
+                    for batch in chunk {
+                        reference.apply(batch);
+                    }
+                }
+                prop_assert_eq!(store.load(&peer).expect("load"), reference);
+                prop_assert_eq!(store.load(&other).expect("load"), DurableState::default());
+            }
+        }
+    }
+
     #[test]
     fn rejects_a_prefix_that_is_not_an_identifier() {
         let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
