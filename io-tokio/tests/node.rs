@@ -1,6 +1,9 @@
 //! The iroh driver over real endpoints on 127.0.0.1 (relay disabled, no port mapping: the
 //! crate is built without the portmapper feature).
 
+mod common;
+
+use common::until;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -84,17 +87,6 @@ async fn receive(node: &mut TestNode, count: usize) -> Vec<u32> {
         ));
     }
     numbers
-}
-
-/// Yields until `condition` holds (driven by network events, never by a timer).
-async fn until(mut condition: impl FnMut() -> bool) {
-    for _ in 0..50_000_000u64 {
-        if condition() {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    panic!("condition never held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,9 @@
 //! A ring-backed protocol binding over real iroh on loopback: 64 MiB through 64 KiB rings,
 //! with backpressure on both sides, and the lifecycle events of the logical stream.
 
+mod common;
+
+use common::until;
 use tether::node::{Node, ProtocolBinding, StreamEvent};
 use tokio::sync::mpsc;
 
@@ -26,17 +29,6 @@ fn payload() -> Vec<u8> {
         bytes.extend_from_slice(&pattern[..take]);
     }
     bytes
-}
-
-/// Yields until `condition` holds (driven by the pumps, never by a timer).
-async fn until(mut condition: impl FnMut() -> bool) {
-    for _ in 0..50_000_000u64 {
-        if condition() {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    panic!("condition never held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

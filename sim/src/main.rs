@@ -44,12 +44,17 @@ enum Command {
     },
 }
 
-fn faults(arg: Option<&str>) -> Result<Vec<FaultKind>, String> {
-    match arg {
+/// The fault kinds `--faults` names; a usage error is printed and becomes exit code 2.
+fn faults(arg: Option<&str>) -> Result<Vec<FaultKind>, ExitCode> {
+    let kinds = match arg {
         None => Ok(FaultKind::ALL.to_vec()),
         Some("none") => Ok(Vec::new()),
         Some(list) => list.split(',').map(str::parse).collect(),
-    }
+    };
+    kinds.map_err(|error: String| {
+        eprintln!("{error}");
+        ExitCode::from(2)
+    })
 }
 
 fn reproduce(seed: u64, arg: Option<&str>) -> String {
@@ -71,10 +76,7 @@ fn main() -> ExitCode {
         } => {
             let kinds = match faults(arg.as_deref()) {
                 Ok(kinds) => kinds,
-                Err(error) => {
-                    eprintln!("{error}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             let report = run(&Options {
                 seed,
@@ -104,10 +106,7 @@ fn main() -> ExitCode {
         } => {
             let kinds = match faults(arg.as_deref()) {
                 Ok(kinds) => kinds,
-                Err(error) => {
-                    eprintln!("{error}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             let Some((a, b)) = seeds
                 .split_once("..")

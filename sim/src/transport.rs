@@ -6,7 +6,7 @@ use std::io;
 
 use std::sync::Arc;
 
-use tether::substrate::transport::{serve_preamble_links, write_preamble, AcceptQueue, BoxFuture};
+use tether::substrate::transport::{dialed_link, serve_preamble_links, AcceptQueue, BoxFuture};
 use tether::substrate::{Link, PeerId, Transport};
 
 /// The port every simulated node listens on.
@@ -58,14 +58,10 @@ impl Transport for SimTransport {
                 .get(peer)
                 .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "unknown host"))?;
             let connect = turmoil::net::TcpStream::connect((host.as_str(), PORT));
-            let mut stream = tokio::time::timeout(std::time::Duration::from_secs(5), connect)
+            let stream = tokio::time::timeout(std::time::Duration::from_secs(5), connect)
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
-            let channel = write_preamble(&mut stream, &self.local, peer, nonce).await?;
-            Ok(Link {
-                stream: Box::new(stream),
-                channel,
-            })
+            dialed_link(stream, &self.local, peer, nonce).await
         })
     }
 

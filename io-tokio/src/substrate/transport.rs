@@ -85,6 +85,20 @@ pub async fn write_preamble<S: AsyncWrite + Unpin>(
     Ok(channel(local, remote, &nonce))
 }
 
+/// Writes the dialer's preamble on a freshly connected `stream` and makes it a link.
+pub async fn dialed_link<S: LinkStream>(
+    mut stream: S,
+    local: &PeerId,
+    remote: &PeerId,
+    nonce: [u8; CONN_NONCE_BYTES],
+) -> io::Result<Link> {
+    let channel = write_preamble(&mut stream, local, remote, nonce).await?;
+    Ok(Link {
+        stream: Box::new(stream),
+        channel,
+    })
+}
+
 /// Reads a dialer's preamble; returns who it claims to be and the link's channel.
 pub async fn read_preamble<S: AsyncRead + Unpin>(
     stream: &mut S,
@@ -263,13 +277,9 @@ impl Transport for TcpTransport {
             let addr = self
                 .addr_of(peer)
                 .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address for peer"))?;
-            let mut stream = TcpStream::connect(addr).await?;
+            let stream = TcpStream::connect(addr).await?;
             stream.set_nodelay(true)?;
-            let channel = write_preamble(&mut stream, &self.local, peer, nonce).await?;
-            Ok(Link {
-                stream: Box::new(stream),
-                channel,
-            })
+            dialed_link(stream, &self.local, peer, nonce).await
         })
     }
 
