@@ -208,6 +208,27 @@ impl Ledger {
         self.log.push(format!("{millis} {line}"));
     }
 
+    /// Op `n` of `obj` ended without success: futile (recorded for the finality check),
+    /// refused by the machine (never sent), or "shut down" on a running host (a violation).
+    fn failed(&mut self, obj: &str, n: u32, error: Error) {
+        match error {
+            Error::Futile(code) => {
+                self.note(format!("futile {obj} #{n} {code}"));
+                self.progress
+                    .get_mut(obj)
+                    .expect("entry")
+                    .futile
+                    .insert(n, code);
+            }
+            Error::Shutdown => {
+                self.violation(format!(
+                    "{obj} #{n} resolved as shut down on a running host"
+                ));
+            }
+            other => self.note(format!("refused {obj} #{n} {other}")),
+        }
+    }
+
     fn violation(&mut self, line: String) {
         self.note(format!("VIOLATION {line}"));
         self.violations.push(line);
@@ -366,20 +387,7 @@ async fn drive_object(
                         .acked
                         .insert(n, op_id);
                 }
-                Err(Error::Futile(code)) => {
-                    l.note(format!("futile {obj} #{n} {code}"));
-                    l.progress
-                        .get_mut(obj)
-                        .expect("entry")
-                        .futile
-                        .insert(n, code);
-                }
-                Err(Error::Shutdown) => {
-                    l.violation(format!(
-                        "{obj} #{n} resolved as shut down on a running host"
-                    ));
-                }
-                Err(other) => l.note(format!("refused {obj} #{n} {other}")),
+                Err(error) => l.failed(obj, n, error),
             }
         }
         for (n, pending) in reqs {
@@ -393,20 +401,7 @@ async fn drive_object(
                     l.note(format!("answer {obj} #{n}"));
                     l.progress.get_mut(obj).expect("entry").answered.insert(n);
                 }
-                Err(Error::Futile(code)) => {
-                    l.note(format!("futile {obj} #{n} {code}"));
-                    l.progress
-                        .get_mut(obj)
-                        .expect("entry")
-                        .futile
-                        .insert(n, code);
-                }
-                Err(Error::Shutdown) => {
-                    l.violation(format!(
-                        "{obj} #{n} resolved as shut down on a running host"
-                    ));
-                }
-                Err(other) => l.note(format!("refused {obj} #{n} {other}")),
+                Err(error) => l.failed(obj, n, error),
             }
         }
         tokio::time::sleep(plan.pause).await;

@@ -26,6 +26,8 @@ const READS_PER_WAKE: usize = 64;
 const READ_CHUNK: usize = 64 * 1024;
 /// Bytes of frames coalesced into one write.
 const WRITE_CHUNK: usize = 256 * 1024;
+/// How often a peer's counters are published to `metrics`.
+const STATS_EVERY: Duration = Duration::from_secs(1);
 /// First redial delay and its cap (full jitter over the doubling delay).
 const REDIAL_BASE: Duration = Duration::from_millis(100);
 const REDIAL_CAP: Duration = Duration::from_secs(10);
@@ -130,6 +132,7 @@ pub(super) struct Driver {
     waiters: HashMap<String, Waiter>,
     opens: HashMap<String, (String, Reply1<()>)>,
     pinned: Arc<AtomicBool>,
+    stats_published: Option<Time>,
 }
 
 impl Driver {
@@ -160,6 +163,7 @@ impl Driver {
             waiters: HashMap::new(),
             opens: HashMap::new(),
             pinned,
+            stats_published: None,
         }
     }
 
@@ -241,6 +245,20 @@ impl Driver {
             && self.waiters.is_empty()
             && self.opens.is_empty()
             && self.link.machine().is_idle()
+    }
+
+    /// Publishes the machine's counters through the `metrics` facade at most once per
+    /// [`STATS_EVERY`]: serializing them on every wake would tax the hot path.
+    fn publish_stats(&mut self) {
+        let now = self.now();
+        if self
+            .stats_published
+            .is_some_and(|at| now.saturating_since(at) < STATS_EVERY)
+        {
+            return;
+        }
+        self.stats_published = Some(now);
+        self.shared.publish(&self.peer, self.link.machine());
     }
 
     fn now(&self) -> Time {
@@ -480,7 +498,7 @@ impl Driver {
                 progress = true;
             }
             if !progress {
-                self.shared.publish(&self.peer, self.link.machine());
+                self.publish_stats();
                 return Ok(());
             }
         }
@@ -621,6 +639,8 @@ impl Driver {
     }
 
     fn stop(&mut self) {
+        self.stats_published = None;
+        self.publish_stats();
         self.shared.forget(&self.peer, &self.handle);
         self.detach_quietly();
         for (_, waiter) in self.waiters.drain() {

@@ -152,7 +152,7 @@ impl OpenRequest {
     /// Accepts: the object is live on both sides.
     pub async fn accept(self) -> Result<(), Error> {
         let obj = self.obj;
-        call(&self.handle, |reply| Command::Decide {
+        send_command(&self.handle, |reply| Command::Decide {
             obj,
             reject: None,
             reply,
@@ -163,7 +163,7 @@ impl OpenRequest {
     /// Rejects with `code` (e.g. `approval_denied`).
     pub async fn reject(self, code: &str) -> Result<(), Error> {
         let obj = self.obj;
-        call(&self.handle, |reply| Command::Decide {
+        send_command(&self.handle, |reply| Command::Decide {
             obj,
             reject: Some(code.to_owned()),
             reply,
@@ -241,7 +241,7 @@ impl Request {
         code: Option<String>,
     ) -> Result<(), Error> {
         let (obj, req_id) = (self.obj.clone(), self.req_id.clone());
-        call(&self.handle, |reply| Command::Answer {
+        send_command(&self.handle, |reply| Command::Answer {
             obj,
             req_id,
             verb,
@@ -284,13 +284,6 @@ fn send_command<T>(
     Pending { rx }
 }
 
-async fn call<T>(
-    handle: &mpsc::UnboundedSender<Command>,
-    command: impl FnOnce(driver::Reply1<T>) -> Command,
-) -> Result<T, Error> {
-    send_command(handle, command).await
-}
-
 /// A remote peer.
 #[derive(Debug, Clone)]
 pub struct Peer {
@@ -319,7 +312,7 @@ impl Peer {
     /// Opens an object of `kind` presenting capability token `cap`.
     pub async fn open(&self, kind: ObjKind, obj: &str, cap: Option<&str>) -> Result<(), Error> {
         let (obj, cap) = (obj.to_owned(), cap.map(str::to_owned));
-        call(&self.handle, |reply| Command::Open {
+        send_command(&self.handle, |reply| Command::Open {
             kind,
             obj,
             cap,
