@@ -9,8 +9,8 @@ pub mod schedule;
 
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
 pub use routing::{
-    resolve_egress, ActorAddr, DropReason, Drops, Egress, Inbound, NodeId, PeerAuth, Routes,
-    SWIM_TAGS,
+    resolve_egress, ActorAddr, DropReason, Drops, Egress, Inbound, NodeId, PeerAuth, RouteMemo,
+    Routes, SWIM_TAGS,
 };
 pub use schedule::{
     dial_retry_after, join_retry_after, DialTracker, Join, JoinNext, JoinPhase, JoinStatus,

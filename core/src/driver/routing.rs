@@ -175,6 +175,62 @@ impl<R: Clone> Routes<R> {
     pub fn is_swim(&self, tag: &str) -> bool {
         self.swim_tags.contains(tag)
     }
+
+    /// [`Routes::inbound`] through `memo`, for a tag as received: a record with the
+    /// destination and tag of the one before it takes that record's decision without a table
+    /// lookup (or a UTF-8 check). A tag that is not UTF-8 is unknown. A memo is valid only
+    /// while these tables stay unchanged; clear it whenever they may have changed.
+    pub fn inbound_memo(
+        &self,
+        memo: &mut RouteMemo<R>,
+        dest: &ActorAddr,
+        tag: &[u8],
+    ) -> Inbound<R> {
+        if let Some((last_dest, last_tag, decision)) = &memo.last {
+            if last_dest == dest && last_tag.as_slice() == tag {
+                return decision.clone();
+            }
+        }
+        let decision = match std::str::from_utf8(tag) {
+            Ok(tag) => self.inbound(dest, tag),
+            Err(_) => Inbound::Drop(DropReason::UnknownTag),
+        };
+        match &mut memo.last {
+            Some((last_dest, last_tag, last)) => {
+                *last_dest = *dest;
+                last_tag.clear();
+                last_tag.extend_from_slice(tag);
+                *last = decision.clone();
+            }
+            None => memo.last = Some((*dest, tag.to_vec(), decision.clone())),
+        }
+        decision
+    }
+}
+
+/// The last inbound decision, for [`Routes::inbound_memo`]: records come in runs between one
+/// pair of actors, and a run needs its tables looked up once.
+#[derive(Debug, Clone)]
+pub struct RouteMemo<R> {
+    last: Option<(ActorAddr, Vec<u8>, Inbound<R>)>,
+}
+
+impl<R> RouteMemo<R> {
+    /// A memo that remembers nothing.
+    pub fn new() -> Self {
+        Self { last: None }
+    }
+
+    /// Forgets the remembered decision (the tables may have changed).
+    pub fn clear(&mut self) {
+        self.last = None;
+    }
+}
+
+impl<R> Default for RouteMemo<R> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// An egress destination as the actor runtime names it.
@@ -239,6 +295,37 @@ mod tests {
             Inbound::Drop(DropReason::NotLocal)
         );
         assert!(routes.is_swim("JoinRequest") && !routes.is_swim("Chat"));
+    }
+
+    proptest::proptest! {
+        /// Through a memo, any run of records gets exactly the decisions of the tables; a
+        /// cleared memo forgets decisions the tables no longer make.
+        #[test]
+        fn memo_decides_as_the_tables_do(
+            records in proptest::collection::vec((0u8..4, 0usize..4), 0..64),
+            unhost_at in 0usize..64,
+        ) {
+            let tags: [&[u8]; 4] = [b"Ping", b"Chat", b"Nope", b"\xff\xfe"];
+            let mut routes: Routes<&str> = Routes::new(id(1));
+            routes.route_tag("Ping", "swim");
+            routes.know_tag("Chat");
+            routes.host(id(2));
+            let mut memo = RouteMemo::new();
+            for (at, (dest, tag)) in records.into_iter().enumerate() {
+                if at == unhost_at {
+                    routes.unhost(&id(2));
+                    memo.clear();
+                }
+                let expected = match std::str::from_utf8(tags[tag]) {
+                    Ok(text) => routes.inbound(&id(dest), text),
+                    Err(_) => Inbound::Drop(DropReason::UnknownTag),
+                };
+                proptest::prop_assert_eq!(
+                    routes.inbound_memo(&mut memo, &id(dest), tags[tag]),
+                    expected
+                );
+            }
+        }
     }
 
     #[test]

@@ -106,7 +106,8 @@ impl ActorRecord {
         }
     }
 
-    fn tag_bytes(&self) -> &[u8] {
+    /// The tag's bytes (valid UTF-8), for comparisons that need no `&str`.
+    pub fn tag_bytes(&self) -> &[u8] {
         match &self.parts {
             Parts::Received { bytes, tag_len } => &bytes[..*tag_len],
             Parts::Built { tag, .. } => tag,

@@ -30,8 +30,10 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use crossbeam_utils::CachePadded;
 use std::time::Duration;
 
 mod protocol;
@@ -51,7 +53,7 @@ use iroh::{Endpoint, EndpointAddr, PublicKey, RelayMode, SecretKey};
 use tether_core::channel::{HybridChannel, Sender};
 use tether_core::driver::{
     dial_retry_after, ActorAddr, ConnectionCache, DialTracker, DropReason, Drops, Eviction,
-    Generation, Inbound, Join, JoinNext, JoinStatus, NodeId, PeerAuth, Routes,
+    Generation, Inbound, Join, JoinNext, JoinStatus, NodeId, PeerAuth, RouteMemo, Routes,
 };
 use tether_core::limits::ACTOR_PAYLOAD_BYTES_DEFAULT;
 use tether_core::time::Time;
@@ -404,11 +406,34 @@ impl NodeBuilder {
 /// A peer's egress queue: producers push, the writer task drains.
 struct PeerQueue {
     sender: Sender<OutFrame>,
-    wake: Arc<Notify>,
+    wake: Arc<WriterWake>,
 }
 
-/// A cached connection and whether it is known closed (set by its reader when the
-/// connection ends: a per-frame look at the QUIC state would contend with its driver).
+/// Wakes a peer's writer only when it is asleep: a producer that finds it awake (the usual
+/// case under load) reads one flag instead of notifying per frame. The flag is read and
+/// written only under the node's state lock, which orders it against the queue: either the
+/// writer sees a frame pushed before it fell asleep, or the producer sees it asleep.
+#[derive(Default)]
+struct WriterWake {
+    notify: Notify,
+    asleep: AtomicBool,
+}
+
+impl WriterWake {
+    /// After a push; the caller holds the state lock. Wakes the writer if it fell asleep.
+    fn wake(&self) {
+        if self.asleep.load(Ordering::Relaxed) {
+            self.asleep.store(false, Ordering::Relaxed);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Wakes the writer whether or not it sleeps (there is something new besides frames).
+    fn kick(&self) {
+        self.notify.notify_one();
+    }
+}
+
 #[derive(Clone)]
 struct Cached {
     conn: Connection,
@@ -431,14 +456,17 @@ struct State {
     drops: Drops,
     evictions: u64,
     stale_failures: u64,
+    /// Frames accepted into egress queues (counted under the lock `send` holds anyway).
+    enqueued: u64,
 }
 
+/// Counters kept outside the state lock. Those bumped per frame sit on their own cache lines
+/// (readers and writers run on different threads; shared lines would bounce on every frame).
 #[derive(Default)]
 struct Counters {
-    enqueued: AtomicU64,
-    written: AtomicU64,
-    received: AtomicU64,
-    delivered: AtomicU64,
+    written: CachePadded<AtomicU64>,
+    received: CachePadded<AtomicU64>,
+    delivered: CachePadded<AtomicU64>,
     accepted: AtomicU64,
     refused: AtomicU64,
     dials_started: AtomicU64,
@@ -614,7 +642,7 @@ impl Node {
         let state = self.inner.lock();
         Snapshot {
             node_id: hex(&self.inner.local),
-            frames_enqueued: c.enqueued.load(Ordering::Relaxed),
+            frames_enqueued: state.enqueued,
             frames_written: c.written.load(Ordering::Relaxed),
             frames_received: c.received.load(Ordering::Relaxed),
             frames_delivered: c.delivered.load(Ordering::Relaxed),
@@ -866,7 +894,7 @@ impl Inner {
         );
         // Frames may have queued for this peer: let its writer look again.
         if let Some(queue) = self.lock().queues.get(&peer) {
-            queue.wake.notify_one();
+            queue.wake.kick();
         }
     }
 
@@ -892,7 +920,7 @@ impl Inner {
                 let channel = HybridChannel::new();
                 let queue = PeerQueue {
                     sender: channel.sender(),
-                    wake: Arc::new(Notify::new()),
+                    wake: Arc::default(),
                 };
                 let (inner, wake) = (self.clone(), queue.wake.clone());
                 self.spawn(
@@ -903,8 +931,8 @@ impl Inner {
             }
         };
         queue.sender.push(frame);
-        queue.wake.notify_one();
-        bump(&self.counters.enqueued);
+        queue.wake.wake();
+        state.enqueued += 1;
     }
 
     /// Starts a background dial of `peer` unless one runs.
@@ -957,12 +985,12 @@ impl Inner {
         self: Arc<Self>,
         peer: NodeId,
         channel: HybridChannel<OutFrame>,
-        wake: Arc<Notify>,
+        wake: Arc<WriterWake>,
     ) {
         let mut stream: Option<(Generation, SendStream)> = None;
         let mut buf = BytesMut::new();
         loop {
-            wake.notified().await;
+            self.writer_sleep(&wake, &channel).await;
             // The latency bound: wait this long for more frames to share the write (zero:
             // one scheduler turn, so frames enqueued in the same burst go together).
             if self.batch_delay.is_zero() {
@@ -975,6 +1003,8 @@ impl Inner {
                 buf.clear();
                 {
                     let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+                    // A batch is usually one tag over and over: look the set up once per run.
+                    let mut last_tag: Option<std::borrow::Cow<'static, str>> = None;
                     while buf.len() < WRITE_BATCH_BYTES {
                         let Some(frame) = channel.pop() else { break };
                         let encoded = encode_record(
@@ -989,7 +1019,10 @@ impl Inner {
                             continue;
                         }
                         frames += 1;
-                        swim |= routes.is_swim(&frame.type_tag);
+                        if !swim && last_tag.as_ref() != Some(&frame.type_tag) {
+                            swim = routes.is_swim(&frame.type_tag);
+                            last_tag = Some(frame.type_tag);
+                        }
                     }
                 }
                 if frames == 0 {
@@ -1022,6 +1055,22 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Sleeps until a producer or a new connection wakes the writer, unless a frame arrived
+    /// after it last looked.
+    async fn writer_sleep(&self, wake: &WriterWake, channel: &HybridChannel<OutFrame>) {
+        let notified = wake.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let _state = self.lock();
+            if !channel.is_empty() {
+                return;
+            }
+            wake.asleep.store(true, Ordering::Relaxed);
+        }
+        notified.await;
     }
 
     fn write_failed(
@@ -1064,6 +1113,7 @@ impl Inner {
     /// (stopped) without closing the connection.
     async fn read_stream(self: Arc<Self>, mut recv: RecvStream) {
         let mut routed: Vec<(Inbound<ActorAddr>, ActorRecord)> = Vec::new();
+        let mut memo = RouteMemo::new();
         let mut decoder =
             StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
         loop {
@@ -1077,10 +1127,14 @@ impl Inner {
             let mut fault = None;
             {
                 let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+                // The tables may have changed since the last chunk.
+                memo.clear();
                 loop {
                     match decoder.pop() {
                         Ok(Some(record)) => {
-                            routed.push((routes.inbound(record.dest(), record.tag()), record));
+                            let decision =
+                                routes.inbound_memo(&mut memo, record.dest(), record.tag_bytes());
+                            routed.push((decision, record));
                         }
                         Ok(None) => break,
                         Err(error) => {
