@@ -200,6 +200,23 @@ fn enumerated(section: &str, n: u64) -> Value {
             }
             join_case(events)
         }
+        "routing" => {
+            let alphabet = [
+                json!({"op": "know", "tag": "Chat"}),
+                json!({"op": "route", "tag": "Ping", "to": 5}),
+                json!({"op": "host", "actor": 9}),
+                json!({"op": "unhost", "actor": 9}),
+                json!({"op": "view", "actor": 7, "peer": 3}),
+                json!({"op": "view", "actor": 7, "peer": 4}),
+                json!({"op": "inbound", "dest": 1, "tag": "Ping"}),
+                json!({"op": "inbound", "dest": 1, "tag": "Chat"}),
+                json!({"op": "inbound", "dest": 9, "tag": "Chat"}),
+                json!({"op": "egress_mailbox", "peer": 4}),
+                json!({"op": "egress_actor", "actor": 7}),
+                json!({"op": "write_failed", "tag": "Ping"}),
+            ];
+            routing_case(json!([3]), pick(&alphabet, n))
+        }
         other => unreachable!("known_section admitted {other}"),
     }
 }
@@ -323,6 +340,35 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
                 })
                 .collect();
             join_case(events)
+        }
+        "routing" => {
+            let tags = ["Ping", "Ack", "JoinRequest", "Chat", "Orphan", "Nope"];
+            let ops: Vec<Value> = (0..len)
+                .map(|_| {
+                    let tag = tags[rng.random_range(0..tags.len())];
+                    let n = rng.random_range(1..6u8);
+                    match rng.random_range(0..12) {
+                        0 => json!({"op": "know", "tag": tag}),
+                        1 => json!({"op": "route", "tag": tag, "to": n}),
+                        2 => json!({"op": "host", "actor": n}),
+                        3 => json!({"op": "unhost", "actor": n}),
+                        4 => {
+                            let peer = rng.random_bool(0.8).then(|| rng.random_range(1..6u8));
+                            json!({"op": "view", "actor": n, "peer": peer})
+                        }
+                        5..=7 => json!({"op": "inbound", "dest": n, "tag": tag}),
+                        8 => json!({"op": "egress_mailbox", "peer": n}),
+                        9..=10 => json!({"op": "egress_actor", "actor": n}),
+                        _ => json!({"op": "write_failed", "tag": tag}),
+                    }
+                })
+                .collect();
+            let allow = if rng.random_bool(0.5) {
+                json!(null)
+            } else {
+                json!([1, rng.random_range(2..6u8)])
+            };
+            routing_case(allow, ops)
         }
         other => unreachable!("known_section admitted {other}"),
     }
@@ -467,6 +513,14 @@ fn driver_case(ops: Vec<Value>) -> Value {
         .map(|_| json!({"generation": null, "eviction": null, "hit": null, "dial": null}))
         .collect();
     json!({"ops": ops, "steps": steps})
+}
+
+fn routing_case(allow: Value, ops: Vec<Value>) -> Value {
+    let steps: Vec<Value> = ops
+        .iter()
+        .map(|_| json!({"inbound": null, "egress": null, "send_failed": null}))
+        .collect();
+    json!({"mailbox": 1, "allow": allow, "ops": ops, "steps": steps, "drops": {}})
 }
 
 fn join_case(events: Vec<Value>) -> Value {

@@ -37,8 +37,8 @@ enum Command {
     },
     /// Write a new script, the reference model filling in every observation.
     Generate {
-        /// Section name (frame_types, ledger, negotiate, grant_target, gate, window, reorder,
-        /// writer, table, emission).
+        /// Section name: frame_types, ledger, negotiate, grant_target, gate, window, reorder,
+        /// writer, table, emission, substrate, driver, join or routing.
         #[arg(long)]
         section: String,
         /// Seed of the random walks and offset of the enumeration.

@@ -598,3 +598,134 @@ impl JoinModel {
         None
     }
 }
+
+/// The actor plane's routing, written from seed 000 §2.2, §3.1, §7.3–§7.5: a record for the
+/// mailbox goes by tag to the protocol actor owning it; any other record goes to the actor it
+/// names when that actor is hosted here; an unknown tag is dropped first. Egress to a mailbox
+/// is that peer; to an actor, the peer the route view names; either must be admitted. Only a
+/// SWIM tag's write failure is reported. Every drop counts its reason.
+#[derive(Debug, Clone, Default)]
+pub struct RoutingModel {
+    /// This node's id (its mailbox address).
+    pub mailbox: u8,
+    /// `None` admits everyone.
+    pub allow: Option<Vec<u8>>,
+    known: Vec<String>,
+    gossip: Vec<(String, u8)>,
+    hosted: Vec<u8>,
+    view: Vec<(u8, u8)>,
+    /// Drops by reason, in first-seen order.
+    pub drops: Vec<(&'static str, u128)>,
+}
+
+/// The SWIM message tags of seed 000 §7.4.
+const SWIM: [&str; 6] = [
+    "Ping",
+    "Ack",
+    "PingReq",
+    "IndirectAck",
+    "JoinRequest",
+    "JoinResponse",
+];
+
+impl RoutingModel {
+    /// A node with mailbox `mailbox`, admitting `allow` (`None`: everyone), with empty tables.
+    pub fn new(mailbox: u8, allow: Option<Vec<u8>>) -> Self {
+        Self {
+            mailbox,
+            allow,
+            ..Self::default()
+        }
+    }
+
+    fn drop(&mut self, reason: &'static str) -> String {
+        match self.drops.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => self.drops.push((reason, 1)),
+        }
+        format!("drop:{reason}")
+    }
+
+    fn admitted(&self, peer: u8) -> bool {
+        self.allow.as_ref().is_none_or(|list| list.contains(&peer))
+    }
+
+    /// The registry knows `tag`.
+    pub fn know(&mut self, tag: &str) {
+        if !self.known.iter().any(|t| t == tag) {
+            self.known.push(tag.to_owned());
+        }
+    }
+
+    /// Gossip tagged `tag` goes to protocol actor `to`; the tag becomes known.
+    pub fn route(&mut self, tag: &str, to: u8) {
+        self.know(tag);
+        self.gossip.retain(|(t, _)| t != tag);
+        self.gossip.push((tag.to_owned(), to));
+    }
+
+    /// `actor` is hosted here.
+    pub fn host(&mut self, actor: u8) {
+        if !self.hosted.contains(&actor) {
+            self.hosted.push(actor);
+        }
+    }
+
+    /// `actor` is not hosted here any more.
+    pub fn unhost(&mut self, actor: u8) {
+        self.hosted.retain(|a| *a != actor);
+    }
+
+    /// The route view entry of `actor` (`None` removes it).
+    pub fn set_view(&mut self, actor: u8, peer: Option<u8>) {
+        self.view.retain(|(a, _)| *a != actor);
+        if let Some(peer) = peer {
+            self.view.push((actor, peer));
+        }
+    }
+
+    /// Where an inbound record goes.
+    pub fn inbound(&mut self, dest: u8, tag: &str) -> String {
+        if !self.known.iter().any(|t| t == tag) {
+            return self.drop("unknown_tag");
+        }
+        if dest == self.mailbox {
+            return match self.gossip.iter().find(|(t, _)| t == tag) {
+                Some((_, to)) => format!("protocol:{to}"),
+                None => self.drop("no_local_route"),
+            };
+        }
+        if self.hosted.contains(&dest) {
+            format!("actor:{dest}")
+        } else {
+            self.drop("not_local")
+        }
+    }
+
+    fn egress_to(&mut self, peer: u8) -> String {
+        if self.admitted(peer) {
+            format!("peer:{peer}")
+        } else {
+            self.drop("unauthorized")
+        }
+    }
+
+    /// Where a frame to `peer`'s mailbox goes.
+    pub fn egress_mailbox(&mut self, peer: u8) -> String {
+        self.egress_to(peer)
+    }
+
+    /// Where a frame to a remote actor goes.
+    pub fn egress_actor(&mut self, actor: u8) -> String {
+        match self.view.iter().find(|(a, _)| *a == actor) {
+            Some(&(_, peer)) => self.egress_to(peer),
+            None => self.drop("no_route"),
+        }
+    }
+
+    /// A failed write: counted, and reported to SWIM for a SWIM tag.
+    pub fn write_failed(&mut self, tag: &str) -> bool {
+        self.drop("write_failed");
+        SWIM.contains(&tag)
+    }
+}

@@ -25,8 +25,8 @@ use crate::script::{
     Disposition, DriverCase, DriverEviction, DriverOp, DriverStep, Emission, EmissionCase, Ending,
     FrameTypesCase, GateCase, GateOp, GateStep, GrantTargetCase, HoldTrue, JoinCase, JoinEventKind,
     JoinStep, LedgerCase, NegotiateCase, Node, ReorderCase, ReorderError, ReorderStep, Rid,
-    SubstrateAction, SubstrateCase, TableCase, TableOpKind, TableStep, Verdict, ViolationName,
-    WindowCase, WindowOp, WindowStep, WriterCase, Xid, SECTIONS,
+    RoutingCase, RoutingOp, RoutingStep, SubstrateAction, SubstrateCase, TableCase, TableOpKind,
+    TableStep, Verdict, ViolationName, WindowCase, WindowOp, WindowStep, WriterCase, Xid, SECTIONS,
 };
 
 /// Which implementation a case is replayed against.
@@ -99,6 +99,7 @@ pub fn check_case(section: &str, raw: &Value, engine: Engine) -> Result<(), Fail
         "substrate" => replay(raw, engine, substrate_trace, substrate_trace),
         "driver" => replay(raw, engine, core_driver, model_driver),
         "join" => replay(raw, engine, core_join, model_join),
+        "routing" => replay(raw, engine, core_routing, model_routing),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }
@@ -128,6 +129,7 @@ pub fn complete_with_model(section: &str, case: &Value) -> Result<Value, Failure
         "substrate" => run(case, substrate_trace),
         "driver" => run(case, model_driver),
         "join" => run(case, model_join),
+        "routing" => run(case, model_routing),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }
@@ -986,6 +988,153 @@ fn model_join(case: &JoinCase) -> Result<JoinCase, String> {
         .collect();
     Ok(JoinCase {
         steps,
+        ..case.clone()
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// routing (tether's own section)
+
+fn routing_step() -> RoutingStep {
+    RoutingStep {
+        inbound: None,
+        egress: None,
+        send_failed: None,
+    }
+}
+
+fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
+    use tether_core::driver::{
+        resolve_egress, DropReason, Drops, Egress, Inbound, PeerAuth, RouteMemo, Routes,
+    };
+
+    same_length(&case.ops, &case.steps)?;
+    let addr = |n: u8| [n; 32];
+    let reason = |reason: DropReason| {
+        serde_json::to_value(reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let auth = match &case.allow {
+        None => PeerAuth::open(),
+        Some(list) => PeerAuth::allow_list(list.iter().map(|n| addr(*n))),
+    };
+    let mut routes: Routes<u8> = Routes::new(addr(case.mailbox));
+    // The shell routes through a memo; replay both ways and let any disagreement show.
+    let mut memo = RouteMemo::new();
+    let mut view = std::collections::BTreeMap::new();
+    let mut drops = Drops::default();
+    let egress = |dest: Egress, view: &std::collections::BTreeMap<_, _>, drops: &mut Drops| {
+        match resolve_egress(dest, view, &auth) {
+            Ok(peer) => format!("peer:{}", peer[0]),
+            Err(why) => {
+                drops.count(why);
+                format!("drop:{}", reason(why))
+            }
+        }
+    };
+    let mut steps = Vec::with_capacity(case.ops.len());
+    for op in &case.ops {
+        let mut step = routing_step();
+        match op {
+            RoutingOp::Know { tag } => {
+                routes.know_tag(tag);
+                memo.clear();
+            }
+            RoutingOp::Route { tag, to } => {
+                routes.route_tag(tag, *to);
+                memo.clear();
+            }
+            RoutingOp::Host { actor } => {
+                routes.host(addr(*actor));
+                memo.clear();
+            }
+            RoutingOp::Unhost { actor } => {
+                routes.unhost(&addr(*actor));
+                memo.clear();
+            }
+            RoutingOp::View { actor, peer } => match peer {
+                Some(peer) => {
+                    view.insert(addr(*actor), addr(*peer));
+                }
+                None => {
+                    view.remove(&addr(*actor));
+                }
+            },
+            RoutingOp::Inbound { dest, tag } => {
+                let direct = routes.inbound(&addr(*dest), tag);
+                let memoized = routes.inbound_memo(&mut memo, &addr(*dest), tag.as_bytes());
+                step.inbound = Some(if direct != memoized {
+                    format!("memo disagrees: {memoized:?} vs {direct:?}")
+                } else {
+                    match direct {
+                        Inbound::Protocol(to) => format!("protocol:{to}"),
+                        Inbound::Actor(actor) => format!("actor:{}", actor[0]),
+                        Inbound::Drop(why) => {
+                            drops.count(why);
+                            format!("drop:{}", reason(why))
+                        }
+                    }
+                });
+            }
+            RoutingOp::EgressMailbox { peer } => {
+                step.egress = Some(egress(Egress::Mailbox(addr(*peer)), &view, &mut drops));
+            }
+            RoutingOp::EgressActor { actor } => {
+                step.egress = Some(egress(Egress::Actor(addr(*actor)), &view, &mut drops));
+            }
+            RoutingOp::WriteFailed { tag } => {
+                drops.count(DropReason::WriteFailed);
+                step.send_failed = Some(routes.is_swim(tag));
+            }
+        }
+        steps.push(step);
+    }
+    let drops = drops
+        .0
+        .into_iter()
+        .map(|(why, n)| (reason(why), n))
+        .collect();
+    Ok(RoutingCase {
+        steps,
+        drops,
+        ..case.clone()
+    })
+}
+
+fn model_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
+    same_length(&case.ops, &case.steps)?;
+    let mut model = model::RoutingModel::new(case.mailbox, case.allow.clone());
+    let steps = case
+        .ops
+        .iter()
+        .map(|op| {
+            let mut step = routing_step();
+            match op {
+                RoutingOp::Know { tag } => model.know(tag),
+                RoutingOp::Route { tag, to } => model.route(tag, *to),
+                RoutingOp::Host { actor } => model.host(*actor),
+                RoutingOp::Unhost { actor } => model.unhost(*actor),
+                RoutingOp::View { actor, peer } => model.set_view(*actor, *peer),
+                RoutingOp::Inbound { dest, tag } => step.inbound = Some(model.inbound(*dest, tag)),
+                RoutingOp::EgressMailbox { peer } => {
+                    step.egress = Some(model.egress_mailbox(*peer));
+                }
+                RoutingOp::EgressActor { actor } => step.egress = Some(model.egress_actor(*actor)),
+                RoutingOp::WriteFailed { tag } => step.send_failed = Some(model.write_failed(tag)),
+            }
+            step
+        })
+        .collect();
+    let mut drops = std::collections::BTreeMap::new();
+    for (why, n) in &model.drops {
+        let n = u64::try_from(*n).map_err(|_| "drop count past u64".to_owned())?;
+        drops.insert((*why).to_owned(), n);
+    }
+    Ok(RoutingCase {
+        steps,
+        drops,
         ..case.clone()
     })
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The sections: CONFORMANCE.md's ten in the document's order, then tether's own.
-pub const SECTIONS: [&str; 13] = [
+pub const SECTIONS: [&str; 14] = [
     "frame_types",
     "ledger",
     "negotiate",
@@ -18,6 +18,7 @@ pub const SECTIONS: [&str; 13] = [
     "substrate",
     "driver",
     "join",
+    "routing",
 ];
 
 /// A nullable key that must still be present (serde would otherwise default a missing
@@ -486,4 +487,61 @@ pub struct JoinStep {
 pub struct JoinCase {
     pub events: Vec<JoinEvent>,
     pub steps: Vec<JoinStep>,
+}
+
+/// One op on the actor plane's routing decisions (tether's own section, seed 000 §2.2, §3.1,
+/// §7.3–§7.5). Node ids and actor addresses are small integers `n` (the 32 bytes `[n; 32]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RoutingOp {
+    /// The codec registry knows `tag`.
+    Know { tag: String },
+    /// Gossip tagged `tag` goes to local protocol actor `to` (the tag becomes known).
+    Route { tag: String, to: u8 },
+    /// `actor` is hosted here.
+    Host { actor: u8 },
+    /// `actor` is no longer hosted here.
+    Unhost { actor: u8 },
+    /// The route view maps `actor` to `peer` (`null` removes the entry).
+    View {
+        actor: u8,
+        #[serde(deserialize_with = "required")]
+        peer: Option<u8>,
+    },
+    /// An inbound record for `dest` tagged `tag`.
+    Inbound { dest: u8, tag: String },
+    /// An outbound frame to the mailbox of `peer`.
+    EgressMailbox { peer: u8 },
+    /// An outbound frame to the remote actor `actor`.
+    EgressActor { actor: u8 },
+    /// A write of a frame tagged `tag` failed.
+    WriteFailed { tag: String },
+}
+
+/// The observation after one routing op, each key set by its op and `null` otherwise:
+/// `inbound` is `protocol:R`, `actor:A` or `drop:<reason>`; `egress` is `peer:P` or
+/// `drop:<reason>`; `send_failed` says whether the failure is reported to SWIM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingStep {
+    #[serde(deserialize_with = "required")]
+    pub inbound: Option<String>,
+    #[serde(deserialize_with = "required")]
+    pub egress: Option<String>,
+    #[serde(deserialize_with = "required")]
+    pub send_failed: Option<bool>,
+}
+
+/// A routing case: the node's mailbox, its allow-list (`null` admits every peer), the ops,
+/// one step per op, and the drops counted by reason at the end (reasons never counted are
+/// absent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingCase {
+    pub mailbox: u8,
+    #[serde(deserialize_with = "required")]
+    pub allow: Option<Vec<u8>>,
+    pub ops: Vec<RoutingOp>,
+    pub steps: Vec<RoutingStep>,
+    pub drops: std::collections::BTreeMap<String, u64>,
 }

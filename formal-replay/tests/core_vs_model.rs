@@ -115,9 +115,31 @@ proptest! {
     }
 
     #[test]
+    fn routing(allow in prop::option::of(prop::collection::vec(1u8..6, 0..3)), ops in prop::collection::vec(routing_op(), 0..OPS_MAX)) {
+        let steps = steps_like(ops.len(), json!({"inbound": null, "egress": null, "send_failed": null}));
+        agree("routing", json!({"mailbox": 1, "allow": allow, "ops": ops, "steps": steps, "drops": {}}))?;
+    }
+
+    #[test]
     fn emission(emitted in prop::collection::vec(emission_op(), 0..40)) {
         agree("emission", json!({"emitted": emitted, "violation": null, "at": null, "stream": null, "expected": null, "got": null}))?;
     }
+}
+
+fn routing_op() -> impl Strategy<Value = Value> {
+    let tag = prop::sample::select(vec!["Ping", "JoinResponse", "Chat", "Orphan", "Nope"]);
+    let n = 1u8..6;
+    prop_oneof![
+        1 => tag.clone().prop_map(|t| json!({"op": "know", "tag": t})),
+        1 => (tag.clone(), n.clone()).prop_map(|(t, to)| json!({"op": "route", "tag": t, "to": to})),
+        1 => n.clone().prop_map(|a| json!({"op": "host", "actor": a})),
+        1 => n.clone().prop_map(|a| json!({"op": "unhost", "actor": a})),
+        1 => (n.clone(), prop::option::of(n.clone())).prop_map(|(a, p)| json!({"op": "view", "actor": a, "peer": p})),
+        4 => (n.clone(), tag.clone()).prop_map(|(d, t)| json!({"op": "inbound", "dest": d, "tag": t})),
+        1 => n.clone().prop_map(|p| json!({"op": "egress_mailbox", "peer": p})),
+        2 => n.prop_map(|a| json!({"op": "egress_actor", "actor": a})),
+        1 => tag.prop_map(|t| json!({"op": "write_failed", "tag": t})),
+    ]
 }
 
 fn driver_op() -> impl Strategy<Value = Value> {
