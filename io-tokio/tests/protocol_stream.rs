@@ -117,3 +117,90 @@ async fn sixty_four_mib_through_small_rings_with_backpressure_both_ways() {
     b.close().await;
     assert_eq!(a.tasks_running() + b.tasks_running(), 0);
 }
+
+/// The next `StreamOpened` on `events` (other events skipped).
+async fn next_opened(
+    events: &mut mpsc::UnboundedReceiver<tether::node::ProtocolIngress>,
+) -> tether::node::LogicalStream {
+    loop {
+        let event = events.recv().await.expect("events");
+        if let StreamEvent::StreamOpened(stream) = event.event {
+            return stream;
+        }
+    }
+}
+
+/// Reads `n` bytes from a stream's ingress ring.
+async fn read_exact(stream: &tether::node::LogicalStream, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    let mut at = 0;
+    while at < n {
+        let read = stream.ingress.read(&mut out[at..]).await;
+        assert!(read > 0, "stream ended after {at} of {n} bytes");
+        at += read;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_streams_share_one_connection_per_peer_either_way_with_per_node_ids() {
+    let (sink_a, mut events_a) = mpsc::unbounded_channel();
+    let (sink_b, mut events_b) = mpsc::unbounded_channel();
+    let a = Node::builder()
+        .bind_protocol(binding(), sink_a)
+        .bind()
+        .await
+        .expect("a");
+    let b = Node::builder()
+        .bind_protocol(binding(), sink_b)
+        .bind()
+        .await
+        .expect("b");
+
+    // Three streams from a to b: one connection, ids from 1 on both nodes.
+    let mut outbound = Vec::new();
+    for protocol_stream_id in [10u64, 11, 12] {
+        let stream = a
+            .open_stream(b.endpoint_addr(), "edge", protocol_stream_id)
+            .await
+            .expect("open");
+        stream
+            .egress
+            .write_all(&protocol_stream_id.to_be_bytes())
+            .await
+            .expect("write");
+        outbound.push(stream);
+    }
+    let ids: Vec<u64> = outbound.iter().map(|s| s.stream_id).collect();
+    assert_eq!(ids, [1, 2, 3], "a's own stream ids");
+    let mut inbound = Vec::new();
+    for _ in 0..3 {
+        let stream = next_opened(&mut events_b).await;
+        let body = read_exact(&stream, 8).await;
+        assert_eq!(body, stream.protocol_stream_id.to_be_bytes());
+        inbound.push(stream);
+    }
+    inbound.sort_by_key(|s| s.protocol_stream_id);
+    let ids: Vec<u64> = inbound.iter().map(|s| s.stream_id).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, [1, 2, 3], "b's own stream ids");
+    assert_eq!(b.snapshot().accepted, 1, "three streams, one connection");
+
+    // b opens a stream back: it rides the connection a dialed, so a accepts nothing.
+    let back = b
+        .open_stream(a.endpoint_addr(), "edge", 99)
+        .await
+        .expect("open back");
+    assert_eq!(back.stream_id, 4);
+    back.egress.write_all(b"pong").await.expect("write");
+    let at_a = next_opened(&mut events_a).await;
+    assert_eq!(at_a.protocol_stream_id, 99);
+    assert_eq!(at_a.stream_id, 4, "a's fourth stream");
+    assert_eq!(read_exact(&at_a, 4).await, b"pong");
+    assert_eq!(a.snapshot().accepted, 0, "no connection dialed a");
+
+    a.close().await;
+    b.close().await;
+    assert_eq!(a.tasks_running() + b.tasks_running(), 0);
+}

@@ -179,7 +179,10 @@ pub struct NodeBuilder {
     substrate: bool,
     telemetry_sinks: Vec<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
     telemetry_alpn: Vec<u8>,
-    protocols: Vec<protocol::Adapter>,
+    protocols: Vec<(
+        ProtocolBinding,
+        tokio::sync::mpsc::UnboundedSender<ProtocolIngress>,
+    )>,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -330,7 +333,7 @@ impl NodeBuilder {
         binding: ProtocolBinding,
         sink: tokio::sync::mpsc::UnboundedSender<ProtocolIngress>,
     ) -> Self {
-        self.protocols.push(protocol::Adapter { binding, sink });
+        self.protocols.push((binding, sink));
         self
     }
 
@@ -347,7 +350,11 @@ impl NodeBuilder {
         if self.substrate {
             alpns.push(SUBSTRATE_ALPN.to_vec());
         }
-        alpns.extend(self.protocols.iter().map(|a| a.binding.wire_alpn.clone()));
+        alpns.extend(
+            self.protocols
+                .iter()
+                .map(|(binding, _)| binding.wire_alpn.clone()),
+        );
         let endpoint = Endpoint::builder(presets::Minimal)
             .secret_key(secret)
             .relay_mode(self.relay_mode)
@@ -376,7 +383,15 @@ impl NodeBuilder {
             (None, None)
         };
         let inner = Arc::new(Inner {
-            adapters: self.protocols.into_iter().map(Arc::new).collect(),
+            adapters: {
+                let stream_ids = Arc::new(AtomicU64::new(1));
+                self.protocols
+                    .into_iter()
+                    .map(|(binding, sink)| {
+                        Arc::new(protocol::Adapter::new(binding, sink, stream_ids.clone()))
+                    })
+                    .collect()
+            },
             telemetry_sinks: telemetry::Sinks::new(self.telemetry_sinks),
             telemetry_alpn: self.telemetry_alpn,
             substrate_transport: Mutex::new(substrate_transport),
@@ -701,16 +716,15 @@ impl Node {
         if !self.inner.auth.permits(&peer) {
             return Err(NodeError::Unauthorized);
         }
-        let conn = self
-            .inner
-            .endpoint
-            .connect(to, &adapter.binding.wire_alpn)
-            .await
-            .map_err(|error| NodeError::Connect(error.to_string()))?;
-        let (mut send, recv) = conn
-            .open_bi()
-            .await
-            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        // One connection per peer and protocol: a cached one (either side may have dialed
+        // it) carries the stream; a dead or missing one is replaced, once.
+        let (mut send, recv) = match adapter.connection(&peer) {
+            Some(conn) => match conn.open_bi().await {
+                Ok(pair) => pair,
+                Err(_) => self.dial_protocol(&adapter, to, peer).await?,
+            },
+            None => self.dial_protocol(&adapter, to, peer).await?,
+        };
         send.write_all(&protocol_stream_id.to_be_bytes())
             .await
             .map_err(|error| NodeError::Connect(error.to_string()))?;
@@ -718,12 +732,36 @@ impl Node {
         let stream = adapter.start(peer, protocol_stream_id, send, recv, &move |task| {
             inner.spawn(task)
         });
-        // The connection lives as long as the node (closed by `close`).
-        let keep = conn.clone();
-        self.inner.spawn(async move {
-            keep.closed().await;
-        });
         Ok(stream)
+    }
+
+    /// Dials `peer` under the adapter's ALPN, caches and serves the connection, and opens
+    /// one stream on it.
+    async fn dial_protocol(
+        &self,
+        adapter: &Arc<protocol::Adapter>,
+        to: EndpointAddr,
+        peer: NodeId,
+    ) -> Result<(SendStream, RecvStream), NodeError> {
+        let conn = self
+            .inner
+            .endpoint
+            .connect(to, &adapter.binding.wire_alpn)
+            .await
+            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        let pair = conn
+            .open_bi()
+            .await
+            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        adapter.adopt(peer, &conn);
+        let (inner, adapter) = (self.inner.clone(), adapter.clone());
+        self.inner.spawn(async move {
+            let spawner = inner.clone();
+            adapter
+                .serve_adopted(conn, peer, move |task| spawner.spawn(task))
+                .await;
+        });
+        Ok(pair)
     }
 
     /// The substrate transport of a node built with [`NodeBuilder::substrate`]; taken once.
@@ -855,11 +893,12 @@ impl Inner {
                 telemetry::collect(conn, peer, sink, move |stream| spawner.spawn(stream)).await;
             });
         } else if let Some(adapter) = self.adapter_for_alpn(conn.alpn()) {
+            adapter.adopt(peer, &conn);
             let inner = self.clone();
             self.spawn(async move {
                 let spawner = inner.clone();
                 adapter
-                    .serve(conn, peer, move |task| spawner.spawn(task))
+                    .serve_adopted(conn, peer, move |task| spawner.spawn(task))
                     .await;
             });
         } else if let (SUBSTRATE_ALPN, Some(queue)) = (conn.alpn(), &self.substrate_queue) {

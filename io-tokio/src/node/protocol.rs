@@ -6,8 +6,14 @@
 //! the ingress ring and pauses while it is full; the send pump wakes on egress-ring commits,
 //! writes the committed bytes to the network and only then consumes them from the ring.
 //! A stream opens with an 8-byte big-endian protocol stream id written by the opener.
+//!
+//! Each adapter keeps one connection per peer, whichever side dialed it; every logical stream
+//! to that peer, in either direction, is a QUIC stream on it. Stream ids are the node's own,
+//! counted from 1.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use iroh::endpoint::{Connection, RecvStream, SendStream};
 use tether_core::driver::NodeId;
@@ -87,15 +93,74 @@ pub struct ProtocolIngress {
     pub event: StreamEvent,
 }
 
-/// Sequence of driver stream ids.
-static STREAM_IDS: AtomicU64 = AtomicU64::new(1);
+/// The driver's stream ids of one node, shared by its adapters: unique per node, from 1.
+pub(super) type StreamIds = std::sync::Arc<AtomicU64>;
 
 pub(super) struct Adapter {
     pub(super) binding: ProtocolBinding,
     pub(super) sink: mpsc::UnboundedSender<ProtocolIngress>,
+    pub(super) stream_ids: StreamIds,
+    /// One connection per peer under this ALPN, whichever side dialed it; every logical
+    /// stream to that peer is a QUIC stream on it.
+    conns: Mutex<BTreeMap<NodeId, Connection>>,
 }
 
 impl Adapter {
+    pub(super) fn new(
+        binding: ProtocolBinding,
+        sink: mpsc::UnboundedSender<ProtocolIngress>,
+        stream_ids: StreamIds,
+    ) -> Self {
+        Self {
+            binding,
+            sink,
+            stream_ids,
+            conns: Mutex::default(),
+        }
+    }
+
+    fn conns(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, Connection>> {
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live connection to `peer`, if one is cached.
+    pub(super) fn connection(&self, peer: &NodeId) -> Option<Connection> {
+        let mut conns = self.conns();
+        match conns.get(peer) {
+            Some(conn) if conn.close_reason().is_none() => Some(conn.clone()),
+            Some(_) => {
+                conns.remove(peer);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Caches `conn` as the connection to `peer` (the newest wins: two first opens racing
+    /// each other may both dial, and both connections are served).
+    pub(super) fn adopt(&self, peer: NodeId, conn: &Connection) {
+        self.conns().insert(peer, conn.clone());
+    }
+
+    /// Serves the streams the peer opens on an adopted `conn` until it closes; then forgets
+    /// it unless it was replaced.
+    pub(super) async fn serve_adopted(
+        self: std::sync::Arc<Self>,
+        conn: Connection,
+        peer: NodeId,
+        spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
+    ) {
+        let id = conn.stable_id();
+        self.clone().serve(conn, peer, spawn).await;
+        let mut conns = self.conns();
+        if conns
+            .get(&peer)
+            .is_some_and(|cached| cached.stable_id() == id)
+        {
+            conns.remove(&peer);
+        }
+    }
+
     fn emit(&self, peer: NodeId, event: StreamEvent) {
         let _ = self.sink.send(ProtocolIngress {
             peer,
@@ -113,7 +178,7 @@ impl Adapter {
         recv: RecvStream,
         spawn: &impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
     ) -> LogicalStream {
-        let stream_id = STREAM_IDS.fetch_add(1, Ordering::Relaxed);
+        let stream_id = self.stream_ids.fetch_add(1, Ordering::Relaxed);
         let (ingress_writer, ingress) = ring(self.binding.ring_bytes);
         let (egress, egress_reader) = ring(self.binding.ring_bytes);
         let adapter = self.clone();
@@ -191,7 +256,7 @@ impl Adapter {
     }
 
     /// Serves every stream a peer opens on `conn`.
-    pub(super) async fn serve(
+    async fn serve(
         self: std::sync::Arc<Self>,
         conn: Connection,
         peer: NodeId,
