@@ -322,3 +322,103 @@ async fn a_failed_write_of_a_swim_frame_reports_send_failed_and_evicts_its_gener
         n.node.close().await;
     }
 }
+
+/// A bare iroh endpoint speaking the actor ALPN, whose streams accept at most 1 KiB before
+/// it reads: the test drives it by hand to put a node's write on a chosen connection.
+async fn raw_peer() -> iroh::Endpoint {
+    use iroh::endpoint::{presets, QuicTransportConfig, VarInt};
+    iroh::Endpoint::builder(presets::Minimal)
+        .secret_key(iroh::SecretKey::generate())
+        .relay_mode(iroh::RelayMode::Disabled)
+        .alpns(vec![tether::node::ACTOR_ALPN.to_vec()])
+        .transport_config(
+            QuicTransportConfig::builder()
+                .stream_receive_window(VarInt::from_u32(1024))
+                .build(),
+        )
+        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("loopback")
+        .bind()
+        .await
+        .expect("bind")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_of_a_replaced_generation_is_stale_and_evicts_nothing() {
+    use tether_core::wire::actor::ActorDecoder;
+    use tether_core::wire::StreamDecoder;
+
+    let a = node().await;
+    let raw = raw_peer().await;
+    let raw_id = *raw.id().as_bytes();
+    let raw_key = hex(&raw_id);
+    let mut addr = iroh::EndpointAddr::new(raw.id());
+    for socket in raw.bound_sockets() {
+        addr = addr.with_ip_addr(socket);
+    }
+    let frame = |payload: Bytes| OutFrame {
+        to: raw_id,
+        dest: APP_ACTOR,
+        type_tag: "Chat".into(),
+        payload,
+    };
+
+    // Generation 1: a dials the raw peer.
+    let (connected, accepted) = tokio::join!(a.node.connect(addr), async {
+        raw.accept()
+            .await
+            .expect("incoming")
+            .accept()
+            .expect("accept")
+            .await
+            .expect("first connection")
+    });
+    connected.expect("connect");
+    let first_conn = accepted;
+    let first = a.node.snapshot().cache[&raw_key];
+    // A 64 KiB record cannot fit the 1 KiB the peer accepts unread: once the stream shows up,
+    // a's writer is committed to generation 1 and waits inside that write.
+    a.node.send(frame(Bytes::from(vec![7u8; 64 * 1024])));
+    let _stalled = first_conn
+        .accept_uni()
+        .await
+        .expect("a's stream on generation 1");
+
+    // Generation 2: the peer dials a, which caches that connection in place of the first.
+    let second_conn = raw
+        .connect(a.node.endpoint_addr(), tether::node::ACTOR_ALPN)
+        .await
+        .expect("second connection");
+    until(|| a.node.snapshot().cache.get(&raw_key) == Some(&(first + 1))).await;
+
+    // The first connection dies under the waiting write: a failure of generation 1, which is
+    // no longer the cached one.
+    first_conn.close(0u32.into(), b"replaced");
+    until(|| a.node.snapshot().stale_failures == 1).await;
+    let snapshot = a.node.snapshot();
+    assert_eq!(snapshot.evictions, 0, "{snapshot:?}");
+    assert_eq!(snapshot.cache[&raw_key], first + 1, "generation 2 stays");
+    assert_eq!(
+        snapshot.drops.get(DropReason::WriteFailed),
+        1,
+        "the stalled frame"
+    );
+
+    // Frames flow on generation 2.
+    a.node.send(frame(Bytes::from_static(b"next")));
+    let mut recv = second_conn
+        .accept_uni()
+        .await
+        .expect("a's stream on generation 2");
+    let mut decoder = StreamDecoder::new(ActorDecoder::default());
+    let record = loop {
+        if let Some(record) = decoder.pop().expect("well-formed") {
+            break record;
+        }
+        let chunk = recv.read_chunk(1024).await.expect("read").expect("open");
+        decoder.push_bytes(chunk);
+    };
+    assert_eq!((record.tag(), record.payload()), ("Chat", &b"next"[..]));
+    a.node.close().await;
+    raw.close().await;
+}
