@@ -21,22 +21,52 @@ const FRAMES: u64 = 20_000;
 const ACTOR: [u8; 32] = [7; 32];
 const RAW_ALPN: &[u8] = b"tether/bench/raw";
 
+/// Counts deliveries and wakes the measuring thread once, at the target (waking it per
+/// frame would time the harness's wake-ups, which hit the two sides unequally).
 struct Count {
     seen: AtomicU64,
+    target: AtomicU64,
     notify: Notify,
+}
+
+impl Count {
+    fn new() -> Self {
+        Self {
+            seen: AtomicU64::new(0),
+            target: AtomicU64::new(u64::MAX),
+            notify: Notify::new(),
+        }
+    }
+
+    fn saw_one(&self) {
+        if self.seen.fetch_add(1, Ordering::Relaxed) + 1 == self.target.load(Ordering::Relaxed) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Sets the next target: `FRAMES` more than seen so far.
+    fn expect_more(&self) -> u64 {
+        let target = self.seen.load(Ordering::Relaxed) + FRAMES;
+        self.target.store(target, Ordering::Relaxed);
+        target
+    }
 }
 
 impl ActorBridge for Count {
     fn deliver_raw(&self, _: [u8; 32], _: &str, _: Bytes) -> Result<(), DeliveryError> {
-        self.seen.fetch_add(1, Ordering::Relaxed);
-        self.notify.notify_one();
+        self.saw_one();
         Ok(())
     }
 }
 
 async fn wait_for(count: &Count, target: u64) {
-    while count.seen.load(Ordering::Relaxed) < target {
-        count.notify.notified().await;
+    loop {
+        // Registered before the check, so a notify between the two is not lost.
+        let notified = count.notify.notified();
+        if count.seen.load(Ordering::Relaxed) >= target {
+            return;
+        }
+        notified.await;
     }
 }
 
@@ -59,10 +89,7 @@ fn node(c: &mut Criterion) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(10));
 
-    let count = Arc::new(Count {
-        seen: AtomicU64::new(0),
-        notify: Notify::new(),
-    });
+    let count = Arc::new(Count::new());
     let (a, b) = runtime.block_on(async {
         let a = Node::builder().bind().await.expect("a");
         let b = Node::builder()
@@ -77,10 +104,7 @@ fn node(c: &mut Criterion) {
     });
 
     // The raw baseline: a reader that decodes actor records from every uni stream.
-    let raw_count = Arc::new(Count {
-        seen: AtomicU64::new(0),
-        notify: Notify::new(),
-    });
+    let raw_count = Arc::new(Count::new());
     let (raw_tx, raw_rx) = runtime.block_on(async { (raw_endpoint().await, raw_endpoint().await) });
     {
         let (raw_rx, raw_count) = (raw_rx.clone(), raw_count.clone());
@@ -96,8 +120,7 @@ fn node(c: &mut Criterion) {
                             while let Ok(Some(chunk)) = recv.read_chunk(64 * 1024).await {
                                 decoder.push_bytes(chunk);
                                 while let Ok(Some(_)) = decoder.pop() {
-                                    raw_count.seen.fetch_add(1, Ordering::Relaxed);
-                                    raw_count.notify.notify_one();
+                                    raw_count.saw_one();
                                 }
                             }
                         });
@@ -126,7 +149,7 @@ fn node(c: &mut Criterion) {
                 let start = Instant::now();
                 for _ in 0..iters {
                     runtime.block_on(async {
-                        let target = count.seen.load(Ordering::Relaxed) + FRAMES;
+                        let target = count.expect_more();
                         for _ in 0..FRAMES {
                             a.send(OutFrame {
                                 to,
@@ -146,7 +169,7 @@ fn node(c: &mut Criterion) {
                 let start = Instant::now();
                 for _ in 0..iters {
                     runtime.block_on(async {
-                        let target = raw_count.seen.load(Ordering::Relaxed) + FRAMES;
+                        let target = raw_count.expect_more();
                         let record =
                             ActorRecord::new(ACTOR, "Bench", payload.clone()).expect("record");
                         let mut buf = BytesMut::new();

@@ -31,7 +31,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crossbeam_utils::CachePadded;
 use std::time::Duration;
@@ -406,6 +406,7 @@ impl NodeBuilder {
             actor_alpn: self.actor_alpn,
             join_policy: self.join_policy,
             state: Mutex::new(State::default()),
+            egress: RwLock::default(),
             counters: Counters::default(),
             tasks: Mutex::new(JoinSet::new()),
             closed: closed_tx,
@@ -425,9 +426,8 @@ struct PeerQueue {
 }
 
 /// Wakes a peer's writer only when it is asleep: a producer that finds it awake (the usual
-/// case under load) reads one flag instead of notifying per frame. The flag is read and
-/// written only under the node's state lock, which orders it against the queue: either the
-/// writer sees a frame pushed before it fell asleep, or the producer sees it asleep.
+/// case under load) reads one flag instead of notifying per frame. The fences pair up: either
+/// the writer sees a frame pushed before it fell asleep, or the producer sees it asleep.
 #[derive(Default)]
 struct WriterWake {
     notify: Notify,
@@ -435,10 +435,10 @@ struct WriterWake {
 }
 
 impl WriterWake {
-    /// After a push; the caller holds the state lock. Wakes the writer if it fell asleep.
+    /// After a push: wakes the writer if it fell asleep.
     fn wake(&self) {
-        if self.asleep.load(Ordering::Relaxed) {
-            self.asleep.store(false, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::Relaxed) {
             self.notify.notify_one();
         }
     }
@@ -446,6 +446,20 @@ impl WriterWake {
     /// Wakes the writer whether or not it sleeps (there is something new besides frames).
     fn kick(&self) {
         self.notify.notify_one();
+    }
+
+    /// Sleeps until woken, unless `has_work` finds a frame pushed after the writer looked.
+    async fn sleep(&self, has_work: impl Fn() -> bool) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        self.asleep.store(true, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if has_work() {
+            self.asleep.store(false, Ordering::Relaxed);
+            return;
+        }
+        notified.await;
     }
 }
 
@@ -466,19 +480,17 @@ struct State {
     cache: ConnectionCache<NodeId, Cached>,
     dials: DialTracker<NodeId>,
     addrs: BTreeMap<NodeId, EndpointAddr>,
-    queues: BTreeMap<NodeId, PeerQueue>,
     joins: BTreeMap<NodeId, JoinStatus>,
     drops: Drops,
     evictions: u64,
     stale_failures: u64,
-    /// Frames accepted into egress queues (counted under the lock `send` holds anyway).
-    enqueued: u64,
 }
 
 /// Counters kept outside the state lock. Those bumped per frame sit on their own cache lines
 /// (readers and writers run on different threads; shared lines would bounce on every frame).
 #[derive(Default)]
 struct Counters {
+    enqueued: CachePadded<AtomicU64>,
     written: CachePadded<AtomicU64>,
     received: CachePadded<AtomicU64>,
     delivered: CachePadded<AtomicU64>,
@@ -505,6 +517,8 @@ struct Inner {
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     state: Mutex<State>,
+    /// Each peer's egress queue, created by its first frame; read by every `send`.
+    egress: RwLock<BTreeMap<NodeId, PeerQueue>>,
     counters: Counters,
     tasks: Mutex<JoinSet<()>>,
     closed: watch::Sender<bool>,
@@ -657,7 +671,7 @@ impl Node {
         let state = self.inner.lock();
         Snapshot {
             node_id: hex(&self.inner.local),
-            frames_enqueued: state.enqueued,
+            frames_enqueued: c.enqueued.load(Ordering::Relaxed),
             frames_written: c.written.load(Ordering::Relaxed),
             frames_received: c.received.load(Ordering::Relaxed),
             frames_delivered: c.delivered.load(Ordering::Relaxed),
@@ -795,8 +809,8 @@ impl Node {
     pub async fn close(&self) {
         self.inner.closed.send_replace(true);
         let conns: Vec<Connection> = {
+            self.inner.egress_queues().clear();
             let mut state = self.inner.lock();
-            state.queues.clear();
             state
                 .cache
                 .take_all()
@@ -932,7 +946,7 @@ impl Inner {
             .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
         );
         // Frames may have queued for this peer: let its writer look again.
-        if let Some(queue) = self.lock().queues.get(&peer) {
+        if let Some(queue) = self.egress_queues().get(&peer) {
             queue.wake.kick();
         }
     }
@@ -942,9 +956,16 @@ impl Inner {
         if !self.auth.permits(&peer) {
             return self.count_drop(DropReason::Unauthorized);
         }
-        let mut state = self.lock();
-        if state.cache.get(&peer, Cached::is_closed).is_none() {
-            drop(state);
+        // The hot path: the peer has a queue. Its writer checks the cache for every batch
+        // (a miss there drops the batch, counted, and dials), so this takes no state lock.
+        let frame = {
+            let queues = self.egress.read().unwrap_or_else(PoisonError::into_inner);
+            match queues.get(&peer) {
+                Some(queue) => return self.enqueue(queue, frame),
+                None => frame,
+            }
+        };
+        if self.lock().cache.get(&peer, Cached::is_closed).is_none() {
             // Only a miss checks the id: a cached peer's key was valid when it connected,
             // and decoding a key costs a curve point decompression per call.
             if PublicKey::from_bytes(&peer).is_err() {
@@ -953,25 +974,32 @@ impl Inner {
             self.count_drop(DropReason::CacheMiss);
             return self.dial(peer);
         }
-        let queue = match state.queues.get(&peer) {
-            Some(queue) => queue,
-            None => {
-                let channel = HybridChannel::new();
-                let queue = PeerQueue {
-                    sender: channel.sender(),
-                    wake: Arc::default(),
-                };
-                let (inner, wake) = (self.clone(), queue.wake.clone());
-                self.spawn(
-                    async move { inner.write_peer(peer, channel, wake).await }
-                        .instrument(tracing::debug_span!("writer", peer = %hex(&peer))),
-                );
-                state.queues.entry(peer).or_insert(queue)
-            }
-        };
+        let mut queues = self.egress_queues();
+        let queue = queues.entry(peer).or_insert_with(|| {
+            let channel = HybridChannel::new();
+            let queue = PeerQueue {
+                sender: channel.sender(),
+                wake: Arc::default(),
+            };
+            let (inner, wake) = (self.clone(), queue.wake.clone());
+            self.spawn(
+                async move { inner.write_peer(peer, channel, wake).await }
+                    .instrument(tracing::debug_span!("writer", peer = %hex(&peer))),
+            );
+            queue
+        });
+        self.enqueue(queue, frame);
+    }
+
+    fn enqueue(&self, queue: &PeerQueue, frame: OutFrame) {
         queue.sender.push(frame);
         queue.wake.wake();
-        state.enqueued += 1;
+        bump(&self.counters.enqueued);
+    }
+
+    /// The egress queues, for changes.
+    fn egress_queues(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<NodeId, PeerQueue>> {
+        self.egress.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Starts a background dial of `peer` unless one runs.
@@ -1029,7 +1057,7 @@ impl Inner {
         let mut stream: Option<(Generation, SendStream)> = None;
         let mut buf = BytesMut::new();
         loop {
-            self.writer_sleep(&wake, &channel).await;
+            wake.sleep(|| !channel.is_empty()).await;
             // The latency bound: wait this long for more frames to share the write (zero:
             // one scheduler turn, so frames enqueued in the same burst go together).
             if self.batch_delay.is_zero() {
@@ -1094,22 +1122,6 @@ impl Inner {
                 }
             }
         }
-    }
-
-    /// Sleeps until a producer or a new connection wakes the writer, unless a frame arrived
-    /// after it last looked.
-    async fn writer_sleep(&self, wake: &WriterWake, channel: &HybridChannel<OutFrame>) {
-        let notified = wake.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        {
-            let _state = self.lock();
-            if !channel.is_empty() {
-                return;
-            }
-            wake.asleep.store(true, Ordering::Relaxed);
-        }
-        notified.await;
     }
 
     fn write_failed(
