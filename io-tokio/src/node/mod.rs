@@ -1206,8 +1206,8 @@ impl Inner {
         }
     }
 
-    /// Hands routed records to the bridge in order. Every count is made before the next
-    /// record is handed over, so an observer who saw a delivery sees everything before it.
+    /// Hands routed records to the bridge in order. A drop is counted before the next record
+    /// is handed over; successful deliveries are added to `frames_delivered` once per chunk.
     fn deliver(&self, routed: &mut Vec<(Inbound<ActorAddr>, ActorRecord)>) {
         if routed.is_empty() {
             return;
@@ -1215,6 +1215,7 @@ impl Inner {
         self.counters
             .received
             .fetch_add(routed.len() as u64, Ordering::Relaxed);
+        let mut delivered = 0;
         for (decision, record) in routed.drain(..) {
             let dest = match decision {
                 Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
@@ -1229,11 +1230,14 @@ impl Inner {
                     .is_ok()
             });
             if ok {
-                bump(&self.counters.delivered);
+                delivered += 1;
             } else {
                 self.count_drop(DropReason::DeliveryFailed);
             }
         }
+        self.counters
+            .delivered
+            .fetch_add(delivered, Ordering::Relaxed);
     }
 
     async fn join_one(self: Arc<Self>, seed: EndpointAddr) {
