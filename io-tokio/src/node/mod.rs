@@ -174,6 +174,7 @@ pub struct NodeBuilder {
     hosted: Vec<ActorAddr>,
     payload_bytes_max: usize,
     batch_delay: Duration,
+    egress_ring: usize,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
@@ -224,6 +225,7 @@ impl Default for NodeBuilder {
             hosted: Vec::new(),
             payload_bytes_max: ACTOR_PAYLOAD_BYTES_DEFAULT,
             batch_delay: Duration::ZERO,
+            egress_ring: tether_core::channel::HYBRID_RING_DEFAULT,
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
             substrate: false,
@@ -293,6 +295,16 @@ impl NodeBuilder {
     /// (default zero: one scheduler turn). Keep it at or below 1 ms.
     pub fn batch_delay(mut self, delay: Duration) -> Self {
         self.batch_delay = delay;
+        self
+    }
+
+    /// Slots of each peer's egress ring (default
+    /// [`HYBRID_RING_DEFAULT`](tether_core::channel::HYBRID_RING_DEFAULT)); frames beyond
+    /// it spill into an unbounded linked queue, which costs more per frame. The ring is
+    /// allocated with the peer's queue, about 128 bytes a slot: raise it for senders that
+    /// burst thousands of frames at one peer.
+    pub fn egress_ring(mut self, slots: usize) -> Self {
+        self.egress_ring = slots.max(1);
         self
     }
 
@@ -403,6 +415,7 @@ impl NodeBuilder {
             bridge: self.bridge,
             payload_bytes_max: self.payload_bytes_max,
             batch_delay: self.batch_delay,
+            egress_ring: self.egress_ring,
             actor_alpn: self.actor_alpn,
             join_policy: self.join_policy,
             state: Mutex::new(State::default()),
@@ -514,6 +527,7 @@ struct Inner {
     bridge: Option<Arc<dyn ActorBridge>>,
     payload_bytes_max: usize,
     batch_delay: Duration,
+    egress_ring: usize,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     state: Mutex<State>,
@@ -976,7 +990,7 @@ impl Inner {
         }
         let mut queues = self.egress_queues();
         let queue = queues.entry(peer).or_insert_with(|| {
-            let channel = HybridChannel::new();
+            let channel = HybridChannel::with_ring(self.egress_ring);
             let queue = PeerQueue {
                 sender: channel.sender(),
                 wake: Arc::default(),
