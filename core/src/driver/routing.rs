@@ -178,8 +178,9 @@ impl<R: Clone> Routes<R> {
 
     /// [`Routes::inbound`] through `memo`, for a tag as received: a record with the
     /// destination and tag of the one before it takes that record's decision without a table
-    /// lookup (or a UTF-8 check). A tag that is not UTF-8 is unknown. A memo is valid only
-    /// while these tables stay unchanged; clear it whenever they may have changed.
+    /// lookup or a UTF-8 check. A tag that is not UTF-8 is unknown (and not remembered). After
+    /// any other decision, [`RouteMemo::tag`] is this record's tag as text. A memo is valid
+    /// only while these tables stay unchanged; clear it whenever they may have changed.
     pub fn inbound_memo(
         &self,
         memo: &mut RouteMemo<R>,
@@ -187,22 +188,22 @@ impl<R: Clone> Routes<R> {
         tag: &[u8],
     ) -> Inbound<R> {
         if let Some((last_dest, last_tag, decision)) = &memo.last {
-            if last_dest == dest && last_tag.as_slice() == tag {
+            if last_dest == dest && last_tag.as_bytes() == tag {
                 return decision.clone();
             }
         }
-        let decision = match std::str::from_utf8(tag) {
-            Ok(tag) => self.inbound(dest, tag),
-            Err(_) => Inbound::Drop(DropReason::UnknownTag),
+        let Ok(text) = std::str::from_utf8(tag) else {
+            return Inbound::Drop(DropReason::UnknownTag);
         };
+        let decision = self.inbound(dest, text);
         match &mut memo.last {
             Some((last_dest, last_tag, last)) => {
                 *last_dest = *dest;
                 last_tag.clear();
-                last_tag.extend_from_slice(tag);
+                last_tag.push_str(text);
                 *last = decision.clone();
             }
-            None => memo.last = Some((*dest, tag.to_vec(), decision.clone())),
+            None => memo.last = Some((*dest, text.to_owned(), decision.clone())),
         }
         decision
     }
@@ -212,7 +213,7 @@ impl<R: Clone> Routes<R> {
 /// pair of actors, and a run needs its tables looked up once.
 #[derive(Debug, Clone)]
 pub struct RouteMemo<R> {
-    last: Option<(ActorAddr, Vec<u8>, Inbound<R>)>,
+    last: Option<(ActorAddr, String, Inbound<R>)>,
 }
 
 impl<R> RouteMemo<R> {
@@ -224,6 +225,11 @@ impl<R> RouteMemo<R> {
     /// Forgets the remembered decision (the tables may have changed).
     pub fn clear(&mut self) {
         self.last = None;
+    }
+
+    /// The tag of the remembered decision.
+    pub fn tag(&self) -> Option<&str> {
+        self.last.as_ref().map(|(_, tag, _)| tag.as_str())
     }
 }
 
@@ -324,6 +330,9 @@ mod tests {
                     routes.inbound_memo(&mut memo, &id(dest), tags[tag]),
                     expected
                 );
+                if let Ok(text) = std::str::from_utf8(tags[tag]) {
+                    proptest::prop_assert_eq!(memo.tag(), Some(text));
+                }
             }
         }
     }

@@ -411,7 +411,7 @@ impl NodeBuilder {
             endpoint,
             local,
             auth: self.auth,
-            routes: Mutex::new(routes),
+            routes: Mutex::new(Arc::new(routes)),
             bridge: self.bridge,
             payload_bytes_max: self.payload_bytes_max,
             batch_delay: self.batch_delay,
@@ -523,7 +523,9 @@ struct Inner {
     endpoint: Endpoint,
     local: NodeId,
     auth: PeerAuth,
-    routes: Mutex<Routes<ActorAddr>>,
+    /// The routing tables, replaced copy-on-write: readers and writers take a snapshot per
+    /// chunk or batch, so a bridge may change them from inside a delivery.
+    routes: Mutex<Arc<Routes<ActorAddr>>>,
     bridge: Option<Arc<dyn ActorBridge>>,
     payload_bytes_max: usize,
     batch_delay: Duration,
@@ -641,11 +643,12 @@ impl Node {
 
     /// Makes actor `actor` local (application frames to it are delivered).
     pub fn host(&self, actor: ActorAddr) {
-        self.inner
+        let mut routes = self
+            .inner
             .routes
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .host(actor);
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::make_mut(&mut routes).host(actor);
     }
 
     /// Counters, drops by reason and cache entries with their generations. Each call also
@@ -1083,7 +1086,7 @@ impl Inner {
                 let (mut frames, mut swim) = (0u64, false);
                 buf.clear();
                 {
-                    let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+                    let routes = self.routes_now();
                     // A batch is usually one tag over and over: look the set up once per run.
                     let mut last_tag: Option<std::borrow::Cow<'static, str>> = None;
                     while buf.len() < WRITE_BATCH_BYTES {
@@ -1177,7 +1180,6 @@ impl Inner {
     /// Decodes actor records from one stream and routes each; a malformed stream is dropped
     /// (stopped) without closing the connection.
     async fn read_stream(self: Arc<Self>, mut recv: RecvStream) {
-        let mut routed: Vec<(Inbound<ActorAddr>, ActorRecord)> = Vec::new();
         let mut memo = RouteMemo::new();
         let mut decoder =
             StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
@@ -1186,30 +1188,26 @@ impl Inner {
                 Ok(Some(chunk)) => decoder.push_bytes(chunk),
                 Ok(None) | Err(_) => return,
             }
-            // Route the chunk's records under one look at the tables, then deliver them
-            // outside the lock (a bridge may call back into the node).
-            routed.clear();
-            let mut fault = None;
-            {
-                let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-                // The tables may have changed since the last chunk.
-                memo.clear();
-                loop {
-                    match decoder.pop() {
-                        Ok(Some(record)) => {
-                            let decision =
-                                routes.inbound_memo(&mut memo, record.dest(), record.tag_bytes());
-                            routed.push((decision, record));
-                        }
-                        Ok(None) => break,
-                        Err(error) => {
-                            fault = Some(error);
-                            break;
-                        }
+            // One snapshot of the tables per chunk (the bridge may change them meanwhile).
+            let routes = self.routes_now();
+            memo.clear();
+            let (mut received, mut delivered) = (0u64, 0u64);
+            let fault = loop {
+                match decoder.pop() {
+                    Ok(Some(record)) => {
+                        received += 1;
+                        delivered += u64::from(self.deliver(&routes, &mut memo, record));
                     }
+                    Ok(None) => break None,
+                    Err(error) => break Some(error),
                 }
-            }
-            self.deliver(&mut routed);
+            };
+            self.counters
+                .received
+                .fetch_add(received, Ordering::Relaxed);
+            self.counters
+                .delivered
+                .fetch_add(delivered, Ordering::Relaxed);
             if let Some(error) = fault {
                 self.count_drop(DropReason::MalformedStream);
                 if error.error.is_fatal() {
@@ -1220,38 +1218,40 @@ impl Inner {
         }
     }
 
-    /// Hands routed records to the bridge in order. A drop is counted before the next record
-    /// is handed over; successful deliveries are added to `frames_delivered` once per chunk.
-    fn deliver(&self, routed: &mut Vec<(Inbound<ActorAddr>, ActorRecord)>) {
-        if routed.is_empty() {
-            return;
-        }
-        self.counters
-            .received
-            .fetch_add(routed.len() as u64, Ordering::Relaxed);
-        let mut delivered = 0;
-        for (decision, record) in routed.drain(..) {
-            let dest = match decision {
-                Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
-                Inbound::Drop(reason) => {
-                    self.count_drop(reason);
-                    continue;
-                }
-            };
-            let ok = self.bridge.as_ref().is_some_and(|bridge| {
-                bridge
-                    .deliver_raw(dest, record.tag(), record.payload_bytes())
-                    .is_ok()
-            });
-            if ok {
-                delivered += 1;
-            } else {
-                self.count_drop(DropReason::DeliveryFailed);
+    /// A snapshot of the routing tables.
+    fn routes_now(&self) -> Arc<Routes<ActorAddr>> {
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Routes one record and hands it to the bridge; true when delivered. A drop is counted
+    /// before the next record is handled; `frames_received` and `frames_delivered` are added
+    /// once per chunk.
+    fn deliver(
+        &self,
+        routes: &Routes<ActorAddr>,
+        memo: &mut RouteMemo<ActorAddr>,
+        record: ActorRecord,
+    ) -> bool {
+        let dest = match routes.inbound_memo(memo, record.dest(), record.tag_bytes()) {
+            Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
+            Inbound::Drop(reason) => {
+                self.count_drop(reason);
+                return false;
             }
+        };
+        // The memo holds this record's tag, checked once per run.
+        let tag = memo.tag().unwrap_or_default();
+        let ok = self
+            .bridge
+            .as_ref()
+            .is_some_and(|bridge| bridge.deliver_raw(dest, tag, record.into_payload()).is_ok());
+        if !ok {
+            self.count_drop(DropReason::DeliveryFailed);
         }
-        self.counters
-            .delivered
-            .fetch_add(delivered, Ordering::Relaxed);
+        ok
     }
 
     async fn join_one(self: Arc<Self>, seed: EndpointAddr) {
