@@ -422,3 +422,57 @@ async fn a_failure_of_a_replaced_generation_is_stale_and_evicts_nothing() {
     a.node.close().await;
     raw.close().await;
 }
+
+/// Hosts a second actor from inside a delivery: a bridge may call back into the node.
+struct HostOnDelivery {
+    node: std::sync::OnceLock<Node>,
+    delivered: mpsc::UnboundedSender<NodeId>,
+}
+
+impl ActorBridge for HostOnDelivery {
+    fn deliver_raw(&self, dest: NodeId, _: &str, _: Bytes) -> Result<(), DeliveryError> {
+        if let Some(node) = self.node.get() {
+            node.host(OTHER_ACTOR);
+        }
+        self.delivered
+            .send(dest)
+            .map_err(|_| DeliveryError("test ended".into()))
+    }
+
+    fn send_failed(&self, _: NodeId) {}
+}
+
+const OTHER_ACTOR: NodeId = [0xB2; 32];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_may_change_the_routes_from_inside_a_delivery() {
+    let a = node().await;
+    let (delivered, mut deliveries) = mpsc::unbounded_channel();
+    let bridge = Arc::new(HostOnDelivery {
+        node: std::sync::OnceLock::new(),
+        delivered,
+    });
+    let b = Node::builder()
+        .bridge(bridge.clone())
+        .know_tag("Chat")
+        .host(APP_ACTOR)
+        .bind()
+        .await
+        .expect("b");
+    bridge.node.set(b.clone()).expect("set once");
+    a.node.connect(b.endpoint_addr()).await.expect("connect");
+    let to_actor = |dest| OutFrame {
+        to: b.node_id(),
+        dest,
+        type_tag: "Chat".into(),
+        payload: Bytes::from_static(b"x"),
+    };
+    a.node.send(to_actor(APP_ACTOR));
+    assert_eq!(deliveries.recv().await, Some(APP_ACTOR));
+    // The delivery above hosted OTHER_ACTOR; frames to it now arrive.
+    a.node.send(to_actor(OTHER_ACTOR));
+    assert_eq!(deliveries.recv().await, Some(OTHER_ACTOR));
+    assert_eq!(b.snapshot().drops.get(DropReason::NotLocal), 0);
+    a.node.close().await;
+    b.close().await;
+}
