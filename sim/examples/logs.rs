@@ -35,7 +35,11 @@ fn main() {
     let path = std::env::var("TETHER_SIM_LOG").unwrap_or_else(|_| "sim.log".to_owned());
     let file = std::fs::File::create(&path).expect("log file");
     let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
+        .with_max_level(if std::env::var_os("TETHER_SIM_TRACE").is_some() {
+            tracing::Level::TRACE
+        } else {
+            tracing::Level::DEBUG
+        })
         .with_timer(SimTime)
         .with_ansi(false)
         .with_writer(std::sync::Mutex::new(file))

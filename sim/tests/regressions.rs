@@ -1,7 +1,23 @@
 //! Seeds the simulator once failed on, pinned; determinism; and proof that the checkers
 //! catch a broken store.
 
-use tether_sim::{run, FaultKind, Options, Sabotage};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tether_sim::{FaultKind, Options, Report, Sabotage};
+
+/// Simulations in one process must not overlap: tokio numbers tasks process-wide, and a
+/// crash's drop order follows those numbers (see the test on what ran before). The tests here
+/// run on parallel threads, so each run holds this lock.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn run(options: &Options) -> Report {
+    let _one = serial();
+    tether_sim::run(options)
+}
 
 fn options(seed: u64) -> Options {
     Options {
@@ -36,6 +52,34 @@ fn the_same_seed_gives_the_same_trace() {
         assert_eq!(first.trace, second.trace);
     }
     assert_ne!(run(&options(3)).trace_hash, run(&options(42)).trace_hash);
+}
+
+/// Spends `n` tokio task ids, as any earlier work in the process would.
+fn spend_task_ids(n: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        for _ in 0..n {
+            tokio::spawn(async {}).await.expect("task");
+        }
+    });
+}
+
+#[test]
+fn a_trace_does_not_depend_on_what_ran_before_it_in_the_process() {
+    // Seed 1440 crashes a host; the order in which tokio dropped its tasks, so the order its
+    // sockets sent RST and FIN, followed the process-wide task ids. One spent id changed it.
+    let _one = serial();
+    let baseline = tether_sim::run(&options(1440));
+    for spent in [1, 2] {
+        spend_task_ids(spent);
+        let report = tether_sim::run(&options(1440));
+        assert_eq!(
+            report.trace_hash, baseline.trace_hash,
+            "{spent} ids spent first"
+        );
+    }
 }
 
 #[test]
