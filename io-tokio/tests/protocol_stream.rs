@@ -18,6 +18,19 @@ fn binding() -> ProtocolBinding {
     }
 }
 
+type Events = mpsc::UnboundedReceiver<tether::node::ProtocolIngress>;
+
+/// A node serving the `edge` binding, and its protocol events.
+async fn bound() -> (Node, Events) {
+    let (sink, events) = mpsc::unbounded_channel();
+    let node = Node::builder()
+        .bind_protocol(binding(), sink)
+        .bind()
+        .await
+        .expect("bind");
+    (node, events)
+}
+
 /// The bytes sent: a pattern of prime length, so no ring boundary lines up with it.
 fn payload() -> Vec<u8> {
     let pattern: Vec<u8> = (0..65_521usize)
@@ -33,18 +46,7 @@ fn payload() -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_mib_through_small_rings_with_backpressure_both_ways() {
-    let (sink_a, _events_a) = mpsc::unbounded_channel();
-    let (sink_b, mut events_b) = mpsc::unbounded_channel();
-    let a = Node::builder()
-        .bind_protocol(binding(), sink_a)
-        .bind()
-        .await
-        .expect("a");
-    let b = Node::builder()
-        .bind_protocol(binding(), sink_b)
-        .bind()
-        .await
-        .expect("b");
+    let ((a, _events_a), (b, mut events_b)) = (bound().await, bound().await);
 
     let outbound = a
         .open_stream(b.endpoint_addr(), "edge", 42)
@@ -119,9 +121,7 @@ async fn sixty_four_mib_through_small_rings_with_backpressure_both_ways() {
 }
 
 /// The next `StreamOpened` on `events` (other events skipped).
-async fn next_opened(
-    events: &mut mpsc::UnboundedReceiver<tether::node::ProtocolIngress>,
-) -> tether::node::LogicalStream {
+async fn next_opened(events: &mut Events) -> tether::node::LogicalStream {
     loop {
         let event = events.recv().await.expect("events");
         if let StreamEvent::StreamOpened(stream) = event.event {
@@ -144,18 +144,7 @@ async fn read_exact(stream: &tether::node::LogicalStream, n: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logical_streams_share_one_connection_per_peer_either_way_with_per_node_ids() {
-    let (sink_a, mut events_a) = mpsc::unbounded_channel();
-    let (sink_b, mut events_b) = mpsc::unbounded_channel();
-    let a = Node::builder()
-        .bind_protocol(binding(), sink_a)
-        .bind()
-        .await
-        .expect("a");
-    let b = Node::builder()
-        .bind_protocol(binding(), sink_b)
-        .bind()
-        .await
-        .expect("b");
+    let ((a, mut events_a), (b, mut events_b)) = (bound().await, bound().await);
 
     // Three streams from a to b: one connection, ids from 1 on both nodes.
     let mut outbound = Vec::new();
