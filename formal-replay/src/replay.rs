@@ -1010,12 +1010,6 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
 
     same_length(&case.ops, &case.steps)?;
     let addr = |n: u8| [n; 32];
-    let reason = |reason: DropReason| {
-        serde_json::to_value(reason)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default()
-    };
     let auth = match &case.allow {
         None => PeerAuth::open(),
         Some(list) => PeerAuth::allow_list(list.iter().map(|n| addr(*n))),
@@ -1030,7 +1024,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
             Ok(peer) => format!("peer:{}", peer[0]),
             Err(why) => {
                 drops.count(why);
-                format!("drop:{}", reason(why))
+                format!("drop:{}", why.as_str())
             }
         }
     };
@@ -1073,7 +1067,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                         Inbound::Actor(actor) => format!("actor:{}", actor[0]),
                         Inbound::Drop(why) => {
                             drops.count(why);
-                            format!("drop:{}", reason(why))
+                            format!("drop:{}", why.as_str())
                         }
                     }
                 });
@@ -1094,7 +1088,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     let drops = drops
         .0
         .into_iter()
-        .map(|(why, n)| (reason(why), n))
+        .map(|(why, n)| (why.as_str().to_owned(), n))
         .collect();
     Ok(RoutingCase {
         steps,

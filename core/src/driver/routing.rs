@@ -45,6 +45,24 @@ pub enum DropReason {
     WriteFailed,
 }
 
+impl DropReason {
+    /// The reason's name as metrics labels and JSON spell it (`snake_case`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidNodeId => "invalid_node_id",
+            Self::Unauthorized => "unauthorized",
+            Self::CacheMiss => "cache_miss",
+            Self::UnknownTag => "unknown_tag",
+            Self::NoLocalRoute => "no_local_route",
+            Self::NotLocal => "not_local",
+            Self::DeliveryFailed => "delivery_failed",
+            Self::NoRoute => "no_route",
+            Self::MalformedStream => "malformed_stream",
+            Self::WriteFailed => "write_failed",
+        }
+    }
+}
+
 /// Drops by reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Drops(pub BTreeMap<DropReason, u64>);
@@ -362,6 +380,28 @@ mod tests {
             resolve_egress(Egress::Mailbox(id(3)), &view, &only_two),
             Err(DropReason::Unauthorized)
         );
+    }
+
+    #[test]
+    fn reason_names_are_their_json_names() {
+        use DropReason::*;
+        for reason in [
+            InvalidNodeId,
+            Unauthorized,
+            CacheMiss,
+            UnknownTag,
+            NoLocalRoute,
+            NotLocal,
+            DeliveryFailed,
+            NoRoute,
+            MalformedStream,
+            WriteFailed,
+        ] {
+            assert_eq!(
+                serde_json::to_value(reason).expect("serializes"),
+                reason.as_str()
+            );
+        }
     }
 
     #[test]

@@ -32,9 +32,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use std::time::Duration;
 
 mod protocol;
 pub mod ring;
@@ -476,6 +476,8 @@ impl WriterWake {
     }
 }
 
+/// A cached connection and whether it is known closed (set by its reader when the
+/// connection ends: a per-frame look at the QUIC state would contend with its driver).
 #[derive(Clone)]
 struct Cached {
     conn: Connection,
@@ -673,10 +675,7 @@ impl Node {
                 .absolute(value);
         }
         for (reason, count) in &snapshot.drops.0 {
-            let reason = serde_json::to_value(reason)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let reason = reason.as_str();
             metrics::counter!("tether_node_drops", "node" => node.clone(), "reason" => reason)
                 .absolute(*count);
         }
@@ -963,7 +962,12 @@ impl Inner {
             .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
         );
         // Frames may have queued for this peer: let its writer look again.
-        if let Some(queue) = self.egress_queues().get(&peer) {
+        if let Some(queue) = self
+            .egress
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&peer)
+        {
             queue.wake.kick();
         }
     }
@@ -1099,7 +1103,7 @@ impl Inner {
                             &mut buf,
                         );
                         if encoded.is_err() {
-                            self.lock().drops.count(DropReason::WriteFailed);
+                            self.count_drop(DropReason::WriteFailed);
                             continue;
                         }
                         frames += 1;

@@ -99,7 +99,7 @@ pub(super) type StreamIds = std::sync::Arc<AtomicU64>;
 pub(super) struct Adapter {
     pub(super) binding: ProtocolBinding,
     pub(super) sink: mpsc::UnboundedSender<ProtocolIngress>,
-    pub(super) stream_ids: StreamIds,
+    stream_ids: StreamIds,
     /// One connection per peer under this ALPN, whichever side dialed it; every logical
     /// stream to that peer is a QUIC stream on it.
     conns: Mutex<BTreeMap<NodeId, Connection>>,

@@ -108,7 +108,7 @@ impl Sinks {
         self.0.is_empty()
     }
 
-    /// Sends `item` to every sink; false once no sink is left.
+    /// Sends `item` to every sink; an error once no sink is left.
     fn send(&self, item: TelemetryIngress) -> Result<(), ()> {
         let mut alive = false;
         for sink in self.0.iter() {
