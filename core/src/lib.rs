@@ -27,6 +27,7 @@ pub mod channel;
 pub mod driver;
 pub mod limits;
 pub mod request;
+pub mod retry;
 pub mod substrate;
 pub mod time;
 pub mod wire;

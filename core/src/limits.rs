@@ -115,7 +115,10 @@ pub const TERMINATION_MESSAGE_BYTES_MAX: usize = 1024;
 /// Window 1 is the seed's stop-and-wait; per-object seqs keep FIFO for any window (REFERENCE §D).
 pub const SUBSTRATE_IN_FLIGHT_OPS_DEFAULT: usize = 32;
 
-/// Default receive window per object: ops buffered above the frontier (`[next, next+W]`).
+/// Default receive window per object (`W`): ops of the peer this side holds for one object,
+/// delivered and not yet consumed plus held above the frontier. It is the peer's credit: the
+/// peer never transmits an op this side could not hold. 64 covers the default in-flight window
+/// twice over, so a consumer that keeps up never stalls the pipeline.
 pub const SUBSTRATE_RECEIVE_WINDOW_DEFAULT: u64 = 64;
 
 /// Most un-acked ops one object's outbox may hold (REFERENCE §C: 1000 ops per object); the
@@ -147,14 +150,33 @@ pub const SUBSTRATE_QUEUE_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 /// ≥ 7 days). Never below the sender's resend horizon (the queue TTL).
 pub const SUBSTRATE_DEDUPE_RETENTION_MS: u64 = 7 * 24 * 60 * 60 * 1000;
 
-/// Delay before an op answered with a transient code is sent again.
+/// First delay before an op answered with a transient code is sent again; it doubles (with
+/// jitter) on every further transient answer, up to [`SUBSTRATE_TRANSIENT_RETRY_CAP_MS`].
 pub const SUBSTRATE_TRANSIENT_RETRY_MS: u64 = 1_000;
+
+/// Longest delay between transient retries of one op: a peer that stays busy is asked again
+/// twice a minute, not hammered, and not forgotten.
+pub const SUBSTRATE_TRANSIENT_RETRY_CAP_MS: u64 = 30_000;
+
+/// First redial delay of a substrate link; doubles with jitter up to
+/// [`SUBSTRATE_REDIAL_CAP_MS`]. A flapping link is retried quickly, a dead peer rarely.
+pub const SUBSTRATE_REDIAL_BASE_MS: u64 = 100;
+
+/// Longest delay between redials of a substrate link.
+pub const SUBSTRATE_REDIAL_CAP_MS: u64 = 10_000;
+
+/// First delay before a failed store load or commit is tried again; doubles with jitter up to
+/// [`SUBSTRATE_STORE_RETRY_CAP_MS`]. A disk that comes back is used within seconds.
+pub const SUBSTRATE_STORE_RETRY_BASE_MS: u64 = 50;
+
+/// Longest delay between retries of a failing store.
+pub const SUBSTRATE_STORE_RETRY_CAP_MS: u64 = 5_000;
 
 /// Most closed or rejected objects kept per peer for the retention period. They answer
 /// duplicates of their ops; a peer opening and closing objects in a loop evicts its own oldest
 /// ones instead of growing state (a duplicate for an evicted object bounces, which is counted).
 pub const SUBSTRATE_RETAINED_OBJECTS_MAX: usize = 4096;
 
-/// Most deliveries per object the app has not consumed yet. Beyond it the next op is answered
-/// with the transient `queue_full` and the frontier waits: the sender retries later.
+/// Largest receive window (`W`) a machine accepts, so the most deliveries per object the app
+/// may hold unconsumed (REFERENCE §C: 1000 ops per object). A larger setting is lowered to it.
 pub const SUBSTRATE_INBOX_OPS_MAX: usize = 1000;

@@ -601,37 +601,196 @@ fn the_stats_snapshot_serializes() {
     assert_eq!(json["link_ups"], 1);
 }
 
+/// Ops of `obj` B holds for its app: delivered and unconsumed, plus held above the frontier.
+fn held_for_app(h: &Harness, obj: &str) -> usize {
+    let inbox =
+        h.b.machine
+            .pending_deliveries()
+            .iter()
+            .filter(|op| op.obj == obj)
+            .count();
+    let held = h.b.store.held.keys().filter(|(o, _)| o == obj).count();
+    inbox + held
+}
+
 #[test]
-fn a_slow_app_pushes_back_with_queue_full_and_nothing_is_lost() {
+fn a_consumer_stalled_past_the_window_and_the_inbox_bound_loses_nothing() {
+    // The case: window 32, B's app reads nothing while A keeps ~1,200 sends coming.
     let mut h = harness(32);
+    let window = h.b.machine.receive_window() as usize;
     h.set_auto_consume(NodeId::B, false);
     h.connect();
-    // The open takes one slot of A's 1000-op outbox, so the burst is sent in two parts.
-    open_and_send(&mut h, 999);
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    let total = 1_200u64;
+    let (mut sent, mut refused) = (0u64, 0u64);
+    let mut stalled_steps = 0;
+    while sent < total {
+        // A's app sends until its outbox is full: the machine refuses with QueueFull, the
+        // shell's `send` waits, `try_send` reports `Full`.
+        match h.with(NodeId::A, |m, now| m.send(now, "q", body(sent))) {
+            Ok(_) => sent += 1,
+            Err(tether_core::substrate::CommandError::QueueFull) => {
+                refused += 1;
+                h.run();
+                assert!(held_for_app(&h, "q") <= window, "B never holds more than W");
+                // The consumer stays stopped for a long stretch, then creeps.
+                stalled_steps += 1;
+                if stalled_steps > 3 {
+                    h.consume_some(NodeId::B, 7);
+                }
+                h.advance(Duration::from_secs(1));
+            }
+            Err(other) => panic!("unexpected refusal {other}"),
+        }
+    }
     h.run();
-    assert_eq!(h.a.machine.outbox_len(), 0, "999 deliveries fit B's inbox");
-    for i in 999..1005 {
+    assert!(
+        refused > 0,
+        "the producer outran the consumer and was pushed back"
+    );
+    assert!(held_for_app(&h, "q") <= window);
+    h.set_auto_consume(NodeId::B, true);
+    h.consume_all(NodeId::B);
+    for _ in 0..10 {
+        h.run();
+        h.advance(Duration::from_secs(1));
+    }
+    assert_exactly_once_in_order(&h, total);
+    let futile: Vec<&Event> =
+        h.a.events
+            .iter()
+            .filter(|e| matches!(e, Event::Futile { .. }))
+            .collect();
+    assert!(
+        futile.is_empty(),
+        "nothing ends futile for a slow app: {futile:?}"
+    );
+    let (a, b) = (h.a.machine.stats(), h.b.machine.stats());
+    assert_eq!(b.out_of_seq, 0, "a correct sender never passes its credit");
+    assert!(a.transient.is_empty(), "no op is refused for want of room");
+    assert!(b.credits_sent > 0, "consumption reopened the window");
+}
+
+#[test]
+fn a_receiver_restarted_without_consuming_keeps_its_window_and_loses_nothing() {
+    let mut h = harness(4);
+    let window = h.b.machine.receive_window() as usize;
+    h.set_auto_consume(NodeId::B, false);
+    h.connect();
+    open_and_send(&mut h, 3 * window as u64);
+    h.run();
+    assert_eq!(
+        held_for_app(&h, "q"),
+        window,
+        "B filled its window and no more"
+    );
+    // B restarts without having consumed anything, twice.
+    h.crash(NodeId::B);
+    h.run();
+    h.crash(NodeId::B);
+    h.run();
+    assert!(held_for_app(&h, "q") <= window);
+    h.set_auto_consume(NodeId::B, true);
+    h.consume_all(NodeId::B);
+    h.run();
+    assert_exactly_once_in_order(&h, 3 * window as u64);
+    assert_eq!(h.b.machine.stats().out_of_seq, 0);
+}
+
+#[test]
+fn ops_acked_above_a_gap_of_expired_ops_are_delivered_not_skipped() {
+    // Seeds 20002814 and 20002116: recovered ops below a gap of TTL-expired ops travel with
+    // ops above it; the floor they carry is below the gap, so the ops above are held and
+    // acked. The floor that later passes the gap must deliver them, and must reach B even
+    // when A has nothing left to send.
+    let mut h = harness(32);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    h.disconnect();
+    for i in 0..2 {
         h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
             .unwrap();
     }
     h.run();
-    assert!(h.b.machine.stats().inbox_full >= 1);
-    assert!(h
-        .a
-        .machine
-        .stats()
-        .transient
-        .contains_key(finality::QUEUE_FULL));
-    // The first op past the bound is refused and waits at A; the ones after it are held
-    // (durably, so acked) above B's frontier.
-    assert_eq!(h.a.machine.outbox_len(), 1);
-    assert_eq!(h.b.store.held.len(), 4);
-    h.consume_all(NodeId::B);
-    h.set_auto_consume(NodeId::B, true);
+    h.crash(NodeId::A); // m0 and m1 are recovered: maybe sent, so they never expire
+    for i in 2..5 {
+        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+            .unwrap();
+    }
     h.run();
-    h.advance(Duration::from_secs(2));
+    h.advance(Config::default().queue_ttl + Duration::from_secs(1));
     h.run();
-    assert_exactly_once_in_order(&h, 1005);
+    let expired =
+        h.a.events
+            .iter()
+            .filter(|e| matches!(e, Event::Futile { code, .. } if code == finality::TTL_EXPIRED));
+    assert_eq!(expired.count(), 3, "m2..m4 expired unsent");
+    for i in 5..7 {
+        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+            .unwrap();
+    }
+    h.connect();
+    h.run();
+    assert_eq!(h.a.machine.outbox_len(), 0, "everything was acked");
+    let delivered = |h: &Harness| -> Vec<Bytes> {
+        h.b.consumed
+            .iter()
+            .filter_map(|op| op.body.clone())
+            .collect()
+    };
+    assert_eq!(delivered(&h), [body(0), body(1), body(5), body(6)]);
+    assert!(h.b.store.held.is_empty(), "no op is left above a gap");
+    h.with(NodeId::A, |m, now| m.send(now, "q", body(7)))
+        .unwrap();
+    h.run();
+    assert_eq!(delivered(&h), [body(0), body(1), body(5), body(6), body(7)]);
+    assert_eq!(h.b.machine.stats().skipped_below_floor, 3);
+}
+
+#[test]
+fn a_floor_the_sender_forgot_in_a_crash_is_answered_on_resync() {
+    let mut h = harness(32);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    h.disconnect();
+    h.with(NodeId::A, |m, now| m.send(now, "q", body(0)))
+        .unwrap();
+    h.run();
+    h.crash(NodeId::A);
+    h.with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .unwrap();
+    h.run();
+    h.advance(Config::default().queue_ttl + Duration::from_secs(1));
+    h.run();
+    // A crashes again: what ended (m1) is no longer in its memory, so nothing announces the
+    // floor past m1's gap when m2 is acked above it.
+    h.crash(NodeId::A);
+    h.with(NodeId::A, |m, now| m.send(now, "q", body(2)))
+        .unwrap();
+    h.connect();
+    h.run();
+    let bodies = |h: &Harness| -> Vec<Bytes> {
+        h.b.consumed
+            .iter()
+            .filter_map(|op| op.body.clone())
+            .collect()
+    };
+    assert_eq!(bodies(&h), [body(0)], "m2 waits above the gap");
+    assert_eq!(
+        h.a.machine.outbox_len(),
+        0,
+        "m2 is acked (held durably at B)"
+    );
+    h.advance(Duration::from_secs(31));
+    h.run();
+    assert_eq!(bodies(&h), [body(0), body(2)], "B's resync got the floor");
+    assert_eq!(h.b.machine.stats().resyncs_sent, 1);
+    assert!(h.b.store.held.is_empty());
 }
 
 #[test]

@@ -243,6 +243,7 @@ fn envelope_json(envelope: &Envelope) -> Value {
     put("fromSeq", env.from_seq.map(|v| json!(v)));
     put("cap", env.cap.as_ref().map(|v| json!(v)));
     put("floor", env.floor.map(|v| json!(v)));
+    put("limit", env.limit.map(|v| json!(v)));
     let mut line = Map::new();
     line.insert("type_byte".into(), json!(envelope.type_byte));
     line.insert("env".into(), Value::Object(object));

@@ -109,7 +109,7 @@ pub struct Limits {
     pub frame_bytes_max: u64,
     /// Largest inline body.
     pub body_bytes_max: u64,
-    /// In-flight ops per object.
+    /// Receive window: ops per object a side holds for its app (its peer's starting credit).
     pub window: u64,
 }
 

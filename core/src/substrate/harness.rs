@@ -239,6 +239,24 @@ impl Harness {
         self.collect(id);
     }
 
+    /// Node `id`'s app consumes its `count` oldest pending sends (by object, then seq).
+    pub fn consume_some(&mut self, id: NodeId, count: usize) {
+        let now = self.now;
+        let node = self.node(id);
+        let pending: Vec<(String, u64)> = node
+            .machine
+            .pending_deliveries()
+            .into_iter()
+            .filter(|op| op.verb != crate::wire::envelope::Verb::Req)
+            .take(count)
+            .map(|op| (op.obj.clone(), op.seq))
+            .collect();
+        for (obj, seq) in pending {
+            node.machine.consume(now, &obj, seq);
+        }
+        self.collect(id);
+    }
+
     /// Brings the link up on both sides.
     pub fn connect(&mut self) {
         self.link_up = true;

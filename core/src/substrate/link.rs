@@ -117,7 +117,7 @@ impl PeerLink {
         let limits = Limits {
             frame_bytes_max: ENVELOPE_FRAME_BYTES_MAX as u64,
             body_bytes_max: ENVELOPE_INLINE_BODY_BYTES_MAX as u64,
-            window: self.machine.configured_window() as u64,
+            window: self.machine.receive_window(),
         };
         let caps = Capabilities::new(&self.auth, self.features.clone(), limits);
         let handshake = Handshake::start(now, role, self.auth.clone(), caps, channel, nonce);
@@ -249,7 +249,7 @@ impl PeerLink {
                     while let Some(frame) = handshake.poll_transmit() {
                         pending.push(frame);
                     }
-                    self.machine.limit_window(negotiated.limits.window);
+                    self.machine.set_initial_credit(negotiated.limits.window);
                     self.negotiated = Some(negotiated);
                     self.state = State::Up;
                     self.machine.handle_link_up_with(now, pending);

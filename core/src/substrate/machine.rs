@@ -19,11 +19,28 @@
 //!   hop acks, re-acks of duplicates, bounces and every app event wait for their batch.
 //!
 //! Each object has one sequence authority per direction. The receiver delivers in seq order,
-//! holds early ops within `[next, next + W]` (persisted before they are acked), answers ops
-//! beyond with `out_of_seq`, re-acks anything below the frontier and asks for a `resync` when a
-//! gap is older than 30 s. An op that ends without being delivered (a terminal answer, TTL
-//! expiry) would leave a gap; the sender closes it by carrying `floor`, the lowest seq still in
-//! its outbox, on every op: the receiver's frontier never waits below it.
+//! holds early ops (persisted before they are acked), re-acks anything below the frontier and
+//! asks for a `resync` when a gap is older than 30 s.
+//!
+//! # Flow control
+//!
+//! The receiver holds at most `W` ops of an object (its receive window, offered in the
+//! handshake): delivered and not yet consumed, plus held above the frontier. It gives the
+//! sender credit, `limit = next + W − unconsumed`, on every ack and in a credit update when
+//! the app's consumption frees room; the limit never falls, and it is only given once the state
+//! it counts is durable, so it holds across a restart. The sender transmits only seqs below the
+//! limit it was given. A stopped consumer therefore stops the sender (its app's sends wait
+//! for outbox room), and an op is never refused for want of room: `out_of_seq` answers only a
+//! peer that sent past its credit.
+//!
+//! # Floors
+//!
+//! An op that ends at its sender without being delivered (a terminal answer, TTL expiry) would
+//! leave a gap. The sender closes it by carrying `floor`, the lowest seq still in its outbox,
+//! on every op, and in a floor announcement (a `resync` carrying `floor`) when an op in the
+//! middle ended and nothing else carries the news, or when the receiver asks. Every seq below
+//! the floor has ended or was acked: the receiver delivers the acked ones it holds, in order,
+//! and skips only the seqs it never received.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -37,6 +54,7 @@ use super::durable::{
 use super::finality::{self, class_of, Class};
 use super::{Config, PeerId, Stats};
 use crate::limits::{ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX};
+use crate::retry::{Backoff, Jitter};
 use crate::time::Time;
 use crate::wire::envelope::{Address, Env, Envelope, EnvelopeError, ObjKind, Verb};
 
@@ -162,6 +180,8 @@ struct Outgoing {
     retry_at: Option<Time>,
     /// Rebuilt by [`Machine::recover`]: it may have been transmitted before the restart.
     recovered: bool,
+    /// Transient answers in a row: the next retry backs off from this.
+    transient_failures: u32,
 }
 
 impl Outgoing {
@@ -256,19 +276,22 @@ impl Outbox {
         }
     }
 
+    /// Counts a transient answer to entry `seq`; returns the count before it (the backoff
+    /// attempt).
+    fn note_transient(&mut self, seq: u64) -> u32 {
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return 0;
+        };
+        let before = entry.transient_failures;
+        entry.transient_failures = before.saturating_add(1);
+        before
+    }
+
     /// A transient error: the entry waits until `at`, then goes out again.
     fn retry_at(&mut self, seq: u64, at: Time) {
         if let Some(entry) = self.entries.get_mut(&seq) {
             self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
             entry.retry_at = Some(at);
-        }
-    }
-
-    /// The lowest entry in flight goes out again (to carry a new floor).
-    fn land_first_in_flight(&mut self) {
-        if let Some(entry) = self.entries.values_mut().find(|entry| entry.in_flight) {
-            entry.in_flight = false;
-            self.in_flight -= 1;
         }
     }
 
@@ -281,18 +304,19 @@ impl Outbox {
     }
 
     /// Transmits, in seq order, every entry that may go: persisted, not waiting on a retry,
-    /// within `window` in flight; while `opening` only the open may go.
+    /// within `window` in flight and below the receiver's credit `limit`; while `opening` only
+    /// the open may go.
     fn transmit(
         &mut self,
         persisted: BatchId,
         opening: bool,
         window: usize,
-        floor: u64,
+        (floor, limit): (u64, u64),
         out: &mut VecDeque<Envelope>,
     ) -> bool {
         let mut sent = false;
         for entry in self.entries.values_mut() {
-            if self.in_flight >= window {
+            if self.in_flight >= window || entry.op.seq >= limit {
                 break;
             }
             if entry.in_flight || entry.retry_at.is_some() {
@@ -327,10 +351,20 @@ struct Object {
     /// When the current gap was first seen.
     gap_since: Option<Time>,
     last_resync: Option<Time>,
+    /// Sending: the credit the peer gave (memory; the peer repeats it on every link).
+    tx_limit: u64,
+    /// Sending: the highest floor told to the peer on this link.
+    floor_sent: u64,
+    /// Sending: the highest seq of this side that ended without an ack (memory).
+    ended_max: Option<u64>,
+    /// Receiving: the highest credit told to the peer on this link.
+    limit_sent: u64,
 }
 
 impl Object {
-    fn new(record: ObjectRecord) -> Self {
+    /// An object whose peer starts from the handshake's window `initial_credit` (both sides
+    /// know it, so neither needs telling).
+    fn new(record: ObjectRecord, initial_credit: u64) -> Self {
         Self {
             record,
             outbox: Outbox::default(),
@@ -338,12 +372,37 @@ impl Object {
             inbox: BTreeMap::new(),
             gap_since: None,
             last_resync: None,
+            tx_limit: initial_credit,
+            floor_sent: 0,
+            ended_max: None,
+            limit_sent: initial_credit,
         }
     }
 
     /// The lowest seq still in the outbox, or the next to assign: the sender's `floor`.
     fn floor(&self) -> u64 {
         self.outbox.first_seq().unwrap_or(self.record.tx_next)
+    }
+
+    /// The credit this side gives the peer: seqs below it fit in `window` (held plus
+    /// unconsumed). Never falls: a delivery into the inbox moves the frontier with it.
+    fn receive_limit(&self, window: u64) -> u64 {
+        let unconsumed = self.inbox.len() as u64;
+        self.record.rx_next + window.saturating_sub(unconsumed)
+    }
+
+    /// The highest seq of the peer seen here, plus one.
+    fn seen_end(&self) -> u64 {
+        self.held
+            .last_key_value()
+            .map_or(self.record.rx_next, |(seq, _)| seq + 1)
+    }
+
+    /// Whether the peer must be told the floor: an op of this side ended at or above what the
+    /// peer last heard, and everything below the floor is settled.
+    fn floor_unannounced(&self) -> bool {
+        self.ended_max
+            .is_some_and(|ended| ended >= self.floor_sent && self.floor() > ended)
     }
 
     fn remote_is_participant(&self) -> bool {
@@ -367,9 +426,13 @@ enum Deferred {
 pub struct Machine {
     remote: PeerId,
     config: Config,
-    /// In-flight ops per object on the current link: the configured window, lowered by what
-    /// the handshake negotiated.
+    /// In-flight ops per object (the configured window).
     window: usize,
+    /// The receive window both sides agreed on in the handshake: the credit every object
+    /// starts with, in both directions.
+    initial_credit: u64,
+    /// Jitter for transient retries, seeded per boot.
+    jitter: Jitter,
     authorizer: Arc<Authorizer>,
     /// Prefix of op ids minted in this boot (a seed passed in, distinct per boot).
     boot: u64,
@@ -412,6 +475,8 @@ impl Machine {
         Self {
             remote,
             window: config.in_flight_max,
+            initial_credit: config.receive_window,
+            jitter: Jitter::new(boot ^ 0x7e7e_7e7e),
             config,
             authorizer,
             boot,
@@ -445,9 +510,8 @@ impl Machine {
     ) -> Self {
         let mut machine = Self::new(remote, config, authorizer, boot);
         for (name, record) in &state.objects {
-            machine
-                .objects
-                .insert(name.clone(), Object::new(record.clone()));
+            let object = Object::new(record.clone(), machine.initial_credit);
+            machine.objects.insert(name.clone(), object);
         }
         for ((obj, seq), op) in &state.outbox {
             if let Some(object) = machine.objects.get_mut(obj) {
@@ -458,6 +522,7 @@ impl Machine {
                     in_flight: false,
                     retry_at: None,
                     recovered: true,
+                    transient_failures: 0,
                 };
                 debug_assert_eq!(*seq, entry.op.seq);
                 object.outbox.insert(entry);
@@ -466,6 +531,8 @@ impl Machine {
         for ((obj, seq), op) in &state.held {
             if let Some(object) = machine.objects.get_mut(obj) {
                 object.held.insert(*seq, op.clone());
+                // A gap from before the restart: resync as soon as a link allows.
+                object.gap_since = Some(Time::ZERO);
             }
         }
         for ((obj, seq), op) in &state.inbox {
@@ -619,15 +686,27 @@ impl Machine {
         self.last_heard = now;
         self.last_sent = now;
         self.stats.link_ups += 1;
-        for object in self.objects.values_mut() {
+        let window = self.config.receive_window;
+        for (name, object) in &mut self.objects {
             object.outbox.land_from(0);
+            object.floor_sent = 0;
+            // The peer's credit may have grown on a link it never heard of (or the peer
+            // restarted): tell it wherever it is above the start.
+            let limit = object.receive_limit(window);
+            object.limit_sent = self.initial_credit;
+            if limit > object.limit_sent {
+                object.limit_sent = limit;
+                self.stats.credits_sent += 1;
+                let frame = credit_frame(name, limit);
+                self.staged_outputs.push(Deferred::Transmit(frame));
+            }
         }
         self.end_step(now);
     }
 
-    /// The configured in-flight window (what this side proposes in a handshake).
-    pub fn configured_window(&self) -> usize {
-        self.config.in_flight_max
+    /// The receive window this side offers in a handshake.
+    pub fn receive_window(&self) -> u64 {
+        self.config.receive_window
     }
 
     /// [`Machine::handle_link_up`], with `first` (the handshake's last frames) sent before
@@ -639,11 +718,11 @@ impl Machine {
         self.handle_link_up(now);
     }
 
-    /// Lowers the in-flight window to what the link's handshake negotiated (never above the
-    /// configured window, never below 1). Call before [`Machine::handle_link_up`].
-    pub fn limit_window(&mut self, negotiated: u64) {
-        let negotiated = usize::try_from(negotiated).unwrap_or(usize::MAX);
-        self.window = self.config.in_flight_max.min(negotiated).max(1);
+    /// Sets the credit every object starts with to the receive window the link's handshake
+    /// agreed on (the smaller of the two offers, never above this side's). Both sides know it,
+    /// so neither needs telling. Call before [`Machine::handle_link_up`].
+    pub fn set_initial_credit(&mut self, negotiated: u64) {
+        self.initial_credit = negotiated.clamp(1, self.config.receive_window);
     }
 
     /// The link is gone. Nothing is lost: un-acked ops stay in the outbox.
@@ -711,7 +790,7 @@ impl Machine {
         let Envelope { env, body, .. } = frame;
         match env.kind {
             Verb::Ack => self.on_ack(&env),
-            Verb::Resync => self.on_resync(&env),
+            Verb::Resync => self.on_resync(now, &env),
             _ if env.seq.is_none() && env.kind == Verb::Err => self.on_substrate_err(now, &env),
             _ => self.on_op(now, env, body),
         }
@@ -767,7 +846,8 @@ impl Machine {
             tx_next: 0,
             rx_next: 0,
         };
-        self.objects.insert(obj.to_owned(), Object::new(record));
+        let object = Object::new(record, self.initial_credit);
+        self.objects.insert(obj.to_owned(), object);
         let mut op = self.op(now, obj, Verb::Open, open_id.clone());
         op.obj_kind = Some(kind);
         op.cap = cap.map(str::to_owned);
@@ -836,6 +916,7 @@ impl Machine {
                     obj: obj.to_owned(),
                     seq,
                 });
+                self.stage_credit(obj);
             }
         }
         self.end_step(now);
@@ -882,6 +963,7 @@ impl Machine {
                 obj: obj.to_owned(),
                 seq,
             });
+            self.stage_credit(obj);
         }
         self.end_step(now);
         removed
@@ -962,7 +1044,8 @@ impl Machine {
                     tx_next: 0,
                     rx_next: 0,
                 };
-                self.objects.insert(op.obj.clone(), Object::new(record));
+                let object = Object::new(record, self.initial_credit);
+                self.objects.insert(op.obj.clone(), object);
                 self.sequence(now, op, receipt, 0);
             }
             // Laws 2 and 4: a killing verb or an err to an unknown object is never bounced.
@@ -1004,38 +1087,22 @@ impl Machine {
 
     /// The receiving half of per-object FIFO.
     fn sequence(&mut self, now: Time, op: Op, receipt: u64, floor: u64) {
+        let obj = op.obj.clone();
+        self.advance_to_floor(now, &obj, floor);
         let window = self.config.receive_window;
         let object = self
             .objects
-            .get_mut(&op.obj)
+            .get_mut(&obj)
             .expect("callers create the object");
-        let obj = op.obj.clone();
-        let mut frontier_moved = false;
-        if floor > object.record.rx_next {
-            object.record.rx_next = floor;
-            frontier_moved = true;
-            let below: Vec<u64> = object.held.range(..floor).map(|(seq, _)| *seq).collect();
-            for seq in below {
-                object.held.remove(&seq);
-                self.staged.push(Record::HeldRemoved {
-                    obj: obj.clone(),
-                    seq,
-                });
-                self.stats.skipped_below_floor += 1;
-            }
-        }
         let next = object.record.rx_next;
-        let ack = ack_frame(&obj, &op.id, op.seq, receipt);
         if op.seq < next || object.held.contains_key(&op.seq) {
             self.stats.duplicates += 1;
-            if frontier_moved {
-                self.deliver_held(now, &obj);
-            }
             // Waits for the latest unpersisted batch: the original may still be in it.
-            self.staged_outputs.push(Deferred::Transmit(ack));
+            self.stage_ack(&obj, &op.id, op.seq, receipt);
             return;
         }
-        if op.seq > next.saturating_add(window) {
+        if op.seq >= object.receive_limit(window) {
+            // Past the credit this side gave: only a misbehaving peer sends this.
             self.stats.out_of_seq += 1;
             self.send_now(now, substrate_err(&obj, &op.id, finality::OUT_OF_SEQ));
             return;
@@ -1044,27 +1111,82 @@ impl Machine {
             self.stats.deferred += 1;
             object.gap_since.get_or_insert(now);
             self.staged.push(Record::Held(op.clone()));
+            let (id, seq) = (op.id.clone(), op.seq);
             object.held.insert(op.seq, op);
-            if frontier_moved {
-                self.deliver_held(now, &obj);
-            }
-            self.staged_outputs.push(Deferred::Transmit(ack));
-            return;
-        }
-        let message = matches!(op.verb, Verb::Send | Verb::Req);
-        if message && object.inbox.len() >= crate::limits::SUBSTRATE_INBOX_OPS_MAX {
-            // Backpressure: the app is behind. The frontier waits; the sender retries.
-            self.stats.inbox_full += 1;
-            if frontier_moved {
-                self.deliver_held(now, &obj);
-            }
-            self.send_now(now, substrate_err(&obj, &op.id, finality::QUEUE_FULL));
+            self.stage_ack(&obj, &id, seq, receipt);
             return;
         }
         object.record.rx_next = next + 1;
+        let (id, seq) = (op.id.clone(), op.seq);
         self.apply(now, op);
         self.deliver_held(now, &obj);
-        self.staged_outputs.push(Deferred::Transmit(ack));
+        self.stage_ack(&obj, &id, seq, receipt);
+    }
+
+    /// The peer's floor: every seq of its direction below `floor` ended there or was acked.
+    /// The acked ones are held here (durably): they are delivered, in order. Only the seqs
+    /// never received are skipped.
+    fn advance_to_floor(&mut self, now: Time, obj: &str, floor: u64) {
+        let Some(object) = self.objects.get_mut(obj) else {
+            return;
+        };
+        let from = object.record.rx_next;
+        if floor <= from {
+            return;
+        }
+        let held_below = object.held.range(..floor).count() as u64;
+        self.stats.skipped_below_floor += floor - from - held_below;
+        loop {
+            let object = self.objects.get_mut(obj).expect("checked above");
+            let Some(entry) = object.held.first_entry().filter(|e| *e.key() < floor) else {
+                break;
+            };
+            let op = entry.remove();
+            object.record.rx_next = op.seq + 1;
+            self.staged.push(Record::HeldRemoved {
+                obj: obj.to_owned(),
+                seq: op.seq,
+            });
+            self.apply(now, op);
+        }
+        let object = self.objects.get_mut(obj).expect("checked above");
+        object.record.rx_next = object.record.rx_next.max(floor);
+        self.deliver_held(now, obj);
+    }
+
+    /// A hop ack of the peer's op `seq`, with this side's credit, released with the batch that
+    /// made the op durable.
+    fn stage_ack(&mut self, obj: &str, id: &str, seq: u64, receipt: u64) {
+        let window = self.config.receive_window;
+        let object = self
+            .objects
+            .get_mut(obj)
+            .expect("acks are for known objects");
+        let limit = object.receive_limit(window);
+        object.limit_sent = object.limit_sent.max(limit);
+        let frame = ack_frame(obj, id, seq, receipt, limit);
+        self.staged_outputs.push(Deferred::Transmit(frame));
+    }
+
+    /// The app freed room in `obj`: tells the peer its larger credit if it may be waiting for
+    /// it (it used every seq it was given) or the news is worth a frame (half a window). The
+    /// update waits for the batch that freed the room.
+    fn stage_credit(&mut self, obj: &str) {
+        let window = self.config.receive_window;
+        let Some(object) = self.objects.get_mut(obj) else {
+            return;
+        };
+        let limit = object.receive_limit(window);
+        if limit <= object.limit_sent {
+            return;
+        }
+        let peer_may_wait = object.seen_end() >= object.limit_sent;
+        if peer_may_wait || limit - object.limit_sent >= (window / 2).max(1) {
+            object.limit_sent = limit;
+            self.stats.credits_sent += 1;
+            self.staged_outputs
+                .push(Deferred::Transmit(credit_frame(obj, limit)));
+        }
     }
 
     /// Delivers every held op the frontier has reached, then records the frontier.
@@ -1214,6 +1336,7 @@ impl Machine {
             .collect();
         for seq in seqs {
             let entry = object.outbox.remove(seq).expect("listed above");
+            object.ended_max = object.ended_max.max(Some(seq));
             self.staged.push(Record::OutboxRemoved {
                 obj: obj.to_owned(),
                 seq,
@@ -1256,7 +1379,10 @@ impl Machine {
         let object = self.objects.get_mut(obj).expect("found above");
         match class_of(&code) {
             Class::Transient => {
-                let at = now.saturating_add(self.config.transient_retry);
+                let policy =
+                    Backoff::new(self.config.transient_retry, self.config.transient_retry_cap);
+                let failures = object.outbox.note_transient(seq);
+                let at = now.saturating_add(policy.delay(failures, self.jitter.next_u64()));
                 object.outbox.retry_at(seq, at);
                 *self.stats.transient.entry(code).or_default() += 1;
             }
@@ -1272,27 +1398,27 @@ impl Machine {
                     self.purge_outbox(obj, &code, |_| true);
                 } else {
                     self.purge_outbox(obj, &code, |e| e.op.seq == seq);
-                    self.reannounce_floor(obj);
                 }
             }
         }
     }
 
-    /// After an op in the middle ended, the lowest op still in flight is sent again so that
-    /// the receiver learns the new `floor` and its frontier skips the ended seq.
-    fn reannounce_floor(&mut self, obj: &str) {
-        let Some(object) = self.objects.get_mut(obj) else {
-            return;
-        };
-        object.outbox.land_first_in_flight();
-    }
-
     fn on_ack(&mut self, env: &Env) {
-        let (Some(obj), Some(seq), Some(receipt)) = (env.obj.as_ref(), env.seq, env.receipt) else {
+        let Some(obj) = env.obj.as_ref() else {
             self.stats.malformed += 1;
             return;
         };
         let obj = obj.as_str();
+        if let (Some(limit), Some(object)) = (env.limit, self.objects.get_mut(obj)) {
+            object.tx_limit = object.tx_limit.max(limit);
+        }
+        let (Some(seq), Some(receipt)) = (env.seq, env.receipt) else {
+            // A credit update carries only the object and its limit.
+            if env.limit.is_none() {
+                self.stats.malformed += 1;
+            }
+            return;
+        };
         let Some(object) = self.objects.get_mut(obj) else {
             self.stats.stale_receipts += 1;
             return;
@@ -1315,14 +1441,31 @@ impl Machine {
         }
     }
 
-    fn on_resync(&mut self, env: &Env) {
-        let (Some(obj), Some(from)) = (env.obj.as_ref(), env.from_seq) else {
+    /// A `resync` asks this side (as sender) to resend from `fromSeq` and to say its floor; one
+    /// carrying `floor` instead is the peer (as sender) announcing its floor.
+    fn on_resync(&mut self, now: Time, env: &Env) {
+        let Some(obj) = env.obj.as_ref().map(Address::as_str) else {
             self.stats.malformed += 1;
             return;
         };
-        self.stats.resyncs_received += 1;
-        if let Some(object) = self.objects.get_mut(obj.as_str()) {
-            object.outbox.land_from(from);
+        match (env.from_seq, env.floor) {
+            (Some(from), _) => {
+                self.stats.resyncs_received += 1;
+                let Some(object) = self.objects.get_mut(obj) else {
+                    return;
+                };
+                // Entries from `from` go out again; first the floor, which tells the peer
+                // which seqs below it to stop waiting for.
+                object.outbox.land_from(from);
+                let floor = object.floor();
+                if floor > from {
+                    object.floor_sent = object.floor_sent.max(floor);
+                    self.stats.floors_sent += 1;
+                    self.send_now(now, floor_frame(obj, floor));
+                }
+            }
+            (None, Some(floor)) => self.advance_to_floor(now, obj, floor),
+            (None, None) => self.stats.malformed += 1,
         }
     }
 
@@ -1470,12 +1613,16 @@ impl Machine {
             .filter(|(_, op)| op.verb == Verb::Req)
             .map(|(seq, _)| *seq)
             .collect();
+        let freed = !reqs.is_empty();
         for seq in reqs {
             object.inbox.remove(&seq);
             self.staged.push(Record::InboxRemoved {
                 obj: obj.to_owned(),
                 seq,
             });
+        }
+        if freed {
+            self.stage_credit(obj);
         }
     }
 
@@ -1571,6 +1718,7 @@ impl Machine {
             in_flight: false,
             retry_at: None,
             recovered: false,
+            transient_failures: 0,
         };
         object.outbox.insert(entry);
         self.stats.ops_enqueued += 1;
@@ -1623,13 +1771,21 @@ impl Machine {
         }
         let window = self.window;
         let persisted = self.persisted_through;
-        for object in self.objects.values_mut() {
+        for (name, object) in &mut self.objects {
             let floor = object.floor();
             let opening = object.record.state == ObjectState::Opening;
+            let limits = (floor, object.tx_limit);
             if object
                 .outbox
-                .transmit(persisted, opening, window, floor, &mut self.transmit)
+                .transmit(persisted, opening, window, limits, &mut self.transmit)
             {
+                object.floor_sent = object.floor_sent.max(floor);
+                self.last_sent = now;
+            }
+            if object.floor_unannounced() {
+                object.floor_sent = floor;
+                self.stats.floors_sent += 1;
+                self.transmit.push_back(floor_frame(name, floor));
                 self.last_sent = now;
             }
         }
@@ -1689,12 +1845,30 @@ fn op_frame(op: &Op, receipt: u64, floor: u64) -> Envelope {
     }
 }
 
-fn ack_frame(obj: &str, id: &str, seq: u64, receipt: u64) -> Envelope {
+fn ack_frame(obj: &str, id: &str, seq: u64, receipt: u64, limit: u64) -> Envelope {
     let mut env = Env::new(Verb::Ack);
     env.obj = Some(address(obj));
     env.id = Some(id.to_owned());
     env.seq = Some(seq);
     env.receipt = Some(receipt);
+    env.limit = Some(limit);
+    Envelope::new(env)
+}
+
+/// A credit update: the peer may transmit seqs of `obj` below `limit`.
+fn credit_frame(obj: &str, limit: u64) -> Envelope {
+    let mut env = Env::new(Verb::Ack);
+    env.obj = Some(address(obj));
+    env.limit = Some(limit);
+    Envelope::new(env)
+}
+
+/// A floor announcement: every seq of this side's direction of `obj` below `floor` ended or
+/// was acked.
+fn floor_frame(obj: &str, floor: u64) -> Envelope {
+    let mut env = Env::new(Verb::Resync);
+    env.obj = Some(address(obj));
+    env.floor = Some(floor);
     Envelope::new(env)
 }
 

@@ -35,8 +35,9 @@ pub use machine::{CommandError, Event, Machine, TYPE_KEEPALIVE};
 
 use crate::limits::{
     SUBSTRATE_DEAD_AFTER_MS, SUBSTRATE_DEDUPE_RETENTION_MS, SUBSTRATE_GAP_RESYNC_MS,
-    SUBSTRATE_IN_FLIGHT_OPS_DEFAULT, SUBSTRATE_KEEPALIVE_MS, SUBSTRATE_OBJECTS_PER_PEER_MAX,
-    SUBSTRATE_OUTBOX_OPS_MAX, SUBSTRATE_QUEUE_TTL_MS, SUBSTRATE_RECEIVE_WINDOW_DEFAULT,
+    SUBSTRATE_INBOX_OPS_MAX, SUBSTRATE_IN_FLIGHT_OPS_DEFAULT, SUBSTRATE_KEEPALIVE_MS,
+    SUBSTRATE_OBJECTS_PER_PEER_MAX, SUBSTRATE_OUTBOX_OPS_MAX, SUBSTRATE_QUEUE_TTL_MS,
+    SUBSTRATE_RECEIVE_WINDOW_DEFAULT, SUBSTRATE_TRANSIENT_RETRY_CAP_MS,
     SUBSTRATE_TRANSIENT_RETRY_MS,
 };
 
@@ -78,8 +79,10 @@ pub struct Config {
     pub queue_ttl: Duration,
     /// How long tombstones and closed objects are kept; never below `queue_ttl`.
     pub dedupe_retention: Duration,
-    /// Wait before resending an op answered with a transient code.
+    /// First wait before resending an op answered with a transient code (doubling, jittered).
     pub transient_retry: Duration,
+    /// Longest wait between transient retries of one op.
+    pub transient_retry_cap: Duration,
 }
 
 impl Default for Config {
@@ -95,15 +98,19 @@ impl Default for Config {
             queue_ttl: Duration::from_millis(SUBSTRATE_QUEUE_TTL_MS),
             dedupe_retention: Duration::from_millis(SUBSTRATE_DEDUPE_RETENTION_MS),
             transient_retry: Duration::from_millis(SUBSTRATE_TRANSIENT_RETRY_MS),
+            transient_retry_cap: Duration::from_millis(SUBSTRATE_TRANSIENT_RETRY_CAP_MS),
         }
     }
 }
 
 impl Config {
-    /// The settings with the window clamped to at least 1 and retention raised to at least the
-    /// queue TTL (dedupe must outlive every resend).
+    /// The settings with the windows clamped (in flight at least 1, receive window in
+    /// `1..=`[`SUBSTRATE_INBOX_OPS_MAX`]) and retention raised to at least the queue TTL (dedupe
+    /// must outlive every resend).
     pub fn checked(mut self) -> Self {
         self.in_flight_max = self.in_flight_max.max(1);
+        self.receive_window = self.receive_window.clamp(1, SUBSTRATE_INBOX_OPS_MAX as u64);
+        self.transient_retry_cap = self.transient_retry_cap.max(self.transient_retry);
         self.dedupe_retention = self.dedupe_retention.max(self.queue_ttl);
         self
     }
@@ -138,10 +145,15 @@ pub struct Stats {
     pub stale_receipts: u64,
     /// Close/err from a non-participant, or errs about nothing of ours: dropped.
     pub finality_rejected: u64,
-    /// Ops of the peer beyond the receive window.
+    /// Ops of the peer at or beyond the credit this side gave it: a protocol violation (a
+    /// correct peer never sends past its credit), answered with the terminal `out_of_seq`.
     pub out_of_seq: u64,
-    /// Held ops the peer's floor skipped.
+    /// Seqs of the peer its floor declared ended (never to be sent), skipped by the frontier.
     pub skipped_below_floor: u64,
+    /// Credit updates sent after the app consumed (acks carry credit too).
+    pub credits_sent: u64,
+    /// Floor announcements sent (an op in the middle ended and nothing else carried it).
+    pub floors_sent: u64,
     /// Resyncs asked for.
     pub resyncs_sent: u64,
     /// Resyncs answered.
@@ -152,8 +164,6 @@ pub struct Stats {
     pub link_ups: u64,
     /// Links down (including dead links).
     pub link_downs: u64,
-    /// Ops refused with `queue_full` because the app had not consumed enough.
-    pub inbox_full: u64,
     /// Closed or rejected objects forgotten early at the retention bound.
     pub objects_evicted: u64,
     /// Opens of an address that was opened from both sides at once (or exists already).

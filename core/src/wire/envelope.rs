@@ -7,7 +7,8 @@
 //! `env` has text keys: `v` (must be 1), `kind` (the verb), `obj` (an address), `objKind`
 //! (`session` | `queue`), `id` (producer-stable op id), `seq`, `receipt` (delivery attempt,
 //! from 1), and the verb-specific `code`, `message`, `reason`, `fromSeq`, `cap` (capability
-//! token) and `floor` (the sender's low-water mark). Unknown and duplicate keys are rejected.
+//! token), `floor` (the sender's low-water mark) and `limit` (the receiver's credit). Unknown
+//! and duplicate keys are rejected.
 //!
 //! A length above [`ENVELOPE_FRAME_BYTES_MAX`] is fatal. Every other error is frame-local: the
 //! frame is consumed, and the caller answers it (an address with `@` is `routing_not_supported`,
@@ -173,6 +174,9 @@ pub struct Env {
     /// it that the receiver has not delivered was ended by the sender (a terminal answer or
     /// expiry) and will never be sent, so the receiver's frontier may skip to it.
     pub floor: Option<u64>,
+    /// The receiver's credit for this object (`limit`), on acks and credit updates: the peer
+    /// may transmit ops with seqs below it, and the receiver has room for every one of them.
+    pub limit: Option<u64>,
 }
 
 impl Env {
@@ -191,6 +195,7 @@ impl Env {
             from_seq: None,
             cap: None,
             floor: None,
+            limit: None,
         }
     }
 }
@@ -338,9 +343,9 @@ impl Format for EnvelopeDecoder {
 }
 
 /// The env keys, in the order the encoder writes them.
-const ENV_KEYS: [&str; 13] = [
+const ENV_KEYS: [&str; 14] = [
     "v", "kind", "obj", "objKind", "id", "seq", "receipt", "code", "message", "reason", "fromSeq",
-    "cap", "floor",
+    "cap", "floor", "limit",
 ];
 
 impl Envelope {
@@ -518,6 +523,7 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
             },
             "fromSeq" => env.from_seq = Some(uint(reader)?),
             "floor" => env.floor = Some(uint(reader)?),
+            "limit" => env.limit = Some(uint(reader)?),
             "id" => env.id = Some(read_text(reader, field)?),
             "code" => env.code = Some(read_text(reader, field)?),
             "message" => env.message = Some(read_text(reader, field)?),
@@ -557,6 +563,7 @@ fn write_env<'a>(env: &'a Env, out: &mut Vec<u8>) {
         env.from_seq.map(V::Uint),
         text(&env.cap),
         env.floor.map(V::Uint),
+        env.limit.map(V::Uint),
     ];
     cbor::write_map(out, values.iter().flatten().count());
     for (key, value) in ENV_KEYS.iter().zip(&values) {
@@ -754,6 +761,7 @@ mod tests {
             uint(),
             uint(),
             uint(),
+            uint(),
         );
         let body = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..100));
         (head, rest, body).prop_map(|(head, rest, body)| {
@@ -761,7 +769,7 @@ mod tests {
             (env.obj, env.obj_kind, env.receipt) = (head.2, head.3, head.4);
             (env.id, env.code, env.message, env.reason, env.cap) =
                 (rest.0, rest.1, rest.2, rest.3, rest.4);
-            (env.seq, env.from_seq, env.floor) = (rest.5, rest.6, rest.7);
+            (env.seq, env.from_seq, env.floor, env.limit) = (rest.5, rest.6, rest.7, rest.8);
             Envelope {
                 type_byte: head.0,
                 env,
