@@ -38,7 +38,8 @@ async fn queues_and_sessions_over_iroh_with_transport_identity() {
                     answer.extend_from_slice(&request.body);
                     request.end(answer).await.expect("answer");
                 }
-                Inbound::Closed { .. } => {}
+                Inbound::Closed { .. } | Inbound::Store { .. } => {}
+                _ => {}
             }
         }
     });

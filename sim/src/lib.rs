@@ -60,11 +60,17 @@ pub enum FaultKind {
     Storm,
     /// Random message loss at a rate (turmoil's fail rate), then none.
     FailRate,
+    /// The receiver's app stops consuming, then resumes (a stopped consumer; a receiver
+    /// crash meanwhile is an app that restarts without consuming).
+    Stall,
+    /// A host's disk fails every load and commit for a while, then heals (a crash meanwhile
+    /// restarts the host onto a disk that cannot load).
+    Disk,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -73,6 +79,8 @@ impl FaultKind {
         FaultKind::CrashReceiver,
         FaultKind::Storm,
         FaultKind::FailRate,
+        FaultKind::Stall,
+        FaultKind::Disk,
     ];
 
     /// The name on the command line.
@@ -86,6 +94,8 @@ impl FaultKind {
             FaultKind::CrashReceiver => "crash-b",
             FaultKind::Storm => "storm",
             FaultKind::FailRate => "fail-rate",
+            FaultKind::Stall => "stall",
+            FaultKind::Disk => "disk",
         }
     }
 }
@@ -135,6 +145,10 @@ pub struct Report {
     pub faults: BTreeMap<FaultKind, u32>,
     /// Every checker violation (empty: the run passed).
     pub violations: Vec<String>,
+    /// How often the hard cases were exercised: `load failures`, `commit failures`,
+    /// `stalls past W` (the consumer stopped long enough to fill the window), `deep objects`
+    /// (objects pipelining at least 4 × W ops).
+    pub exercised: BTreeMap<&'static str, u64>,
     /// SHA-256 of the run's event trace.
     pub trace_hash: String,
     /// The event trace (simulated milliseconds, event).
@@ -161,6 +175,8 @@ struct Plan {
     obj: String,
     kind: ObjKind,
     count: u32,
+    /// Ops issued before awaiting their outcomes (≥ 4 × W on deep objects).
+    pipeline: u32,
     fate: Fate,
     /// Pause between pipelined batches, so that ops span the fault window.
     pause: Duration,
@@ -185,6 +201,10 @@ struct Ledger {
     /// Every delivery to b's app: (seq, op id, n), redeliveries included.
     delivered: BTreeMap<String, Vec<(u64, String, u32)>>,
     closed_at_receiver: BTreeSet<String>,
+    /// The receiver's app does not consume while set (a `stall` fault).
+    stalled: bool,
+    /// Most items the stalled app held at once.
+    stall_held_max: u64,
     violations: Vec<String>,
     boots: BTreeMap<&'static str, u64>,
 }
@@ -208,12 +228,20 @@ impl Ledger {
         self.log.push(format!("{millis} {line}"));
     }
 
-    /// Op `n` of `obj` ended without success: futile (recorded for the finality check),
-    /// refused by the machine (never sent), or "shut down" on a running host (a violation).
-    fn failed(&mut self, obj: &str, n: u32, error: Error) {
+    /// Op `n` of `obj`, issued at `issued_ms`, ended without success: futile (recorded for
+    /// the finality check; only a TTL expiry after the TTL is a cause the schedule explains),
+    /// refused (never sent: a store that could not load explains it, a full outbox does not,
+    /// because `send` waits for room), or "shut down" on a running host (a violation).
+    fn failed(&mut self, obj: &str, n: u32, issued_ms: u64, error: Error) {
         match error {
             Error::Futile(code) => {
                 self.note(format!("futile {obj} #{n} {code}"));
+                let waited = sim_now().saturating_sub(issued_ms);
+                if code != "ttl_expired" || waited < QUEUE_TTL.as_millis() as u64 {
+                    self.violation(format!(
+                        "{obj} #{n} ended futile ({code}) after {waited} ms: no cause in the schedule"
+                    ));
+                }
                 self.progress
                     .get_mut(obj)
                     .expect("entry")
@@ -225,6 +253,9 @@ impl Ledger {
                     "{obj} #{n} resolved as shut down on a running host"
                 ));
             }
+            Error::Command(tether::substrate::CommandError::QueueFull) => {
+                self.violation(format!("{obj} #{n} refused queue_full: send must wait"));
+            }
             other => self.note(format!("refused {obj} #{n} {other}")),
         }
     }
@@ -235,14 +266,21 @@ impl Ledger {
     }
 }
 
-fn config(rng: &mut Xoshiro256PlusPlus) -> Config {
+/// The queue TTL of every simulated host.
+const QUEUE_TTL: Duration = Duration::from_secs(40);
+
+/// `hard` draws what later sessions added (the receive window, deep pipelines, stalls and
+/// disk faults) from a stream of its own, so that the main stream, and with it every older
+/// seed's workload and network schedule, stays what it was.
+fn config(rng: &mut Xoshiro256PlusPlus, hard: &mut Xoshiro256PlusPlus) -> Config {
     Config {
         in_flight_max: [1, 4, 32][rng.random_range(0..3)],
+        receive_window: [4, 16, 64][hard.random_range(0..3)],
         keepalive: Duration::from_secs(2),
         dead_after: Duration::from_secs(6),
         gap_resync_after: Duration::from_secs(3),
         transient_retry: Duration::from_millis(200),
-        queue_ttl: Duration::from_secs(40),
+        queue_ttl: QUEUE_TTL,
         dedupe_retention: Duration::from_secs(3600),
         ..Config::default()
     }
@@ -282,7 +320,14 @@ async fn sender(
         .seed(boot_seed)
         .start()?;
     let mut inbound = substrate.inbound().expect("fresh");
-    tokio::spawn(async move { while inbound.recv().await.is_some() {} });
+    let notes = ledger.clone();
+    tokio::spawn(async move {
+        while let Some(item) = inbound.recv().await {
+            if let Inbound::Store { op, error, .. } = item {
+                lock(&notes).note(format!("store a {} {error:?}", op.as_str()));
+            }
+        }
+    });
     let bob = substrate.peer(&PeerId::new("b"));
     let plans = lock(&ledger).plans.clone();
     let mut tasks = Vec::new();
@@ -298,9 +343,6 @@ async fn sender(
     std::future::pending::<()>().await;
     Ok(())
 }
-
-/// Pipelined ops per object in the workload.
-const PIPELINE: u32 = 6;
 
 async fn drive_object(
     ledger: &Shared,
@@ -356,9 +398,10 @@ async fn drive_object(
         if start >= plan.count {
             break;
         }
-        let end = (start + PIPELINE).min(plan.count);
+        let end = (start + plan.pipeline).min(plan.count);
         let mut sends = Vec::new();
         let mut reqs = Vec::new();
+        let issued = sim_now();
         for n in start..end {
             let body = n.to_be_bytes().to_vec();
             lock(ledger).progress.get_mut(obj).expect("entry").next = n + 1;
@@ -387,7 +430,7 @@ async fn drive_object(
                         .acked
                         .insert(n, op_id);
                 }
-                Err(error) => l.failed(obj, n, error),
+                Err(error) => l.failed(obj, n, issued, error),
             }
         }
         for (n, pending) in reqs {
@@ -401,7 +444,7 @@ async fn drive_object(
                     l.note(format!("answer {obj} #{n}"));
                     l.progress.get_mut(obj).expect("entry").answered.insert(n);
                 }
-                Err(error) => l.failed(obj, n, error),
+                Err(error) => l.failed(obj, n, issued, error),
             }
         }
         tokio::time::sleep(plan.pause).await;
@@ -439,48 +482,77 @@ async fn receiver(
         .seed(boot_seed)
         .start()?;
     let mut inbound = substrate.inbound().expect("fresh");
-    while let Some(item) = inbound.recv().await {
+    // What the app took and has not processed (it holds them while stalled).
+    let mut holding: std::collections::VecDeque<Inbound> = std::collections::VecDeque::new();
+    loop {
+        let stalled = lock(&ledger).stalled;
+        if !stalled {
+            while let Some(item) = holding.pop_front() {
+                consume(&ledger, item).await;
+            }
+        }
+        let item = tokio::select! {
+            item = inbound.recv() => item,
+            () = tokio::time::sleep(STALL_POLL) => continue,
+        };
+        let Some(item) = item else { return Ok(()) };
         match item {
-            Inbound::Open(open) => {
-                let obj = open.obj.clone();
-                let result = if obj.starts_with("rej/") {
-                    open.reject("approval_denied").await
-                } else {
-                    open.accept().await
+            Inbound::Message(_) | Inbound::Request(_) if stalled => {
+                let (obj, seq, op_id, body) = match &item {
+                    Inbound::Message(m) => (&m.obj, m.seq, &m.op_id, &m.body),
+                    Inbound::Request(r) => (&r.obj, r.seq, &r.req_id, &r.body),
+                    _ => unreachable!("matched above"),
                 };
-                lock(&ledger).note(format!("decided {obj} {result:?}"));
-            }
-            Inbound::Message(message) => {
-                record_delivery(
-                    &ledger,
-                    &message.obj,
-                    message.seq,
-                    &message.op_id,
-                    &message.body,
-                );
-                message.done();
-            }
-            Inbound::Request(request) => {
-                record_delivery(
-                    &ledger,
-                    &request.obj,
-                    request.seq,
-                    &request.req_id,
-                    &request.body,
-                );
-                let (obj, seq, body) = (request.obj.clone(), request.seq, request.body.clone());
-                if let Err(error) = request.end(body).await {
-                    lock(&ledger).note(format!("answer {obj} seq {seq} refused: {error}"));
-                }
-            }
-            Inbound::Closed { obj, .. } => {
+                record_delivery(&ledger, obj, seq, op_id, body);
+                holding.push_back(item);
                 let mut l = lock(&ledger);
-                l.note(format!("closed {obj}"));
-                l.closed_at_receiver.insert(obj);
+                l.stall_held_max = l.stall_held_max.max(holding.len() as u64);
+            }
+            item => {
+                if let Inbound::Message(m) = &item {
+                    record_delivery(&ledger, &m.obj, m.seq, &m.op_id, &m.body);
+                }
+                if let Inbound::Request(r) = &item {
+                    record_delivery(&ledger, &r.obj, r.seq, &r.req_id, &r.body);
+                }
+                consume(&ledger, item).await;
             }
         }
     }
-    Ok(())
+}
+
+/// How often a stalled receiver looks whether it may consume again.
+const STALL_POLL: Duration = Duration::from_millis(100);
+
+/// The receiver's app processes one item (already recorded as delivered).
+async fn consume(ledger: &Shared, item: Inbound) {
+    match item {
+        Inbound::Open(open) => {
+            let obj = open.obj.clone();
+            let result = if obj.starts_with("rej/") {
+                open.reject("approval_denied").await
+            } else {
+                open.accept().await
+            };
+            lock(ledger).note(format!("decided {obj} {result:?}"));
+        }
+        Inbound::Message(message) => message.done(),
+        Inbound::Request(request) => {
+            let (obj, seq, body) = (request.obj.clone(), request.seq, request.body.clone());
+            if let Err(error) = request.end(body).await {
+                lock(ledger).note(format!("answer {obj} seq {seq} refused: {error}"));
+            }
+        }
+        Inbound::Closed { obj, .. } => {
+            let mut l = lock(ledger);
+            l.note(format!("closed {obj}"));
+            l.closed_at_receiver.insert(obj);
+        }
+        Inbound::Store { op, error, .. } => {
+            lock(ledger).note(format!("store b {} {error:?}", op.as_str()));
+        }
+        other => lock(ledger).violation(format!("unexpected inbound item {other:?}")),
+    }
 }
 
 fn record_delivery(ledger: &Shared, obj: &str, seq: u64, op_id: &str, body: &[u8]) {
@@ -508,10 +580,16 @@ enum Action {
     Crash(&'static str),
     Restart(&'static str),
     FailRate(f64),
+    Stall(bool),
+    Disk(&'static str, bool),
 }
+
+/// The kinds later sessions added, drawn from the `hard` stream.
+const HARD_KINDS: [FaultKind; 2] = [FaultKind::Stall, FaultKind::Disk];
 
 fn schedule(
     rng: &mut Xoshiro256PlusPlus,
+    hard: &mut Xoshiro256PlusPlus,
     kinds: &[FaultKind],
 ) -> (Vec<(Duration, Action)>, BTreeMap<FaultKind, u32>, Duration) {
     let mut actions = Vec::new();
@@ -520,12 +598,42 @@ fn schedule(
     if kinds.is_empty() {
         return (actions, counts, Duration::from_secs(5));
     }
-    let faults = rng.random_range(2..9);
-    for _ in 0..faults {
-        let kind = kinds[rng.random_range(0..kinds.len())];
-        let at = Duration::from_millis(rng.random_range(2_000..window.as_millis() as u64));
-        let lasting = Duration::from_millis(rng.random_range(500..50_000));
-        *counts.entry(kind).or_default() += 1;
+    let base: Vec<FaultKind> = kinds
+        .iter()
+        .copied()
+        .filter(|kind| !HARD_KINDS.contains(kind))
+        .collect();
+    if !base.is_empty() {
+        for _ in 0..rng.random_range(2..9) {
+            let kind = base[rng.random_range(0..base.len())];
+            let at = Duration::from_millis(rng.random_range(2_000..window.as_millis() as u64));
+            let lasting = Duration::from_millis(rng.random_range(500..50_000));
+            *counts.entry(kind).or_default() += 1;
+            fault_actions(rng, kind, at, lasting, &mut actions);
+        }
+    }
+    for kind in kinds.iter().filter(|kind| HARD_KINDS.contains(kind)) {
+        for _ in 0..hard.random_range(0..3) {
+            let at = Duration::from_millis(hard.random_range(2_000..window.as_millis() as u64));
+            let lasting = Duration::from_millis(hard.random_range(500..30_000));
+            *counts.entry(*kind).or_default() += 1;
+            fault_actions(hard, *kind, at, lasting, &mut actions);
+        }
+    }
+    actions.sort_by_key(|(at, _)| *at);
+    let end = actions.last().map_or(window, |(at, _)| *at).max(window);
+    (actions, counts, end)
+}
+
+/// The actions of one fault of `kind` starting `at` and `lasting`.
+fn fault_actions(
+    rng: &mut Xoshiro256PlusPlus,
+    kind: FaultKind,
+    at: Duration,
+    lasting: Duration,
+    actions: &mut Vec<(Duration, Action)>,
+) {
+    {
         match kind {
             FaultKind::Partition => {
                 actions.push((at, Action::Partition));
@@ -563,6 +671,25 @@ fn schedule(
                 actions.push((at, Action::FailRate(rate)));
                 actions.push((at + lasting, Action::FailRate(0.0)));
             }
+            FaultKind::Stall => {
+                actions.push((at, Action::Stall(true)));
+                actions.push((at + lasting, Action::Stall(false)));
+            }
+            FaultKind::Disk => {
+                let host = if rng.random_range(0..2) == 0 {
+                    "a"
+                } else {
+                    "b"
+                };
+                let down = lasting / 2;
+                actions.push((at, Action::Disk(host, true)));
+                if rng.random_range(0..2) == 0 {
+                    // The host restarts onto the failing disk: its state cannot load.
+                    actions.push((at + down / 3, Action::Crash(host)));
+                    actions.push((at + down / 2, Action::Restart(host)));
+                }
+                actions.push((at + down, Action::Disk(host, false)));
+            }
             FaultKind::Storm => {
                 let mut t = at;
                 for _ in 0..rng.random_range(3..8) {
@@ -574,13 +701,13 @@ fn schedule(
             }
         }
     }
-    actions.sort_by_key(|(at, _)| *at);
-    let end = actions.last().map_or(window, |(at, _)| *at).max(window);
-    (actions, counts, end)
 }
 
-fn plans(rng: &mut Xoshiro256PlusPlus) -> Vec<Plan> {
+/// The workload for a receiver with receive window `window`: 2–5 objects, some pipelining
+/// at least 4 × W ops (deep), some with 1,000+ ops, plus a rejected and a denied object.
+fn plans(rng: &mut Xoshiro256PlusPlus, hard: &mut Xoshiro256PlusPlus, window: u64) -> Vec<Plan> {
     let mut plans = Vec::new();
+    let window = u32::try_from(window).expect("windows are small");
     for i in 0..rng.random_range(2..6) {
         let kind = if rng.random_range(0..3) == 0 {
             ObjKind::Session
@@ -588,10 +715,21 @@ fn plans(rng: &mut Xoshiro256PlusPlus) -> Vec<Plan> {
             ObjKind::Queue
         };
         let prefix = if kind == ObjKind::Queue { "q" } else { "s" };
+        let mut count = rng.random_range(50..300);
+        let deep = hard.random_range(0..3) == 0;
+        let pipeline = if deep {
+            hard.random_range(4 * window..6 * window + 1)
+        } else {
+            6
+        };
+        if deep && hard.random_range(0..3) == 0 {
+            count = hard.random_range(1_000..1_500);
+        }
         plans.push(Plan {
             obj: format!("{prefix}/{i}"),
             kind,
-            count: rng.random_range(50..300),
+            count,
+            pipeline,
             fate: Fate::Accept,
             pause: Duration::from_millis(rng.random_range(200..4_000)),
         });
@@ -600,6 +738,7 @@ fn plans(rng: &mut Xoshiro256PlusPlus) -> Vec<Plan> {
         obj: "rej/0".to_owned(),
         kind: ObjKind::Queue,
         count: 3,
+        pipeline: 6,
         fate: Fate::Reject,
         pause: Duration::ZERO,
     });
@@ -607,6 +746,7 @@ fn plans(rng: &mut Xoshiro256PlusPlus) -> Vec<Plan> {
         obj: "deny/0".to_owned(),
         kind: ObjKind::Session,
         count: 3,
+        pipeline: 6,
         fate: Fate::Deny,
         pause: Duration::ZERO,
     });
@@ -646,13 +786,27 @@ const TASK_ID_ALIGN: u64 = 4096;
 pub fn run(options: &Options) -> Report {
     align_task_ids();
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(options.seed);
+    let mut hard = Xoshiro256PlusPlus::seed_from_u64(options.seed.rotate_left(17) ^ 0x5eed_4a4d);
     let ledger: Shared = Arc::default();
-    lock(&ledger).plans = plans(&mut rng);
-    let config_a = config(&mut rng);
-    let config_b = config(&mut rng);
-    let (actions, fault_counts, faults_end) = schedule(&mut rng, &options.faults);
+    let window_b = [4, 16, 64][hard.random_range(0..3)];
+    lock(&ledger).plans = plans(&mut rng, &mut hard, window_b);
+    let config_a = config(&mut rng, &mut hard);
+    let config_b = Config {
+        receive_window: window_b,
+        ..config(&mut rng, &mut hard)
+    };
+    let (actions, fault_counts, faults_end) = schedule(&mut rng, &mut hard, &options.faults);
     let disk_a: Arc<Mutex<Disk>> = Arc::default();
     let disk_b: Arc<Mutex<Disk>> = Arc::default();
+    disk_a
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .window_max = Some(config_a.receive_window);
+    disk_b
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .window_max = Some(config_b.receive_window);
+    let disks = [("a", disk_a.clone()), ("b", disk_b.clone())];
     if options.sabotage == Some(Sabotage::LyingReceiverDisk) {
         disk_b
             .lock()
@@ -697,7 +851,7 @@ pub fn run(options: &Options) -> Report {
         }
         let now = sim.elapsed();
         while next_action < actions.len() && actions[next_action].0 <= now {
-            apply(&mut sim, &actions[next_action].1);
+            apply(&mut sim, &actions[next_action].1, &ledger, &disks);
             lock(&ledger).note_at(
                 now.as_millis() as u64,
                 format!("fault {:?}", actions[next_action].1),
@@ -705,7 +859,7 @@ pub fn run(options: &Options) -> Report {
             next_action += 1;
         }
         if !healed && now >= faults_end {
-            heal(&mut sim);
+            heal(&mut sim, &ledger, &disks);
             lock(&ledger).note_at(now.as_millis() as u64, "heal".to_owned());
             healed = true;
         }
@@ -727,6 +881,25 @@ pub fn run(options: &Options) -> Report {
     drop(sim);
     let ledger = std::mem::take(&mut *lock(&ledger));
     check(&ledger, &mut violations);
+    let mut exercised = BTreeMap::new();
+    for (host, disk) in &disks {
+        let disk = disk.lock().unwrap_or_else(PoisonError::into_inner);
+        *exercised.entry("load failures").or_default() += disk.failed_loads;
+        *exercised.entry("commit failures").or_default() += disk.failed_commits;
+        for over in disk.bound_violations.iter().take(3) {
+            violations.push(format!("bound: host {host}: {over}"));
+        }
+    }
+    exercised.insert(
+        "stalls past W",
+        u64::from(ledger.stall_held_max >= window_b),
+    );
+    let deep = ledger
+        .plans
+        .iter()
+        .filter(|plan| u64::from(plan.pipeline) >= 4 * window_b)
+        .count() as u64;
+    exercised.insert("deep objects", deep);
     let messages = ledger
         .delivered
         .values()
@@ -742,14 +915,28 @@ pub fn run(options: &Options) -> Report {
         simulated,
         messages,
         faults: fault_counts,
+        exercised,
         violations,
         trace_hash: hex::encode(hash.finalize()),
         trace: ledger.log,
     }
 }
 
-fn apply(sim: &mut turmoil::Sim<'_>, action: &Action) {
+/// The hosts' disks, by host name.
+type Disks = [(&'static str, Arc<Mutex<Disk>>); 2];
+
+fn set_disk(disks: &Disks, host: &str, failing: bool) {
+    for (name, disk) in disks {
+        if *name == host {
+            disk.lock().unwrap_or_else(PoisonError::into_inner).failing = failing;
+        }
+    }
+}
+
+fn apply(sim: &mut turmoil::Sim<'_>, action: &Action, ledger: &Shared, disks: &Disks) {
     match action {
+        Action::Stall(stalled) => lock(ledger).stalled = *stalled,
+        Action::Disk(host, failing) => set_disk(disks, host, *failing),
         Action::Partition => sim.partition("a", "b"),
         Action::Repair => {
             sim.repair("a", "b");
@@ -772,7 +959,11 @@ fn apply(sim: &mut turmoil::Sim<'_>, action: &Action) {
     }
 }
 
-fn heal(sim: &mut turmoil::Sim<'_>) {
+fn heal(sim: &mut turmoil::Sim<'_>, ledger: &Shared, disks: &Disks) {
+    lock(ledger).stalled = false;
+    for host in ["a", "b"] {
+        set_disk(disks, host, false);
+    }
     sim.set_fail_rate(0.0);
     sim.repair("a", "b");
     sim.release("a", "b");

@@ -1,5 +1,6 @@
 //! `tether-sim`: run the deterministic simulation for one seed or sweep a range of seeds.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -41,6 +42,12 @@ enum Command {
         /// Every N-th seed is run twice and must give the same trace hash.
         #[arg(long, default_value_t = 10)]
         twice_every: u64,
+        /// Runs the range in N child processes at once (one simulation per process).
+        #[arg(long, default_value_t = 1)]
+        jobs: u64,
+        /// Prints one JSON summary line instead of the table (what `--jobs` children print).
+        #[arg(long, hide = true)]
+        json: bool,
     },
 }
 
@@ -103,6 +110,8 @@ fn main() -> ExitCode {
             seeds,
             faults: arg,
             twice_every,
+            jobs,
+            json,
         } => {
             let kinds = match faults(arg.as_deref()) {
                 Ok(kinds) => kinds,
@@ -115,16 +124,143 @@ fn main() -> ExitCode {
                 eprintln!("--seeds takes A..B");
                 return ExitCode::from(2);
             };
-            sweep(a, b, &kinds, arg.as_deref(), twice_every.max(1))
+            let twice_every = twice_every.max(1);
+            let started = Instant::now();
+            let summary = if jobs > 1 {
+                match parallel(a, b, jobs, arg.as_deref(), twice_every) {
+                    Ok(summary) => summary,
+                    Err(error) => {
+                        eprintln!("{error}");
+                        return ExitCode::from(2);
+                    }
+                }
+            } else {
+                sweep(a, b, &kinds, arg.as_deref(), twice_every)
+            };
+            if json {
+                println!("{}", serde_json::to_string(&summary).expect("plain data"));
+            } else {
+                summary.print(a, b, started.elapsed().as_secs_f64());
+            }
+            if summary.failures.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
 
-fn sweep(a: u64, b: u64, kinds: &[FaultKind], arg: Option<&str>, twice_every: u64) -> ExitCode {
-    let started = Instant::now();
-    let mut reports: Vec<Report> = Vec::new();
-    let mut failures = Vec::new();
-    let mut rerun = 0;
+/// What a sweep (or one `--jobs` child's part of it) adds up to.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Summary {
+    seeds: u64,
+    simulated_secs: f64,
+    messages: u64,
+    faults: BTreeMap<String, u64>,
+    exercised: BTreeMap<String, u64>,
+    reruns: u64,
+    failures: Vec<String>,
+}
+
+impl Summary {
+    fn add(&mut self, other: Summary) {
+        self.seeds += other.seeds;
+        self.simulated_secs += other.simulated_secs;
+        self.messages += other.messages;
+        for (k, n) in other.faults {
+            *self.faults.entry(k).or_default() += n;
+        }
+        for (k, n) in other.exercised {
+            *self.exercised.entry(k).or_default() += n;
+        }
+        self.reruns += other.reruns;
+        self.failures.extend(other.failures);
+    }
+
+    fn print(&self, a: u64, b: u64, wall: f64) {
+        println!(
+            "| seeds | simulated hours | messages | faults injected | determinism reruns | verdict |"
+        );
+        println!("|---|---:|---:|---|---:|---|");
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        println!(
+            "| {a}..{b} ({}) | {:.2} | {} | {} | {} | {} |",
+            self.seeds,
+            self.simulated_secs / 3600.0,
+            self.messages,
+            faults.join(", "),
+            self.reruns,
+            if self.failures.is_empty() {
+                "all checkers passed"
+            } else {
+                "FAILED"
+            }
+        );
+        let exercised: Vec<String> = self
+            .exercised
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        println!("exercised: {}", exercised.join(", "));
+        println!(
+            "wall {wall:.1}s, {:.0} simulated seconds per wall second",
+            self.simulated_secs / wall.max(1e-9)
+        );
+        for failure in &self.failures {
+            println!("{failure}");
+        }
+    }
+}
+
+/// Splits `a..b` over `jobs` child processes of this binary and adds up their summaries.
+fn parallel(
+    a: u64,
+    b: u64,
+    jobs: u64,
+    arg: Option<&str>,
+    twice_every: u64,
+) -> Result<Summary, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let chunk = (b - a).div_ceil(jobs).max(1);
+    let mut children = Vec::new();
+    let mut start = a;
+    while start < b {
+        let end = (start + chunk).min(b);
+        let mut command = std::process::Command::new(&exe);
+        command.args(["sweep", "--seeds", &format!("{start}..{end}"), "--json"]);
+        command.args(["--twice-every", &twice_every.to_string()]);
+        if let Some(list) = arg {
+            command.args(["--faults", list]);
+        }
+        command.stdout(std::process::Stdio::piped());
+        children.push(
+            command
+                .spawn()
+                .map_err(|e| format!("cannot start a job: {e}"))?,
+        );
+        start = end;
+    }
+    let mut total = Summary::default();
+    for child in children {
+        let output = child
+            .wait_with_output()
+            .map_err(|e| format!("a job failed: {e}"))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let line = text.lines().last().unwrap_or_default();
+        let part: Summary =
+            serde_json::from_str(line).map_err(|e| format!("a job printed no summary: {e}"))?;
+        total.add(part);
+    }
+    Ok(total)
+}
+
+fn sweep(a: u64, b: u64, kinds: &[FaultKind], arg: Option<&str>, twice_every: u64) -> Summary {
+    let mut summary = Summary::default();
     for seed in a..b {
         let report = run(&Options {
             seed,
@@ -132,14 +268,14 @@ fn sweep(a: u64, b: u64, kinds: &[FaultKind], arg: Option<&str>, twice_every: u6
             sabotage: None,
         });
         if seed % twice_every == 0 {
-            rerun += 1;
+            summary.reruns += 1;
             let again = run(&Options {
                 seed,
                 faults: kinds.to_vec(),
                 sabotage: None,
             });
             if again.trace_hash != report.trace_hash {
-                failures.push(format!(
+                summary.failures.push(format!(
                     "seed {seed}: not deterministic ({} then {})",
                     &report.trace_hash[..16],
                     &again.trace_hash[..16]
@@ -147,52 +283,34 @@ fn sweep(a: u64, b: u64, kinds: &[FaultKind], arg: Option<&str>, twice_every: u6
             }
         }
         if !report.passed() {
-            failures.push(format!(
+            summary.failures.push(format!(
                 "seed {seed}: {}\n    reproduce: {}",
                 report.violations.join("; "),
                 reproduce(seed, arg)
             ));
         }
-        reports.push(report);
+        summary.add(part_of(&report));
     }
-    let simulated: f64 = reports.iter().map(|r| r.simulated.as_secs_f64()).sum();
-    let messages: u64 = reports.iter().map(|r| r.messages).sum();
-    let mut by_kind = std::collections::BTreeMap::new();
-    for report in &reports {
-        for (kind, n) in &report.faults {
-            *by_kind.entry(*kind).or_insert(0u64) += u64::from(*n);
-        }
-    }
-    let wall = started.elapsed().as_secs_f64();
-    println!(
-        "| seeds | simulated hours | messages | faults injected | determinism reruns | verdict |"
-    );
-    println!("|---|---:|---:|---|---:|---|");
-    let faults: Vec<String> = by_kind
-        .iter()
-        .map(|(k, n)| format!("{} {n}", k.name()))
-        .collect();
-    println!(
-        "| {a}..{b} ({}) | {:.2} | {messages} | {} | {rerun} | {} |",
-        b - a,
-        simulated / 3600.0,
-        faults.join(", "),
-        if failures.is_empty() {
-            "all checkers passed"
-        } else {
-            "FAILED"
-        }
-    );
-    println!(
-        "wall {wall:.1}s, {:.0} simulated seconds per wall second",
-        simulated / wall.max(1e-9)
-    );
-    for failure in &failures {
-        println!("{failure}");
-    }
-    if failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    summary
+}
+
+/// One run as a summary.
+fn part_of(report: &Report) -> Summary {
+    Summary {
+        seeds: 1,
+        simulated_secs: report.simulated.as_secs_f64(),
+        messages: report.messages,
+        faults: report
+            .faults
+            .iter()
+            .map(|(kind, n)| (kind.name().to_owned(), u64::from(*n)))
+            .collect(),
+        exercised: report
+            .exercised
+            .iter()
+            .map(|(k, n)| ((*k).to_owned(), *n))
+            .collect(),
+        reruns: 0,
+        failures: Vec::new(),
     }
 }

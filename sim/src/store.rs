@@ -20,6 +20,17 @@ pub struct Disk {
     pub commits: u64,
     /// Sabotage: every N-th commit is reported durable but dropped.
     pub lies_every: Option<u64>,
+    /// The disk fails every load and commit while set (a disk fault), then heals.
+    pub failing: bool,
+    /// Loads refused while failing.
+    pub failed_loads: u64,
+    /// Commits refused while failing.
+    pub failed_commits: u64,
+    /// Most ops of one object the host may hold for its app (its receive window); a commit
+    /// past it is recorded in `bound_violations`.
+    pub window_max: Option<u64>,
+    /// Objects seen holding more than `window_max` ops (held plus unconsumed).
+    pub bound_violations: Vec<String>,
 }
 
 /// A store over a shared [`Disk`].
@@ -37,12 +48,20 @@ impl SimStore {
 
 impl Store for SimStore {
     fn load(&self, peer: &PeerId) -> Result<DurableState, StoreError> {
-        let disk = self.disk.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut disk = self.disk.lock().unwrap_or_else(PoisonError::into_inner);
+        if disk.failing {
+            disk.failed_loads += 1;
+            return Err(StoreError::Unavailable("simulated disk fault".to_owned()));
+        }
         Ok(disk.peers.get(peer).cloned().unwrap_or_default())
     }
 
     fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
         let mut disk = self.disk.lock().unwrap_or_else(PoisonError::into_inner);
+        if disk.failing {
+            disk.failed_commits += 1;
+            return Err(StoreError::Unavailable("simulated disk fault".to_owned()));
+        }
         disk.commits += 1;
         if disk
             .lies_every
@@ -60,6 +79,20 @@ impl Store for SimStore {
         let state = disk.peers.entry(peer.clone()).or_default();
         for batch in batches {
             state.apply(batch);
+        }
+        let window_max = disk.window_max;
+        let state = disk.peers.get(peer).expect("inserted above");
+        if let Some(max) = window_max {
+            let mut held_for_app: BTreeMap<&str, u64> = BTreeMap::new();
+            for (obj, _) in state.inbox.keys().chain(state.held.keys()) {
+                *held_for_app.entry(obj.as_str()).or_default() += 1;
+            }
+            let over: Vec<String> = held_for_app
+                .into_iter()
+                .filter(|(_, n)| *n > max)
+                .map(|(obj, n)| format!("{obj} holds {n} ops for its app, above W = {max}"))
+                .collect();
+            disk.bound_violations.extend(over);
         }
         Ok(())
     }

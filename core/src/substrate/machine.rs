@@ -351,20 +351,21 @@ struct Object {
     /// When the current gap was first seen.
     gap_since: Option<Time>,
     last_resync: Option<Time>,
-    /// Sending: the credit the peer gave (memory; the peer repeats it on every link).
+    /// Sending: the credit the peer gave beyond the link's initial credit (memory; the peer
+    /// repeats it on every link).
     tx_limit: u64,
     /// Sending: the highest floor told to the peer on this link.
     floor_sent: u64,
     /// Sending: the highest seq of this side that ended without an ack (memory).
     ended_max: Option<u64>,
-    /// Receiving: the highest credit told to the peer on this link.
+    /// Receiving: the highest credit told to the peer on this link (beyond the initial one).
     limit_sent: u64,
 }
 
 impl Object {
-    /// An object whose peer starts from the handshake's window `initial_credit` (both sides
-    /// know it, so neither needs telling).
-    fn new(record: ObjectRecord, initial_credit: u64) -> Self {
+    /// An object; both directions start from the link's initial credit (the handshake's
+    /// window, which both sides know, so neither needs telling).
+    fn new(record: ObjectRecord) -> Self {
         Self {
             record,
             outbox: Outbox::default(),
@@ -372,10 +373,10 @@ impl Object {
             inbox: BTreeMap::new(),
             gap_since: None,
             last_resync: None,
-            tx_limit: initial_credit,
+            tx_limit: 0,
             floor_sent: 0,
             ended_max: None,
-            limit_sent: initial_credit,
+            limit_sent: 0,
         }
     }
 
@@ -510,7 +511,7 @@ impl Machine {
     ) -> Self {
         let mut machine = Self::new(remote, config, authorizer, boot);
         for (name, record) in &state.objects {
-            let object = Object::new(record.clone(), machine.initial_credit);
+            let object = Object::new(record.clone());
             machine.objects.insert(name.clone(), object);
         }
         for ((obj, seq), op) in &state.outbox {
@@ -693,8 +694,8 @@ impl Machine {
             // The peer's credit may have grown on a link it never heard of (or the peer
             // restarted): tell it wherever it is above the start.
             let limit = object.receive_limit(window);
-            object.limit_sent = self.initial_credit;
-            if limit > object.limit_sent {
+            object.limit_sent = 0;
+            if limit > self.initial_credit {
                 object.limit_sent = limit;
                 self.stats.credits_sent += 1;
                 let frame = credit_frame(name, limit);
@@ -846,7 +847,7 @@ impl Machine {
             tx_next: 0,
             rx_next: 0,
         };
-        let object = Object::new(record, self.initial_credit);
+        let object = Object::new(record);
         self.objects.insert(obj.to_owned(), object);
         let mut op = self.op(now, obj, Verb::Open, open_id.clone());
         op.obj_kind = Some(kind);
@@ -1044,7 +1045,7 @@ impl Machine {
                     tx_next: 0,
                     rx_next: 0,
                 };
-                let object = Object::new(record, self.initial_credit);
+                let object = Object::new(record);
                 self.objects.insert(op.obj.clone(), object);
                 self.sequence(now, op, receipt, 0);
             }
@@ -1177,11 +1178,12 @@ impl Machine {
             return;
         };
         let limit = object.receive_limit(window);
-        if limit <= object.limit_sent {
+        let told = object.limit_sent.max(self.initial_credit);
+        if limit <= told {
             return;
         }
-        let peer_may_wait = object.seen_end() >= object.limit_sent;
-        if peer_may_wait || limit - object.limit_sent >= (window / 2).max(1) {
+        let peer_may_wait = object.seen_end() >= told;
+        if peer_may_wait || limit - told >= (window / 2).max(1) {
             object.limit_sent = limit;
             self.stats.credits_sent += 1;
             self.staged_outputs
@@ -1464,7 +1466,11 @@ impl Machine {
                     self.send_now(now, floor_frame(obj, floor));
                 }
             }
-            (None, Some(floor)) => self.advance_to_floor(now, obj, floor),
+            (None, Some(floor)) => {
+                // Skipped seqs free credit, and nothing else would tell the peer.
+                self.advance_to_floor(now, obj, floor);
+                self.stage_credit(obj);
+            }
             (None, None) => self.stats.malformed += 1,
         }
     }
@@ -1771,10 +1777,11 @@ impl Machine {
         }
         let window = self.window;
         let persisted = self.persisted_through;
+        let initial_credit = self.initial_credit;
         for (name, object) in &mut self.objects {
             let floor = object.floor();
             let opening = object.record.state == ObjectState::Opening;
-            let limits = (floor, object.tx_limit);
+            let limits = (floor, object.tx_limit.max(initial_credit));
             if object
                 .outbox
                 .transmit(persisted, opening, window, limits, &mut self.transmit)

@@ -1,22 +1,28 @@
 //! The per-peer task: owns one [`PeerLink`], feeds it link bytes, time and persistence
 //! results, drains its outputs. No protocol decision is made here.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use tether_core::limits::{
+    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_STORE_RETRY_BASE_MS,
+    SUBSTRATE_STORE_RETRY_CAP_MS,
+};
+use tether_core::retry::{Backoff, Retry};
 use tether_core::substrate::handshake::Role;
-use tether_core::substrate::{Event, Machine, PeerId, PeerLink, PersistBatch};
+use tether_core::substrate::{CommandError, Event, Machine, PeerId, PeerLink, PersistBatch};
 use tether_core::time::Time;
 use tether_core::wire::envelope::{ObjKind, Verb};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, Instrument};
 
 use super::transport::Link;
-use super::{Delivery, Error, Inbound, OpenRequest, Reply, Request, Shared};
+use super::{Delivery, Error, Inbound, OpenRequest, Reply, Request, Shared, StoreOp};
+use crate::store::StoreError;
 
 /// Commands handled per wake before outputs are drained (bounds one wake's work).
 const COMMANDS_PER_WAKE: usize = 256;
@@ -28,9 +34,16 @@ const READ_CHUNK: usize = 64 * 1024;
 const WRITE_CHUNK: usize = 256 * 1024;
 /// How often a peer's counters are published to `metrics`.
 const STATS_EVERY: Duration = Duration::from_secs(1);
-/// First redial delay and its cap (full jitter over the doubling delay).
-const REDIAL_BASE: Duration = Duration::from_millis(100);
-const REDIAL_CAP: Duration = Duration::from_secs(10);
+/// When to redial a lost link (the one retry policy, `tether_core::retry`).
+const REDIAL: Backoff = Backoff::new(
+    Duration::from_millis(SUBSTRATE_REDIAL_BASE_MS),
+    Duration::from_millis(SUBSTRATE_REDIAL_CAP_MS),
+);
+/// When to try a failing store again.
+const STORE_RETRY: Backoff = Backoff::new(
+    Duration::from_millis(SUBSTRATE_STORE_RETRY_BASE_MS),
+    Duration::from_millis(SUBSTRATE_STORE_RETRY_CAP_MS),
+);
 
 pub(super) type Reply1<T> = oneshot::Sender<Result<T, Error>>;
 
@@ -45,11 +58,14 @@ pub(super) enum Command {
     Send {
         obj: String,
         body: Bytes,
+        /// Wait for outbox room (`send`) rather than fail with `QueueFull` (`try_send`).
+        wait: bool,
         reply: Reply1<String>,
     },
     Req {
         obj: String,
         body: Bytes,
+        wait: bool,
         reply: Reply1<Reply>,
     },
     Answer {
@@ -99,6 +115,102 @@ impl Command {
             Command::Attach(_) | Command::Shutdown(_) => None,
         }
     }
+
+    /// Answers the command with `error` without doing it (a peer whose state cannot load).
+    fn refuse(self, error: Error) {
+        match self {
+            Command::Open { reply, .. }
+            | Command::Answer { reply, .. }
+            | Command::Decide { reply, .. }
+            | Command::Close { reply, .. } => drop(reply.send(Err(error))),
+            Command::Send { reply, .. } => drop(reply.send(Err(error))),
+            Command::Req { reply, .. } => drop(reply.send(Err(error))),
+            // A link from a peer whose state cannot load is refused: dropping it closes it.
+            Command::Attach(link) => drop(link),
+            Command::Consume { .. } | Command::Shutdown(_) => {}
+        }
+    }
+
+    /// Whether a refusal for want of outbox room should wait for room instead.
+    fn waits_for_room(&self) -> bool {
+        match self {
+            Command::Send { wait, .. } | Command::Req { wait, .. } => *wait,
+            Command::Answer { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Loads `peer`'s durable state, retrying with backoff while the store fails. Meanwhile links
+/// from the peer are refused and app commands answered [`Error::Store`] at once (nothing is
+/// enqueued, so nothing is lost); the app hears of the outage on its inbound channel. `None`
+/// when the substrate shuts down first.
+pub(super) async fn load(
+    peer: &PeerId,
+    shared: &Arc<Shared>,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> Option<Machine> {
+    let mut retry = Retry::new(STORE_RETRY);
+    loop {
+        match blocking(shared, {
+            let (store, peer) = (shared.store.clone(), peer.clone());
+            move || store.load(&peer)
+        })
+        .await
+        {
+            Ok(state) => {
+                if retry.failures() > 0 {
+                    shared.store_recovered(peer, StoreOp::Load);
+                }
+                let boot = shared.random_u64();
+                let (config, authorizer) = (shared.config.clone(), shared.authorizer.clone());
+                let machine = Machine::recover(peer.clone(), config, authorizer, boot, &state);
+                return Some(machine);
+            }
+            Err(error) => {
+                let now = (shared.clock)();
+                let at = retry.fail(now, shared.random_u64());
+                shared.store_failed(peer, StoreOp::Load, &error, retry.failures());
+                let message = error.to_string();
+                let sleep = tokio::time::sleep(until(shared, at));
+                tokio::pin!(sleep);
+                loop {
+                    tokio::select! {
+                        biased;
+                        command = commands.recv() => match command {
+                            None => return None,
+                            Some(Command::Shutdown(done)) => {
+                                let _ = done.send(());
+                                return None;
+                            }
+                            Some(command) => command.refuse(Error::Store(message.clone())),
+                        },
+                        () = &mut sleep => break,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs a store call off the async workers when the store blocks.
+async fn blocking<T: Send + 'static>(
+    shared: &Shared,
+    call: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    if shared.store.is_blocking() {
+        tokio::task::spawn_blocking(call)
+            .await
+            .unwrap_or_else(|join| Err(StoreError::Unavailable(join.to_string())))
+    } else {
+        call()
+    }
+}
+
+/// How long from now until `at` on the shell's clock.
+fn until(shared: &Shared, at: Time) -> Duration {
+    let now = (shared.clock)();
+    Duration::from_millis(at.as_millis().saturating_sub(now.as_millis()))
 }
 
 enum LinkMsg {
@@ -126,9 +238,17 @@ pub(super) struct Driver {
     writer: Option<mpsc::UnboundedSender<Bytes>>,
     generation: u64,
     dialing: bool,
-    redial_at: Option<Time>,
-    attempt: u32,
+    redial: Retry,
     was_up: bool,
+    /// Batches the store has not committed yet (a failed commit keeps them for the retry).
+    uncommitted: Vec<PersistBatch>,
+    store_retry: Retry,
+    /// Commands waiting for room in their object's outbox, in arrival order per object.
+    parked: HashMap<String, VecDeque<Command>>,
+    /// Objects whose outbox may have room again (an op left it).
+    freed: BTreeSet<String>,
+    /// The last command tried was parked again (its object is still full).
+    parked_again: bool,
     waiters: HashMap<String, Waiter>,
     opens: HashMap<String, (String, Reply1<()>)>,
     pinned: Arc<AtomicBool>,
@@ -157,9 +277,13 @@ impl Driver {
             writer: None,
             generation: 0,
             dialing: false,
-            redial_at: None,
-            attempt: 0,
+            redial: Retry::new(REDIAL),
             was_up: false,
+            uncommitted: Vec::new(),
+            store_retry: Retry::new(STORE_RETRY),
+            parked: HashMap::new(),
+            freed: BTreeSet::new(),
+            parked_again: false,
             waiters: HashMap::new(),
             opens: HashMap::new(),
             pinned,
@@ -171,12 +295,9 @@ impl Driver {
         let span = tracing::info_span!("peer", peer = %self.peer.as_str());
         async move {
             if self.shared.transport.can_dial(&self.peer) {
-                self.redial_at = Some(self.now());
+                self.redial.schedule(self.now());
             }
-            if let Err(error) = self.flush().await {
-                warn!(%error, "store failed; the peer's task stops");
-                return self.stop();
-            }
+            self.flush().await;
             loop {
                 let due = self.next_due();
                 let sleep = self.sleep_for(due);
@@ -216,15 +337,12 @@ impl Driver {
                     }
                 }
                 if let Some(done) = stop {
-                    let _ = self.flush().await;
+                    self.flush().await;
                     self.stop();
                     let _ = done.send(());
                     return;
                 }
-                if let Err(error) = self.flush().await {
-                    warn!(%error, "store failed; the peer's task stops");
-                    return self.stop();
-                }
+                self.flush().await;
                 if self.idle() {
                     debug!("no link, no state: the peer's task ends");
                     return self.stop();
@@ -244,6 +362,8 @@ impl Driver {
             && !self.shared.transport.can_dial(&self.peer)
             && self.waiters.is_empty()
             && self.opens.is_empty()
+            && self.parked.is_empty()
+            && self.uncommitted.is_empty()
             && self.link.machine().is_idle()
     }
 
@@ -266,10 +386,14 @@ impl Driver {
     }
 
     fn next_due(&self) -> Option<Time> {
-        match (self.link.poll_timeout(), self.redial_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.link.poll_timeout(),
+            self.redial.due(),
+            self.store_retry.due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn sleep_for(&self, due: Option<Time>) -> tokio::time::Sleep {
@@ -284,8 +408,10 @@ impl Driver {
 
     fn timeout(&mut self) {
         let now = self.now();
-        if self.redial_at.is_some_and(|at| at <= now) && !self.dialing && self.writer.is_none() {
-            self.redial_at = None;
+        // A due store retry needs nothing here: the flush after this wake commits.
+        self.store_retry.take_due(now);
+        if self.redial.due().is_some_and(|at| at <= now) && !self.dialing && self.writer.is_none() {
+            self.redial.take_due(now);
             self.dial();
         }
         self.link.handle_timeout(now);
@@ -297,7 +423,7 @@ impl Driver {
         let peer = self.peer.clone();
         let tx = self.link_tx.clone();
         let nonce = shared.random_bytes();
-        debug!(attempt = self.attempt, "dialing");
+        debug!(attempt = self.redial.failures(), "dialing");
         tokio::spawn(async move {
             let result = shared.transport.dial(&peer, nonce).await;
             let _ = tx.send(LinkMsg::Dialed(result)).await;
@@ -308,16 +434,54 @@ impl Driver {
         if !self.shared.transport.can_dial(&self.peer) || self.dialing {
             return;
         }
-        let ceiling = REDIAL_BASE
-            .saturating_mul(1u32 << self.attempt.min(16))
-            .min(REDIAL_CAP);
-        let jitter = self.shared.random_u64() % (ceiling.as_millis() as u64 + 1);
-        self.attempt = self.attempt.saturating_add(1);
-        self.redial_at = Some(self.now().saturating_add(Duration::from_millis(jitter)));
+        let entropy = self.shared.random_u64();
+        self.redial.fail(self.now(), entropy);
     }
 
-    /// Handles one command; `Some` when it asks the task to stop.
+    /// Handles one command; `Some` when it asks the task to stop. A command for an object
+    /// with commands already waiting for room waits behind them (per-object order).
     fn command(&mut self, command: Command) -> Option<oneshot::Sender<()>> {
+        if let Some(queue) = command.object().and_then(|obj| self.parked.get_mut(obj)) {
+            if command.waits_for_room() {
+                queue.push_back(command);
+                return None;
+            }
+        }
+        self.try_command(command).err().flatten()
+    }
+
+    /// Retries the commands waiting for room in the objects that freed some, in order, until
+    /// one is refused again.
+    fn unpark(&mut self) {
+        for obj in std::mem::take(&mut self.freed) {
+            while let Some(command) = self.parked.get_mut(&obj).and_then(VecDeque::pop_front) {
+                // Parked commands are app commands, never a shutdown.
+                let _ = self.try_command(command);
+                if self.parked_again {
+                    break;
+                }
+            }
+            if self.parked.get(&obj).is_some_and(VecDeque::is_empty) {
+                self.parked.remove(&obj);
+            }
+        }
+    }
+
+    /// Parks `command` (refused for want of room) at the front of its object's queue when it
+    /// waits for room; otherwise answers it with the refusal.
+    fn park_or_refuse(&mut self, command: Command, error: CommandError) {
+        if error == CommandError::QueueFull && command.waits_for_room() {
+            let obj = command.object().expect("room is per object").to_owned();
+            self.parked.entry(obj).or_default().push_front(command);
+            self.parked_again = true;
+        } else {
+            command.refuse(error.into());
+        }
+    }
+
+    /// Does one command; `Err(Some(done))` when it asks the task to stop.
+    fn try_command(&mut self, command: Command) -> Result<(), Option<oneshot::Sender<()>>> {
+        self.parked_again = false;
         let _span = command
             .object()
             .map(|obj| tracing::debug_span!("object", obj = %obj).entered());
@@ -336,14 +500,32 @@ impl Driver {
                 }
                 Err(error) => drop(reply.send(Err(error.into()))),
             },
-            Command::Send { obj, body, reply } => match machine.send(now, &obj, body) {
+            Command::Send {
+                obj,
+                body,
+                wait,
+                reply,
+            } => match machine.send(now, &obj, body.clone()) {
                 Ok(id) => {
                     debug!(op_id = %id, "send enqueued");
                     self.waiters.insert(id, Waiter::Send(reply));
                 }
-                Err(error) => drop(reply.send(Err(error.into()))),
+                Err(error) => {
+                    let command = Command::Send {
+                        obj,
+                        body,
+                        wait,
+                        reply,
+                    };
+                    self.park_or_refuse(command, error);
+                }
             },
-            Command::Req { obj, body, reply } => match machine.req(now, &obj, body) {
+            Command::Req {
+                obj,
+                body,
+                wait,
+                reply,
+            } => match machine.req(now, &obj, body.clone()) {
                 Ok(id) => {
                     debug!(op_id = %id, "req enqueued");
                     let waiter = Waiter::Req {
@@ -352,7 +534,15 @@ impl Driver {
                     };
                     self.waiters.insert(id, waiter);
                 }
-                Err(error) => drop(reply.send(Err(error.into()))),
+                Err(error) => {
+                    let command = Command::Req {
+                        obj,
+                        body,
+                        wait,
+                        reply,
+                    };
+                    self.park_or_refuse(command, error);
+                }
             },
             Command::Answer {
                 obj,
@@ -362,8 +552,22 @@ impl Driver {
                 code,
                 reply,
             } => {
-                let result = machine.answer(now, &obj, &req_id, verb, body, code.as_deref());
-                let _ = reply.send(result.map_err(Error::from));
+                let result =
+                    machine.answer(now, &obj, &req_id, verb, body.clone(), code.as_deref());
+                match result {
+                    Ok(()) => drop(reply.send(Ok(()))),
+                    Err(error) => {
+                        let command = Command::Answer {
+                            obj,
+                            req_id,
+                            verb,
+                            body,
+                            code,
+                            reply,
+                        };
+                        self.park_or_refuse(command, error);
+                    }
+                }
             }
             Command::Decide { obj, reject, reply } => {
                 let result = match reject {
@@ -379,9 +583,9 @@ impl Driver {
                 machine.consume(now, &obj, seq);
             }
             Command::Attach(link) => self.attach(link, Role::Listener),
-            Command::Shutdown(done) => return Some(done),
+            Command::Shutdown(done) => return Err(Some(done)),
         }
-        None
+        Ok(())
     }
 
     fn link_message(&mut self, message: LinkMsg) {
@@ -463,21 +667,23 @@ impl Driver {
     }
 
     /// Drains the link until it has nothing more: persist (one transaction for every batch
-    /// so far), then events, then frames.
-    async fn flush(&mut self) -> Result<(), crate::store::StoreError> {
+    /// so far), then events, then frames. A failed commit keeps its batches for a retry with
+    /// backoff: nothing they cover is acknowledged or reported meanwhile.
+    async fn flush(&mut self) {
         loop {
             let mut progress = false;
-            let batches: Vec<PersistBatch> =
-                std::iter::from_fn(|| self.link.machine_mut().poll_persist()).collect();
-            if let Some(last) = batches.last().map(|batch| batch.id) {
-                self.commit(batches).await?;
-                let now = self.now();
-                self.link.machine_mut().handle_persisted(now, last);
-                progress = true;
+            self.uncommitted.extend(std::iter::from_fn(|| {
+                self.link.machine_mut().poll_persist()
+            }));
+            if !self.uncommitted.is_empty() && self.store_retry.due().is_none() {
+                progress |= self.commit().await;
             }
             while let Some(event) = self.link.poll_event() {
                 self.event(event);
                 progress = true;
+            }
+            if !self.freed.is_empty() {
+                self.unpark();
             }
             if let Some(close) = self.link.poll_close() {
                 info!(%close, "dropping the link");
@@ -486,7 +692,7 @@ impl Driver {
             }
             if self.link.is_up() && !self.was_up {
                 self.was_up = true;
-                self.attempt = 0;
+                self.redial.succeed();
                 info!(negotiated = ?self.link.negotiated(), "link up");
             }
             let mut out = BytesMut::new();
@@ -499,20 +705,41 @@ impl Driver {
             }
             if !progress {
                 self.publish_stats();
-                return Ok(());
+                return;
             }
         }
     }
 
-    async fn commit(&self, batches: Vec<PersistBatch>) -> Result<(), crate::store::StoreError> {
-        let store = self.shared.store.clone();
-        let peer = self.peer.clone();
-        if store.is_blocking() {
-            tokio::task::spawn_blocking(move || store.commit(&peer, &batches))
-                .await
-                .unwrap_or_else(|join| Err(crate::store::StoreError::Unavailable(join.to_string())))
-        } else {
-            store.commit(&peer, &batches)
+    /// Commits every uncommitted batch in one store transaction. True when it did.
+    async fn commit(&mut self) -> bool {
+        let batches = Arc::new(std::mem::take(&mut self.uncommitted));
+        let (store, peer) = (self.shared.store.clone(), self.peer.clone());
+        let result = blocking(&self.shared, {
+            let batches = batches.clone();
+            move || store.commit(&peer, &batches)
+        })
+        .await;
+        let batches = Arc::try_unwrap(batches).unwrap_or_else(|shared| (*shared).clone());
+        let now = self.now();
+        match result {
+            Ok(()) => {
+                if self.store_retry.failures() > 0 {
+                    self.shared.store_recovered(&self.peer, StoreOp::Commit);
+                }
+                self.store_retry.succeed();
+                let last = batches.last().expect("commit is called with batches").id;
+                self.link.machine_mut().handle_persisted(now, last);
+                true
+            }
+            Err(error) => {
+                // A store applies all of a commit or none: the same batches go again.
+                self.uncommitted = batches;
+                self.store_retry.fail(now, self.shared.random_u64());
+                let failures = self.store_retry.failures();
+                self.shared
+                    .store_failed(&self.peer, StoreOp::Commit, &error, failures);
+                false
+            }
         }
     }
 
@@ -530,8 +757,9 @@ impl Driver {
             _ => None,
         };
         match event {
-            Event::Acked { op_id, .. } => {
+            Event::Acked { obj, op_id } => {
                 debug!("acked");
+                self.freed.insert(obj);
                 // A req's hop ack is not its outcome: it keeps waiting for the answer.
                 if matches!(self.waiters.get(&op_id), Some(Waiter::Send(_))) {
                     if let Some(Waiter::Send(reply)) = self.waiters.remove(&op_id) {
@@ -541,6 +769,7 @@ impl Driver {
             }
             Event::Futile { obj, op_id, code } => {
                 debug!(%code, "op futile");
+                self.freed.insert(obj.clone());
                 match self.waiters.remove(&op_id) {
                     Some(Waiter::Send(reply)) => drop(reply.send(Err(Error::Futile(code)))),
                     Some(Waiter::Req { reply, .. }) => drop(reply.send(Err(Error::Futile(code)))),
@@ -563,12 +792,13 @@ impl Driver {
                 }
             }
             Event::Answered {
+                obj,
                 req_id,
                 verb,
                 body,
                 code,
-                ..
             } => {
+                self.freed.insert(obj);
                 let Some(Waiter::Req { mut res, reply }) = self.waiters.remove(&req_id) else {
                     return;
                 };
@@ -651,6 +881,9 @@ impl Driver {
         }
         for (_, (_, reply)) in self.opens.drain() {
             let _ = reply.send(Err(Error::Shutdown));
+        }
+        for command in self.parked.drain().flat_map(|(_, queue)| queue) {
+            command.refuse(Error::Shutdown);
         }
     }
 }

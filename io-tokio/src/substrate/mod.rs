@@ -50,12 +50,11 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng, TryRng};
-use tether_core::substrate::Machine;
 use tether_core::time::Time;
 use tether_core::wire::envelope::{ObjKind, Verb};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tracing::warn;
+use tracing::{info, warn};
 
 pub use tether_core::substrate::handshake::Auth;
 pub use tether_core::substrate::{
@@ -85,9 +84,33 @@ pub enum Error {
     /// The object was closed before the open completed.
     #[error("closed: {0}")]
     Closed(String),
-    /// The substrate is shutting down (or the peer's task stopped on a store failure).
+    /// The substrate is shutting down.
     #[error("shut down")]
     Shutdown,
+    /// The peer's durable state cannot be loaded from the store right now; nothing was done.
+    /// The load is retried with backoff; try again later.
+    #[error("store unavailable: {0}")]
+    Store(String),
+}
+
+/// Which store call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreOp {
+    /// Loading a peer's durable state (the peer's links are refused until it succeeds).
+    Load,
+    /// Committing a peer's batches (nothing they cover is acknowledged until it succeeds).
+    Commit,
+}
+
+impl StoreOp {
+    /// The name in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Load => "load",
+            StoreOp::Commit => "commit",
+        }
+    }
 }
 
 /// Why the substrate could not start.
@@ -114,8 +137,10 @@ pub struct Reply {
     pub end: Option<Bytes>,
 }
 
-/// What peers send this node.
+/// What peers send this node (and what the app must know about them). Non-exhaustive: match
+/// with a wildcard arm.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Inbound {
     /// A peer opened an object: accept or reject it.
     Open(OpenRequest),
@@ -131,6 +156,17 @@ pub enum Inbound {
         obj: String,
         /// The reason given.
         reason: Option<String>,
+    },
+    /// The store failed for a peer (once per outage; it is retried with backoff) or
+    /// recovered. While a load fails the peer's links are refused; while commits fail
+    /// nothing is acknowledged. Also counted as `tether_substrate_store_failures`.
+    Store {
+        /// The peer.
+        peer: PeerId,
+        /// The call that failed or recovered.
+        op: StoreOp,
+        /// The error, or `None` when the store recovered.
+        error: Option<String>,
     },
 }
 
@@ -346,6 +382,26 @@ struct Object {
 }
 
 impl Object {
+    fn send(&self, body: Bytes, wait: bool) -> Pending<String> {
+        let obj = self.obj.clone();
+        send_command(&self.handle, |reply| Command::Send {
+            obj,
+            body,
+            wait,
+            reply,
+        })
+    }
+
+    fn req(&self, body: Bytes, wait: bool) -> Pending<Reply> {
+        let obj = self.obj.clone();
+        send_command(&self.handle, |reply| Command::Req {
+            obj,
+            body,
+            wait,
+            reply,
+        })
+    }
+
     fn close(&self, reason: &str) -> Pending<()> {
         let (obj, reason) = (self.obj.clone(), reason.to_owned());
         send_command(&self.handle, |reply| Command::Close { obj, reason, reply })
@@ -359,10 +415,16 @@ pub struct Queue(Object);
 impl Queue {
     /// Sends `body`; resolves to its op id once it is durable at the peer (hop ack). The op
     /// is queued when this is called, so sends issued one after another keep their order
-    /// and can be awaited together.
+    /// and can be awaited together. When the object's outbox is full (the peer's app is
+    /// behind) it waits for room: backpressure reaches the caller, nothing is dropped.
     pub fn send(&self, body: impl Into<Bytes>) -> Pending<String> {
-        let (obj, body) = (self.0.obj.clone(), body.into());
-        send_command(&self.0.handle, |reply| Command::Send { obj, body, reply })
+        self.0.send(body.into(), true)
+    }
+
+    /// Like [`Queue::send`], but resolves at once to
+    /// `Err(Error::Command(CommandError::QueueFull))` when the object's outbox is full.
+    pub fn try_send(&self, body: impl Into<Bytes>) -> Pending<String> {
+        self.0.send(body.into(), false)
     }
 
     /// Closes the queue; ops sent before still go first.
@@ -376,16 +438,24 @@ impl Queue {
 pub struct Session(Object);
 
 impl Session {
-    /// Sends a request; resolves to the peer's answer.
+    /// Sends a request; resolves to the peer's answer. Waits for outbox room when full.
     pub fn req(&self, body: impl Into<Bytes>) -> Pending<Reply> {
-        let (obj, body) = (self.0.obj.clone(), body.into());
-        send_command(&self.0.handle, |reply| Command::Req { obj, body, reply })
+        self.0.req(body.into(), true)
     }
 
-    /// A one-way message on the session; resolves at the hop ack.
+    /// Like [`Session::req`], but fails at once with `CommandError::QueueFull` when full.
+    pub fn try_req(&self, body: impl Into<Bytes>) -> Pending<Reply> {
+        self.0.req(body.into(), false)
+    }
+
+    /// A one-way message on the session; resolves at the hop ack. Waits for room when full.
     pub fn send(&self, body: impl Into<Bytes>) -> Pending<String> {
-        let (obj, body) = (self.0.obj.clone(), body.into());
-        send_command(&self.0.handle, |reply| Command::Send { obj, body, reply })
+        self.0.send(body.into(), true)
+    }
+
+    /// Like [`Session::send`], but fails at once with `CommandError::QueueFull` when full.
+    pub fn try_send(&self, body: impl Into<Bytes>) -> Pending<String> {
+        self.0.send(body.into(), false)
     }
 
     /// Closes the session.
@@ -442,7 +512,7 @@ impl Shared {
     }
 
     /// Publishes a machine's counters through the `metrics` facade.
-    fn publish(&self, peer: &PeerId, machine: &Machine) {
+    fn publish(&self, peer: &PeerId, machine: &tether_core::substrate::Machine) {
         let Ok(serde_json::Value::Object(stats)) = serde_json::to_value(machine.stats()) else {
             return;
         };
@@ -631,29 +701,23 @@ impl Shared {
             );
             return None;
         }
-        let state = self.store.load(id).unwrap_or_else(|error| {
-            warn!(%error, peer = id.as_str(), "could not load the peer's state; starting empty");
-            Default::default()
-        });
-        let boot = self.random_u64();
-        let machine = Machine::recover(
-            id.clone(),
-            self.config.clone(),
-            self.authorizer.clone(),
-            boot,
-            &state,
-        );
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
         let pinned = Arc::new(AtomicBool::new(!inbound));
-        let driver = Driver::new(
-            id.clone(),
-            machine,
-            self.clone(),
-            rx,
-            tx.clone(),
-            pinned.clone(),
-        );
-        let task = tokio::spawn(driver.run());
+        // The task loads the peer's state itself (retrying while the store fails), so a
+        // failing store never starts a peer empty and never blocks this lock.
+        let task = tokio::spawn({
+            let (shared, peer, handle, pinned) =
+                (self.clone(), id.clone(), tx.clone(), pinned.clone());
+            async move {
+                let Some(machine) = driver::load(&peer, &shared, &mut rx).await else {
+                    shared.forget(&peer, &handle);
+                    return;
+                };
+                Driver::new(peer, machine, shared, rx, handle, pinned)
+                    .run()
+                    .await;
+            }
+        });
         let entry = PeerTask {
             handle: tx.clone(),
             task,
@@ -661,6 +725,32 @@ impl Shared {
         };
         peers.insert(id.clone(), entry);
         Some(tx)
+    }
+
+    /// The store failed for `peer`: logged and counted on every failure, told to the app on the
+    /// first of an outage.
+    fn store_failed(&self, peer: &PeerId, op: StoreOp, error: &StoreError, failures: u32) {
+        warn!(%error, peer = peer.as_str(), op = op.as_str(), failures, "store failed; retrying");
+        metrics::counter!("tether_substrate_store_failures", "peer" => peer.as_str().to_owned(), "op" => op.as_str())
+            .increment(1);
+        if failures == 1 {
+            let error = Some(error.to_string());
+            let _ = self.inbound_tx.send(Inbound::Store {
+                peer: peer.clone(),
+                op,
+                error,
+            });
+        }
+    }
+
+    /// The store works again for `peer` after failing.
+    fn store_recovered(&self, peer: &PeerId, op: StoreOp) {
+        info!(peer = peer.as_str(), op = op.as_str(), "store recovered");
+        let _ = self.inbound_tx.send(Inbound::Store {
+            peer: peer.clone(),
+            op,
+            error: None,
+        });
     }
 
     /// A peer task ended on its own: forget it (unless a newer task took its place).
