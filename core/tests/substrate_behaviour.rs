@@ -1142,3 +1142,46 @@ fn harness_config(window: usize) -> Config {
         ..Config::default()
     }
 }
+
+#[test]
+fn a_floor_past_a_gap_wider_than_the_window_frees_the_credit_behind_it() {
+    // The gap of expired ops is wider than B's window: the op after it lies beyond the credit
+    // B gave, so only the floor announcement can move B's frontier, and B must then say
+    // that its credit grew (nothing else would).
+    let config = Config {
+        receive_window: 4,
+        ..harness_config(32)
+    };
+    let mut h = Harness::allowing_all(config, 7);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    h.disconnect();
+    h.with(NodeId::A, |m, now| m.send(now, "q", body(0)))
+        .unwrap();
+    h.run();
+    h.crash(NodeId::A); // m0 is recovered and never expires
+    for i in 1..7 {
+        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+            .unwrap();
+    }
+    h.run();
+    h.advance(Config::default().queue_ttl + Duration::from_secs(1));
+    h.run();
+    for i in 7..10 {
+        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+            .unwrap();
+    }
+    h.connect();
+    h.run();
+    let bodies: Vec<Bytes> =
+        h.b.consumed
+            .iter()
+            .filter_map(|op| op.body.clone())
+            .collect();
+    assert_eq!(bodies, [body(0), body(7), body(8), body(9)]);
+    assert_eq!(h.a.machine.outbox_len(), 0);
+    assert!(h.a.machine.stats().floors_sent >= 1);
+    assert_eq!(h.b.machine.stats().out_of_seq, 0);
+}
