@@ -1185,3 +1185,42 @@ fn a_floor_past_a_gap_wider_than_the_window_frees_the_credit_behind_it() {
     assert!(h.a.machine.stats().floors_sent >= 1);
     assert_eq!(h.b.machine.stats().out_of_seq, 0);
 }
+
+#[test]
+fn a_sender_that_forgot_what_ended_still_announces_the_floor_its_next_op_waits_on() {
+    // Seed 20001102: every message past B's frontier expired, A restarted (forgetting which
+    // seqs ended), and A's close lies beyond B's credit. B holds nothing, so it has no gap to
+    // resync; only A can move things, by sending its floor alone.
+    let config = Config {
+        receive_window: 4,
+        ..harness_config(32)
+    };
+    let mut h = Harness::allowing_all(config, 11);
+    h.connect();
+    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    h.disconnect();
+    for i in 0..6 {
+        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+            .unwrap();
+    }
+    h.run();
+    h.advance(Config::default().queue_ttl + Duration::from_secs(1));
+    h.run();
+    h.crash(NodeId::A);
+    h.with(NodeId::A, |m, now| m.close(now, "q", "done"))
+        .unwrap();
+    h.connect();
+    h.run();
+    assert_eq!(
+        h.a.machine.outbox_len(),
+        0,
+        "the close was delivered and acked"
+    );
+    assert!(matches!(
+        h.b.machine.object_state("q"),
+        Some(ObjectState::Closed(_))
+    ));
+    assert_eq!(h.b.machine.stats().skipped_below_floor, 6);
+}

@@ -722,8 +722,10 @@ fn plans(rng: &mut Xoshiro256PlusPlus, hard: &mut Xoshiro256PlusPlus, window: u6
         } else {
             6
         };
+        let mut long = false;
         if deep && hard.random_range(0..3) == 0 {
             count = hard.random_range(1_000..1_500);
+            long = true;
         }
         plans.push(Plan {
             obj: format!("{prefix}/{i}"),
@@ -731,7 +733,9 @@ fn plans(rng: &mut Xoshiro256PlusPlus, hard: &mut Xoshiro256PlusPlus, window: u6
             count,
             pipeline,
             fate: Fate::Accept,
-            pause: Duration::from_millis(rng.random_range(200..4_000)),
+            // A long object pauses a tenth as long, so it still finishes within the
+            // liveness bound after the heal.
+            pause: Duration::from_millis(rng.random_range(200..4_000) / if long { 10 } else { 1 }),
         });
     }
     plans.push(Plan {

@@ -36,9 +36,13 @@ fn options(seed: u64) -> Options {
 /// - 20002814, 20002116, 20004117, 20007079: ops acked above a gap of TTL-expired ops were
 ///   held by the receiver; a later floor past the gap dropped them (six acked messages lost),
 ///   or no floor ever came because the sender had nothing left to send (never quiescent).
+/// - 20001102, 20009343: a restarted sender forgot which seqs had ended; its next op lay
+///   beyond the receiver's credit and nothing announced the floor (never quiescent).
 #[test]
 fn pinned_regression_seeds_pass() {
-    for seed in [7, 89, 121, 129, 199, 20002814, 20002116, 20004117, 20007079] {
+    for seed in [
+        7, 89, 121, 129, 199, 20002814, 20002116, 20004117, 20007079, 20001102, 20009343,
+    ] {
         let report = run(&options(seed));
         assert!(report.passed(), "seed {seed}: {:?}", report.violations);
         assert!(report.messages > 0, "seed {seed} delivered nothing");

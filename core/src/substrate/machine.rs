@@ -1781,15 +1781,24 @@ impl Machine {
         for (name, object) in &mut self.objects {
             let floor = object.floor();
             let opening = object.record.state == ObjectState::Opening;
-            let limits = (floor, object.tx_limit.max(initial_credit));
-            if object
-                .outbox
-                .transmit(persisted, opening, window, limits, &mut self.transmit)
-            {
+            let limit = object.tx_limit.max(initial_credit);
+            if object.outbox.transmit(
+                persisted,
+                opening,
+                window,
+                (floor, limit),
+                &mut self.transmit,
+            ) {
                 object.floor_sent = object.floor_sent.max(floor);
                 self.last_sent = now;
             }
-            if object.floor_unannounced() {
+            // The first op waits for credit the peer may only give once it knows the floor
+            // (a restart forgot what ended below it): the floor goes alone.
+            let credit_blocked = object
+                .outbox
+                .first_seq()
+                .is_some_and(|first| first >= limit);
+            if object.floor_unannounced() || (credit_blocked && floor > object.floor_sent) {
                 object.floor_sent = floor;
                 self.stats.floors_sent += 1;
                 self.transmit.push_back(floor_frame(name, floor));
