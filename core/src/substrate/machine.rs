@@ -42,7 +42,7 @@
 //! the floor has ended or was acked: the receiver delivers the acked ones it holds, in order,
 //! and skips only the seqs it never received.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -200,11 +200,20 @@ impl Outgoing {
 }
 
 /// One object's outbox: entries by seq, with the count of those in flight kept exact so that
-/// the window check is O(1).
+/// the window check is O(1), and indexes that keep every per-wake question O(log n): which
+/// entries may expire (never sent), which wait on a transient retry, and where transmission
+/// resumes.
 #[derive(Debug, Clone, Default)]
 struct Outbox {
     entries: BTreeMap<u64, Outgoing>,
     in_flight: usize,
+    /// Seqs of entries the queue TTL applies to (never sent), in seq order, which is also
+    /// the order of their enqueue times within a boot.
+    expirable: BTreeSet<u64>,
+    /// Entries waiting on a transient retry, by when.
+    retrying: BTreeSet<(Time, u64)>,
+    /// No entry below this seq needs transmitting (they are in flight or waiting).
+    cursor: u64,
     /// Seqs by op id (answers share the id of the req they answer), so that finding the op
     /// an answer or an err names costs a lookup, not a scan.
     by_id: BTreeMap<String, std::collections::BTreeSet<u64>>,
@@ -216,6 +225,10 @@ impl Outbox {
             !entry.in_flight,
             "entries enter the outbox before any transmission"
         );
+        if entry.expires() {
+            self.expirable.insert(entry.op.seq);
+        }
+        self.cursor = self.cursor.min(entry.op.seq);
         self.by_id
             .entry(entry.op.id.clone())
             .or_default()
@@ -226,6 +239,10 @@ impl Outbox {
     fn remove(&mut self, seq: u64) -> Option<Outgoing> {
         let entry = self.entries.remove(&seq)?;
         self.in_flight -= usize::from(entry.in_flight);
+        self.expirable.remove(&seq);
+        if let Some(at) = entry.retry_at {
+            self.retrying.remove(&(at, seq));
+        }
         if let Some(seqs) = self.by_id.get_mut(&entry.op.id) {
             seqs.remove(&seq);
             if seqs.is_empty() {
@@ -274,6 +291,7 @@ impl Outbox {
         for entry in self.entries.range_mut(from..).map(|(_, entry)| entry) {
             self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
         }
+        self.cursor = self.cursor.min(from);
     }
 
     /// Counts a transient answer to entry `seq`; returns the count before it (the backoff
@@ -291,16 +309,39 @@ impl Outbox {
     fn retry_at(&mut self, seq: u64, at: Time) {
         if let Some(entry) = self.entries.get_mut(&seq) {
             self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
-            entry.retry_at = Some(at);
+            if let Some(before) = entry.retry_at.replace(at) {
+                self.retrying.remove(&(before, seq));
+            }
+            self.retrying.insert((at, seq));
         }
     }
 
     fn clear_due_retries(&mut self, now: Time) {
-        for entry in self.entries.values_mut() {
-            if entry.retry_at.is_some_and(|at| at <= now) {
+        while let Some(&(at, seq)) = self.retrying.first() {
+            if at > now {
+                break;
+            }
+            self.retrying.pop_first();
+            if let Some(entry) = self.entries.get_mut(&seq) {
                 entry.retry_at = None;
             }
+            self.cursor = self.cursor.min(seq);
         }
+    }
+
+    /// Seqs of never-sent entries enqueued `ttl` or more before `now`.
+    fn expired(&self, now: Time, ttl: std::time::Duration) -> Vec<u64> {
+        self.expirable
+            .iter()
+            .copied()
+            .take_while(|seq| now.saturating_since(self.entries[seq].op.at) >= ttl)
+            .collect()
+    }
+
+    /// When the next entry expires, if one can.
+    fn next_expiry(&self, ttl: std::time::Duration) -> Option<Time> {
+        let seq = self.expirable.first()?;
+        Some(self.entries[seq].op.at.saturating_add(ttl))
     }
 
     /// Transmits, in seq order, every entry that may go: persisted, not waiting on a retry,
@@ -315,8 +356,15 @@ impl Outbox {
         out: &mut VecDeque<Envelope>,
     ) -> bool {
         let mut sent = false;
-        for entry in self.entries.values_mut() {
-            if self.in_flight >= window || entry.op.seq >= limit {
+        let mut resume = None;
+        for entry in self
+            .entries
+            .range_mut(self.cursor..)
+            .map(|(_, entry)| entry)
+        {
+            let seq = entry.op.seq;
+            if self.in_flight >= window || seq >= limit {
+                resume = Some(seq);
                 break;
             }
             if entry.in_flight || entry.retry_at.is_some() {
@@ -324,14 +372,20 @@ impl Outbox {
             }
             // Seqs are assigned in batch order: everything after an unpersisted op is too.
             if entry.batch > persisted || (opening && entry.op.verb != Verb::Open) {
+                resume = Some(seq);
                 break;
             }
             entry.receipt += 1;
             entry.in_flight = true;
             self.in_flight += 1;
+            self.expirable.remove(&seq);
             out.push_back(op_frame(&entry.op, entry.receipt, floor));
             sent = true;
         }
+        // Everything before `resume` is in flight or waiting on a retry (which lowers the
+        // cursor again when it ends).
+        self.cursor =
+            resume.unwrap_or_else(|| self.entries.keys().next_back().map_or(0, |s| s + 1));
         debug_assert_eq!(
             self.in_flight,
             self.entries.values().filter(|e| e.in_flight).count()
@@ -440,6 +494,18 @@ pub struct Machine {
     minted: u64,
     objects: BTreeMap<String, Object>,
     bounces: BTreeMap<String, (String, Time)>,
+    /// Bounce tombstones by when they were made (the oldest is evicted or expires first).
+    bounce_order: BTreeSet<(Time, String)>,
+    /// The timer table: each object's next deadline (gap resync, transient retry, TTL expiry,
+    /// retention), ordered, so the next wake and the due objects cost O(log n).
+    timers: BTreeSet<(Time, String)>,
+    /// Each armed object's entry in `timers`.
+    deadlines: BTreeMap<String, Time>,
+    /// Objects the step in progress touched: their deadlines are re-armed and their outboxes
+    /// offered to the link when it ends (no step walks every object).
+    touched: BTreeSet<String>,
+    /// Objects with entries in each unpersisted batch: persisting it may let them transmit.
+    awaiting_persist: VecDeque<(BatchId, String)>,
     link_up: bool,
     last_heard: Time,
     last_sent: Time,
@@ -484,6 +550,11 @@ impl Machine {
             minted: 0,
             objects: BTreeMap::new(),
             bounces: BTreeMap::new(),
+            bounce_order: BTreeSet::new(),
+            timers: BTreeSet::new(),
+            deadlines: BTreeMap::new(),
+            touched: BTreeSet::new(),
+            awaiting_persist: VecDeque::new(),
             link_up: false,
             last_heard: Time::ZERO,
             last_sent: Time::ZERO,
@@ -542,6 +613,15 @@ impl Machine {
             }
         }
         machine.bounces = state.bounces.clone();
+        machine.bounce_order = state
+            .bounces
+            .iter()
+            .map(|(op_id, (_, at))| (*at, op_id.clone()))
+            .collect();
+        let names: Vec<String> = machine.objects.keys().cloned().collect();
+        for name in names {
+            machine.rearm(&name);
+        }
         for object in machine.objects.values() {
             if object.record.state == ObjectState::AwaitingAccept {
                 machine
@@ -573,38 +653,19 @@ impl Machine {
         self.events.pop_front()
     }
 
-    /// When [`Machine::handle_timeout`] should be called next.
+    /// When [`Machine::handle_timeout`] should be called next. O(log n): the link's two
+    /// timers, the first entry of the timer table and the oldest tombstone.
     pub fn poll_timeout(&self) -> Option<Time> {
-        let mut next: Option<Time> = None;
-        let mut consider = |at: Time| next = Some(next.map_or(at, |n| n.min(at)));
-        if self.link_up {
-            consider(self.last_sent.saturating_add(self.config.keepalive));
-            consider(self.last_heard.saturating_add(self.config.dead_after));
-        }
-        for object in self.objects.values() {
-            if let Some(since) = object.gap_since {
-                let due = since.saturating_add(self.config.gap_resync_after);
-                let allowed = object.last_resync.map_or(due, |last| {
-                    last.saturating_add(self.config.gap_resync_after)
-                });
-                consider(due.max(allowed));
-            }
-            for entry in object.outbox.values() {
-                if let Some(at) = entry.retry_at {
-                    consider(at);
-                }
-                if entry.expires() {
-                    consider(entry.op.at.saturating_add(self.config.queue_ttl));
-                }
-            }
-            if let ObjectState::Closed(at) | ObjectState::Rejected(at) = object.record.state {
-                consider(at.saturating_add(self.config.dedupe_retention));
-            }
-        }
-        if let Some((_, at)) = self.bounces.values().min_by_key(|(_, at)| *at) {
-            consider(at.saturating_add(self.config.dedupe_retention));
-        }
-        next
+        let link = self.link_up.then(|| {
+            let keepalive = self.last_sent.saturating_add(self.config.keepalive);
+            keepalive.min(self.last_heard.saturating_add(self.config.dead_after))
+        });
+        let object = self.timers.first().map(|(at, _)| *at);
+        let bounce = self
+            .bounce_order
+            .first()
+            .map(|(at, _)| at.saturating_add(self.config.dedupe_retention));
+        [link, object, bounce].into_iter().flatten().min()
     }
 
     /// Counters (serializable).
@@ -687,6 +748,7 @@ impl Machine {
         self.last_heard = now;
         self.last_sent = now;
         self.stats.link_ups += 1;
+        self.touch_all();
         let window = self.config.receive_window;
         for (name, object) in &mut self.objects {
             object.outbox.land_from(0);
@@ -730,6 +792,7 @@ impl Machine {
     pub fn handle_link_down(&mut self, now: Time) {
         self.link_up = false;
         self.stats.link_downs += 1;
+        self.touch_all();
         self.end_step(now);
     }
 
@@ -743,6 +806,14 @@ impl Machine {
             "only emitted batches can be persisted"
         );
         self.persisted_through = batch;
+        while self
+            .awaiting_persist
+            .front()
+            .is_some_and(|(id, _)| *id <= batch)
+        {
+            let (_, obj) = self.awaiting_persist.pop_front().expect("front exists");
+            self.touched.insert(obj);
+        }
         while self.waiting.front().is_some_and(|(id, _)| *id <= batch) {
             let (_, outputs) = self.waiting.pop_front().expect("front exists");
             self.release(outputs);
@@ -764,17 +835,21 @@ impl Machine {
                 self.send_now(now, keepalive);
             }
         }
-        let names: Vec<String> = self.objects.keys().cloned().collect();
-        for name in names {
+        while let Some((at, name)) = self.timers.first().cloned() {
+            if at > now {
+                break;
+            }
+            // Disarmed here; `end_step` re-arms whatever is still pending.
+            self.timers.pop_first();
+            self.deadlines.remove(&name);
+            self.touched.insert(name.clone());
             self.object_timers(now, &name);
         }
-        let expired: Vec<String> = self
-            .bounces
-            .iter()
-            .filter(|(_, (_, at))| now.saturating_since(*at) >= self.config.dedupe_retention)
-            .map(|(op_id, _)| op_id.clone())
-            .collect();
-        for op_id in expired {
+        while let Some((at, op_id)) = self.bounce_order.first().cloned() {
+            if now.saturating_since(at) < self.config.dedupe_retention {
+                break;
+            }
+            self.bounce_order.pop_first();
             self.bounces.remove(&op_id);
             self.staged.push(Record::BounceRemoved { op_id });
         }
@@ -789,6 +864,9 @@ impl Machine {
             return;
         }
         let Envelope { env, body, .. } = frame;
+        if let Some(obj) = &env.obj {
+            self.touch(obj.as_str());
+        }
         match env.kind {
             Verb::Ack => self.on_ack(&env),
             Verb::Resync => self.on_resync(now, &env),
@@ -825,6 +903,7 @@ impl Machine {
         cap: Option<&str>,
     ) -> Result<String, CommandError> {
         Address::parse(obj)?;
+        self.touch(obj);
         check_text(cap)?;
         if self
             .objects
@@ -897,6 +976,7 @@ impl Machine {
         check_text(Some(req_id))?;
         check_body(body.as_ref())?;
         self.live_for_app(obj)?;
+        self.touch(obj);
         self.check_room(obj)?;
         let mut op = self.op(now, obj, verb, req_id.to_owned());
         op.body = body;
@@ -927,6 +1007,7 @@ impl Machine {
     /// Closes an object. Ops enqueued before the close still go first.
     pub fn close(&mut self, now: Time, obj: &str, reason: &str) -> Result<(), CommandError> {
         check_text(Some(reason))?;
+        self.touched.insert(obj.to_owned());
         let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
         if !matches!(
             object.record.state,
@@ -954,6 +1035,9 @@ impl Machine {
 
     /// The app is done with delivery `seq` of `obj`: its durable copy is dropped.
     pub fn consume(&mut self, now: Time, obj: &str, seq: u64) -> bool {
+        if self.objects.contains_key(obj) {
+            self.touch(obj);
+        }
         let removed = self
             .objects
             .get_mut(obj)
@@ -1064,11 +1148,9 @@ impl Machine {
             return;
         }
         if self.bounces.len() >= crate::limits::SUBSTRATE_BOUNCES_MAX {
-            let oldest = self
-                .bounces
-                .iter()
-                .min_by_key(|(_, (_, at))| *at)
-                .map(|(id, _)| id.clone())
+            let (_, oldest) = self
+                .bounce_order
+                .pop_first()
                 .expect("the map is full, so not empty");
             self.bounces.remove(&oldest);
             self.staged.push(Record::BounceRemoved { op_id: oldest });
@@ -1076,6 +1158,7 @@ impl Machine {
         }
         let code = finality::NO_SUCH_OBJECT.to_owned();
         self.bounces.insert(op.id.clone(), (code.clone(), now));
+        self.bounce_order.insert((now, op.id.clone()));
         self.staged.push(Record::Bounce {
             op_id: op.id.clone(),
             code: code.clone(),
@@ -1378,6 +1461,7 @@ impl Machine {
             return;
         };
         let obj = obj.as_str();
+        self.touch(obj);
         let object = self.objects.get_mut(obj).expect("found above");
         match class_of(&code) {
             Class::Transient => {
@@ -1498,14 +1582,12 @@ impl Machine {
         }
         let object = self.objects.get_mut(name).expect("still there");
         object.outbox.clear_due_retries(now);
-        let expired: Vec<u64> = object
-            .outbox
-            .values()
-            .filter(|e| e.expires() && now.saturating_since(e.op.at) >= config.queue_ttl)
-            .map(|e| e.op.seq)
-            .collect();
-        if !expired.is_empty() {
-            self.purge_outbox(name, finality::TTL_EXPIRED, |e| expired.contains(&e.op.seq));
+        let expired = object.outbox.expired(now, config.queue_ttl);
+        if let (Some(&first), Some(&last)) = (expired.first(), expired.last()) {
+            // Expirable seqs expire in order: the expired ones are one run of them.
+            self.purge_outbox(name, finality::TTL_EXPIRED, |e| {
+                (first..=last).contains(&e.op.seq) && e.expires()
+            });
         }
         let object = self.objects.get(name).expect("still there");
         let retired = match object.record.state {
@@ -1517,17 +1599,81 @@ impl Machine {
             _ => false,
         };
         if retired {
-            self.objects.remove(name);
-            self.staged.push(Record::ObjectRemoved {
-                obj: name.to_owned(),
-            });
+            self.remove_object(name);
         }
+    }
+
+    /// Forgets `obj` (retired or evicted), its timer with it.
+    fn remove_object(&mut self, obj: &str) {
+        self.objects.remove(obj);
+        if let Some(at) = self.deadlines.remove(obj) {
+            self.timers.remove(&(at, obj.to_owned()));
+        }
+        self.touched.remove(obj);
+        self.staged.push(Record::ObjectRemoved {
+            obj: obj.to_owned(),
+        });
+    }
+
+    /// The step in progress concerns `obj`.
+    fn touch(&mut self, obj: &str) {
+        if !self.touched.contains(obj) {
+            self.touched.insert(obj.to_owned());
+        }
+    }
+
+    /// The step concerns every object (a link change).
+    fn touch_all(&mut self) {
+        self.touched.extend(self.objects.keys().cloned());
+    }
+
+    /// Sets `obj`'s entry in the timer table to its next deadline (or none).
+    fn rearm(&mut self, obj: &str) {
+        let next = self.objects.get(obj).and_then(|o| self.next_deadline(o));
+        let before = self.deadlines.get(obj).copied();
+        if before == next {
+            return;
+        }
+        if let Some(at) = before {
+            self.timers.remove(&(at, obj.to_owned()));
+            self.deadlines.remove(obj);
+        }
+        if let Some(at) = next {
+            self.timers.insert((at, obj.to_owned()));
+            self.deadlines.insert(obj.to_owned(), at);
+        }
+    }
+
+    /// The earliest time `object` needs [`Machine::handle_timeout`]: a resync (only with a
+    /// link to send it on), a transient retry, a TTL expiry, or retirement (only once nothing
+    /// is left in it). O(log n).
+    fn next_deadline(&self, object: &Object) -> Option<Time> {
+        let config = &self.config;
+        let gap = object.gap_since.filter(|_| self.link_up).map(|since| {
+            let due = since.saturating_add(config.gap_resync_after);
+            let allowed = object
+                .last_resync
+                .map_or(due, |last| last.saturating_add(config.gap_resync_after));
+            due.max(allowed)
+        });
+        let retry = object.outbox.retrying.first().map(|(at, _)| *at);
+        let expiry = object.outbox.next_expiry(config.queue_ttl);
+        let retire = match object.record.state {
+            ObjectState::Closed(at) | ObjectState::Rejected(at)
+                if object.outbox.is_empty() && object.inbox.is_empty() =>
+            {
+                Some(at.saturating_add(config.dedupe_retention))
+            }
+            _ => None,
+        };
+        [gap, retry, expiry, retire].into_iter().flatten().min()
     }
 
     // -----------------------------------------------------------------------------------------
     // Helpers
 
     fn decide(&mut self, now: Time, obj: &str, reject: Option<&str>) -> Result<(), CommandError> {
+        self.touched.insert(obj.to_owned());
         let object = self.objects.get_mut(obj).ok_or_else(|| no_such(obj))?;
         if object.record.state != ObjectState::AwaitingAccept {
             return Err(CommandError::WrongState(obj.to_owned()));
@@ -1557,6 +1703,7 @@ impl Machine {
         body: Bytes,
     ) -> Result<String, CommandError> {
         check_body(Some(&body))?;
+        self.touched.insert(obj.to_owned());
         let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
         if !matches!(
             object.record.state,
@@ -1672,8 +1819,7 @@ impl Machine {
             })
             .min();
         if let Some((_, name)) = oldest {
-            self.objects.remove(&name);
-            self.staged.push(Record::ObjectRemoved { obj: name });
+            self.remove_object(&name);
             self.stats.objects_evicted += 1;
         }
     }
@@ -1715,6 +1861,7 @@ impl Machine {
             .expect("commands check the object");
         op.seq = object.record.tx_next;
         object.record.tx_next += 1;
+        let op_obj = op.obj.clone();
         self.staged.push(Record::Object(object.record.clone()));
         self.staged.push(Record::Outbox(op.clone()));
         let entry = Outgoing {
@@ -1728,6 +1875,9 @@ impl Machine {
         };
         object.outbox.insert(entry);
         self.stats.ops_enqueued += 1;
+        if self.awaiting_persist.back() != Some(&(batch, op_obj.clone())) {
+            self.awaiting_persist.push_back((batch, op_obj));
+        }
     }
 
     /// Sends a frame that needs no durability (keepalive, resync, denial, out_of_seq).
@@ -1767,18 +1917,26 @@ impl Machine {
                 None => self.release(outputs),
             }
         }
-        self.transmit_ready(now);
+        let touched = std::mem::take(&mut self.touched);
+        if self.link_up {
+            self.transmit_ready(now, &touched);
+        }
+        for obj in &touched {
+            self.rearm(obj);
+        }
     }
 
-    /// Puts every persisted, transmittable outbox op on the wire, within each object's window.
-    fn transmit_ready(&mut self, now: Time) {
-        if !self.link_up {
-            return;
-        }
+    /// Puts every persisted, transmittable outbox op of the `touched` objects on the wire,
+    /// within each object's window and credit (an object no input touched has nothing new
+    /// to send: what unblocks an object is an input about it).
+    fn transmit_ready(&mut self, now: Time, touched: &BTreeSet<String>) {
         let window = self.window;
         let persisted = self.persisted_through;
         let initial_credit = self.initial_credit;
-        for (name, object) in &mut self.objects {
+        for name in touched {
+            let Some(object) = self.objects.get_mut(name) else {
+                continue;
+            };
             let floor = object.floor();
             let opening = object.record.state == ObjectState::Opening;
             let limit = object.tx_limit.max(initial_credit);
