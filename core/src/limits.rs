@@ -172,6 +172,21 @@ pub const SUBSTRATE_STORE_RETRY_BASE_MS: u64 = 50;
 /// Longest delay between retries of a failing store.
 pub const SUBSTRATE_STORE_RETRY_CAP_MS: u64 = 5_000;
 
+/// Sends (and requests and answers) that may wait for outbox room per object in the shell,
+/// beyond the outbox itself. Past it `send` fails with `queue_full` as `try_send` does: an app
+/// that issues without ever awaiting cannot grow memory without bound. Equal to the outbox
+/// bound, so a waiting app has as much queued as in flight.
+pub const SUBSTRATE_WAITING_SENDS_MAX: usize = 1000;
+
+/// Largest total of `res` bodies the shell gathers for one request before it ends the request
+/// with `ReplyTooLarge` (a peer streaming answers forever cannot exhaust memory). 16 MiB is 256
+/// full inline bodies.
+pub const SUBSTRATE_REPLY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Encoded chunks (each up to 256 KiB) queued for one link's socket. When the socket is
+/// slower, frames wait in the machine, whose windows and credit bound them: 2 MiB per peer.
+pub const SUBSTRATE_WRITE_CHUNKS_MAX: usize = 8;
+
 /// Most closed or rejected objects kept per peer for the retention period. They answer
 /// duplicates of their ops; a peer opening and closing objects in a loop evicts its own oldest
 /// ones instead of growing state (a duplicate for an evicted object bounces, which is counted).

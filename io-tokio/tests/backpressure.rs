@@ -1,6 +1,7 @@
 //! Backpressure over real TCP on 127.0.0.1: a consumer that stalls holds at most its receive
 //! window, a producer far ahead of it is made to wait (never refused, never dropped), and
-//! every message arrives exactly once, in order.
+//! every message arrives exactly once, in order; an answer larger than the reply bound ends its
+//! request with a typed error.
 
 use std::sync::Arc;
 
@@ -12,7 +13,9 @@ use tokio::sync::{mpsc, Mutex};
 
 const WINDOW: u64 = 16;
 const OUTBOX: usize = 64;
-const MESSAGES: u32 = 2_000;
+/// Far more than the outbox holds, within what may wait for room behind it
+/// (`SUBSTRATE_WAITING_SENDS_MAX`).
+const MESSAGES: u32 = 1_000;
 
 fn config() -> Config {
     Config {
@@ -102,6 +105,44 @@ async fn a_stalled_consumer_holds_at_most_its_window_and_the_producer_waits() {
         WINDOW as usize,
         "the stalled consumer held a full window and never more"
     );
+    app.await.expect("app");
+    alice.shutdown().await;
+    bob.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_past_the_reply_bound_ends_the_request_with_a_typed_error() {
+    use tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX;
+    let (bob_transport, bob_addr) = node("bob").await;
+    let bob = start("bob", bob_transport);
+    let (alice_transport, _) = node("alice").await;
+    alice_transport.add_peer(PeerId::new("bob"), bob_addr);
+    let alice = start("alice", alice_transport);
+    let mut inbound = bob.inbound().expect("inbound");
+    let app = tokio::spawn(async move {
+        loop {
+            match inbound.recv().await.expect("bob runs") {
+                Inbound::Open(open) => open.accept().await.expect("accept"),
+                Inbound::Request(request) => {
+                    // One part more than the bound holds, then the end.
+                    let part = vec![7u8; 64 * 1024];
+                    for _ in 0..=SUBSTRATE_REPLY_BYTES_MAX / part.len() {
+                        request.respond(part.clone()).await.expect("respond");
+                    }
+                    request.end(Vec::new()).await.expect("end");
+                    return;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    });
+    let session = alice
+        .peer(&PeerId::new("bob"))
+        .open_session("rpc")
+        .await
+        .expect("open");
+    let reply = session.req(b"everything".to_vec()).await;
+    assert_eq!(reply, Err(Error::ReplyTooLarge(SUBSTRATE_REPLY_BYTES_MAX)));
     app.await.expect("app");
     alice.shutdown().await;
     bob.shutdown().await;

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tether_core::limits::{
-    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_STORE_RETRY_BASE_MS,
-    SUBSTRATE_STORE_RETRY_CAP_MS,
+    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
+    SUBSTRATE_STORE_RETRY_BASE_MS, SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_WAITING_SENDS_MAX,
+    SUBSTRATE_WRITE_CHUNKS_MAX,
 };
 use tether_core::retry::{Backoff, Retry};
 use tether_core::substrate::handshake::Role;
@@ -99,6 +100,8 @@ enum Wake {
     Link(LinkMsg),
     Command(Command),
     Timer,
+    /// Every command sender is gone.
+    Dropped,
 }
 
 impl Command {
@@ -193,6 +196,17 @@ pub(super) async fn load(
     }
 }
 
+/// Resolves when a full `writer` has room again; never when there is no writer or it has room
+/// now (then nothing waits on it).
+async fn writable(
+    writer: Option<&mpsc::Sender<Bytes>>,
+) -> Result<mpsc::Permit<'_, Bytes>, mpsc::error::SendError<()>> {
+    match writer {
+        Some(writer) if writer.capacity() == 0 => writer.reserve().await,
+        _ => std::future::pending().await,
+    }
+}
+
 /// Runs a store call off the async workers when the store blocks.
 async fn blocking<T: Send + 'static>(
     shared: &Shared,
@@ -235,7 +249,9 @@ pub(super) struct Driver {
     handle: mpsc::UnboundedSender<Command>,
     link_tx: mpsc::Sender<LinkMsg>,
     link_rx: mpsc::Receiver<LinkMsg>,
-    writer: Option<mpsc::UnboundedSender<Bytes>>,
+    /// The link's writer: at most [`SUBSTRATE_WRITE_CHUNKS_MAX`] chunks queued; when it is
+    /// full, frames wait in the machine (bounded by windows and credit) for the socket.
+    writer: Option<mpsc::Sender<Bytes>>,
     generation: u64,
     dialing: bool,
     redial: Retry,
@@ -310,12 +326,18 @@ impl Driver {
                     }
                     command = self.commands.recv() => match command {
                         Some(command) => Wake::Command(command),
-                        None => return self.stop(),
+                        None => Wake::Dropped,
                     },
+                    // The writer was full: it has room again for the frames that wait.
+                    Ok(permit) = writable(self.writer.as_ref()) => {
+                        drop(permit);
+                        Wake::Timer
+                    }
                     () = sleep => Wake::Timer,
                 };
                 let mut first_command = None;
                 match wake {
+                    Wake::Dropped => return self.stop(),
                     Wake::Link(message) => self.link_message(message),
                     Wake::Command(command) => first_command = Some(command),
                     Wake::Timer => self.timeout(),
@@ -443,6 +465,12 @@ impl Driver {
     fn command(&mut self, command: Command) -> Option<oneshot::Sender<()>> {
         if let Some(queue) = command.object().and_then(|obj| self.parked.get_mut(obj)) {
             if command.waits_for_room() {
+                if queue.len() >= SUBSTRATE_WAITING_SENDS_MAX {
+                    // The bound on waiting sends: past it a send fails as `try_send` would.
+                    metrics::counter!("tether_substrate_sends_refused_waiting_full").increment(1);
+                    command.refuse(CommandError::QueueFull.into());
+                    return None;
+                }
                 queue.push_back(command);
                 return None;
             }
@@ -475,6 +503,7 @@ impl Driver {
             self.parked.entry(obj).or_default().push_front(command);
             self.parked_again = true;
         } else {
+            // A refused command that was parked lets the next one try.
             command.refuse(error.into());
         }
     }
@@ -640,7 +669,7 @@ impl Driver {
                 }
             }
         });
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Bytes>();
+        let (out_tx, mut out_rx) = mpsc::channel::<Bytes>(SUBSTRATE_WRITE_CHUNKS_MAX);
         tokio::spawn(async move {
             while let Some(bytes) = out_rx.recv().await {
                 if writer.write_all(&bytes).await.is_err() {
@@ -696,10 +725,14 @@ impl Driver {
                 info!(negotiated = ?self.link.negotiated(), "link up");
             }
             let mut out = BytesMut::new();
-            while out.len() < WRITE_CHUNK && self.link.poll_transmit(&mut out) {}
+            // Frames leave the machine only when the writer has room for them: a slow socket
+            // holds them there instead of in an ever longer queue.
+            let room = self.writer.as_ref().is_none_or(|w| w.capacity() > 0);
+            while room && out.len() < WRITE_CHUNK && self.link.poll_transmit(&mut out) {}
             if !out.is_empty() {
                 if let Some(writer) = &self.writer {
-                    let _ = writer.send(out.freeze());
+                    // Room was checked before the frames were taken.
+                    let _ = writer.try_send(out.freeze());
                 }
                 progress = true;
             }
@@ -804,6 +837,16 @@ impl Driver {
                 };
                 match verb {
                     Verb::Res => {
+                        let held: usize = res.iter().map(Bytes::len).sum();
+                        let body_len = body.as_ref().map_or(0, Bytes::len);
+                        if held + body_len > SUBSTRATE_REPLY_BYTES_MAX {
+                            // The rest of this reply is dropped (the waiter is gone) and the
+                            // caller learns why.
+                            metrics::counter!("tether_substrate_replies_too_large").increment(1);
+                            let _ =
+                                reply.send(Err(Error::ReplyTooLarge(SUBSTRATE_REPLY_BYTES_MAX)));
+                            return;
+                        }
                         res.extend(body);
                         self.waiters.insert(req_id, Waiter::Req { res, reply });
                     }

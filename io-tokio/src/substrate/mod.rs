@@ -87,6 +87,10 @@ pub enum Error {
     /// The substrate is shutting down.
     #[error("shut down")]
     Shutdown,
+    /// The answer's `res` parts exceeded this many bytes: the request ends here and the rest
+    /// of its answer is dropped.
+    #[error("reply larger than {0} bytes")]
+    ReplyTooLarge(usize),
     /// The peer's durable state cannot be loaded from the store right now; nothing was done.
     /// The load is retried with backoff; try again later.
     #[error("store unavailable: {0}")]
