@@ -172,6 +172,16 @@ pub const SUBSTRATE_STORE_RETRY_BASE_MS: u64 = 50;
 /// Longest delay between retries of a failing store.
 pub const SUBSTRATE_STORE_RETRY_CAP_MS: u64 = 5_000;
 
+/// A good capacity for a node's telemetry sink (a bounded channel the app creates): 1,024
+/// items are at most 1,024 batches of ≤ 1,024 events, so a sink that falls that far behind
+/// makes the publisher wait rather than the collector buffer.
+pub const TELEMETRY_SINK_ITEMS_DEFAULT: usize = 1024;
+
+/// A good capacity for a protocol binding's event sink: lifecycle events and inbound streams
+/// an app has not taken yet; past it events are dropped and counted (best-effort, seed 000
+/// §7.3) and a dropped inbound stream is closed.
+pub const PROTOCOL_SINK_EVENTS_DEFAULT: usize = 1024;
+
 /// Sends (and requests and answers) that may wait for outbox room per object in the shell,
 /// beyond the outbox itself. Past it `send` fails with `queue_full` as `try_send` does: an app
 /// that issues without ever awaiting cannot grow memory without bound. Equal to the outbox

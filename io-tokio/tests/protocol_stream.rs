@@ -18,11 +18,11 @@ fn binding() -> ProtocolBinding {
     }
 }
 
-type Events = mpsc::UnboundedReceiver<tether::node::ProtocolIngress>;
+type Events = mpsc::Receiver<tether::node::ProtocolIngress>;
 
 /// A node serving the `edge` binding, and its protocol events.
 async fn bound() -> (Node, Events) {
-    let (sink, events) = mpsc::unbounded_channel();
+    let (sink, events) = mpsc::channel(tether::node::PROTOCOL_SINK_EVENTS_DEFAULT);
     let node = Node::builder()
         .bind_protocol(binding(), sink)
         .bind()

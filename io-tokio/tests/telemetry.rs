@@ -58,7 +58,18 @@ fn event(i: u64) -> TelemetryFrame {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_header_and_100k_events_arrive_in_order_across_zstd_and_raw_batches() {
-    let (sink, mut ingress) = mpsc::unbounded_channel();
+    header_and_events_arrive_in_order(tether::node::TELEMETRY_SINK_ITEMS_DEFAULT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_of_one_item_slows_the_publisher_and_loses_nothing() {
+    // The collector buffers at most one item: its stream reader waits, QUIC flow control
+    // holds the publisher back, and every event still arrives, in order.
+    header_and_events_arrive_in_order(1).await;
+}
+
+async fn header_and_events_arrive_in_order(sink_items: usize) {
+    let (sink, mut ingress) = mpsc::channel(sink_items);
     let collector = Node::builder()
         .telemetry_sink(sink)
         .bind()
@@ -140,7 +151,7 @@ async fn raw_stream(collector: &Node, bytes: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_streams_are_reported_as_typed_faults() {
-    let (sink, mut ingress) = mpsc::unbounded_channel();
+    let (sink, mut ingress) = mpsc::channel(tether::node::TELEMETRY_SINK_ITEMS_DEFAULT);
     let collector = Node::builder()
         .telemetry_sink(sink)
         .bind()
@@ -185,8 +196,8 @@ async fn broken_streams_are_reported_as_typed_faults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_sink_of_a_fanout_gets_every_item_on_a_custom_alpn() {
-    let (first, mut first_rx) = mpsc::unbounded_channel();
-    let (second, mut second_rx) = mpsc::unbounded_channel();
+    let (first, mut first_rx) = mpsc::channel(tether::node::TELEMETRY_SINK_ITEMS_DEFAULT);
+    let (second, mut second_rx) = mpsc::channel(tether::node::TELEMETRY_SINK_ITEMS_DEFAULT);
     let alpn = b"acme/telemetry/2";
     let collector = Node::builder()
         .telemetry_alpn(alpn)

@@ -46,6 +46,7 @@ pub use protocol::{
 };
 pub use substrate_link::{peer_id_of, IrohTransport, SUBSTRATE_ALPN};
 pub use telemetry::{TelemetryFault, TelemetryIngress};
+pub use tether_core::limits::{PROTOCOL_SINK_EVENTS_DEFAULT, TELEMETRY_SINK_ITEMS_DEFAULT};
 
 use bytes::{Bytes, BytesMut};
 use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
@@ -178,12 +179,9 @@ pub struct NodeBuilder {
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
-    telemetry_sinks: Vec<tokio::sync::mpsc::UnboundedSender<TelemetryIngress>>,
+    telemetry_sinks: Vec<tokio::sync::mpsc::Sender<TelemetryIngress>>,
     telemetry_alpn: Vec<u8>,
-    protocols: Vec<(
-        ProtocolBinding,
-        tokio::sync::mpsc::UnboundedSender<ProtocolIngress>,
-    )>,
+    protocols: Vec<(ProtocolBinding, tokio::sync::mpsc::Sender<ProtocolIngress>)>,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -323,11 +321,10 @@ impl NodeBuilder {
 
     /// Collects telemetry streams peers publish to this node into `sink`; called again, adds
     /// a sink (fanout: every sink gets every item). Without a sink, telemetry connections are
-    /// refused.
-    pub fn telemetry_sink(
-        mut self,
-        sink: tokio::sync::mpsc::UnboundedSender<TelemetryIngress>,
-    ) -> Self {
+    /// refused. The sink is bounded (its capacity is the caller's choice; see
+    /// [`TELEMETRY_SINK_ITEMS_DEFAULT`]): while it is full, the stream's reader waits and QUIC
+    /// flow control slows the publisher.
+    pub fn telemetry_sink(mut self, sink: tokio::sync::mpsc::Sender<TelemetryIngress>) -> Self {
         self.telemetry_sinks.push(sink);
         self
     }
@@ -339,11 +336,13 @@ impl NodeBuilder {
     }
 
     /// Serves `binding` on this endpoint; its lifecycle events and inbound logical streams
-    /// go to `sink`.
+    /// go to `sink`, a bounded channel (see [`PROTOCOL_SINK_EVENTS_DEFAULT`]). An event that
+    /// finds it full is dropped and counted (`tether_node_protocol_events_dropped`); a dropped
+    /// inbound stream is closed, so its opener sees it fail.
     pub fn bind_protocol(
         mut self,
         binding: ProtocolBinding,
-        sink: tokio::sync::mpsc::UnboundedSender<ProtocolIngress>,
+        sink: tokio::sync::mpsc::Sender<ProtocolIngress>,
     ) -> Self {
         self.protocols.push((binding, sink));
         self

@@ -98,7 +98,7 @@ pub(super) type StreamIds = std::sync::Arc<AtomicU64>;
 
 pub(super) struct Adapter {
     pub(super) binding: ProtocolBinding,
-    pub(super) sink: mpsc::UnboundedSender<ProtocolIngress>,
+    pub(super) sink: mpsc::Sender<ProtocolIngress>,
     stream_ids: StreamIds,
     /// One connection per peer under this ALPN, whichever side dialed it; every logical
     /// stream to that peer is a QUIC stream on it.
@@ -108,7 +108,7 @@ pub(super) struct Adapter {
 impl Adapter {
     pub(super) fn new(
         binding: ProtocolBinding,
-        sink: mpsc::UnboundedSender<ProtocolIngress>,
+        sink: mpsc::Sender<ProtocolIngress>,
         stream_ids: StreamIds,
     ) -> Self {
         Self {
@@ -161,12 +161,17 @@ impl Adapter {
         }
     }
 
+    /// Hands `event` to the app's sink; a full sink drops it (counted).
     fn emit(&self, peer: NodeId, event: StreamEvent) {
-        let _ = self.sink.send(ProtocolIngress {
+        let ingress = ProtocolIngress {
             peer,
             protocol_id: self.binding.protocol_id.clone(),
             event,
-        });
+        };
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.sink.try_send(ingress) {
+            metrics::counter!("tether_node_protocol_events_dropped", "protocol" => self.binding.protocol_id.clone())
+                .increment(1);
+        }
     }
 
     /// Starts the pumps of one QUIC stream; returns the caller's ends.

@@ -96,11 +96,13 @@ pub enum TelemetryIngress {
 }
 
 /// Where collected telemetry goes: every sink gets every item (a fanout of one or more).
+/// Sinks are bounded channels: a full sink makes the stream's reader wait, and QUIC flow
+/// control carries that back to the publisher (telemetry is never buffered without bound).
 #[derive(Clone)]
-pub(super) struct Sinks(std::sync::Arc<[mpsc::UnboundedSender<TelemetryIngress>]>);
+pub(super) struct Sinks(std::sync::Arc<[mpsc::Sender<TelemetryIngress>]>);
 
 impl Sinks {
-    pub(super) fn new(sinks: Vec<mpsc::UnboundedSender<TelemetryIngress>>) -> Self {
+    pub(super) fn new(sinks: Vec<mpsc::Sender<TelemetryIngress>>) -> Self {
         Self(sinks.into())
     }
 
@@ -108,11 +110,11 @@ impl Sinks {
         self.0.is_empty()
     }
 
-    /// Sends `item` to every sink; an error once no sink is left.
-    fn send(&self, item: TelemetryIngress) -> Result<(), ()> {
+    /// Sends `item` to every sink, waiting for room in each; an error once no sink is left.
+    async fn send(&self, item: TelemetryIngress) -> Result<(), ()> {
         let mut alive = false;
         for sink in self.0.iter() {
-            alive |= sink.send(item.clone()).is_ok();
+            alive |= sink.send(item.clone()).await.is_ok();
         }
         if alive {
             Ok(())
@@ -151,7 +153,7 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks) {
             Ok(Some(chunk)) => chunk,
             Ok(None) | Err(_) => {
                 if let Err(error) = decoder.finish() {
-                    let _ = sink.send(fault(&error, flow_id.is_some()));
+                    let _ = sink.send(fault(&error, flow_id.is_some())).await;
                 }
                 return;
             }
@@ -162,7 +164,7 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks) {
                 Ok(Some(item)) => item,
                 Ok(None) => break,
                 Err(error) => {
-                    let _ = sink.send(fault(&error, flow_id.is_some()));
+                    let _ = sink.send(fault(&error, flow_id.is_some())).await;
                     let _ = recv.stop(1u32.into());
                     return;
                 }
@@ -188,7 +190,7 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks) {
                     flow_id: flow_id.unwrap_or_default(),
                 },
             };
-            if sink.send(ingress).is_err() {
+            if sink.send(ingress).await.is_err() {
                 return;
             }
         }
