@@ -203,7 +203,7 @@ impl Outgoing {
 /// the window check is O(1), and indexes that keep every per-wake question O(log n): which
 /// entries may expire (never sent), which wait on a transient retry, and where transmission
 /// resumes.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 struct Outbox {
     entries: BTreeMap<u64, Outgoing>,
     in_flight: usize,
@@ -217,6 +217,17 @@ struct Outbox {
     /// Seqs by op id (answers share the id of the req they answer), so that finding the op
     /// an answer or an err names costs a lookup, not a scan.
     by_id: BTreeMap<String, std::collections::BTreeSet<u64>>,
+}
+
+/// The entries alone: the indexes and the cursor follow from them (a fingerprint that
+/// printed them would tell apart machines that behave alike).
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("entries", &self.entries)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Outbox {
@@ -757,7 +768,9 @@ impl Machine {
             // restarted): tell it wherever it is above the start.
             let limit = object.receive_limit(window);
             object.limit_sent = 0;
-            if limit > self.initial_credit {
+            // A peer that never got past the starting credit learns of more from the ack of
+            // the op that uses its last seq; only one beyond it needs telling now.
+            if limit > self.initial_credit && object.seen_end() >= self.initial_credit {
                 object.limit_sent = limit;
                 self.stats.credits_sent += 1;
                 let frame = credit_frame(name, limit);
@@ -1238,40 +1251,42 @@ impl Machine {
         self.deliver_held(now, obj);
     }
 
-    /// A hop ack of the peer's op `seq`, with this side's credit, released with the batch that
-    /// made the op durable.
+    /// A hop ack of the peer's op `seq`, with news of this side's credit when there is any,
+    /// released with the batch that made the op durable.
     fn stage_ack(&mut self, obj: &str, id: &str, seq: u64, receipt: u64) {
-        let window = self.config.receive_window;
-        let object = self
-            .objects
-            .get_mut(obj)
-            .expect("acks are for known objects");
-        let limit = object.receive_limit(window);
-        object.limit_sent = object.limit_sent.max(limit);
+        let limit = self.credit_news(obj);
         let frame = ack_frame(obj, id, seq, receipt, limit);
         self.staged_outputs.push(Deferred::Transmit(frame));
     }
 
-    /// The app freed room in `obj`: tells the peer its larger credit if it may be waiting for
-    /// it (it used every seq it was given) or the news is worth a frame (half a window). The
-    /// update waits for the batch that freed the room.
+    /// The app freed room in `obj`: a credit update if there is news worth one. It waits for
+    /// the batch that freed the room.
     fn stage_credit(&mut self, obj: &str) {
-        let window = self.config.receive_window;
-        let Some(object) = self.objects.get_mut(obj) else {
-            return;
-        };
-        let limit = object.receive_limit(window);
-        let told = object.limit_sent.max(self.initial_credit);
-        if limit <= told {
-            return;
-        }
-        let peer_may_wait = object.seen_end() >= told;
-        if peer_may_wait || limit - told >= (window / 2).max(1) {
-            object.limit_sent = limit;
+        if let Some(limit) = self.credit_news(obj) {
             self.stats.credits_sent += 1;
             self.staged_outputs
                 .push(Deferred::Transmit(credit_frame(obj, limit)));
         }
+    }
+
+    /// The credit to tell the peer now, if any: more than it was told, and either it may be
+    /// waiting for it (it used every seq it was told) or the news is worth half a window.
+    /// Telling less often keeps acks small and identical across histories.
+    fn credit_news(&mut self, obj: &str) -> Option<u64> {
+        let window = self.config.receive_window;
+        let initial = self.initial_credit;
+        let object = self.objects.get_mut(obj)?;
+        let limit = object.receive_limit(window);
+        let told = object.limit_sent.max(initial);
+        if limit <= told {
+            return None;
+        }
+        let peer_may_wait = object.seen_end() >= told;
+        if peer_may_wait || limit - told >= (window / 2).max(1) {
+            object.limit_sent = limit;
+            return Some(limit);
+        }
+        None
     }
 
     /// Delivers every held op the frontier has reached, then records the frontier.
@@ -2019,13 +2034,13 @@ fn op_frame(op: &Op, receipt: u64, floor: u64) -> Envelope {
     }
 }
 
-fn ack_frame(obj: &str, id: &str, seq: u64, receipt: u64, limit: u64) -> Envelope {
+fn ack_frame(obj: &str, id: &str, seq: u64, receipt: u64, limit: Option<u64>) -> Envelope {
     let mut env = Env::new(Verb::Ack);
     env.obj = Some(address(obj));
     env.id = Some(id.to_owned());
     env.seq = Some(seq);
     env.receipt = Some(receipt);
-    env.limit = Some(limit);
+    env.limit = limit;
     Envelope::new(env)
 }
 
