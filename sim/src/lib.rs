@@ -810,6 +810,11 @@ pub fn run(options: &Options) -> Report {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .window_max = Some(config_b.receive_window);
+    for (disk, config) in [(&disk_a, &config_a), (&disk_b, &config_b)] {
+        disk.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .outbox_max = Some(config.outbox_ops_max as u64 + 2);
+    }
     let disks = [("a", disk_a.clone()), ("b", disk_b.clone())];
     if options.sabotage == Some(Sabotage::LyingReceiverDisk) {
         disk_b

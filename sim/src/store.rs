@@ -29,7 +29,10 @@ pub struct Disk {
     /// Most ops of one object the host may hold for its app (its receive window); a commit
     /// past it is recorded in `bound_violations`.
     pub window_max: Option<u64>,
-    /// Objects seen holding more than `window_max` ops (held plus unconsumed).
+    /// Most un-acked ops one object's outbox may hold (`outbox_ops_max`, plus the open and
+    /// the close, which are never refused for room); a commit past it is recorded too.
+    pub outbox_max: Option<u64>,
+    /// Objects seen over `window_max` (held plus unconsumed) or over `outbox_max`.
     pub bound_violations: Vec<String>,
 }
 
@@ -80,20 +83,34 @@ impl Store for SimStore {
         for batch in batches {
             state.apply(batch);
         }
-        let window_max = disk.window_max;
+        let (window_max, outbox_max) = (disk.window_max, disk.outbox_max);
         let state = disk.peers.get(peer).expect("inserted above");
+        let mut over: Vec<String> = Vec::new();
+        if let Some(max) = outbox_max {
+            let mut depth: BTreeMap<&str, u64> = BTreeMap::new();
+            for (obj, _) in state.outbox.keys() {
+                *depth.entry(obj.as_str()).or_default() += 1;
+            }
+            over.extend(
+                depth
+                    .into_iter()
+                    .filter(|(_, n)| *n > max)
+                    .map(|(obj, n)| format!("{obj}'s outbox holds {n} ops, above {max}")),
+            );
+        }
         if let Some(max) = window_max {
             let mut held_for_app: BTreeMap<&str, u64> = BTreeMap::new();
             for (obj, _) in state.inbox.keys().chain(state.held.keys()) {
                 *held_for_app.entry(obj.as_str()).or_default() += 1;
             }
-            let over: Vec<String> = held_for_app
-                .into_iter()
-                .filter(|(_, n)| *n > max)
-                .map(|(obj, n)| format!("{obj} holds {n} ops for its app, above W = {max}"))
-                .collect();
-            disk.bound_violations.extend(over);
+            over.extend(
+                held_for_app
+                    .into_iter()
+                    .filter(|(_, n)| *n > max)
+                    .map(|(obj, n)| format!("{obj} holds {n} ops for its app, above W = {max}")),
+            );
         }
+        disk.bound_violations.extend(over);
         Ok(())
     }
 
