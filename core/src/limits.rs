@@ -193,6 +193,13 @@ pub const SUBSTRATE_WAITING_SENDS_MAX: usize = 1000;
 /// full inline bodies.
 pub const SUBSTRATE_REPLY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
+/// Persist batches a peer's task keeps while its store fails to commit them. Past it the task
+/// stops reading the link (the peer's writes back up in TCP or QUIC), so a peer that keeps
+/// sending during an outage cannot grow them; app commands are bounded by the outbox and the
+/// waiting-sends bounds. A batch is one input's records, so 1,024 covers a long outage of
+/// normal traffic.
+pub const SUBSTRATE_UNCOMMITTED_BATCHES_MAX: usize = 1024;
+
 /// Encoded chunks (each up to 256 KiB) queued for one link's socket. When the socket is
 /// slower, frames wait in the machine, whose windows and credit bound them: 2 MiB per peer.
 pub const SUBSTRATE_WRITE_CHUNKS_MAX: usize = 8;

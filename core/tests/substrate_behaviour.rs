@@ -408,12 +408,15 @@ fn ack_envelope(env: Env) -> Envelope {
 }
 
 fn assert_exactly_once_in_order_of(h: &Harness, expected: &[Bytes]) {
-    let bodies: Vec<Bytes> =
-        h.b.consumed
-            .iter()
-            .filter_map(|op| op.body.clone())
-            .collect();
-    assert_eq!(bodies, expected);
+    assert_eq!(consumed_bodies(h), expected);
+}
+
+/// The bodies B's app consumed, in order.
+fn consumed_bodies(h: &Harness) -> Vec<Bytes> {
+    h.b.consumed
+        .iter()
+        .filter_map(|op| op.body.clone())
+        .collect()
 }
 
 #[test]
@@ -735,18 +738,15 @@ fn ops_acked_above_a_gap_of_expired_ops_are_delivered_not_skipped() {
     h.connect();
     h.run();
     assert_eq!(h.a.machine.outbox_len(), 0, "everything was acked");
-    let delivered = |h: &Harness| -> Vec<Bytes> {
-        h.b.consumed
-            .iter()
-            .filter_map(|op| op.body.clone())
-            .collect()
-    };
-    assert_eq!(delivered(&h), [body(0), body(1), body(5), body(6)]);
+    assert_eq!(consumed_bodies(&h), [body(0), body(1), body(5), body(6)]);
     assert!(h.b.store.held.is_empty(), "no op is left above a gap");
     h.with(NodeId::A, |m, now| m.send(now, "q", body(7)))
         .unwrap();
     h.run();
-    assert_eq!(delivered(&h), [body(0), body(1), body(5), body(6), body(7)]);
+    assert_eq!(
+        consumed_bodies(&h),
+        [body(0), body(1), body(5), body(6), body(7)]
+    );
     assert_eq!(h.b.machine.stats().skipped_below_floor, 3);
 }
 
@@ -774,13 +774,7 @@ fn a_floor_the_sender_forgot_in_a_crash_is_answered_on_resync() {
         .unwrap();
     h.connect();
     h.run();
-    let bodies = |h: &Harness| -> Vec<Bytes> {
-        h.b.consumed
-            .iter()
-            .filter_map(|op| op.body.clone())
-            .collect()
-    };
-    assert_eq!(bodies(&h), [body(0)], "m2 waits above the gap");
+    assert_eq!(consumed_bodies(&h), [body(0)], "m2 waits above the gap");
     assert_eq!(
         h.a.machine.outbox_len(),
         0,
@@ -788,7 +782,11 @@ fn a_floor_the_sender_forgot_in_a_crash_is_answered_on_resync() {
     );
     h.advance(Duration::from_secs(31));
     h.run();
-    assert_eq!(bodies(&h), [body(0), body(2)], "B's resync got the floor");
+    assert_eq!(
+        consumed_bodies(&h),
+        [body(0), body(2)],
+        "B's resync got the floor"
+    );
     assert_eq!(h.b.machine.stats().resyncs_sent, 1);
     assert!(h.b.store.held.is_empty());
 }
@@ -1175,12 +1173,7 @@ fn a_floor_past_a_gap_wider_than_the_window_frees_the_credit_behind_it() {
     }
     h.connect();
     h.run();
-    let bodies: Vec<Bytes> =
-        h.b.consumed
-            .iter()
-            .filter_map(|op| op.body.clone())
-            .collect();
-    assert_eq!(bodies, [body(0), body(7), body(8), body(9)]);
+    assert_eq!(consumed_bodies(&h), [body(0), body(7), body(8), body(9)]);
     assert_eq!(h.a.machine.outbox_len(), 0);
     assert!(h.a.machine.stats().floors_sent >= 1);
     assert_eq!(h.b.machine.stats().out_of_seq, 0);

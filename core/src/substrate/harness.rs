@@ -224,19 +224,7 @@ impl Harness {
 
     /// Node `id`'s app consumes every pending send now.
     pub fn consume_all(&mut self, id: NodeId) {
-        let now = self.now;
-        let node = self.node(id);
-        let pending: Vec<(String, u64)> = node
-            .machine
-            .pending_deliveries()
-            .into_iter()
-            .filter(|op| op.verb != crate::wire::envelope::Verb::Req)
-            .map(|op| (op.obj.clone(), op.seq))
-            .collect();
-        for (obj, seq) in pending {
-            node.machine.consume(now, &obj, seq);
-        }
-        self.collect(id);
+        self.consume_some(id, usize::MAX);
     }
 
     /// Node `id`'s app consumes its `count` oldest pending sends (by object, then seq).

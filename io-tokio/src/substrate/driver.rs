@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tether_core::limits::{
     SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
-    SUBSTRATE_STORE_RETRY_BASE_MS, SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_WAITING_SENDS_MAX,
-    SUBSTRATE_WRITE_CHUNKS_MAX,
+    SUBSTRATE_STORE_RETRY_BASE_MS, SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
+    SUBSTRATE_WAITING_SENDS_MAX, SUBSTRATE_WRITE_CHUNKS_MAX,
 };
 use tether_core::retry::{Backoff, Retry};
 use tether_core::substrate::handshake::Role;
@@ -321,7 +321,9 @@ impl Driver {
                 // simulator. Fairness comes from draining both channels on every wake.
                 let wake = tokio::select! {
                     biased;
-                    message = self.link_rx.recv() => {
+                    // While the store is failing, batches pile up; past the bound the link is
+                    // not read, and the peer's socket backs up instead of this memory.
+                    message = self.link_rx.recv(), if self.reads_link() => {
                         Wake::Link(message.expect("the driver holds a sender"))
                     }
                     command = self.commands.recv() => match command {
@@ -343,6 +345,9 @@ impl Driver {
                     Wake::Timer => self.timeout(),
                 }
                 for _ in 0..READS_PER_WAKE {
+                    if !self.reads_link() {
+                        break;
+                    }
                     let Ok(message) = self.link_rx.try_recv() else {
                         break;
                     };
@@ -373,6 +378,12 @@ impl Driver {
         }
         .instrument(span)
         .await
+    }
+
+    /// Whether link input may be handled: not while the store has left
+    /// [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`] batches uncommitted.
+    fn reads_link(&self) -> bool {
+        self.uncommitted.len() < SUBSTRATE_UNCOMMITTED_BATCHES_MAX
     }
 
     /// Nothing to keep the task for: no link, no way to dial, nothing in memory that is not
