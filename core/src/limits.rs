@@ -182,11 +182,18 @@ pub const TELEMETRY_SINK_ITEMS_DEFAULT: usize = 1024;
 /// §7.3) and a dropped inbound stream is closed.
 pub const PROTOCOL_SINK_EVENTS_DEFAULT: usize = 1024;
 
-/// Sends (and requests and answers) that may wait for outbox room per object in the shell,
-/// beyond the outbox itself. Past it `send` fails with `queue_full` as `try_send` does: an app
-/// that issues without ever awaiting cannot grow memory without bound. Equal to the outbox
+/// Sends and requests that may wait for outbox room per object in a peer's task, beyond the
+/// outbox itself. While an object has this many waiting, the task takes no new op commands from
+/// the app (they wait in the ops lane, then in the callers' futures): a waiting `send` is never
+/// refused, and an app that issues without awaiting holds its own backlog. Equal to the outbox
 /// bound, so a waiting app has as much queued as in flight.
 pub const SUBSTRATE_WAITING_SENDS_MAX: usize = 1000;
+
+/// Op commands (open, send, req, close) queued from the app to one peer's task. Past it a new
+/// command waits inside the caller's future, in issue order, and is withdrawn if the caller
+/// drops it. Commands that answer a delivery (consume, answer, accept, reject) have their own
+/// lane, bounded by what the peer delivered, and are never held back.
+pub const SUBSTRATE_COMMANDS_MAX: usize = 1024;
 
 /// Largest total of `res` bodies the shell gathers for one request before it ends the request
 /// with `ReplyTooLarge` (a peer streaming answers forever cannot exhaust memory). 16 MiB is 256

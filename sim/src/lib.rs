@@ -27,6 +27,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use sha2::{Digest, Sha256};
 use tether::substrate::{Auth, Authorizer, Config, Denial, Error, Inbound, PeerId, Substrate};
+use tether_core::limits::SUBSTRATE_COMMANDS_MAX;
 use tether_core::substrate::AuthorizeContext;
 use tether_core::time::Time;
 use tether_core::wire::envelope::ObjKind;
@@ -410,6 +411,13 @@ async fn drive_object(
                 ObjKind::Session => reqs.push((n, session.req(body))),
             }
         }
+        let backlog = bob.backlog();
+        if backlog.queued > SUBSTRATE_COMMANDS_MAX {
+            lock(ledger).violation(format!(
+                "a's command lane to b holds {} commands, past {SUBSTRATE_COMMANDS_MAX}",
+                backlog.queued
+            ));
+        }
         for (n, pending) in sends {
             let result = pending.await;
             let mut l = lock(ledger);
@@ -465,6 +473,7 @@ async fn receiver(
     config: Config,
 ) -> turmoil::Result {
     let boot_seed = boot(&ledger, "b", seed);
+    let window = config.receive_window as usize;
     let transport = SimTransport::bind(PeerId::new("b"), &[]).await?;
     let deny = |ctx: &AuthorizeContext<'_>| {
         if ctx.obj.starts_with("deny/") {
@@ -496,6 +505,15 @@ async fn receiver(
             () = tokio::time::sleep(STALL_POLL) => continue,
         };
         let Some(item) = item else { return Ok(()) };
+        // What the app has not taken yet: at most a window of deliveries per object (the
+        // inbox bound), its open and its close, and store notices.
+        let backlog_max = lock(&ledger).plans.len() * (window + 2) + 16;
+        if inbound.len() > backlog_max {
+            lock(&ledger).violation(format!(
+                "b's inbound channel holds {} items, past {backlog_max}",
+                inbound.len()
+            ));
+        }
         match item {
             Inbound::Message(_) | Inbound::Request(_) if stalled => {
                 let (obj, seq, op_id, body) = match &item {

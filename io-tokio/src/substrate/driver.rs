@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tether_core::limits::{
-    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
-    SUBSTRATE_STORE_RETRY_BASE_MS, SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
-    SUBSTRATE_WAITING_SENDS_MAX, SUBSTRATE_WRITE_CHUNKS_MAX,
+    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_STORE_RETRY_BASE_MS,
+    SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX, SUBSTRATE_WAITING_SENDS_MAX,
+    SUBSTRATE_WRITE_CHUNKS_MAX,
 };
 use tether_core::retry::{Backoff, Retry};
 use tether_core::substrate::handshake::Role;
@@ -21,8 +21,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, Instrument};
 
+use super::commands::{CommandRx, CommandTx};
 use super::transport::Link;
-use super::{Delivery, Error, Inbound, OpenRequest, Reply, Request, Shared, StoreOp};
+use super::{Delivery, Error, Inbound, OpenRequest, ReplySink, Request, Shared, StoreOp};
 use crate::store::StoreError;
 
 /// Commands handled per wake before outputs are drained (bounds one wake's work).
@@ -67,7 +68,7 @@ pub(super) enum Command {
         obj: String,
         body: Bytes,
         wait: bool,
-        reply: Reply1<Reply>,
+        reply: ReplySink,
     },
     Answer {
         obj: String,
@@ -100,8 +101,6 @@ enum Wake {
     Link(LinkMsg),
     Command(Command),
     Timer,
-    /// Every command sender is gone.
-    Dropped,
 }
 
 impl Command {
@@ -127,7 +126,7 @@ impl Command {
             | Command::Decide { reply, .. }
             | Command::Close { reply, .. } => drop(reply.send(Err(error))),
             Command::Send { reply, .. } => drop(reply.send(Err(error))),
-            Command::Req { reply, .. } => drop(reply.send(Err(error))),
+            Command::Req { reply, .. } => reply.fail(error),
             // A link from a peer whose state cannot load is refused: dropping it closes it.
             Command::Attach(link) => drop(link),
             Command::Consume { .. } | Command::Shutdown(_) => {}
@@ -151,7 +150,7 @@ impl Command {
 pub(super) async fn load(
     peer: &PeerId,
     shared: &Arc<Shared>,
-    commands: &mut mpsc::UnboundedReceiver<Command>,
+    commands: &mut CommandRx,
 ) -> Option<Machine> {
     let mut retry = Retry::new(STORE_RETRY);
     loop {
@@ -180,13 +179,12 @@ pub(super) async fn load(
                 loop {
                     tokio::select! {
                         biased;
-                        command = commands.recv() => match command {
-                            None => return None,
-                            Some(Command::Shutdown(done)) => {
+                        command = commands.recv(true) => match command {
+                            Command::Shutdown(done) => {
                                 let _ = done.send(());
                                 return None;
                             }
-                            Some(command) => command.refuse(Error::Store(message.clone())),
+                            command => command.refuse(Error::Store(message.clone())),
                         },
                         () = &mut sleep => break,
                     }
@@ -235,18 +233,15 @@ enum LinkMsg {
 
 enum Waiter {
     Send(Reply1<String>),
-    Req {
-        res: Vec<Bytes>,
-        reply: Reply1<Reply>,
-    },
+    Req(ReplySink),
 }
 
 pub(super) struct Driver {
     peer: PeerId,
     link: PeerLink,
     shared: Arc<Shared>,
-    commands: mpsc::UnboundedReceiver<Command>,
-    handle: mpsc::UnboundedSender<Command>,
+    commands: CommandRx,
+    handle: CommandTx,
     link_tx: mpsc::Sender<LinkMsg>,
     link_rx: mpsc::Receiver<LinkMsg>,
     /// The link's writer: at most [`SUBSTRATE_WRITE_CHUNKS_MAX`] chunks queued; when it is
@@ -276,8 +271,8 @@ impl Driver {
         peer: PeerId,
         machine: Machine,
         shared: Arc<Shared>,
-        commands: mpsc::UnboundedReceiver<Command>,
-        handle: mpsc::UnboundedSender<Command>,
+        commands: CommandRx,
+        handle: CommandTx,
         pinned: Arc<AtomicBool>,
     ) -> Self {
         let link = PeerLink::new(machine, shared.auth.clone(), shared.features.clone());
@@ -317,6 +312,7 @@ impl Driver {
             loop {
                 let due = self.next_due();
                 let sleep = self.sleep_for(due);
+                let take_ops = self.takes_ops();
                 // `biased`: the branch order is fixed, so a run replays exactly under a
                 // simulator. Fairness comes from draining both channels on every wake.
                 let wake = tokio::select! {
@@ -326,10 +322,7 @@ impl Driver {
                     message = self.link_rx.recv(), if self.reads_link() => {
                         Wake::Link(message.expect("the driver holds a sender"))
                     }
-                    command = self.commands.recv() => match command {
-                        Some(command) => Wake::Command(command),
-                        None => Wake::Dropped,
-                    },
+                    command = self.commands.recv(take_ops) => Wake::Command(command),
                     // The writer was full: it has room again for the frames that wait.
                     Ok(permit) = writable(self.writer.as_ref()) => {
                         drop(permit);
@@ -339,7 +332,6 @@ impl Driver {
                 };
                 let mut first_command = None;
                 match wake {
-                    Wake::Dropped => return self.stop(),
                     Wake::Link(message) => self.link_message(message),
                     Wake::Command(command) => first_command = Some(command),
                     Wake::Timer => self.timeout(),
@@ -353,11 +345,15 @@ impl Driver {
                     };
                     self.link_message(message);
                 }
-                let commands = first_command
-                    .into_iter()
-                    .chain(std::iter::from_fn(|| self.commands.try_recv().ok()));
                 let mut stop = None;
-                for command in commands.take(COMMANDS_PER_WAKE).collect::<Vec<_>>() {
+                for _ in 0..COMMANDS_PER_WAKE {
+                    let command = match first_command.take() {
+                        Some(command) => command,
+                        None => match self.commands.try_recv(self.takes_ops()) {
+                            Some(command) => command,
+                            None => break,
+                        },
+                    };
                     if let Some(done) = self.command(command) {
                         stop = Some(done);
                         break;
@@ -378,6 +374,15 @@ impl Driver {
         }
         .instrument(span)
         .await
+    }
+
+    /// Whether new op commands may be taken: not while an object has
+    /// [`SUBSTRATE_WAITING_SENDS_MAX`] commands waiting for outbox room (they then wait in the
+    /// op lane, then in the callers).
+    fn takes_ops(&self) -> bool {
+        self.parked
+            .values()
+            .all(|queue| queue.len() < SUBSTRATE_WAITING_SENDS_MAX)
     }
 
     /// Whether link input may be handled: not while the store has left
@@ -475,14 +480,16 @@ impl Driver {
     /// with commands already waiting for room waits behind them (per-object order).
     fn command(&mut self, command: Command) -> Option<oneshot::Sender<()>> {
         if let Some(queue) = command.object().and_then(|obj| self.parked.get_mut(obj)) {
-            if command.waits_for_room() {
-                if queue.len() >= SUBSTRATE_WAITING_SENDS_MAX {
-                    // The bound on waiting sends: past it a send fails as `try_send` would.
-                    metrics::counter!("tether_substrate_sends_refused_waiting_full").increment(1);
-                    command.refuse(CommandError::QueueFull.into());
-                    return None;
-                }
+            if command.waits_for_room() || matches!(command, Command::Close { .. }) {
+                // Behind the commands waiting for room, in issue order (bounded: at
+                // SUBSTRATE_WAITING_SENDS_MAX the task stops taking op commands). A close
+                // waits too: ops sent before it go first.
                 queue.push_back(command);
+                return None;
+            }
+            if matches!(command, Command::Send { .. } | Command::Req { .. }) {
+                // A `try_send` or `try_req` may not pass them, nor wait: the object is full.
+                command.refuse(CommandError::QueueFull.into());
                 return None;
             }
         }
@@ -568,11 +575,7 @@ impl Driver {
             } => match machine.req(now, &obj, body.clone()) {
                 Ok(id) => {
                     debug!(op_id = %id, "req enqueued");
-                    let waiter = Waiter::Req {
-                        res: Vec::new(),
-                        reply,
-                    };
-                    self.waiters.insert(id, waiter);
+                    self.waiters.insert(id, Waiter::Req(reply));
                 }
                 Err(error) => {
                     let command = Command::Req {
@@ -816,7 +819,7 @@ impl Driver {
                 self.freed.insert(obj.clone());
                 match self.waiters.remove(&op_id) {
                     Some(Waiter::Send(reply)) => drop(reply.send(Err(Error::Futile(code)))),
-                    Some(Waiter::Req { reply, .. }) => drop(reply.send(Err(Error::Futile(code)))),
+                    Some(Waiter::Req(reply)) => reply.fail(Error::Futile(code)),
                     None => {
                         if self.opens.get(&obj).is_some_and(|(id, _)| *id == op_id) {
                             let (_, reply) = self.opens.remove(&obj).expect("checked");
@@ -843,26 +846,19 @@ impl Driver {
                 code,
             } => {
                 self.freed.insert(obj);
-                let Some(Waiter::Req { mut res, reply }) = self.waiters.remove(&req_id) else {
+                let Some(Waiter::Req(reply)) = self.waiters.remove(&req_id) else {
                     return;
                 };
                 match verb {
                     Verb::Res => {
-                        let held: usize = res.iter().map(Bytes::len).sum();
-                        let body_len = body.as_ref().map_or(0, Bytes::len);
-                        if held + body_len > SUBSTRATE_REPLY_BYTES_MAX {
-                            // The rest of this reply is dropped (the waiter is gone) and the
-                            // caller learns why.
-                            metrics::counter!("tether_substrate_replies_too_large").increment(1);
-                            let _ =
-                                reply.send(Err(Error::ReplyTooLarge(SUBSTRATE_REPLY_BYTES_MAX)));
-                            return;
+                        // Past the bound the rest of this reply is dropped (the waiter is
+                        // gone) and the reader learns why.
+                        if reply.res(body.unwrap_or_default()) {
+                            self.waiters.insert(req_id, Waiter::Req(reply));
                         }
-                        res.extend(body);
-                        self.waiters.insert(req_id, Waiter::Req { res, reply });
                     }
-                    Verb::End => drop(reply.send(Ok(Reply { res, end: body }))),
-                    _ => drop(reply.send(Err(Error::Remote(code.unwrap_or_default())))),
+                    Verb::End => reply.end(body),
+                    _ => reply.fail(Error::Remote(code.unwrap_or_default())),
                 }
             }
             Event::OpenRequested { obj, kind, cap, .. } => {
@@ -930,7 +926,7 @@ impl Driver {
         for (_, waiter) in self.waiters.drain() {
             match waiter {
                 Waiter::Send(reply) => drop(reply.send(Err(Error::Shutdown))),
-                Waiter::Req { reply, .. } => drop(reply.send(Err(Error::Shutdown))),
+                Waiter::Req(reply) => reply.fail(Error::Shutdown),
             }
         }
         for (_, (_, reply)) in self.opens.drain() {

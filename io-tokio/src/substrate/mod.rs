@@ -37,13 +37,14 @@
 //! Persist batches are group-committed (all batches emitted up to a commit point in one store
 //! transaction) before anything they cover is transmitted or acknowledged.
 
+mod commands;
 mod driver;
 pub mod transport;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
@@ -63,6 +64,7 @@ pub use tether_core::substrate::{
 pub use transport::{Link, LinkStream, TcpTransport, Transport};
 
 use crate::store::{MemoryStore, Store, StoreError};
+use commands::{CommandTx, Issued, Slot};
 use driver::{Command, Driver};
 
 /// Why an operation failed.
@@ -141,6 +143,136 @@ pub struct Reply {
     pub end: Option<Bytes>,
 }
 
+/// One part of an answer as it arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyPart {
+    /// A partial answer (`res`); more follow.
+    Res(Bytes),
+    /// The final answer (`end`); nothing follows.
+    End(Option<Bytes>),
+}
+
+/// Bytes an unread `res` part is counted as beyond its body, so that a peer sending empty
+/// parts cannot grow memory either.
+const REPLY_PART_OVERHEAD: usize = 64;
+
+/// The answers to one request, read as they arrive (see [`Session::request`]). Unread parts
+/// are bounded: past [`SUBSTRATE_REPLY_BYTES_MAX`] bytes held (bodies plus 64 bytes a part)
+/// the request ends with [`Error::ReplyTooLarge`], counted as
+/// `tether_substrate_replies_too_large`.
+///
+/// [`SUBSTRATE_REPLY_BYTES_MAX`]: tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX
+pub struct ReplyStream {
+    /// The request while it waits for room in the command lane.
+    slot: Option<Arc<Slot>>,
+    parts: mpsc::UnboundedReceiver<Result<ReplyPart, Error>>,
+    held: Arc<AtomicUsize>,
+    done: bool,
+}
+
+impl std::fmt::Debug for ReplyStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplyStream")
+            .field("waiting_for_room", &self.slot.is_some())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplyStream {
+    /// The next part; `None` after the `end` part or an error.
+    pub async fn next(&mut self) -> Option<Result<ReplyPart, Error>> {
+        if self.done {
+            return None;
+        }
+        let part = self.parts.recv().await.unwrap_or(Err(Error::Shutdown));
+        match &part {
+            Ok(ReplyPart::Res(body)) => {
+                self.held
+                    .fetch_sub(body.len() + REPLY_PART_OVERHEAD, Ordering::SeqCst);
+            }
+            Ok(ReplyPart::End(_)) | Err(_) => {
+                self.done = true;
+                self.slot = None;
+            }
+        }
+        Some(part)
+    }
+
+    /// Reads every part: the whole answer, or the error that ended it. Gathers at most
+    /// [`SUBSTRATE_REPLY_BYTES_MAX`] bytes of `res` bodies; past it the request ends with
+    /// [`Error::ReplyTooLarge`] (read a longer answer with [`ReplyStream::next`]).
+    ///
+    /// [`SUBSTRATE_REPLY_BYTES_MAX`]: tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX
+    pub async fn collect(mut self) -> Result<Reply, Error> {
+        use tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX;
+        let mut reply = Reply::default();
+        let mut gathered = 0usize;
+        while let Some(part) = self.next().await {
+            match part? {
+                ReplyPart::Res(body) => {
+                    gathered += body.len();
+                    if gathered > SUBSTRATE_REPLY_BYTES_MAX {
+                        metrics::counter!("tether_substrate_replies_too_large").increment(1);
+                        return Err(Error::ReplyTooLarge(SUBSTRATE_REPLY_BYTES_MAX));
+                    }
+                    reply.res.push(body);
+                }
+                ReplyPart::End(end) => reply.end = end,
+            }
+        }
+        Ok(reply)
+    }
+}
+
+/// The shell's end of a [`ReplyStream`].
+pub(crate) struct ReplySink {
+    parts: mpsc::UnboundedSender<Result<ReplyPart, Error>>,
+    held: Arc<AtomicUsize>,
+}
+
+impl ReplySink {
+    /// Hands a `res` part to the reader; `false` (and the request ended with
+    /// `ReplyTooLarge`) when it would hold more than the bound unread.
+    fn res(&self, body: Bytes) -> bool {
+        let size = body.len() + REPLY_PART_OVERHEAD;
+        let held = self.held.fetch_add(size, Ordering::SeqCst) + size;
+        if held > tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX {
+            metrics::counter!("tether_substrate_replies_too_large").increment(1);
+            self.fail(Error::ReplyTooLarge(
+                tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX,
+            ));
+            return false;
+        }
+        let _ = self.parts.send(Ok(ReplyPart::Res(body)));
+        true
+    }
+
+    fn end(self, body: Option<Bytes>) {
+        let _ = self.parts.send(Ok(ReplyPart::End(body)));
+    }
+
+    fn fail(&self, error: Error) {
+        let _ = self.parts.send(Err(error));
+    }
+}
+
+fn reply_stream() -> (ReplySink, ReplyStream) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let held = Arc::new(AtomicUsize::new(0));
+    let sink = ReplySink {
+        parts: tx,
+        held: held.clone(),
+    };
+    let stream = ReplyStream {
+        slot: None,
+        parts: rx,
+        held,
+        done: false,
+    };
+    (sink, stream)
+}
+
 /// What peers send this node (and what the app must know about them). Non-exhaustive: match
 /// with a wildcard arm.
 #[derive(Debug)]
@@ -185,14 +317,14 @@ pub struct OpenRequest {
     pub kind: ObjKind,
     /// The capability token presented.
     pub cap: Option<String>,
-    handle: mpsc::UnboundedSender<Command>,
+    handle: CommandTx,
 }
 
 impl OpenRequest {
     /// Accepts: the object is live on both sides.
     pub async fn accept(self) -> Result<(), Error> {
         let obj = self.obj;
-        send_command(&self.handle, |reply| Command::Decide {
+        send_control(&self.handle, |reply| Command::Decide {
             obj,
             reject: None,
             reply,
@@ -203,7 +335,7 @@ impl OpenRequest {
     /// Rejects with `code` (e.g. `approval_denied`).
     pub async fn reject(self, code: &str) -> Result<(), Error> {
         let obj = self.obj;
-        send_command(&self.handle, |reply| Command::Decide {
+        send_control(&self.handle, |reply| Command::Decide {
             obj,
             reject: Some(code.to_owned()),
             reply,
@@ -227,13 +359,13 @@ pub struct Delivery {
     pub op_id: String,
     /// The body.
     pub body: Bytes,
-    handle: mpsc::UnboundedSender<Command>,
+    handle: CommandTx,
 }
 
 impl Delivery {
     /// The app is done with it: its durable copy is dropped.
     pub fn done(self) {
-        let _ = self.handle.send(Command::Consume {
+        self.handle.control(Command::Consume {
             obj: self.obj,
             seq: self.seq,
         });
@@ -255,7 +387,7 @@ pub struct Request {
     pub req_id: String,
     /// The body.
     pub body: Bytes,
-    handle: mpsc::UnboundedSender<Command>,
+    handle: CommandTx,
 }
 
 impl Request {
@@ -281,7 +413,7 @@ impl Request {
         code: Option<String>,
     ) -> Result<(), Error> {
         let (obj, req_id) = (self.obj.clone(), self.req_id.clone());
-        send_command(&self.handle, |reply| Command::Answer {
+        send_control(&self.handle, |reply| Command::Answer {
             obj,
             req_id,
             verb,
@@ -293,15 +425,23 @@ impl Request {
     }
 }
 
-/// Resolves when the peer's task answers; created when the command is sent, so several can
-/// be in flight at once.
+/// Resolves when the peer's task answers. The command is issued when the `Pending` is
+/// created, so several can be in flight at once and keep their order; when the peer's command
+/// lane is full ([`SUBSTRATE_COMMANDS_MAX`]) the command waits inside the `Pending`, behind
+/// the ones issued before it, and dropping the `Pending` then withdraws it.
+///
+/// [`SUBSTRATE_COMMANDS_MAX`]: tether_core::limits::SUBSTRATE_COMMANDS_MAX
 pub struct Pending<T> {
+    /// The command while it waits for room in the lane.
+    slot: Option<Arc<Slot>>,
     rx: oneshot::Receiver<Result<T, Error>>,
 }
 
 impl<T> std::fmt::Debug for Pending<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Pending")
+        f.debug_struct("Pending")
+            .field("waiting_for_room", &self.slot.is_some())
+            .finish()
     }
 }
 
@@ -309,26 +449,54 @@ impl<T> Future for Pending<T> {
     type Output = Result<T, Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.rx)
+        let result = Pin::new(&mut self.rx)
             .poll(cx)
-            .map(|result| result.unwrap_or(Err(Error::Shutdown)))
+            .map(|result| result.unwrap_or(Err(Error::Shutdown)));
+        if result.is_ready() {
+            self.slot = None;
+        }
+        result
     }
 }
 
+/// Issues an op command (bounded lane).
 fn send_command<T>(
-    handle: &mpsc::UnboundedSender<Command>,
+    handle: &CommandTx,
     command: impl FnOnce(driver::Reply1<T>) -> Command,
 ) -> Pending<T> {
     let (reply, rx) = oneshot::channel();
-    let _ = handle.send(command(reply));
-    Pending { rx }
+    let slot = match handle.issue(command(reply)) {
+        Issued::Queued => None,
+        Issued::Waiting(slot) => Some(slot),
+    };
+    Pending { slot, rx }
+}
+
+/// Sends a control command (answers to deliveries; never held back).
+fn send_control<T>(
+    handle: &CommandTx,
+    command: impl FnOnce(driver::Reply1<T>) -> Command,
+) -> Pending<T> {
+    let (reply, rx) = oneshot::channel();
+    handle.control(command(reply));
+    Pending { slot: None, rx }
+}
+
+/// App commands waiting for a peer's task (see [`Peer::backlog`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Backlog {
+    /// Commands in the peer's op lane.
+    pub queued: usize,
+    /// Commands held in callers' futures until the lane has room.
+    pub waiting: usize,
 }
 
 /// A remote peer.
 #[derive(Debug, Clone)]
 pub struct Peer {
     id: PeerId,
-    handle: mpsc::UnboundedSender<Command>,
+    handle: CommandTx,
 }
 
 impl Peer {
@@ -371,6 +539,15 @@ impl Peer {
         Session(self.object(obj))
     }
 
+    /// How many app commands wait for this peer's task: `queued` in its op lane (at most
+    /// [`SUBSTRATE_COMMANDS_MAX`]) and `waiting` in callers' futures for room in it.
+    ///
+    /// [`SUBSTRATE_COMMANDS_MAX`]: tether_core::limits::SUBSTRATE_COMMANDS_MAX
+    pub fn backlog(&self) -> Backlog {
+        let (queued, waiting) = self.handle.backlog();
+        Backlog { queued, waiting }
+    }
+
     fn object(&self, obj: &str) -> Object {
         Object {
             obj: obj.to_owned(),
@@ -382,7 +559,7 @@ impl Peer {
 #[derive(Debug, Clone)]
 struct Object {
     obj: String,
-    handle: mpsc::UnboundedSender<Command>,
+    handle: CommandTx,
 }
 
 impl Object {
@@ -396,14 +573,19 @@ impl Object {
         })
     }
 
-    fn req(&self, body: Bytes, wait: bool) -> Pending<Reply> {
+    fn request(&self, body: Bytes, wait: bool) -> ReplyStream {
         let obj = self.obj.clone();
-        send_command(&self.handle, |reply| Command::Req {
+        let (reply, mut stream) = reply_stream();
+        let command = Command::Req {
             obj,
             body,
             wait,
             reply,
-        })
+        };
+        if let Issued::Waiting(slot) = self.handle.issue(command) {
+            stream.slot = Some(slot);
+        }
+        stream
     }
 
     fn close(&self, reason: &str) -> Pending<()> {
@@ -442,14 +624,30 @@ impl Queue {
 pub struct Session(Object);
 
 impl Session {
-    /// Sends a request; resolves to the peer's answer. Waits for outbox room when full.
-    pub fn req(&self, body: impl Into<Bytes>) -> Pending<Reply> {
-        self.0.req(body.into(), true)
+    /// Sends a request; resolves to the peer's whole answer (its `res` parts gathered, at most
+    /// [`SUBSTRATE_REPLY_BYTES_MAX`] bytes). Issued when called, like [`Queue::send`]; waits
+    /// for outbox room when full. Use [`Session::request`] to read a long answer as it comes.
+    ///
+    /// [`SUBSTRATE_REPLY_BYTES_MAX`]: tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX
+    pub fn req(
+        &self,
+        body: impl Into<Bytes>,
+    ) -> impl Future<Output = Result<Reply, Error>> + Send + 'static {
+        self.request(body).collect()
     }
 
     /// Like [`Session::req`], but fails at once with `CommandError::QueueFull` when full.
-    pub fn try_req(&self, body: impl Into<Bytes>) -> Pending<Reply> {
-        self.0.req(body.into(), false)
+    pub fn try_req(
+        &self,
+        body: impl Into<Bytes>,
+    ) -> impl Future<Output = Result<Reply, Error>> + Send + 'static {
+        self.0.request(body.into(), false).collect()
+    }
+
+    /// Sends a request whose answer is read part by part as it arrives (a stream of `res`
+    /// parts, then `end`); unread parts are bounded (see [`ReplyStream`]).
+    pub fn request(&self, body: impl Into<Bytes>) -> ReplyStream {
+        self.0.request(body.into(), true)
     }
 
     /// A one-way message on the session; resolves at the hop ack. Waits for room when full.
@@ -542,7 +740,7 @@ impl Shared {
 /// A peer's task, the sender of its commands, and whether the app named the peer (then the
 /// task never ends for being idle).
 struct PeerTask {
-    handle: mpsc::UnboundedSender<Command>,
+    handle: CommandTx,
     task: JoinHandle<()>,
     pinned: Arc<AtomicBool>,
 }
@@ -672,9 +870,8 @@ impl Substrate {
             .collect();
         for (_, PeerTask { handle, task, .. }) in peers {
             let (done, wait) = oneshot::channel();
-            if handle.send(Command::Shutdown(done)).is_ok() {
-                let _ = wait.await;
-            }
+            handle.control(Command::Shutdown(done));
+            let _ = wait.await;
             let _ = task.await;
         }
     }
@@ -683,11 +880,7 @@ impl Substrate {
 impl Shared {
     /// The command sender of `id`'s task, starting it (from the peer's durable state) when
     /// there is none. `None` when an inbound link would exceed the peer cap.
-    fn handle(
-        self: &Arc<Self>,
-        id: &PeerId,
-        inbound: bool,
-    ) -> Option<mpsc::UnboundedSender<Command>> {
+    fn handle(self: &Arc<Self>, id: &PeerId, inbound: bool) -> Option<CommandTx> {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = peers.get(id) {
             if !entry.task.is_finished() {
@@ -705,7 +898,7 @@ impl Shared {
             );
             return None;
         }
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = commands::channel();
         let pinned = Arc::new(AtomicBool::new(!inbound));
         // The task loads the peer's state itself (retrying while the store fails), so a
         // failing store never starts a peer empty and never blocks this lock.
@@ -758,7 +951,7 @@ impl Shared {
     }
 
     /// A peer task ended on its own: forget it (unless a newer task took its place).
-    fn forget(&self, id: &PeerId, handle: &mpsc::UnboundedSender<Command>) {
+    fn forget(&self, id: &PeerId, handle: &CommandTx) {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         if peers
             .get(id)
@@ -873,7 +1066,7 @@ impl SubstrateBuilder {
                 };
                 let Some(inner) = weak.upgrade() else { return };
                 if let Some(handle) = inner.shared.handle(&peer, true) {
-                    let _ = handle.send(Command::Attach(link));
+                    handle.control(Command::Attach(link));
                 }
             }
         });
