@@ -148,7 +148,8 @@ pub struct Report {
     pub violations: Vec<String>,
     /// How often the hard cases were exercised: `load failures`, `commit failures`,
     /// `stalls past W` (the consumer stopped long enough to fill the window), `deep objects`
-    /// (objects pipelining at least 4 × W ops).
+    /// (objects pipelining at least 4 × W ops), `commands past the lane` (a's commands waited in
+    /// their futures for room in the command lane).
     pub exercised: BTreeMap<&'static str, u64>,
     /// SHA-256 of the run's event trace.
     pub trace_hash: String,
@@ -206,6 +207,8 @@ struct Ledger {
     stalled: bool,
     /// Most items the stalled app held at once.
     stall_held_max: u64,
+    /// Whether a's commands ever waited in their futures for room in the lane.
+    commands_waited: bool,
     violations: Vec<String>,
     boots: BTreeMap<&'static str, u64>,
 }
@@ -412,6 +415,7 @@ async fn drive_object(
             }
         }
         let backlog = bob.backlog();
+        lock(ledger).commands_waited |= backlog.waiting > 0;
         if backlog.queued > SUBSTRATE_COMMANDS_MAX {
             lock(ledger).violation(format!(
                 "a's command lane to b holds {} commands, past {SUBSTRATE_COMMANDS_MAX}",
@@ -775,6 +779,21 @@ fn plans(rng: &mut Xoshiro256PlusPlus, hard: &mut Xoshiro256PlusPlus, window: u6
     plans
 }
 
+/// Turns some queues into floods: 2,500–3,500 ops issued at once, past the outbox, the sends
+/// that may wait for room (`SUBSTRATE_WAITING_SENDS_MAX`) and the command lane
+/// (`SUBSTRATE_COMMANDS_MAX`) together, so that the task stops taking commands and callers
+/// hold the rest.
+fn flood_some(flood: &mut Xoshiro256PlusPlus, plans: &mut [Plan]) {
+    for plan in plans.iter_mut() {
+        if plan.fate == Fate::Accept && plan.kind == ObjKind::Queue && flood.random_range(0..6) == 0
+        {
+            plan.count = flood.random_range(2_500..3_500);
+            plan.pipeline = plan.count;
+            plan.pause = Duration::from_millis(flood.random_range(20..400));
+        }
+    }
+}
+
 /// tokio numbers tasks from one process-wide counter, and when turmoil crashes a host the order
 /// in which tokio drops its tasks (so the order in which its sockets send RST and FIN) follows
 /// those numbers. Every run therefore starts the counter where a fresh process does, modulo
@@ -811,8 +830,16 @@ pub fn run(options: &Options) -> Report {
     let mut hard = Xoshiro256PlusPlus::seed_from_u64(options.seed.rotate_left(17) ^ 0x5eed_4a4d);
     let ledger: Shared = Arc::default();
     let window_b = [4, 16, 64][hard.random_range(0..3)];
-    lock(&ledger).plans = plans(&mut rng, &mut hard, window_b);
-    let config_a = config(&mut rng, &mut hard);
+    // A third stream for floods (added later still), so older seeds keep their schedules.
+    let mut flood = Xoshiro256PlusPlus::seed_from_u64(options.seed.rotate_left(29) ^ 0xf1_00d5);
+    let mut plans = plans(&mut rng, &mut hard, window_b);
+    flood_some(&mut flood, &mut plans);
+    lock(&ledger).plans = plans;
+    let mut config_a = config(&mut rng, &mut hard);
+    if flood.random_range(0..4) == 0 {
+        // A small outbox: floods reach the waiting-sends bound and the command lane sooner.
+        config_a.outbox_ops_max = 64;
+    }
     let config_b = Config {
         receive_window: window_b,
         ..config(&mut rng, &mut hard)
@@ -927,6 +954,13 @@ pub fn run(options: &Options) -> Report {
         .filter(|plan| u64::from(plan.pipeline) >= 4 * window_b)
         .count() as u64;
     exercised.insert("deep objects", deep);
+    exercised.insert("commands past the lane", u64::from(ledger.commands_waited));
+    let floods = ledger
+        .plans
+        .iter()
+        .filter(|plan| plan.count >= 2_500)
+        .count() as u64;
+    exercised.insert("floods", floods);
     let messages = ledger
         .delivered
         .values()
