@@ -23,11 +23,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cap;
 pub mod channel;
 pub mod driver;
 pub mod limits;
 pub mod request;
 pub mod retry;
 pub mod substrate;
+pub mod switch;
 pub mod time;
 pub mod wire;

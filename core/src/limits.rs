@@ -76,6 +76,44 @@ pub const ENVELOPE_ENV_KEYS_MAX: usize = 32;
 /// readable reason never needs more; op ids are ~26 characters.
 pub const ENVELOPE_TEXT_BYTES_MAX: usize = 4096;
 
+/// Default largest CHUNK payload a switch proposes in its HELLO (REFERENCE §B: "max chunk
+/// 256 KiB"); larger responses are split into chunks of at most this size.
+pub const BIFACI_CHUNK_BYTES_DEFAULT: usize = 256 * 1024;
+
+/// Most caps one master's manifest may advertise. A host serves dozens; the bound keeps a
+/// hostile manifest from growing the aggregate cap table (and every routing decision) without
+/// limit.
+pub const MANIFEST_CAPS_MAX: usize = 4096;
+
+/// Most master slots one switch keeps. Slots are never freed (their index is the routing key),
+/// so a host reconnecting under ever new ids is refused past this.
+pub const SWITCH_MASTERS_MAX: usize = 256;
+
+/// How long a master has to answer the switch's HELLO and pass the identity check, in
+/// milliseconds (REFERENCE §B: "HELLO timeout 15 s").
+pub const SWITCH_HANDSHAKE_TIMEOUT_MS: u64 = 15_000;
+
+/// How often the switch sends a master a HEARTBEAT, in milliseconds (REFERENCE §B: 30 s).
+pub const SWITCH_HEARTBEAT_INTERVAL_MS: u64 = 30_000;
+
+/// How long a master has to echo a HEARTBEAT before it is declared dead, in milliseconds
+/// (REFERENCE §B: 10 s timeout).
+pub const SWITCH_HEARTBEAT_TIMEOUT_MS: u64 = 10_000;
+
+/// Longest echo of the identity nonce the switch gathers (the nonce is 7 bytes; anything longer
+/// is already wrong).
+pub const SWITCH_IDENTITY_ECHO_BYTES_MAX: usize = 64;
+
+/// Most caps on one path `paths_to` reports (a planner composes a few transforms, never
+/// dozens), and most paths it reports: the search is bounded whatever the cap graph.
+pub const SWITCH_PATH_CAPS_MAX: usize = 4;
+
+/// See [`SWITCH_PATH_CAPS_MAX`].
+pub const SWITCH_PATHS_MAX: usize = 16;
+
+/// Longest policy a switch pushes to its masters, in bytes (it travels in one frame).
+pub const SWITCH_POLICY_BYTES_MAX: usize = 64 * 1024;
+
 /// Default initial per-stream credit window, in chunks (REFERENCE §B: "initial credit 32
 /// chunks"). Both sides propose a window; the smaller one is used.
 pub const CREDIT_WINDOW_CHUNKS_DEFAULT: u64 = 32;

@@ -20,7 +20,7 @@
 
 pub mod actor;
 pub mod bifaci;
-mod cbor;
+pub(crate) mod cbor;
 pub mod envelope;
 pub mod telemetry;
 pub mod varint;

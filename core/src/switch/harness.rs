@@ -1,0 +1,241 @@
+//! A deterministic in-memory world for the switch: one [`Switch`], scripted masters that
+//! answer the handshake and the identity check, and an engine whose frames are recorded. Time
+//! moves only when told. Used by the switch's tests, the model replay, the stateful fuzz
+//! target and the benchmarks.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{
+    manifest_json, ConnId, CutReason, EngineError, Event, Hello, Limits, SlotId, Switch,
+    SwitchConfig,
+};
+use crate::cap::CapUrn;
+use crate::request::RequestKey;
+use crate::time::Time;
+use crate::wire::bifaci::{Frame, FrameType, MessageId};
+
+/// How a scripted master answers the identity check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// Echoes the nonce.
+    Echo,
+    /// Echoes something else.
+    Wrong,
+    /// Never answers.
+    Silent,
+}
+
+/// The world.
+#[derive(Debug)]
+pub struct Harness {
+    /// The machine under test.
+    pub switch: Switch,
+    /// Virtual time.
+    pub now: Time,
+    /// Frames the engine received, in order.
+    pub engine: Vec<Frame>,
+    /// Frames each master received (handshake frames included), in order.
+    pub masters: BTreeMap<SlotId, Vec<Frame>>,
+    /// Events, in order.
+    pub events: Vec<Event>,
+    /// Connections the switch asked to close.
+    pub disconnected: Vec<(ConnId, CutReason)>,
+    /// How each connection answers the identity check.
+    identity: BTreeMap<ConnId, Identity>,
+}
+
+impl Harness {
+    /// A switch with `config`, routing once the masters `initial` are verified.
+    pub fn new(config: SwitchConfig, initial: &[&str]) -> Self {
+        let mut harness = Self {
+            switch: Switch::new(config, initial),
+            now: Time::from_millis(1_000),
+            engine: Vec::new(),
+            masters: BTreeMap::new(),
+            events: Vec::new(),
+            disconnected: Vec::new(),
+            identity: BTreeMap::new(),
+        };
+        harness.drain();
+        harness
+    }
+
+    /// Connects master `id` serving `caps` (the identity cap is added) with `limits`, and
+    /// plays its side of the handshake; `identity` says how it answers the identity check.
+    pub fn connect_with(
+        &mut self,
+        id: &str,
+        caps: &[&str],
+        limits: Limits,
+        identity: Identity,
+    ) -> ConnId {
+        let conn = self
+            .switch
+            .attach(self.now, id)
+            .expect("the slot accepts an attach");
+        self.identity.insert(conn, identity);
+        self.drain();
+        let mut advertised: Vec<String> = caps.iter().map(|cap| (*cap).to_owned()).collect();
+        advertised.push(crate::cap::CAP_IDENTITY.to_owned());
+        let hello = Hello {
+            limits,
+            manifest: Some(Bytes::from(manifest_json(id, &advertised))),
+        };
+        let mut frame = Frame::new(FrameType::Hello, MessageId::Uint(0));
+        frame.meta = Some(hello.to_meta());
+        self.from_master(conn, frame);
+        conn
+    }
+
+    /// Connects master `id` serving `caps` with default limits; it passes the identity check.
+    pub fn connect(&mut self, id: &str, caps: &[&str]) -> ConnId {
+        self.connect_with(id, caps, Limits::default(), Identity::Echo)
+    }
+
+    /// Master `conn` sends `frame`.
+    pub fn from_master(&mut self, conn: ConnId, frame: Frame) {
+        self.switch.handle_master_frame(self.now, conn, frame);
+        self.drain();
+    }
+
+    /// The engine makes a request for `cap` with request id `rid` (a bare REQ).
+    pub fn engine_request(&mut self, rid: u64, cap: &str) -> Result<RequestKey, EngineError> {
+        let mut frame = Frame::new(FrameType::Req, MessageId::Uint(rid));
+        frame.cap = Some(cap.to_owned());
+        self.engine_request_frame(frame, None)
+    }
+
+    /// The engine sends a REQ frame, preferring `preferred`.
+    pub fn engine_request_frame(
+        &mut self,
+        frame: Frame,
+        preferred: Option<&CapUrn>,
+    ) -> Result<RequestKey, EngineError> {
+        let result = self
+            .switch
+            .handle_engine_request(self.now, frame, preferred);
+        self.drain();
+        result
+    }
+
+    /// The engine sends a later frame of one of its requests.
+    pub fn from_engine(&mut self, frame: Frame) -> Result<(), EngineError> {
+        let result = self.switch.handle_engine_frame(self.now, frame);
+        self.drain();
+        result
+    }
+
+    /// The connection closes.
+    pub fn close(&mut self, conn: ConnId) {
+        self.switch.handle_closed(self.now, conn);
+        self.drain();
+    }
+
+    /// Time passes by `by`, firing every timer due on the way.
+    pub fn advance(&mut self, by: Duration) {
+        let until = self.now.saturating_add(by);
+        while let Some(due) = self.switch.poll_timeout().filter(|due| *due <= until) {
+            self.now = self.now.max(due);
+            self.switch.handle_timeout(self.now);
+            self.drain();
+        }
+        self.now = until;
+        self.switch.handle_timeout(self.now);
+        self.drain();
+    }
+
+    /// Takes what master `slot` received so far.
+    pub fn take_master(&mut self, slot: SlotId) -> Vec<Frame> {
+        std::mem::take(self.masters.entry(slot).or_default())
+    }
+
+    /// Takes what the engine received so far.
+    pub fn take_engine(&mut self) -> Vec<Frame> {
+        std::mem::take(&mut self.engine)
+    }
+
+    /// Moves every output of the switch into the world, letting scripted masters answer the
+    /// identity check.
+    pub fn drain(&mut self) {
+        loop {
+            let mut progressed = false;
+            while let Some(transmit) = self.switch.poll_transmit() {
+                progressed = true;
+                match transmit.to {
+                    super::Peer::Engine => self.engine.push(transmit.frame),
+                    super::Peer::Master(slot) => self.deliver_to_master(slot, transmit.frame),
+                }
+            }
+            while let Some(event) = self.switch.poll_event() {
+                progressed = true;
+                if let Event::Disconnect { conn, reason } = &event {
+                    self.disconnected.push((*conn, reason.clone()));
+                }
+                self.events.push(event);
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn deliver_to_master(&mut self, slot: SlotId, frame: Frame) {
+        let conn = self.switch.conn_of(slot);
+        self.masters.entry(slot).or_default().push(frame.clone());
+        let Some(conn) = conn else { return };
+        let is_identity = frame.id == super::identity_rid(conn.generation, slot);
+        if !is_identity || frame.frame_type != FrameType::End {
+            return;
+        }
+        // The identity request is complete: answer it as scripted.
+        let echo: &[u8] = match self.identity.get(&conn).copied().unwrap_or(Identity::Echo) {
+            Identity::Echo => super::IDENTITY_NONCE,
+            Identity::Wrong => b"\x66wrong!",
+            Identity::Silent => return,
+        };
+        for (seq, mut reply) in identity_reply(frame.id, echo).into_iter().enumerate() {
+            reply.seq = seq as u64;
+            self.switch.handle_master_frame(self.now, conn, reply);
+        }
+    }
+}
+
+fn identity_reply(rid: MessageId, echo: &[u8]) -> Vec<Frame> {
+    let mut start = Frame::new(FrameType::StreamStart, rid);
+    start.stream_id = Some(super::IDENTITY_STREAM.to_owned());
+    let mut chunk = Frame::new(FrameType::Chunk, rid);
+    chunk.stream_id = Some(super::IDENTITY_STREAM.to_owned());
+    chunk.chunk_index = Some(0);
+    chunk.payload = Some(Bytes::copy_from_slice(echo));
+    let mut end_stream = Frame::new(FrameType::StreamEnd, rid);
+    end_stream.stream_id = Some(super::IDENTITY_STREAM.to_owned());
+    end_stream.chunk_count = Some(1);
+    vec![start, chunk, end_stream, Frame::new(FrameType::End, rid)]
+}
+
+/// A flow frame of request `key` as its destination master sends it: XID set, seq given.
+pub fn response(key: RequestKey, frame_type: FrameType, seq: u64) -> Frame {
+    let mut frame = Frame::new(frame_type, key.rid);
+    frame.routing_id = Some(key.xid);
+    frame.seq = seq;
+    frame
+}
+
+/// A CHUNK of `stream` numbered `index` (flow seq `seq`) of request `key`, from a master.
+pub fn chunk(key: RequestKey, stream: &str, index: u64, seq: u64, payload: &[u8]) -> Frame {
+    let mut frame = response(key, FrameType::Chunk, seq);
+    frame.stream_id = Some(stream.to_owned());
+    frame.chunk_index = Some(index);
+    frame.payload = Some(Bytes::copy_from_slice(payload));
+    frame
+}
+
+/// A STREAM_START or STREAM_END of `stream` (flow seq `seq`) of request `key`, from a master.
+pub fn stream(key: RequestKey, frame_type: FrameType, stream: &str, seq: u64) -> Frame {
+    let mut frame = response(key, frame_type, seq);
+    frame.stream_id = Some(stream.to_owned());
+    frame
+}

@@ -1,0 +1,571 @@
+use std::time::Duration;
+
+use super::harness::{chunk, response, stream, Harness, Identity};
+use super::*;
+use crate::request::{ErrorClass, TerminationKind};
+
+const UPPER: &str = "cap:in=media:text;out=media:upper";
+const LOWER: &str = "cap:in=media:text;out=media:lower";
+
+fn ready(masters: &[(&str, &[&str])]) -> (Harness, Vec<ConnId>) {
+    let ids: Vec<&str> = masters.iter().map(|(id, _)| *id).collect();
+    let mut h = Harness::new(SwitchConfig::default(), &ids);
+    let conns = masters
+        .iter()
+        .map(|(id, caps)| h.connect(id, caps))
+        .collect();
+    assert!(h.switch.is_routing());
+    (h, conns)
+}
+
+fn types(frames: &[Frame]) -> Vec<FrameType> {
+    frames.iter().map(|f| f.frame_type).collect()
+}
+
+fn request_frames(h: &mut Harness, slot: SlotId) -> Vec<Frame> {
+    h.take_master(slot)
+        .into_iter()
+        .filter(|f| !matches!(f.frame_type, FrameType::Hello | FrameType::RelayState))
+        .filter(|f| f.id != identity_rid(1, slot) && f.id != identity_rid(2, slot))
+        .collect()
+}
+
+#[test]
+fn routing_starts_only_once_every_initial_master_is_verified() {
+    let mut h = Harness::new(SwitchConfig::default(), &["a", "b"]);
+    assert!(!h.switch.is_routing());
+    h.connect("a", &[UPPER]);
+    assert_eq!(h.engine_request(1, UPPER), Err(EngineError::NotReady));
+    h.connect("b", &[LOWER]);
+    assert!(h.switch.is_routing());
+    assert!(h.events.contains(&Event::RoutingStarted));
+    assert!(h.engine_request(1, UPPER).is_ok());
+}
+
+#[test]
+fn a_failed_initial_master_does_not_hold_routing_back() {
+    let mut h = Harness::new(SwitchConfig::default(), &["a", "b"]);
+    h.connect("a", &[UPPER]);
+    h.connect_with("b", &[LOWER], Limits::default(), Identity::Wrong);
+    assert!(h.switch.is_routing());
+    assert_eq!(
+        h.engine_request(1, LOWER),
+        Err(EngineError::NoHandler(LOWER.into()))
+    );
+}
+
+#[test]
+fn the_handshake_sends_hello_then_policy_then_the_identity_request() {
+    let config = SwitchConfig {
+        policy: Bytes::from_static(b"policy-1"),
+        ..SwitchConfig::default()
+    };
+    let mut h = Harness::new(config, &[]);
+    let conn = h.connect("a", &[UPPER]);
+    let frames = h.take_master(conn.slot);
+    assert_eq!(
+        types(&frames),
+        [
+            FrameType::Hello,
+            FrameType::RelayState,
+            FrameType::Req,
+            FrameType::StreamStart,
+            FrameType::Chunk,
+            FrameType::StreamEnd,
+            FrameType::End
+        ]
+    );
+    assert_eq!(frames[1].payload.as_deref(), Some(&b"policy-1"[..]));
+    assert_eq!(frames[2].cap.as_deref(), Some(crate::cap::CAP_IDENTITY));
+    assert_eq!(frames[4].payload.as_deref(), Some(IDENTITY_NONCE));
+    assert!(h.events.contains(&Event::MasterReady { slot: conn.slot }));
+}
+
+#[test]
+fn a_request_is_routed_to_its_master_answered_and_leaves_no_state() {
+    let (mut h, conns) = ready(&[("a", &[UPPER]), ("b", &[LOWER])]);
+    let key = h.engine_request(7, LOWER).expect("routed");
+    assert_eq!(key.rid, MessageId::Uint(7));
+    let sent = request_frames(&mut h, conns[1].slot);
+    assert_eq!(types(&sent), [FrameType::Req]);
+    assert_eq!(
+        sent[0].routing_id,
+        Some(key.xid),
+        "the switch assigns the XID"
+    );
+    assert!(request_frames(&mut h, conns[0].slot).is_empty());
+    // The engine streams its input; the master answers with a stream and END.
+    let mut input = Frame::new(FrameType::StreamStart, MessageId::Uint(7));
+    input.stream_id = Some("in".into());
+    input.seq = 1;
+    h.from_engine(input).expect("live");
+    h.from_master(conns[1], stream(key, FrameType::StreamStart, "out", 0));
+    h.from_master(conns[1], chunk(key, "out", 0, 1, b"hello"));
+    h.from_master(conns[1], stream(key, FrameType::StreamEnd, "out", 2));
+    h.from_master(conns[1], response(key, FrameType::End, 3));
+    let answer = h.take_engine();
+    assert_eq!(
+        types(&answer),
+        [
+            FrameType::StreamStart,
+            FrameType::Chunk,
+            FrameType::StreamEnd,
+            FrameType::End
+        ]
+    );
+    assert!(
+        answer.iter().all(|f| f.routing_id.is_none()),
+        "the engine never sees XIDs"
+    );
+    assert_eq!(
+        answer.iter().map(|f| f.seq).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    assert_eq!(h.switch.live_requests(), 0);
+    assert_eq!(
+        h.switch.table_counters().terminated[&TerminationKind::End],
+        1
+    );
+}
+
+#[test]
+fn flow_frames_from_a_master_are_reordered_by_seq() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    let key = h.engine_request(1, UPPER).expect("routed");
+    h.from_master(conns[0], chunk(key, "out", 0, 1, b"x"));
+    h.from_master(conns[0], stream(key, FrameType::StreamEnd, "out", 2));
+    assert!(h.take_engine().is_empty(), "held until seq 0 arrives");
+    h.from_master(conns[0], stream(key, FrameType::StreamStart, "out", 0));
+    assert_eq!(
+        types(&h.take_engine()),
+        [
+            FrameType::StreamStart,
+            FrameType::Chunk,
+            FrameType::StreamEnd
+        ]
+    );
+}
+
+#[test]
+fn no_handler_is_answered_never_dropped() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    assert_eq!(
+        h.engine_request(1, LOWER),
+        Err(EngineError::NoHandler(LOWER.into()))
+    );
+    // A peer request for a cap nobody serves is answered with an ERR NO_HANDLER.
+    let mut req = Frame::new(FrameType::Req, MessageId::Uint(50));
+    req.cap = Some(LOWER.into());
+    h.from_master(conns[0], req);
+    let answer = request_frames(&mut h, conns[0].slot);
+    assert_eq!(types(&answer), [FrameType::Err]);
+    assert_eq!(error_code(&answer[0]).as_deref(), Some("NO_HANDLER"));
+    assert_eq!(h.switch.counters().no_handler, 2);
+}
+
+#[test]
+fn a_peer_request_goes_to_the_serving_master_and_its_answer_back_to_the_asker() {
+    let (mut h, conns) = ready(&[("a", &[UPPER]), ("b", &[LOWER])]);
+    let parent = h.engine_request(1, UPPER).expect("routed to a");
+    let mut req = Frame::new(FrameType::Req, MessageId::Uint(90));
+    req.cap = Some(LOWER.into());
+    req.meta = Some(parent_meta(MessageId::Uint(1)));
+    h.from_master(conns[0], req);
+    let at_b = request_frames(&mut h, conns[1].slot);
+    assert_eq!(types(&at_b), [FrameType::Req]);
+    let child = RequestKey {
+        xid: at_b[0].routing_id.expect("xid"),
+        rid: MessageId::Uint(90),
+    };
+    h.from_master(conns[1], response(child, FrameType::End, 0));
+    let back = request_frames(&mut h, conns[0].slot);
+    assert_eq!(types(&back), [FrameType::Req, FrameType::End]);
+    assert_eq!(back[1].routing_id, Some(child.xid));
+    assert_eq!(h.switch.live_requests(), 1, "only the parent is left");
+    let _ = parent;
+}
+
+#[test]
+fn a_req_from_a_master_carrying_an_xid_is_a_counted_violation() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    let mut req = Frame::new(FrameType::Req, MessageId::Uint(5));
+    req.cap = Some(UPPER.into());
+    req.routing_id = Some(MessageId::Uint(77));
+    h.from_master(conns[0], req);
+    let answer = request_frames(&mut h, conns[0].slot);
+    assert_eq!(
+        error_code(&answer[0]).as_deref(),
+        Some("PROTOCOL_VIOLATION")
+    );
+    assert_eq!(h.switch.counters().violations["xid_on_req"], 1);
+    assert_eq!(h.switch.live_requests(), 0);
+}
+
+#[test]
+fn cancel_cascades_to_children_under_the_same_reason() {
+    let (mut h, conns) = ready(&[("a", &[UPPER]), ("b", &[LOWER])]);
+    h.engine_request(1, UPPER).expect("routed to a");
+    let mut req = Frame::new(FrameType::Req, MessageId::Uint(90));
+    req.cap = Some(LOWER.into());
+    req.meta = Some(parent_meta(MessageId::Uint(1)));
+    h.from_master(conns[0], req);
+    h.take_master(conns[0].slot);
+    h.take_master(conns[1].slot);
+    let reason = CancelReason::operator("stop it");
+    assert!(h.switch.cancel(h.now, MessageId::Uint(1), &reason));
+    h.drain();
+    assert_eq!(h.switch.live_requests(), 0);
+    let at_a = h.take_master(conns[0].slot);
+    let at_b = h.take_master(conns[1].slot);
+    assert_eq!(
+        types(&at_a),
+        [FrameType::Cancel, FrameType::Err],
+        "cancel, and the child's ERR"
+    );
+    assert_eq!(at_a[0].force_kill, Some(true));
+    assert_eq!(types(&at_b), [FrameType::Cancel]);
+    let engine = h.take_engine();
+    assert_eq!(types(&engine), [FrameType::Err]);
+    assert_eq!(error_code(&engine[0]).as_deref(), Some("CANCELLED"));
+    let ring: Vec<_> = h.switch.protocol_stats(h.now).recently_terminated;
+    assert!(ring
+        .iter()
+        .all(|summary| summary.termination == Termination::Cancelled(reason.clone())));
+    // Frames crossing the cancel are stragglers, not drops.
+    let key = RequestKey {
+        xid: MessageId::Uint(1),
+        rid: MessageId::Uint(1),
+    };
+    h.from_master(conns[0], chunk(key, "out", 0, 0, b"late"));
+    let counters = h.switch.table_counters();
+    assert_eq!(counters.stragglers["CHUNK"], 1);
+    assert!(counters.no_route.is_empty());
+    assert!(!h.switch.cancel(h.now, MessageId::Uint(1), &reason), "once");
+}
+
+#[test]
+fn a_collateral_abort_never_force_kills() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    h.engine_request(1, UPPER).expect("routed");
+    h.take_master(conns[0].slot);
+    let reason = CancelReason {
+        code: CancelCode::AbortedCollateral,
+        class: Some(ErrorClass::Resource),
+        message: "a sibling ran out of memory".into(),
+    };
+    h.switch.cancel(h.now, MessageId::Uint(1), &reason);
+    h.drain();
+    let at_a = h.take_master(conns[0].slot);
+    assert_eq!(at_a[0].force_kill, Some(false));
+    assert_eq!(
+        error_code(&h.take_engine()[0]).as_deref(),
+        Some("ABORTED_COLLATERAL")
+    );
+}
+
+#[test]
+fn stop_feeds_sends_close_stream_and_leaves_the_request_live() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    let key = h.engine_request(1, UPPER).expect("routed");
+    h.take_master(conns[0].slot);
+    assert!(h.switch.stop_feeds(MessageId::Uint(1)));
+    assert!(
+        !h.switch.stop_feeds(MessageId::Uint(2)),
+        "an unknown request is not stopped"
+    );
+    h.drain();
+    let at_a = h.take_master(conns[0].slot);
+    assert_eq!(types(&at_a), [FrameType::CloseStream]);
+    assert_eq!(at_a[0].routing_id, Some(key.xid));
+    assert_eq!(h.switch.live_requests(), 1);
+    h.from_master(conns[0], response(key, FrameType::End, 0));
+    assert_eq!(h.switch.live_requests(), 0);
+}
+
+#[test]
+fn the_policy_reaches_every_master_once_per_change() {
+    let (mut h, conns) = ready(&[("a", &[UPPER]), ("b", &[LOWER])]);
+    h.take_master(conns[0].slot);
+    h.take_master(conns[1].slot);
+    h.switch.set_policy(Bytes::new());
+    h.drain();
+    assert!(
+        h.take_master(conns[0].slot).is_empty(),
+        "unchanged: nothing sent"
+    );
+    h.switch.set_policy(Bytes::from_static(b"strict"));
+    h.switch.set_policy(Bytes::from_static(b"strict"));
+    h.drain();
+    for conn in &conns {
+        let frames = h.take_master(conn.slot);
+        assert_eq!(types(&frames), [FrameType::RelayState]);
+    }
+}
+
+#[test]
+fn attaching_an_attached_slot_is_refused_and_a_detached_one_reattaches_in_place() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    assert!(!h.switch.slot_accepts_attach("a"));
+    assert_eq!(
+        h.switch.attach(h.now, "a"),
+        Err(AttachError::AlreadyAttached("a".into()))
+    );
+    h.close(conns[0]);
+    assert!(h.switch.slot_accepts_attach("a"));
+    let again = h.connect("a", &[UPPER]);
+    assert_eq!(again.slot, conns[0].slot, "same slot index");
+    assert_eq!(again.generation, conns[0].generation + 1);
+    // The old connection's frames and close are ignored.
+    h.close(conns[0]);
+    assert!(h.engine_request(3, UPPER).is_ok());
+}
+
+#[test]
+fn a_dead_master_ends_its_requests_and_its_late_frames_are_stragglers() {
+    let (mut h, conns) = ready(&[("a", &[UPPER]), ("b", &[LOWER])]);
+    let key = h.engine_request(1, UPPER).expect("routed");
+    h.engine_request(2, LOWER).expect("routed");
+    h.close(conns[0]);
+    let engine = h.take_engine();
+    assert_eq!(types(&engine), [FrameType::Err]);
+    assert_eq!(error_code(&engine[0]).as_deref(), Some("MASTER_DIED"));
+    assert_eq!(h.switch.live_requests(), 1, "b's request lives on");
+    assert_eq!(
+        h.switch.table_counters().terminated[&TerminationKind::MasterDied],
+        1
+    );
+    assert_eq!(
+        h.engine_request(3, UPPER),
+        Err(EngineError::NoHandler(UPPER.into()))
+    );
+    let again = h.connect("a", &[UPPER]);
+    h.from_master(again, response(key, FrameType::End, 0));
+    assert_eq!(h.switch.table_counters().stragglers["END"], 1);
+}
+
+#[test]
+fn a_master_past_its_credit_window_is_cut_off() {
+    let limits = Limits {
+        initial_credit: 2,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(SwitchConfig::default(), &[]);
+    let conn = h.connect_with("a", &[UPPER], limits, Identity::Echo);
+    let key = h.engine_request(1, UPPER).expect("routed");
+    h.from_master(conn, stream(key, FrameType::StreamStart, "out", 0));
+    h.from_master(conn, chunk(key, "out", 0, 1, b"1"));
+    h.from_master(conn, chunk(key, "out", 1, 2, b"2"));
+    assert!(h.disconnected.is_empty());
+    h.from_master(conn, chunk(key, "out", 2, 3, b"3"));
+    assert_eq!(
+        h.disconnected,
+        [(
+            conn,
+            CutReason::Violation(ProtocolViolation::CreditViolation {
+                stream: Some("out".into())
+            })
+        )]
+    );
+    assert_eq!(h.switch.live_requests(), 0);
+}
+
+#[test]
+fn credit_from_the_engine_is_forwarded_and_opens_the_window() {
+    let limits = Limits {
+        initial_credit: 1,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(SwitchConfig::default(), &[]);
+    let conn = h.connect_with("a", &[UPPER], limits, Identity::Echo);
+    let key = h.engine_request(1, UPPER).expect("routed");
+    h.from_master(conn, stream(key, FrameType::StreamStart, "out", 0));
+    h.from_master(conn, chunk(key, "out", 0, 1, b"1"));
+    let mut credit = Frame::new(FrameType::Credit, MessageId::Uint(1));
+    credit.stream_id = Some("out".into());
+    credit.credit = Some(1);
+    h.from_engine(credit).expect("live");
+    let at_a = request_frames(&mut h, conn.slot);
+    assert_eq!(
+        types(&at_a),
+        [FrameType::Req, FrameType::Credit],
+        "forwarded, not absorbed"
+    );
+    h.from_master(conn, chunk(key, "out", 1, 2, b"2"));
+    assert!(h.disconnected.is_empty(), "the grant opened one more chunk");
+}
+
+#[test]
+fn frames_for_another_masters_request_cut_the_sender_and_touch_nothing() {
+    let (mut h, conns) = ready(&[("a", &[UPPER]), ("b", &[LOWER])]);
+    let key = h.engine_request(1, UPPER).expect("routed to a");
+    h.from_master(conns[1], response(key, FrameType::End, 0));
+    assert_eq!(
+        h.disconnected,
+        [(
+            conns[1],
+            CutReason::Violation(ProtocolViolation::ForeignRequest)
+        )]
+    );
+    assert_eq!(h.switch.live_requests(), 1, "a's request is untouched");
+    h.from_master(conns[0], response(key, FrameType::End, 0));
+    assert_eq!(types(&h.take_engine()), [FrameType::End]);
+}
+
+#[test]
+fn an_emission_order_violation_cuts_the_master() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    let key = h.engine_request(1, UPPER).expect("routed");
+    h.from_master(conns[0], chunk(key, "never-started", 0, 0, b"x"));
+    assert!(matches!(
+        h.disconnected[0].1,
+        CutReason::Violation(ProtocolViolation::Emission(_))
+    ));
+    assert!(h
+        .take_engine()
+        .iter()
+        .all(|f| f.frame_type != FrameType::Chunk));
+}
+
+#[test]
+fn a_master_failing_the_identity_check_is_refused() {
+    let mut h = Harness::new(SwitchConfig::default(), &[]);
+    let conn = h.connect_with("a", &[UPPER], Limits::default(), Identity::Wrong);
+    assert_eq!(
+        h.disconnected,
+        [(
+            conn,
+            CutReason::Handshake(HandshakeError::Identity("wrong echo"))
+        )]
+    );
+    assert_eq!(
+        h.engine_request(1, UPPER),
+        Err(EngineError::NoHandler(UPPER.into()))
+    );
+    let silent = h.connect_with("b", &[UPPER], Limits::default(), Identity::Silent);
+    h.advance(Duration::from_millis(SWITCH_HANDSHAKE_TIMEOUT_MS));
+    assert_eq!(
+        h.disconnected[1],
+        (
+            silent,
+            CutReason::Handshake(HandshakeError::Identity("no echo in time"))
+        )
+    );
+}
+
+#[test]
+fn a_zero_window_or_a_missing_hello_is_refused() {
+    let mut h = Harness::new(SwitchConfig::default(), &[]);
+    let zero = Limits {
+        initial_credit: 0,
+        ..Limits::default()
+    };
+    let conn = h.connect_with("a", &[UPPER], zero, Identity::Echo);
+    assert_eq!(
+        h.disconnected,
+        [(
+            conn,
+            CutReason::Handshake(HandshakeError::ZeroLimit("initial_credit"))
+        )]
+    );
+    let quiet = h.switch.attach(h.now, "b").expect("new slot");
+    h.advance(Duration::from_millis(SWITCH_HANDSHAKE_TIMEOUT_MS));
+    assert_eq!(
+        h.disconnected[1],
+        (quiet, CutReason::Handshake(HandshakeError::Timeout))
+    );
+}
+
+#[test]
+fn heartbeats_go_out_every_interval_and_an_unanswered_one_cuts_the_master() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    h.take_master(conns[0].slot);
+    h.advance(Duration::from_millis(SWITCH_HEARTBEAT_INTERVAL_MS));
+    let beat = h.take_master(conns[0].slot);
+    assert_eq!(types(&beat), [FrameType::Heartbeat]);
+    h.from_master(conns[0], beat[0].clone());
+    h.advance(Duration::from_millis(SWITCH_HEARTBEAT_INTERVAL_MS));
+    assert_eq!(types(&h.take_master(conns[0].slot)), [FrameType::Heartbeat]);
+    assert!(h.disconnected.is_empty());
+    h.advance(Duration::from_millis(SWITCH_HEARTBEAT_TIMEOUT_MS));
+    assert_eq!(h.disconnected, [(conns[0], CutReason::HeartbeatTimeout)]);
+}
+
+#[test]
+fn a_masters_own_heartbeat_is_echoed() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    h.take_master(conns[0].slot);
+    h.from_master(
+        conns[0],
+        Frame::new(FrameType::Heartbeat, MessageId::Uint(999)),
+    );
+    let echo = h.take_master(conns[0].slot);
+    assert_eq!(
+        echo,
+        [Frame::new(FrameType::Heartbeat, MessageId::Uint(999))]
+    );
+}
+
+#[test]
+fn a_manifest_update_rebuilds_the_cap_table() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    assert_eq!(
+        h.engine_request(1, LOWER),
+        Err(EngineError::NoHandler(LOWER.into()))
+    );
+    let manifest = manifest_json("a", &[LOWER.into(), crate::cap::CAP_IDENTITY.into()]);
+    let mut notify = Frame::new(FrameType::RelayNotify, MessageId::Uint(0));
+    notify.meta = Some(notify_meta(Some(&manifest), Some(br#"{"cartridges":2}"#)));
+    h.from_master(conns[0], notify);
+    assert!(h.events.contains(&Event::CapsChanged));
+    assert!(h.engine_request(2, LOWER).is_ok());
+    assert_eq!(
+        h.engine_request(3, UPPER),
+        Err(EngineError::NoHandler(UPPER.into()))
+    );
+    let stats = h.switch.protocol_stats(h.now);
+    assert_eq!(
+        stats.masters[0].host_stats.as_deref(),
+        Some(r#"{"cartridges":2}"#)
+    );
+}
+
+#[test]
+fn protocol_stats_serialize_live_requests_masters_and_totals() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    let key = h.engine_request(1, UPPER).expect("routed");
+    h.from_master(conns[0], stream(key, FrameType::StreamStart, "out", 0));
+    h.advance(Duration::from_millis(1_500));
+    let stats = h.switch.protocol_stats(h.now);
+    assert_eq!(stats.requests.len(), 1);
+    assert_eq!(stats.requests[0].idle_ms, 1_500);
+    assert_eq!(stats.masters[0].stage, "live");
+    let json = serde_json::to_value(&stats).expect("serializes");
+    assert_eq!(json["masters"][0]["healthy"], true);
+    assert_eq!(json["table"]["registered"], 1);
+}
+
+#[test]
+fn the_cap_graph_finds_reachable_media_and_paths() {
+    let to_upper = "cap:in=media:text;out=media:upper";
+    let to_pdf = "cap:in=media:upper;out=media:pdf";
+    let (h, _) = ready(&[("a", &[to_upper]), ("b", &[to_pdf])]);
+    let text = MediaUrn::parse("media:text").expect("parses");
+    let pdf = MediaUrn::parse("media:pdf").expect("parses");
+    let reachable = h.switch.reachable_targets(&text);
+    assert!(reachable.contains(&pdf));
+    let paths = h.switch.paths_to(&text, &pdf);
+    assert_eq!(paths.len(), 1);
+    assert_eq!(
+        paths[0].iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [to_upper, to_pdf]
+    );
+}
+
+#[test]
+fn garbage_instead_of_hello_cuts_the_connection() {
+    let mut h = Harness::new(SwitchConfig::default(), &[]);
+    let conn = h.switch.attach(h.now, "a").expect("new");
+    h.from_master(conn, Frame::new(FrameType::Chunk, MessageId::Uint(1)));
+    assert!(matches!(h.disconnected[0].1, CutReason::Handshake(_)));
+    assert!(h.switch.slot_accepts_attach("a"));
+}
