@@ -201,3 +201,13 @@ pub fn substrate(data: &[u8]) {
         assert!(stats.outbox_depth.values().all(|depth| *depth <= bound));
     }
 }
+
+/// Stateful: a request switch with three masters driven by arbitrary engine requests, peer
+/// requests, master frames (right, wrong and missing XIDs, any seq), cancels, stop-feeds,
+/// closes, reattaches and time. It must never panic, every frame it writes must pass the
+/// emission checker per flow, and no ended request may stay in its table.
+pub fn switch(data: &[u8]) {
+    if let Err(law) = tether_core::switch::harness::run_ops(data) {
+        panic!("switch: {law}");
+    }
+}

@@ -569,3 +569,17 @@ fn garbage_instead_of_hello_cuts_the_connection() {
     assert!(matches!(h.disconnected[0].1, CutReason::Handshake(_)));
     assert!(h.switch.slot_accepts_attach("a"));
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn arbitrary_op_sequences_keep_the_switch_laws(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+            if let Err(law) = super::super::harness::run_ops(&data) {
+                prop_assert!(false, "{}", law);
+            }
+        }
+    }
+}
