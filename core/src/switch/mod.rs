@@ -733,6 +733,12 @@ impl Switch {
             .min()
     }
 
+    /// The slot a request for `cap` would be routed to now (the best-ranked routable master;
+    /// `preferred` wins among equivalents), without routing anything.
+    pub fn route_for(&self, cap: &CapUrn, preferred: Option<&CapUrn>) -> Option<SlotId> {
+        self.route(cap, preferred)
+    }
+
     /// Whether routing has started.
     pub fn is_routing(&self) -> bool {
         self.routing
