@@ -111,6 +111,10 @@ pub const SWITCH_PATH_CAPS_MAX: usize = 4;
 /// See [`SWITCH_PATH_CAPS_MAX`].
 pub const SWITCH_PATHS_MAX: usize = 16;
 
+/// Most requests one host serves at once (its peer's live-request bound, seen from the host):
+/// a switch that opens requests without end is cut off instead of growing host memory.
+pub const SWITCH_SERVED_REQUESTS_MAX: usize = 65_536;
+
 /// Longest policy a switch pushes to its masters, in bytes (it travels in one frame).
 pub const SWITCH_POLICY_BYTES_MAX: usize = 64 * 1024;
 

@@ -2,6 +2,12 @@
 //!
 //! - `tether inspect <actor|telemetry|bifaci|envelope> [FILE]`: decode captured wire bytes
 //!   (stdin without FILE) into JSON lines; exit 1 on malformed input.
+//! - `tether cap match <candidate> <request>`: `{"dispatchable": true|false}`.
+//! - `tether cap rank <request> <cap>...`: `{"ranked": [...]}`, the dispatchable caps best
+//!   first, in canonical form.
+//!
+//! A cap that does not parse prints `{"error": "<kind>", "offset": N}` (the byte offset in
+//! that cap) and exits 1.
 
 use std::io::{self, Read, Write};
 use std::path::PathBuf;
@@ -30,12 +36,76 @@ enum Command {
         /// File to read; stdin when absent.
         file: Option<PathBuf>,
     },
+    /// Debug routing: how cap URNs match and rank.
+    Cap {
+        #[command(subcommand)]
+        command: CapCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CapCommand {
+    /// Whether a request for `request` may be dispatched to a handler of `candidate`.
+    Match {
+        /// The cap a handler serves.
+        candidate: String,
+        /// The cap a request asks for.
+        request: String,
+    },
+    /// The caps that may serve `request`, best first (as the switch ranks them).
+    Rank {
+        /// The cap a request asks for.
+        request: String,
+        /// Candidate caps, in registration order.
+        caps: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Inspect { format, file } => run_inspect(format, file),
+        Command::Cap { command } => run_cap(command),
+    }
+}
+
+fn run_cap(command: CapCommand) -> ExitCode {
+    use tether_core::cap::{self, CapUrn};
+    let parse = |text: &str| {
+        CapUrn::parse(text).map_err(|error| {
+            serde_json::json!({
+                "error": error.kind.as_str(),
+                "offset": error.offset,
+            })
+        })
+    };
+    let result = match command {
+        CapCommand::Match { candidate, request } => parse(&candidate).and_then(|candidate| {
+            let request = parse(&request)?;
+            let dispatchable = cap::is_dispatchable(&candidate, &request);
+            Ok(serde_json::json!({ "dispatchable": dispatchable }))
+        }),
+        CapCommand::Rank { request, caps } => parse(&request).and_then(|request| {
+            let caps = caps
+                .iter()
+                .map(|text| parse(text))
+                .collect::<Result<Vec<_>, _>>()?;
+            let ranked: Vec<String> = cap::rank(&request, &caps, None)
+                .into_iter()
+                .map(|index| caps[index].to_string())
+                .collect();
+            Ok(serde_json::json!({ "ranked": ranked }))
+        }),
+    };
+    match result {
+        Ok(answer) => {
+            println!("{answer}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            println!("{error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -51,6 +51,8 @@
 mod graph;
 pub mod harness;
 mod hello;
+pub mod host;
+pub mod side;
 mod stats;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -1459,6 +1461,8 @@ fn identity_request(generation: u64, slot: SlotId) -> Vec<Frame> {
     let mut frames = [req, start, chunk, end_stream, end];
     for (seq, frame) in frames.iter_mut().enumerate() {
         frame.seq = seq as u64;
+        // Like every REQ the switch writes, it carries an XID (0: the switch's own request).
+        frame.routing_id = Some(MessageId::Uint(0));
     }
     frames.into()
 }

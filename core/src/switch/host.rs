@@ -1,0 +1,671 @@
+//! The master side of a switch connection, for programs that serve caps (seed 001: the host
+//! runtime behind a relay master), as a sans-IO machine.
+//!
+//! [`Host`] answers the switch's HELLO with its limits and manifest, takes the policy, echoes
+//! the identity check and HEARTBEATs by itself, and hands the application every request for
+//! one of its caps as [`HostEvent::Request`] followed by that request's input frames in order
+//! ([`HostEvent::Input`]). The application answers through [`Host::write`] (credit-gated per
+//! stream) and consumes input with [`Host::consume`] (batched CREDIT back). CANCEL and
+//! CLOSE_STREAM arrive as events. Peer requests to other masters' caps go out with
+//! [`Host::peer_request`]; their answers come back as [`HostEvent::PeerAnswer`].
+//!
+//! Drain `poll_transmit` (frames to write to the switch, in order) and `poll_event` after every
+//! input. A [`HostError`] from [`Host::handle_frame`] means the switch broke the protocol: close
+//! the connection.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bytes::Bytes;
+
+use super::hello::{manifest_json, HandshakeError, Hello, Limits};
+use super::side::{ReadError, RequestSide, WriteError};
+use super::{error_meta, notify_meta, IDENTITY_STREAM};
+use crate::cap::CAP_IDENTITY;
+use crate::limits::{SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_SERVED_REQUESTS_MAX};
+use crate::request::{Credits, RequestKey};
+use crate::time::Time;
+use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta};
+
+/// What the application must know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostEvent {
+    /// The handshake is done with these limits.
+    Ready {
+        /// The negotiated limits.
+        limits: Limits,
+    },
+    /// The switch's policy (first before anything else, then on every change).
+    Policy(Bytes),
+    /// A request for one of this host's caps.
+    Request {
+        /// Its key (the switch's XID and the requester's RID).
+        key: RequestKey,
+        /// The cap asked for.
+        cap: String,
+        /// The REQ's meta, if any.
+        meta: Option<Meta>,
+    },
+    /// The next input frame of a request, in order (STREAM_START, CHUNK, STREAM_END, LOG, END
+    /// or ERR). Call [`Host::consume`] for each CHUNK once processed.
+    Input {
+        /// The request.
+        key: RequestKey,
+        /// The frame.
+        frame: Frame,
+    },
+    /// The switch cancelled a request: stop serving it (its state is gone).
+    Cancelled {
+        /// The request.
+        key: RequestKey,
+        /// Kill the work at once rather than wind it down.
+        force_kill: bool,
+    },
+    /// Stop the request's feeds; the request should then end on its own.
+    CloseStream {
+        /// The request.
+        key: RequestKey,
+    },
+    /// The next frame of the answer to a peer request this host made, in order.
+    PeerAnswer {
+        /// The peer request's id.
+        rid: MessageId,
+        /// The frame.
+        frame: Frame,
+    },
+}
+
+/// How the switch broke the protocol (close the connection).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// The handshake failed.
+    #[error("handshake: {0}")]
+    Handshake(#[from] HandshakeError),
+    /// A request's flow was broken.
+    #[error("request {0:?}: {1}")]
+    Flow(MessageId, ReadError),
+    /// More concurrent requests than [`SWITCH_SERVED_REQUESTS_MAX`].
+    #[error("too many concurrent requests")]
+    TooManyRequests,
+    /// A frame the switch may not send now.
+    #[error("unexpected {0} frame")]
+    Unexpected(&'static str),
+}
+
+/// Why a write by the application was refused (nothing changed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostWriteError {
+    /// No such live request.
+    #[error("no live request with this key")]
+    NotLive,
+    /// The handshake is not done.
+    #[error("not connected yet")]
+    NotReady,
+    /// Credit or flow state refused it.
+    #[error(transparent)]
+    Flow(#[from] WriteError),
+}
+
+/// Host settings.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Its name in the manifest.
+    pub name: String,
+    /// The caps it serves (the identity cap is added).
+    pub caps: Vec<String>,
+    /// The limits it proposes.
+    pub limits: Limits,
+    /// Eight bytes that make this host's peer request ids unique (e.g. random per process).
+    pub rid_prefix: [u8; 8],
+}
+
+#[derive(Debug)]
+enum Stage {
+    AwaitHello,
+    Live(Limits),
+}
+
+#[derive(Debug)]
+struct Identity {
+    side: RequestSide,
+    echo: Vec<u8>,
+}
+
+/// The master side of one switch connection.
+#[derive(Debug)]
+pub struct Host {
+    config: HostConfig,
+    stage: Stage,
+    served: BTreeMap<RequestKey, RequestSide>,
+    identity: BTreeMap<RequestKey, Identity>,
+    calls: BTreeMap<MessageId, RequestSide>,
+    next_call: u64,
+    transmits: VecDeque<Frame>,
+    events: VecDeque<HostEvent>,
+}
+
+impl Host {
+    /// A host waiting for the switch's HELLO.
+    pub fn new(config: HostConfig) -> Self {
+        Self {
+            config,
+            stage: Stage::AwaitHello,
+            served: BTreeMap::new(),
+            identity: BTreeMap::new(),
+            calls: BTreeMap::new(),
+            next_call: 0,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// A frame from the switch.
+    pub fn handle_frame(&mut self, _now: Time, frame: Frame) -> Result<(), HostError> {
+        let limits = match self.stage {
+            Stage::AwaitHello => return self.on_hello(&frame),
+            Stage::Live(limits) => limits,
+        };
+        match frame.frame_type {
+            FrameType::Hello => Err(HostError::Unexpected("HELLO")),
+            FrameType::Heartbeat => {
+                self.transmits.push_back(frame);
+                Ok(())
+            }
+            FrameType::RelayState => {
+                self.events
+                    .push_back(HostEvent::Policy(frame.payload.unwrap_or_default()));
+                Ok(())
+            }
+            FrameType::Req if frame.routing_id.is_some() => self.on_request(limits, frame),
+            _ => self.on_request_frame(frame),
+        }
+    }
+
+    /// Writes a frame of served request `key` (STREAM_START, CHUNK, STREAM_END, LOG, END,
+    /// ERR): numbered and credit-gated. After END or ERR the request is done here.
+    pub fn write(&mut self, key: RequestKey, mut frame: Frame) -> Result<(), HostWriteError> {
+        let side = self.served.get_mut(&key).ok_or(HostWriteError::NotLive)?;
+        side.write(&mut frame)?;
+        let ended = side.wrote_end();
+        self.transmits.push_back(frame);
+        if ended {
+            self.served.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Whether a CHUNK on `stream` of request `key` could be written now.
+    pub fn has_credit(&self, key: RequestKey, stream: Option<&str>) -> bool {
+        self.served
+            .get(&key)
+            .is_some_and(|side| side.has_credit(stream))
+    }
+
+    /// The application processed one input CHUNK of `stream`: CREDIT goes back in batches.
+    pub fn consume(&mut self, key: RequestKey, stream: Option<&str>) {
+        if let Some(credit) = self.served.get_mut(&key).and_then(|s| s.consume(stream)) {
+            self.transmits.push_back(credit);
+        }
+    }
+
+    /// Starts a peer request for `cap` (on behalf of served request `parent`, so that
+    /// cancelling the parent cancels it): returns its id; write its input with
+    /// [`Host::peer_write`].
+    pub fn peer_request(
+        &mut self,
+        cap: &str,
+        parent: Option<MessageId>,
+    ) -> Result<MessageId, HostWriteError> {
+        let Stage::Live(limits) = self.stage else {
+            return Err(HostWriteError::NotReady);
+        };
+        self.next_call += 1;
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&self.config.rid_prefix);
+        id[8..].copy_from_slice(&self.next_call.to_be_bytes());
+        let rid = MessageId::Uuid(id);
+        let mut side = RequestSide::new(
+            rid,
+            None,
+            Credits::new(limits.initial_credit),
+            limits.max_reorder_buffer,
+        );
+        let mut req = side.frame(FrameType::Req);
+        req.cap = Some(cap.to_owned());
+        req.meta = parent.map(super::parent_meta);
+        side.write(&mut req)?;
+        self.transmits.push_back(req);
+        self.calls.insert(rid, side);
+        Ok(rid)
+    }
+
+    /// Writes an input frame of peer request `rid`.
+    pub fn peer_write(&mut self, rid: MessageId, mut frame: Frame) -> Result<(), HostWriteError> {
+        let side = self.calls.get_mut(&rid).ok_or(HostWriteError::NotLive)?;
+        side.write(&mut frame)?;
+        self.transmits.push_back(frame);
+        Ok(())
+    }
+
+    /// The application processed one answer CHUNK of peer request `rid`.
+    pub fn peer_consume(&mut self, rid: MessageId, stream: Option<&str>) {
+        if let Some(credit) = self.calls.get_mut(&rid).and_then(|s| s.consume(stream)) {
+            self.transmits.push_back(credit);
+        }
+    }
+
+    /// Cancels peer request `rid` (CANCEL to the switch; its state here is dropped).
+    pub fn peer_cancel(&mut self, rid: MessageId) {
+        if self.calls.remove(&rid).is_some() {
+            self.transmits.push_back(Frame::new(FrameType::Cancel, rid));
+        }
+    }
+
+    /// Advertises a new cap list (RELAY_NOTIFY with the manifest).
+    pub fn set_caps(&mut self, caps: Vec<String>) {
+        self.config.caps = caps;
+        let mut notify = Frame::new(FrameType::RelayNotify, MessageId::Uint(0));
+        notify.meta = Some(notify_meta(Some(&self.manifest()), None));
+        self.transmits.push_back(notify);
+    }
+
+    /// The next frame to write to the switch.
+    pub fn poll_transmit(&mut self) -> Option<Frame> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<HostEvent> {
+        self.events.pop_front()
+    }
+
+    /// Requests being served.
+    pub fn served_len(&self) -> usize {
+        self.served.len()
+    }
+
+    /// Peer requests waiting for their answer.
+    pub fn calls_len(&self) -> usize {
+        self.calls.len()
+    }
+
+    fn manifest(&self) -> Vec<u8> {
+        let mut caps = self.config.caps.clone();
+        caps.push(CAP_IDENTITY.to_owned());
+        manifest_json(&self.config.name, &caps)
+    }
+
+    fn on_hello(&mut self, frame: &Frame) -> Result<(), HostError> {
+        if frame.frame_type != FrameType::Hello {
+            return Err(HandshakeError::Malformed("the first frame must be HELLO").into());
+        }
+        let theirs = Hello::from_meta(frame.meta.as_ref())?;
+        let limits = self.config.limits.negotiate(&theirs.limits)?;
+        let hello = Hello {
+            limits: self.config.limits,
+            manifest: Some(Bytes::from(self.manifest())),
+        };
+        let mut answer = Frame::new(FrameType::Hello, MessageId::Uint(0));
+        answer.meta = Some(hello.to_meta());
+        self.transmits.push_back(answer);
+        self.stage = Stage::Live(limits);
+        self.events.push_back(HostEvent::Ready { limits });
+        Ok(())
+    }
+
+    fn on_request(&mut self, limits: Limits, frame: Frame) -> Result<(), HostError> {
+        let key = RequestKey {
+            xid: frame.routing_id.expect("matched with an XID"),
+            rid: frame.id,
+        };
+        if self.served.len() + self.identity.len() >= SWITCH_SERVED_REQUESTS_MAX {
+            return Err(HostError::TooManyRequests);
+        }
+        let mut side = RequestSide::new(
+            key.rid,
+            Some(key.xid),
+            Credits::new(limits.initial_credit),
+            limits.max_reorder_buffer,
+        );
+        let cap = frame.cap.clone().unwrap_or_default();
+        let meta = frame.meta.clone();
+        let mut delivered = Vec::new();
+        side.read(frame, |frame| delivered.push(frame))
+            .map_err(|error| HostError::Flow(key.rid, error))?;
+        if cap == CAP_IDENTITY {
+            self.identity.insert(
+                key,
+                Identity {
+                    side,
+                    echo: Vec::new(),
+                },
+            );
+            return Ok(());
+        }
+        self.served.insert(key, side);
+        self.events.push_back(HostEvent::Request { key, cap, meta });
+        Ok(())
+    }
+
+    fn on_request_frame(&mut self, frame: Frame) -> Result<(), HostError> {
+        let rid = frame.id;
+        if let Some(xid) = frame.routing_id {
+            let key = RequestKey { xid, rid };
+            if self.identity.contains_key(&key) {
+                return self.on_identity_frame(key, frame);
+            }
+            match frame.frame_type {
+                FrameType::Cancel => {
+                    if self.served.remove(&key).is_some() {
+                        let force_kill = frame.force_kill.unwrap_or(true);
+                        self.events
+                            .push_back(HostEvent::Cancelled { key, force_kill });
+                    } else if self.calls.remove(&rid).is_some() {
+                        // The switch cancelled our peer request (its destination died, or the
+                        // parent was cancelled).
+                        let mut err = Frame::new(FrameType::Err, rid);
+                        err.meta = frame.meta;
+                        self.events
+                            .push_back(HostEvent::PeerAnswer { rid, frame: err });
+                    }
+                    return Ok(());
+                }
+                FrameType::CloseStream => {
+                    if self.served.contains_key(&key) {
+                        self.events.push_back(HostEvent::CloseStream { key });
+                    }
+                    return Ok(());
+                }
+                _ => {}
+            }
+            if let Some(side) = self.served.get_mut(&key) {
+                let mut delivered = Vec::new();
+                side.read(frame, |frame| delivered.push(frame))
+                    .map_err(|error| HostError::Flow(rid, error))?;
+                self.events.extend(
+                    delivered
+                        .into_iter()
+                        .map(|frame| HostEvent::Input { key, frame }),
+                );
+                return Ok(());
+            }
+        }
+        // An answer to one of this host's peer requests (with an XID once routed, without one
+        // when the switch refused it at once).
+        if let Some(side) = self.calls.get_mut(&rid) {
+            let mut delivered = Vec::new();
+            side.read(frame, |frame| delivered.push(frame))
+                .map_err(|error| HostError::Flow(rid, error))?;
+            let ended = side.read_end();
+            self.events.extend(
+                delivered
+                    .into_iter()
+                    .map(|frame| HostEvent::PeerAnswer { rid, frame }),
+            );
+            if ended {
+                self.calls.remove(&rid);
+            }
+        }
+        // Anything else is a straggler for a request that ended here.
+        Ok(())
+    }
+
+    /// The identity check: gather the nonce, echo it back once the request ends.
+    fn on_identity_frame(&mut self, key: RequestKey, frame: Frame) -> Result<(), HostError> {
+        let identity = self.identity.get_mut(&key).expect("checked by the caller");
+        let mut delivered = Vec::new();
+        identity
+            .side
+            .read(frame, |frame| delivered.push(frame))
+            .map_err(|error| HostError::Flow(key.rid, error))?;
+        for frame in delivered {
+            match frame.frame_type {
+                FrameType::Chunk => {
+                    let payload = frame.payload.unwrap_or_default();
+                    if identity.echo.len() + payload.len() <= SWITCH_IDENTITY_ECHO_BYTES_MAX {
+                        identity.echo.extend_from_slice(&payload);
+                    }
+                    identity.side.consume(frame.stream_id.as_deref());
+                }
+                FrameType::End => {
+                    let mut identity = self.identity.remove(&key).expect("present");
+                    let echo = Bytes::from(std::mem::take(&mut identity.echo));
+                    for mut reply in echo_frames(&identity.side, echo) {
+                        match identity.side.write(&mut reply) {
+                            Ok(()) => self.transmits.push_back(reply),
+                            Err(_) => {
+                                let mut err = identity.side.frame(FrameType::Err);
+                                err.meta = Some(error_meta("IDENTITY", "echo refused"));
+                                let _ = identity.side.write(&mut err);
+                                self.transmits.push_back(err);
+                                break;
+                            }
+                        }
+                    }
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn echo_frames(side: &RequestSide, echo: Bytes) -> [Frame; 4] {
+    let mut start = side.frame(FrameType::StreamStart);
+    start.stream_id = Some(IDENTITY_STREAM.to_owned());
+    start.media_urn = Some("media:".to_owned());
+    let mut chunk = side.frame(FrameType::Chunk);
+    chunk.stream_id = Some(IDENTITY_STREAM.to_owned());
+    chunk.chunk_index = Some(0);
+    chunk.payload = Some(echo);
+    let mut end_stream = side.frame(FrameType::StreamEnd);
+    end_stream.stream_id = Some(IDENTITY_STREAM.to_owned());
+    end_stream.chunk_count = Some(1);
+    [start, chunk, end_stream, side.frame(FrameType::End)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::switch::{ConnId, Peer, Switch, SwitchConfig};
+
+    const UPPER: &str = "cap:in=media:text;out=media:upper";
+
+    /// A switch and real hosts wired back to back in memory.
+    struct World {
+        switch: Switch,
+        hosts: Vec<(ConnId, Host)>,
+        engine: Vec<Frame>,
+        host_events: Vec<Vec<HostEvent>>,
+        now: Time,
+    }
+
+    impl World {
+        fn new(hosts: &[(&str, &[&str])]) -> Self {
+            let mut world = World {
+                switch: Switch::new(SwitchConfig::default(), &[]),
+                hosts: Vec::new(),
+                engine: Vec::new(),
+                host_events: Vec::new(),
+                now: Time::from_millis(5),
+            };
+            for (index, (name, caps)) in hosts.iter().enumerate() {
+                let conn = world.switch.attach(world.now, name).expect("attach");
+                let host = Host::new(HostConfig {
+                    name: (*name).to_owned(),
+                    caps: caps.iter().map(|c| (*c).to_owned()).collect(),
+                    limits: Limits::default(),
+                    rid_prefix: [index as u8; 8],
+                });
+                world.hosts.push((conn, host));
+                world.host_events.push(Vec::new());
+            }
+            world.pump();
+            world
+        }
+
+        fn pump(&mut self) {
+            loop {
+                let mut moved = false;
+                while let Some(transmit) = self.switch.poll_transmit() {
+                    moved = true;
+                    match transmit.to {
+                        Peer::Engine => self.engine.push(transmit.frame),
+                        Peer::Master(slot) => {
+                            let (_, host) = self
+                                .hosts
+                                .iter_mut()
+                                .find(|(conn, _)| conn.slot == slot)
+                                .expect("a host per slot");
+                            host.handle_frame(self.now, transmit.frame).expect("valid");
+                        }
+                    }
+                }
+                while self.switch.poll_event().is_some() {}
+                for (index, (conn, host)) in self.hosts.iter_mut().enumerate() {
+                    while let Some(frame) = host.poll_transmit() {
+                        moved = true;
+                        self.switch.handle_master_frame(self.now, *conn, frame);
+                    }
+                    while let Some(event) = host.poll_event() {
+                        self.host_events[index].push(event);
+                    }
+                }
+                if !moved {
+                    return;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_host_passes_the_handshake_and_serves_a_streamed_request() {
+        let mut w = World::new(&[("a", &[UPPER])]);
+        assert!(w.switch.is_routing());
+        assert!(matches!(w.host_events[0][0], HostEvent::Ready { .. }));
+        let mut req = Frame::new(FrameType::Req, MessageId::Uint(1));
+        req.cap = Some(UPPER.into());
+        w.switch
+            .handle_engine_request(w.now, req, None)
+            .expect("routed to the host");
+        w.pump();
+        let key = w.host_events[0]
+            .iter()
+            .find_map(|event| match event {
+                HostEvent::Request { key, cap, .. } if cap == UPPER => Some(*key),
+                _ => None,
+            })
+            .expect("the host got the request");
+        let (_, host) = &mut w.hosts[0];
+        let mut start = Frame::new(FrameType::StreamStart, key.rid);
+        start.stream_id = Some("out".into());
+        host.write(key, start).expect("flow");
+        for index in 0..3 {
+            let mut chunk = Frame::new(FrameType::Chunk, key.rid);
+            chunk.stream_id = Some("out".into());
+            chunk.chunk_index = Some(index);
+            chunk.payload = Some(Bytes::from_static(b"HELLO"));
+            host.write(key, chunk).expect("within the window");
+        }
+        let mut end_stream = Frame::new(FrameType::StreamEnd, key.rid);
+        end_stream.stream_id = Some("out".into());
+        end_stream.chunk_count = Some(3);
+        host.write(key, end_stream).expect("flow");
+        host.write(key, Frame::new(FrameType::End, key.rid))
+            .expect("end");
+        assert_eq!(host.served_len(), 0);
+        w.pump();
+        let types: Vec<FrameType> = w.engine.iter().map(|f| f.frame_type).collect();
+        assert_eq!(
+            types,
+            [
+                FrameType::StreamStart,
+                FrameType::Chunk,
+                FrameType::Chunk,
+                FrameType::Chunk,
+                FrameType::StreamEnd,
+                FrameType::End
+            ]
+        );
+        assert_eq!(w.switch.live_requests(), 0);
+    }
+
+    #[test]
+    fn a_peer_request_reaches_another_host_and_its_answer_comes_back() {
+        let lower = "cap:in=media:text;out=media:lower";
+        let mut w = World::new(&[("a", &[UPPER]), ("b", &[lower])]);
+        let rid = w.hosts[0].1.peer_request(lower, None).expect("ready");
+        w.hosts[0]
+            .1
+            .peer_write(rid, Frame::new(FrameType::End, rid))
+            .expect("input ends");
+        w.pump();
+        let key = w.host_events[1]
+            .iter()
+            .find_map(|event| match event {
+                HostEvent::Request { key, .. } => Some(*key),
+                _ => None,
+            })
+            .expect("b serves it");
+        w.hosts[1]
+            .1
+            .write(key, Frame::new(FrameType::End, key.rid))
+            .expect("answer");
+        w.pump();
+        assert!(w.host_events[0]
+            .iter()
+            .any(|event| matches!(event, HostEvent::PeerAnswer { frame, .. } if frame.frame_type == FrameType::End)));
+        assert_eq!(w.hosts[0].1.calls_len(), 0);
+        assert_eq!(w.switch.live_requests(), 0);
+    }
+
+    #[test]
+    fn a_host_waits_for_credit_past_its_window() {
+        let mut w = World::new(&[("a", &[UPPER])]);
+        let mut req = Frame::new(FrameType::Req, MessageId::Uint(1));
+        req.cap = Some(UPPER.into());
+        w.switch
+            .handle_engine_request(w.now, req, None)
+            .expect("routed");
+        w.pump();
+        let key = w.host_events[0]
+            .iter()
+            .find_map(|event| match event {
+                HostEvent::Request { key, .. } => Some(*key),
+                _ => None,
+            })
+            .expect("request");
+        let host = &mut w.hosts[0].1;
+        let mut start = Frame::new(FrameType::StreamStart, key.rid);
+        start.stream_id = Some("out".into());
+        host.write(key, start).expect("flow");
+        let window = Limits::default().initial_credit;
+        for index in 0..window {
+            let mut chunk = Frame::new(FrameType::Chunk, key.rid);
+            chunk.stream_id = Some("out".into());
+            chunk.chunk_index = Some(index);
+            host.write(key, chunk).expect("within the window");
+        }
+        assert!(!host.has_credit(key, Some("out")));
+        let mut over = Frame::new(FrameType::Chunk, key.rid);
+        over.stream_id = Some("out".into());
+        over.chunk_index = Some(window);
+        assert_eq!(
+            host.write(key, over.clone()),
+            Err(HostWriteError::Flow(WriteError::NoCredit(Some(
+                "out".into()
+            ))))
+        );
+        w.pump();
+        // The engine grants; the switch forwards it; the host may send again.
+        let mut credit = Frame::new(FrameType::Credit, MessageId::Uint(1));
+        credit.stream_id = Some("out".into());
+        credit.credit = Some(1);
+        w.switch.handle_engine_frame(w.now, credit).expect("live");
+        w.pump();
+        w.hosts[0].1.write(key, over).expect("granted");
+    }
+}

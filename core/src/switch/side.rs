@@ -1,0 +1,285 @@
+//! One side's view of one request: what an engine, a host or a cartridge keeps to speak a
+//! request's flows correctly (seed 001 flow control; REFERENCE §B "Credit").
+//!
+//! A [`RequestSide`] numbers the flow frames this side writes `0, 1, 2, …`, spends one credit
+//! per CHUNK from the stream's gate (CREDIT frames from the other side refill it), puts the
+//! other side's flow frames back in order (at most `max_reorder_buffer` early ones), checks
+//! each arriving CHUNK against the stream's receive window, and turns chunks the application
+//! consumed into batched CREDIT frames. It writes nothing after its own END/ERR and accepts
+//! nothing after the other side's.
+
+use std::collections::BTreeMap;
+
+use crate::limits::STREAMS_PER_REQUEST_COUNT_MAX;
+use crate::request::{
+    is_flow, is_terminal, Acquire, CreditGate, Credits, ReceiveWindow, RefusalKind, ReorderBuffer,
+    Seq, SeqAssigner,
+};
+use crate::wire::bifaci::{Frame, FrameType, MessageId};
+
+/// Why this side may not write a frame now (nothing changed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteError {
+    /// The stream's credit is spent: wait for a CREDIT from the other side.
+    #[error("no credit on stream {0:?}: wait for a grant")]
+    NoCredit(Option<String>),
+    /// This side already wrote its END or ERR.
+    #[error("the request's flow has ended on this side")]
+    Ended,
+    /// Too many streams on one request.
+    #[error("too many streams on one request")]
+    TooManyStreams,
+}
+
+/// Why the other side's frame is refused: the other side broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// A CHUNK past the stream's window.
+    #[error("CREDIT_VIOLATION on stream {0:?}")]
+    CreditViolation(Option<String>),
+    /// A flow frame outside the reorder window, or one seen already.
+    #[error("flow frame refused by the reorder buffer: {0:?}")]
+    Reorder(RefusalKind),
+    /// Too many streams on one request.
+    #[error("too many streams on one request")]
+    TooManyStreams,
+}
+
+/// One side of one request.
+#[derive(Debug, Clone)]
+pub struct RequestSide {
+    id: MessageId,
+    xid: Option<MessageId>,
+    window: Credits,
+    seqs: SeqAssigner,
+    wrote_end: bool,
+    gates: BTreeMap<Option<String>, CreditGate>,
+    reorder: ReorderBuffer<Frame>,
+    windows: BTreeMap<Option<String>, ReceiveWindow>,
+    read_end: bool,
+}
+
+impl RequestSide {
+    /// A side of request `id` (with routing id `xid` when this side talks to the switch as a
+    /// master) under the negotiated `window` and reorder bound.
+    pub fn new(id: MessageId, xid: Option<MessageId>, window: Credits, reorder: u64) -> Self {
+        Self {
+            id,
+            xid,
+            window,
+            seqs: SeqAssigner::new(),
+            wrote_end: false,
+            gates: BTreeMap::new(),
+            reorder: ReorderBuffer::new(reorder),
+            windows: BTreeMap::new(),
+            read_end: false,
+        }
+    }
+
+    /// The request id.
+    pub fn id(&self) -> MessageId {
+        self.id
+    }
+
+    /// A frame of this request of type `frame_type` addressed as this side writes it.
+    pub fn frame(&self, frame_type: FrameType) -> Frame {
+        let mut frame = Frame::new(frame_type, self.id);
+        frame.routing_id = self.xid;
+        frame
+    }
+
+    /// Prepares `frame` for writing: a flow frame gets the next seq, a CHUNK spends one credit
+    /// of its stream. Refused (nothing changes) without credit or after this side's END/ERR.
+    pub fn write(&mut self, frame: &mut Frame) -> Result<(), WriteError> {
+        frame.id = self.id;
+        frame.routing_id = self.xid;
+        if !is_flow(frame.frame_type) {
+            frame.seq = 0;
+            return Ok(());
+        }
+        if self.wrote_end {
+            return Err(WriteError::Ended);
+        }
+        if frame.frame_type == FrameType::Chunk {
+            let stream = frame.stream_id.clone();
+            if !self.gates.contains_key(&stream)
+                && self.gates.len() >= STREAMS_PER_REQUEST_COUNT_MAX
+            {
+                return Err(WriteError::TooManyStreams);
+            }
+            let window = self.window;
+            let gate = self
+                .gates
+                .entry(stream.clone())
+                .or_insert_with(|| CreditGate::new(window));
+            if gate.acquire(Credits::new(1)) != Acquire::Acquired {
+                return Err(WriteError::NoCredit(stream));
+            }
+        }
+        frame.seq = self.seqs.assign(frame.frame_type).0;
+        self.wrote_end |= is_terminal(frame.frame_type);
+        Ok(())
+    }
+
+    /// Whether a CHUNK on `stream` could be written now.
+    pub fn has_credit(&self, stream: Option<&str>) -> bool {
+        let key = stream.map(str::to_owned);
+        self.gates
+            .get(&key)
+            .is_none_or(|gate| gate.available().get() > 0 && gate.closed_reason().is_none())
+    }
+
+    /// A frame from the other side: CREDIT refills a gate (returned as nothing to deliver);
+    /// flow frames come back in order through `deliver`, CHUNKs checked against their window.
+    /// Frames after the other side's END/ERR are dropped (stragglers).
+    pub fn read(&mut self, frame: Frame, mut deliver: impl FnMut(Frame)) -> Result<(), ReadError> {
+        if frame.frame_type == FrameType::Credit {
+            let stream = frame.stream_id.clone();
+            let granted = Credits::new(frame.credit.unwrap_or(0));
+            if let Some(gate) = self.gates.get_mut(&stream) {
+                gate.grant(granted);
+            } else if self.gates.len() < STREAMS_PER_REQUEST_COUNT_MAX {
+                let mut gate = CreditGate::new(self.window);
+                gate.grant(granted);
+                self.gates.insert(stream, gate);
+            }
+            return Ok(());
+        }
+        if !is_flow(frame.frame_type) {
+            deliver(frame);
+            return Ok(());
+        }
+        if self.read_end {
+            return Ok(());
+        }
+        let mut ready = Vec::new();
+        self.reorder
+            .accept(Seq(frame.seq), frame, |_, frame| ready.push(frame))
+            .map_err(|refusal| ReadError::Reorder(refusal.kind))?;
+        for frame in ready {
+            if self.read_end {
+                break;
+            }
+            if frame.frame_type == FrameType::Chunk {
+                let stream = frame.stream_id.clone();
+                if !self.windows.contains_key(&stream)
+                    && self.windows.len() >= STREAMS_PER_REQUEST_COUNT_MAX
+                {
+                    return Err(ReadError::TooManyStreams);
+                }
+                let window = self.window;
+                let receive = self
+                    .windows
+                    .entry(stream.clone())
+                    .or_insert_with(|| ReceiveWindow::new(window));
+                if receive.arrive().violation {
+                    return Err(ReadError::CreditViolation(stream));
+                }
+            }
+            self.read_end |= is_terminal(frame.frame_type);
+            deliver(frame);
+        }
+        Ok(())
+    }
+
+    /// The application consumed one CHUNK of `stream`: a CREDIT frame to write when a batch
+    /// is due.
+    pub fn consume(&mut self, stream: Option<&str>) -> Option<Frame> {
+        let key = stream.map(str::to_owned);
+        let step = self.windows.get_mut(&key)?.consume();
+        self.credit_frame(key, step.grant)
+    }
+
+    /// Grants everything consumed but not granted yet on `stream` (call before waiting).
+    pub fn flush(&mut self, stream: Option<&str>) -> Option<Frame> {
+        let key = stream.map(str::to_owned);
+        let step = self.windows.get_mut(&key)?.flush();
+        self.credit_frame(key, step.grant)
+    }
+
+    fn credit_frame(&self, stream: Option<String>, grant: Credits) -> Option<Frame> {
+        if grant.get() == 0 || self.read_end {
+            return None;
+        }
+        let mut frame = self.frame(FrameType::Credit);
+        frame.stream_id = stream;
+        frame.credit = Some(grant.get());
+        Some(frame)
+    }
+
+    /// Whether this side wrote its END/ERR.
+    pub fn wrote_end(&self) -> bool {
+        self.wrote_end
+    }
+
+    /// Whether the other side's END/ERR arrived.
+    pub fn read_end(&self) -> bool {
+        self.read_end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(stream: &str) -> Frame {
+        let mut frame = Frame::new(FrameType::Chunk, MessageId::Uint(1));
+        frame.stream_id = Some(stream.to_owned());
+        frame
+    }
+
+    #[test]
+    fn writes_are_numbered_and_chunks_spend_credit_until_a_grant() {
+        let mut side = RequestSide::new(MessageId::Uint(1), None, Credits::new(2), 4);
+        let mut start = Frame::new(FrameType::StreamStart, MessageId::Uint(1));
+        side.write(&mut start).expect("flow");
+        assert_eq!(start.seq, 0);
+        let (mut a, mut b, mut c) = (chunk("s"), chunk("s"), chunk("s"));
+        side.write(&mut a).expect("credit 1");
+        side.write(&mut b).expect("credit 2");
+        assert_eq!(
+            side.write(&mut c),
+            Err(WriteError::NoCredit(Some("s".into())))
+        );
+        assert_eq!(b.seq, 2);
+        let mut grant = Frame::new(FrameType::Credit, MessageId::Uint(1));
+        grant.stream_id = Some("s".into());
+        grant.credit = Some(1);
+        side.read(grant, |_| panic!("credit is not delivered"))
+            .expect("fine");
+        side.write(&mut c).expect("granted");
+        assert_eq!(c.seq, 3, "a refused write consumed no seq");
+        let mut end = Frame::new(FrameType::End, MessageId::Uint(1));
+        side.write(&mut end).expect("end");
+        assert_eq!(side.write(&mut chunk("s")), Err(WriteError::Ended));
+    }
+
+    #[test]
+    fn reads_are_reordered_windowed_and_consumption_grants_in_batches() {
+        let mut side = RequestSide::new(MessageId::Uint(1), None, Credits::new(2), 4);
+        let mut delivered = Vec::new();
+        let mut second = chunk("s");
+        second.seq = 1;
+        side.read(second, |f| delivered.push(f.seq)).expect("held");
+        assert!(delivered.is_empty());
+        side.read(chunk("s"), |f| delivered.push(f.seq))
+            .expect("in order");
+        assert_eq!(delivered, [0, 1]);
+        let grant = side
+            .consume(Some("s"))
+            .expect("batch of 1 for a window of 2");
+        assert_eq!(grant.credit, Some(1));
+        let mut third = chunk("s");
+        third.seq = 2;
+        side.read(third, |_| {}).expect("the grant made room");
+        let mut fourth = chunk("s");
+        fourth.seq = 3;
+        assert_eq!(
+            side.read(fourth, |_| {}),
+            Err(ReadError::CreditViolation(Some("s".into()))),
+            "a violation is fatal: the connection is cut"
+        );
+    }
+}
