@@ -254,9 +254,15 @@ pub fn run_ops(data: &[u8]) -> Result<(), String> {
         "cap:in=media:text;out=media:lower",
         "cap:in=media:pdf;out=media:text",
     ];
-    let mut h = Harness::new(super::SwitchConfig::default(), &["a", "b", "c"]);
+    let config = super::SwitchConfig {
+        limits: Limits {
+            initial_credit: 3,
+            ..Limits::default()
+        },
+        ..super::SwitchConfig::default()
+    };
+    let mut h = Harness::new(config, &["a", "b", "c"]);
     let small = Limits {
-        initial_credit: 3,
         max_reorder_buffer: 4,
         ..Limits::default()
     };

@@ -77,6 +77,15 @@ pub enum HandshakeError {
     /// The master did not answer the HELLO within the budget.
     #[error("no HELLO within the handshake budget")]
     Timeout,
+    /// A master proposed a smaller credit window than the switch: its peers could not know to
+    /// send it less (credit is end to end), so every side must use the switch's window.
+    #[error("initial credit {theirs} is below the switch's {ours}")]
+    WindowBelowSwitch {
+        /// What the master proposed.
+        theirs: u64,
+        /// The switch's window.
+        ours: u64,
+    },
     /// The identity check failed (wrong echo, an error, or no answer in time).
     #[error("identity check failed: {0}")]
     Identity(&'static str),

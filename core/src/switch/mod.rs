@@ -14,7 +14,8 @@
 //!   never changes. Attaching an attached slot is refused; a detached one is reattached in
 //!   place with a new generation, and frames or closes of an older generation are ignored.
 //! - **The handshake** per connection: HELLO with limits (the minimum of each, a zero
-//!   refused), the master's HELLO with its manifest (which must hold the identity cap), the
+//!   refused; a master's credit window may not be below the switch's, so that every side of
+//!   every request uses the same window), the master's HELLO with its manifest (which must hold the identity cap), the
 //!   policy pushed before anything else, then the identity check (the nonce echoed), all within
 //!   [`SWITCH_HANDSHAKE_TIMEOUT_MS`]; then a HEARTBEAT every [`SWITCH_HEARTBEAT_INTERVAL_MS`]
 //!   that must be echoed within [`SWITCH_HEARTBEAT_TIMEOUT_MS`].
@@ -843,6 +844,13 @@ impl Switch {
         }
         let hello = Hello::from_meta(frame.meta.as_ref())?;
         let limits = self.config.limits.negotiate(&hello.limits)?;
+        if limits.initial_credit < self.config.limits.initial_credit {
+            return Err(HandshakeError::WindowBelowSwitch {
+                theirs: hello.limits.initial_credit,
+                ours: self.config.limits.initial_credit,
+            }
+            .into());
+        }
         let manifest = hello.manifest.ok_or(HandshakeError::NoManifest)?;
         let caps = manifest_caps(&manifest)?;
         let deadline = match self.masters[slot.0 as usize].stage {

@@ -7,6 +7,36 @@ use crate::request::{ErrorClass, TerminationKind};
 const UPPER: &str = "cap:in=media:text;out=media:upper";
 const LOWER: &str = "cap:in=media:text;out=media:lower";
 
+fn window_of(chunks: u64) -> SwitchConfig {
+    SwitchConfig {
+        limits: Limits {
+            initial_credit: chunks,
+            ..Limits::default()
+        },
+        ..SwitchConfig::default()
+    }
+}
+
+#[test]
+fn a_master_proposing_a_smaller_window_than_the_switch_is_refused() {
+    let mut h = Harness::new(SwitchConfig::default(), &[]);
+    let small = Limits {
+        initial_credit: 4,
+        ..Limits::default()
+    };
+    let conn = h.connect_with("a", &[UPPER], small, Identity::Echo);
+    assert_eq!(
+        h.disconnected,
+        [(
+            conn,
+            CutReason::Handshake(HandshakeError::WindowBelowSwitch {
+                theirs: 4,
+                ours: 32
+            })
+        )]
+    );
+}
+
 fn ready(masters: &[(&str, &[&str])]) -> (Harness, Vec<ConnId>) {
     let ids: Vec<&str> = masters.iter().map(|(id, _)| *id).collect();
     let mut h = Harness::new(SwitchConfig::default(), &ids);
@@ -345,12 +375,8 @@ fn a_dead_master_ends_its_requests_and_its_late_frames_are_stragglers() {
 
 #[test]
 fn a_master_past_its_credit_window_is_cut_off() {
-    let limits = Limits {
-        initial_credit: 2,
-        ..Limits::default()
-    };
-    let mut h = Harness::new(SwitchConfig::default(), &[]);
-    let conn = h.connect_with("a", &[UPPER], limits, Identity::Echo);
+    let mut h = Harness::new(window_of(2), &[]);
+    let conn = h.connect("a", &[UPPER]);
     let key = h.engine_request(1, UPPER).expect("routed");
     h.from_master(conn, stream(key, FrameType::StreamStart, "out", 0));
     h.from_master(conn, chunk(key, "out", 0, 1, b"1"));
@@ -371,12 +397,8 @@ fn a_master_past_its_credit_window_is_cut_off() {
 
 #[test]
 fn credit_from_the_engine_is_forwarded_and_opens_the_window() {
-    let limits = Limits {
-        initial_credit: 1,
-        ..Limits::default()
-    };
-    let mut h = Harness::new(SwitchConfig::default(), &[]);
-    let conn = h.connect_with("a", &[UPPER], limits, Identity::Echo);
+    let mut h = Harness::new(window_of(1), &[]);
+    let conn = h.connect("a", &[UPPER]);
     let key = h.engine_request(1, UPPER).expect("routed");
     h.from_master(conn, stream(key, FrameType::StreamStart, "out", 0));
     h.from_master(conn, chunk(key, "out", 0, 1, b"1"));
