@@ -23,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cap;
 pub mod channel;
 pub mod driver;
 pub mod limits;
