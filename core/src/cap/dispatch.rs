@@ -44,10 +44,8 @@ pub fn rank(request: &CapUrn, candidates: &[CapUrn], preferred: Option<&CapUrn>)
     let mut order: Vec<usize> = ranked.into_iter().map(|(index, _)| index).collect();
     // The first registered, not the best ranked, of the candidates equivalent to the preferred.
     let favourite = preferred.and_then(|preferred| {
-        let equivalent = order.iter().copied();
-        equivalent
-            .filter(|&index| candidates[index].is_equivalent(preferred))
-            .min()
+        let is_equivalent = |index: &usize| candidates[*index].is_equivalent(preferred);
+        order.iter().copied().filter(is_equivalent).min()
     });
     if let Some(favourite) = favourite {
         order.retain(|&index| index != favourite);
