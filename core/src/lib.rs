@@ -20,6 +20,13 @@
 //!
 //! Every encoder checks the same limits its decoder enforces and returns a typed error instead
 //! of writing bytes its peer would reject.
+//!
+//! # Cap URNs
+//!
+//! [`cap`] parses the tagged, media and cap URNs that name what a peer can do, and decides
+//! which registered caps can handle a request and in what order ([`cap::is_dispatchable`],
+//! [`cap::rank`]). Like the decoders it never panics on any input and bounds its work by named
+//! limits.
 
 #![forbid(unsafe_code)]
 

@@ -261,3 +261,14 @@ pub const SUBSTRATE_RETAINED_OBJECTS_MAX: usize = 4096;
 /// Largest receive window (`W`) a machine accepts, so the most deliveries per object the app
 /// may hold unconsumed (REFERENCE §C: 1000 ops per object). A larger setting is lowered to it.
 pub const SUBSTRATE_INBOX_OPS_MAX: usize = 1000;
+
+/// Longest cap, media or tagged URN text [`crate::cap`] parses, in bytes. A cap URN travels in
+/// every REQ frame and in every manifest entry; real ones (REFERENCE §B, capdag docs) stay under
+/// 300 bytes, so 4 KiB leaves more than ten times that while bounding the work and memory one
+/// hostile URN can cost the parser.
+pub const CAP_URN_BYTES_MAX: usize = 4096;
+
+/// Most tags one tagged URN may carry (a cap's own tags, or the tags of one of its media URNs).
+/// Matching walks the pattern's tags with one lookup each, so this bounds the cost of every
+/// `accepts` and `is_dispatchable`; real URNs carry fewer than ten.
+pub const CAP_URN_TAGS_MAX: usize = 64;

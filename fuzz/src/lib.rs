@@ -211,3 +211,38 @@ pub fn switch(data: &[u8]) {
         panic!("switch: {law}");
     }
 }
+
+/// Cap, media and tagged URN text: every UTF-8 input either parses or is refused with an
+/// offset inside it; whatever parses prints canonical text that parses back to the same value
+/// and prints identically again. A parsed cap dispatches to, and ranks first for, itself.
+pub fn cap_urn(data: &[u8]) {
+    use tether_core::cap::{is_dispatchable, rank, CapUrn, MediaUrn, TaggedUrn};
+
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    check_urn(text, TaggedUrn::parse);
+    check_urn(text, MediaUrn::parse);
+    if let Some(cap) = check_urn(text, CapUrn::parse) {
+        assert!(is_dispatchable(&cap, &cap));
+        assert_eq!(rank(&cap, std::slice::from_ref(&cap), Some(&cap)), vec![0]);
+    }
+}
+
+/// Parses `text` with `parse` and checks the parse → print → parse laws; the value, if any.
+fn check_urn<T: std::fmt::Display + std::fmt::Debug + PartialEq>(
+    text: &str,
+    parse: impl Fn(&str) -> Result<T, tether_core::cap::ParseError>,
+) -> Option<T> {
+    match parse(text) {
+        Ok(value) => {
+            let printed = value.to_string();
+            let again = parse(&printed).expect("canonical text parses");
+            assert_eq!(again, value, "{text:?} printed as {printed:?}");
+            assert_eq!(again.to_string(), printed, "printing is stable");
+            Some(value)
+        }
+        Err(error) => {
+            assert!(error.offset <= text.len(), "{text:?}: {error}");
+            None
+        }
+    }
+}

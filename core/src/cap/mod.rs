@@ -1,150 +1,32 @@
-//! Cap URNs (placeholder with exact-match semantics; the full grammar replaces it).
+//! Cap URNs: naming what a peer can do, and choosing who handles a request (REFERENCE §B; the
+//! facts come from the public capdag docs 03–08 and 11, and where those differ from capdag's
+//! code, from the code, which is what peers run).
+//!
+//! - [`TaggedUrn`]: the grammar under everything, `prefix:tag;tag;...`, where each tag is one
+//!   of six [`Constraint`] forms, and the per-key truth table that decides whether an instance
+//!   satisfies a pattern ([`Constraint::matches`]);
+//! - [`MediaUrn`]: `media:...`, the type of data on one side of a cap; `media:` is the top;
+//! - [`CapUrn`]: `cap:...`, a capability's input, output, [`Effect`] and other tags, with its
+//!   specificity;
+//! - [`is_dispatchable`] and [`rank`]: which registered caps can handle a request, best first.
+//!
+//! Guarantees: every function here is total (no input makes it panic), deterministic and free
+//! of I/O. Parsing is bounded by [`crate::limits::CAP_URN_BYTES_MAX`] and
+//! [`crate::limits::CAP_URN_TAGS_MAX`] and reports a typed [`ParseError`] with the byte offset
+//! of the problem. Printing ([`std::fmt::Display`]) writes the canonical text:
+//! `parse(print(x)) == x`, and printing the result again gives the same text.
+//!
+//! The matching relation follows the capdag docs/04 §2.5 table, in which an instance's `x` or
+//! `?x` defers its value to the pattern. That makes "each accepts the other"
+//! (`is_equivalent`) reflexive and symmetric but not transitive: `x=a` and `x=b` are each
+//! equivalent to `x`.
 
-use std::fmt;
+mod dispatch;
+mod media;
+mod tagged;
+mod urn;
 
-/// Why a cap did not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{kind:?} at byte {offset}")]
-pub struct ParseError {
-    /// What is wrong.
-    pub kind: ParseErrorKind,
-    /// Where.
-    pub offset: usize,
-}
-
-/// Parse error kinds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ParseErrorKind {
-    /// No prefix.
-    MissingPrefix,
-}
-
-impl ParseErrorKind {
-    /// Its name.
-    pub fn as_str(self) -> &'static str {
-        "missing_prefix"
-    }
-}
-
-/// A media URN.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MediaUrn(String);
-
-impl MediaUrn {
-    /// Parses.
-    pub fn parse(text: &str) -> Result<MediaUrn, ParseError> {
-        if !text.starts_with("media:") {
-            return Err(ParseError {
-                kind: ParseErrorKind::MissingPrefix,
-                offset: 0,
-            });
-        }
-        Ok(MediaUrn(text.to_owned()))
-    }
-    /// `media:`.
-    pub fn top() -> MediaUrn {
-        MediaUrn("media:".to_owned())
-    }
-    /// Conformance.
-    pub fn conforms_to(&self, pattern: &MediaUrn) -> bool {
-        pattern.is_top() || self == pattern
-    }
-    /// Whether top.
-    pub fn is_top(&self) -> bool {
-        self.0 == "media:"
-    }
-}
-
-impl fmt::Display for MediaUrn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// A cap URN.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CapUrn {
-    text: String,
-    input: MediaUrn,
-    output: MediaUrn,
-}
-
-impl CapUrn {
-    /// Parses.
-    pub fn parse(text: &str) -> Result<CapUrn, ParseError> {
-        let Some(rest) = text.strip_prefix("cap:") else {
-            return Err(ParseError {
-                kind: ParseErrorKind::MissingPrefix,
-                offset: 0,
-            });
-        };
-        let mut input = MediaUrn::top();
-        let mut output = MediaUrn::top();
-        for tag in rest.split(';') {
-            if let Some(value) = tag.strip_prefix("in=") {
-                input = MediaUrn(value.trim_matches('"').to_owned());
-            }
-            if let Some(value) = tag.strip_prefix("out=") {
-                output = MediaUrn(value.trim_matches('"').to_owned());
-            }
-        }
-        Ok(CapUrn {
-            text: text.to_owned(),
-            input,
-            output,
-        })
-    }
-    /// Input.
-    pub fn input(&self) -> &MediaUrn {
-        &self.input
-    }
-    /// Output.
-    pub fn output(&self) -> &MediaUrn {
-        &self.output
-    }
-    /// Specificity.
-    pub fn specificity(&self) -> u64 {
-        self.text.len() as u64
-    }
-    /// Equivalence.
-    pub fn is_equivalent(&self, other: &CapUrn) -> bool {
-        self == other
-    }
-}
-
-impl fmt::Display for CapUrn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-/// Dispatchable.
-pub fn is_dispatchable(candidate: &CapUrn, request: &CapUrn) -> bool {
-    candidate == request
-}
-
-/// Ranking.
-pub fn rank(request: &CapUrn, candidates: &[CapUrn], preferred: Option<&CapUrn>) -> Vec<usize> {
-    let mut ranked: Vec<usize> = (0..candidates.len())
-        .filter(|i| is_dispatchable(&candidates[*i], request))
-        .collect();
-    if let Some(preferred) = preferred {
-        if let Some(at) = ranked
-            .iter()
-            .position(|i| candidates[*i].is_equivalent(preferred))
-        {
-            let first = ranked.remove(at);
-            ranked.insert(0, first);
-        }
-    }
-    ranked
-}
-
-/// The identity cap.
-pub const CAP_IDENTITY: &str = "cap:effect=none";
-
-/// The identity cap, parsed.
-pub fn identity() -> CapUrn {
-    CapUrn::parse(CAP_IDENTITY).expect("the identity cap parses")
-}
+pub use dispatch::{is_dispatchable, rank};
+pub use media::MediaUrn;
+pub use tagged::{Constraint, ParseError, ParseErrorKind, TaggedUrn};
+pub use urn::{identity, CapUrn, Effect, CAP_IDENTITY};
