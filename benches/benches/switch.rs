@@ -3,7 +3,8 @@
 //!
 //! - a routing decision among 1,000 registered caps (10 masters × 100 caps), against a linear
 //!   scan comparing the request's text with each cap's (the floor of any matcher that looks at
-//!   every cap);
+//!   every cap); a request naming its output goes through the switch's output-key index, one
+//!   for any output (`media:`) ranks all 1,000;
 //! - one REQ → END through the machine (route, register, forward, terminate, answer), against
 //!   the request table's register + terminate alone.
 
@@ -48,6 +49,11 @@ fn route(c: &mut Criterion) {
     assert!(h.switch.route_for(&request, None).is_some());
     group.bench_function("switch", |b| {
         b.iter(|| black_box(h.switch.route_for(black_box(&request), None)))
+    });
+    // A request for any output (`out=media:`) cannot use the output index: every cap is ranked.
+    let any_output = CapUrn::parse("cap:in=media:text;op=convert-9").expect("parses");
+    group.bench_function("switch_any_output_full_scan", |b| {
+        b.iter(|| black_box(h.switch.route_for(black_box(&any_output), None)))
     });
     group.bench_function("baseline_text_scan", |b| {
         b.iter(|| black_box(all.iter().position(|cap| cap == black_box(&wanted))))

@@ -33,10 +33,23 @@ pub fn is_dispatchable(candidate: &CapUrn, request: &CapUrn) -> bool {
 /// such candidate in registration order comes first regardless of distance; the rest follow
 /// in the order above. Each index appears at most once. Deterministic; never panics.
 pub fn rank(request: &CapUrn, candidates: &[CapUrn], preferred: Option<&CapUrn>) -> Vec<usize> {
+    rank_among(request, candidates, 0..candidates.len(), preferred)
+}
+
+/// [`rank`] over only the candidates at indices `among` (ascending, each in range), for a
+/// caller that has already ruled the others out (e.g. by an index on output tags). Returns
+/// indices into `candidates`, exactly as [`rank`] would when the excluded ones are not
+/// dispatchable.
+pub fn rank_among(
+    request: &CapUrn,
+    candidates: &[CapUrn],
+    among: impl IntoIterator<Item = usize>,
+    preferred: Option<&CapUrn>,
+) -> Vec<usize> {
     let request_spec = i128::from(request.specificity());
-    let mut ranked: Vec<(usize, i128)> = candidates
-        .iter()
-        .enumerate()
+    let mut ranked: Vec<(usize, i128)> = among
+        .into_iter()
+        .filter_map(|index| candidates.get(index).map(|candidate| (index, candidate)))
         .filter(|(_, candidate)| is_dispatchable(candidate, request))
         .map(|(index, candidate)| (index, i128::from(candidate.specificity()) - request_spec))
         .collect();

@@ -26,7 +26,7 @@ mod media;
 mod tagged;
 mod urn;
 
-pub use dispatch::{is_dispatchable, rank};
+pub use dispatch::{is_dispatchable, rank, rank_among};
 pub use media::MediaUrn;
 pub use tagged::{Constraint, ParseError, ParseErrorKind, TaggedUrn};
 pub use urn::{identity, CapUrn, Effect, CAP_IDENTITY};

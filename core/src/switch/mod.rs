@@ -431,6 +431,9 @@ pub struct Switch {
     /// Routable caps in slot order then manifest order, beside the slot serving each.
     cap_table: Vec<CapUrn>,
     cap_slots: Vec<SlotId>,
+    /// For each tag key, the caps in `cap_table` whose output names it (ascending): a request
+    /// whose output requires a key can only be served by these.
+    output_keys: BTreeMap<String, Vec<usize>>,
     table: RequestTable<Route>,
     next_xid: u64,
     next_heartbeat: u64,
@@ -456,6 +459,7 @@ impl Switch {
             masters: Vec::new(),
             cap_table: Vec::new(),
             cap_slots: Vec::new(),
+            output_keys: BTreeMap::new(),
             next_xid: 1,
             next_heartbeat: 1,
             policy,
@@ -1048,9 +1052,16 @@ impl Switch {
     fn rebuild_caps(&mut self) {
         self.cap_table.clear();
         self.cap_slots.clear();
+        self.output_keys.clear();
         for (index, master) in self.masters.iter().enumerate() {
             if master.routable() {
                 for cap in &master.caps {
+                    for (key, _) in cap.output().as_tagged().tags() {
+                        self.output_keys
+                            .entry(key.to_owned())
+                            .or_default()
+                            .push(self.cap_table.len());
+                    }
                     self.cap_table.push(cap.clone());
                     self.cap_slots.push(SlotId(index as u32));
                 }
@@ -1071,7 +1082,25 @@ impl Switch {
 // Requests: routing, forwarding, termination.
 impl Switch {
     fn route(&self, cap: &CapUrn, preferred: Option<&CapUrn>) -> Option<SlotId> {
-        let ranked = cap::rank(cap, &self.cap_table, preferred);
+        // A specific output can only be served by caps whose output names every key the
+        // request's output requires (a candidate lacking one does not conform): rank only
+        // the shortest such list. Requests for any output (`media:`) rank every cap.
+        let mut narrowest: Option<&[usize]> = None;
+        if !cap.output().is_top() {
+            for (key, constraint) in cap.output().as_tagged().tags() {
+                if cap::Constraint::matches(None, Some(constraint)) {
+                    continue;
+                }
+                let list = self.output_keys.get(key).map_or(&[][..], Vec::as_slice);
+                if narrowest.is_none_or(|best| list.len() < best.len()) {
+                    narrowest = Some(list);
+                }
+            }
+        }
+        let ranked = match narrowest {
+            Some(among) => cap::rank_among(cap, &self.cap_table, among.iter().copied(), preferred),
+            None => cap::rank(cap, &self.cap_table, preferred),
+        };
         ranked.first().map(|index| self.cap_slots[*index])
     }
 

@@ -605,3 +605,53 @@ mod properties {
         }
     }
 }
+
+mod routing_index {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MEDIA: [&str; 8] = [
+        "media:",
+        "media:text",
+        "media:upper",
+        "media:text;lang=en",
+        "\"media:text;lang=fr\"",
+        "media:pdf",
+        "\"media:text;?lang\"",
+        "\"media:text;!lang\"",
+    ];
+
+    fn cap(input: usize, output: usize, tag: usize) -> String {
+        let tag = ["", ";op=a", ";op", ";?op", ";!op"][tag % 5];
+        format!("cap:in={};out={}{tag}", MEDIA[input % 8], MEDIA[output % 8])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// The output-key index never changes a routing decision: the switch routes exactly
+        /// where ranking every routable cap would.
+        #[test]
+        fn the_output_index_routes_as_ranking_every_cap_would(
+            table in proptest::collection::vec((0usize..8, 0usize..8, 0usize..5), 1..24),
+            requests in proptest::collection::vec((0usize..8, 0usize..8, 0usize..5), 1..16),
+        ) {
+            let mut h = Harness::new(SwitchConfig::default(), &[]);
+            for (index, chunk) in table.chunks(4).enumerate() {
+                let caps: Vec<String> = chunk
+                    .iter()
+                    .map(|(i, o, t)| cap(*i, *o, *t))
+                    .filter(|text| CapUrn::parse(text).is_ok())
+                    .collect();
+                let refs: Vec<&str> = caps.iter().map(String::as_str).collect();
+                h.connect(&format!("m{index}"), &refs);
+            }
+            for (i, o, t) in requests {
+                let Ok(request) = CapUrn::parse(&cap(i, o, t)) else { continue };
+                let expected = crate::cap::rank(&request, &h.switch.cap_table, None)
+                    .first()
+                    .map(|index| h.switch.cap_slots[*index]);
+                prop_assert_eq!(h.switch.route_for(&request, None), expected, "{}", request);
+            }
+        }
+    }
+}
