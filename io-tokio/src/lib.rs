@@ -18,3 +18,4 @@ pub mod inspect;
 pub mod node;
 pub mod store;
 pub mod substrate;
+pub mod switch;

@@ -133,6 +133,9 @@ pub enum CutReason {
     /// The master broke the protocol.
     #[error("protocol violation: {0}")]
     Violation(#[from] ProtocolViolation),
+    /// The master's bytes are not frames (garbage, an oversized frame, a wrong version).
+    #[error("undecodable bytes: {0}")]
+    Undecodable(String),
 }
 
 /// How a peer broke the protocol.
@@ -539,13 +542,27 @@ impl Switch {
         }
     }
 
-    /// A master's connection closed or failed (EOF, I/O error, undecodable bytes).
+    /// A master's bytes did not decode into frames (garbage, a frame over the limit, a wrong
+    /// version): the master is cut off with [`CutReason::Undecodable`] and counted.
+    pub fn handle_undecodable(&mut self, now: Time, conn: ConnId, error: &str) {
+        if self.is_current(conn) && self.masters[conn.slot.0 as usize].attached() {
+            self.cut(now, conn.slot, CutReason::Undecodable(error.to_owned()));
+        }
+    }
+
+    /// A master's connection closed or failed (EOF, I/O error).
     pub fn handle_closed(&mut self, now: Time, conn: ConnId) {
         if self.is_current(conn) && self.masters[conn.slot.0 as usize].attached() {
             self.detach(now, conn.slot, CutReason::Closed);
         } else if self.init_pending.remove(&conn.slot) {
             self.check_init();
         }
+    }
+
+    /// The per-stream credit window every side of every request uses (the switch's; masters
+    /// may not propose less).
+    pub fn window(&self) -> u64 {
+        self.config.limits.initial_credit
     }
 
     /// The engine's REQ: routed to the best healthy master (`preferred` wins when an
@@ -995,6 +1012,7 @@ impl Switch {
             CutReason::Handshake(_) => "handshake",
             CutReason::HeartbeatTimeout => "heartbeat_timeout",
             CutReason::Closed => "closed",
+            CutReason::Undecodable(_) => "undecodable",
             CutReason::Violation(violation) => violation.name(),
         };
         *self.counters.cuts.entry(key.to_owned()).or_default() += 1;
@@ -1510,7 +1528,7 @@ fn parse_cap(frame: &Frame) -> Result<CapUrn, String> {
 }
 
 /// An ERR's `meta`: `code` and `message`.
-fn error_meta(code: &str, message: &str) -> Meta {
+pub fn error_meta(code: &str, message: &str) -> Meta {
     let mut out = Vec::new();
     cbor::write_map(&mut out, 2);
     cbor::write_text(&mut out, "code");

@@ -655,3 +655,16 @@ mod routing_index {
         }
     }
 }
+
+#[test]
+fn undecodable_bytes_cut_the_master_with_a_typed_reason() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    h.switch
+        .handle_undecodable(h.now, conns[0], "frame too large");
+    h.drain();
+    assert_eq!(
+        h.disconnected,
+        [(conns[0], CutReason::Undecodable("frame too large".into()))]
+    );
+    assert_eq!(h.switch.counters().cuts["undecodable"], 1);
+}

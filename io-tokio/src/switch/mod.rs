@@ -1,0 +1,765 @@
+//! The request switch from async Rust: masters attached over any byte stream (Unix socket,
+//! TCP, an iroh bi-stream), an engine-facing request API with credit backpressure both ways,
+//! and ([`host`]) the master side for programs that serve caps.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tether::switch::SwitchError> {
+//! use tether::switch::Switch;
+//! let switch = Switch::builder().start();
+//! switch.connect_unix("cartridges", "/run/host.sock").await?; // verified when this returns
+//! let mut call = switch.request("cap:in=media:text;out=media:upper").await?;
+//! call.send_stream("input", "media:text", [b"hello".to_vec()]).await?;
+//! call.finish().await?;
+//! let answer = call.collect().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! One task owns a [`tether_core::switch::Switch`] and does what it says: it moves frames
+//! between the masters' connections and the engine's calls and passes time in. Every decision
+//! (routing, handshake, credit, cancel, death) is the core machine's.
+
+mod conn;
+pub mod host;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tether_core::cap::{CapUrn, MediaUrn};
+use tether_core::request::{CancelReason, Credits};
+use tether_core::switch::side::{RequestSide, WriteError};
+use tether_core::switch::{
+    ConnId, CutReason, EngineError, Event, Peer, SlotId, Switch as Machine, SwitchConfig,
+    SwitchStats,
+};
+use tether_core::time::Time;
+use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub use tether_core::switch::Limits;
+
+use conn::{spawn_reader, spawn_writer, Incoming};
+
+/// Frames read from masters and not yet taken by the switch task (the readers wait beyond it,
+/// so a flood backs up into the masters' sockets).
+const INCOMING_FRAMES_MAX: usize = 1024;
+/// Commands from the engine API queued for the task.
+const COMMANDS_MAX: usize = 1024;
+
+/// Why a switch operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SwitchError {
+    /// The switch refused the engine's frame or request.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A master could not be attached.
+    #[error("attach refused: {0}")]
+    Attach(String),
+    /// The master's connection was cut (handshake, identity, protocol) or closed.
+    #[error("master cut off: {0}")]
+    Cut(String),
+    /// The request ended with an ERR (its code).
+    #[error("request failed: {0}")]
+    Failed(String),
+    /// This side may not write the frame (the request's input already ended).
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    /// A cap or media URN did not parse.
+    #[error("bad URN: {0}")]
+    BadUrn(String),
+    /// Connecting to the master failed.
+    #[error("connect: {0}")]
+    Connect(String),
+    /// The switch is closed.
+    #[error("the switch is closed")]
+    Closed,
+}
+
+type Reply<T> = oneshot::Sender<T>;
+
+enum Command {
+    Attach {
+        id: String,
+        reader: Box<dyn AsyncRead + Send + Unpin>,
+        writer: Box<dyn AsyncWrite + Send + Unpin>,
+        reply: Reply<Result<(), SwitchError>>,
+    },
+    SlotAccepts(String, Reply<bool>),
+    Request {
+        cap: String,
+        preferred: Option<CapUrn>,
+        reply: Reply<Result<Call, SwitchError>>,
+    },
+    Write {
+        rid: MessageId,
+        frame: Frame,
+        reply: Reply<Result<(), SwitchError>>,
+    },
+    Consume {
+        rid: MessageId,
+        stream: Option<String>,
+    },
+    Cancel(MessageId, CancelReason, Reply<bool>),
+    StopFeeds(MessageId, Reply<bool>),
+    SetPolicy(Bytes),
+    Capabilities(Reply<Vec<String>>),
+    PathsTo(MediaUrn, MediaUrn, Reply<Vec<Vec<String>>>),
+    Stats(Reply<SwitchStats>),
+    Close(Reply<()>),
+}
+
+/// Builds a [`Switch`].
+#[derive(Debug, Default)]
+pub struct SwitchBuilder {
+    config: SwitchConfig,
+    initial: Vec<String>,
+}
+
+impl SwitchBuilder {
+    /// The limits proposed to masters (their credit window may not be smaller).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.config.limits = limits;
+        self
+    }
+
+    /// The policy pushed to every master before anything else.
+    pub fn policy(mut self, policy: impl Into<Bytes>) -> Self {
+        self.config.policy = policy.into();
+        self
+    }
+
+    /// Masters that must all be verified (or have failed) before any request is routed.
+    pub fn initial_masters(mut self, ids: &[&str]) -> Self {
+        self.initial = ids.iter().map(|id| (*id).to_owned()).collect();
+        self
+    }
+
+    /// Starts the switch's task. Must be called inside a tokio runtime.
+    pub fn start(self) -> Switch {
+        let initial: Vec<&str> = self.initial.iter().map(String::as_str).collect();
+        let machine = Machine::new(self.config, &initial);
+        let (tx, rx) = mpsc::channel(COMMANDS_MAX);
+        let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_FRAMES_MAX);
+        let task = Task {
+            window: machine.window(),
+            machine,
+            epoch: Instant::now(),
+            commands: rx,
+            incoming_tx,
+            incoming: incoming_rx,
+            masters: BTreeMap::new(),
+            attaching: BTreeMap::new(),
+            calls: BTreeMap::new(),
+            next_rid: 0,
+            tx: tx.clone(),
+        };
+        let handle = tokio::spawn(task.run());
+        Switch {
+            tx,
+            task: Arc::new(Mutex::new(Some(handle))),
+        }
+    }
+}
+
+/// The engine's handle on a running switch. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Switch {
+    tx: mpsc::Sender<Command>,
+    task: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Switch {
+    /// Starts building a switch.
+    pub fn builder() -> SwitchBuilder {
+        SwitchBuilder::default()
+    }
+
+    async fn ask<T>(&self, command: impl FnOnce(Reply<T>) -> Command) -> Result<T, SwitchError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(command(reply))
+            .await
+            .map_err(|_| SwitchError::Closed)?;
+        rx.await.map_err(|_| SwitchError::Closed)
+    }
+
+    /// Attaches the master `id` over `stream` and waits until it passed the handshake and the
+    /// identity check (or was refused). Reattaches a slot whose connection died, in place.
+    pub async fn add_master<S>(&self, id: &str, stream: S) -> Result<(), SwitchError>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let (reader, writer) = tokio::io::split(stream);
+        self.ask(|reply| Command::Attach {
+            id: id.to_owned(),
+            reader: Box::new(reader),
+            writer: Box::new(writer),
+            reply,
+        })
+        .await?
+    }
+
+    /// Connects to a master listening on the Unix socket `path` and attaches it as `id`.
+    #[cfg(unix)]
+    pub async fn connect_unix(
+        &self,
+        id: &str,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<(), SwitchError> {
+        let stream = tokio::net::UnixStream::connect(path)
+            .await
+            .map_err(|error| SwitchError::Connect(error.to_string()))?;
+        self.add_master(id, stream).await
+    }
+
+    /// Connects to a master listening on TCP `addr` and attaches it as `id`.
+    pub async fn connect_tcp(
+        &self,
+        id: &str,
+        addr: std::net::SocketAddr,
+    ) -> Result<(), SwitchError> {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|error| SwitchError::Connect(error.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        self.add_master(id, stream).await
+    }
+
+    /// Whether a connection for slot `id` would be accepted now (ask before dialling).
+    pub async fn slot_accepts_attach(&self, id: &str) -> bool {
+        self.ask(|reply| Command::SlotAccepts(id.to_owned(), reply))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// Makes a request for `cap`: routed to the best healthy master.
+    pub async fn request(&self, cap: &str) -> Result<Call, SwitchError> {
+        self.request_preferring(cap, None).await
+    }
+
+    /// Makes a request for `cap`, preferring `preferred` when an equivalent cap is served.
+    pub async fn request_preferring(
+        &self,
+        cap: &str,
+        preferred: Option<&str>,
+    ) -> Result<Call, SwitchError> {
+        let preferred = preferred
+            .map(CapUrn::parse)
+            .transpose()
+            .map_err(|error| SwitchError::BadUrn(error.to_string()))?;
+        self.ask(|reply| Command::Request {
+            cap: cap.to_owned(),
+            preferred,
+            reply,
+        })
+        .await?
+    }
+
+    /// Cancels request `rid` and its children with `reason`; `false` when it is not live.
+    pub async fn cancel_request(&self, rid: MessageId, reason: CancelReason) -> bool {
+        self.ask(|reply| Command::Cancel(rid, reason, reply))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// Stops the feeds of request `rid` (CLOSE_STREAM); it ends on its own. `false` when it is
+    /// not live.
+    pub async fn stop_request_feeds(&self, rid: MessageId) -> bool {
+        self.ask(|reply| Command::StopFeeds(rid, reply))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// Replaces the policy (sent to every master when it changed).
+    pub async fn set_policy(&self, policy: impl Into<Bytes>) {
+        let _ = self.tx.send(Command::SetPolicy(policy.into())).await;
+    }
+
+    /// Every routable master's caps.
+    pub async fn capabilities(&self) -> Vec<String> {
+        self.ask(Command::Capabilities).await.unwrap_or_default()
+    }
+
+    /// Chains of caps turning `input` media into `output` media.
+    pub async fn paths_to(
+        &self,
+        input: &str,
+        output: &str,
+    ) -> Result<Vec<Vec<String>>, SwitchError> {
+        let parse = |text: &str| {
+            MediaUrn::parse(text).map_err(|error| SwitchError::BadUrn(error.to_string()))
+        };
+        let (input, output) = (parse(input)?, parse(output)?);
+        self.ask(|reply| Command::PathsTo(input, output, reply))
+            .await
+    }
+
+    /// The switch's protocol stats.
+    pub async fn protocol_stats(&self) -> Result<SwitchStats, SwitchError> {
+        self.ask(Command::Stats).await
+    }
+
+    /// Closes every master connection and stops the task; calls end with `Closed`.
+    pub async fn close(&self) {
+        let _ = self.ask(Command::Close).await;
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+/// One request the engine made: write its input, read its answer.
+#[derive(Debug)]
+pub struct Call {
+    rid: MessageId,
+    tx: mpsc::Sender<Command>,
+    answers: mpsc::UnboundedReceiver<Frame>,
+    /// The stream of the last CHUNK handed out, consumed (credit granted) on the next read.
+    unconsumed: Option<Option<String>>,
+}
+
+impl Call {
+    /// The request id.
+    pub fn id(&self) -> MessageId {
+        self.rid
+    }
+
+    /// Writes one input frame (STREAM_START, CHUNK, STREAM_END, LOG, END, ERR): numbered by the
+    /// switch's engine side; a CHUNK waits for credit from the serving master.
+    pub async fn send(&self, frame: Frame) -> Result<(), SwitchError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Write {
+                rid: self.rid,
+                frame,
+                reply,
+            })
+            .await
+            .map_err(|_| SwitchError::Closed)?;
+        rx.await.map_err(|_| SwitchError::Closed)?
+    }
+
+    /// Writes a whole input stream: STREAM_START, one CHUNK per item (each waiting for
+    /// credit), STREAM_END with the count.
+    pub async fn send_stream<I, B>(
+        &self,
+        stream: &str,
+        media: &str,
+        chunks: I,
+    ) -> Result<(), SwitchError>
+    where
+        I: IntoIterator<Item = B>,
+        B: Into<Bytes>,
+    {
+        let mut start = Frame::new(FrameType::StreamStart, self.rid);
+        start.stream_id = Some(stream.to_owned());
+        start.media_urn = Some(media.to_owned());
+        self.send(start).await?;
+        let mut count = 0;
+        for payload in chunks {
+            let mut chunk = Frame::new(FrameType::Chunk, self.rid);
+            chunk.stream_id = Some(stream.to_owned());
+            chunk.chunk_index = Some(count);
+            chunk.payload = Some(payload.into());
+            self.send(chunk).await?;
+            count += 1;
+        }
+        let mut end = Frame::new(FrameType::StreamEnd, self.rid);
+        end.stream_id = Some(stream.to_owned());
+        end.chunk_count = Some(count);
+        self.send(end).await
+    }
+
+    /// Ends the input (END).
+    pub async fn finish(&self) -> Result<(), SwitchError> {
+        self.send(Frame::new(FrameType::End, self.rid)).await
+    }
+
+    /// The next frame of the answer, in order; `None` after END or ERR. Each CHUNK is
+    /// consumed (its credit granted back) when the next frame is asked for, so a slow reader
+    /// holds the master back.
+    pub async fn next(&mut self) -> Option<Frame> {
+        if let Some(stream) = self.unconsumed.take() {
+            let _ = self
+                .tx
+                .send(Command::Consume {
+                    rid: self.rid,
+                    stream,
+                })
+                .await;
+        }
+        let frame = self.answers.recv().await?;
+        if frame.frame_type == FrameType::Chunk {
+            self.unconsumed = Some(frame.stream_id.clone());
+        }
+        Some(frame)
+    }
+
+    /// Reads the whole answer: the payloads of its CHUNKs concatenated, or the ERR's code.
+    pub async fn collect(mut self) -> Result<Vec<u8>, SwitchError> {
+        let mut body = Vec::new();
+        while let Some(frame) = self.next().await {
+            match frame.frame_type {
+                FrameType::Chunk => body.extend_from_slice(frame.payload.as_deref().unwrap_or(&[])),
+                FrameType::End => return Ok(body),
+                FrameType::Err => {
+                    let code = tether_core::switch::error_code(&frame).unwrap_or_default();
+                    return Err(SwitchError::Failed(code));
+                }
+                _ => {}
+            }
+        }
+        Err(SwitchError::Closed)
+    }
+}
+
+/// A master connection's writer and reader.
+struct MasterIo {
+    conn: ConnId,
+    writer: mpsc::UnboundedSender<Frame>,
+    reader: JoinHandle<()>,
+}
+
+/// The engine side of one call.
+struct CallState {
+    side: RequestSide,
+    answers: mpsc::UnboundedSender<Frame>,
+    /// Writes waiting for credit, in order.
+    parked: VecDeque<(Frame, Reply<Result<(), SwitchError>>)>,
+}
+
+struct Task {
+    machine: Machine,
+    window: u64,
+    epoch: Instant,
+    commands: mpsc::Receiver<Command>,
+    incoming_tx: mpsc::Sender<Incoming<ConnId>>,
+    incoming: mpsc::Receiver<Incoming<ConnId>>,
+    masters: BTreeMap<SlotId, MasterIo>,
+    attaching: BTreeMap<ConnId, Reply<Result<(), SwitchError>>>,
+    calls: BTreeMap<MessageId, CallState>,
+    next_rid: u64,
+    tx: mpsc::Sender<Command>,
+}
+
+impl Task {
+    fn now(&self) -> Time {
+        Time::from_millis(self.epoch.elapsed().as_millis() as u64)
+    }
+
+    async fn run(mut self) {
+        loop {
+            let sleep = match self.machine.poll_timeout() {
+                Some(due) => {
+                    Duration::from_millis(due.as_millis().saturating_sub(self.now().as_millis()))
+                }
+                None => Duration::from_secs(3600),
+            };
+            tokio::select! {
+                command = self.commands.recv() => match command {
+                    Some(Command::Close(reply)) => {
+                        self.shutdown();
+                        let _ = reply.send(());
+                        return;
+                    }
+                    None => return self.shutdown(),
+                    Some(command) => self.command(command),
+                },
+                Some(incoming) = self.incoming.recv() => self.incoming(incoming),
+                () = tokio::time::sleep(sleep) => {
+                    let now = self.now();
+                    self.machine.handle_timeout(now);
+                }
+            }
+            self.drain();
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        let now = self.now();
+        match command {
+            Command::Attach {
+                id,
+                reader,
+                writer,
+                reply,
+            } => match self.machine.attach(now, &id) {
+                Ok(conn) => {
+                    let (writer_tx, writer_rx) = mpsc::unbounded_channel();
+                    spawn_writer(writer, writer_rx);
+                    let reader = spawn_reader(reader, conn, self.incoming_tx.clone());
+                    self.masters.insert(
+                        conn.slot,
+                        MasterIo {
+                            conn,
+                            writer: writer_tx,
+                            reader,
+                        },
+                    );
+                    self.attaching.insert(conn, reply);
+                }
+                Err(error) => drop(reply.send(Err(SwitchError::Attach(error.to_string())))),
+            },
+            Command::SlotAccepts(id, reply) => {
+                let _ = reply.send(self.machine.slot_accepts_attach(&id));
+            }
+            Command::Request {
+                cap,
+                preferred,
+                reply,
+            } => {
+                let _ = reply.send(self.request(now, &cap, preferred.as_ref()));
+            }
+            Command::Write { rid, frame, reply } => self.write(now, rid, frame, reply),
+            Command::Consume { rid, stream } => {
+                let credit = self
+                    .calls
+                    .get_mut(&rid)
+                    .and_then(|call| call.side.consume(stream.as_deref()));
+                if let Some(credit) = credit {
+                    let _ = self.machine.handle_engine_frame(now, credit);
+                }
+            }
+            Command::Cancel(rid, reason, reply) => {
+                let _ = reply.send(self.machine.cancel(now, rid, &reason));
+            }
+            Command::StopFeeds(rid, reply) => {
+                let _ = reply.send(self.machine.stop_feeds(rid));
+            }
+            Command::SetPolicy(policy) => self.machine.set_policy(policy),
+            Command::Capabilities(reply) => {
+                let _ = reply.send(self.machine.capabilities());
+            }
+            Command::PathsTo(input, output, reply) => {
+                let paths = self
+                    .machine
+                    .paths_to(&input, &output)
+                    .into_iter()
+                    .map(|path| path.iter().map(ToString::to_string).collect())
+                    .collect();
+                let _ = reply.send(paths);
+            }
+            Command::Stats(reply) => {
+                let _ = reply.send(self.machine.protocol_stats(now));
+            }
+            Command::Close(_) => unreachable!("handled by run"),
+        }
+    }
+
+    fn request(
+        &mut self,
+        now: Time,
+        cap: &str,
+        preferred: Option<&CapUrn>,
+    ) -> Result<Call, SwitchError> {
+        self.next_rid += 1;
+        let rid = MessageId::Uint(self.next_rid);
+        let mut side = RequestSide::new(
+            rid,
+            None,
+            Credits::new(self.window),
+            tether_core::limits::REORDER_HELD_COUNT_DEFAULT as u64,
+        );
+        let mut req = side.frame(FrameType::Req);
+        req.cap = Some(cap.to_owned());
+        side.write(&mut req)?;
+        self.machine.handle_engine_request(now, req, preferred)?;
+        let (answers_tx, answers_rx) = mpsc::unbounded_channel();
+        self.calls.insert(
+            rid,
+            CallState {
+                side,
+                answers: answers_tx,
+                parked: VecDeque::new(),
+            },
+        );
+        Ok(Call {
+            rid,
+            tx: self.tx.clone(),
+            answers: answers_rx,
+            unconsumed: None,
+        })
+    }
+
+    fn write(
+        &mut self,
+        now: Time,
+        rid: MessageId,
+        frame: Frame,
+        reply: Reply<Result<(), SwitchError>>,
+    ) {
+        let Some(call) = self.calls.get_mut(&rid) else {
+            let _ = reply.send(Err(SwitchError::Engine(EngineError::NotLive)));
+            return;
+        };
+        if !call.parked.is_empty() {
+            call.parked.push_back((frame, reply));
+            return;
+        }
+        self.try_write(now, rid, frame, reply);
+    }
+
+    /// Writes one engine frame, or parks it while its stream has no credit.
+    fn try_write(
+        &mut self,
+        now: Time,
+        rid: MessageId,
+        mut frame: Frame,
+        reply: Reply<Result<(), SwitchError>>,
+    ) -> bool {
+        let Some(call) = self.calls.get_mut(&rid) else {
+            let _ = reply.send(Err(SwitchError::Engine(EngineError::NotLive)));
+            return true;
+        };
+        match call.side.write(&mut frame) {
+            Ok(()) => {
+                let result = self
+                    .machine
+                    .handle_engine_frame(now, frame)
+                    .map_err(SwitchError::from);
+                let _ = reply.send(result);
+                true
+            }
+            Err(WriteError::NoCredit(_)) => {
+                call.parked.push_front((frame, reply));
+                false
+            }
+            Err(error) => {
+                let _ = reply.send(Err(error.into()));
+                true
+            }
+        }
+    }
+
+    /// Retries the parked writes of `rid` in order until one waits again.
+    fn unpark(&mut self, now: Time, rid: MessageId) {
+        while let Some((frame, reply)) = self
+            .calls
+            .get_mut(&rid)
+            .and_then(|call| call.parked.pop_front())
+        {
+            if !self.try_write(now, rid, frame, reply) {
+                return;
+            }
+        }
+    }
+
+    fn incoming(&mut self, incoming: Incoming<ConnId>) {
+        let now = self.now();
+        match incoming {
+            Incoming::Frame(conn, frame) => self.machine.handle_master_frame(now, conn, frame),
+            Incoming::Undecodable(conn, error) => {
+                self.machine.handle_undecodable(now, conn, &error);
+            }
+            Incoming::Closed(conn) => self.machine.handle_closed(now, conn),
+        }
+    }
+
+    /// Does what the machine asks until it asks nothing more.
+    fn drain(&mut self) {
+        let now = self.now();
+        loop {
+            let mut moved = false;
+            while let Some(transmit) = self.machine.poll_transmit() {
+                moved = true;
+                match transmit.to {
+                    Peer::Master(slot) => {
+                        if let Some(io) = self.masters.get(&slot) {
+                            let _ = io.writer.send(transmit.frame);
+                        }
+                    }
+                    Peer::Engine => self.answer_engine(now, transmit.frame),
+                }
+            }
+            while let Some(event) = self.machine.poll_event() {
+                moved = true;
+                self.event(event);
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    fn answer_engine(&mut self, now: Time, frame: Frame) {
+        let rid = frame.id;
+        let is_credit = frame.frame_type == FrameType::Credit;
+        let Some(call) = self.calls.get_mut(&rid) else {
+            return;
+        };
+        let answers = call.answers.clone();
+        // A broken answer flow is the switch's bug, not the master's: the switch checks every
+        // frame it forwards. End the call rather than deliver it.
+        let result = call.side.read(frame, |frame| drop(answers.send(frame)));
+        let ended = call.side.read_end() || result.is_err();
+        if is_credit {
+            self.unpark(now, rid);
+        }
+        if ended {
+            if let Some(call) = self.calls.remove(&rid) {
+                for (_, reply) in call.parked {
+                    let _ = reply.send(Err(SwitchError::Closed));
+                }
+            }
+        }
+    }
+
+    fn event(&mut self, event: Event) {
+        match event {
+            Event::MasterReady { slot } => {
+                if let Some(io) = self.masters.get(&slot) {
+                    if let Some(reply) = self.attaching.remove(&io.conn) {
+                        let _ = reply.send(Ok(()));
+                    }
+                }
+            }
+            Event::Disconnect { conn, reason } => self.detach(conn, &reason),
+            Event::MasterDied { slot, reason } => {
+                if let Some(conn) = self.masters.get(&slot).map(|io| io.conn) {
+                    self.detach(conn, &reason);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The machine let go of `conn`: its reader stops and its writer closes the stream.
+    fn detach(&mut self, conn: ConnId, reason: &CutReason) {
+        if self
+            .masters
+            .get(&conn.slot)
+            .is_some_and(|io| io.conn == conn)
+        {
+            if let Some(io) = self.masters.remove(&conn.slot) {
+                io.reader.abort();
+            }
+        }
+        if let Some(reply) = self.attaching.remove(&conn) {
+            let _ = reply.send(Err(SwitchError::Cut(reason.to_string())));
+        }
+    }
+
+    fn shutdown(&mut self) {
+        for (_, io) in std::mem::take(&mut self.masters) {
+            io.reader.abort();
+        }
+        for (_, reply) in std::mem::take(&mut self.attaching) {
+            let _ = reply.send(Err(SwitchError::Closed));
+        }
+        for (_, call) in std::mem::take(&mut self.calls) {
+            for (_, reply) in call.parked {
+                let _ = reply.send(Err(SwitchError::Closed));
+            }
+        }
+    }
+}
