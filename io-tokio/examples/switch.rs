@@ -24,7 +24,9 @@ fn socket_pair() -> std::io::Result<(UnixStream, UnixStream)> {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let upper = Host::new("upper").handler(UPPER, |mut request| async move {
         let text = request.read_all().await;
-        let _ = request.respond("out", "media:upper", [text.to_ascii_uppercase()]).await;
+        let _ = request
+            .respond("out", "media:upper", [text.to_ascii_uppercase()])
+            .await;
         let _ = request.end().await;
     });
     let shout = Host::new("shout").handler(SHOUT, |mut request| async move {
@@ -53,7 +55,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     for (cap, text) in [(UPPER, "hello"), (SHOUT, "hello")] {
         let call = switch.request(cap).await?;
-        call.send_stream("in", "media:text", [text.as_bytes().to_vec()]).await?;
+        call.send_stream("in", "media:text", [text.as_bytes().to_vec()])
+            .await?;
         call.finish().await?;
         let answer = call.collect().await?;
         println!("{cap} {text:?} -> {:?}", String::from_utf8_lossy(&answer));

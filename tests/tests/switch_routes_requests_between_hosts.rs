@@ -222,3 +222,64 @@ async fn a_master_that_fails_the_handshake_is_refused_with_a_reason() {
     switch.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_requests_feeds_lets_it_end_on_its_own() {
+    let switch = Switch::builder().start();
+    let (s1, h1) = pair();
+    let (fed_tx, mut fed) = tokio::sync::mpsc::unbounded_channel();
+    // A tap: counts input chunks until its feed is closed, then answers with the count.
+    let tap = Host::new("tap").handler(SLOW, move |mut request| {
+        let fed_tx = fed_tx.clone();
+        async move {
+            let mut chunks = 0u32;
+            while let Some(frame) = request.next_input().await {
+                if frame.frame_type == tether_core::wire::bifaci::FrameType::Chunk {
+                    chunks += 1;
+                    let _ = fed_tx.send(chunks);
+                }
+            }
+            let _ = request
+                .respond("out", "media:text", [chunks.to_string().into_bytes()])
+                .await;
+            let _ = request.end().await;
+        }
+    });
+    tokio::spawn(tap.serve(h1));
+    switch.add_master("tap", s1).await.expect("verified");
+    let call = switch.request(SLOW).await.expect("routed");
+    let mut start = tether_core::wire::bifaci::Frame::new(
+        tether_core::wire::bifaci::FrameType::StreamStart,
+        call.id(),
+    );
+    start.stream_id = Some("feed".into());
+    call.send(start).await.expect("sent");
+    for index in 0..3 {
+        let mut chunk = tether_core::wire::bifaci::Frame::new(
+            tether_core::wire::bifaci::FrameType::Chunk,
+            call.id(),
+        );
+        chunk.stream_id = Some("feed".into());
+        chunk.chunk_index = Some(index);
+        call.send(chunk).await.expect("sent");
+    }
+    while fed.recv().await.expect("the tap counts") < 3 {}
+    assert!(switch.stop_request_feeds(call.id()).await, "it was live");
+    assert_eq!(call.collect().await.expect("ended naturally"), b"3");
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(
+        stats
+            .table
+            .terminated
+            .get(&tether_core::request::TerminationKind::End),
+        Some(&1),
+        "ended by its END, not cancelled"
+    );
+    assert!(!switch.stop_request_feeds(call_id_after_end()).await);
+    switch.close().await;
+}
+
+/// An id no request has: stopping it reports `false`.
+fn call_id_after_end() -> tether_core::wire::bifaci::MessageId {
+    tether_core::wire::bifaci::MessageId::Uint(9_999)
+}

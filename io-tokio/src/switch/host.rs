@@ -200,8 +200,9 @@ impl HostRequest {
         self.cancelled.load(Ordering::SeqCst)
     }
 
-    /// The next input frame in order; `None` after the input's END (or a cancel). Each CHUNK is
-    /// consumed (credit granted back) when the next frame is asked for.
+    /// The next input frame in order; `None` after the input's END, a cancel, or a stop of
+    /// the request's feeds (then the handler should end the request). Each CHUNK is consumed
+    /// (credit granted back) when the next frame is asked for.
     pub async fn next_input(&mut self) -> Option<Frame> {
         if let Some(stream) = self.unconsumed.take() {
             let _ = self.tx.send(Command::Consume {
@@ -390,7 +391,8 @@ impl PeerCall {
 }
 
 struct Served {
-    input: mpsc::UnboundedSender<Frame>,
+    /// `None` once the switch stopped the request's feeds (CLOSE_STREAM): its input ends.
+    input: Option<mpsc::UnboundedSender<Frame>>,
     cancelled: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
@@ -544,8 +546,14 @@ impl HostTask {
         match event {
             HostEvent::Request { key, cap, .. } => self.start(key, cap),
             HostEvent::Input { key, frame } => {
-                if let Some(served) = self.served.get(&key) {
-                    let _ = served.input.send(frame);
+                if let Some(input) = self.served.get(&key).and_then(|s| s.input.as_ref()) {
+                    let _ = input.send(frame);
+                }
+            }
+            HostEvent::CloseStream { key } => {
+                // Stop-feeds: the handler's input ends; it winds the request down itself.
+                if let Some(served) = self.served.get_mut(&key) {
+                    served.input = None;
                 }
             }
             HostEvent::Cancelled { key, force_kill } => {
@@ -597,7 +605,7 @@ impl HostTask {
         self.served.insert(
             key,
             Served {
-                input: input_tx,
+                input: Some(input_tx),
                 cancelled,
                 task,
             },
