@@ -44,7 +44,15 @@ mod telemetry;
 pub use protocol::{
     LogicalStream, ProtocolBinding, ProtocolIngress, StreamEvent, StreamFaultReason,
 };
-pub use substrate_link::{peer_id_of, IrohTransport, SUBSTRATE_ALPN};
+pub use substrate_link::{peer_id_of, IrohTransport, QuicStream, SUBSTRATE_ALPN};
+
+/// The ALPN of request-switch connections: a switch dials the hosts (masters) it attaches and
+/// opens one bidirectional stream, on which it writes the first HELLO.
+pub const SWITCH_ALPN: &[u8] = b"tether/switch/1";
+
+/// Switch connections a host node accepted: the dialling switch's node id (hex) and the stream
+/// to serve (`tether::switch::host::Host::serve`).
+pub type SwitchConnections = tokio::sync::mpsc::Receiver<(String, QuicStream)>;
 pub use telemetry::{TelemetryFault, TelemetryIngress};
 pub use tether_core::limits::{PROTOCOL_SINK_EVENTS_DEFAULT, TELEMETRY_SINK_ITEMS_DEFAULT};
 
@@ -179,6 +187,7 @@ pub struct NodeBuilder {
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
+    switch_host: bool,
     telemetry_sinks: Vec<tokio::sync::mpsc::Sender<TelemetryIngress>>,
     telemetry_alpn: Vec<u8>,
     protocols: Vec<(ProtocolBinding, tokio::sync::mpsc::Sender<ProtocolIngress>)>,
@@ -227,6 +236,7 @@ impl Default for NodeBuilder {
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
             substrate: false,
+            switch_host: false,
             telemetry_sinks: Vec::new(),
             telemetry_alpn: TELEMETRY_ALPN.to_vec(),
             protocols: Vec::new(),
@@ -312,6 +322,13 @@ impl NodeBuilder {
         self
     }
 
+    /// Accepts request-switch connections ([`SWITCH_ALPN`]): this node hosts caps for a switch
+    /// that dials it. Take the connections with [`Node::switch_connections`].
+    pub fn switch_host(mut self) -> Self {
+        self.switch_host = true;
+        self
+    }
+
     /// Serves substrate links ([`SUBSTRATE_ALPN`]); take the transport with
     /// [`Node::substrate_transport`] and give it to a `Substrate`.
     pub fn substrate(mut self) -> Self {
@@ -361,6 +378,9 @@ impl NodeBuilder {
         if self.substrate {
             alpns.push(SUBSTRATE_ALPN.to_vec());
         }
+        if self.switch_host {
+            alpns.push(SWITCH_ALPN.to_vec());
+        }
         alpns.extend(
             self.protocols
                 .iter()
@@ -393,7 +413,15 @@ impl NodeBuilder {
         } else {
             (None, None)
         };
+        let (switch_queue, switch_connections) = if self.switch_host {
+            let (tx, rx) = tokio::sync::mpsc::channel(16);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
         let inner = Arc::new(Inner {
+            switch_queue,
+            switch_connections: Mutex::new(switch_connections),
             adapters: {
                 let stream_ids = Arc::new(AtomicU64::new(1));
                 self.protocols
@@ -515,6 +543,8 @@ struct Counters {
 }
 
 struct Inner {
+    switch_queue: Option<tokio::sync::mpsc::Sender<(String, QuicStream)>>,
+    switch_connections: Mutex<Option<SwitchConnections>>,
     adapters: Vec<Arc<protocol::Adapter>>,
     telemetry_sinks: telemetry::Sinks,
     telemetry_alpn: Vec<u8>,
@@ -793,6 +823,36 @@ impl Node {
         Ok(pair)
     }
 
+    /// Switch connections accepted by a node built with [`NodeBuilder::switch_host`]; taken
+    /// once.
+    pub fn switch_connections(&self) -> Option<SwitchConnections> {
+        self.inner
+            .switch_connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Dials the host node at `addr` for a request switch ([`SWITCH_ALPN`]): the stream to
+    /// give to `tether::switch::Switch::add_master`. Refused before dialling when the peer is
+    /// not on the allow-list.
+    pub async fn dial_switch_host(&self, addr: EndpointAddr) -> Result<QuicStream, NodeError> {
+        if !self.inner.auth.permits(addr.id.as_bytes()) {
+            return Err(NodeError::Unauthorized);
+        }
+        let conn = self
+            .inner
+            .endpoint
+            .connect(addr, SWITCH_ALPN)
+            .await
+            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        let (send, recv) = conn
+            .open_bi()
+            .await
+            .map_err(|error| NodeError::Connect(error.to_string()))?;
+        Ok(QuicStream::new(conn, send, recv))
+    }
+
     /// The substrate transport of a node built with [`NodeBuilder::substrate`]; taken once.
     pub fn substrate_transport(&self) -> Option<IrohTransport> {
         self.inner
@@ -929,6 +989,15 @@ impl Inner {
                 adapter
                     .serve_adopted(conn, peer, move |task| spawner.spawn(task))
                     .await;
+            });
+        } else if let (SWITCH_ALPN, Some(queue)) = (conn.alpn(), &self.switch_queue) {
+            let queue = queue.clone();
+            self.spawn(async move {
+                let Ok((send, recv)) = conn.accept_bi().await else {
+                    return;
+                };
+                let stream = QuicStream::new(conn, send, recv);
+                let _ = queue.send((hex(&peer), stream)).await;
             });
         } else if let (SUBSTRATE_ALPN, Some(queue)) = (conn.alpn(), &self.substrate_queue) {
             let (queue, local) = (queue.clone(), peer_id_of(&self.endpoint.id()));

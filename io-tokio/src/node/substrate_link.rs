@@ -148,11 +148,26 @@ impl Transport for IrohTransport {
     }
 }
 
-/// One bidirectional QUIC stream as a byte stream; holds its connection open.
-struct QuicStream {
+/// One bidirectional QUIC stream as a byte stream; holds its connection open and closes it
+/// when dropped. Substrate links and switch connections over iroh are these.
+pub struct QuicStream {
     conn: Connection,
     send: SendStream,
     recv: RecvStream,
+}
+
+impl std::fmt::Debug for QuicStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicStream")
+            .field("remote", &self.conn.remote_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuicStream {
+    pub(super) fn new(conn: Connection, send: SendStream, recv: RecvStream) -> Self {
+        Self { conn, send, recv }
+    }
 }
 
 impl Drop for QuicStream {
