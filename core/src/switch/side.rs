@@ -220,6 +220,70 @@ impl RequestSide {
     }
 }
 
+/// The frames of one whole stream of request `id`: STREAM_START (with `media`), one CHUNK per
+/// payload (indexed from 0), STREAM_END with the count. Lazy, so a long stream is never held.
+pub fn stream_frames<I, B>(
+    id: MessageId,
+    stream: &str,
+    media: &str,
+    payloads: I,
+) -> StreamFrames<I::IntoIter>
+where
+    I: IntoIterator<Item = B>,
+    B: Into<bytes::Bytes>,
+{
+    let mut template = Frame::new(FrameType::StreamStart, id);
+    template.stream_id = Some(stream.to_owned());
+    StreamFrames {
+        template,
+        media: Some(media.to_owned()),
+        payloads: Some(payloads.into_iter()),
+        count: 0,
+    }
+}
+
+/// See [`stream_frames`].
+#[derive(Debug)]
+pub struct StreamFrames<I> {
+    template: Frame,
+    /// Taken by the STREAM_START.
+    media: Option<String>,
+    /// `None` once STREAM_END was yielded.
+    payloads: Option<I>,
+    count: u64,
+}
+
+impl<I, B> Iterator for StreamFrames<I>
+where
+    I: Iterator<Item = B>,
+    B: Into<bytes::Bytes>,
+{
+    type Item = Frame;
+
+    fn next(&mut self) -> Option<Frame> {
+        let mut frame = self.template.clone();
+        if let Some(media) = self.media.take() {
+            frame.media_urn = Some(media);
+            return Some(frame);
+        }
+        let payloads = self.payloads.as_mut()?;
+        match payloads.next() {
+            Some(payload) => {
+                frame.frame_type = FrameType::Chunk;
+                frame.chunk_index = Some(self.count);
+                frame.payload = Some(payload.into());
+                self.count += 1;
+            }
+            None => {
+                self.payloads = None;
+                frame.frame_type = FrameType::StreamEnd;
+                frame.chunk_count = Some(self.count);
+            }
+        }
+        Some(frame)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +292,31 @@ mod tests {
         let mut frame = Frame::new(FrameType::Chunk, MessageId::Uint(1));
         frame.stream_id = Some(stream.to_owned());
         frame
+    }
+
+    #[test]
+    fn a_whole_stream_is_start_indexed_chunks_and_an_end_with_the_count() {
+        let frames: Vec<Frame> = stream_frames(
+            MessageId::Uint(3),
+            "out",
+            "media:text",
+            [b"a".to_vec(), b"b".to_vec()],
+        )
+        .collect();
+        let types: Vec<FrameType> = frames.iter().map(|f| f.frame_type).collect();
+        assert_eq!(
+            types,
+            [
+                FrameType::StreamStart,
+                FrameType::Chunk,
+                FrameType::Chunk,
+                FrameType::StreamEnd
+            ]
+        );
+        assert_eq!(frames[0].media_urn.as_deref(), Some("media:text"));
+        assert_eq!(frames[2].chunk_index, Some(1));
+        assert_eq!(frames[3].chunk_count, Some(2));
+        assert!(frames.iter().all(|f| f.stream_id.as_deref() == Some("out")));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use tether_core::cap::{self, CapUrn};
 use tether_core::request::RequestKey;
 use tether_core::switch::host::{Host as Machine, HostEvent, HostWriteError};
-use tether_core::switch::side::WriteError;
+use tether_core::switch::side::{stream_frames, WriteError};
 use tether_core::time::Time;
 use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -254,23 +254,10 @@ impl HostRequest {
         I: IntoIterator<Item = B>,
         B: Into<Bytes>,
     {
-        let mut start = Frame::new(FrameType::StreamStart, self.key.rid);
-        start.stream_id = Some(stream.to_owned());
-        start.media_urn = Some(media.to_owned());
-        self.write(start).await?;
-        let mut count = 0;
-        for payload in chunks {
-            let mut chunk = Frame::new(FrameType::Chunk, self.key.rid);
-            chunk.stream_id = Some(stream.to_owned());
-            chunk.chunk_index = Some(count);
-            chunk.payload = Some(payload.into());
-            self.write(chunk).await?;
-            count += 1;
+        for frame in stream_frames(self.key.rid, stream, media, chunks) {
+            self.write(frame).await?;
         }
-        let mut end = Frame::new(FrameType::StreamEnd, self.key.rid);
-        end.stream_id = Some(stream.to_owned());
-        end.chunk_count = Some(count);
-        self.write(end).await
+        Ok(())
     }
 
     /// Ends the answer (END).
@@ -334,23 +321,10 @@ impl PeerCall {
         I: IntoIterator<Item = B>,
         B: Into<Bytes>,
     {
-        let mut start = Frame::new(FrameType::StreamStart, self.rid);
-        start.stream_id = Some(stream.to_owned());
-        start.media_urn = Some(media.to_owned());
-        self.send(start).await?;
-        let mut count = 0;
-        for payload in chunks {
-            let mut chunk = Frame::new(FrameType::Chunk, self.rid);
-            chunk.stream_id = Some(stream.to_owned());
-            chunk.chunk_index = Some(count);
-            chunk.payload = Some(payload.into());
-            self.send(chunk).await?;
-            count += 1;
+        for frame in stream_frames(self.rid, stream, media, chunks) {
+            self.send(frame).await?;
         }
-        let mut end = Frame::new(FrameType::StreamEnd, self.rid);
-        end.stream_id = Some(stream.to_owned());
-        end.chunk_count = Some(count);
-        self.send(end).await
+        Ok(())
     }
 
     /// Ends the input (END).

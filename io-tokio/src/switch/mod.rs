@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tether_core::cap::{CapUrn, MediaUrn};
 use tether_core::request::{CancelReason, Credits};
-use tether_core::switch::side::{RequestSide, WriteError};
+use tether_core::switch::side::{stream_frames, RequestSide, WriteError};
 use tether_core::switch::{
     ConnId, CutReason, EngineError, Event, Peer, SlotId, Switch as Machine, SwitchConfig,
     SwitchStats,
@@ -361,23 +361,10 @@ impl Call {
         I: IntoIterator<Item = B>,
         B: Into<Bytes>,
     {
-        let mut start = Frame::new(FrameType::StreamStart, self.rid);
-        start.stream_id = Some(stream.to_owned());
-        start.media_urn = Some(media.to_owned());
-        self.send(start).await?;
-        let mut count = 0;
-        for payload in chunks {
-            let mut chunk = Frame::new(FrameType::Chunk, self.rid);
-            chunk.stream_id = Some(stream.to_owned());
-            chunk.chunk_index = Some(count);
-            chunk.payload = Some(payload.into());
-            self.send(chunk).await?;
-            count += 1;
+        for frame in stream_frames(self.rid, stream, media, chunks) {
+            self.send(frame).await?;
         }
-        let mut end = Frame::new(FrameType::StreamEnd, self.rid);
-        end.stream_id = Some(stream.to_owned());
-        end.chunk_count = Some(count);
-        self.send(end).await
+        Ok(())
     }
 
     /// Ends the input (END).
