@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::model;
 use crate::replay::{complete_with_model, known_section};
-use crate::script::ScriptFile;
+use crate::script::{ScriptFile, SwitchOp};
 
 /// Longest random walk, in ops.
 const WALK_OPS_MAX: usize = 24;
@@ -217,6 +217,18 @@ fn enumerated(section: &str, n: u64) -> Value {
             ];
             routing_case(json!([3]), pick(&alphabet, n))
         }
+        "switch" => {
+            let alphabet = crate::switch::explored_ops();
+            let ops: Vec<SwitchOp> = nth_sequence(alphabet.len(), n)
+                .into_iter()
+                .map(|i| alphabet[i].clone())
+                .collect();
+            let ring = [2, 64][(n % 2) as usize];
+            let masters = crate::switch::explored_masters();
+            let ops = crate::switch::in_domain(ring, &masters, &ops)
+                .expect("the explored world is well formed");
+            to_json(&crate::switch::case_inputs(ring, &masters, ops))
+        }
         other => unreachable!("known_section admitted {other}"),
     }
 }
@@ -370,6 +382,7 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
             };
             routing_case(allow, ops)
         }
+        "switch" => switch_walk(rng, len),
         other => unreachable!("known_section admitted {other}"),
     }
 }
@@ -415,6 +428,212 @@ fn emission_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
         emitted.push(emission);
     }
     emitted
+}
+
+/// The caps switch walks draw from: the first [`SWITCH_SERVED`] are what masters serve (under
+/// a full cap grammar the third and fifth are more specific than the first and the fourth less
+/// specific, so ranking decides between them; under exact matching they are merely distinct),
+/// then the identity cap, one nobody serves, and one that does not parse.
+const SWITCH_CAPS: [&str; 8] = [
+    "cap:in=media:x;out=media:y",
+    "cap:in=media:y;out=media:z",
+    "cap:in=media:x;out=media:y;fast=yes",
+    "cap:in=media:;out=media:y",
+    "cap:in=media:x;out=media:y;q=1",
+    "cap:effect=none",
+    "cap:in=media:q;out=media:q",
+    "nocap",
+];
+const SWITCH_SERVED: usize = 5;
+
+/// A random switch world and a walk through it: each op is drawn (mostly from what the live
+/// requests make sensible: the destination answering in stream order, the origin continuing,
+/// peer calls on behalf of a live request), tried on the model, and kept when it is inside the
+/// section's domain and clear of known core divergences; up to 24 draws per op.
+fn switch_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Value {
+    use crate::script::{SwitchIdentity, SwitchMaster};
+    let count = rng.random_range(1..=4usize);
+    let masters: Vec<SwitchMaster> = (0..count)
+        .map(|i| {
+            let caps = SWITCH_CAPS[..SWITCH_SERVED]
+                .iter()
+                .filter(|_| rng.random_bool(0.4))
+                .map(|cap| (*cap).to_owned())
+                .collect();
+            SwitchMaster {
+                id: ["a", "b", "c", "d"][i].to_owned(),
+                caps,
+                initial_credit: [1, 2, 3, 32][rng.random_range(0..4)],
+                identity: SwitchIdentity::Echo,
+            }
+        })
+        .collect();
+    let ring = [1, 2, 3, 64][rng.random_range(0..4)];
+    let mut model =
+        crate::switch_model::SwitchModel::new(ring, &masters).expect("a well-formed world");
+    let mut ops = Vec::new();
+    for _ in 0..len {
+        for _ in 0..24 {
+            let op = switch_op(rng, &model);
+            let mut next = model.clone();
+            if let Ok(step) = next.apply(&op) {
+                if crate::switch::known_divergence(&step).is_none() {
+                    model = next;
+                    ops.push(op);
+                    break;
+                }
+            }
+        }
+    }
+    to_json(&crate::switch::case_inputs(ring, &masters, ops))
+}
+
+/// The inputs of one random switch walk of up to `len` ops from `seed` (what `generate` draws
+/// for its odd cases), for property tests.
+pub fn switch_walk_case(seed: u64, len: usize) -> Value {
+    switch_walk(&mut Xoshiro256PlusPlus::seed_from_u64(seed), len)
+}
+
+/// One op drawn for a switch walk.
+fn switch_op(rng: &mut Xoshiro256PlusPlus, model: &crate::switch_model::SwitchModel) -> SwitchOp {
+    use crate::script::{SwitchCancelCode, SwitchFrame};
+    use crate::switch_model::Party;
+    let ids = model.slot_ids();
+    let live = model.live_rids();
+    let rid = if !live.is_empty() && rng.random_bool(0.8) {
+        live[rng.random_range(0..live.len())]
+    } else {
+        rng.random_range(1..=5)
+    };
+    let any_master = |rng: &mut Xoshiro256PlusPlus| ids[rng.random_range(0..ids.len())].clone();
+    let name = |party: Party| match party {
+        Party::Engine => crate::switch_model::ENGINE.to_owned(),
+        Party::Master(slot) => ids[slot].clone(),
+    };
+    let served = model.routable_caps();
+    let cap = if !served.is_empty() && rng.random_bool(0.75) {
+        served[rng.random_range(0..served.len())].clone()
+    } else {
+        SWITCH_CAPS[rng.random_range(0..SWITCH_CAPS.len())].to_owned()
+    };
+    // A frame that usually keeps the leg's stream order (the model refuses the rest).
+    let frame_for = |rng: &mut Xoshiro256PlusPlus, response: bool| {
+        let streams = model.streams(rid, response);
+        let open: Vec<&String> = streams.iter().filter(|s| s.1).map(|s| &s.0).collect();
+        let fresh = ["s", "t"]
+            .into_iter()
+            .find(|name| streams.iter().all(|s| s.0 != *name));
+        match (rng.random_range(0..10), open.first(), fresh) {
+            (0..=5, Some(_), _) => {
+                let stream = open[rng.random_range(0..open.len())].clone();
+                (SwitchFrame::Chunk, Some(stream))
+            }
+            (6, Some(_), _) => {
+                let stream = open[rng.random_range(0..open.len())].clone();
+                (SwitchFrame::StreamEnd, Some(stream))
+            }
+            (0..=3, _, Some(name)) => (SwitchFrame::StreamStart, Some(name.to_owned())),
+            (4..=6, _, _) => (SwitchFrame::End, None),
+            (7, _, _) => (SwitchFrame::Err, None),
+            _ => (SwitchFrame::Log, None),
+        }
+    };
+    let request_weight = if live.is_empty() { 40 } else { 12 };
+    let draw = rng.random_range(0..88 + request_weight);
+    if draw >= 88 {
+        let preferred = rng
+            .random_bool(0.2)
+            .then(|| SWITCH_CAPS[rng.random_range(0..SWITCH_SERVED)].to_owned());
+        return SwitchOp::Request {
+            rid,
+            cap,
+            preferred,
+        };
+    }
+    match draw {
+        0..=9 => {
+            let parent = live.get(rng.random_range(0..live.len().max(1))).copied();
+            let from = match parent.and_then(|p| model.destination_of(p)) {
+                Some(slot) if rng.random_bool(0.8) => ids[slot].clone(),
+                _ => any_master(rng),
+            };
+            let parent = parent.filter(|_| rng.random_bool(0.7));
+            SwitchOp::PeerRequest {
+                from,
+                rid: rng.random_range(1..=5),
+                cap,
+                parent,
+            }
+        }
+        10..=44 => {
+            let from = match model.destination_of(rid) {
+                Some(slot) if rng.random_bool(0.9) => ids[slot].clone(),
+                _ => any_master(rng),
+            };
+            let (frame, stream) = frame_for(rng, true);
+            SwitchOp::Respond {
+                from,
+                rid,
+                frame,
+                stream,
+            }
+        }
+        45..=56 => {
+            let from = match model.origin_of(rid) {
+                Some(origin) if rng.random_bool(0.9) => name(origin),
+                _ => any_master(rng),
+            };
+            let (mut frame, mut stream) = frame_for(rng, false);
+            if frame == SwitchFrame::Err {
+                (frame, stream) = (SwitchFrame::Log, None);
+            }
+            SwitchOp::Continue {
+                from,
+                rid,
+                frame,
+                stream,
+            }
+        }
+        57..=68 => {
+            // Usually the receiving side of a started stream.
+            let response = rng.random_bool(0.6);
+            let from = match (model.origin_of(rid), model.destination_of(rid)) {
+                (Some(origin), _) if response => name(origin),
+                (_, Some(slot)) if rng.random_bool(0.9) => ids[slot].clone(),
+                _ => any_master(rng),
+            };
+            let streams = model.streams(rid, response);
+            let stream = match streams.first() {
+                Some(_) => streams[rng.random_range(0..streams.len())].0.clone(),
+                None => "s".to_owned(),
+            };
+            SwitchOp::Credit {
+                from,
+                rid,
+                stream,
+                n: [1, 1, 2, 5][rng.random_range(0..4)],
+            }
+        }
+        69..=74 => SwitchOp::Cancel {
+            rid,
+            code: [
+                SwitchCancelCode::Cancelled,
+                SwitchCancelCode::Aborted,
+                SwitchCancelCode::AbortedCollateral,
+            ][rng.random_range(0..3)],
+        },
+        75..=78 => SwitchOp::StopFeeds { rid },
+        79..=82 => SwitchOp::Close {
+            master: any_master(rng),
+        },
+        _ => SwitchOp::Reattach {
+            master: any_master(rng),
+        },
+    }
+}
+
+fn to_json(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("script types serialize")
 }
 
 /// A random environment trace for the substrate section.

@@ -9,6 +9,9 @@
 //! - [`replay`]: one case against core or the model, with the first divergence.
 //! - [`generate`]: new scripts with the model as the oracle (enumeration plus random walks).
 //! - [`explore`]: every op sequence up to a bound, core and model in lockstep, laws checked.
+//! - [`switch_model`]: the reference request switch (seed 001, REFERENCE §B), independent of
+//!   `tether_core::switch`; [`switch`]: core's switch driven through its harness for the
+//!   `switch` section, and the lockstep explorer of the two.
 //!
 //! The binary `tether-formal-replay` exposes `check`, `generate` and `explore`.
 
@@ -19,6 +22,8 @@ pub mod replay;
 #[allow(missing_docs)] // Every field is the key of the same name in CONFORMANCE.md.
 pub mod script;
 pub mod substrate;
+pub mod switch;
+pub mod switch_model;
 
 use std::path::Path;
 

@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 
 use tether_formal_replay::explore::{explore_all, Bounds};
 use tether_formal_replay::generate::generate;
-use tether_formal_replay::{check_file, substrate, Engine};
+use tether_formal_replay::{check_file, substrate, switch, Engine};
 
 #[derive(Parser)]
 #[command(name = "tether-formal-replay", version, about)]
@@ -38,7 +38,7 @@ enum Command {
     /// Write a new script, the reference model filling in every observation.
     Generate {
         /// Section name: frame_types, ledger, negotiate, grant_target, gate, window, reorder,
-        /// writer, table, emission, substrate, driver, join or routing.
+        /// writer, table, emission, substrate, driver, join, routing or switch.
         #[arg(long)]
         section: String,
         /// Seed of the random walks and offset of the enumeration.
@@ -59,6 +59,9 @@ enum Command {
         /// Overrides the depth of the substrate scopes.
         #[arg(long)]
         substrate_depth: Option<usize>,
+        /// Overrides the depth of the switch scope.
+        #[arg(long)]
+        switch_depth: Option<usize>,
     },
 }
 
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
         Command::Explore {
             quick,
             substrate_depth,
+            switch_depth,
         } => {
             let bounds = if quick { Bounds::QUICK } else { Bounds::FULL };
             let scopes: &[substrate::Scope] = if quick {
@@ -137,8 +141,22 @@ fn main() -> ExitCode {
             });
             let request = explore_all(bounds)
                 .map(|reports| reports.iter().map(ToString::to_string).collect::<Vec<_>>());
+            let switch_scope = if quick {
+                switch::Scope::QUICK
+            } else {
+                switch::Scope::FULL
+            };
+            let switch_scope = switch::Scope {
+                depth: switch_depth.unwrap_or(switch_scope.depth),
+                ..switch_scope
+            };
+            let switch = std::iter::once(switch_scope)
+                .map(|scope| switch::explore(scope).map(|report| vec![report.to_string()]));
             let mut failed = false;
-            for result in std::iter::once(request).chain(substrate.map(|r| r.map(|l| vec![l]))) {
+            for result in std::iter::once(request)
+                .chain(substrate.map(|r| r.map(|l| vec![l])))
+                .chain(switch)
+            {
                 match result {
                     Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
                     Err(error) => {

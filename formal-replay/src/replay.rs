@@ -100,6 +100,12 @@ pub fn check_case(section: &str, raw: &Value, engine: Engine) -> Result<(), Fail
         "driver" => replay(raw, engine, core_driver, model_driver),
         "join" => replay(raw, engine, core_join, model_join),
         "routing" => replay(raw, engine, core_routing, model_routing),
+        "switch" => replay(
+            raw,
+            engine,
+            crate::switch::run_case,
+            crate::switch_model::run_case,
+        ),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }
@@ -130,6 +136,7 @@ pub fn complete_with_model(section: &str, case: &Value) -> Result<Value, Failure
         "driver" => run(case, model_driver),
         "join" => run(case, model_join),
         "routing" => run(case, model_routing),
+        "switch" => run(case, crate::switch_model::run_case),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The sections: CONFORMANCE.md's ten in the document's order, then tether's own.
-pub const SECTIONS: [&str; 14] = [
+pub const SECTIONS: [&str; 15] = [
     "frame_types",
     "ledger",
     "negotiate",
@@ -19,6 +19,7 @@ pub const SECTIONS: [&str; 14] = [
     "driver",
     "join",
     "routing",
+    "switch",
 ];
 
 /// A nullable key that must still be present (serde would otherwise default a missing
@@ -544,4 +545,277 @@ pub struct RoutingCase {
     pub ops: Vec<RoutingOp>,
     pub steps: Vec<RoutingStep>,
     pub drops: std::collections::BTreeMap<String, u64>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// switch (tether's own section, seed 001 and REFERENCE §B)
+
+/// One master of a switch case, attached and put through the handshake before the first op,
+/// in slot order (the first master of the list fills slot 0).
+///
+/// - `id`: the slot's stable id (any name but `"engine"`, unique in the case).
+/// - `caps`: the caps its manifest advertises, in manifest order; the identity cap
+///   `cap:effect=none` is added by the handshake, so every master also serves it.
+/// - `initial_credit`: the per-stream window it offers in HELLO (≥ 1); the switch offers 32 and
+///   each side keeps the smaller.
+/// - `identity`: `"echo"` (the identity check passes, the master is routable) or `"wrong"`
+///   (its echo is wrong: attached but unhealthy, never routed to).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchMaster {
+    pub id: String,
+    pub caps: Vec<String>,
+    pub initial_credit: u64,
+    pub identity: SwitchIdentity,
+}
+
+/// How a master answers the identity check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SwitchIdentity {
+    Echo,
+    Wrong,
+}
+
+/// A flow frame a party sends for a request (`respond`, `continue`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwitchFrame {
+    StreamStart,
+    Chunk,
+    StreamEnd,
+    End,
+    Err,
+    Log,
+}
+
+impl SwitchFrame {
+    /// Whether the frame names a stream (the op's `stream` is then a string, else `null`).
+    pub fn has_stream(self) -> bool {
+        matches!(
+            self,
+            SwitchFrame::StreamStart | SwitchFrame::Chunk | SwitchFrame::StreamEnd
+        )
+    }
+
+    /// The wire name of its frame type (REFERENCE §B).
+    pub fn wire_name(self) -> &'static str {
+        match self {
+            SwitchFrame::StreamStart => "STREAM_START",
+            SwitchFrame::Chunk => "CHUNK",
+            SwitchFrame::StreamEnd => "STREAM_END",
+            SwitchFrame::End => "END",
+            SwitchFrame::Err => "ERR",
+            SwitchFrame::Log => "LOG",
+        }
+    }
+}
+
+/// The cancel reason's code (REFERENCE §B).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SwitchCancelCode {
+    Cancelled,
+    Aborted,
+    AbortedCollateral,
+}
+
+impl SwitchCancelCode {
+    /// The code as it appears in an ERR's meta.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SwitchCancelCode::Cancelled => "CANCELLED",
+            SwitchCancelCode::Aborted => "ABORTED",
+            SwitchCancelCode::AbortedCollateral => "ABORTED_COLLATERAL",
+        }
+    }
+}
+
+/// One op of a switch case. `from` names a master by id, or `"engine"` where the engine may
+/// send; `rid` is the request id (a small integer, global: engine and peer requests share it).
+///
+/// - `request {rid, cap, preferred}`: the engine sends a REQ for `cap`, optionally preferring a
+///   cap (`null`: none).
+/// - `peer_request {from, rid, cap, parent}`: master `from` sends a REQ without XID (a peer
+///   call), made on behalf of request `parent` (`null`: none; else `parent` is live and
+///   routed to `from`).
+/// - `respond {from, rid, frame, stream}`: master `from` sends a frame for `rid` as a
+///   destination does (with the request's XID). `stream` is a string for `stream_start`,
+///   `chunk` and `stream_end`, `null` otherwise.
+/// - `continue {from, rid, frame, stream}`: the engine or master `from` sends a frame for `rid`
+///   as an origin does (no XID): the request's input after its REQ. `err` is not an origin's
+///   frame.
+/// - `credit {from, rid, stream, n}`: the engine or master `from` grants `n` (1 ≤ n ≤ 2^32)
+///   chunks on stream `stream` of the leg it receives (the destination credits what the origin
+///   sends, the origin credits what the destination sends).
+/// - `cancel {rid, code}`: the host cancels `rid` with a reason carrying `code`.
+/// - `stop_feeds {rid}`: the host stops the feeds of `rid`.
+/// - `close {master}`: the master's connection dies.
+/// - `reattach {master}`: the master dials again with the same caps, credit and a good echo.
+///
+/// The runner plays the frames in order: flow frames of one sender for one request carry
+/// seqs 0, 1, 2, … (an origin's continuation continues after its REQ's 0), chunks carry their
+/// index within their stream, STREAM_END the number of chunks sent on the stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SwitchOp {
+    Request {
+        rid: u64,
+        cap: String,
+        #[serde(deserialize_with = "required")]
+        preferred: Option<String>,
+    },
+    PeerRequest {
+        from: String,
+        rid: u64,
+        cap: String,
+        #[serde(deserialize_with = "required")]
+        parent: Option<u64>,
+    },
+    Respond {
+        from: String,
+        rid: u64,
+        frame: SwitchFrame,
+        #[serde(deserialize_with = "required")]
+        stream: Option<String>,
+    },
+    Continue {
+        from: String,
+        rid: u64,
+        frame: SwitchFrame,
+        #[serde(deserialize_with = "required")]
+        stream: Option<String>,
+    },
+    Credit {
+        from: String,
+        rid: u64,
+        stream: String,
+        n: u64,
+    },
+    Cancel {
+        rid: u64,
+        code: SwitchCancelCode,
+    },
+    StopFeeds {
+        rid: u64,
+    },
+    Close {
+        master: String,
+    },
+    Reattach {
+        master: String,
+    },
+}
+
+/// A frame the switch wrote on its own account during one op (not one it forwarded): a
+/// terminal ERR, a CANCEL, a CLOSE_STREAM, or anything else core writes that the model does not
+/// expect. `frame` is the wire name of its type, `code` the ERR's code (`null` for other types),
+/// `seq` the sequence number it carries.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchNotice {
+    pub rid: u64,
+    pub to: String,
+    pub frame: String,
+    #[serde(deserialize_with = "required")]
+    pub code: Option<String>,
+    pub seq: u64,
+}
+
+/// The observation after one switch op. Every key is present; the ones an op does not set are
+/// `null` (or `[]` for the lists).
+///
+/// - `to`: `request`/`peer_request`: the master the REQ was routed to; `respond`/`continue`/
+///   `credit`: where the frame was forwarded (`"engine"` or a master id). `null` otherwise or
+///   when nothing was forwarded.
+/// - `seq`: the sequence number of that routed or forwarded frame (flow frames are numbered per
+///   outgoing flow 0, 1, 2, …; CREDIT is a non-flow frame and carries 0).
+/// - `error`: `request`/`peer_request` refused: `"no_handler"`, `"duplicate"` (the rid is live),
+///   `"bad_cap"` (the cap does not parse; engine only); for a peer request it is what the ERR
+///   back to `from` says.
+/// - `outcome`: frame ops: `"routed"` (live request, forwarded), `"straggler"` (the rid ended
+///   within the recently-terminated ring: counted, benign), `"no_route"` (never known within
+///   the ring: counted drop), `"cut"` (the sender's connection was cut).
+/// - `cut`: the violation a master was cut for by this op: `"foreign_request"` (a frame for a
+///   live request it is no side of), `"credit_violation"` (a CHUNK past the stream's window).
+/// - `ok`: `cancel`: the rid was live and is cancelled; `stop_feeds`: the rid was live and its
+///   feeds were stopped; `reattach`: the attach was accepted.
+/// - `force_kill`: `cancel`: whether the CANCEL frames it wrote ask for a kill (`null` when it
+///   wrote none).
+/// - `ended`: the rids this op terminated, ascending.
+/// - `notices`: the frames the switch wrote on its own account, sorted by (rid, to, frame).
+/// - `live`: the live rids after the op, ascending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchStep {
+    #[serde(deserialize_with = "required")]
+    pub to: Option<String>,
+    #[serde(deserialize_with = "required")]
+    pub seq: Option<u64>,
+    #[serde(deserialize_with = "required")]
+    pub error: Option<String>,
+    #[serde(deserialize_with = "required")]
+    pub outcome: Option<String>,
+    #[serde(deserialize_with = "required")]
+    pub cut: Option<String>,
+    #[serde(deserialize_with = "required")]
+    pub ok: Option<bool>,
+    #[serde(deserialize_with = "required")]
+    pub force_kill: Option<bool>,
+    pub ended: Vec<u64>,
+    pub notices: Vec<SwitchNotice>,
+    pub live: Vec<u64>,
+}
+
+/// How requests ended, by kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchTerminated {
+    pub end: u64,
+    pub err: u64,
+    pub cancelled: u64,
+    pub master_died: u64,
+}
+
+/// The switch's counters after the last op: successful registrations, routing refusals for
+/// want of a handler (engine and peer), cuts, no_route drops (all sites), stragglers by wire
+/// frame-type name (types never counted are absent), terminations by kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchCounters {
+    pub registered: u64,
+    pub no_handler: u64,
+    pub cuts: u64,
+    pub no_route: u64,
+    pub stragglers: std::collections::BTreeMap<String, u64>,
+    pub terminated: SwitchTerminated,
+}
+
+/// A switch case (tether's own section, seed 001 and REFERENCE §B): one switch whose
+/// recently-terminated ring keeps `ring` (≥ 1) endings, the masters attached and verified in
+/// slot order, the ops, one step per op, and the counters after the last op.
+///
+/// ```json
+/// {"ring": 64,
+///  "masters": [{"id": "a", "caps": ["cap:in=media:x;out=media:y"], "initial_credit": 32,
+///               "identity": "echo"}],
+///  "ops": [{"op": "request", "rid": 1, "cap": "cap:in=media:x;out=media:y", "preferred": null}],
+///  "steps": [{"to": "a", "seq": 0, "error": null, "outcome": null, "cut": null, "ok": null,
+///             "force_kill": null, "ended": [], "notices": [], "live": [1]}],
+///  "counters": {"registered": 1, "no_handler": 0, "cuts": 0, "no_route": 0, "stragglers": {},
+///               "terminated": {"end": 0, "err": 0, "cancelled": 0, "master_died": 0}}}
+/// ```
+///
+/// The semantics are those of `crate::switch_model` (its module doc lists every rule and how
+/// each ambiguity was resolved). Ops outside the section's domain (listed there too: a frame
+/// from a closed master, a stream frame out of stream order, a peer request routed back to its
+/// own origin, …) make a case malformed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchCase {
+    pub ring: u64,
+    pub masters: Vec<SwitchMaster>,
+    pub ops: Vec<SwitchOp>,
+    pub steps: Vec<SwitchStep>,
+    pub counters: SwitchCounters,
 }
