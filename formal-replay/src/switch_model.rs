@@ -44,9 +44,11 @@
 //!    `no_route` (counted). Nobody is cut for either.
 //! 6. **Foreign frames** (brief: ForeignRequest). A frame from a master that is neither the
 //!    origin nor the destination of the live request it names cuts that master.
-//! 7. **Credit** (REFERENCE §B "Credit"). Each stream of each leg has a window opened at its
-//!    STREAM_START: the smaller of the two sides' negotiated initial credit (the engine's is the
-//!    switch's 32; a master's is min(32, its offer)). A CHUNK takes one; a CHUNK with none left
+//! 7. **Credit** (REFERENCE §B "Credit"; tether's decision where the seed is silent on
+//!    windows that differ per hop). Credit is end to end, so every side of every request must
+//!    use one window: the switch offers the smallest initial credit of the case's masters (at
+//!    most 32) and refuses a master offering less. Each stream of each leg has that window,
+//!    opened at its STREAM_START. A CHUNK takes one; a CHUNK with none left
 //!    cuts its sender (`credit_violation`) and is not forwarded. A CREDIT from the receiving
 //!    side of a stream adds its grant and is forwarded to the sending side (end to end).
 //! 8. **Cancel** (seed "Cancel and stop"). Cancelling a live rid ends it and every live
@@ -98,6 +100,15 @@ use crate::script::{
 
 /// The switch's own initial credit offer (REFERENCE §B: initial credit 32 chunks).
 pub const SWITCH_INITIAL_CREDIT: u64 = 32;
+
+/// The window a switch for `masters` offers: the smallest of their initial credits, at most
+/// 32, so that none is refused (rule 7).
+pub fn switch_window(masters: &[SwitchMaster]) -> u64 {
+    masters
+        .iter()
+        .map(|master| master.initial_credit)
+        .fold(SWITCH_INITIAL_CREDIT, u64::min)
+}
 
 /// The largest grant a `credit` op may carry (keeps every window far from overflow).
 pub const GRANT_MAX: u64 = 1 << 32;
@@ -805,14 +816,12 @@ impl SwitchModel {
         Ok(())
     }
 
-    /// Rule 7: the smaller of the two sides' negotiated initial credit.
-    fn window(&self, at: usize) -> u64 {
-        let request = &self.live[at];
-        let origin = match request.origin {
-            Party::Engine => SWITCH_INITIAL_CREDIT,
-            Party::Master(m) => self.slots[m].credit,
-        };
-        origin.min(self.slots[request.destination].credit)
+    /// Rule 7: one window for every request, the switch's (see [`switch_window`]).
+    fn window(&self, _at: usize) -> u64 {
+        self.slots
+            .iter()
+            .map(|slot| slot.credit)
+            .fold(SWITCH_INITIAL_CREDIT, u64::min)
     }
 
     // -----------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@
 //!   refused; a master's credit window may not be below the switch's, so that every side of
 //!   every request uses the same window), the master's HELLO with its manifest (which must hold the identity cap), the
 //!   policy pushed before anything else, then the identity check (the nonce echoed), all within
-//!   [`SWITCH_HANDSHAKE_TIMEOUT_MS`]; then a HEARTBEAT every [`SWITCH_HEARTBEAT_INTERVAL_MS`]
+//!   [`SWITCH_HANDSHAKE_TIMEOUT_MS`]; a master that fails the identity check stays attached
+//!   but unhealthy (never routed to, its slot refusing another attach until it disconnects); then a HEARTBEAT every [`SWITCH_HEARTBEAT_INTERVAL_MS`]
 //!   that must be echoed within [`SWITCH_HEARTBEAT_TIMEOUT_MS`].
 //! - **Init phases**: masters named at construction are all verified (or failed) before routing
 //!   starts; [`Switch::attach`] adds masters at runtime.
@@ -199,6 +200,13 @@ pub enum Event {
         /// The slot.
         slot: SlotId,
     },
+    /// A master failed its identity check: attached but unhealthy, never routed to.
+    MasterUnhealthy {
+        /// The slot.
+        slot: SlotId,
+        /// Why.
+        reason: HandshakeError,
+    },
     /// A master's connection is gone; its requests ended `MasterDied`.
     MasterDied {
         /// The slot.
@@ -305,6 +313,9 @@ enum Stage {
     Identity { deadline: Time, echo: Vec<u8> },
     /// Verified.
     Live,
+    /// The identity check failed (or never answered): the connection stays attached but the
+    /// master is unhealthy and never routed to (seed 001 "Master health").
+    Failed,
 }
 
 impl Stage {
@@ -314,6 +325,7 @@ impl Stage {
             Stage::Hello { .. } => "hello",
             Stage::Identity { .. } => "identity",
             Stage::Live => "live",
+            Stage::Failed => "failed",
         }
     }
 }
@@ -536,6 +548,7 @@ impl Switch {
             Stage::Hello { .. } => self.on_hello(now, slot, &frame),
             Stage::Identity { .. } => self.on_identity_frame(now, slot, frame),
             Stage::Live => self.on_live_frame(now, slot, frame),
+            Stage::Failed => self.on_control_frame(now, slot, frame),
         };
         if let Err(reason) = result {
             self.cut(now, slot, reason);
@@ -634,14 +647,13 @@ impl Switch {
         for terminated in ended {
             let Terminated { state, .. } = terminated;
             let route = state.data;
+            let (dest, dest_generation) = (route.dest, route.dest_generation);
             let mut cancel = Frame::new(FrameType::Cancel, state.key.rid);
             cancel.routing_id = Some(state.key.xid);
             cancel.force_kill = Some(reason.code != CancelCode::AbortedCollateral);
             cancel.meta = Some(attribution(reason));
-            self.send_to_slot(route.dest, route.dest_generation, cancel);
-            let mut err = Frame::new(FrameType::Err, state.key.rid);
-            err.meta = Some(attribution(reason));
-            self.answer_origin(state.key, &route, err);
+            self.send_to_slot(dest, dest_generation, cancel);
+            self.end_origin(state.key, route.clone(), attribution(reason));
             self.events.push_back(Event::RequestEnded {
                 key: state.key,
                 origin: route.origin,
@@ -678,7 +690,7 @@ impl Switch {
         for index in 0..self.masters.len() {
             if matches!(
                 self.masters[index].stage,
-                Stage::Identity { .. } | Stage::Live
+                Stage::Identity { .. } | Stage::Live | Stage::Failed
             ) {
                 self.push_policy(SlotId(index as u32));
             }
@@ -697,11 +709,7 @@ impl Switch {
                     continue;
                 }
                 Stage::Identity { deadline, .. } if *deadline <= now => {
-                    self.cut(
-                        now,
-                        slot,
-                        HandshakeError::Identity("no echo in time").into(),
-                    );
+                    self.fail_identity(slot, HandshakeError::Identity("no echo in time"));
                     continue;
                 }
                 _ => {}
@@ -928,9 +936,29 @@ impl Switch {
                 }
                 Ok(())
             }
-            FrameType::End => Err(HandshakeError::Identity("wrong echo").into()),
-            FrameType::Err => Err(HandshakeError::Identity("answered with ERR").into()),
+            FrameType::End => {
+                self.fail_identity(slot, HandshakeError::Identity("wrong echo"));
+                Ok(())
+            }
+            FrameType::Err => {
+                self.fail_identity(slot, HandshakeError::Identity("answered with ERR"));
+                Ok(())
+            }
             other => Err(ProtocolViolation::Unexpected(other.name()).into()),
+        }
+    }
+
+    /// The identity check failed: the master stays attached (its socket is open) but is
+    /// unhealthy, so it is never routed to and its slot refuses another attach until the
+    /// connection goes (seed 001 "Slots, ids, and attachment").
+    fn fail_identity(&mut self, slot: SlotId, reason: HandshakeError) {
+        let master = &mut self.masters[slot.0 as usize];
+        master.stage = Stage::Failed;
+        master.last_error = Some(reason.to_string());
+        self.events
+            .push_back(Event::MasterUnhealthy { slot, reason });
+        if self.init_pending.remove(&slot) {
+            self.check_init();
         }
     }
 
@@ -1049,10 +1077,13 @@ impl Switch {
             return;
         };
         let route = terminated.state.data;
+        let origin = route.origin;
         if route.dest == dead {
-            let mut err = Frame::new(FrameType::Err, key.rid);
-            err.meta = Some(error_meta("MASTER_DIED", "the serving master died"));
-            self.answer_origin(key, &route, err);
+            self.end_origin(
+                key,
+                route,
+                error_meta("MASTER_DIED", "the serving master died"),
+            );
         } else {
             // The origin died: its peer request is cancelled at the destination.
             let mut cancel = Frame::new(FrameType::Cancel, key.rid);
@@ -1062,7 +1093,7 @@ impl Switch {
         }
         self.events.push_back(Event::RequestEnded {
             key,
-            origin: route.origin,
+            origin,
             termination: Termination::MasterDied,
         });
     }
@@ -1458,6 +1489,19 @@ impl Switch {
             Side::Dest => self.answer_origin(key, &route, frame),
         }
         Ok(())
+    }
+
+    /// Ends a terminated request's flow towards its origin with an ERR carrying `meta`,
+    /// numbered after the frames that flow already carried (a receiver's reorder buffer would
+    /// refuse a restarted seq).
+    fn end_origin(&mut self, key: RequestKey, mut route: Route, meta: Meta) {
+        let mut err = Frame::new(FrameType::Err, key.rid);
+        err.meta = Some(meta);
+        match route.to_origin.gate.write(FrameType::Err) {
+            Written::Sent { seq, .. } => err.seq = seq.0,
+            Written::Suppressed => return,
+        }
+        self.answer_origin(key, &route, err);
     }
 
     /// Sends a frame of request `key` to its origin (the engine gets it without the XID).

@@ -449,28 +449,37 @@ fn an_emission_order_violation_cuts_the_master() {
 }
 
 #[test]
-fn a_master_failing_the_identity_check_is_refused() {
+fn a_master_failing_the_identity_check_stays_attached_but_is_never_routed_to() {
     let mut h = Harness::new(SwitchConfig::default(), &[]);
     let conn = h.connect_with("a", &[UPPER], Limits::default(), Identity::Wrong);
-    assert_eq!(
-        h.disconnected,
-        [(
-            conn,
-            CutReason::Handshake(HandshakeError::Identity("wrong echo"))
-        )]
+    assert!(h.disconnected.is_empty(), "its socket stays open");
+    assert!(h.events.contains(&Event::MasterUnhealthy {
+        slot: conn.slot,
+        reason: HandshakeError::Identity("wrong echo")
+    }));
+    assert!(
+        !h.switch.slot_accepts_attach("a"),
+        "attached, though unhealthy"
     );
     assert_eq!(
         h.engine_request(1, UPPER),
         Err(EngineError::NoHandler(UPPER.into()))
     );
+    let stats = h.switch.protocol_stats(h.now);
+    assert_eq!(stats.masters[0].stage, "failed");
+    assert!(!stats.masters[0].healthy);
+    // Once its connection goes, the slot takes a new attach.
+    h.close(conn);
+    assert!(h.switch.slot_accepts_attach("a"));
     let silent = h.connect_with("b", &[UPPER], Limits::default(), Identity::Silent);
     h.advance(Duration::from_millis(SWITCH_HANDSHAKE_TIMEOUT_MS));
-    assert_eq!(
-        h.disconnected[1],
-        (
-            silent,
-            CutReason::Handshake(HandshakeError::Identity("no echo in time"))
-        )
+    assert!(
+        h.events.contains(&Event::MasterUnhealthy {
+            slot: silent.slot,
+            reason: HandshakeError::Identity("no echo in time")
+        }),
+        "{:?}",
+        h.events
     );
 }
 
@@ -667,4 +676,26 @@ fn undecodable_bytes_cut_the_master_with_a_typed_reason() {
         [(conns[0], CutReason::Undecodable("frame too large".into()))]
     );
     assert_eq!(h.switch.counters().cuts["undecodable"], 1);
+}
+
+#[test]
+fn an_err_the_switch_writes_itself_continues_the_flows_numbering() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    let key = h.engine_request(1, UPPER).expect("routed");
+    h.from_master(conns[0], stream(key, FrameType::StreamStart, "out", 0));
+    h.from_master(conns[0], chunk(key, "out", 0, 1, b"x"));
+    h.close(conns[0]);
+    let engine = h.take_engine();
+    assert_eq!(
+        engine
+            .iter()
+            .map(|f| (f.frame_type, f.seq))
+            .collect::<Vec<_>>(),
+        [
+            (FrameType::StreamStart, 0),
+            (FrameType::Chunk, 1),
+            (FrameType::Err, 2)
+        ],
+        "a receiver's reorder buffer would refuse a restarted seq"
+    );
 }

@@ -60,9 +60,13 @@ pub enum SwitchError {
     /// A master could not be attached.
     #[error("attach refused: {0}")]
     Attach(String),
-    /// The master's connection was cut (handshake, identity, protocol) or closed.
+    /// The master's connection was cut (handshake, protocol) or closed.
     #[error("master cut off: {0}")]
     Cut(String),
+    /// The master failed its identity check: its connection stays open but it is never
+    /// routed to, and its slot refuses another attach until that connection goes.
+    #[error("master unhealthy: {0}")]
+    Unhealthy(String),
     /// The request ended with an ERR (its code).
     #[error("request failed: {0}")]
     Failed(String),
@@ -707,6 +711,13 @@ impl Task {
                 if let Some(io) = self.masters.get(&slot) {
                     if let Some(reply) = self.attaching.remove(&io.conn) {
                         let _ = reply.send(Ok(()));
+                    }
+                }
+            }
+            Event::MasterUnhealthy { slot, reason } => {
+                if let Some(io) = self.masters.get(&slot) {
+                    if let Some(reply) = self.attaching.remove(&io.conn) {
+                        let _ = reply.send(Err(SwitchError::Unhealthy(reason.to_string())));
                     }
                 }
             }
