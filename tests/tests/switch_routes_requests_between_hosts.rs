@@ -283,3 +283,33 @@ async fn stopping_a_requests_feeds_lets_it_end_on_its_own() {
 fn call_id_after_end() -> tether_core::wire::bifaci::MessageId {
     tether_core::wire::bifaci::MessageId::Uint(9_999)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_request_nobody_serves_is_answered_no_handler() {
+    let switch = Switch::builder().start();
+    let (s1, h1) = pair();
+    let asking = Host::new("asking").handler(UPPER, |mut request| async move {
+        let _ = request.read_all().await;
+        let peer = request
+            .peer_request("cap:in=media:text;out=media:nobody")
+            .await
+            .expect("sent");
+        let _ = peer.finish().await;
+        // The switch answers the peer request itself: nobody serves that cap.
+        let code = peer.collect().await.err().unwrap_or_default();
+        let _ = request
+            .respond("out", "media:text", [code.into_bytes()])
+            .await;
+        let _ = request.end().await;
+    });
+    tokio::spawn(asking.serve(h1));
+    switch.add_master("asking", s1).await.expect("verified");
+    assert_eq!(
+        call(&switch, UPPER, b"?").await.expect("answered"),
+        b"NO_HANDLER"
+    );
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(stats.switch.no_handler, 1);
+    assert!(stats.requests.is_empty());
+    switch.close().await;
+}
