@@ -115,6 +115,11 @@ pub const SWITCH_PATHS_MAX: usize = 16;
 /// a switch that opens requests without end is cut off instead of growing host memory.
 pub const SWITCH_SERVED_REQUESTS_MAX: usize = 65_536;
 
+/// Frames a switch's shell queues for one master's socket. Credit bounds the CHUNKs, so only a
+/// master that stops reading its socket fills this; past it the master is cut off
+/// (`backlogged`) rather than let its queue grow.
+pub const SWITCH_WRITER_FRAMES_MAX: usize = 65_536;
+
 /// Longest policy a switch pushes to its masters, in bytes (it travels in one frame).
 pub const SWITCH_POLICY_BYTES_MAX: usize = 64 * 1024;
 

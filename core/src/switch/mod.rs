@@ -137,6 +137,9 @@ pub enum CutReason {
     /// The master's bytes are not frames (garbage, an oversized frame, a wrong version).
     #[error("undecodable bytes: {0}")]
     Undecodable(String),
+    /// The master stopped reading: its socket's queue reached the shell's bound.
+    #[error("not reading its socket")]
+    Backlogged,
 }
 
 /// How a peer broke the protocol.
@@ -560,6 +563,15 @@ impl Switch {
     pub fn handle_undecodable(&mut self, now: Time, conn: ConnId, error: &str) {
         if self.is_current(conn) && self.masters[conn.slot.0 as usize].attached() {
             self.cut(now, conn.slot, CutReason::Undecodable(error.to_owned()));
+        }
+    }
+
+    /// The shell's queue of frames for a master's socket is full
+    /// ([`crate::limits::SWITCH_WRITER_FRAMES_MAX`]): the master stopped reading, and is cut
+    /// off with [`CutReason::Backlogged`].
+    pub fn handle_backlogged(&mut self, now: Time, conn: ConnId) {
+        if self.is_current(conn) && self.masters[conn.slot.0 as usize].attached() {
+            self.cut(now, conn.slot, CutReason::Backlogged);
         }
     }
 
@@ -1041,6 +1053,7 @@ impl Switch {
             CutReason::HeartbeatTimeout => "heartbeat_timeout",
             CutReason::Closed => "closed",
             CutReason::Undecodable(_) => "undecodable",
+            CutReason::Backlogged => "backlogged",
             CutReason::Violation(violation) => violation.name(),
         };
         *self.counters.cuts.entry(key.to_owned()).or_default() += 1;

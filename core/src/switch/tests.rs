@@ -699,3 +699,14 @@ fn an_err_the_switch_writes_itself_continues_the_flows_numbering() {
         "a receiver's reorder buffer would refuse a restarted seq"
     );
 }
+
+#[test]
+fn a_master_that_stops_reading_is_cut_off_as_backlogged() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    h.engine_request(1, UPPER).expect("routed");
+    h.switch.handle_backlogged(h.now, conns[0]);
+    h.drain();
+    assert_eq!(h.disconnected, [(conns[0], CutReason::Backlogged)]);
+    assert_eq!(h.switch.counters().cuts["backlogged"], 1);
+    assert_eq!(h.switch.live_requests(), 0, "its requests ended MasterDied");
+}

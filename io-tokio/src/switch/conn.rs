@@ -70,12 +70,36 @@ where
     })
 }
 
+/// A queue of frames for a writer (bounded on the switch's side, unbounded on a host's, whose
+/// writes credit already bounds).
+pub(crate) trait FrameSource: Send + 'static {
+    /// The next frame, waiting for one; `None` once the queue is closed and empty.
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<Frame>> + Send;
+    /// The next frame if one is queued now.
+    fn try_recv(&mut self) -> Option<Frame>;
+}
+
+impl FrameSource for mpsc::Receiver<Frame> {
+    async fn recv(&mut self) -> Option<Frame> {
+        mpsc::Receiver::recv(self).await
+    }
+    fn try_recv(&mut self) -> Option<Frame> {
+        mpsc::Receiver::try_recv(self).ok()
+    }
+}
+
+impl FrameSource for mpsc::UnboundedReceiver<Frame> {
+    async fn recv(&mut self) -> Option<Frame> {
+        mpsc::UnboundedReceiver::recv(self).await
+    }
+    fn try_recv(&mut self) -> Option<Frame> {
+        mpsc::UnboundedReceiver::try_recv(self).ok()
+    }
+}
+
 /// Writes every frame from `rx` to `writer`, coalescing what is queued; ends (closing the
 /// write half) when `rx` closes or a write fails.
-pub(crate) fn spawn_writer<W>(
-    mut writer: W,
-    mut rx: mpsc::UnboundedReceiver<Frame>,
-) -> JoinHandle<()>
+pub(crate) fn spawn_writer<W>(mut writer: W, mut rx: impl FrameSource) -> JoinHandle<()>
 where
     W: AsyncWrite + Unpin + Send + 'static,
 {
@@ -89,7 +113,7 @@ where
                 // peer cut the connection.
                 let _ = frame.encode(BIFACI_FRAME_BYTES_DEFAULT, &mut out);
                 next = if out.len() < READ_CHUNK {
-                    rx.try_recv().ok()
+                    rx.try_recv()
                 } else {
                     None
                 };

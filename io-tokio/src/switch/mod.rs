@@ -43,6 +43,7 @@ use tokio::time::Instant;
 pub use tether_core::switch::Limits;
 
 use conn::{spawn_reader, spawn_writer, Incoming};
+use tether_core::limits::SWITCH_WRITER_FRAMES_MAX;
 
 /// Frames read from masters and not yet taken by the switch task (the readers wait beyond it,
 /// so a flood backs up into the masters' sockets).
@@ -417,7 +418,8 @@ impl Call {
 /// A master connection's writer and reader.
 struct MasterIo {
     conn: ConnId,
-    writer: mpsc::UnboundedSender<Frame>,
+    /// At most [`SWITCH_WRITER_FRAMES_MAX`] frames: a master that stops reading is cut off.
+    writer: mpsc::Sender<Frame>,
     reader: JoinHandle<()>,
 }
 
@@ -486,7 +488,7 @@ impl Task {
                 reply,
             } => match self.machine.attach(now, &id) {
                 Ok(conn) => {
-                    let (writer_tx, writer_rx) = mpsc::unbounded_channel();
+                    let (writer_tx, writer_rx) = mpsc::channel(SWITCH_WRITER_FRAMES_MAX);
                     spawn_writer(writer, writer_rx);
                     let reader = spawn_reader(reader, conn, self.incoming_tx.clone());
                     self.masters.insert(
@@ -665,8 +667,14 @@ impl Task {
                 moved = true;
                 match transmit.to {
                     Peer::Master(slot) => {
-                        if let Some(io) = self.masters.get(&slot) {
-                            let _ = io.writer.send(transmit.frame);
+                        let full = self.masters.get(&slot).and_then(|io| {
+                            match io.writer.try_send(transmit.frame) {
+                                Err(mpsc::error::TrySendError::Full(_)) => Some(io.conn),
+                                _ => None,
+                            }
+                        });
+                        if let Some(conn) = full {
+                            self.machine.handle_backlogged(now, conn);
                         }
                     }
                     Peer::Engine => self.answer_engine(now, transmit.frame),
