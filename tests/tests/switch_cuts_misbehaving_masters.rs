@@ -8,21 +8,12 @@ use tether_core::switch::Limits;
 use tether_core::time::Time;
 use tether_core::wire::bifaci::{BifaciDecoder, Frame, FrameType, MessageId};
 use tether_core::wire::StreamDecoder;
+use tether_tests::socket_pair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 const SLOW: &str = "cap:in=media:text;out=media:slow";
 const OTHER: &str = "cap:in=media:text;out=media:other";
-
-fn pair() -> (UnixStream, UnixStream) {
-    let (a, b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-    a.set_nonblocking(true).expect("nonblocking");
-    b.set_nonblocking(true).expect("nonblocking");
-    (
-        UnixStream::from_std(a).expect("tokio"),
-        UnixStream::from_std(b).expect("tokio"),
-    )
-}
 
 /// A master that passes the handshake with core's host machine, then is the test's to abuse.
 async fn raw_master(mut stream: UnixStream, cap: &str) -> UnixStream {
@@ -57,7 +48,7 @@ async fn raw_master(mut stream: UnixStream, cap: &str) -> UnixStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_frame_cuts_the_master_with_a_typed_reason() {
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
+    let (s1, h1) = socket_pair();
     let raw = tokio::spawn(raw_master(h1, OTHER));
     switch.add_master("raw", s1).await.expect("verified");
     let mut raw = raw.await.expect("handshake done");
@@ -85,8 +76,8 @@ async fn an_oversized_frame_cuts_the_master_with_a_typed_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_for_another_masters_request_cut_the_sender_and_nothing_else() {
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
-    let (s2, h2) = pair();
+    let (s1, h1) = socket_pair();
+    let (s2, h2) = socket_pair();
     let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
     let (go_tx, go) = tokio::sync::watch::channel(false);
     let honest = Host::new("honest").handler(SLOW, move |mut request| {

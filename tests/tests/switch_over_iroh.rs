@@ -4,21 +4,11 @@
 use tether::node::Node;
 use tether::switch::host::Host;
 use tether::switch::Switch;
-use tokio::net::UnixStream;
+use tether_tests::socket_pair;
 
 const UPPER: &str = "cap:in=media:text;out=media:upper";
 const REVERSE: &str = "cap:in=media:text;out=media:reversed";
 const COUNT: &str = "cap:in=media:text;out=media:count";
-
-fn pair() -> (UnixStream, UnixStream) {
-    let (a, b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-    a.set_nonblocking(true).expect("nonblocking");
-    b.set_nonblocking(true).expect("nonblocking");
-    (
-        UnixStream::from_std(a).expect("tokio"),
-        UnixStream::from_std(b).expect("tokio"),
-    )
-}
 
 fn host(name: &'static str, cap: &str, answer: fn(Vec<u8>) -> Vec<u8>) -> Host {
     Host::new(name).handler(cap, move |mut request| async move {
@@ -47,8 +37,8 @@ async fn an_engine_routes_to_three_hosts_two_over_unix_one_over_iroh() {
     });
 
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
-    let (s2, h2) = pair();
+    let (s1, h1) = socket_pair();
+    let (s2, h2) = socket_pair();
     tokio::spawn(host("upper", UPPER, |input| input.to_ascii_uppercase()).serve(h1));
     tokio::spawn(
         host("reverse", REVERSE, |mut input| {

@@ -6,23 +6,13 @@ use std::time::Duration;
 use tether::switch::host::Host;
 use tether::switch::{Switch, SwitchError};
 use tether_core::request::CancelReason;
-use tokio::net::{UnixListener, UnixStream};
+use tether_tests::socket_pair;
+use tokio::net::UnixListener;
 
 const UPPER: &str = "cap:in=media:text;out=media:upper";
 const GENERIC_UPPER: &str = "cap:in=media:;out=media:upper";
 const LOWER: &str = "cap:in=media:text;out=media:lower";
 const SLOW: &str = "cap:in=media:text;out=media:slow";
-
-/// A connected pair of Unix sockets: one for the switch, one for a host.
-fn pair() -> (UnixStream, UnixStream) {
-    let (a, b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-    a.set_nonblocking(true).expect("nonblocking");
-    b.set_nonblocking(true).expect("nonblocking");
-    (
-        UnixStream::from_std(a).expect("tokio"),
-        UnixStream::from_std(b).expect("tokio"),
-    )
-}
 
 fn upper_host(name: &str, cap: &str) -> Host {
     Host::new(name).handler(cap, |mut request| async move {
@@ -56,8 +46,8 @@ async fn call(switch: &Switch, cap: &str, input: &[u8]) -> Result<Vec<u8>, Switc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_reach_the_most_specific_host_and_their_answers_come_back() {
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
-    let (s2, h2) = pair();
+    let (s1, h1) = socket_pair();
+    let (s2, h2) = socket_pair();
     tokio::spawn(naming_host("generic", GENERIC_UPPER).serve(h1));
     tokio::spawn(naming_host("exact", UPPER).serve(h2));
     switch.add_master("generic", s1).await.expect("verified");
@@ -89,8 +79,8 @@ async fn requests_reach_the_most_specific_host_and_their_answers_come_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_calls_another_hosts_cap_through_the_switch() {
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
-    let (s2, h2) = pair();
+    let (s1, h1) = socket_pair();
+    let (s2, h2) = socket_pair();
     // `lower` answers by asking `upper` (on the other host) and lowercasing its answer again.
     let lower = Host::new("lower").handler(LOWER, |mut request| async move {
         let input = request.read_all().await;
@@ -125,7 +115,7 @@ async fn a_handler_calls_another_hosts_cap_through_the_switch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_reaches_the_host_and_a_killed_host_ends_its_requests() {
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
+    let (s1, h1) = socket_pair();
     let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
     let slow = Host::new("slow").handler(SLOW, move |mut request| {
         let started_tx = started_tx.clone();
@@ -161,7 +151,7 @@ async fn cancel_reaches_the_host_and_a_killed_host_ends_its_requests() {
     assert!(stats.requests.is_empty(), "zero request state left");
     assert!(!stats.masters[0].healthy);
     // The same host comes back on a new connection: reattached in place.
-    let (s2, h2) = pair();
+    let (s2, h2) = socket_pair();
     tokio::spawn(upper_host("slow", SLOW).serve(h2));
     assert!(switch.slot_accepts_attach("slow").await);
     switch.add_master("slow", s2).await.expect("reattached");
@@ -172,7 +162,7 @@ async fn cancel_reaches_the_host_and_a_killed_host_ends_its_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_answer_streams_under_credit() {
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
+    let (s1, h1) = socket_pair();
     const CHUNKS: usize = 2_000;
     let big = Host::new("big").handler(UPPER, |mut request| async move {
         let _ = request.read_all().await;
@@ -194,7 +184,7 @@ async fn a_long_answer_streams_under_credit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_that_fails_the_handshake_is_refused_with_a_reason() {
     let switch = Switch::builder().start();
-    let (s1, mut h1) = pair();
+    let (s1, mut h1) = socket_pair();
     // Garbage instead of a HELLO.
     tokio::spawn(async move {
         use tokio::io::AsyncWriteExt;
@@ -226,7 +216,7 @@ async fn a_master_that_fails_the_handshake_is_refused_with_a_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_a_requests_feeds_lets_it_end_on_its_own() {
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
+    let (s1, h1) = socket_pair();
     let (fed_tx, mut fed) = tokio::sync::mpsc::unbounded_channel();
     // A tap: counts input chunks until its feed is closed, then answers with the count.
     let tap = Host::new("tap").handler(SLOW, move |mut request| {
@@ -287,7 +277,7 @@ fn call_id_after_end() -> tether_core::wire::bifaci::MessageId {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_request_nobody_serves_is_answered_no_handler() {
     let switch = Switch::builder().start();
-    let (s1, h1) = pair();
+    let (s1, h1) = socket_pair();
     let asking = Host::new("asking").handler(UPPER, |mut request| async move {
         let _ = request.read_all().await;
         let peer = request

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use super::hello::{manifest_json, HandshakeError, Hello, Limits};
 use super::side::{ReadError, RequestSide, WriteError};
 use super::{error_meta, notify_meta, IDENTITY_STREAM};
-use crate::cap::CAP_IDENTITY;
+use crate::cap::{CapUrn, CAP_IDENTITY};
 use crate::limits::{SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_SERVED_REQUESTS_MAX};
 use crate::request::{Credits, RequestKey};
 use crate::time::Time;
@@ -43,6 +43,9 @@ pub enum HostEvent {
         key: RequestKey,
         /// The cap asked for.
         cap: String,
+        /// Which of [`HostConfig::caps`] serves it (the best ranked; a request none of them
+        /// can serve is answered `NO_HANDLER` by the machine and never reported).
+        serves: usize,
         /// The REQ's meta, if any.
         meta: Option<Meta>,
     },
@@ -344,9 +347,37 @@ impl Host {
             );
             return Ok(());
         }
+        let Some(serves) = self.best_cap(&cap) else {
+            let mut err = side.frame(FrameType::Err);
+            err.meta = Some(error_meta("NO_HANDLER", "no handler on this host"));
+            if side.write(&mut err).is_ok() {
+                self.transmits.push_back(err);
+            }
+            return Ok(());
+        };
         self.served.insert(key, side);
-        self.events.push_back(HostEvent::Request { key, cap, meta });
+        self.events.push_back(HostEvent::Request {
+            key,
+            cap,
+            serves,
+            meta,
+        });
         Ok(())
+    }
+
+    /// The index in [`HostConfig::caps`] of the cap that serves a request for `cap` best.
+    fn best_cap(&self, cap: &str) -> Option<usize> {
+        let request = CapUrn::parse(cap).ok()?;
+        let (indices, caps): (Vec<usize>, Vec<CapUrn>) = self
+            .config
+            .caps
+            .iter()
+            .enumerate()
+            .filter_map(|(index, text)| Some((index, CapUrn::parse(text).ok()?)))
+            .unzip();
+        crate::cap::rank(&request, &caps, None)
+            .first()
+            .map(|best| indices[*best])
     }
 
     fn on_request_frame(&mut self, frame: Frame) -> Result<(), HostError> {
@@ -620,6 +651,29 @@ mod tests {
             .any(|event| matches!(event, HostEvent::PeerAnswer { frame, .. } if frame.frame_type == FrameType::End)));
         assert_eq!(w.hosts[0].1.calls_len(), 0);
         assert_eq!(w.switch.live_requests(), 0);
+    }
+
+    #[test]
+    fn a_request_no_cap_of_the_host_serves_is_answered_no_handler() {
+        let mut w = World::new(&[("a", &[UPPER])]);
+        // Routed by its identity cap, which the host serves only for the handshake.
+        let mut req = Frame::new(FrameType::Req, MessageId::Uint(1));
+        req.cap = Some("cap:in=media:pdf;out=media:text".into());
+        let key = RequestKey {
+            xid: MessageId::Uint(77),
+            rid: MessageId::Uint(1),
+        };
+        req.routing_id = Some(key.xid);
+        let host = &mut w.hosts[0].1;
+        host.handle_frame(w.now, req).expect("valid");
+        let answer = host.poll_transmit().expect("answered");
+        assert_eq!(answer.frame_type, FrameType::Err);
+        assert_eq!(
+            crate::switch::error_code(&answer).as_deref(),
+            Some("NO_HANDLER")
+        );
+        assert_eq!(host.served_len(), 0);
+        assert!(host.poll_event().is_none());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tether_core::cap::{self, CapUrn};
+use tether_core::cap::CapUrn;
 use tether_core::request::RequestKey;
 use tether_core::switch::host::{Host as Machine, HostEvent, HostWriteError};
 use tether_core::switch::side::{stream_frames, WriteError};
@@ -486,19 +486,19 @@ impl HostTask {
 
     fn retry_parked(&mut self) {
         let parked = std::mem::take(&mut self.parked);
-        let mut waiting = BTreeMap::<Vec<u8>, ()>::new();
+        // Keep order per request: once one of a request's writes waits, its later ones do.
+        let mut waiting = std::collections::BTreeSet::new();
         for write in parked {
-            // Keep order per request: once one of a request's writes waits, its later ones do.
-            let id = match &write {
-                Parked::Served(key, ..) => format!("{key:?}").into_bytes(),
-                Parked::Peer(rid, ..) => format!("{rid:?}").into_bytes(),
+            let request = match &write {
+                Parked::Served(key, ..) => (Some(key.xid), key.rid),
+                Parked::Peer(rid, ..) => (None, *rid),
             };
-            if waiting.contains_key(&id) {
+            if waiting.contains(&request) {
                 self.parked.push(write);
                 continue;
             }
             if let Some(write) = self.write(write) {
-                waiting.insert(id, ());
+                waiting.insert(request);
                 self.parked.push(write);
             }
         }
@@ -518,7 +518,9 @@ impl HostTask {
 
     fn event(&mut self, event: HostEvent) {
         match event {
-            HostEvent::Request { key, cap, .. } => self.start(key, cap),
+            HostEvent::Request {
+                key, cap, serves, ..
+            } => self.start(key, cap, serves),
             HostEvent::Input { key, frame } => {
                 if let Some(input) = self.served.get(&key).and_then(|s| s.input.as_ref()) {
                     let _ = input.send(frame);
@@ -551,20 +553,13 @@ impl HostTask {
         }
     }
 
-    /// Runs the best-ranked handler for a request, or answers `NO_HANDLER`.
-    fn start(&mut self, key: RequestKey, cap: String) {
-        let handler = CapUrn::parse(&cap).ok().and_then(|request| {
-            let caps: Vec<CapUrn> = self.handlers.iter().map(|(cap, _)| cap.clone()).collect();
-            cap::rank(&request, &caps, None)
-                .first()
-                .map(|index| self.handlers[*index].1.clone())
-        });
-        let Some(handler) = handler else {
-            let mut err = Frame::new(FrameType::Err, key.rid);
-            err.meta = Some(error_meta("NO_HANDLER", "no handler on this host"));
-            let _ = self.machine.write(key, err);
+    /// Runs the handler of the cap core chose for a request (`serves`, an index into the
+    /// host's caps, which are the handlers' caps in order).
+    fn start(&mut self, key: RequestKey, cap: String, serves: usize) {
+        let Some((_, handler)) = self.handlers.get(serves) else {
             return;
         };
+        let handler = handler.clone();
         let (input_tx, input) = mpsc::unbounded_channel();
         let cancelled = Arc::new(AtomicBool::new(false));
         let request = HostRequest {
