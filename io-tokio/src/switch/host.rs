@@ -40,6 +40,7 @@ pub use tether_core::switch::host::HostConfig;
 pub use tether_core::switch::Limits;
 
 use super::conn::{spawn_reader, spawn_writer, Incoming};
+use super::{gather, FlowReader};
 
 type Handler = Arc<dyn Fn(HostRequest) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
@@ -178,10 +179,9 @@ enum Command {
 pub struct HostRequest {
     key: RequestKey,
     cap: String,
-    input: mpsc::UnboundedReceiver<Frame>,
+    input: FlowReader,
     tx: mpsc::UnboundedSender<Command>,
     cancelled: Arc<AtomicBool>,
-    unconsumed: Option<Option<String>>,
 }
 
 impl HostRequest {
@@ -204,27 +204,19 @@ impl HostRequest {
     /// the request's feeds (then the handler should end the request). Each CHUNK is consumed
     /// (credit granted back) when the next frame is asked for.
     pub async fn next_input(&mut self) -> Option<Frame> {
-        if let Some(stream) = self.unconsumed.take() {
-            let _ = self.tx.send(Command::Consume {
-                key: self.key,
-                stream,
-            });
+        if let Some(stream) = self.input.due() {
+            let key = self.key;
+            let _ = self.tx.send(Command::Consume { key, stream });
         }
-        let frame = self.input.recv().await?;
-        if frame.frame_type == FrameType::Chunk {
-            self.unconsumed = Some(frame.stream_id.clone());
-        }
-        Some(frame)
+        self.input.recv().await
     }
 
-    /// Every input CHUNK's payload, concatenated, up to the input's END.
+    /// Every input CHUNK's payload, concatenated, up to the input's END (or ERR).
     pub async fn read_all(&mut self) -> Vec<u8> {
         let mut body = Vec::new();
         while let Some(frame) = self.next_input().await {
-            match frame.frame_type {
-                FrameType::Chunk => body.extend_from_slice(frame.payload.as_deref().unwrap_or(&[])),
-                FrameType::End | FrameType::Err => break,
-                _ => {}
+            if gather(&mut body, &frame).is_some() {
+                break;
             }
         }
         body
@@ -291,9 +283,8 @@ impl HostRequest {
 #[derive(Debug)]
 pub struct PeerCall {
     rid: MessageId,
-    answers: mpsc::UnboundedReceiver<Frame>,
+    answers: FlowReader,
     tx: mpsc::UnboundedSender<Command>,
-    unconsumed: Option<Option<String>>,
 }
 
 impl PeerCall {
@@ -334,30 +325,19 @@ impl PeerCall {
 
     /// The next answer frame in order; `None` after END or ERR.
     pub async fn next(&mut self) -> Option<Frame> {
-        if let Some(stream) = self.unconsumed.take() {
-            let _ = self.tx.send(Command::PeerConsume {
-                rid: self.rid,
-                stream,
-            });
+        if let Some(stream) = self.answers.due() {
+            let rid = self.rid;
+            let _ = self.tx.send(Command::PeerConsume { rid, stream });
         }
-        let frame = self.answers.recv().await?;
-        if frame.frame_type == FrameType::Chunk {
-            self.unconsumed = Some(frame.stream_id.clone());
-        }
-        Some(frame)
+        self.answers.recv().await
     }
 
     /// The answer's CHUNK payloads concatenated, or the ERR's code.
     pub async fn collect(mut self) -> Result<Vec<u8>, String> {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {
-            match frame.frame_type {
-                FrameType::Chunk => body.extend_from_slice(frame.payload.as_deref().unwrap_or(&[])),
-                FrameType::End => return Ok(body),
-                FrameType::Err => {
-                    return Err(tether_core::switch::error_code(&frame).unwrap_or_default())
-                }
-                _ => {}
+            if let Some(end) = gather(&mut body, &frame) {
+                return end.map(|()| body);
             }
         }
         Err("closed".to_owned())
@@ -446,9 +426,8 @@ impl HostTask {
                         self.calls.insert(rid, answers_tx);
                         PeerCall {
                             rid,
-                            answers,
+                            answers: FlowReader::new(answers),
                             tx: self.tx.clone(),
-                            unconsumed: None,
                         }
                     });
                 let _ = reply.send(result);
@@ -565,10 +544,9 @@ impl HostTask {
         let request = HostRequest {
             key,
             cap,
-            input,
+            input: FlowReader::new(input),
             tx: self.tx.clone(),
             cancelled: cancelled.clone(),
-            unconsumed: None,
         };
         let task = tokio::spawn(handler(request));
         self.served.insert(

@@ -323,14 +323,61 @@ impl Switch {
     }
 }
 
+/// One request's frames from the other side, in order. Each CHUNK handed out is consumed
+/// (its credit granted back) when the next frame is asked for, so a slow reader holds the
+/// sender back; [`FlowReader::due`] says which stream is owed that grant. Serves the engine's
+/// calls, a host's requests and its peer calls alike.
+#[derive(Debug)]
+pub(crate) struct FlowReader {
+    frames: mpsc::UnboundedReceiver<Frame>,
+    unconsumed: Option<Option<String>>,
+}
+
+impl FlowReader {
+    pub(crate) fn new(frames: mpsc::UnboundedReceiver<Frame>) -> Self {
+        Self {
+            frames,
+            unconsumed: None,
+        }
+    }
+
+    /// The stream of the CHUNK handed out last, once: its credit is due now.
+    pub(crate) fn due(&mut self) -> Option<Option<String>> {
+        self.unconsumed.take()
+    }
+
+    /// The next frame (call [`FlowReader::due`] first).
+    pub(crate) async fn recv(&mut self) -> Option<Frame> {
+        let frame = self.frames.recv().await?;
+        if frame.frame_type == FrameType::Chunk {
+            self.unconsumed = Some(frame.stream_id.clone());
+        }
+        Some(frame)
+    }
+}
+
+/// Adds `frame` to a whole answer's `body`: `Some` once the answer ended, with the ERR's code
+/// when it failed.
+pub(crate) fn gather(body: &mut Vec<u8>, frame: &Frame) -> Option<Result<(), String>> {
+    match frame.frame_type {
+        FrameType::Chunk => {
+            body.extend_from_slice(frame.payload.as_deref().unwrap_or(&[]));
+            None
+        }
+        FrameType::End => Some(Ok(())),
+        FrameType::Err => Some(Err(
+            tether_core::switch::error_code(frame).unwrap_or_default()
+        )),
+        _ => None,
+    }
+}
+
 /// One request the engine made: write its input, read its answer.
 #[derive(Debug)]
 pub struct Call {
     rid: MessageId,
     tx: mpsc::Sender<Command>,
-    answers: mpsc::UnboundedReceiver<Frame>,
-    /// The stream of the last CHUNK handed out, consumed (credit granted) on the next read.
-    unconsumed: Option<Option<String>>,
+    answers: FlowReader,
 }
 
 impl Call {
@@ -381,34 +428,19 @@ impl Call {
     /// consumed (its credit granted back) when the next frame is asked for, so a slow reader
     /// holds the master back.
     pub async fn next(&mut self) -> Option<Frame> {
-        if let Some(stream) = self.unconsumed.take() {
-            let _ = self
-                .tx
-                .send(Command::Consume {
-                    rid: self.rid,
-                    stream,
-                })
-                .await;
+        if let Some(stream) = self.answers.due() {
+            let rid = self.rid;
+            let _ = self.tx.send(Command::Consume { rid, stream }).await;
         }
-        let frame = self.answers.recv().await?;
-        if frame.frame_type == FrameType::Chunk {
-            self.unconsumed = Some(frame.stream_id.clone());
-        }
-        Some(frame)
+        self.answers.recv().await
     }
 
     /// Reads the whole answer: the payloads of its CHUNKs concatenated, or the ERR's code.
     pub async fn collect(mut self) -> Result<Vec<u8>, SwitchError> {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {
-            match frame.frame_type {
-                FrameType::Chunk => body.extend_from_slice(frame.payload.as_deref().unwrap_or(&[])),
-                FrameType::End => return Ok(body),
-                FrameType::Err => {
-                    let code = tether_core::switch::error_code(&frame).unwrap_or_default();
-                    return Err(SwitchError::Failed(code));
-                }
-                _ => {}
+            if let Some(end) = gather(&mut body, &frame) {
+                return end.map(|()| body).map_err(SwitchError::Failed);
             }
         }
         Err(SwitchError::Closed)
@@ -579,8 +611,7 @@ impl Task {
         Ok(Call {
             rid,
             tx: self.tx.clone(),
-            answers: answers_rx,
-            unconsumed: None,
+            answers: FlowReader::new(answers_rx),
         })
     }
 
