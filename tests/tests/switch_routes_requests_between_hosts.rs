@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tether::switch::host::Host;
-use tether::switch::{Switch, SwitchError};
+use tether::switch::{Input, Switch, SwitchError};
 use tether_core::request::CancelReason;
 use tether_tests::socket_pair;
 use tokio::net::UnixListener;
@@ -178,6 +178,48 @@ async fn a_long_answer_streams_under_credit() {
         .chunks(4096)
         .enumerate()
         .all(|(n, chunk)| chunk.iter().all(|b| *b == (n % 251) as u8)));
+    switch.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_its_whole_input_writes_it_under_credit_in_order() {
+    let switch = Switch::builder().start();
+    let (s1, h1) = socket_pair();
+    tokio::spawn(upper_host("upper", UPPER).serve(h1));
+    switch.add_master("upper", s1).await.expect("verified");
+    // Far past the credit window (32 chunks per stream), over two streams: the switch holds
+    // what credit does not allow yet and writes it as the host consumes.
+    let window = tether_core::limits::CREDIT_WINDOW_CHUNKS_DEFAULT as usize;
+    let first: Vec<Vec<u8>> = (0..window * 5)
+        .map(|n| vec![b'a' + (n % 26) as u8; 100])
+        .collect();
+    let second: Vec<Vec<u8>> = (0..window * 3)
+        .map(|n| vec![b'a' + (n % 7) as u8; 10])
+        .collect();
+    let expected: Vec<u8> = first
+        .iter()
+        .chain(&second)
+        .flatten()
+        .map(u8::to_ascii_uppercase)
+        .collect();
+    let call = switch
+        .call(
+            UPPER,
+            [
+                Input::new("first", "media:text", first),
+                Input::new("second", "media:text", second),
+            ],
+        )
+        .await
+        .expect("routed");
+    // The input is already ended: the call only reads.
+    assert!(matches!(call.finish().await, Err(SwitchError::Write(_))));
+    assert_eq!(call.collect().await.expect("answered"), expected);
+    // And with no input at all.
+    let call = switch.call(UPPER, []).await.expect("routed");
+    assert_eq!(call.collect().await.expect("answered"), b"");
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert!(stats.requests.is_empty(), "no request state is left");
     switch.close().await;
 }
 

@@ -86,6 +86,8 @@ pub enum SwitchError {
 }
 
 type Reply<T> = oneshot::Sender<T>;
+/// Who waits for a write's outcome (no one for a [`Switch::call`]'s input frames).
+type WriteReply = Option<Reply<Result<(), SwitchError>>>;
 
 enum Command {
     Attach {
@@ -98,6 +100,8 @@ enum Command {
     Request {
         cap: String,
         preferred: Option<CapUrn>,
+        /// With the whole input: written (as credit allows) and ended by the task.
+        input: Option<Vec<Input>>,
         reply: Reply<Result<Call, SwitchError>>,
     },
     Write {
@@ -260,6 +264,25 @@ impl Switch {
         self.ask(|reply| Command::Request {
             cap: cap.to_owned(),
             preferred,
+            input: None,
+            reply,
+        })
+        .await?
+    }
+
+    /// Makes a request for `cap` with its whole input: the switch writes every stream (each
+    /// CHUNK as credit allows) and the END itself, so the returned [`Call`] only reads the
+    /// answer. One exchange with the switch's task instead of one per frame.
+    pub async fn call(
+        &self,
+        cap: &str,
+        input: impl IntoIterator<Item = Input>,
+    ) -> Result<Call, SwitchError> {
+        let input = input.into_iter().collect();
+        self.ask(|reply| Command::Request {
+            cap: cap.to_owned(),
+            preferred: None,
+            input: Some(input),
             reply,
         })
         .await?
@@ -372,6 +395,29 @@ pub(crate) fn gather(body: &mut Vec<u8>, frame: &Frame) -> Option<Result<(), Str
     }
 }
 
+/// One input stream of a request made with [`Switch::call`].
+#[derive(Debug, Clone)]
+pub struct Input {
+    stream: String,
+    media: String,
+    chunks: Vec<Bytes>,
+}
+
+impl Input {
+    /// Stream `stream` of media `media`, one CHUNK per item.
+    pub fn new<I, B>(stream: &str, media: &str, chunks: I) -> Self
+    where
+        I: IntoIterator<Item = B>,
+        B: Into<Bytes>,
+    {
+        Self {
+            stream: stream.to_owned(),
+            media: media.to_owned(),
+            chunks: chunks.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
 /// One request the engine made: write its input, read its answer.
 #[derive(Debug)]
 pub struct Call {
@@ -459,8 +505,8 @@ struct MasterIo {
 struct CallState {
     side: RequestSide,
     answers: mpsc::UnboundedSender<Frame>,
-    /// Writes waiting for credit, in order.
-    parked: VecDeque<(Frame, Reply<Result<(), SwitchError>>)>,
+    /// Writes waiting for credit, in order (those of [`Switch::call`]'s input have no reply).
+    parked: VecDeque<(Frame, WriteReply)>,
 }
 
 struct Task {
@@ -483,13 +529,19 @@ impl Task {
     }
 
     async fn run(mut self) {
+        // One timer, moved only when the machine's deadline moves (not rebuilt per wake-up).
+        let timer = tokio::time::sleep(Duration::from_secs(3600));
+        tokio::pin!(timer);
+        let mut armed = None;
         loop {
-            let sleep = match self.machine.poll_timeout() {
-                Some(due) => {
+            let due = self.machine.poll_timeout();
+            if due != armed {
+                armed = due;
+                let wait = due.map_or(Duration::from_secs(3600), |due| {
                     Duration::from_millis(due.as_millis().saturating_sub(self.now().as_millis()))
-                }
-                None => Duration::from_secs(3600),
-            };
+                });
+                timer.as_mut().reset(Instant::now() + wait);
+            }
             tokio::select! {
                 command = self.commands.recv() => match command {
                     Some(Command::Close(reply)) => {
@@ -501,7 +553,8 @@ impl Task {
                     Some(command) => self.command(command),
                 },
                 Some(incoming) = self.incoming.recv() => self.incoming(incoming),
-                () = tokio::time::sleep(sleep) => {
+                () = &mut timer => {
+                    armed = None;
                     let now = self.now();
                     self.machine.handle_timeout(now);
                 }
@@ -541,11 +594,16 @@ impl Task {
             Command::Request {
                 cap,
                 preferred,
+                input,
                 reply,
             } => {
-                let _ = reply.send(self.request(now, &cap, preferred.as_ref()));
+                let call = self.request(now, &cap, preferred.as_ref());
+                if let (Ok(call), Some(input)) = (&call, input) {
+                    self.write_input(now, call.rid, input);
+                }
+                let _ = reply.send(call);
             }
-            Command::Write { rid, frame, reply } => self.write(now, rid, frame, reply),
+            Command::Write { rid, frame, reply } => self.write(now, rid, frame, Some(reply)),
             Command::Consume { rid, stream } => {
                 let credit = self
                     .calls
@@ -615,15 +673,30 @@ impl Task {
         })
     }
 
-    fn write(
-        &mut self,
-        now: Time,
-        rid: MessageId,
-        frame: Frame,
-        reply: Reply<Result<(), SwitchError>>,
-    ) {
+    /// Queues a whole input and its END behind the call's other writes, then writes what
+    /// credit allows.
+    fn write_input(&mut self, now: Time, rid: MessageId, input: Vec<Input>) {
         let Some(call) = self.calls.get_mut(&rid) else {
-            let _ = reply.send(Err(SwitchError::Engine(EngineError::NotLive)));
+            return;
+        };
+        for Input {
+            stream,
+            media,
+            chunks,
+        } in input
+        {
+            for frame in stream_frames(rid, &stream, &media, chunks) {
+                call.parked.push_back((frame, None));
+            }
+        }
+        call.parked
+            .push_back((Frame::new(FrameType::End, rid), None));
+        self.unpark(now, rid);
+    }
+
+    fn write(&mut self, now: Time, rid: MessageId, frame: Frame, reply: WriteReply) {
+        let Some(call) = self.calls.get_mut(&rid) else {
+            answer(reply, Err(SwitchError::Engine(EngineError::NotLive)));
             return;
         };
         if !call.parked.is_empty() {
@@ -639,10 +712,10 @@ impl Task {
         now: Time,
         rid: MessageId,
         mut frame: Frame,
-        reply: Reply<Result<(), SwitchError>>,
+        reply: WriteReply,
     ) -> bool {
         let Some(call) = self.calls.get_mut(&rid) else {
-            let _ = reply.send(Err(SwitchError::Engine(EngineError::NotLive)));
+            answer(reply, Err(SwitchError::Engine(EngineError::NotLive)));
             return true;
         };
         match call.side.write(&mut frame) {
@@ -651,7 +724,7 @@ impl Task {
                     .machine
                     .handle_engine_frame(now, frame)
                     .map_err(SwitchError::from);
-                let _ = reply.send(result);
+                answer(reply, result);
                 true
             }
             Err(WriteError::NoCredit(_)) => {
@@ -659,7 +732,7 @@ impl Task {
                 false
             }
             Err(error) => {
-                let _ = reply.send(Err(error.into()));
+                answer(reply, Err(error.into()));
                 true
             }
         }
@@ -738,7 +811,7 @@ impl Task {
         if ended {
             if let Some(call) = self.calls.remove(&rid) {
                 for (_, reply) in call.parked {
-                    let _ = reply.send(Err(SwitchError::Closed));
+                    answer(reply, Err(SwitchError::Closed));
                 }
             }
         }
@@ -795,8 +868,16 @@ impl Task {
         }
         for (_, call) in std::mem::take(&mut self.calls) {
             for (_, reply) in call.parked {
-                let _ = reply.send(Err(SwitchError::Closed));
+                answer(reply, Err(SwitchError::Closed));
             }
         }
+    }
+}
+
+/// Tells a waiting writer how its write went (a [`Switch::call`] input frame has no one
+/// waiting: its outcome shows in the answer).
+fn answer(reply: WriteReply, result: Result<(), SwitchError>) {
+    if let Some(reply) = reply {
+        let _ = reply.send(result);
     }
 }
