@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::Bytes;
 
 use super::hello::{manifest_json, HandshakeError, Hello, Limits};
-use super::side::{ReadError, RequestSide, WriteError};
+use super::side::{delivered, ReadError, RequestSide, WriteError};
 use super::{error_meta, notify_meta, IDENTITY_STREAM};
 use crate::cap::{CapUrn, CAP_IDENTITY};
 use crate::limits::{SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_SERVED_REQUESTS_MAX};
@@ -111,6 +111,14 @@ pub enum HostWriteError {
     Flow(#[from] WriteError),
 }
 
+/// The caps of `caps` that parse, beside their indices.
+fn parse_caps(caps: &[String]) -> (Vec<usize>, Vec<CapUrn>) {
+    caps.iter()
+        .enumerate()
+        .filter_map(|(index, text)| Some((index, CapUrn::parse(text).ok()?)))
+        .unzip()
+}
+
 /// Host settings.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
@@ -140,6 +148,8 @@ struct Identity {
 #[derive(Debug)]
 pub struct Host {
     config: HostConfig,
+    /// The caps of `config` that parse, parsed once, beside their index in `config.caps`.
+    parsed: (Vec<usize>, Vec<CapUrn>),
     stage: Stage,
     served: BTreeMap<RequestKey, RequestSide>,
     identity: BTreeMap<RequestKey, Identity>,
@@ -153,6 +163,7 @@ impl Host {
     /// A host waiting for the switch's HELLO.
     pub fn new(config: HostConfig) -> Self {
         Self {
+            parsed: parse_caps(&config.caps),
             config,
             stage: Stage::AwaitHello,
             served: BTreeMap::new(),
@@ -268,6 +279,7 @@ impl Host {
 
     /// Advertises a new cap list (RELAY_NOTIFY with the manifest).
     pub fn set_caps(&mut self, caps: Vec<String>) {
+        self.parsed = parse_caps(&caps);
         self.config.caps = caps;
         let mut notify = Frame::new(FrameType::RelayNotify, MessageId::Uint(0));
         notify.meta = Some(notify_meta(Some(&self.manifest()), None));
@@ -334,7 +346,7 @@ impl Host {
         );
         let cap = frame.cap.clone().unwrap_or_default();
         let meta = frame.meta.clone();
-        let mut delivered = Vec::new();
+        let mut delivered = delivered();
         side.read(frame, |frame| delivered.push(frame))
             .map_err(|error| HostError::Flow(key.rid, error))?;
         if cap == CAP_IDENTITY {
@@ -368,14 +380,8 @@ impl Host {
     /// The index in [`HostConfig::caps`] of the cap that serves a request for `cap` best.
     fn best_cap(&self, cap: &str) -> Option<usize> {
         let request = CapUrn::parse(cap).ok()?;
-        let (indices, caps): (Vec<usize>, Vec<CapUrn>) = self
-            .config
-            .caps
-            .iter()
-            .enumerate()
-            .filter_map(|(index, text)| Some((index, CapUrn::parse(text).ok()?)))
-            .unzip();
-        crate::cap::rank(&request, &caps, None)
+        let (indices, caps) = &self.parsed;
+        crate::cap::rank(&request, caps, None)
             .first()
             .map(|best| indices[*best])
     }
@@ -412,7 +418,7 @@ impl Host {
                 _ => {}
             }
             if let Some(side) = self.served.get_mut(&key) {
-                let mut delivered = Vec::new();
+                let mut delivered = delivered();
                 side.read(frame, |frame| delivered.push(frame))
                     .map_err(|error| HostError::Flow(rid, error))?;
                 self.events.extend(
@@ -426,7 +432,7 @@ impl Host {
         // An answer to one of this host's peer requests (with an XID once routed, without one
         // when the switch refused it at once).
         if let Some(side) = self.calls.get_mut(&rid) {
-            let mut delivered = Vec::new();
+            let mut delivered = delivered();
             side.read(frame, |frame| delivered.push(frame))
                 .map_err(|error| HostError::Flow(rid, error))?;
             let ended = side.read_end();
@@ -446,7 +452,7 @@ impl Host {
     /// The identity check: gather the nonce, echo it back once the request ends.
     fn on_identity_frame(&mut self, key: RequestKey, frame: Frame) -> Result<(), HostError> {
         let identity = self.identity.get_mut(&key).expect("checked by the caller");
-        let mut delivered = Vec::new();
+        let mut delivered = delivered();
         identity
             .side
             .read(frame, |frame| delivered.push(frame))

@@ -1377,7 +1377,7 @@ impl Switch {
             .table
             .get_mut(key)
             .expect("forward is called for live keys");
-        let mut ready = Vec::new();
+        let mut ready = side::delivered();
         let seq = Seq(frame.seq);
         if let Err(refusal) = state
             .data

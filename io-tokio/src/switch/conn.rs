@@ -1,73 +1,85 @@
-//! Bifaci frames over any byte stream: one reader task and one writer task per connection.
-//! They only move bytes; what the frames mean is decided by `tether_core::switch`.
+//! Bifaci frames over any byte stream: a reader polled by the task that owns the connection and
+//! one writer task per connection. They only move bytes; what the frames mean is decided by
+//! `tether_core::switch`.
 
-use bytes::BytesMut;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
 use tether_core::limits::BIFACI_FRAME_BYTES_DEFAULT;
 use tether_core::wire::bifaci::{BifaciDecoder, Frame};
 use tether_core::wire::StreamDecoder;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_stream::Stream;
 
 /// Bytes read per socket read.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// What a connection's reader reports.
+/// What a connection's reader yields.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // Frames are the common case; boxing each would cost more.
-pub(crate) enum Incoming<T> {
+pub(crate) enum Incoming {
     /// A decoded frame.
-    Frame(T, Frame),
+    Frame(Frame),
     /// The bytes are not frames: the connection is useless from here on.
-    Undecodable(T, String),
+    Undecodable(String),
     /// The connection ended (EOF or I/O error).
-    Closed(T),
+    Closed,
 }
 
-/// Reads frames from `reader` into `tx`, tagged `tag`. Awaits room in `tx`, so a slow consumer
-/// slows the peer's socket rather than growing memory.
-pub(crate) fn spawn_reader<R, T>(
-    mut reader: R,
-    tag: T,
-    tx: mpsc::Sender<Incoming<T>>,
-) -> JoinHandle<()>
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    T: Copy + Send + 'static,
-{
-    tokio::spawn(async move {
-        let mut decoder = StreamDecoder::new(BifaciDecoder::with_frame_bytes_max(
-            BIFACI_FRAME_BYTES_DEFAULT,
-        ));
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+/// The frames arriving on a connection's read half, as a stream polled by the task that owns
+/// the connection: no reader task and no channel between the socket and the machine. Bytes
+/// are read only when the task asks for the next frame, so a task that falls behind slows the
+/// peer's socket rather than growing memory. Ends after [`Incoming::Undecodable`] or
+/// [`Incoming::Closed`].
+pub(crate) struct FrameReader<R> {
+    reader: R,
+    decoder: StreamDecoder<BifaciDecoder>,
+    buf: Box<[u8]>,
+    done: bool,
+}
+
+impl<R> FrameReader<R> {
+    pub(crate) fn new(reader: R) -> Self {
+        Self {
+            reader,
+            decoder: StreamDecoder::new(BifaciDecoder::with_frame_bytes_max(
+                BIFACI_FRAME_BYTES_DEFAULT,
+            )),
+            buf: vec![0u8; READ_CHUNK].into_boxed_slice(),
+            done: false,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> Stream for FrameReader<R> {
+    type Item = Incoming;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Incoming>> {
+        let this = self.get_mut();
         loop {
-            buf.clear();
-            match reader.read_buf(&mut buf).await {
-                Ok(n) if n > 0 => {}
-                _ => {
-                    let _ = tx.send(Incoming::Closed(tag)).await;
-                    return;
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match this.decoder.pop() {
+                Ok(Some(frame)) => return Poll::Ready(Some(Incoming::Frame(frame))),
+                Ok(None) => {}
+                Err(error) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Incoming::Undecodable(error.error.to_string())));
                 }
             }
-            decoder.push(&buf);
-            loop {
-                match decoder.pop() {
-                    Ok(Some(frame)) => {
-                        if tx.send(Incoming::Frame(tag, frame)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(error) => {
-                        let _ = tx
-                            .send(Incoming::Undecodable(tag, error.error.to_string()))
-                            .await;
-                        return;
-                    }
+            let mut buf = ReadBuf::new(&mut this.buf);
+            match ready!(Pin::new(&mut this.reader).poll_read(cx, &mut buf)) {
+                Ok(()) if !buf.filled().is_empty() => this.decoder.push(buf.filled()),
+                _ => {
+                    this.done = true;
+                    return Poll::Ready(Some(Incoming::Closed));
                 }
             }
         }
-    })
+    }
 }
 
 /// A queue of frames for a writer (bounded on the switch's side, unbounded on a host's, whose

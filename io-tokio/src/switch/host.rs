@@ -39,8 +39,9 @@ use tokio::time::Instant;
 pub use tether_core::switch::host::HostConfig;
 pub use tether_core::switch::Limits;
 
-use super::conn::{spawn_reader, spawn_writer, Incoming};
-use super::{gather, FlowReader};
+use super::conn::{spawn_writer, FrameReader, Incoming};
+use super::{gather, FlowReader, FlowSender};
+use tokio_stream::StreamExt;
 
 type Handler = Arc<dyn Fn(HostRequest) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
@@ -121,8 +122,6 @@ impl Host {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (reader, writer) = tokio::io::split(stream);
-        let (incoming_tx, incoming) = mpsc::channel(1024);
-        let reader = spawn_reader(reader, (), incoming_tx);
         let (writer_tx, writer_rx) = mpsc::unbounded_channel();
         let writer = spawn_writer(writer, writer_rx);
         let (tx, commands) = mpsc::unbounded_channel();
@@ -137,8 +136,7 @@ impl Host {
             calls: BTreeMap::new(),
             parked: Vec::new(),
         };
-        let result = task.run(incoming).await;
-        reader.abort();
+        let result = task.run(FrameReader::new(reader)).await;
         for (_, served) in std::mem::take(&mut task.served) {
             served.task.abort();
         }
@@ -346,7 +344,7 @@ impl PeerCall {
 
 struct Served {
     /// `None` once the switch stopped the request's feeds (CLOSE_STREAM): its input ends.
-    input: Option<mpsc::UnboundedSender<Frame>>,
+    input: Option<FlowSender>,
     cancelled: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
@@ -372,7 +370,7 @@ struct HostTask {
     tx: mpsc::UnboundedSender<Command>,
     commands: mpsc::UnboundedReceiver<Command>,
     served: BTreeMap<RequestKey, Served>,
-    calls: BTreeMap<MessageId, mpsc::UnboundedSender<Frame>>,
+    calls: BTreeMap<MessageId, FlowSender>,
     /// Writes waiting for credit, oldest first.
     parked: Vec<Parked>,
 }
@@ -382,14 +380,14 @@ impl HostTask {
         Time::from_millis(self.epoch.elapsed().as_millis() as u64)
     }
 
-    async fn run(
+    async fn run<R: AsyncRead + Unpin>(
         &mut self,
-        mut incoming: mpsc::Receiver<Incoming<()>>,
+        mut incoming: FrameReader<R>,
     ) -> Result<(), HostServeError> {
         loop {
             tokio::select! {
-                message = incoming.recv() => match message {
-                    Some(Incoming::Frame((), frame)) => {
+                message = incoming.next() => match message {
+                    Some(Incoming::Frame(frame)) => {
                         let now = self.now();
                         self.machine
                             .handle_frame(now, frame)
@@ -397,10 +395,10 @@ impl HostTask {
                         // Credit may have arrived: give parked writes another try.
                         self.retry_parked();
                     }
-                    Some(Incoming::Undecodable((), error)) => {
+                    Some(Incoming::Undecodable(error)) => {
                         return Err(HostServeError::Protocol(error));
                     }
-                    Some(Incoming::Closed(())) | None => return Ok(()),
+                    Some(Incoming::Closed) | None => return Ok(()),
                 },
                 Some(command) = self.commands.recv() => self.command(command),
             }
@@ -422,11 +420,11 @@ impl HostTask {
                     .peer_request(&cap, parent)
                     .map_err(host_write_error)
                     .map(|rid| {
-                        let (answers_tx, answers) = mpsc::unbounded_channel();
+                        let (answers_tx, answers) = FlowReader::channel();
                         self.calls.insert(rid, answers_tx);
                         PeerCall {
                             rid,
-                            answers: FlowReader::new(answers),
+                            answers,
                             tx: self.tx.clone(),
                         }
                     });
@@ -502,7 +500,7 @@ impl HostTask {
             } => self.start(key, cap, serves),
             HostEvent::Input { key, frame } => {
                 if let Some(input) = self.served.get(&key).and_then(|s| s.input.as_ref()) {
-                    let _ = input.send(frame);
+                    let _ = input.send(Box::new(frame));
                 }
             }
             HostEvent::CloseStream { key } => {
@@ -522,7 +520,7 @@ impl HostTask {
             HostEvent::PeerAnswer { rid, frame } => {
                 let ended = matches!(frame.frame_type, FrameType::End | FrameType::Err);
                 if let Some(answers) = self.calls.get(&rid) {
-                    let _ = answers.send(frame);
+                    let _ = answers.send(Box::new(frame));
                 }
                 if ended {
                     self.calls.remove(&rid);
@@ -539,12 +537,12 @@ impl HostTask {
             return;
         };
         let handler = handler.clone();
-        let (input_tx, input) = mpsc::unbounded_channel();
+        let (input_tx, input) = FlowReader::channel();
         let cancelled = Arc::new(AtomicBool::new(false));
         let request = HostRequest {
             key,
             cap,
-            input: FlowReader::new(input),
+            input,
             tx: self.tx.clone(),
             cancelled: cancelled.clone(),
         };

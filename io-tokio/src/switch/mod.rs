@@ -42,12 +42,10 @@ use tokio::time::Instant;
 
 pub use tether_core::switch::Limits;
 
-use conn::{spawn_reader, spawn_writer, Incoming};
+use conn::{spawn_writer, FrameReader, Incoming};
 use tether_core::limits::SWITCH_WRITER_FRAMES_MAX;
+use tokio_stream::{StreamExt, StreamMap};
 
-/// Frames read from masters and not yet taken by the switch task (the readers wait beyond it,
-/// so a flood backs up into the masters' sockets).
-const INCOMING_FRAMES_MAX: usize = 1024;
 /// Commands from the engine API queued for the task.
 const COMMANDS_MAX: usize = 1024;
 
@@ -153,14 +151,12 @@ impl SwitchBuilder {
         let initial: Vec<&str> = self.initial.iter().map(String::as_str).collect();
         let machine = Machine::new(self.config, &initial);
         let (tx, rx) = mpsc::channel(COMMANDS_MAX);
-        let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_FRAMES_MAX);
         let task = Task {
             window: machine.window(),
             machine,
             epoch: Instant::now(),
             commands: rx,
-            incoming_tx,
-            incoming: incoming_rx,
+            readers: StreamMap::new(),
             masters: BTreeMap::new(),
             attaching: BTreeMap::new(),
             calls: BTreeMap::new(),
@@ -352,16 +348,26 @@ impl Switch {
 /// calls, a host's requests and its peer calls alike.
 #[derive(Debug)]
 pub(crate) struct FlowReader {
-    frames: mpsc::UnboundedReceiver<Frame>,
+    frames: mpsc::UnboundedReceiver<Box<Frame>>,
     unconsumed: Option<Option<String>>,
 }
 
+/// Where one request's frames for a [`FlowReader`] are sent. Frames travel boxed: a channel
+/// allocates its slots in blocks of 32, and one request's block of boxes is a small
+/// allocation, where a block of frames would be ten kilobytes per request.
+pub(crate) type FlowSender = mpsc::UnboundedSender<Box<Frame>>;
+
 impl FlowReader {
-    pub(crate) fn new(frames: mpsc::UnboundedReceiver<Frame>) -> Self {
-        Self {
-            frames,
-            unconsumed: None,
-        }
+    /// A reader and the sender feeding it.
+    pub(crate) fn channel() -> (FlowSender, Self) {
+        let (tx, frames) = mpsc::unbounded_channel();
+        (
+            tx,
+            Self {
+                frames,
+                unconsumed: None,
+            },
+        )
     }
 
     /// The stream of the CHUNK handed out last, once: its credit is due now.
@@ -371,7 +377,7 @@ impl FlowReader {
 
     /// The next frame (call [`FlowReader::due`] first).
     pub(crate) async fn recv(&mut self) -> Option<Frame> {
-        let frame = self.frames.recv().await?;
+        let frame = *self.frames.recv().await?;
         if frame.frame_type == FrameType::Chunk {
             self.unconsumed = Some(frame.stream_id.clone());
         }
@@ -493,18 +499,17 @@ impl Call {
     }
 }
 
-/// A master connection's writer and reader.
+/// A master connection's writer (its reader is in [`Task::readers`]).
 struct MasterIo {
     conn: ConnId,
     /// At most [`SWITCH_WRITER_FRAMES_MAX`] frames: a master that stops reading is cut off.
     writer: mpsc::Sender<Frame>,
-    reader: JoinHandle<()>,
 }
 
 /// The engine side of one call.
 struct CallState {
     side: RequestSide,
-    answers: mpsc::UnboundedSender<Frame>,
+    answers: FlowSender,
     /// Writes waiting for credit, in order (those of [`Switch::call`]'s input have no reply).
     parked: VecDeque<(Frame, WriteReply)>,
 }
@@ -514,8 +519,9 @@ struct Task {
     window: u64,
     epoch: Instant,
     commands: mpsc::Receiver<Command>,
-    incoming_tx: mpsc::Sender<Incoming<ConnId>>,
-    incoming: mpsc::Receiver<Incoming<ConnId>>,
+    /// Every attached master's incoming frames, read only as fast as this task handles them
+    /// (so a flood backs up into that master's socket).
+    readers: StreamMap<ConnId, FrameReader<Box<dyn AsyncRead + Send + Unpin>>>,
     masters: BTreeMap<SlotId, MasterIo>,
     attaching: BTreeMap<ConnId, Reply<Result<(), SwitchError>>>,
     calls: BTreeMap<MessageId, CallState>,
@@ -552,7 +558,7 @@ impl Task {
                     None => return self.shutdown(),
                     Some(command) => self.command(command),
                 },
-                Some(incoming) = self.incoming.recv() => self.incoming(incoming),
+                Some((conn, incoming)) = self.readers.next() => self.incoming(conn, incoming),
                 () = &mut timer => {
                     armed = None;
                     let now = self.now();
@@ -575,13 +581,12 @@ impl Task {
                 Ok(conn) => {
                     let (writer_tx, writer_rx) = mpsc::channel(SWITCH_WRITER_FRAMES_MAX);
                     spawn_writer(writer, writer_rx);
-                    let reader = spawn_reader(reader, conn, self.incoming_tx.clone());
+                    self.readers.insert(conn, FrameReader::new(reader));
                     self.masters.insert(
                         conn.slot,
                         MasterIo {
                             conn,
                             writer: writer_tx,
-                            reader,
                         },
                     );
                     self.attaching.insert(conn, reply);
@@ -657,7 +662,7 @@ impl Task {
         req.cap = Some(cap.to_owned());
         side.write(&mut req)?;
         self.machine.handle_engine_request(now, req, preferred)?;
-        let (answers_tx, answers_rx) = mpsc::unbounded_channel();
+        let (answers_tx, answers) = FlowReader::channel();
         self.calls.insert(
             rid,
             CallState {
@@ -669,7 +674,7 @@ impl Task {
         Ok(Call {
             rid,
             tx: self.tx.clone(),
-            answers: FlowReader::new(answers_rx),
+            answers,
         })
     }
 
@@ -751,14 +756,14 @@ impl Task {
         }
     }
 
-    fn incoming(&mut self, incoming: Incoming<ConnId>) {
+    fn incoming(&mut self, conn: ConnId, incoming: Incoming) {
         let now = self.now();
         match incoming {
-            Incoming::Frame(conn, frame) => self.machine.handle_master_frame(now, conn, frame),
-            Incoming::Undecodable(conn, error) => {
+            Incoming::Frame(frame) => self.machine.handle_master_frame(now, conn, frame),
+            Incoming::Undecodable(error) => {
                 self.machine.handle_undecodable(now, conn, &error);
             }
-            Incoming::Closed(conn) => self.machine.handle_closed(now, conn),
+            Incoming::Closed => self.machine.handle_closed(now, conn),
         }
     }
 
@@ -803,7 +808,9 @@ impl Task {
         let answers = call.answers.clone();
         // A broken answer flow is the switch's bug, not the master's: the switch checks every
         // frame it forwards. End the call rather than deliver it.
-        let result = call.side.read(frame, |frame| drop(answers.send(frame)));
+        let result = call
+            .side
+            .read(frame, |frame| drop(answers.send(Box::new(frame))));
         let ended = call.side.read_end() || result.is_err();
         if is_credit {
             self.unpark(now, rid);
@@ -850,19 +857,17 @@ impl Task {
             .get(&conn.slot)
             .is_some_and(|io| io.conn == conn)
         {
-            if let Some(io) = self.masters.remove(&conn.slot) {
-                io.reader.abort();
-            }
+            self.masters.remove(&conn.slot);
         }
+        self.readers.remove(&conn);
         if let Some(reply) = self.attaching.remove(&conn) {
             let _ = reply.send(Err(SwitchError::Cut(reason.to_string())));
         }
     }
 
     fn shutdown(&mut self) {
-        for (_, io) in std::mem::take(&mut self.masters) {
-            io.reader.abort();
-        }
+        self.masters.clear();
+        self.readers.clear();
         for (_, reply) in std::mem::take(&mut self.attaching) {
             let _ = reply.send(Err(SwitchError::Closed));
         }
