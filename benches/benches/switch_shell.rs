@@ -7,8 +7,8 @@
 //!   and credit, with no switch task, command channel or writer task between). The goal is the
 //!   switch at ≥ 80% of the direct connection. A third line, the same REQ → END frames echoed
 //!   by a bare decoder with no host runtime, is the transport and codec floor;
-//! - streamed MB/s of a 16 MiB answer in 64 KiB chunks under credit, beside the same bytes
-//!   written directly over a socket pair.
+//! - streamed MB/s of a 16 MiB answer in 64 KiB chunks under credit, through the switch and
+//!   over the direct host connection, beside the same bytes written raw over a socket pair.
 
 use std::time::{Duration, Instant};
 
@@ -96,13 +96,13 @@ impl DirectEngine {
             epoch,
         };
         loop {
-            direct.flush(&mut 0).await;
+            direct.flush(&mut Vec::new()).await;
             while let Some(event) = direct.machine.poll_event() {
                 if matches!(event, Event::MasterReady { .. }) {
                     return direct;
                 }
             }
-            direct.read(&mut 0).await;
+            direct.read(&mut Vec::new()).await;
         }
     }
 
@@ -110,8 +110,8 @@ impl DirectEngine {
         Time::from_millis(self.epoch.elapsed().as_millis() as u64)
     }
 
-    /// Writes what the machine sends the host; counts the requests it ends towards the engine.
-    async fn flush(&mut self, ended: &mut u64) {
+    /// Writes what the machine sends the host; keeps what it sends the engine.
+    async fn flush(&mut self, engine: &mut Vec<Frame>) {
         self.out.clear();
         while let Some(transmit) = self.machine.poll_transmit() {
             match transmit.to {
@@ -119,11 +119,7 @@ impl DirectEngine {
                     .frame
                     .encode(1 << 20, &mut self.out)
                     .expect("encodes"),
-                Peer::Engine => {
-                    if matches!(transmit.frame.frame_type, FrameType::End | FrameType::Err) {
-                        *ended += 1;
-                    }
-                }
+                Peer::Engine => engine.push(transmit.frame),
             }
         }
         if !self.out.is_empty() {
@@ -132,43 +128,88 @@ impl DirectEngine {
     }
 
     /// Reads what the host sent and hands every frame to the machine.
-    async fn read(&mut self, ended: &mut u64) {
+    async fn read(&mut self, engine: &mut Vec<Frame>) {
         let n = self.socket.read(&mut self.buf).await.expect("read");
         self.decoder.push(&self.buf[..n]);
         let now = self.now();
         while let Ok(Some(frame)) = self.decoder.pop() {
             self.machine.handle_master_frame(now, self.conn, frame);
         }
-        self.flush(ended).await;
+        self.flush(engine).await;
     }
 
-    /// `in_flight` requests (REQ, then END of their empty input), all answered.
-    async fn round_trips(&mut self, in_flight: u64) {
+    /// A request for `cap` with no input (REQ, then END).
+    fn start(&mut self, cap: &str) -> RequestSide {
         let now = self.now();
+        self.next_rid += 1;
+        let mut side = RequestSide::new(
+            MessageId::Uint(self.next_rid),
+            None,
+            Credits::new(self.machine.window()),
+            64,
+        );
+        let mut req = side.frame(FrameType::Req);
+        req.cap = Some(cap.to_owned());
+        side.write(&mut req).expect("numbered");
+        self.machine
+            .handle_engine_request(now, req, None)
+            .expect("routed");
+        let mut end = side.frame(FrameType::End);
+        side.write(&mut end).expect("numbered");
+        // The host may have answered already: an END after that is refused, harmlessly.
+        let _ = self.machine.handle_engine_frame(now, end);
+        side
+    }
+
+    /// `in_flight` requests, all answered.
+    async fn round_trips(&mut self, in_flight: u64) {
         for _ in 0..in_flight {
-            self.next_rid += 1;
-            let mut side = RequestSide::new(
-                MessageId::Uint(self.next_rid),
-                None,
-                Credits::new(self.machine.window()),
-                64,
-            );
-            let mut req = side.frame(FrameType::Req);
-            req.cap = Some(SMALL.to_owned());
-            side.write(&mut req).expect("numbered");
-            self.machine
-                .handle_engine_request(now, req, None)
-                .expect("routed");
-            let mut end = side.frame(FrameType::End);
-            side.write(&mut end).expect("numbered");
-            // The host may have answered already: an END after that is refused, harmlessly.
-            let _ = self.machine.handle_engine_frame(now, end);
+            self.start(SMALL);
         }
+        let mut engine = Vec::new();
         let mut ended = 0;
-        self.flush(&mut ended).await;
-        while ended < in_flight {
-            self.read(&mut ended).await;
+        self.flush(&mut engine).await;
+        loop {
+            ended += engine
+                .drain(..)
+                .filter(|frame| matches!(frame.frame_type, FrameType::End | FrameType::Err))
+                .count() as u64;
+            if ended == in_flight {
+                return;
+            }
+            self.read(&mut engine).await;
         }
+    }
+
+    /// The streamed answer's bytes, read in order with each CHUNK's credit granted back as
+    /// it is consumed (what a `Call` does).
+    async fn streamed(&mut self) -> usize {
+        let mut side = self.start(STREAM);
+        let (mut engine, mut body, mut ended) = (Vec::new(), 0, false);
+        self.flush(&mut engine).await;
+        while !ended {
+            for frame in std::mem::take(&mut engine) {
+                let mut chunks = Vec::new();
+                let _ = side.read(frame, |frame| {
+                    ended |= matches!(frame.frame_type, FrameType::End | FrameType::Err);
+                    if frame.frame_type == FrameType::Chunk {
+                        body += frame.payload.as_ref().map_or(0, |p| p.len());
+                        chunks.push(frame.stream_id);
+                    }
+                });
+                for stream in chunks {
+                    if let Some(credit) = side.consume(stream.as_deref()) {
+                        let now = self.now();
+                        let _ = self.machine.handle_engine_frame(now, credit);
+                    }
+                }
+            }
+            self.flush(&mut engine).await;
+            if !ended && engine.is_empty() {
+                self.read(&mut engine).await;
+            }
+        }
+        body
     }
 }
 
@@ -282,7 +323,14 @@ fn streamed(c: &mut Criterion) {
     group.bench_function("switch", |b| {
         b.iter(|| runtime.block_on(through_switch(&switch, STREAM)))
     });
-    group.bench_function("baseline_direct_bytes", |b| {
+    let mut direct = runtime.block_on(DirectEngine::connect());
+    group.bench_function("baseline_direct_host", |b| {
+        b.iter(|| {
+            let body = runtime.block_on(direct.streamed());
+            assert_eq!(body, STREAM_BYTES);
+        })
+    });
+    group.bench_function("floor_raw_bytes", |b| {
         b.iter(|| {
             runtime.block_on(async {
                 let (mut near, mut far) = pair();
