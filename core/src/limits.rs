@@ -120,6 +120,15 @@ pub const SWITCH_SERVED_REQUESTS_MAX: usize = 65_536;
 /// (`backlogged`) rather than let its queue grow.
 pub const SWITCH_WRITER_FRAMES_MAX: usize = 65_536;
 
+/// Frames a host's shell queues for its socket to the switch. Credit bounds the CHUNKs, so
+/// only a switch that stops reading fills this; past it the host drops the connection
+/// (`HostError::Backlogged`) rather than let its queue grow.
+pub const SWITCH_HOST_WRITER_FRAMES_MAX: usize = 65_536;
+
+/// Commands a host's handlers (writes, consumes, peer requests) and its handle may queue for
+/// the host's task; a handler past it waits for room.
+pub const SWITCH_HOST_COMMANDS_MAX: usize = 1_024;
+
 /// Longest policy a switch pushes to its masters, in bytes (it travels in one frame).
 pub const SWITCH_POLICY_BYTES_MAX: usize = 64 * 1024;
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tether::switch::host::Host;
 use tether::switch::{Input, Switch, SwitchError};
 use tether_core::request::CancelReason;
+use tether_core::switch::EngineError;
 use tether_tests::socket_pair;
 use tokio::net::UnixListener;
 
@@ -140,14 +141,29 @@ async fn cancel_reaches_the_host_and_a_killed_host_ends_its_requests() {
         Err(SwitchError::Failed("CANCELLED".into()))
     );
     // A second request, then the host dies: the request ends MASTER_DIED.
-    let second = switch.request(SLOW).await.expect("routed");
+    let mut second = switch.request(SLOW).await.expect("routed");
     started.recv().await.expect("the handler started");
     host.abort();
+    let mut last = None;
+    while let Some(frame) = second.next().await {
+        last = Some(frame);
+    }
+    let last = last.expect("the request ended with a frame");
     assert_eq!(
-        second.collect().await,
-        Err(SwitchError::Failed("MASTER_DIED".into()))
+        tether_core::switch::error_code(&last).as_deref(),
+        Some("MASTER_DIED")
+    );
+    // The engine's END after that is a straggler: refused, counted, and nothing else.
+    assert_eq!(
+        second.finish().await,
+        Err(SwitchError::Engine(EngineError::NotLive))
     );
     let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(stats.table.stragglers.get("END"), Some(&1));
+    assert!(
+        stats.table.no_route.is_empty(),
+        "a straggler, not a no-route"
+    );
     assert!(stats.requests.is_empty(), "zero request state left");
     assert!(!stats.masters[0].healthy);
     // The same host comes back on a new connection: reattached in place.

@@ -94,6 +94,10 @@ pub enum HostError {
     /// A frame the switch may not send now.
     #[error("unexpected {0} frame")]
     Unexpected(&'static str),
+    /// The switch stopped reading: the frames queued for it reached
+    /// [`crate::limits::SWITCH_HOST_WRITER_FRAMES_MAX`].
+    #[error("the switch stopped reading")]
+    Backlogged,
 }
 
 /// Why a write by the application was refused (nothing changed).
@@ -284,6 +288,17 @@ impl Host {
         let mut notify = Frame::new(FrameType::RelayNotify, MessageId::Uint(0));
         notify.meta = Some(notify_meta(Some(&self.manifest()), None));
         self.transmits.push_back(notify);
+    }
+
+    /// The shell could not queue a frame for the switch: its queue
+    /// ([`crate::limits::SWITCH_HOST_WRITER_FRAMES_MAX`]) is full because the switch stopped
+    /// reading. The connection is useless: close it (every request served here ends with it).
+    pub fn handle_backlogged(&mut self, _now: Time) -> HostError {
+        self.served.clear();
+        self.identity.clear();
+        self.calls.clear();
+        self.transmits.clear();
+        HostError::Backlogged
     }
 
     /// The next frame to write to the switch.

@@ -18,7 +18,7 @@
 //! # }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,8 +26,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tether_core::cap::CapUrn;
+use tether_core::limits::{SWITCH_HOST_COMMANDS_MAX, SWITCH_HOST_WRITER_FRAMES_MAX};
 use tether_core::request::RequestKey;
-use tether_core::switch::host::{Host as Machine, HostEvent, HostWriteError};
+use tether_core::switch::host::{Host as Machine, HostError, HostEvent, HostWriteError};
 use tether_core::switch::side::{stream_frames, WriteError};
 use tether_core::time::Time;
 use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
@@ -58,12 +59,22 @@ pub enum HostServeError {
     /// This side may not write the frame now.
     #[error(transparent)]
     Write(#[from] WriteError),
+    /// The switch stopped reading until the frames queued for it reached
+    /// [`SWITCH_HOST_WRITER_FRAMES_MAX`]: the connection was dropped.
+    #[error("the switch stopped reading")]
+    Backlogged,
+    /// A cap given to [`HostHandle::add_handler`] does not parse.
+    #[error("bad cap: {0}")]
+    BadCap(String),
 }
 
 /// A program serving caps to a switch.
 pub struct Host {
     config: HostConfig,
+    /// One per cap of `config.caps`, in the same order.
     handlers: Vec<(CapUrn, Handler)>,
+    tx: mpsc::Sender<Command>,
+    commands: mpsc::Receiver<Command>,
 }
 
 impl std::fmt::Debug for Host {
@@ -84,6 +95,7 @@ impl Host {
             .unwrap_or_default()
             .as_nanos() as u64;
         prefix.copy_from_slice(&(nanos ^ u64::from(std::process::id())).to_be_bytes());
+        let (tx, commands) = mpsc::channel(SWITCH_HOST_COMMANDS_MAX);
         Self {
             config: HostConfig {
                 name: name.to_owned(),
@@ -92,6 +104,16 @@ impl Host {
                 rid_prefix: prefix,
             },
             handlers: Vec::new(),
+            tx,
+            commands,
+        }
+    }
+
+    /// A handle that changes this host's handlers while it serves; the switch learns the new
+    /// manifest at once (RELAY_NOTIFY).
+    pub fn handle(&self) -> HostHandle {
+        HostHandle {
+            tx: self.tx.clone(),
         }
     }
 
@@ -109,9 +131,8 @@ impl Host {
         Fut: Future<Output = ()> + Send + 'static,
     {
         if let Ok(parsed) = CapUrn::parse(cap) {
-            self.config.caps.push(parsed.to_string());
-            self.handlers
-                .push((parsed, Arc::new(move |request| Box::pin(handler(request)))));
+            set_handler(&mut self.handlers, parsed, Some(boxed(handler)));
+            self.config.caps = caps_of(&self.handlers);
         }
         self
     }
@@ -122,31 +143,117 @@ impl Host {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (reader, writer) = tokio::io::split(stream);
-        let (writer_tx, writer_rx) = mpsc::unbounded_channel();
+        let (writer_tx, writer_rx) = mpsc::channel(SWITCH_HOST_WRITER_FRAMES_MAX);
         let writer = spawn_writer(writer, writer_rx);
-        let (tx, commands) = mpsc::unbounded_channel();
         let mut task = HostTask {
             machine: Machine::new(self.config),
             handlers: self.handlers,
             epoch: Instant::now(),
             writer: writer_tx,
-            tx,
-            commands,
+            tx: self.tx,
+            commands: self.commands,
             served: BTreeMap::new(),
             calls: BTreeMap::new(),
-            parked: Vec::new(),
+            parked: BTreeMap::new(),
         };
         let result = task.run(FrameReader::new(reader)).await;
         for (_, served) in std::mem::take(&mut task.served) {
             served.task.abort();
         }
         drop(task);
-        let _ = writer.await;
+        if result.is_ok() {
+            // The switch hung up: what is queued goes out (or fails) and the writer ends.
+            let _ = writer.await;
+        } else {
+            // A switch that broke the protocol or stopped reading is not owed the rest.
+            writer.abort();
+        }
         result
     }
 }
 
+/// Changes a serving [`Host`]'s handlers (see [`Host::handle`]). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct HostHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl HostHandle {
+    /// Serves `cap` with `handler` from now on (replacing the handler of an equal cap). When
+    /// this returns, the new manifest is queued for the switch ahead of anything the host
+    /// writes later.
+    pub async fn add_handler<F, Fut>(&self, cap: &str, handler: F) -> Result<(), HostServeError>
+    where
+        F: Fn(HostRequest) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let cap = CapUrn::parse(cap).map_err(|error| HostServeError::BadCap(error.to_string()))?;
+        self.set(cap, Some(boxed(handler))).await.map(drop)
+    }
+
+    /// Stops serving `cap` (requests already running finish); `false` when no handler served
+    /// it. The new manifest is queued as with [`HostHandle::add_handler`].
+    pub async fn remove_handler(&self, cap: &str) -> Result<bool, HostServeError> {
+        let cap = CapUrn::parse(cap).map_err(|error| HostServeError::BadCap(error.to_string()))?;
+        self.set(cap, None).await
+    }
+
+    async fn set(&self, cap: CapUrn, handler: Option<Handler>) -> Result<bool, HostServeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::SetHandler {
+                cap,
+                handler,
+                reply,
+            })
+            .await
+            .map_err(|_| HostServeError::Gone)?;
+        rx.await.map_err(|_| HostServeError::Gone)
+    }
+}
+
+fn boxed<F, Fut>(handler: F) -> Handler
+where
+    F: Fn(HostRequest) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Arc::new(move |request| Box::pin(handler(request)))
+}
+
+/// Sets (or with `None` removes) the handler of `cap`: `true` when one was there.
+fn set_handler(
+    handlers: &mut Vec<(CapUrn, Handler)>,
+    cap: CapUrn,
+    handler: Option<Handler>,
+) -> bool {
+    let existing = handlers.iter().position(|(served, _)| *served == cap);
+    match (existing, handler) {
+        (Some(index), Some(handler)) => {
+            handlers[index].1 = handler;
+            true
+        }
+        (Some(index), None) => {
+            handlers.remove(index);
+            true
+        }
+        (None, Some(handler)) => {
+            handlers.push((cap, handler));
+            false
+        }
+        (None, None) => false,
+    }
+}
+
+fn caps_of(handlers: &[(CapUrn, Handler)]) -> Vec<String> {
+    handlers.iter().map(|(cap, _)| cap.to_string()).collect()
+}
+
 enum Command {
+    SetHandler {
+        cap: CapUrn,
+        handler: Option<Handler>,
+        reply: oneshot::Sender<bool>,
+    },
     Write {
         key: RequestKey,
         frame: Frame,
@@ -178,7 +285,7 @@ pub struct HostRequest {
     key: RequestKey,
     cap: String,
     input: FlowReader,
-    tx: mpsc::UnboundedSender<Command>,
+    tx: mpsc::Sender<Command>,
     cancelled: Arc<AtomicBool>,
 }
 
@@ -204,7 +311,7 @@ impl HostRequest {
     pub async fn next_input(&mut self) -> Option<Frame> {
         if let Some(stream) = self.input.due() {
             let key = self.key;
-            let _ = self.tx.send(Command::Consume { key, stream });
+            let _ = self.tx.send(Command::Consume { key, stream }).await;
         }
         self.input.recv().await
     }
@@ -229,6 +336,7 @@ impl HostRequest {
                 frame,
                 reply,
             })
+            .await
             .map_err(|_| HostServeError::Gone)?;
         rx.await.map_err(|_| HostServeError::Gone)?
     }
@@ -272,6 +380,7 @@ impl HostRequest {
                 parent: Some(self.key.rid),
                 reply,
             })
+            .await
             .map_err(|_| HostServeError::Gone)?;
         rx.await.map_err(|_| HostServeError::Gone)?
     }
@@ -282,7 +391,7 @@ impl HostRequest {
 pub struct PeerCall {
     rid: MessageId,
     answers: FlowReader,
-    tx: mpsc::UnboundedSender<Command>,
+    tx: mpsc::Sender<Command>,
 }
 
 impl PeerCall {
@@ -295,6 +404,7 @@ impl PeerCall {
                 frame,
                 reply,
             })
+            .await
             .map_err(|_| HostServeError::Gone)?;
         rx.await.map_err(|_| HostServeError::Gone)?
     }
@@ -325,7 +435,7 @@ impl PeerCall {
     pub async fn next(&mut self) -> Option<Frame> {
         if let Some(stream) = self.answers.due() {
             let rid = self.rid;
-            let _ = self.tx.send(Command::PeerConsume { rid, stream });
+            let _ = self.tx.send(Command::PeerConsume { rid, stream }).await;
         }
         self.answers.recv().await
     }
@@ -349,30 +459,26 @@ struct Served {
     task: JoinHandle<()>,
 }
 
-enum Parked {
-    Served(
-        RequestKey,
-        Frame,
-        oneshot::Sender<Result<(), HostServeError>>,
-    ),
-    Peer(
-        MessageId,
-        Frame,
-        oneshot::Sender<Result<(), HostServeError>>,
-    ),
-}
+/// A request this host writes frames of: one it serves (the switch's XID and the request
+/// id) or one of its own peer requests (no XID).
+type Flow = (Option<MessageId>, MessageId);
+
+type WriteReply = oneshot::Sender<Result<(), HostServeError>>;
 
 struct HostTask {
     machine: Machine,
     handlers: Vec<(CapUrn, Handler)>,
     epoch: Instant,
-    writer: mpsc::UnboundedSender<Frame>,
-    tx: mpsc::UnboundedSender<Command>,
-    commands: mpsc::UnboundedReceiver<Command>,
+    /// At most [`SWITCH_HOST_WRITER_FRAMES_MAX`] frames: a switch that stops reading gets its
+    /// connection dropped.
+    writer: mpsc::Sender<Frame>,
+    tx: mpsc::Sender<Command>,
+    commands: mpsc::Receiver<Command>,
     served: BTreeMap<RequestKey, Served>,
     calls: BTreeMap<MessageId, FlowSender>,
-    /// Writes waiting for credit, oldest first.
-    parked: Vec<Parked>,
+    /// Writes waiting for credit, per request, oldest first. Each is awaited by its handler,
+    /// so a request has at most one per stream it writes.
+    parked: BTreeMap<Flow, VecDeque<(Frame, WriteReply)>>,
 }
 
 impl HostTask {
@@ -388,12 +494,15 @@ impl HostTask {
             tokio::select! {
                 message = incoming.next() => match message {
                     Some(Incoming::Frame(frame)) => {
+                        let flows = [(frame.routing_id, frame.id), (None, frame.id)];
                         let now = self.now();
                         self.machine
                             .handle_frame(now, frame)
                             .map_err(|error| HostServeError::Protocol(error.to_string()))?;
-                        // Credit may have arrived: give parked writes another try.
-                        self.retry_parked();
+                        // A frame of a request (its credit, say) may let its parked writes go.
+                        for flow in flows {
+                            self.retry_parked(flow);
+                        }
                     }
                     Some(Incoming::Undecodable(error)) => {
                         return Err(HostServeError::Protocol(error));
@@ -402,16 +511,23 @@ impl HostTask {
                 },
                 Some(command) = self.commands.recv() => self.command(command),
             }
-            self.drain();
+            self.drain()?;
         }
     }
 
     fn command(&mut self, command: Command) {
         match command {
+            Command::SetHandler {
+                cap,
+                handler,
+                reply,
+            } => {
+                let had = set_handler(&mut self.handlers, cap, handler);
+                self.machine.set_caps(caps_of(&self.handlers));
+                let _ = reply.send(had);
+            }
             Command::Write { key, frame, reply } => {
-                if let Some(parked) = self.write(Parked::Served(key, frame, reply)) {
-                    self.parked.push(parked);
-                }
+                self.write_in_order((Some(key.xid), key.rid), frame, reply);
             }
             Command::Consume { key, stream } => self.machine.consume(key, stream.as_deref()),
             Command::PeerRequest { cap, parent, reply } => {
@@ -431,9 +547,7 @@ impl HostTask {
                 let _ = reply.send(result);
             }
             Command::PeerWrite { rid, frame, reply } => {
-                if let Some(parked) = self.write(Parked::Peer(rid, frame, reply)) {
-                    self.parked.push(parked);
-                }
+                self.write_in_order((None, rid), frame, reply);
             }
             Command::PeerConsume { rid, stream } => {
                 self.machine.peer_consume(rid, stream.as_deref())
@@ -441,55 +555,64 @@ impl HostTask {
         }
     }
 
+    /// Writes behind the request's parked writes: parks it when some wait already.
+    fn write_in_order(&mut self, flow: Flow, frame: Frame, reply: WriteReply) {
+        if let Some(waiting) = self.parked.get_mut(&flow) {
+            waiting.push_back((frame, reply));
+        } else if let Some(write) = self.write(flow, frame, reply) {
+            self.parked.entry(flow).or_default().push_back(write);
+        }
+    }
+
     /// Writes, or hands the write back when it must wait for credit.
-    fn write(&mut self, parked: Parked) -> Option<Parked> {
-        let (result, parked) = match parked {
-            Parked::Served(key, frame, reply) => match self.machine.write(key, frame.clone()) {
-                Err(HostWriteError::Flow(WriteError::NoCredit(_))) => {
-                    return Some(Parked::Served(key, frame, reply))
-                }
-                result => (result, reply),
-            },
-            Parked::Peer(rid, frame, reply) => match self.machine.peer_write(rid, frame.clone()) {
-                Err(HostWriteError::Flow(WriteError::NoCredit(_))) => {
-                    return Some(Parked::Peer(rid, frame, reply))
-                }
-                result => (result, reply),
-            },
+    fn write(
+        &mut self,
+        flow: Flow,
+        frame: Frame,
+        reply: WriteReply,
+    ) -> Option<(Frame, WriteReply)> {
+        let result = match flow {
+            (Some(xid), rid) => self.machine.write(RequestKey { xid, rid }, frame.clone()),
+            (None, rid) => self.machine.peer_write(rid, frame.clone()),
         };
-        let _ = parked.send(result.map_err(host_write_error));
+        if let Err(HostWriteError::Flow(WriteError::NoCredit(_))) = result {
+            return Some((frame, reply));
+        }
+        let _ = reply.send(result.map_err(host_write_error));
         None
     }
 
-    fn retry_parked(&mut self) {
-        let parked = std::mem::take(&mut self.parked);
-        // Keep order per request: once one of a request's writes waits, its later ones do.
-        let mut waiting = std::collections::BTreeSet::new();
-        for write in parked {
-            let request = match &write {
-                Parked::Served(key, ..) => (Some(key.xid), key.rid),
-                Parked::Peer(rid, ..) => (None, *rid),
-            };
-            if waiting.contains(&request) {
-                self.parked.push(write);
-                continue;
-            }
-            if let Some(write) = self.write(write) {
-                waiting.insert(request);
-                self.parked.push(write);
+    /// Retries the parked writes of `flow` in order until one waits again.
+    fn retry_parked(&mut self, flow: Flow) {
+        let Some(mut waiting) = self.parked.remove(&flow) else {
+            return;
+        };
+        while let Some((frame, reply)) = waiting.pop_front() {
+            if let Some(write) = self.write(flow, frame, reply) {
+                waiting.push_front(write);
+                self.parked.insert(flow, waiting);
+                return;
             }
         }
     }
 
-    fn drain(&mut self) {
-        while let Some(frame) = self.machine.poll_transmit() {
-            let _ = self.writer.send(frame);
-        }
-        while let Some(event) = self.machine.poll_event() {
+    /// Queues what the machine sends and handles what it reports; `Err` when the switch
+    /// stopped reading (the connection is dropped).
+    fn drain(&mut self) -> Result<(), HostServeError> {
+        loop {
+            while let Some(frame) = self.machine.poll_transmit() {
+                if let Err(mpsc::error::TrySendError::Full(_)) = self.writer.try_send(frame) {
+                    let now = self.now();
+                    return Err(match self.machine.handle_backlogged(now) {
+                        HostError::Backlogged => HostServeError::Backlogged,
+                        error => HostServeError::Protocol(error.to_string()),
+                    });
+                }
+            }
+            let Some(event) = self.machine.poll_event() else {
+                return Ok(());
+            };
             self.event(event);
-        }
-        while let Some(frame) = self.machine.poll_transmit() {
-            let _ = self.writer.send(frame);
         }
     }
 

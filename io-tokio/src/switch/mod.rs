@@ -701,7 +701,10 @@ impl Task {
 
     fn write(&mut self, now: Time, rid: MessageId, frame: Frame, reply: WriteReply) {
         let Some(call) = self.calls.get_mut(&rid) else {
-            answer(reply, Err(SwitchError::Engine(EngineError::NotLive)));
+            // The call ended: the machine tells a straggler of a request that ended lately
+            // from a frame for no request, counts it, and refuses it.
+            let result = self.machine.handle_engine_frame(now, frame);
+            answer(reply, result.map_err(SwitchError::from));
             return;
         };
         if !call.parked.is_empty() {
