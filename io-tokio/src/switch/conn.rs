@@ -1,7 +1,8 @@
-//! Bifaci frames over any byte stream: a reader polled by the task that owns the connection and
-//! one writer task per connection. They only move bytes; what the frames mean is decided by
-//! `tether_core::switch`.
+//! Bifaci frames over any byte stream, read and written by the task that owns the connection
+//! (no reader or writer tasks, no channels between the socket and the machine). They only move
+//! bytes; what the frames mean is decided by `tether_core::switch`.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -9,8 +10,6 @@ use tether_core::limits::BIFACI_FRAME_BYTES_DEFAULT;
 use tether_core::wire::bifaci::{BifaciDecoder, Frame};
 use tether_core::wire::StreamDecoder;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_stream::Stream;
 
 /// Bytes read per socket read.
@@ -82,58 +81,94 @@ impl<R: AsyncRead + Unpin> Stream for FrameReader<R> {
     }
 }
 
-/// A queue of frames for a writer (bounded on the switch's side, unbounded on a host's, whose
-/// writes credit already bounds).
-pub(crate) trait FrameSource: Send + 'static {
-    /// The next frame, waiting for one; `None` once the queue is closed and empty.
-    fn recv(&mut self) -> impl std::future::Future<Output = Option<Frame>> + Send;
-    /// The next frame if one is queued now.
-    fn try_recv(&mut self) -> Option<Frame>;
+/// Bytes encoded per socket write.
+const WRITE_BATCH: usize = 64 * 1024;
+
+/// A connection's write half with its queue of frames, written by the task that owns the
+/// connection whenever the socket takes bytes (no writer task between the machine and the
+/// socket). Queued frames are encoded in batches of up to [`WRITE_BATCH`] bytes.
+pub(crate) struct FrameWriter<W> {
+    writer: W,
+    queue: VecDeque<Frame>,
+    limit: usize,
+    buf: Vec<u8>,
+    written: usize,
+    failed: bool,
 }
 
-impl FrameSource for mpsc::Receiver<Frame> {
-    async fn recv(&mut self) -> Option<Frame> {
-        mpsc::Receiver::recv(self).await
+impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    /// A writer that queues at most `limit` frames not yet encoded.
+    pub(crate) fn new(writer: W, limit: usize) -> Self {
+        Self {
+            writer,
+            queue: VecDeque::new(),
+            limit,
+            buf: Vec::new(),
+            written: 0,
+            failed: false,
+        }
     }
-    fn try_recv(&mut self) -> Option<Frame> {
-        mpsc::Receiver::try_recv(self).ok()
-    }
-}
 
-impl FrameSource for mpsc::UnboundedReceiver<Frame> {
-    async fn recv(&mut self) -> Option<Frame> {
-        mpsc::UnboundedReceiver::recv(self).await
+    /// Queues `frame`; `false` (and the frame dropped) when `limit` frames wait already: the
+    /// peer stopped reading.
+    pub(crate) fn push(&mut self, frame: Frame) -> bool {
+        if self.queue.len() >= self.limit {
+            return false;
+        }
+        if !self.failed {
+            self.queue.push_back(frame);
+        }
+        true
     }
-    fn try_recv(&mut self) -> Option<Frame> {
-        mpsc::UnboundedReceiver::try_recv(self).ok()
-    }
-}
 
-/// Writes every frame from `rx` to `writer`, coalescing what is queued; ends (closing the
-/// write half) when `rx` closes or a write fails.
-pub(crate) fn spawn_writer<W>(mut writer: W, mut rx: impl FrameSource) -> JoinHandle<()>
-where
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    tokio::spawn(async move {
-        let mut out = Vec::new();
-        while let Some(frame) = rx.recv().await {
-            out.clear();
-            let mut next = Some(frame);
-            while let Some(frame) = next {
-                // A frame over the limit is a bug of this side: skip it rather than let the
-                // peer cut the connection.
-                let _ = frame.encode(BIFACI_FRAME_BYTES_DEFAULT, &mut out);
-                next = if out.len() < READ_CHUNK {
-                    rx.try_recv()
-                } else {
-                    None
-                };
+    /// Whether nothing waits to be written.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.failed || (self.queue.is_empty() && self.written == self.buf.len())
+    }
+
+    /// Writes what the socket takes now: `Ready(Ok)` once everything queued is written,
+    /// `Pending` while the socket is full (the task is woken when it drains), `Ready(Err)`
+    /// when a write failed (the connection is gone; later frames are dropped).
+    pub(crate) fn poll_write_queued(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.failed {
+            return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        loop {
+            if self.written == self.buf.len() {
+                self.buf.clear();
+                self.written = 0;
+                while self.buf.len() < WRITE_BATCH {
+                    let Some(frame) = self.queue.pop_front() else {
+                        break;
+                    };
+                    // A frame over the limit is a bug of this side: skip it rather than let
+                    // the peer cut the connection.
+                    let _ = frame.encode(BIFACI_FRAME_BYTES_DEFAULT, &mut self.buf);
+                }
+                if self.buf.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
             }
-            if writer.write_all(&out).await.is_err() {
-                return;
+            match ready!(Pin::new(&mut self.writer).poll_write(cx, &self.buf[self.written..])) {
+                Ok(n) if n > 0 => self.written += n,
+                result => {
+                    self.failed = true;
+                    self.queue.clear();
+                    return Poll::Ready(Err(result
+                        .err()
+                        .unwrap_or_else(|| std::io::ErrorKind::WriteZero.into())));
+                }
             }
         }
-        let _ = writer.shutdown().await;
-    })
+    }
+
+    /// Writes everything queued, then closes the write half.
+    pub(crate) async fn finish(mut self) {
+        if std::future::poll_fn(|cx| self.poll_write_queued(cx))
+            .await
+            .is_ok()
+        {
+            let _ = self.writer.shutdown().await;
+        }
+    }
 }

@@ -23,6 +23,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::Bytes;
 use tether_core::cap::CapUrn;
@@ -40,7 +41,7 @@ use tokio::time::Instant;
 pub use tether_core::switch::host::HostConfig;
 pub use tether_core::switch::Limits;
 
-use super::conn::{spawn_writer, FrameReader, Incoming};
+use super::conn::{FrameReader, FrameWriter, Incoming};
 use super::{gather, FlowReader, FlowSender};
 use tokio_stream::StreamExt;
 
@@ -143,13 +144,11 @@ impl Host {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (reader, writer) = tokio::io::split(stream);
-        let (writer_tx, writer_rx) = mpsc::channel(SWITCH_HOST_WRITER_FRAMES_MAX);
-        let writer = spawn_writer(writer, writer_rx);
         let mut task = HostTask {
             machine: Machine::new(self.config),
             handlers: self.handlers,
             epoch: Instant::now(),
-            writer: writer_tx,
+            writer: FrameWriter::new(Box::new(writer), SWITCH_HOST_WRITER_FRAMES_MAX),
             tx: self.tx,
             commands: self.commands,
             served: BTreeMap::new(),
@@ -160,13 +159,10 @@ impl Host {
         for (_, served) in std::mem::take(&mut task.served) {
             served.task.abort();
         }
-        drop(task);
         if result.is_ok() {
-            // The switch hung up: what is queued goes out (or fails) and the writer ends.
-            let _ = writer.await;
-        } else {
-            // A switch that broke the protocol or stopped reading is not owed the rest.
-            writer.abort();
+            // The switch hung up: what is queued goes out (or fails), then the write half
+            // closes. A switch that broke the protocol or stopped reading is not owed the rest.
+            task.writer.finish().await;
         }
         result
     }
@@ -471,7 +467,7 @@ struct HostTask {
     epoch: Instant,
     /// At most [`SWITCH_HOST_WRITER_FRAMES_MAX`] frames: a switch that stops reading gets its
     /// connection dropped.
-    writer: mpsc::Sender<Frame>,
+    writer: FrameWriter<Box<dyn AsyncWrite + Send + Unpin>>,
     tx: mpsc::Sender<Command>,
     commands: mpsc::Receiver<Command>,
     served: BTreeMap<RequestKey, Served>,
@@ -510,8 +506,18 @@ impl HostTask {
                     Some(Incoming::Closed) | None => return Ok(()),
                 },
                 Some(command) = self.commands.recv() => self.command(command),
+                // The socket was full and took more, or a write failed (the switch is gone).
+                Err(_) = std::future::poll_fn(|cx| match self.writer.poll_write_queued(cx) {
+                    Poll::Ready(Ok(())) => Poll::Pending,
+                    other => other,
+                }) => return Ok(()),
             }
             self.drain()?;
+            // Whatever the machine queued goes to the socket now, from this task.
+            let written = std::future::poll_fn(|cx| Poll::Ready(self.writer.poll_write_queued(cx)));
+            if let Poll::Ready(Err(_)) = written.await {
+                return Ok(());
+            }
         }
     }
 
@@ -601,7 +607,7 @@ impl HostTask {
     fn drain(&mut self) -> Result<(), HostServeError> {
         loop {
             while let Some(frame) = self.machine.poll_transmit() {
-                if let Err(mpsc::error::TrySendError::Full(_)) = self.writer.try_send(frame) {
+                if !self.writer.push(frame) {
                     let now = self.now();
                     return Err(match self.machine.handle_backlogged(now) {
                         HostError::Backlogged => HostServeError::Backlogged,

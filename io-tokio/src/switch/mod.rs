@@ -23,6 +23,7 @@ pub mod host;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,7 +43,7 @@ use tokio::time::Instant;
 
 pub use tether_core::switch::Limits;
 
-use conn::{spawn_writer, FrameReader, Incoming};
+use conn::{FrameReader, FrameWriter, Incoming};
 use tether_core::limits::SWITCH_WRITER_FRAMES_MAX;
 use tokio_stream::{StreamExt, StreamMap};
 
@@ -499,11 +500,24 @@ impl Call {
     }
 }
 
-/// A master connection's writer (its reader is in [`Task::readers`]).
+/// A master connection's write half (its reader is in [`Task::readers`]).
 struct MasterIo {
     conn: ConnId,
-    /// At most [`SWITCH_WRITER_FRAMES_MAX`] frames: a master that stops reading is cut off.
-    writer: mpsc::Sender<Frame>,
+    /// At most [`SWITCH_WRITER_FRAMES_MAX`] frames queued: a master that stops reading is cut
+    /// off.
+    writer: FrameWriter<Box<dyn AsyncWrite + Send + Unpin>>,
+}
+
+/// Writes what every master's socket takes now; the first connection whose write failed.
+fn write_masters(
+    masters: &mut BTreeMap<SlotId, MasterIo>,
+    cx: &mut std::task::Context<'_>,
+) -> Option<ConnId> {
+    masters.values_mut().find_map(|io| {
+        let failed =
+            !io.writer.is_idle() && matches!(io.writer.poll_write_queued(cx), Poll::Ready(Err(_)));
+        failed.then_some(io.conn)
+    })
 }
 
 /// The engine side of one call.
@@ -559,6 +573,11 @@ impl Task {
                     Some(command) => self.command(command),
                 },
                 Some((conn, incoming)) = self.readers.next() => self.incoming(conn, incoming),
+                // Sockets that were full took more (and were written), or a write failed.
+                conn = std::future::poll_fn(|cx| match write_masters(&mut self.masters, cx) {
+                    Some(conn) => Poll::Ready(conn),
+                    None => Poll::Pending,
+                }) => self.incoming(conn, Incoming::Closed),
                 () = &mut timer => {
                     armed = None;
                     let now = self.now();
@@ -566,6 +585,13 @@ impl Task {
                 }
             }
             self.drain();
+            // Whatever the machine queued goes to the sockets now, from this task.
+            while let Some(conn) =
+                std::future::poll_fn(|cx| Poll::Ready(write_masters(&mut self.masters, cx))).await
+            {
+                self.incoming(conn, Incoming::Closed);
+                self.drain();
+            }
         }
     }
 
@@ -579,14 +605,12 @@ impl Task {
                 reply,
             } => match self.machine.attach(now, &id) {
                 Ok(conn) => {
-                    let (writer_tx, writer_rx) = mpsc::channel(SWITCH_WRITER_FRAMES_MAX);
-                    spawn_writer(writer, writer_rx);
                     self.readers.insert(conn, FrameReader::new(reader));
                     self.masters.insert(
                         conn.slot,
                         MasterIo {
                             conn,
-                            writer: writer_tx,
+                            writer: FrameWriter::new(writer, SWITCH_WRITER_FRAMES_MAX),
                         },
                     );
                     self.attaching.insert(conn, reply);
@@ -779,12 +803,10 @@ impl Task {
                 moved = true;
                 match transmit.to {
                     Peer::Master(slot) => {
-                        let full = self.masters.get(&slot).and_then(|io| {
-                            match io.writer.try_send(transmit.frame) {
-                                Err(mpsc::error::TrySendError::Full(_)) => Some(io.conn),
-                                _ => None,
-                            }
-                        });
+                        let full = self
+                            .masters
+                            .get_mut(&slot)
+                            .and_then(|io| (!io.writer.push(transmit.frame)).then_some(io.conn));
                         if let Some(conn) = full {
                             self.machine.handle_backlogged(now, conn);
                         }
@@ -869,7 +891,10 @@ impl Task {
     }
 
     fn shutdown(&mut self) {
-        self.masters.clear();
+        for (_, io) in std::mem::take(&mut self.masters) {
+            // What is queued still goes out before the connection closes.
+            tokio::spawn(io.writer.finish());
+        }
         self.readers.clear();
         for (_, reply) in std::mem::take(&mut self.attaching) {
             let _ = reply.send(Err(SwitchError::Closed));
