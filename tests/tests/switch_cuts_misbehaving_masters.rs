@@ -1,12 +1,14 @@
-//! Bad input from a master over a real socket: it is cut off with a typed reason and counted,
-//! and nothing it sends touches another master's requests.
+//! Bad input from a master over a real socket (garbage, an oversized frame, another protocol
+//! version, CHUNKs past its credit, frames for another master's request): it is cut off with a
+//! typed reason and counted, and nothing it sends touches another master's requests.
 
 use tether::switch::host::Host;
-use tether::switch::Switch;
-use tether_core::switch::host::{Host as HostMachine, HostConfig};
+use tether::switch::{Switch, SwitchError};
+use tether_core::switch::host::{Host as HostMachine, HostConfig, HostEvent};
+use tether_core::switch::side::stream_frames;
 use tether_core::switch::Limits;
 use tether_core::time::Time;
-use tether_core::wire::bifaci::{BifaciDecoder, Frame, FrameType, MessageId};
+use tether_core::wire::bifaci::{BifaciDecoder, Frame, FrameType, MessageId, Meta};
 use tether_core::wire::StreamDecoder;
 use tether_tests::socket_pair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,13 +18,18 @@ const SLOW: &str = "cap:in=media:text;out=media:slow";
 const OTHER: &str = "cap:in=media:text;out=media:other";
 
 /// A master that passes the handshake with core's host machine, then is the test's to abuse.
-async fn raw_master(mut stream: UnixStream, cap: &str) -> UnixStream {
+async fn raw_master(stream: UnixStream, cap: &str) -> UnixStream {
     let mut machine = HostMachine::new(HostConfig {
         name: "raw".into(),
         caps: vec![cap.into()],
         limits: Limits::default(),
         rid_prefix: [9; 8],
     });
+    handshake(stream, &mut machine).await
+}
+
+/// Runs `machine` over `stream` until it echoed the switch's identity check.
+async fn handshake(mut stream: UnixStream, machine: &mut HostMachine) -> UnixStream {
     let mut decoder = StreamDecoder::new(BifaciDecoder::default());
     let mut buf = vec![0u8; 64 * 1024];
     let mut echoed_identity = false;
@@ -114,5 +121,158 @@ async fn frames_for_another_masters_request_cut_the_sender_and_nothing_else() {
     assert_eq!(stats.requests.len(), 1, "the honest request is untouched");
     go_tx.send(true).expect("release");
     assert_eq!(call.collect().await.expect("answered"), b"honest");
+    switch.close().await;
+}
+
+/// Reads frames from the switch into `machine` until one of its events matches `until`.
+async fn serve_until(
+    stream: &mut UnixStream,
+    machine: &mut HostMachine,
+    until: impl Fn(&HostEvent) -> bool,
+) -> HostEvent {
+    let mut decoder = StreamDecoder::new(BifaciDecoder::default());
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        while let Some(event) = machine.poll_event() {
+            if until(&event) {
+                return event;
+            }
+        }
+        let n = stream.read(&mut buf).await.expect("read");
+        assert!(n > 0, "the switch hung up");
+        decoder.push(&buf[..n]);
+        while let Some(frame) = decoder.pop().expect("frames") {
+            machine
+                .handle_frame(Time::ZERO, frame)
+                .expect("a valid switch");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_speaking_another_protocol_version_is_refused_with_a_reason() {
+    let switch = Switch::builder().start();
+    let (s1, mut h1) = socket_pair();
+    let master = tokio::spawn(async move {
+        // Core's host answers the switch's HELLO; the test changes the version it declares.
+        let mut machine = HostMachine::new(HostConfig {
+            name: "future".into(),
+            caps: vec![OTHER.into()],
+            limits: Limits::default(),
+            rid_prefix: [7; 8],
+        });
+        let mut decoder = StreamDecoder::new(BifaciDecoder::default());
+        let mut buf = vec![0u8; 4096];
+        let mut hello = None;
+        while hello.is_none() {
+            let n = h1.read(&mut buf).await.expect("read");
+            decoder.push(&buf[..n]);
+            while let Some(frame) = decoder.pop().expect("frames") {
+                machine
+                    .handle_frame(Time::ZERO, frame)
+                    .expect("the switch's HELLO");
+            }
+            hello = machine.poll_transmit();
+        }
+        let mut hello = hello.expect("the host's HELLO");
+        let cbor = hello.meta.take().expect("limits").as_cbor().to_vec();
+        let at = cbor
+            .windows(8)
+            .position(|window| window == b"\x67version")
+            .expect("a version key")
+            + 8;
+        assert!(cbor[at] < 24, "a small version number, one byte");
+        let mut patched = cbor[..at].to_vec();
+        patched.extend_from_slice(&[0x18, 99]); // version 99
+        patched.extend_from_slice(&cbor[at + 1..]);
+        hello.meta = Some(Meta::from_cbor(patched.into()).expect("still a meta map"));
+        let mut out = Vec::new();
+        hello.encode(1 << 20, &mut out).expect("encodes");
+        h1.write_all(&out).await.expect("write");
+        let mut rest = Vec::new();
+        let _ = h1.read_to_end(&mut rest).await; // refused: the switch closes it
+    });
+    let refused = switch.add_master("future", s1).await;
+    assert!(
+        matches!(&refused, Err(SwitchError::Cut(reason)) if reason.contains("version 99")),
+        "{refused:?}"
+    );
+    master.await.expect("the master saw the connection close");
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(stats.switch.cuts.get("handshake"), Some(&1));
+    switch.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_writing_past_its_credit_is_cut_and_its_request_ends() {
+    let switch = Switch::builder().start();
+    let (s1, h1) = socket_pair();
+    let (s2, h2) = socket_pair();
+    tokio::spawn(
+        Host::new("honest")
+            .handler(SLOW, |request| async move {
+                let _ = request
+                    .respond("out", "media:text", [b"fine".to_vec()])
+                    .await;
+                let _ = request.end().await;
+            })
+            .serve(h1),
+    );
+    switch.add_master("honest", s1).await.expect("verified");
+    let (mut greedy, mut machine) = {
+        let raw = tokio::spawn(async move {
+            let mut machine = HostMachine::new(HostConfig {
+                name: "greedy".into(),
+                caps: vec![OTHER.into()],
+                limits: Limits::default(),
+                rid_prefix: [5; 8],
+            });
+            let stream = handshake(h2, &mut machine).await;
+            (stream, machine)
+        });
+        switch.add_master("greedy", s2).await.expect("verified");
+        raw.await.expect("handshake done")
+    };
+    let call = switch.request(OTHER).await.expect("routed to greedy");
+    let HostEvent::Request { key, .. } = serve_until(&mut greedy, &mut machine, |event| {
+        matches!(event, HostEvent::Request { .. })
+    })
+    .await
+    else {
+        unreachable!("waited for a request");
+    };
+    // Every CHUNK the window allows, through core's host machine, then one more by hand.
+    let mut frames = stream_frames(key.rid, "out", "media:text", (0..).map(|_| vec![1u8; 16]));
+    loop {
+        let frame = frames.next().expect("endless");
+        if machine.write(key, frame).is_err() {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    let mut last = None;
+    while let Some(frame) = machine.poll_transmit() {
+        frame.encode(1 << 20, &mut out).expect("encodes");
+        last = Some(frame);
+    }
+    let mut extra = last.expect("chunks were written");
+    assert_eq!(extra.frame_type, FrameType::Chunk);
+    extra.seq += 1;
+    extra.chunk_index = extra.chunk_index.map(|index| index + 1);
+    extra.encode(1 << 20, &mut out).expect("encodes");
+    greedy.write_all(&out).await.expect("write");
+    let mut rest = Vec::new();
+    let _ = greedy.read_to_end(&mut rest).await; // cut: the switch closes it
+    assert_eq!(
+        call.collect().await,
+        Err(SwitchError::Failed("MASTER_DIED".into()))
+    );
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(stats.switch.violations.get("credit_violation"), Some(&1));
+    assert!(stats.requests.is_empty(), "zero request state left");
+    // The other master serves on.
+    let fine = switch.request(SLOW).await.expect("routed to honest");
+    fine.finish().await.ok();
+    assert_eq!(fine.collect().await.expect("answered"), b"fine");
     switch.close().await;
 }
