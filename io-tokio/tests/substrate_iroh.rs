@@ -12,7 +12,9 @@ async fn queues_and_sessions_over_iroh_with_transport_identity() {
     let transport_a = node_a.substrate_transport().expect("substrate enabled");
     let transport_b = node_b.substrate_transport().expect("substrate enabled");
     assert!(node_a.substrate_transport().is_none(), "taken once");
-    let bob = transport_a.add_peer(node_b.endpoint_addr());
+    let bob = transport_a
+        .add_peer(node_b.endpoint_addr())
+        .expect("allowed");
     let (alice_id, bob_id) = (transport_a.local().clone(), transport_b.local().clone());
     assert_eq!(&bob, &bob_id);
 

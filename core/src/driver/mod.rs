@@ -3,10 +3,12 @@
 //! egress resolution and SWIM send-failure feedback. The iroh shell in `tether::node` runs
 //! them.
 
+pub mod admission;
 pub mod cache;
 pub mod routing;
 pub mod schedule;
 
+pub use admission::{admit, Direction, Path, Refusals, Refused};
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
 pub use routing::{
     resolve_egress, ActorAddr, DropReason, Drops, Egress, Inbound, NodeId, PeerAuth, RouteMemo,

@@ -61,8 +61,9 @@ use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
 use iroh::{Endpoint, EndpointAddr, PublicKey, RelayMode, SecretKey};
 use tether_core::channel::{HybridChannel, Sender};
 use tether_core::driver::{
-    dial_retry_after, ActorAddr, ConnectionCache, DialTracker, DropReason, Drops, Eviction,
-    Generation, Inbound, Join, JoinNext, JoinStatus, NodeId, PeerAuth, RouteMemo, Routes,
+    admit, dial_retry_after, ActorAddr, ConnectionCache, DialTracker, Direction, DropReason, Drops,
+    Eviction, Generation, Inbound, Join, JoinNext, JoinStatus, NodeId, Path, PeerAuth, Refusals,
+    Refused, RouteMemo, Routes,
 };
 use tether_core::limits::ACTOR_PAYLOAD_BYTES_DEFAULT;
 use tether_core::time::Time;
@@ -140,6 +141,12 @@ pub enum NodeError {
     Closed,
 }
 
+impl From<Refused> for NodeError {
+    fn from(_: Refused) -> Self {
+        NodeError::Unauthorized
+    }
+}
+
 /// Counters and cache state of a node (serde).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Snapshot {
@@ -159,6 +166,8 @@ pub struct Snapshot {
     pub accepted: u64,
     /// Inbound connections refused by the allow-list.
     pub refused: u64,
+    /// Every refusal by the allow-list, by path and direction (`"switch/inbound": 1`).
+    pub refusals: Refusals,
     /// Background dials started.
     pub dials_started: u64,
     /// Dial attempts that failed.
@@ -407,8 +416,12 @@ impl NodeBuilder {
             routes.host(*actor);
         }
         let (closed_tx, _) = watch::channel(false);
+        let gate = Arc::new(Gate {
+            auth: self.auth,
+            refusals: watch::channel(Refusals::default()).0,
+        });
         let (substrate_transport, substrate_queue) = if self.substrate {
-            let (transport, queue) = IrohTransport::new(endpoint.clone());
+            let (transport, queue) = IrohTransport::new(endpoint.clone(), gate.clone());
             (Some(transport), Some(queue))
         } else {
             (None, None)
@@ -437,7 +450,7 @@ impl NodeBuilder {
             substrate_queue,
             endpoint,
             local,
-            auth: self.auth,
+            gate,
             routes: Mutex::new(Arc::new(routes)),
             bridge: self.bridge,
             payload_bytes_max: self.payload_bytes_max,
@@ -537,7 +550,6 @@ struct Counters {
     received: CachePadded<AtomicU64>,
     delivered: CachePadded<AtomicU64>,
     accepted: AtomicU64,
-    refused: AtomicU64,
     dials_started: AtomicU64,
     dial_failures: AtomicU64,
 }
@@ -553,7 +565,7 @@ struct Inner {
         Option<tokio::sync::mpsc::Sender<(tether_core::substrate::PeerId, crate::substrate::Link)>>,
     endpoint: Endpoint,
     local: NodeId,
-    auth: PeerAuth,
+    gate: Arc<Gate>,
     /// The routing tables, replaced copy-on-write: readers and writers take a snapshot per
     /// chunk or batch, so a bridge may change them from inside a delivery.
     routes: Mutex<Arc<Routes<ActorAddr>>>,
@@ -583,6 +595,29 @@ impl std::fmt::Debug for Node {
         f.debug_struct("Node")
             .field("id", &hex(&self.inner.local))
             .finish_non_exhaustive()
+    }
+}
+
+/// The allow-list check every path takes (core's [`admit`]), with refusals counted and
+/// published.
+pub(crate) struct Gate {
+    auth: PeerAuth,
+    refusals: watch::Sender<Refusals>,
+}
+
+impl Gate {
+    /// Admits `peer` on `path`, or counts the refusal.
+    pub(crate) fn admit(
+        &self,
+        peer: &NodeId,
+        path: Path,
+        direction: Direction,
+    ) -> Result<(), NodeError> {
+        admit(&self.auth, peer, path, direction).map_err(|refused| {
+            self.refusals
+                .send_modify(|refusals| refusals.count(refused));
+            NodeError::from(refused)
+        })
     }
 }
 
@@ -633,9 +668,9 @@ impl Node {
     /// own). The connection is cached and its streams read.
     pub async fn connect(&self, addr: EndpointAddr) -> Result<(), NodeError> {
         let peer = *addr.id.as_bytes();
-        if !self.inner.auth.permits(&peer) {
-            return Err(NodeError::Unauthorized);
-        }
+        self.inner
+            .gate
+            .admit(&peer, Path::Actor, Direction::Outbound)?;
         self.inner.remember(addr.clone());
         let conn = self
             .inner
@@ -655,8 +690,17 @@ impl Node {
 
     /// Joins through `seeds`: for each, connect and write a `JoinRequest` to its mailbox, in
     /// the background with the join schedule. Never waits for convergence.
+    /// A seed off the allow-list is refused (counted under `join/outbound`) and not tried.
     pub fn join(&self, seeds: Vec<EndpointAddr>) {
         for seed in seeds {
+            let admitted =
+                self.inner
+                    .gate
+                    .admit(seed.id.as_bytes(), Path::Join, Direction::Outbound);
+            if admitted.is_err() {
+                warn!(seed = %hex(seed.id.as_bytes()), "join seed not allowed");
+                continue;
+            }
             let inner = self.inner.clone();
             self.inner.spawn(async move { inner.join_one(seed).await });
         }
@@ -670,6 +714,12 @@ impl Node {
             .iter()
             .map(|(id, s)| (hex(id), s.clone()))
             .collect()
+    }
+
+    /// Refusals by the allow-list so far, by path and direction; changes as they happen
+    /// (`wait_for` on it to wait for one).
+    pub fn refusals(&self) -> watch::Receiver<Refusals> {
+        self.inner.gate.refusals.subscribe()
     }
 
     /// Makes actor `actor` local (application frames to it are delivered).
@@ -713,6 +763,7 @@ impl Node {
 
     fn collect_snapshot(&self) -> Snapshot {
         let c = &self.inner.counters;
+        let refusals = self.inner.gate.refusals.borrow().clone();
         let state = self.inner.lock();
         Snapshot {
             node_id: hex(&self.inner.local),
@@ -722,7 +773,8 @@ impl Node {
             frames_delivered: c.delivered.load(Ordering::Relaxed),
             drops: state.drops.clone(),
             accepted: c.accepted.load(Ordering::Relaxed),
-            refused: c.refused.load(Ordering::Relaxed),
+            refused: refusals.total(Direction::Inbound),
+            refusals,
             dials_started: c.dials_started.load(Ordering::Relaxed),
             dial_failures: c.dial_failures.load(Ordering::Relaxed),
             evictions: state.evictions,
@@ -745,6 +797,14 @@ impl Node {
         subscription: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
     ) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
         let (done, outcome) = tokio::sync::oneshot::channel();
+        let admitted =
+            self.inner
+                .gate
+                .admit(to.id.as_bytes(), Path::Telemetry, Direction::Outbound);
+        if let Err(error) = admitted {
+            let _ = done.send(Err(error.to_string()));
+            return outcome;
+        }
         let inner = self.inner.clone();
         self.inner.spawn(async move {
             let result = match inner.endpoint.connect(to, &inner.telemetry_alpn).await {
@@ -772,9 +832,9 @@ impl Node {
             .cloned()
             .ok_or_else(|| NodeError::Connect(format!("no binding for {protocol_id}")))?;
         let peer = *to.id.as_bytes();
-        if !self.inner.auth.permits(&peer) {
-            return Err(NodeError::Unauthorized);
-        }
+        self.inner
+            .gate
+            .admit(&peer, Path::Protocol, Direction::Outbound)?;
         // One connection per peer and protocol: a cached one (either side may have dialed
         // it) carries the stream; a dead or missing one is replaced, once.
         let (mut send, recv) = match adapter.connection(&peer) {
@@ -837,9 +897,9 @@ impl Node {
     /// give to `tether::switch::Switch::add_master`. Refused before dialling when the peer is
     /// not on the allow-list.
     pub async fn dial_switch_host(&self, addr: EndpointAddr) -> Result<QuicStream, NodeError> {
-        if !self.inner.auth.permits(addr.id.as_bytes()) {
-            return Err(NodeError::Unauthorized);
-        }
+        self.inner
+            .gate
+            .admit(addr.id.as_bytes(), Path::Switch, Direction::Outbound)?;
         let conn = self
             .inner
             .endpoint
@@ -934,6 +994,23 @@ impl Inner {
         tasks.spawn(task);
     }
 
+    /// Which path an inbound connection's ALPN is (for counting its refusal).
+    fn path_of(&self, alpn: &[u8]) -> Path {
+        if alpn == self.actor_alpn.as_slice() {
+            Path::Actor
+        } else if alpn == self.telemetry_alpn.as_slice() {
+            Path::Telemetry
+        } else if alpn == SWITCH_ALPN {
+            Path::Switch
+        } else if alpn == SUBSTRATE_ALPN {
+            Path::Substrate
+        } else if self.adapter_for_alpn(alpn).is_some() {
+            Path::Protocol
+        } else {
+            Path::Unknown
+        }
+    }
+
     fn adapter_for_alpn(&self, alpn: &[u8]) -> Option<Arc<protocol::Adapter>> {
         self.adapters
             .iter()
@@ -965,8 +1042,11 @@ impl Inner {
     /// An accepted connection: admission, then ALPN dispatch.
     fn admit(self: &Arc<Self>, conn: Connection) {
         let peer = *conn.remote_id().as_bytes();
-        if !self.auth.permits(&peer) {
-            bump(&self.counters.refused);
+        if self
+            .gate
+            .admit(&peer, self.path_of(conn.alpn()), Direction::Inbound)
+            .is_err()
+        {
             warn!(peer = %hex(&peer), "unauthorized peer refused");
             conn.close(CLOSE_UNAUTHORIZED.into(), b"unauthorized");
             return;
@@ -1042,7 +1122,11 @@ impl Inner {
 
     fn send(self: &Arc<Self>, frame: OutFrame) {
         let peer = frame.to;
-        if !self.auth.permits(&peer) {
+        if self
+            .gate
+            .admit(&peer, Path::Actor, Direction::Outbound)
+            .is_err()
+        {
             return self.count_drop(DropReason::Unauthorized);
         }
         // The hot path: the peer has a queue. Its writer checks the cache for every batch

@@ -10,16 +10,18 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use iroh::endpoint::{Connection, RecvStream, SendStream};
 use iroh::{Endpoint, EndpointAddr, PublicKey};
+use tether_core::driver::{Direction, Path};
 use tether_core::substrate::handshake::Channel;
 use tether_core::substrate::PeerId;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
+use super::{Gate, NodeError};
 use crate::substrate::transport::{AcceptQueue, BoxFuture};
 use crate::substrate::{Link, Transport};
 
@@ -31,6 +33,7 @@ const BINDING_LABEL: &[u8] = b"tether substrate channel binding";
 /// The substrate's links over a node's endpoint.
 pub struct IrohTransport {
     endpoint: Endpoint,
+    gate: Arc<Gate>,
     local: PeerId,
     peers: Mutex<BTreeMap<PeerId, EndpointAddr>>,
     inbound: AcceptQueue,
@@ -50,11 +53,12 @@ pub fn peer_id_of(key: &PublicKey) -> PeerId {
 }
 
 impl IrohTransport {
-    pub(super) fn new(endpoint: Endpoint) -> (Self, mpsc::Sender<(PeerId, Link)>) {
+    pub(super) fn new(endpoint: Endpoint, gate: Arc<Gate>) -> (Self, mpsc::Sender<(PeerId, Link)>) {
         let (tx, inbound) = AcceptQueue::new(64);
         let local = peer_id_of(&endpoint.id());
         let transport = Self {
             endpoint,
+            gate,
             local,
             peers: Mutex::default(),
             inbound,
@@ -67,14 +71,17 @@ impl IrohTransport {
         &self.local
     }
 
-    /// Records how to reach a peer; this side then dials it.
-    pub fn add_peer(&self, addr: EndpointAddr) -> PeerId {
+    /// Records how to reach a peer; this side then dials it. A peer off the node's allow-list
+    /// is refused (counted under `substrate/outbound`) and not recorded.
+    pub fn add_peer(&self, addr: EndpointAddr) -> Result<PeerId, NodeError> {
+        self.gate
+            .admit(addr.id.as_bytes(), Path::Substrate, Direction::Outbound)?;
         let peer = peer_id_of(&addr.id);
         self.peers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(peer.clone(), addr);
-        peer
+        Ok(peer)
     }
 
     fn addr_of(&self, peer: &PeerId) -> Option<EndpointAddr> {

@@ -208,7 +208,16 @@ pub(super) async fn publish(
     header.encode(&mut out).map_err(|e| e.to_string())?;
     send.write_all(&out).await.map_err(|e| e.to_string())?;
     let mut writer = BatchWriter::new();
-    while let Some(first) = subscription.recv().await {
+    loop {
+        // The next event, or the collector going away (which ends the publish at once, not
+        // at the next event).
+        let first = tokio::select! {
+            event = subscription.recv() => match event {
+                Some(event) => event,
+                None => break,
+            },
+            error = conn.closed() => return Err(error.to_string()),
+        };
         out.clear();
         let mut first = Some(first);
         writer

@@ -1,0 +1,169 @@
+//! Admission: the one allow-list check every way in and out of a node goes through (seed 000
+//! "Security": a peer off the list is refused before any state is touched), counted by the way
+//! it came.
+//!
+//! The shell asks [`admit`] at the first step of every path (an actor frame or connect, a
+//! join, a telemetry publish, a protocol stream, a switch dial, a substrate link, and every
+//! inbound connection whatever its ALPN) and does nothing else for a refused peer.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::routing::{NodeId, PeerAuth};
+
+/// The way a peer is reached, or reaches this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Path {
+    /// Actor frames (and `connect`), on the actor ALPN.
+    Actor,
+    /// A join through a seed (outbound; inbound, a join arrives on the actor ALPN).
+    Join,
+    /// A telemetry stream.
+    Telemetry,
+    /// A ring-backed protocol stream.
+    Protocol,
+    /// The request switch's host connection.
+    Switch,
+    /// A substrate link.
+    Substrate,
+    /// An inbound connection on an ALPN this node does not serve.
+    Unknown,
+}
+
+impl Path {
+    /// Its name in counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Actor => "actor",
+            Path::Join => "join",
+            Path::Telemetry => "telemetry",
+            Path::Protocol => "protocol",
+            Path::Switch => "switch",
+            Path::Substrate => "substrate",
+            Path::Unknown => "unknown",
+        }
+    }
+}
+
+/// Which side opened the path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// A peer reaching this node.
+    Inbound,
+    /// This node reaching a peer.
+    Outbound,
+}
+
+impl Direction {
+    /// Its name in counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Inbound => "inbound",
+            Direction::Outbound => "outbound",
+        }
+    }
+}
+
+/// A peer refused by the allow-list on `path`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("peer not allowed ({direction:?} {path:?})")]
+pub struct Refused {
+    /// The way it came or was asked for.
+    pub path: Path,
+    /// Which side opened it.
+    pub direction: Direction,
+}
+
+/// The check: `Ok` when `auth` admits `peer`, else the refusal to count.
+pub fn admit(
+    auth: &PeerAuth,
+    peer: &NodeId,
+    path: Path,
+    direction: Direction,
+) -> Result<(), Refused> {
+    if auth.permits(peer) {
+        Ok(())
+    } else {
+        Err(Refused { path, direction })
+    }
+}
+
+/// Refusals counted by path and direction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refusals(BTreeMap<(Path, Direction), u64>);
+
+impl Refusals {
+    /// Counts one.
+    pub fn count(&mut self, refused: Refused) {
+        *self.0.entry((refused.path, refused.direction)).or_default() += 1;
+    }
+
+    /// How many on `path` in `direction`.
+    pub fn get(&self, path: Path, direction: Direction) -> u64 {
+        self.0.get(&(path, direction)).copied().unwrap_or(0)
+    }
+
+    /// All refusals in `direction`.
+    pub fn total(&self, direction: Direction) -> u64 {
+        self.0
+            .iter()
+            .filter(|((_, d), _)| *d == direction)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Every count, keyed `path/direction`.
+    pub fn iter(&self) -> impl Iterator<Item = (Path, Direction, u64)> + '_ {
+        self.0
+            .iter()
+            .map(|((path, direction), n)| (*path, *direction, *n))
+    }
+}
+
+impl Serialize for Refusals {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(
+            self.iter().map(|(path, direction, n)| {
+                (format!("{}/{}", path.as_str(), direction.as_str()), n)
+            }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_listed_peers_are_admitted_and_refusals_count_by_path() {
+        let auth = PeerAuth::allow_list([[1; 32]]);
+        assert_eq!(
+            admit(&auth, &[1; 32], Path::Join, Direction::Outbound),
+            Ok(())
+        );
+        let refused = admit(&auth, &[2; 32], Path::Switch, Direction::Inbound).unwrap_err();
+        assert_eq!(
+            refused,
+            Refused {
+                path: Path::Switch,
+                direction: Direction::Inbound
+            }
+        );
+        let mut refusals = Refusals::default();
+        refusals.count(refused);
+        refusals.count(refused);
+        assert_eq!(refusals.get(Path::Switch, Direction::Inbound), 2);
+        assert_eq!(refusals.get(Path::Switch, Direction::Outbound), 0);
+        assert_eq!(refusals.total(Direction::Inbound), 2);
+        assert_eq!(
+            serde_json::to_string(&refusals).unwrap(),
+            r#"{"switch/inbound":2}"#
+        );
+        // An open node admits everyone.
+        assert!(admit(&PeerAuth::open(), &[2; 32], Path::Actor, Direction::Inbound).is_ok());
+    }
+}
