@@ -50,7 +50,11 @@ fn channels(c: &mut Criterion) {
     group.bench_function("hybrid_channel", |b| {
         b.iter(|| {
             let channel = HybridChannel::new();
-            run(channel.sender(), |s, i| s.push(i), || channel.pop());
+            run(
+                channel.sender(),
+                |s, i| s.push(i).expect("unbounded spillover"),
+                || channel.pop(),
+            );
         });
     });
     group.bench_function("tokio_mpsc_unbounded", |b| {

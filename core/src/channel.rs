@@ -25,11 +25,14 @@ pub const HYBRID_RING_DEFAULT: usize = 1024;
 struct Shared<T> {
     ring: ArrayQueue<T>,
     spill: SegQueue<T>,
+    /// Most items the spillover takes (a concurrent push may pass it by one per producer).
+    spill_max: usize,
     /// Pushes that went to the spillover (a sign the ring is too small).
     spilled: AtomicU64,
 }
 
-/// A multi-producer, single-consumer queue whose push never blocks and never fails.
+/// A multi-producer, single-consumer queue whose push never blocks: it fails only when the
+/// spillover holds its bound already.
 pub struct HybridChannel<T> {
     shared: Arc<Shared<T>>,
 }
@@ -63,12 +66,20 @@ impl<T> std::fmt::Debug for HybridChannel<T> {
 }
 
 impl<T> HybridChannel<T> {
-    /// A channel whose ring holds `ring` items (at least 1).
+    /// A channel whose ring holds `ring` items (at least 1), with an unbounded spillover.
     pub fn with_ring(ring: usize) -> Self {
+        Self::with_bounds(ring, usize::MAX)
+    }
+
+    /// A channel whose ring holds `ring` items (at least 1) and whose spillover takes at most
+    /// `spill_max` more (a push racing another may pass it by one per producer); past it a
+    /// push hands its item back.
+    pub fn with_bounds(ring: usize, spill_max: usize) -> Self {
         Self {
             shared: Arc::new(Shared {
                 ring: ArrayQueue::new(ring.max(1)),
                 spill: SegQueue::new(),
+                spill_max,
                 spilled: AtomicU64::new(0),
             }),
         }
@@ -114,18 +125,24 @@ impl<T> Default for HybridChannel<T> {
 }
 
 impl<T> Sender<T> {
-    /// Queues `item`; never blocks, never fails.
-    pub fn push(&self, item: T) {
+    /// Queues `item` without blocking; hands it back when the spillover holds its bound (see
+    /// [`HybridChannel::with_bounds`]).
+    pub fn push(&self, item: T) -> Result<(), T> {
         let shared = &*self.shared;
-        if !shared.spill.is_empty() {
-            shared.spilled.fetch_add(1, Ordering::Relaxed);
-            shared.spill.push(item);
-            return;
+        let item = if shared.spill.is_empty() {
+            match shared.ring.push(item) {
+                Ok(()) => return Ok(()),
+                Err(item) => item,
+            }
+        } else {
+            item
+        };
+        if shared.spill.len() >= shared.spill_max {
+            return Err(item);
         }
-        if let Err(item) = shared.ring.push(item) {
-            shared.spilled.fetch_add(1, Ordering::Relaxed);
-            shared.spill.push(item);
-        }
+        shared.spilled.fetch_add(1, Ordering::Relaxed);
+        shared.spill.push(item);
+        Ok(())
     }
 }
 
@@ -146,7 +163,7 @@ mod tests {
         // Push bursts larger than the ring, popping a few in between.
         for burst in [10, 3, 7, 1, 20] {
             for _ in 0..burst {
-                tx.push(next);
+                tx.push(next).expect("unbounded spillover");
                 next += 1;
             }
             for _ in 0..burst / 2 + 1 {
@@ -178,7 +195,7 @@ mod tests {
                     let tx = channel.sender();
                     std::thread::spawn(move || {
                         for i in 0..ITEMS {
-                            tx.push((p, i));
+                            tx.push((p, i)).expect("unbounded spillover");
                         }
                     })
                 })
@@ -210,5 +227,25 @@ mod tests {
             assert_eq!(received, PRODUCERS * ITEMS, "ring {ring}: every item once");
             assert!(next.values().all(|n| *n == ITEMS));
         }
+    }
+
+    #[test]
+    fn past_its_bound_the_spillover_hands_items_back_and_order_holds() {
+        let channel = HybridChannel::with_bounds(2, 3);
+        let tx = channel.sender();
+        for i in 0..5 {
+            assert_eq!(tx.push(i), Ok(()), "ring 2 + spillover 3");
+        }
+        assert_eq!(tx.push(5), Err(5), "full: handed back, not queued");
+        assert_eq!(channel.len(), 5);
+        assert_eq!(channel.pop(), Some(0));
+        assert_eq!(channel.pop(), Some(1));
+        // The ring has room, but the spillover still holds 2, 3, 4: a new item must queue
+        // behind them, and the spillover is full.
+        assert_eq!(tx.push(6), Err(6));
+        assert_eq!(channel.pop(), Some(2));
+        assert_eq!(tx.push(7), Ok(()));
+        let rest: Vec<_> = std::iter::from_fn(|| channel.pop()).collect();
+        assert_eq!(rest, vec![3, 4, 7]);
     }
 }

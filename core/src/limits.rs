@@ -286,3 +286,13 @@ pub const CAP_URN_BYTES_MAX: usize = 4096;
 /// Matching walks the pattern's tags with one lookup each, so this bounds the cost of every
 /// `accepts` and `is_dispatchable`; real URNs carry fewer than ten.
 pub const CAP_URN_TAGS_MAX: usize = 64;
+
+/// Frames one peer's egress queue holds past its ring (the spillover of its `HybridChannel`).
+/// Pushes never block; past this bound a frame is dropped and counted (`egress_full`), so a
+/// peer that cannot be written to holds bounded memory.
+pub const EGRESS_SPILL_FRAMES_MAX: usize = 65_536;
+
+/// How long a peer's egress queue and writer live with nothing to write before they are torn
+/// down (the default; `NodeBuilder::idle_peer_timeout` sets it). A node talking to many
+/// short-lived peers keeps memory for the live ones only.
+pub const EGRESS_IDLE_TEARDOWN_MS_DEFAULT: u64 = 30_000;

@@ -43,6 +43,9 @@ pub enum DropReason {
     MalformedStream,
     /// The write to the peer failed.
     WriteFailed,
+    /// The peer's egress queue was full: its ring and its spillover, bounded by
+    /// [`crate::limits::EGRESS_SPILL_FRAMES_MAX`].
+    EgressFull,
 }
 
 impl DropReason {
@@ -59,6 +62,7 @@ impl DropReason {
             Self::NoRoute => "no_route",
             Self::MalformedStream => "malformed_stream",
             Self::WriteFailed => "write_failed",
+            Self::EgressFull => "egress_full",
         }
     }
 }

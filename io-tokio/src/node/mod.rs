@@ -65,7 +65,9 @@ use tether_core::driver::{
     Eviction, Generation, Inbound, Join, JoinNext, JoinStatus, NodeId, Path, PeerAuth, Refusals,
     Refused, RouteMemo, Routes,
 };
-use tether_core::limits::ACTOR_PAYLOAD_BYTES_DEFAULT;
+use tether_core::limits::{
+    ACTOR_PAYLOAD_BYTES_DEFAULT, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, EGRESS_SPILL_FRAMES_MAX,
+};
 use tether_core::time::Time;
 use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
 use tether_core::wire::{FormatError, StreamDecoder};
@@ -176,6 +178,10 @@ pub struct Snapshot {
     pub evictions: u64,
     /// Failures of replaced generations, ignored.
     pub stale_failures: u64,
+    /// Peer egress queues (and writers) started, one per peer each time it needs one.
+    pub egress_queues_started: u64,
+    /// Peer egress queues torn down after sitting idle.
+    pub egress_queues_retired: u64,
     /// Cached connections: peer (hex) → generation.
     pub cache: BTreeMap<String, u64>,
 }
@@ -193,6 +199,8 @@ pub struct NodeBuilder {
     payload_bytes_max: usize,
     batch_delay: Duration,
     egress_ring: usize,
+    egress_spill: usize,
+    idle_peer_timeout: Duration,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
@@ -242,6 +250,8 @@ impl Default for NodeBuilder {
             payload_bytes_max: ACTOR_PAYLOAD_BYTES_DEFAULT,
             batch_delay: Duration::ZERO,
             egress_ring: tether_core::channel::HYBRID_RING_DEFAULT,
+            egress_spill: EGRESS_SPILL_FRAMES_MAX,
+            idle_peer_timeout: Duration::from_millis(EGRESS_IDLE_TEARDOWN_MS_DEFAULT),
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
             substrate: false,
@@ -322,6 +332,21 @@ impl NodeBuilder {
     /// burst thousands of frames at one peer.
     pub fn egress_ring(mut self, slots: usize) -> Self {
         self.egress_ring = slots.max(1);
+        self
+    }
+
+    /// Frames each peer's egress queue holds past its ring (default
+    /// [`EGRESS_SPILL_FRAMES_MAX`]); past them a frame is dropped, counted `egress_full`.
+    pub fn egress_spill(mut self, frames: usize) -> Self {
+        self.egress_spill = frames;
+        self
+    }
+
+    /// How long a peer's egress queue and writer live with nothing to write before they are
+    /// torn down (default [`EGRESS_IDLE_TEARDOWN_MS_DEFAULT`] ms); the next frame for the
+    /// peer makes new ones. Bounds the memory of a node that talks to many short-lived peers.
+    pub fn idle_peer_timeout(mut self, idle: Duration) -> Self {
+        self.idle_peer_timeout = idle;
         self
     }
 
@@ -456,6 +481,9 @@ impl NodeBuilder {
             payload_bytes_max: self.payload_bytes_max,
             batch_delay: self.batch_delay,
             egress_ring: self.egress_ring,
+            egress_spill: self.egress_spill,
+            idle_peer_timeout: self.idle_peer_timeout,
+            egress_count: watch::channel(0).0,
             actor_alpn: self.actor_alpn,
             join_policy: self.join_policy,
             state: Mutex::new(State::default()),
@@ -552,6 +580,8 @@ struct Counters {
     accepted: AtomicU64,
     dials_started: AtomicU64,
     dial_failures: AtomicU64,
+    queues_started: AtomicU64,
+    queues_retired: AtomicU64,
 }
 
 struct Inner {
@@ -573,6 +603,10 @@ struct Inner {
     payload_bytes_max: usize,
     batch_delay: Duration,
     egress_ring: usize,
+    egress_spill: usize,
+    idle_peer_timeout: Duration,
+    /// How many peers have an egress queue and a writer now.
+    egress_count: watch::Sender<usize>,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     state: Mutex<State>,
@@ -716,6 +750,12 @@ impl Node {
             .collect()
     }
 
+    /// How many peers have an egress queue and a writer now (each torn down after
+    /// [`NodeBuilder::idle_peer_timeout`] with nothing to write); changes as they come and go.
+    pub fn egress_peers(&self) -> watch::Receiver<usize> {
+        self.inner.egress_count.subscribe()
+    }
+
     /// Refusals by the allow-list so far, by path and direction; changes as they happen
     /// (`wait_for` on it to wait for one).
     pub fn refusals(&self) -> watch::Receiver<Refusals> {
@@ -777,6 +817,8 @@ impl Node {
             refusals,
             dials_started: c.dials_started.load(Ordering::Relaxed),
             dial_failures: c.dial_failures.load(Ordering::Relaxed),
+            egress_queues_started: c.queues_started.load(Ordering::Relaxed),
+            egress_queues_retired: c.queues_retired.load(Ordering::Relaxed),
             evictions: state.evictions,
             stale_failures: state.stale_failures,
             cache: state
@@ -945,6 +987,7 @@ impl Node {
         self.inner.closed.send_replace(true);
         let conns: Vec<Connection> = {
             self.inner.egress_queues().clear();
+            self.inner.egress_count.send_replace(0);
             let mut state = self.inner.lock();
             state
                 .cache
@@ -1148,8 +1191,9 @@ impl Inner {
             return self.dial(peer);
         }
         let mut queues = self.egress_queues();
+        let fresh = !queues.contains_key(&peer);
         let queue = queues.entry(peer).or_insert_with(|| {
-            let channel = HybridChannel::with_ring(self.egress_ring);
+            let channel = HybridChannel::with_bounds(self.egress_ring, self.egress_spill);
             let queue = PeerQueue {
                 sender: channel.sender(),
                 wake: Arc::default(),
@@ -1162,12 +1206,43 @@ impl Inner {
             queue
         });
         self.enqueue(queue, frame);
+        if fresh {
+            bump(&self.counters.queues_started);
+            self.egress_count.send_replace(queues.len());
+        }
     }
 
     fn enqueue(&self, queue: &PeerQueue, frame: OutFrame) {
-        queue.sender.push(frame);
+        if queue.sender.push(frame).is_err() {
+            return self.count_drop(DropReason::EgressFull);
+        }
         queue.wake.wake();
         bump(&self.counters.enqueued);
+    }
+
+    /// Tears down `peer`'s egress queue after its writer sat idle, unless a frame arrived:
+    /// `true` when the writer should end. Producers push only under the egress lock, so once
+    /// the queue is out of the map nothing can be pushed into it.
+    fn retire_queue(
+        &self,
+        peer: &NodeId,
+        wake: &Arc<WriterWake>,
+        channel: &HybridChannel<OutFrame>,
+    ) -> bool {
+        let mut queues = self.egress_queues();
+        if !channel.is_empty() {
+            return false;
+        }
+        if queues
+            .get(peer)
+            .is_some_and(|queue| Arc::ptr_eq(&queue.wake, wake))
+        {
+            queues.remove(peer);
+            bump(&self.counters.queues_retired);
+            self.egress_count.send_replace(queues.len());
+            debug!(peer = %hex(peer), "idle egress queue torn down");
+        }
+        true
     }
 
     /// The egress queues, for changes.
@@ -1230,7 +1305,13 @@ impl Inner {
         let mut stream: Option<(Generation, SendStream)> = None;
         let mut buf = BytesMut::new();
         loop {
-            wake.sleep(|| !channel.is_empty()).await;
+            let idle =
+                tokio::time::timeout(self.idle_peer_timeout, wake.sleep(|| !channel.is_empty()))
+                    .await
+                    .is_err();
+            if idle && self.retire_queue(&peer, &wake, &channel) {
+                return;
+            }
             // The latency bound: wait this long for more frames to share the write (zero:
             // one scheduler turn, so frames enqueued in the same burst go together).
             if self.batch_delay.is_zero() {

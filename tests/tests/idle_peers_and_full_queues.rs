@@ -1,0 +1,128 @@
+//! A node's per-peer egress over real iroh on 127.0.0.1: a peer's queue and writer go away
+//! after sitting idle (a node talking to many short-lived peers keeps memory for the live
+//! ones), and a queue that cannot drain holds its bound and counts what it drops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
+use tether_core::driver::{DropReason, NodeId};
+use tokio::sync::mpsc;
+
+const APP: NodeId = [0xA1; 32];
+
+struct Collect(mpsc::UnboundedSender<Bytes>);
+
+impl ActorBridge for Collect {
+    fn deliver_raw(&self, _: NodeId, _: &str, payload: Bytes) -> Result<(), DeliveryError> {
+        self.0
+            .send(payload)
+            .map_err(|_| DeliveryError("test ended".into()))
+    }
+}
+
+/// A node hosting `APP`, and what is delivered to it.
+async fn receiver() -> (Node, mpsc::UnboundedReceiver<Bytes>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let node = Node::builder()
+        .bridge(Arc::new(Collect(tx)))
+        .know_tag("Chat")
+        .host(APP)
+        .bind()
+        .await
+        .expect("bind");
+    (node, rx)
+}
+
+fn chat(to: &Node, n: u32) -> OutFrame {
+    OutFrame {
+        to: to.node_id(),
+        dest: APP,
+        type_tag: "Chat".into(),
+        payload: Bytes::copy_from_slice(&n.to_be_bytes()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_peers_give_back_their_queues_and_a_later_frame_makes_a_new_one() {
+    let sender = Node::builder()
+        .idle_peer_timeout(Duration::from_millis(20))
+        .bind()
+        .await
+        .expect("bind");
+    let mut peers = Vec::new();
+    for _ in 0..6 {
+        let (node, delivered) = receiver().await;
+        sender.connect(node.endpoint_addr()).await.expect("connect");
+        peers.push((node, delivered));
+    }
+    for (n, (node, delivered)) in peers.iter_mut().enumerate() {
+        sender.send(chat(node, n as u32));
+        assert_eq!(
+            delivered.recv().await.expect("delivered"),
+            &(n as u32).to_be_bytes()[..]
+        );
+    }
+    // Every writer goes idle and gives its queue back.
+    sender
+        .egress_peers()
+        .wait_for(|live| *live == 0)
+        .await
+        .expect("alive");
+    let snapshot = sender.snapshot();
+    assert_eq!(snapshot.egress_queues_started, 6);
+    assert_eq!(snapshot.egress_queues_retired, 6);
+    // The next frame for a peer starts a new queue and arrives.
+    let (node, delivered) = &mut peers[0];
+    sender.send(chat(node, 99));
+    assert_eq!(
+        delivered.recv().await.expect("delivered"),
+        &99u32.to_be_bytes()[..]
+    );
+    sender
+        .egress_peers()
+        .wait_for(|live| *live == 0)
+        .await
+        .expect("alive");
+    let snapshot = sender.snapshot();
+    assert_eq!(snapshot.egress_queues_started, 7);
+    assert_eq!(snapshot.egress_queues_retired, 7);
+    assert_eq!(snapshot.frames_written, 7);
+    assert!(snapshot.drops.0.is_empty(), "{:?}", snapshot.drops);
+    sender.close().await;
+    for (node, _) in peers {
+        node.close().await;
+    }
+}
+
+/// One thread: the burst below runs before the peer's writer can take anything.
+#[tokio::test]
+async fn a_full_egress_queue_drops_past_its_bound_and_counts_it() {
+    let (node, mut delivered) = receiver().await;
+    let sender = Node::builder()
+        .egress_ring(1)
+        .egress_spill(4)
+        .bind()
+        .await
+        .expect("bind");
+    sender.connect(node.endpoint_addr()).await.expect("connect");
+    for n in 0..100 {
+        sender.send(chat(&node, n));
+    }
+    let snapshot = sender.snapshot();
+    assert_eq!(
+        snapshot.frames_enqueued, 5,
+        "a ring of 1 and a spillover of 4"
+    );
+    assert_eq!(snapshot.drops.get(DropReason::EgressFull), 95);
+    // What was queued arrives, in order.
+    for n in 0..5u32 {
+        assert_eq!(
+            delivered.recv().await.expect("delivered"),
+            &n.to_be_bytes()[..]
+        );
+    }
+    sender.close().await;
+    node.close().await;
+}
