@@ -44,6 +44,21 @@ fn chat(to: &Node, n: u32) -> OutFrame {
     }
 }
 
+/// Waits (on the node's events) until no peer has a queue, then checks that `queues` were
+/// started and retired, and every frame was written.
+async fn all_idle(sender: &Node, queues: u64) {
+    sender
+        .egress_peers()
+        .wait_for(|live| *live == 0)
+        .await
+        .expect("alive");
+    let snapshot = sender.snapshot();
+    assert_eq!(snapshot.egress_queues_started, queues);
+    assert_eq!(snapshot.egress_queues_retired, queues);
+    assert_eq!(snapshot.frames_written, queues, "one frame per queue");
+    assert!(snapshot.drops.0.is_empty(), "{:?}", snapshot.drops);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_peers_give_back_their_queues_and_a_later_frame_makes_a_new_one() {
     let sender = Node::builder()
@@ -65,14 +80,7 @@ async fn idle_peers_give_back_their_queues_and_a_later_frame_makes_a_new_one() {
         );
     }
     // Every writer goes idle and gives its queue back.
-    sender
-        .egress_peers()
-        .wait_for(|live| *live == 0)
-        .await
-        .expect("alive");
-    let snapshot = sender.snapshot();
-    assert_eq!(snapshot.egress_queues_started, 6);
-    assert_eq!(snapshot.egress_queues_retired, 6);
+    all_idle(&sender, 6).await;
     // The next frame for a peer starts a new queue and arrives.
     let (node, delivered) = &mut peers[0];
     sender.send(chat(node, 99));
@@ -80,16 +88,7 @@ async fn idle_peers_give_back_their_queues_and_a_later_frame_makes_a_new_one() {
         delivered.recv().await.expect("delivered"),
         &99u32.to_be_bytes()[..]
     );
-    sender
-        .egress_peers()
-        .wait_for(|live| *live == 0)
-        .await
-        .expect("alive");
-    let snapshot = sender.snapshot();
-    assert_eq!(snapshot.egress_queues_started, 7);
-    assert_eq!(snapshot.egress_queues_retired, 7);
-    assert_eq!(snapshot.frames_written, 7);
-    assert!(snapshot.drops.0.is_empty(), "{:?}", snapshot.drops);
+    all_idle(&sender, 7).await;
     sender.close().await;
     for (node, _) in peers {
         node.close().await;
