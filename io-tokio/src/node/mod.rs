@@ -58,7 +58,8 @@ pub use tether_core::limits::{PROTOCOL_SINK_EVENTS_DEFAULT, TELEMETRY_SINK_ITEMS
 
 use bytes::{Bytes, BytesMut};
 use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
-use iroh::{Endpoint, EndpointAddr, PublicKey, RelayMode, SecretKey};
+use iroh::{Endpoint, EndpointAddr, PublicKey, SecretKey};
+pub use iroh::{RelayMode, RelayUrl};
 use tether_core::channel::{HybridChannel, Sender};
 use tether_core::driver::{
     admit, dial_retry_after, ActorAddr, ConnectionCache, DialTracker, Direction, DropReason, Drops,
@@ -201,6 +202,7 @@ pub struct NodeBuilder {
     egress_ring: usize,
     egress_spill: usize,
     idle_peer_timeout: Duration,
+    swim_tags: Option<Vec<String>>,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
@@ -252,6 +254,7 @@ impl Default for NodeBuilder {
             egress_ring: tether_core::channel::HYBRID_RING_DEFAULT,
             egress_spill: EGRESS_SPILL_FRAMES_MAX,
             idle_peer_timeout: Duration::from_millis(EGRESS_IDLE_TEARDOWN_MS_DEFAULT),
+            swim_tags: None,
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
             substrate: false,
@@ -386,6 +389,17 @@ impl NodeBuilder {
         self
     }
 
+    /// The frame tags whose failed writes are reported to the bridge as SWIM send failures
+    /// (default [`tether_core::driver::SWIM_TAGS`]).
+    pub fn swim_tags<I, T>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.swim_tags = Some(tags.into_iter().map(Into::into).collect());
+        self
+    }
+
     /// Serves `binding` on this endpoint; its lifecycle events and inbound logical streams
     /// go to `sink`, a bounded channel (see [`PROTOCOL_SINK_EVENTS_DEFAULT`]). An event that
     /// finds it full is dropped and counted (`tether_node_protocol_events_dropped`); a dropped
@@ -420,6 +434,7 @@ impl NodeBuilder {
                 .iter()
                 .map(|(binding, _)| binding.wire_alpn.clone()),
         );
+        let relay_urls: Vec<RelayUrl> = self.relay_mode.relay_map().urls();
         let endpoint = Endpoint::builder(presets::Minimal)
             .secret_key(secret)
             .relay_mode(self.relay_mode)
@@ -439,6 +454,9 @@ impl NodeBuilder {
         }
         for actor in &self.hosted {
             routes.host(*actor);
+        }
+        if let Some(tags) = self.swim_tags {
+            routes.set_swim_tags(tags);
         }
         let (closed_tx, _) = watch::channel(false);
         let gate = Arc::new(Gate {
@@ -484,6 +502,7 @@ impl NodeBuilder {
             egress_spill: self.egress_spill,
             idle_peer_timeout: self.idle_peer_timeout,
             egress_count: watch::channel(0).0,
+            relay_urls,
             actor_alpn: self.actor_alpn,
             join_policy: self.join_policy,
             state: Mutex::new(State::default()),
@@ -607,6 +626,8 @@ struct Inner {
     idle_peer_timeout: Duration,
     /// How many peers have an egress queue and a writer now.
     egress_count: watch::Sender<usize>,
+    /// The relays the node was configured with (none when relays are disabled).
+    relay_urls: Vec<RelayUrl>,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     state: Mutex<State>,
@@ -696,6 +717,24 @@ impl Node {
                 socket
             })
             .collect()
+    }
+
+    /// The address the endpoint listens on (its first bound socket, an unspecified address
+    /// given as loopback).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.direct_addresses().into_iter().next()
+    }
+
+    /// The relay this node was configured with (the first of its relay map); `None` when
+    /// relays are disabled (the default).
+    pub fn relay_url(&self) -> Option<RelayUrl> {
+        self.inner.relay_urls.first().cloned()
+    }
+
+    /// The relay this node is homed on now (what peers dialing through a relay use); `None`
+    /// when relays are disabled or none is reachable yet.
+    pub fn home_relay_url(&self) -> Option<RelayUrl> {
+        self.inner.endpoint.addr().relay_urls().next().cloned()
     }
 
     /// Connects to `addr` now (awaitable; the actor plane dials in the background on its

@@ -1,0 +1,92 @@
+//! A node's settings and state queries over real iroh on 127.0.0.1: where it listens, which
+//! relay it was given and is homed on, and a SWIM tag set chosen on the builder.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tether::node::{ActorBridge, DeliveryError, Node, OutFrame, RelayMode, RelayUrl};
+use tether_core::driver::{DropReason, NodeId};
+use tokio::sync::mpsc;
+
+/// Reports send failures to the test.
+struct Failures(mpsc::UnboundedSender<NodeId>);
+
+impl ActorBridge for Failures {
+    fn deliver_raw(&self, _: NodeId, _: &str, _: Bytes) -> Result<(), DeliveryError> {
+        Ok(())
+    }
+
+    fn send_failed(&self, to: NodeId) {
+        let _ = self.0.send(to);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_tells_where_it_listens_and_which_relay_it_uses() {
+    let node = Node::builder().bind().await.expect("bind");
+    let listen = node.listen_addr().expect("bound");
+    assert!(listen.ip().is_loopback(), "{listen}");
+    assert_ne!(listen.port(), 0);
+    assert_eq!(Some(listen), node.direct_addresses().first().copied());
+    // Relays are off by default: none configured, none homed on.
+    assert_eq!(node.relay_url(), None);
+    assert_eq!(node.home_relay_url(), None);
+    node.close().await;
+
+    // A custom relay (on loopback, where nothing answers: nothing leaves the machine).
+    let relay: RelayUrl = "http://127.0.0.1:9/".parse().expect("a URL");
+    let node = Node::builder()
+        .relay_mode(RelayMode::custom([relay.clone()]))
+        .bind()
+        .await
+        .expect("bind");
+    assert_eq!(node.relay_url(), Some(relay));
+    node.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_swim_tag_set_is_the_builders_choice() {
+    let (failed_tx, mut failed) = mpsc::unbounded_channel();
+    let a = Node::builder()
+        .bridge(Arc::new(Failures(failed_tx)))
+        .swim_tags(["Gossip"])
+        .bind()
+        .await
+        .expect("bind");
+    // b reads payloads of at most 16 bytes: a bigger record breaks the stream, which b stops,
+    // so a's next write fails.
+    let b = Node::builder()
+        .payload_bytes_max(16)
+        .bind()
+        .await
+        .expect("bind");
+    let b_id = b.node_id();
+    let frame = |tag: &'static str| OutFrame {
+        to: b_id,
+        dest: b_id,
+        type_tag: tag.into(),
+        payload: Bytes::from_static(&[0; 64]),
+    };
+    a.connect(b.endpoint_addr()).await.expect("connect");
+    // "Ping" is not in this node's set: its failed writes are dropped and counted, never
+    // reported as SWIM send failures.
+    while a.snapshot().drops.get(DropReason::WriteFailed) == 0 {
+        a.send(frame("Ping"));
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        failed.try_recv().is_err(),
+        "a non-SWIM failure was reported"
+    );
+    // "Gossip" is: a failed write of it reaches the bridge.
+    let reported = loop {
+        a.send(frame("Gossip"));
+        match failed.try_recv() {
+            Ok(peer) => break peer,
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    assert_eq!(reported, b_id);
+    a.close().await;
+    b.close().await;
+}
