@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::until;
+use common::until_changed;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -168,14 +168,18 @@ async fn an_unauthorized_peer_is_refused_both_ways() {
     assert_eq!(b.node.snapshot().dials_started, 0);
     // Inbound: a's connection is closed by b as unauthorized.
     let _ = a.node.connect(b.node.endpoint_addr()).await;
-    until(|| b.node.snapshot().refused == 1).await;
+    b.node
+        .refusals()
+        .wait_for(|refusals| refusals.total(tether_core::driver::Direction::Inbound) == 1)
+        .await
+        .expect("alive");
     assert!(b.node.snapshot().cache.is_empty());
     // c is on the list.
     c.node
         .connect(b.node.endpoint_addr())
         .await
         .expect("allowed");
-    until(|| b.node.snapshot().accepted == 1).await;
+    until_changed(&b.node, || b.node.snapshot().accepted == 1).await;
     for n in [a, b, c] {
         n.node.close().await;
     }
@@ -196,7 +200,7 @@ async fn a_killed_connection_is_replaced_under_a_new_generation() {
     // b kills its side; a learns the connection closed.
     b.node.disconnect(&a.node.node_id());
     // The next frame finds the closed entry, drops it, and dials again (background).
-    until(|| {
+    until_changed(&a.node, || {
         a.node.send(chat(&b.node, 99));
         a.node
             .snapshot()
@@ -234,7 +238,7 @@ async fn join_sends_a_request_to_the_seed_mailbox_or_reports_failed() {
     assert_eq!((dest, tag.as_str()), (SWIM_ACTOR, "JoinRequest"));
     assert_eq!(&payload[..], &a.node.node_id()[..]);
     let b_key = hex(&b.node.node_id());
-    until(|| {
+    until_changed(&a.node, || {
         a.node
             .join_statuses()
             .get(&b_key)
@@ -248,7 +252,7 @@ async fn join_sends_a_request_to_the_seed_mailbox_or_reports_failed() {
     let dead_key = hex(&dead.node_id());
     dead.close().await;
     a.node.join(vec![dead_addr]);
-    until(|| {
+    until_changed(&a.node, || {
         a.node
             .join_statuses()
             .get(&dead_key)
@@ -389,12 +393,15 @@ async fn a_failure_of_a_replaced_generation_is_stale_and_evicts_nothing() {
         .connect(a.node.endpoint_addr(), tether::node::ACTOR_ALPN)
         .await
         .expect("second connection");
-    until(|| a.node.snapshot().cache.get(&raw_key) == Some(&(first + 1))).await;
+    until_changed(&a.node, || {
+        a.node.snapshot().cache.get(&raw_key) == Some(&(first + 1))
+    })
+    .await;
 
     // The first connection dies under the waiting write: a failure of generation 1, which is
     // no longer the cached one.
     first_conn.close(0u32.into(), b"replaced");
-    until(|| a.node.snapshot().stale_failures == 1).await;
+    until_changed(&a.node, || a.node.snapshot().stale_failures == 1).await;
     let snapshot = a.node.snapshot();
     assert_eq!(snapshot.evictions, 0, "{snapshot:?}");
     assert_eq!(snapshot.cache[&raw_key], first + 1, "generation 2 stays");

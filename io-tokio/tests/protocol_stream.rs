@@ -1,9 +1,6 @@
 //! A ring-backed protocol binding over real iroh on loopback: 64 MiB through 64 KiB rings,
 //! with backpressure on both sides, and the lifecycle events of the logical stream.
 
-mod common;
-
-use common::until;
 use tether::node::{Node, ProtocolBinding, StreamEvent};
 use tokio::sync::mpsc;
 
@@ -76,7 +73,7 @@ async fn sixty_four_mib_through_small_rings_with_backpressure_both_ways() {
     };
     assert_eq!(inbound.protocol_stream_id, 42);
     // Let the receive pump fill the ring and pause before reading anything.
-    until(|| inbound.ingress.writer_waits() > 0).await;
+    inbound.ingress.writer_blocked().await;
 
     let expected = payload();
     let mut received = 0usize;

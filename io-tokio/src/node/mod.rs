@@ -502,6 +502,7 @@ impl NodeBuilder {
             egress_spill: self.egress_spill,
             idle_peer_timeout: self.idle_peer_timeout,
             egress_count: watch::channel(0).0,
+            changes: watch::channel(0).0,
             relay_urls,
             actor_alpn: self.actor_alpn,
             join_policy: self.join_policy,
@@ -626,6 +627,8 @@ struct Inner {
     idle_peer_timeout: Duration,
     /// How many peers have an egress queue and a writer now.
     egress_count: watch::Sender<usize>,
+    /// Bumped whenever connection state moves (see [`Node::changes`]).
+    changes: watch::Sender<u64>,
     /// The relays the node was configured with (none when relays are disabled).
     relay_urls: Vec<RelayUrl>,
     actor_alpn: Vec<u8>,
@@ -793,6 +796,14 @@ impl Node {
     /// [`NodeBuilder::idle_peer_timeout`] with nothing to write); changes as they come and go.
     pub fn egress_peers(&self) -> watch::Receiver<usize> {
         self.inner.egress_count.subscribe()
+    }
+
+    /// Changes whenever the node's connection state moves: a connection accepted, cached,
+    /// found closed, evicted or dropped, a failure of an older generation, a dial started or
+    /// failed, a join's status. Wait on it (then read [`Node::snapshot`] or
+    /// [`Node::join_statuses`]) instead of polling.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
     }
 
     /// Refusals by the allow-list so far, by path and direction; changes as they happen
@@ -1006,6 +1017,7 @@ impl Node {
     /// Closes the cached connection to `peer` (if any); the next frame for it dials again.
     pub fn disconnect(&self, peer: &NodeId) {
         let entry = self.inner.lock().cache.remove(peer);
+        self.inner.changed();
         if let Some(entry) = entry {
             entry.conn.conn.close(CLOSE_SHUTDOWN.into(), b"disconnect");
         }
@@ -1134,6 +1146,7 @@ impl Inner {
             return;
         }
         bump(&self.counters.accepted);
+        self.changed();
         if conn.alpn() == self.actor_alpn.as_slice() {
             self.adopt(peer, conn);
         } else if conn.alpn() == self.telemetry_alpn.as_slice() && !self.telemetry_sinks.is_empty()
@@ -1182,12 +1195,14 @@ impl Inner {
         };
         let closed = cached.closed.clone();
         let generation = self.lock().cache.insert(peer, cached);
+        self.changed();
         debug!(peer = %hex(&peer), generation = generation.get(), "connection cached");
         let inner = self.clone();
         self.spawn(
             async move {
-                inner.read_connection(conn).await;
+                inner.clone().read_connection(conn).await;
                 closed.store(true, Ordering::Release);
+                inner.changed();
             }
             .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
         );
@@ -1299,6 +1314,7 @@ impl Inner {
             state.addrs.get(&peer).cloned()
         };
         bump(&self.counters.dials_started);
+        self.changed();
         let inner = self.clone();
         self.spawn(async move {
             let addr = match (addr, PublicKey::from_bytes(&peer)) {
@@ -1321,6 +1337,7 @@ impl Inner {
                     }
                     _ => {
                         bump(&inner.counters.dial_failures);
+                        inner.changed();
                         match dial_retry_after(attempt) {
                             Some(wait) => tokio::time::sleep(wait).await,
                             None => break,
@@ -1434,6 +1451,7 @@ impl Inner {
             }
             eviction
         };
+        self.changed();
         if swim {
             if let Some(bridge) = &self.bridge {
                 bridge.send_failed(peer);
@@ -1536,7 +1554,7 @@ impl Inner {
         let direct = seed.ip_addrs().count();
         let relay = seed.relay_urls().next().is_some();
         let (mut join, mut next) = Join::start(self.now(), relay, direct);
-        self.lock().joins.insert(peer, join.status().clone());
+        self.set_join_status(peer, &join);
         while let JoinNext::Attempt { at, .. } = next {
             let wait = self.scaled(at.saturating_since(self.now()));
             tokio::time::sleep(wait).await;
@@ -1544,7 +1562,7 @@ impl Inner {
             next = match tokio::time::timeout(self.join_policy.attempt_timeout, connect).await {
                 Ok(Ok(conn)) => {
                     join.connected(self.now());
-                    self.lock().joins.insert(peer, join.status().clone());
+                    self.set_join_status(peer, &join);
                     match self.write_join_request(&conn, peer).await {
                         Ok(()) => {
                             self.adopt(peer, conn);
@@ -1556,8 +1574,19 @@ impl Inner {
                 Ok(Err(error)) => join.failed(self.now(), error.to_string()),
                 Err(_) => join.failed(self.now(), "attempt timed out"),
             };
-            self.lock().joins.insert(peer, join.status().clone());
+            self.set_join_status(peer, &join);
         }
+    }
+
+    fn set_join_status(&self, peer: NodeId, join: &Join) {
+        self.lock().joins.insert(peer, join.status().clone());
+        self.changed();
+    }
+
+    /// The node's connection state moved (see [`Node::changes`]).
+    fn changed(&self) {
+        self.changes
+            .send_modify(|version| *version = version.wrapping_add(1));
     }
 
     fn scaled(&self, wait: Duration) -> Duration {

@@ -24,6 +24,8 @@ struct Shared {
     state: Mutex<State>,
     readable: Notify,
     writable: Notify,
+    /// Notified each time the writer starts waiting for room.
+    writer_blocked: Notify,
     /// Times the writer found the ring full and waited.
     writer_waits: AtomicU64,
     /// Times the reader found the ring empty and waited.
@@ -75,6 +77,7 @@ pub fn ring(capacity: usize) -> (RingWriter, RingReader) {
         }),
         readable: Notify::new(),
         writable: Notify::new(),
+        writer_blocked: Notify::new(),
         writer_waits: AtomicU64::new(0),
         reader_waits: AtomicU64::new(0),
     });
@@ -116,6 +119,7 @@ impl RingWriter {
             bytes = &bytes[n..];
             if n == 0 {
                 self.shared.writer_waits.fetch_add(1, Ordering::Relaxed);
+                self.shared.writer_blocked.notify_waiters();
                 writable.await;
             }
         }
@@ -209,6 +213,20 @@ impl RingReader {
     /// Times the writer of this ring waited for room (backpressure on the producing side).
     pub fn writer_waits(&self) -> u64 {
         self.shared.writer_waits.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once the writer has waited for room at least once (the ring filled while
+    /// nothing read it).
+    pub async fn writer_blocked(&self) {
+        loop {
+            let blocked = self.shared.writer_blocked.notified();
+            tokio::pin!(blocked);
+            blocked.as_mut().enable();
+            if self.writer_waits() > 0 {
+                return;
+            }
+            blocked.await;
+        }
     }
 
     /// The ring's capacity in bytes.

@@ -1,13 +1,12 @@
 //! Helpers shared by the integration tests.
 
-/// Yields until `condition` holds (driven by network events and the driver's pumps, never by
-/// a timer); panics if it never does.
-pub(crate) async fn until(mut condition: impl FnMut() -> bool) {
-    for _ in 0..50_000_000u64 {
-        if condition() {
-            return;
-        }
-        tokio::task::yield_now().await;
+use tether::node::Node;
+
+/// Waits until `condition` holds, checking it again each time `node`'s connection state moves
+/// ([`Node::changes`]): driven by the node's events, never by a timer or a spin.
+pub(crate) async fn until_changed(node: &Node, mut condition: impl FnMut() -> bool) {
+    let mut changes = node.changes();
+    while !condition() {
+        changes.changed().await.expect("the node is alive");
     }
-    panic!("condition never held");
 }
