@@ -296,3 +296,7 @@ pub const EGRESS_SPILL_FRAMES_MAX: usize = 65_536;
 /// down (the default; `NodeBuilder::idle_peer_timeout` sets it). A node talking to many
 /// short-lived peers keeps memory for the live ones only.
 pub const EGRESS_IDLE_TEARDOWN_MS_DEFAULT: u64 = 30_000;
+
+/// Peers whose relay URLs a node remembers as hints for later addresses without one; past it
+/// the peer recorded longest ago is forgotten.
+pub const RELAY_HINT_PEERS_MAX: usize = 4_096;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame, RelayMode, RelayUrl};
-use tether_core::driver::{DropReason, NodeId};
+use tether_core::driver::{DropReason, JoinPhase, NodeId};
 use tokio::sync::mpsc;
 
 /// Reports send failures to the test.
@@ -89,4 +89,38 @@ async fn the_swim_tag_set_is_the_builders_choice() {
     assert_eq!(reported, b_id);
     a.close().await;
     b.close().await;
+}
+
+fn hex(id: &NodeId) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_hint_fills_a_later_seed_address_that_has_none() {
+    let a = Node::builder().bind().await.expect("bind");
+    let b = Node::builder().bind().await.expect("bind");
+    let c = Node::builder().bind().await.expect("bind");
+    // a learns b's relay from an address that carries it (a relay on loopback, where nothing
+    // answers: the connection goes direct and nothing leaves the machine).
+    let relay: RelayUrl = "http://127.0.0.1:9/".parse().expect("a URL");
+    a.connect(b.endpoint_addr().with_relay_url(relay))
+        .await
+        .expect("connect");
+    // Seeds given by key and direct sockets only: b's is normalized with the hint, c's has
+    // none to take.
+    let mut changes = a.changes();
+    a.join(vec![b.endpoint_addr(), c.endpoint_addr()]);
+    let both_sent = || {
+        let statuses = a.join_statuses();
+        statuses.len() == 2 && statuses.values().all(|s| s.phase == JoinPhase::Sent)
+    };
+    while !both_sent() {
+        changes.changed().await.expect("the node is alive");
+    }
+    let statuses = a.join_statuses();
+    assert!(statuses[&hex(&b.node_id())].has_relay, "{statuses:?}");
+    assert!(!statuses[&hex(&c.node_id())].has_relay, "{statuses:?}");
+    for node in [a, b, c] {
+        node.close().await;
+    }
 }

@@ -5,11 +5,13 @@
 
 pub mod admission;
 pub mod cache;
+pub mod relay;
 pub mod routing;
 pub mod schedule;
 
 pub use admission::{admit, Direction, Path, Refusals, Refused};
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
+pub use relay::RelayHints;
 pub use routing::{
     resolve_egress, ActorAddr, DropReason, Drops, Egress, Inbound, NodeId, PeerAuth, RouteMemo,
     Routes, SWIM_TAGS,

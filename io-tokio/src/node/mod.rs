@@ -64,7 +64,7 @@ use tether_core::channel::{HybridChannel, Sender};
 use tether_core::driver::{
     admit, dial_retry_after, ActorAddr, ConnectionCache, DialTracker, Direction, DropReason, Drops,
     Eviction, Generation, Inbound, Join, JoinNext, JoinStatus, NodeId, Path, PeerAuth, Refusals,
-    Refused, RouteMemo, Routes,
+    Refused, RelayHints, RouteMemo, Routes,
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, EGRESS_SPILL_FRAMES_MAX,
@@ -583,6 +583,8 @@ struct State {
     cache: ConnectionCache<NodeId, Cached>,
     dials: DialTracker<NodeId>,
     addrs: BTreeMap<NodeId, EndpointAddr>,
+    /// Each peer's relays as last seen (core's bounded [`RelayHints`]).
+    relay_hints: RelayHints,
     joins: BTreeMap<NodeId, JoinStatus>,
     drops: Drops,
     evictions: u64,
@@ -679,6 +681,11 @@ impl Gate {
     }
 }
 
+/// An address's relay URLs as text.
+fn relay_strings(addr: &EndpointAddr) -> Vec<String> {
+    addr.relay_urls().map(ToString::to_string).collect()
+}
+
 fn hex(id: &[u8; 32]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -747,6 +754,7 @@ impl Node {
         self.inner
             .gate
             .admit(&peer, Path::Actor, Direction::Outbound)?;
+        let addr = self.inner.normalized(addr);
         self.inner.remember(addr.clone());
         let conn = self
             .inner
@@ -777,6 +785,7 @@ impl Node {
                 warn!(seed = %hex(seed.id.as_bytes()), "join seed not allowed");
                 continue;
             }
+            let seed = self.inner.normalized(seed);
             let inner = self.inner.clone();
             self.inner.spawn(async move { inner.join_one(seed).await });
         }
@@ -1117,7 +1126,27 @@ impl Inner {
     }
 
     fn remember(&self, addr: EndpointAddr) {
-        self.lock().addrs.insert(*addr.id.as_bytes(), addr);
+        let relays = relay_strings(&addr);
+        let mut state = self.lock();
+        state.relay_hints.record(*addr.id.as_bytes(), relays);
+        state.addrs.insert(*addr.id.as_bytes(), addr);
+    }
+
+    /// `addr`, or with no relay of its own, with the relays last seen for its peer (seed 000
+    /// §6.3: joins record relay hints and normalize seed addresses with them).
+    fn normalized(&self, addr: EndpointAddr) -> EndpointAddr {
+        let given = relay_strings(&addr);
+        let relays = self
+            .lock()
+            .relay_hints
+            .normalize(addr.id.as_bytes(), &given);
+        if relays == given {
+            return addr;
+        }
+        relays
+            .iter()
+            .filter_map(|url| url.parse::<RelayUrl>().ok())
+            .fold(addr, EndpointAddr::with_relay_url)
     }
 
     async fn accept_loop(self: Arc<Self>) {
@@ -1318,7 +1347,7 @@ impl Inner {
         let inner = self.clone();
         self.spawn(async move {
             let addr = match (addr, PublicKey::from_bytes(&peer)) {
-                (Some(addr), _) => addr,
+                (Some(addr), _) => inner.normalized(addr),
                 (None, Ok(key)) => EndpointAddr::new(key),
                 (None, Err(_)) => return,
             };
