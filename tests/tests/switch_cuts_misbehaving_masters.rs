@@ -17,14 +17,19 @@ use tokio::net::UnixStream;
 const SLOW: &str = "cap:in=media:text;out=media:slow";
 const OTHER: &str = "cap:in=media:text;out=media:other";
 
-/// A master that passes the handshake with core's host machine, then is the test's to abuse.
-async fn raw_master(stream: UnixStream, cap: &str) -> UnixStream {
-    let mut machine = HostMachine::new(HostConfig {
-        name: "raw".into(),
+/// Core's host machine serving `cap`, named `name` (its peer request ids start `prefix`).
+fn host_machine(name: &str, cap: &str, prefix: u8) -> HostMachine {
+    HostMachine::new(HostConfig {
+        name: name.into(),
         caps: vec![cap.into()],
         limits: Limits::default(),
-        rid_prefix: [9; 8],
-    });
+        rid_prefix: [prefix; 8],
+    })
+}
+
+/// A master that passes the handshake with core's host machine, then is the test's to abuse.
+async fn raw_master(stream: UnixStream, cap: &str) -> UnixStream {
+    let mut machine = host_machine("raw", cap, 9);
     handshake(stream, &mut machine).await
 }
 
@@ -155,12 +160,7 @@ async fn a_master_speaking_another_protocol_version_is_refused_with_a_reason() {
     let (s1, mut h1) = socket_pair();
     let master = tokio::spawn(async move {
         // Core's host answers the switch's HELLO; the test changes the version it declares.
-        let mut machine = HostMachine::new(HostConfig {
-            name: "future".into(),
-            caps: vec![OTHER.into()],
-            limits: Limits::default(),
-            rid_prefix: [7; 8],
-        });
+        let mut machine = host_machine("future", OTHER, 7);
         let mut decoder = StreamDecoder::new(BifaciDecoder::default());
         let mut buf = vec![0u8; 4096];
         let mut hello = None;
@@ -221,12 +221,7 @@ async fn a_master_writing_past_its_credit_is_cut_and_its_request_ends() {
     switch.add_master("honest", s1).await.expect("verified");
     let (mut greedy, mut machine) = {
         let raw = tokio::spawn(async move {
-            let mut machine = HostMachine::new(HostConfig {
-                name: "greedy".into(),
-                caps: vec![OTHER.into()],
-                limits: Limits::default(),
-                rid_prefix: [5; 8],
-            });
+            let mut machine = host_machine("greedy", OTHER, 5);
             let stream = handshake(h2, &mut machine).await;
             (stream, machine)
         });
