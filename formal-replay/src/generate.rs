@@ -174,19 +174,26 @@ fn enumerated(section: &str, n: u64) -> Value {
             emission_case(pick(&alphabet, n))
         }
         "driver" => {
+            // Short sequences over one peer (and one off the list): the interleavings of
+            // sends, batches, dial results, write failures, idleness and time.
             let alphabet = [
-                json!({"op": "insert", "peer": 0}),
-                json!({"op": "insert", "peer": 1}),
-                json!({"op": "fail", "peer": 0, "generation": 1}),
-                json!({"op": "fail", "peer": 0, "generation": 2}),
-                json!({"op": "fail", "peer": 1, "generation": 2}),
-                json!({"op": "close", "peer": 0}),
-                json!({"op": "get", "peer": 0}),
-                json!({"op": "get", "peer": 1}),
-                json!({"op": "dial_start", "peer": 0}),
-                json!({"op": "dial_finish", "peer": 0}),
+                json!({"op": "send", "peer": 1}),
+                json!({"op": "batch", "peer": 1, "frames": 2}),
+                json!({"op": "dialed", "peer": 1, "conn": 7}),
+                json!({"op": "dialed", "peer": 1, "conn": null}),
+                json!({"op": "write_failed", "peer": 1, "generation": 1, "frames": 1, "swim": true}),
+                json!({"op": "accept", "peer": 1, "alpn": "a", "conn": 8}),
+                json!({"op": "closed", "peer": 1, "channel": "actor", "generation": 1}),
+                json!({"op": "idle", "peer": 1}),
+                json!({"op": "timeout"}),
+                json!({"op": "send", "peer": 2}),
+                json!({"op": "close"}),
             ];
-            driver_case(pick(&alphabet, n))
+            let mut ops = pick(&alphabet, n);
+            for (i, op) in ops.iter_mut().enumerate() {
+                op["at"] = json!(i as u64 * 400);
+            }
+            driver_case(json!([1]), ops)
         }
         "join" => {
             let alphabet = [
@@ -327,20 +334,12 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
             substrate_case(window, substrate_trace(rng, 4 * len))
         }
         "driver" => {
-            let ops: Vec<Value> = (0..len)
-                .map(|_| {
-                    let peer = rng.random_range(0..3u8);
-                    match rng.random_range(0..10) {
-                        0..=2 => json!({"op": "insert", "peer": peer}),
-                        3..=4 => json!({"op": "fail", "peer": peer, "generation": rng.random_range(0..len as u64 + 2)}),
-                        5 => json!({"op": "close", "peer": peer}),
-                        6..=7 => json!({"op": "get", "peer": peer}),
-                        8 => json!({"op": "dial_start", "peer": peer}),
-                        _ => json!({"op": "dial_finish", "peer": peer}),
-                    }
-                })
-                .collect();
-            driver_case(ops)
+            let allow = if rng.random_bool(0.5) {
+                Value::Null
+            } else {
+                json!([0, 1, 2, 250])
+            };
+            driver_case(allow, driver_walk(rng, len * 2))
         }
         "join" => {
             let mut at = 0u64;
@@ -726,12 +725,85 @@ fn emission_case(emitted: Vec<Value>) -> Value {
         "expected": null, "got": null})
 }
 
-fn driver_case(ops: Vec<Value>) -> Value {
+fn driver_case(allow: Value, ops: Vec<Value>) -> Value {
     let steps: Vec<Value> = ops
         .iter()
-        .map(|_| json!({"generation": null, "eviction": null, "hit": null, "dial": null}))
+        .map(|_| json!({"result": null, "actions": [], "timeout": null}))
         .collect();
-    json!({"ops": ops, "steps": steps})
+    let end = json!({"drops": {}, "refusals": {}, "counters": {"accepted": 0,
+        "dials_started": 0, "dial_failures": 0, "evictions": 0, "stale_failures": 0,
+        "writers_retired": 0}, "cache": [], "joins": {}});
+    json!({"allow": allow, "ops": ops, "steps": steps, "end": end})
+}
+
+/// The driver section's inputs drawn from: peers (250 is invalid), ALPNs (`x` is unknown),
+/// channels and paths.
+pub const DRIVER_PEERS: [u8; 5] = [0, 1, 2, 3, 250];
+/// See [`DRIVER_PEERS`].
+pub const DRIVER_ALPNS: [&str; 7] = ["a", "t", "p0", "p1", "s", "u", "x"];
+/// See [`DRIVER_PEERS`].
+pub const DRIVER_CHANNELS: [&str; 4] = ["actor", "telemetry", "protocol:0", "protocol:1"];
+/// See [`DRIVER_PEERS`].
+pub const DRIVER_PATHS: [&str; 7] = [
+    "actor",
+    "join",
+    "telemetry",
+    "protocol",
+    "switch",
+    "substrate",
+    "unknown",
+];
+
+/// A random driver trace: peers 0–3 and 250 (invalid), every op, time moving by up to 3 s
+/// (past dial backoffs, idle timeouts and some join waits), `timeout` often; generations and
+/// connections from small ranges so that current, replaced and unknown ones all occur.
+fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
+    let mut at = 0u64;
+    let mut conn = 0u64;
+    (0..len)
+        .map(|_| {
+            at += [0, 0, 100, 250, 700, 1_100, 3_000][rng.random_range(0..7)];
+            conn += 1;
+            let peer = DRIVER_PEERS[rng.random_range(0..DRIVER_PEERS.len())];
+            let generation = rng.random_range(1..8u64);
+            let channel = DRIVER_CHANNELS[rng.random_range(0..DRIVER_CHANNELS.len())];
+            match rng.random_range(0..20) {
+                0..=1 => json!({"op": "accept", "at": at, "peer": peer,
+                    "alpn": DRIVER_ALPNS[rng.random_range(0..DRIVER_ALPNS.len())], "conn": conn}),
+                2 => json!({"op": "connected", "at": at, "peer": peer, "channel": channel,
+                    "conn": conn}),
+                3 => json!({"op": "closed", "at": at, "peer": peer, "channel": channel,
+                    "generation": generation}),
+                4 => json!({"op": "disconnect", "at": at, "peer": peer, "channel": channel}),
+                5 => json!({"op": "admit", "at": at, "peer": peer,
+                    "path": DRIVER_PATHS[rng.random_range(0..DRIVER_PATHS.len())],
+                    "direction": if rng.random_bool(0.5) { "inbound" } else { "outbound" }}),
+                6..=7 => json!({"op": "send", "at": at, "peer": peer}),
+                8 => json!({"op": "batch", "at": at, "peer": peer,
+                    "frames": rng.random_range(1..5u64)}),
+                9 => json!({"op": "write_failed", "at": at, "peer": peer,
+                    "generation": generation, "frames": rng.random_range(1..5u64),
+                    "swim": rng.random_bool(0.5)}),
+                10 => json!({"op": "idle", "at": at, "peer": peer}),
+                11 => {
+                    let conn = if rng.random_bool(0.5) {
+                        json!(conn)
+                    } else {
+                        Value::Null
+                    };
+                    json!({"op": "dialed", "at": at, "peer": peer, "conn": conn})
+                }
+                12 => json!({"op": "join", "at": at, "peer": peer,
+                    "relay": rng.random_bool(0.5), "direct": rng.random_range(0..3u64)}),
+                13 => json!({"op": "join_connected", "at": at, "peer": peer}),
+                14 => json!({"op": "join_sent", "at": at, "peer": peer, "conn": conn}),
+                15 => json!({"op": "join_failed", "at": at, "peer": peer}),
+                16 => json!({"op": "fault", "at": at, "peer": peer, "fatal": rng.random_bool(0.5)}),
+                17 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
+                _ => json!({"op": "timeout", "at": at}),
+            }
+        })
+        .collect()
 }
 
 fn routing_case(allow: Value, ops: Vec<Value>) -> Value {

@@ -15,6 +15,8 @@
 //!
 //! The binary `tether-formal-replay` exposes `check`, `generate` and `explore`.
 
+pub mod driver;
+pub mod driver_model;
 pub mod explore;
 pub mod generate;
 pub mod model;

@@ -22,11 +22,11 @@ use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
 
 use crate::model;
 use crate::script::{
-    Disposition, DriverCase, DriverEviction, DriverOp, DriverStep, Emission, EmissionCase, Ending,
-    FrameTypesCase, GateCase, GateOp, GateStep, GrantTargetCase, HoldTrue, JoinCase, JoinEventKind,
-    JoinStep, LedgerCase, NegotiateCase, Node, ReorderCase, ReorderError, ReorderStep, Rid,
-    RoutingCase, RoutingOp, RoutingStep, SubstrateAction, SubstrateCase, TableCase, TableOpKind,
-    TableStep, Verdict, ViolationName, WindowCase, WindowOp, WindowStep, WriterCase, Xid, SECTIONS,
+    Disposition, DriverCase, Emission, EmissionCase, Ending, FrameTypesCase, GateCase, GateOp,
+    GateStep, GrantTargetCase, HoldTrue, JoinCase, JoinEventKind, JoinStep, LedgerCase,
+    NegotiateCase, Node, ReorderCase, ReorderError, ReorderStep, Rid, RoutingCase, RoutingOp,
+    RoutingStep, SubstrateAction, SubstrateCase, TableCase, TableOpKind, TableStep, Verdict,
+    ViolationName, WindowCase, WindowOp, WindowStep, WriterCase, Xid, SECTIONS,
 };
 
 /// Which implementation a case is replayed against.
@@ -97,7 +97,7 @@ pub fn check_case(section: &str, raw: &Value, engine: Engine) -> Result<(), Fail
         "table" => replay(raw, engine, core_table, model_table),
         "emission" => replay(raw, engine, core_emission, model_emission),
         "substrate" => replay(raw, engine, substrate_trace, substrate_trace),
-        "driver" => replay(raw, engine, core_driver, model_driver),
+        "driver" => replay(raw, engine, crate::driver::run_case, model_driver),
         "join" => replay(raw, engine, core_join, model_join),
         "routing" => replay(raw, engine, core_routing, model_routing),
         "switch" => replay(
@@ -836,100 +836,9 @@ fn substrate_trace(case: &SubstrateCase) -> Result<SubstrateCase, String> {
     })
 }
 
-fn driver_step() -> DriverStep {
-    DriverStep {
-        generation: None,
-        eviction: None,
-        hit: None,
-        dial: None,
-    }
-}
-
-fn core_driver(case: &DriverCase) -> Result<DriverCase, String> {
-    use std::cell::Cell;
-    use std::rc::Rc;
-    use tether_core::driver::{ConnectionCache, DialTracker, Eviction, Generation};
-
-    same_length(&case.ops, &case.steps)?;
-    // A connection is a shared "closed" flag, so that a close reaches the cached copy.
-    let mut cache: ConnectionCache<u8, Rc<Cell<bool>>> = ConnectionCache::new();
-    let mut current: std::collections::BTreeMap<u8, Rc<Cell<bool>>> = Default::default();
-    let mut issued: std::collections::BTreeMap<u64, Generation> = Default::default();
-    let mut dials = DialTracker::default();
-    let steps = case
-        .ops
-        .iter()
-        .map(|op| {
-            let mut step = driver_step();
-            match *op {
-                DriverOp::Insert { peer } => {
-                    let conn = Rc::new(Cell::new(false));
-                    current.insert(peer, conn.clone());
-                    let generation = cache.insert(peer, conn);
-                    issued.insert(generation.get(), generation);
-                    step.generation = Some(generation.get());
-                }
-                DriverOp::Fail { peer, generation } => {
-                    // A generation never issued cannot be named through the core API: it
-                    // is stale by construction.
-                    let outcome = match issued.get(&generation) {
-                        Some(g) => cache.fail(&peer, *g),
-                        None => Eviction::Stale,
-                    };
-                    step.eviction = Some(match outcome {
-                        Eviction::Evicted => DriverEviction::Evicted,
-                        Eviction::Stale => DriverEviction::Stale,
-                    });
-                }
-                DriverOp::Close { peer } => {
-                    if let Some(conn) = current.get(&peer) {
-                        conn.set(true);
-                    }
-                }
-                DriverOp::Get { peer } => {
-                    step.hit = cache
-                        .get(&peer, |conn| conn.get())
-                        .map(|entry| entry.generation.get());
-                }
-                DriverOp::DialStart { peer } => step.dial = Some(dials.start(&peer)),
-                DriverOp::DialFinish { peer } => dials.finish(&peer),
-            }
-            step
-        })
-        .collect();
-    Ok(DriverCase {
-        steps,
-        ..case.clone()
-    })
-}
-
+/// The driver section's independent model.
 fn model_driver(case: &DriverCase) -> Result<DriverCase, String> {
-    same_length(&case.ops, &case.steps)?;
-    let mut cache = model::DriverCache::default();
-    let narrow = |g: u128| u64::try_from(g).map_err(|_| "generation past u64".to_owned());
-    let mut steps = Vec::new();
-    for op in &case.ops {
-        let mut step = driver_step();
-        match *op {
-            DriverOp::Insert { peer } => step.generation = Some(narrow(cache.insert(peer))?),
-            DriverOp::Fail { peer, generation } => {
-                step.eviction = Some(if cache.fail(peer, u128::from(generation)) {
-                    DriverEviction::Evicted
-                } else {
-                    DriverEviction::Stale
-                });
-            }
-            DriverOp::Close { peer } => cache.close(peer),
-            DriverOp::Get { peer } => step.hit = cache.get(peer).map(narrow).transpose()?,
-            DriverOp::DialStart { peer } => step.dial = Some(cache.dial_start(peer)),
-            DriverOp::DialFinish { peer } => cache.dial_finish(peer),
-        }
-        steps.push(step);
-    }
-    Ok(DriverCase {
-        steps,
-        ..case.clone()
-    })
+    crate::driver_model::run_case(case)
 }
 
 fn core_join(case: &JoinCase) -> Result<JoinCase, String> {

@@ -406,50 +406,169 @@ pub struct SubstrateCase {
     pub verdict: Verdict,
 }
 
-/// One op on the transport driver's connection cache and dial tracker (tether's own section,
-/// not part of CONFORMANCE.md). Peers are small integers; a generation cited by `fail` may be
-/// any value (current, replaced or never issued).
+/// One input to the driver machine (tether's own section, seed 000; format and semantics in
+/// `docs/conformance/driver.md`). Peers are 0–255; `at` is milliseconds, never decreasing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DriverOp {
-    Insert { peer: u8 },
-    Fail { peer: u8, generation: u64 },
-    Close { peer: u8 },
-    Get { peer: u8 },
-    DialStart { peer: u8 },
-    DialFinish { peer: u8 },
+    Accept {
+        at: u64,
+        peer: u8,
+        alpn: String,
+        conn: u64,
+    },
+    Connected {
+        at: u64,
+        peer: u8,
+        channel: String,
+        conn: u64,
+    },
+    Closed {
+        at: u64,
+        peer: u8,
+        channel: String,
+        generation: u64,
+    },
+    Disconnect {
+        at: u64,
+        peer: u8,
+        channel: String,
+    },
+    Admit {
+        at: u64,
+        peer: u8,
+        path: String,
+        direction: String,
+    },
+    Send {
+        at: u64,
+        peer: u8,
+    },
+    Batch {
+        at: u64,
+        peer: u8,
+        frames: u64,
+    },
+    WriteFailed {
+        at: u64,
+        peer: u8,
+        generation: u64,
+        frames: u64,
+        swim: bool,
+    },
+    Idle {
+        at: u64,
+        peer: u8,
+    },
+    Dialed {
+        at: u64,
+        peer: u8,
+        #[serde(deserialize_with = "required")]
+        conn: Option<u64>,
+    },
+    Join {
+        at: u64,
+        peer: u8,
+        relay: bool,
+        direct: u64,
+    },
+    JoinConnected {
+        at: u64,
+        peer: u8,
+    },
+    JoinSent {
+        at: u64,
+        peer: u8,
+        conn: u64,
+    },
+    JoinFailed {
+        at: u64,
+        peer: u8,
+    },
+    Fault {
+        at: u64,
+        peer: u8,
+        fatal: bool,
+    },
+    Timeout {
+        at: u64,
+    },
+    Close {
+        at: u64,
+    },
 }
 
-/// What a `fail` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DriverEviction {
-    Evicted,
-    Stale,
+impl DriverOp {
+    /// The op's time.
+    pub fn at(&self) -> u64 {
+        match self {
+            Self::Accept { at, .. }
+            | Self::Connected { at, .. }
+            | Self::Closed { at, .. }
+            | Self::Disconnect { at, .. }
+            | Self::Admit { at, .. }
+            | Self::Send { at, .. }
+            | Self::Batch { at, .. }
+            | Self::WriteFailed { at, .. }
+            | Self::Idle { at, .. }
+            | Self::Dialed { at, .. }
+            | Self::Join { at, .. }
+            | Self::JoinConnected { at, .. }
+            | Self::JoinSent { at, .. }
+            | Self::JoinFailed { at, .. }
+            | Self::Fault { at, .. }
+            | Self::Timeout { at }
+            | Self::Close { at } => *at,
+        }
+    }
 }
 
-/// The observation after one driver op: each key is set by the op it belongs to and `null`
-/// otherwise (`generation` by insert, `eviction` by fail, `hit` by get — `null` on a miss —
-/// and `dial` by dial_start).
+/// The observation after one driver op: its answer (`null` for ops without one), the actions
+/// it queued, in order, and when the machine next wants a `timeout`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DriverStep {
     #[serde(deserialize_with = "required")]
-    pub generation: Option<u64>,
+    pub result: Option<String>,
+    pub actions: Vec<String>,
     #[serde(deserialize_with = "required")]
-    pub eviction: Option<DriverEviction>,
-    #[serde(deserialize_with = "required")]
-    pub hit: Option<u64>,
-    #[serde(deserialize_with = "required")]
-    pub dial: Option<bool>,
+    pub timeout: Option<u64>,
+}
+
+/// The machine's counters at the end of a case.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverCounters {
+    pub accepted: u64,
+    pub dials_started: u64,
+    pub dial_failures: u64,
+    pub evictions: u64,
+    pub stale_failures: u64,
+    pub writers_retired: u64,
+}
+
+/// The machine's state after the last op.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverEnd {
+    pub drops: std::collections::BTreeMap<String, u64>,
+    pub refusals: std::collections::BTreeMap<String, u64>,
+    pub counters: DriverCounters,
+    /// (peer, channel, generation), sorted by peer then channel.
+    pub cache: Vec<(u8, String, u64)>,
+    /// Phase by seed (decimal).
+    pub joins: std::collections::BTreeMap<String, String>,
 }
 
 /// A driver case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DriverCase {
+    #[serde(deserialize_with = "required")]
+    pub allow: Option<Vec<u8>>,
     pub ops: Vec<DriverOp>,
     pub steps: Vec<DriverStep>,
+    pub end: DriverEnd,
 }
 
 /// One event of a join to one seed (tether's own section): at `at` ms, the current attempt

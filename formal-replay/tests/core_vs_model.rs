@@ -95,9 +95,22 @@ proptest! {
     }
 
     #[test]
-    fn driver(ops in prop::collection::vec(driver_op(), 0..OPS_MAX)) {
-        let steps = steps_like(ops.len(), json!({"generation": null, "eviction": null, "hit": null, "dial": null}));
-        agree("driver", json!({"ops": ops, "steps": steps}))?;
+    fn driver(allow in prop::option::of(Just(vec![0u8, 1, 2, 250])), timed in prop::collection::vec((driver_delay(), driver_op()), 0..OPS_MAX)) {
+        // Time never goes back: each op comes some delay after the one before.
+        let mut at = 0u64;
+        let ops: Vec<Value> = timed
+            .into_iter()
+            .map(|(delay, mut op)| {
+                at += delay;
+                op["at"] = json!(at);
+                op
+            })
+            .collect();
+        let steps = steps_like(ops.len(), json!({"result": null, "actions": [], "timeout": null}));
+        let end = json!({"drops": {}, "refusals": {}, "counters": {"accepted": 0,
+            "dials_started": 0, "dial_failures": 0, "evictions": 0, "stale_failures": 0,
+            "writers_retired": 0}, "cache": [], "joins": {}});
+        agree("driver", json!({"allow": allow, "ops": ops, "steps": steps, "end": end}))?;
     }
 
     #[test]
@@ -142,15 +155,53 @@ fn routing_op() -> impl Strategy<Value = Value> {
     ]
 }
 
-fn driver_op() -> impl Strategy<Value = Value> {
-    let peer = 0u8..3;
+/// Delays between driver ops: often none, often past a dial backoff or the idle period,
+/// sometimes past join waits.
+fn driver_delay() -> impl Strategy<Value = u64> {
     prop_oneof![
-        3 => peer.clone().prop_map(|p| json!({"op": "insert", "peer": p})),
-        2 => (peer.clone(), 0u64..12).prop_map(|(p, g)| json!({"op": "fail", "peer": p, "generation": g})),
-        1 => peer.clone().prop_map(|p| json!({"op": "close", "peer": p})),
-        2 => peer.clone().prop_map(|p| json!({"op": "get", "peer": p})),
-        1 => peer.clone().prop_map(|p| json!({"op": "dial_start", "peer": p})),
-        1 => peer.prop_map(|p| json!({"op": "dial_finish", "peer": p})),
+        4 => Just(0u64),
+        4 => 0u64..1_500,
+        1 => 1_500u64..40_000,
+    ]
+}
+
+/// One driver op without its time: peers 0–3 and 250 (invalid), small generations and
+/// connection numbers so that current, replaced and unknown ones all occur.
+fn driver_op() -> impl Strategy<Value = Value> {
+    let peer = prop::sample::select(vec![0u8, 1, 2, 3, 250]);
+    let channel = prop::sample::select(vec!["actor", "telemetry", "protocol:0", "protocol:1"]);
+    let alpn = prop::sample::select(vec!["a", "t", "p0", "p1", "s", "u", "x"]);
+    let path = prop::sample::select(vec![
+        "actor",
+        "join",
+        "telemetry",
+        "protocol",
+        "switch",
+        "substrate",
+        "unknown",
+    ]);
+    let direction = prop::sample::select(vec!["inbound", "outbound"]);
+    let generation = 1u64..10;
+    let conn = 0u64..20;
+    prop_oneof![
+        2 => (peer.clone(), alpn, conn.clone()).prop_map(|(p, a, c)| json!({"op": "accept", "peer": p, "alpn": a, "conn": c})),
+        1 => (peer.clone(), channel.clone(), conn.clone()).prop_map(|(p, ch, c)| json!({"op": "connected", "peer": p, "channel": ch, "conn": c})),
+        1 => (peer.clone(), channel.clone(), generation.clone()).prop_map(|(p, ch, g)| json!({"op": "closed", "peer": p, "channel": ch, "generation": g})),
+        1 => (peer.clone(), channel).prop_map(|(p, ch)| json!({"op": "disconnect", "peer": p, "channel": ch})),
+        1 => (peer.clone(), path, direction).prop_map(|(p, pa, d)| json!({"op": "admit", "peer": p, "path": pa, "direction": d})),
+        3 => peer.clone().prop_map(|p| json!({"op": "send", "peer": p})),
+        2 => (peer.clone(), 0u64..5).prop_map(|(p, f)| json!({"op": "batch", "peer": p, "frames": f})),
+        2 => (peer.clone(), generation, 0u64..5, any::<bool>()).prop_map(|(p, g, f, s)| json!({"op": "write_failed", "peer": p, "generation": g, "frames": f, "swim": s})),
+        1 => peer.clone().prop_map(|p| json!({"op": "idle", "peer": p})),
+        2 => (peer.clone(), prop::option::of(conn.clone())).prop_map(|(p, c)| json!({"op": "dialed", "peer": p, "conn": c})),
+        1 => (peer.clone(), any::<bool>(), 0u64..3).prop_map(|(p, r, d)| json!({"op": "join", "peer": p, "relay": r, "direct": d})),
+        1 => peer.clone().prop_map(|p| json!({"op": "join_connected", "peer": p})),
+        1 => (peer.clone(), conn).prop_map(|(p, c)| json!({"op": "join_sent", "peer": p, "conn": c})),
+        1 => peer.clone().prop_map(|p| json!({"op": "join_failed", "peer": p})),
+        1 => (peer, any::<bool>()).prop_map(|(p, f)| json!({"op": "fault", "peer": p, "fatal": f})),
+        3 => Just(json!({"op": "timeout"})),
+        1 => prop::bool::weighted(0.05)
+            .prop_map(|close| json!({"op": if close { "close" } else { "timeout" }})),
     ]
 }
 

@@ -202,6 +202,17 @@ pub fn substrate(data: &[u8]) {
     }
 }
 
+/// Stateful: three transport driver machines with dials, joins and batch writes completing
+/// or failing when the input says, connections killed with delayed close reports, idle
+/// writers, disconnects, closes and time. Every law of `tether_core::driver::harness::run_ops`
+/// must hold (admission, one dial per peer, generation-scoped eviction, SWIM feedback,
+/// frame accounting and order, liveness after healing).
+pub fn driver(data: &[u8]) {
+    if let Err(law) = tether_core::driver::harness::run_ops(data) {
+        panic!("driver: {law}");
+    }
+}
+
 /// Stateful: a request switch with three masters driven by arbitrary engine requests, peer
 /// requests, master frames (right, wrong and missing XIDs, any seq), cancels, stop-feeds,
 /// closes, reattaches and time. It must never panic, every frame it writes must pass the

@@ -13,6 +13,12 @@ use std::collections::BTreeMap;
 pub struct Generation(u64);
 
 impl Generation {
+    /// The generation numbered `raw` (`None` for 0, which is never issued). Only replay and
+    /// tests name generations by number; the cache issues them.
+    pub fn new(raw: u64) -> Option<Self> {
+        (raw != 0).then_some(Self(raw))
+    }
+
     /// The raw value (≥ 1).
     pub fn get(self) -> u64 {
         self.0
@@ -77,6 +83,11 @@ impl<P: Ord + Clone, C> ConnectionCache<P, C> {
         {
             self.entries.remove(peer);
         }
+        self.entries.get(peer)
+    }
+
+    /// The entry of `peer`, as it stands.
+    pub fn peek(&self, peer: &P) -> Option<&Entry<C>> {
         self.entries.get(peer)
     }
 

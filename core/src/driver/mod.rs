@@ -5,12 +5,17 @@
 
 pub mod admission;
 pub mod cache;
+pub mod harness;
+pub mod machine;
 pub mod relay;
 pub mod routing;
 pub mod schedule;
 
 pub use admission::{admit, Direction, Path, Refusals, Refused};
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
+pub use machine::{
+    Action, Alpns, Channel, Config as DriverConfig, Dispatch, Driver, Send, StreamVerdict,
+};
 pub use relay::RelayHints;
 pub use routing::{
     resolve_egress, ActorAddr, DropReason, Drops, Egress, Inbound, NodeId, PeerAuth, RouteMemo,

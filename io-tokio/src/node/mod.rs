@@ -61,10 +61,12 @@ use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
 use iroh::{Endpoint, EndpointAddr, PublicKey, SecretKey};
 pub use iroh::{RelayMode, RelayUrl};
 use tether_core::channel::{HybridChannel, Sender};
+pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED};
+pub use tether_core::driver::Channel;
 use tether_core::driver::{
-    admit, dial_retry_after, ActorAddr, ConnectionCache, DialTracker, Direction, DropReason, Drops,
-    Eviction, Generation, Inbound, Join, JoinNext, JoinStatus, NodeId, Path, PeerAuth, Refusals,
-    Refused, RelayHints, RouteMemo, Routes,
+    Action, ActorAddr, Alpns, Direction, Dispatch, Driver, DriverConfig, DropReason, Drops,
+    Generation, Inbound, JoinStatus, NodeId, Path, PeerAuth, Refusals, Refused, RouteMemo, Routes,
+    Send as SendVerdict, StreamVerdict,
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, EGRESS_SPILL_FRAMES_MAX,
@@ -80,10 +82,6 @@ use tracing::{debug, info, warn, Instrument};
 pub const ACTOR_ALPN: &[u8] = b"swactor/swim/1";
 /// The telemetry ALPN.
 pub const TELEMETRY_ALPN: &[u8] = b"swactor/telemetry/1";
-/// QUIC close code for a peer refused by the allow-list.
-pub const CLOSE_UNAUTHORIZED: u32 = 403;
-/// QUIC close code when the node closes.
-pub const CLOSE_SHUTDOWN: u32 = 0;
 /// Bytes of records coalesced into one stream write.
 const WRITE_BATCH_BYTES: usize = 256 * 1024;
 /// Bytes read per stream read.
@@ -183,8 +181,10 @@ pub struct Snapshot {
     pub egress_queues_started: u64,
     /// Peer egress queues torn down after sitting idle.
     pub egress_queues_retired: u64,
-    /// Cached connections: peer (hex) → generation.
+    /// Cached actor-plane connections: peer (hex) → generation.
     pub cache: BTreeMap<String, u64>,
+    /// Every cached connection, whatever its ALPN: (peer hex, channel, generation).
+    pub connections: Vec<(String, Channel, u64)>,
 }
 
 /// Builds a [`Node`].
@@ -459,10 +459,26 @@ impl NodeBuilder {
             routes.set_swim_tags(tags);
         }
         let (closed_tx, _) = watch::channel(false);
-        let gate = Arc::new(Gate {
+        let gate = Arc::new(Gate::new(DriverConfig {
             auth: self.auth,
-            refusals: watch::channel(Refusals::default()).0,
-        });
+            alpns: Alpns {
+                actor: self.actor_alpn.clone(),
+                telemetry: self.telemetry_alpn.clone(),
+                telemetry_collect: !self.telemetry_sinks.is_empty(),
+                protocols: self
+                    .protocols
+                    .iter()
+                    .map(|(binding, _)| binding.wire_alpn.clone())
+                    .collect(),
+                switch: self.switch_host.then(|| SWITCH_ALPN.to_vec()),
+                substrate: self.substrate.then(|| SUBSTRATE_ALPN.to_vec()),
+            },
+            idle_peer_timeout: self.idle_peer_timeout,
+            dial_attempt_timeout: tether_core::driver::schedule::DIAL_ATTEMPT_TIMEOUT,
+            join_attempt_timeout: self.join_policy.attempt_timeout,
+            join_delay_divisor: self.join_policy.delay_divisor,
+            valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
+        }));
         let (substrate_transport, substrate_queue) = if self.substrate {
             let (transport, queue) = IrohTransport::new(endpoint.clone(), gate.clone());
             (Some(transport), Some(queue))
@@ -500,21 +516,18 @@ impl NodeBuilder {
             batch_delay: self.batch_delay,
             egress_ring: self.egress_ring,
             egress_spill: self.egress_spill,
-            idle_peer_timeout: self.idle_peer_timeout,
             egress_count: watch::channel(0).0,
-            changes: watch::channel(0).0,
             relay_urls,
             actor_alpn: self.actor_alpn,
-            join_policy: self.join_policy,
-            state: Mutex::new(State::default()),
             egress: RwLock::default(),
             counters: Counters::default(),
             tasks: Mutex::new(JoinSet::new()),
             closed: closed_tx,
-            started: std::time::Instant::now(),
         });
         let accept = inner.clone();
         inner.spawn(async move { accept.accept_loop().await });
+        let timer = inner.clone();
+        inner.spawn(async move { timer.timer_loop().await });
         info!(node = %hex(&local), "node bound");
         Ok(Node { inner })
     }
@@ -533,6 +546,8 @@ struct PeerQueue {
 struct WriterWake {
     notify: Notify,
     asleep: AtomicBool,
+    /// The driver retired this writer (it ends unless a frame raced the retirement).
+    retire: AtomicBool,
 }
 
 impl WriterWake {
@@ -564,44 +579,22 @@ impl WriterWake {
     }
 }
 
-/// A cached connection and whether it is known closed (set by its reader when the
-/// connection ends: a per-frame look at the QUIC state would contend with its driver).
-#[derive(Clone)]
-struct Cached {
-    conn: Connection,
-    closed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Cached {
-    fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-}
-
-#[derive(Default)]
+/// The driver machine and the shell's address book.
 struct State {
-    cache: ConnectionCache<NodeId, Cached>,
-    dials: DialTracker<NodeId>,
+    driver: Driver<Connection>,
+    /// The last address seen for each peer (what a dial uses).
     addrs: BTreeMap<NodeId, EndpointAddr>,
-    /// Each peer's relays as last seen (core's bounded [`RelayHints`]).
-    relay_hints: RelayHints,
-    joins: BTreeMap<NodeId, JoinStatus>,
-    drops: Drops,
-    evictions: u64,
-    stale_failures: u64,
 }
 
-/// Counters kept outside the state lock. Those bumped per frame sit on their own cache lines
-/// (readers and writers run on different threads; shared lines would bounce on every frame).
+/// Counters of the data path, kept outside the machine's lock. Those bumped per frame sit on
+/// their own cache lines (readers and writers run on different threads; shared lines would
+/// bounce on every frame).
 #[derive(Default)]
 struct Counters {
     enqueued: CachePadded<AtomicU64>,
     written: CachePadded<AtomicU64>,
     received: CachePadded<AtomicU64>,
     delivered: CachePadded<AtomicU64>,
-    accepted: AtomicU64,
-    dials_started: AtomicU64,
-    dial_failures: AtomicU64,
     queues_started: AtomicU64,
     queues_retired: AtomicU64,
 }
@@ -617,6 +610,7 @@ struct Inner {
         Option<tokio::sync::mpsc::Sender<(tether_core::substrate::PeerId, crate::substrate::Link)>>,
     endpoint: Endpoint,
     local: NodeId,
+    /// The driver machine (every decision), shared with the substrate transport.
     gate: Arc<Gate>,
     /// The routing tables, replaced copy-on-write: readers and writers take a snapshot per
     /// chunk or batch, so a bridge may change them from inside a delivery.
@@ -626,22 +620,16 @@ struct Inner {
     batch_delay: Duration,
     egress_ring: usize,
     egress_spill: usize,
-    idle_peer_timeout: Duration,
     /// How many peers have an egress queue and a writer now.
     egress_count: watch::Sender<usize>,
-    /// Bumped whenever connection state moves (see [`Node::changes`]).
-    changes: watch::Sender<u64>,
     /// The relays the node was configured with (none when relays are disabled).
     relay_urls: Vec<RelayUrl>,
     actor_alpn: Vec<u8>,
-    join_policy: JoinPolicy,
-    state: Mutex<State>,
     /// Each peer's egress queue, created by its first frame; read by every `send`.
     egress: RwLock<BTreeMap<NodeId, PeerQueue>>,
     counters: Counters,
     tasks: Mutex<JoinSet<()>>,
     closed: watch::Sender<bool>,
-    started: std::time::Instant,
 }
 
 /// A tether node on iroh. Cheap to clone; [`Node::close`] stops everything it started.
@@ -658,26 +646,86 @@ impl std::fmt::Debug for Node {
     }
 }
 
-/// The allow-list check every path takes (core's [`admit`]), with refusals counted and
-/// published.
+/// Core's driver machine behind a lock, with what publishes its state: every input goes
+/// through [`Gate::drive`], which returns the machine's answer and the actions it queued,
+/// publishes refusals and changes, and re-arms the timer task when the next timeout moved.
 pub(crate) struct Gate {
-    auth: PeerAuth,
+    state: Mutex<State>,
     refusals: watch::Sender<Refusals>,
+    /// Bumped whenever the machine's state moves (see [`Node::changes`]).
+    changes: watch::Sender<u64>,
+    /// Wakes the timer task when the machine's next timeout moved.
+    timer: Notify,
+    started: std::time::Instant,
 }
 
 impl Gate {
-    /// Admits `peer` on `path`, or counts the refusal.
+    fn new(config: DriverConfig) -> Self {
+        Self {
+            state: Mutex::new(State {
+                driver: Driver::new(config),
+                addrs: BTreeMap::new(),
+            }),
+            refusals: watch::channel(Refusals::default()).0,
+            changes: watch::channel(0).0,
+            timer: Notify::new(),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now(&self) -> Time {
+        Time::from_millis(self.started.elapsed().as_millis() as u64)
+    }
+
+    /// The instant of machine time `at`.
+    fn instant(&self, at: Time) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.started + Duration::from_millis(at.as_millis()))
+    }
+
+    /// Runs one input on the machine: its answer and the actions it queued.
+    fn drive<R>(
+        &self,
+        input: impl FnOnce(&mut Driver<Connection>, Time) -> R,
+    ) -> (R, Vec<Action<Connection>>) {
+        let now = self.now();
+        let mut state = self.lock();
+        let driver = &mut state.driver;
+        let (version, timeout) = (driver.version(), driver.poll_timeout());
+        let answer = input(driver, now);
+        let actions: Vec<_> = std::iter::from_fn(|| driver.poll_action()).collect();
+        let moved = driver.version() != version;
+        let rearm = driver.poll_timeout() != timeout;
+        let refusals = (moved && *self.refusals.borrow() != *driver.refusals())
+            .then(|| driver.refusals().clone());
+        drop(state);
+        if let Some(refusals) = refusals {
+            self.refusals.send_replace(refusals);
+        }
+        if moved {
+            self.changes
+                .send_modify(|version| *version = version.wrapping_add(1));
+        }
+        if rearm {
+            self.timer.notify_one();
+        }
+        (answer, actions)
+    }
+
+    /// Admits `peer` on `path` (a path whose only machine input is its admission), or counts
+    /// the refusal.
     pub(crate) fn admit(
         &self,
         peer: &NodeId,
         path: Path,
         direction: Direction,
     ) -> Result<(), NodeError> {
-        admit(&self.auth, peer, path, direction).map_err(|refused| {
-            self.refusals
-                .send_modify(|refusals| refusals.count(refused));
-            NodeError::from(refused)
-        })
+        let (admitted, _) =
+            self.drive(|driver, now| driver.handle_admit(now, peer, path, direction));
+        admitted.map_err(NodeError::from)
     }
 }
 
@@ -752,17 +800,22 @@ impl Node {
     pub async fn connect(&self, addr: EndpointAddr) -> Result<(), NodeError> {
         let peer = *addr.id.as_bytes();
         self.inner
-            .gate
-            .admit(&peer, Path::Actor, Direction::Outbound)?;
+            .drive(|driver, now| driver.handle_connect(now, peer))?;
         let addr = self.inner.normalized(addr);
-        self.inner.remember(addr.clone());
+        self.inner.remember(&addr);
         let conn = self
             .inner
             .endpoint
             .connect(addr, &self.inner.actor_alpn)
             .await
             .map_err(|error| NodeError::Connect(error.to_string()))?;
-        self.inner.adopt(peer, conn);
+        let generation = self
+            .inner
+            .drive(|driver, now| driver.handle_connected(now, peer, Channel::Actor, conn.clone()));
+        if generation.is_none() {
+            return Err(NodeError::Closed);
+        }
+        self.inner.adopt(peer, conn, generation);
         Ok(())
     }
 
@@ -777,26 +830,28 @@ impl Node {
     /// A seed off the allow-list is refused (counted under `join/outbound`) and not tried.
     pub fn join(&self, seeds: Vec<EndpointAddr>) {
         for seed in seeds {
-            let admitted =
-                self.inner
-                    .gate
-                    .admit(seed.id.as_bytes(), Path::Join, Direction::Outbound);
-            if admitted.is_err() {
-                warn!(seed = %hex(seed.id.as_bytes()), "join seed not allowed");
-                continue;
-            }
+            let peer = *seed.id.as_bytes();
             let seed = self.inner.normalized(seed);
-            let inner = self.inner.clone();
-            self.inner.spawn(async move { inner.join_one(seed).await });
+            // Only an admitted seed is remembered (the machine counts the refusal below).
+            if self.inner.gate.lock().driver.permits(&peer) {
+                self.inner.remember(&seed);
+            }
+            let (relay, direct) = (seed.relay_urls().next().is_some(), seed.ip_addrs().count());
+            let joined = self
+                .inner
+                .drive(|driver, now| driver.handle_join(now, peer, relay, direct));
+            if joined.is_err() {
+                warn!(seed = %hex(&peer), "join seed not allowed");
+            }
         }
     }
 
     /// The status of every join, by seed id (hex).
     pub fn join_statuses(&self) -> BTreeMap<String, JoinStatus> {
-        let state = self.inner.lock();
+        let state = self.inner.gate.lock();
         state
-            .joins
-            .iter()
+            .driver
+            .join_statuses()
             .map(|(id, s)| (hex(id), s.clone()))
             .collect()
     }
@@ -812,7 +867,7 @@ impl Node {
     /// failed, a join's status. Wait on it (then read [`Node::snapshot`] or
     /// [`Node::join_statuses`]) instead of polling.
     pub fn changes(&self) -> watch::Receiver<u64> {
-        self.inner.changes.subscribe()
+        self.inner.gate.changes.subscribe()
     }
 
     /// Refusals by the allow-list so far, by path and direction; changes as they happen
@@ -862,28 +917,34 @@ impl Node {
 
     fn collect_snapshot(&self) -> Snapshot {
         let c = &self.inner.counters;
-        let refusals = self.inner.gate.refusals.borrow().clone();
-        let state = self.inner.lock();
+        let state = self.inner.gate.lock();
+        let driver = &state.driver;
+        let refusals = driver.refusals().clone();
+        let counters = driver.counters();
         Snapshot {
             node_id: hex(&self.inner.local),
             frames_enqueued: c.enqueued.load(Ordering::Relaxed),
             frames_written: c.written.load(Ordering::Relaxed),
             frames_received: c.received.load(Ordering::Relaxed),
             frames_delivered: c.delivered.load(Ordering::Relaxed),
-            drops: state.drops.clone(),
-            accepted: c.accepted.load(Ordering::Relaxed),
+            drops: driver.drops().clone(),
+            accepted: counters.accepted,
             refused: refusals.total(Direction::Inbound),
             refusals,
-            dials_started: c.dials_started.load(Ordering::Relaxed),
-            dial_failures: c.dial_failures.load(Ordering::Relaxed),
+            dials_started: counters.dials_started,
+            dial_failures: counters.dial_failures,
             egress_queues_started: c.queues_started.load(Ordering::Relaxed),
             egress_queues_retired: c.queues_retired.load(Ordering::Relaxed),
-            evictions: state.evictions,
-            stale_failures: state.stale_failures,
-            cache: state
-                .cache
-                .generations()
-                .map(|(peer, generation)| (hex(peer), generation.get()))
+            evictions: counters.evictions,
+            stale_failures: counters.stale_failures,
+            cache: driver
+                .connections()
+                .filter(|(_, channel, _)| *channel == Channel::Actor)
+                .map(|(peer, _, generation)| (hex(&peer), generation.get()))
+                .collect(),
+            connections: driver
+                .connections()
+                .map(|(peer, channel, generation)| (hex(&peer), channel, generation.get()))
                 .collect(),
         }
     }
@@ -906,10 +967,26 @@ impl Node {
             let _ = done.send(Err(error.to_string()));
             return outcome;
         }
-        let inner = self.inner.clone();
+        let (inner, peer) = (self.inner.clone(), *to.id.as_bytes());
         self.inner.spawn(async move {
             let result = match inner.endpoint.connect(to, &inner.telemetry_alpn).await {
-                Ok(conn) => telemetry::publish(conn, header, subscription).await,
+                Ok(conn) => {
+                    let generation = inner.drive(|driver, now| {
+                        driver.handle_connected(now, peer, Channel::Telemetry, conn.clone())
+                    });
+                    let result = telemetry::publish(conn, header, subscription).await;
+                    if let Some(generation) = generation {
+                        inner.drive(|driver, now| {
+                            driver.handle_connection_closed(
+                                now,
+                                peer,
+                                Channel::Telemetry,
+                                generation,
+                            )
+                        });
+                    }
+                    result
+                }
                 Err(error) => Err(error.to_string()),
             };
             let _ = done.send(result);
@@ -925,12 +1002,13 @@ impl Node {
         protocol_id: &str,
         protocol_stream_id: u64,
     ) -> Result<LogicalStream, NodeError> {
-        let adapter = self
+        let (index, adapter) = self
             .inner
             .adapters
             .iter()
-            .find(|adapter| adapter.binding.protocol_id == protocol_id)
-            .cloned()
+            .enumerate()
+            .find(|(_, adapter)| adapter.binding.protocol_id == protocol_id)
+            .and_then(|(index, adapter)| Some((u16::try_from(index).ok()?, adapter.clone())))
             .ok_or_else(|| NodeError::Connect(format!("no binding for {protocol_id}")))?;
         let peer = *to.id.as_bytes();
         self.inner
@@ -938,12 +1016,18 @@ impl Node {
             .admit(&peer, Path::Protocol, Direction::Outbound)?;
         // One connection per peer and protocol: a cached one (either side may have dialed
         // it) carries the stream; a dead or missing one is replaced, once.
-        let (mut send, recv) = match adapter.connection(&peer) {
-            Some(conn) => match conn.open_bi().await {
+        let cached = self
+            .inner
+            .gate
+            .lock()
+            .driver
+            .connection(&peer, Channel::Protocol(index));
+        let (mut send, recv) = match cached {
+            Some((_, conn)) => match conn.open_bi().await {
                 Ok(pair) => pair,
-                Err(_) => self.dial_protocol(&adapter, to, peer).await?,
+                Err(_) => self.dial_protocol(&adapter, index, to, peer).await?,
             },
-            None => self.dial_protocol(&adapter, to, peer).await?,
+            None => self.dial_protocol(&adapter, index, to, peer).await?,
         };
         send.write_all(&protocol_stream_id.to_be_bytes())
             .await
@@ -960,6 +1044,7 @@ impl Node {
     async fn dial_protocol(
         &self,
         adapter: &Arc<protocol::Adapter>,
+        index: u16,
         to: EndpointAddr,
         peer: NodeId,
     ) -> Result<(SendStream, RecvStream), NodeError> {
@@ -973,14 +1058,12 @@ impl Node {
             .open_bi()
             .await
             .map_err(|error| NodeError::Connect(error.to_string()))?;
-        adapter.adopt(peer, &conn);
-        let (inner, adapter) = (self.inner.clone(), adapter.clone());
-        self.inner.spawn(async move {
-            let spawner = inner.clone();
-            adapter
-                .serve_adopted(conn, peer, move |task| spawner.spawn(task))
-                .await;
+        let generation = self.inner.drive(|driver, now| {
+            driver.handle_connected(now, peer, Channel::Protocol(index), conn.clone())
         });
+        let generation = generation.ok_or(NodeError::Closed)?;
+        self.inner
+            .serve_protocol(adapter.clone(), index, generation, peer, conn);
         Ok(pair)
     }
 
@@ -1025,11 +1108,9 @@ impl Node {
 
     /// Closes the cached connection to `peer` (if any); the next frame for it dials again.
     pub fn disconnect(&self, peer: &NodeId) {
-        let entry = self.inner.lock().cache.remove(peer);
-        self.inner.changed();
-        if let Some(entry) = entry {
-            entry.conn.conn.close(CLOSE_SHUTDOWN.into(), b"disconnect");
-        }
+        let peer = *peer;
+        self.inner
+            .drive(|driver, now| driver.handle_disconnect(now, peer, Channel::Actor));
     }
 
     /// Tasks still running (0 after [`Node::close`]).
@@ -1045,20 +1126,10 @@ impl Node {
     /// returns when all of them have ended.
     pub async fn close(&self) {
         self.inner.closed.send_replace(true);
-        let conns: Vec<Connection> = {
-            self.inner.egress_queues().clear();
-            self.inner.egress_count.send_replace(0);
-            let mut state = self.inner.lock();
-            state
-                .cache
-                .take_all()
-                .into_values()
-                .map(|e| e.conn.conn)
-                .collect()
-        };
-        for conn in conns {
-            conn.close(CLOSE_SHUTDOWN.into(), b"closing");
-        }
+        self.inner.egress_write().clear();
+        self.inner.egress_count.send_replace(0);
+        // The machine closes every cached connection (its actions) and starts nothing new.
+        self.inner.drive(|driver, now| driver.handle_close(now));
         self.inner.endpoint.close().await;
         let mut tasks = std::mem::take(
             &mut *self
@@ -1074,14 +1145,6 @@ impl Node {
 }
 
 impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn now(&self) -> Time {
-        Time::from_millis(self.started.elapsed().as_millis() as u64)
-    }
-
     fn is_closed(&self) -> bool {
         *self.closed.borrow()
     }
@@ -1097,39 +1160,81 @@ impl Inner {
         tasks.spawn(task);
     }
 
-    /// Which path an inbound connection's ALPN is (for counting its refusal).
-    fn path_of(&self, alpn: &[u8]) -> Path {
-        if alpn == self.actor_alpn.as_slice() {
-            Path::Actor
-        } else if alpn == self.telemetry_alpn.as_slice() {
-            Path::Telemetry
-        } else if alpn == SWITCH_ALPN {
-            Path::Switch
-        } else if alpn == SUBSTRATE_ALPN {
-            Path::Substrate
-        } else if self.adapter_for_alpn(alpn).is_some() {
-            Path::Protocol
-        } else {
-            Path::Unknown
+    /// Runs one input on the driver machine and executes the actions it queued.
+    fn drive<R>(self: &Arc<Self>, input: impl FnOnce(&mut Driver<Connection>, Time) -> R) -> R {
+        let (answer, actions) = self.gate.drive(input);
+        for action in actions {
+            self.execute(action);
+        }
+        answer
+    }
+
+    /// Does what the machine said.
+    fn execute(self: &Arc<Self>, action: Action<Connection>) {
+        match action {
+            Action::Dial {
+                peer,
+                attempt,
+                timeout,
+            } => {
+                let inner = self.clone();
+                self.spawn(async move { inner.dial(peer, attempt, timeout).await });
+            }
+            Action::JoinAttempt {
+                peer,
+                attempt,
+                timeout,
+            } => {
+                let inner = self.clone();
+                self.spawn(async move { inner.join_attempt(peer, attempt, timeout).await });
+            }
+            Action::KickWriter { peer } => {
+                if let Some(queue) = self.egress_read().get(&peer) {
+                    queue.wake.kick();
+                }
+            }
+            Action::RetireWriter { peer } => {
+                if let Some(queue) = self.egress_read().get(&peer) {
+                    queue.wake.retire.store(true, Ordering::Release);
+                    queue.wake.kick();
+                }
+            }
+            Action::SendFailed { peer } => {
+                if let Some(bridge) = &self.bridge {
+                    bridge.send_failed(peer);
+                }
+            }
+            Action::Close { conn, code } => conn.close(code.into(), b"closed"),
         }
     }
 
-    fn adapter_for_alpn(&self, alpn: &[u8]) -> Option<Arc<protocol::Adapter>> {
-        self.adapters
-            .iter()
-            .find(|adapter| adapter.binding.wire_alpn == alpn)
-            .cloned()
+    /// The timer task: hands the machine its due timeouts.
+    async fn timer_loop(self: Arc<Self>) {
+        loop {
+            let notified = self.gate.timer.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let due = self.gate.lock().driver.poll_timeout();
+            match due {
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(self.gate.instant(at)) => {
+                            self.drive(|driver, now| driver.handle_timeout(now));
+                        }
+                        () = &mut notified => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
     }
 
-    fn count_drop(&self, reason: DropReason) {
-        self.lock().drops.count(reason);
-    }
-
-    fn remember(&self, addr: EndpointAddr) {
-        let relays = relay_strings(&addr);
-        let mut state = self.lock();
-        state.relay_hints.record(*addr.id.as_bytes(), relays);
-        state.addrs.insert(*addr.id.as_bytes(), addr);
+    /// Records `addr` as how to reach its peer, with its relays as hints.
+    fn remember(self: &Arc<Self>, addr: &EndpointAddr) {
+        let peer = *addr.id.as_bytes();
+        let relays = relay_strings(addr);
+        self.drive(|driver, now| driver.handle_relays_seen(now, peer, relays));
+        self.gate.lock().addrs.insert(peer, addr.clone());
     }
 
     /// `addr`, or with no relay of its own, with the relays last seen for its peer (seed 000
@@ -1137,9 +1242,10 @@ impl Inner {
     fn normalized(&self, addr: EndpointAddr) -> EndpointAddr {
         let given = relay_strings(&addr);
         let relays = self
+            .gate
             .lock()
-            .relay_hints
-            .normalize(addr.id.as_bytes(), &given);
+            .driver
+            .relays_for(addr.id.as_bytes(), &given);
         if relays == given {
             return addr;
         }
@@ -1147,6 +1253,15 @@ impl Inner {
             .iter()
             .filter_map(|url| url.parse::<RelayUrl>().ok())
             .fold(addr, EndpointAddr::with_relay_url)
+    }
+
+    /// How to reach `peer`: the address last seen, normalized, or its key alone.
+    fn address_of(&self, peer: &NodeId) -> Option<EndpointAddr> {
+        let known = self.gate.lock().addrs.get(peer).cloned();
+        match known {
+            Some(addr) => Some(self.normalized(addr)),
+            None => PublicKey::from_bytes(peer).ok().map(EndpointAddr::new),
+        }
     }
 
     async fn accept_loop(self: Arc<Self>) {
@@ -1157,123 +1272,134 @@ impl Inner {
                     return;
                 };
                 let Ok(conn) = accepting.await else { return };
-                inner.admit(conn);
+                inner.accepted(conn);
             });
         }
     }
 
-    /// An accepted connection: admission, then ALPN dispatch.
-    fn admit(self: &Arc<Self>, conn: Connection) {
+    /// An accepted connection: the machine admits and dispatches it by ALPN.
+    fn accepted(self: &Arc<Self>, conn: Connection) {
         let peer = *conn.remote_id().as_bytes();
-        if self
-            .gate
-            .admit(&peer, self.path_of(conn.alpn()), Direction::Inbound)
-            .is_err()
-        {
-            warn!(peer = %hex(&peer), "unauthorized peer refused");
-            conn.close(CLOSE_UNAUTHORIZED.into(), b"unauthorized");
-            return;
-        }
-        bump(&self.counters.accepted);
-        self.changed();
-        if conn.alpn() == self.actor_alpn.as_slice() {
-            self.adopt(peer, conn);
-        } else if conn.alpn() == self.telemetry_alpn.as_slice() && !self.telemetry_sinks.is_empty()
-        {
-            let (inner, sink) = (self.clone(), self.telemetry_sinks.clone());
-            self.spawn(async move {
-                let spawner = inner.clone();
-                telemetry::collect(conn, peer, sink, move |stream| spawner.spawn(stream)).await;
-            });
-        } else if let Some(adapter) = self.adapter_for_alpn(conn.alpn()) {
-            adapter.adopt(peer, &conn);
-            let inner = self.clone();
-            self.spawn(async move {
-                let spawner = inner.clone();
-                adapter
-                    .serve_adopted(conn, peer, move |task| spawner.spawn(task))
-                    .await;
-            });
-        } else if let (SWITCH_ALPN, Some(queue)) = (conn.alpn(), &self.switch_queue) {
-            let queue = queue.clone();
-            self.spawn(async move {
-                let Ok((send, recv)) = conn.accept_bi().await else {
+        let dispatch =
+            self.drive(|driver, now| driver.handle_accepted(now, peer, conn.alpn(), conn.clone()));
+        match dispatch {
+            Dispatch::Refused(_) => {
+                warn!(peer = %hex(&peer), "unauthorized peer refused");
+                conn.close(CLOSE_UNAUTHORIZED.into(), b"unauthorized");
+            }
+            Dispatch::Actor(generation) => self.read_actor_connection(peer, generation, conn),
+            Dispatch::Telemetry(generation) => {
+                let (inner, sink) = (self.clone(), self.telemetry_sinks.clone());
+                self.spawn(async move {
+                    let spawner = inner.clone();
+                    telemetry::collect(conn, peer, sink, move |stream| spawner.spawn(stream)).await;
+                    inner.drive(|driver, now| {
+                        driver.handle_connection_closed(now, peer, Channel::Telemetry, generation)
+                    });
+                });
+            }
+            Dispatch::Protocol(index, generation) => {
+                let Some(adapter) = self.adapters.get(usize::from(index)).cloned() else {
                     return;
                 };
-                let stream = QuicStream::new(conn, send, recv);
-                let _ = queue.send((hex(&peer), stream)).await;
-            });
-        } else if let (SUBSTRATE_ALPN, Some(queue)) = (conn.alpn(), &self.substrate_queue) {
-            let (queue, local) = (queue.clone(), peer_id_of(&self.endpoint.id()));
-            self.spawn(async move {
-                if let Err(error) = substrate_link::accept_link(conn, local, queue).await {
-                    debug!(%error, "substrate link not established");
-                }
-            });
-        } else {
-            debug!(alpn = %String::from_utf8_lossy(conn.alpn()), "no adapter for this ALPN");
-            conn.close(CLOSE_SHUTDOWN.into(), b"no adapter");
+                self.serve_protocol(adapter, index, generation, peer, conn);
+            }
+            Dispatch::Switch => {
+                let Some(queue) = self.switch_queue.clone() else {
+                    return;
+                };
+                self.spawn(async move {
+                    let Ok((send, recv)) = conn.accept_bi().await else {
+                        return;
+                    };
+                    let stream = QuicStream::new(conn, send, recv);
+                    let _ = queue.send((hex(&peer), stream)).await;
+                });
+            }
+            Dispatch::Substrate => {
+                let Some(queue) = self.substrate_queue.clone() else {
+                    return;
+                };
+                let local = peer_id_of(&self.endpoint.id());
+                self.spawn(async move {
+                    if let Err(error) = substrate_link::accept_link(conn, local, queue).await {
+                        debug!(%error, "substrate link not established");
+                    }
+                });
+            }
+            Dispatch::NoAdapter => {
+                debug!(alpn = %String::from_utf8_lossy(conn.alpn()), "no adapter for this ALPN");
+                conn.close(CLOSE_SHUTDOWN.into(), b"no adapter");
+            }
         }
     }
 
-    /// Caches an actor-plane connection under a fresh generation and reads its streams.
-    fn adopt(self: &Arc<Self>, peer: NodeId, conn: Connection) {
-        let cached = Cached {
-            conn: conn.clone(),
-            closed: Arc::default(),
-        };
-        let closed = cached.closed.clone();
-        let generation = self.lock().cache.insert(peer, cached);
-        self.changed();
+    /// Serves the streams of a cached protocol connection; reports its end.
+    fn serve_protocol(
+        self: &Arc<Self>,
+        adapter: Arc<protocol::Adapter>,
+        index: u16,
+        generation: Generation,
+        peer: NodeId,
+        conn: Connection,
+    ) {
+        let inner = self.clone();
+        self.spawn(async move {
+            let spawner = inner.clone();
+            adapter
+                .serve(conn, peer, move |task| spawner.spawn(task))
+                .await;
+            inner.drive(|driver, now| {
+                driver.handle_connection_closed(now, peer, Channel::Protocol(index), generation)
+            });
+        });
+    }
+
+    /// Reads the streams of an actor connection cached under `generation`; reports its end.
+    fn read_actor_connection(
+        self: &Arc<Self>,
+        peer: NodeId,
+        generation: Generation,
+        conn: Connection,
+    ) {
         debug!(peer = %hex(&peer), generation = generation.get(), "connection cached");
         let inner = self.clone();
         self.spawn(
             async move {
-                inner.clone().read_connection(conn).await;
-                closed.store(true, Ordering::Release);
-                inner.changed();
+                while let Ok(recv) = conn.accept_uni().await {
+                    let reader = inner.clone();
+                    inner.spawn(async move { reader.read_stream(peer, recv).await });
+                }
+                inner.drive(|driver, now| {
+                    driver.handle_connection_closed(now, peer, Channel::Actor, generation)
+                });
             }
             .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
         );
-        // Frames may have queued for this peer: let its writer look again.
-        if let Some(queue) = self
-            .egress
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&peer)
-        {
-            queue.wake.kick();
+    }
+
+    /// A cached connection (or none) and the machine's generation: the reader follows.
+    fn adopt(self: &Arc<Self>, peer: NodeId, conn: Connection, generation: Option<Generation>) {
+        if let Some(generation) = generation {
+            self.read_actor_connection(peer, generation, conn);
         }
     }
 
     fn send(self: &Arc<Self>, frame: OutFrame) {
         let peer = frame.to;
-        if self
-            .gate
-            .admit(&peer, Path::Actor, Direction::Outbound)
-            .is_err()
-        {
-            return self.count_drop(DropReason::Unauthorized);
-        }
-        // The hot path: the peer has a queue. Its writer checks the cache for every batch
-        // (a miss there drops the batch, counted, and dials), so this takes no state lock.
+        // The hot path: the peer has a queue (it was admitted when the queue started, and the
+        // allow-list is fixed). Its writer asks the machine for the connection per batch.
         let frame = {
-            let queues = self.egress.read().unwrap_or_else(PoisonError::into_inner);
+            let queues = self.egress_read();
             match queues.get(&peer) {
                 Some(queue) => return self.enqueue(queue, frame),
                 None => frame,
             }
         };
-        if self.lock().cache.get(&peer, Cached::is_closed).is_none() {
-            // Only a miss checks the id: a cached peer's key was valid when it connected,
-            // and decoding a key costs a curve point decompression per call.
-            if PublicKey::from_bytes(&peer).is_err() {
-                return self.count_drop(DropReason::InvalidNodeId);
-            }
-            self.count_drop(DropReason::CacheMiss);
-            return self.dial(peer);
+        if self.drive(|driver, now| driver.handle_send(now, peer)) != SendVerdict::Enqueue {
+            return;
         }
-        let mut queues = self.egress_queues();
+        let mut queues = self.egress_write();
         let fresh = !queues.contains_key(&peer);
         let queue = queues.entry(peer).or_insert_with(|| {
             let channel = HybridChannel::with_bounds(self.egress_ring, self.egress_spill);
@@ -1295,24 +1421,26 @@ impl Inner {
         }
     }
 
-    fn enqueue(&self, queue: &PeerQueue, frame: OutFrame) {
+    fn enqueue(self: &Arc<Self>, queue: &PeerQueue, frame: OutFrame) {
         if queue.sender.push(frame).is_err() {
-            return self.count_drop(DropReason::EgressFull);
+            self.drive(|driver, now| driver.handle_egress_full(now, 1));
+            return;
         }
         queue.wake.wake();
         bump(&self.counters.enqueued);
     }
 
-    /// Tears down `peer`'s egress queue after its writer sat idle, unless a frame arrived:
-    /// `true` when the writer should end. Producers push only under the egress lock, so once
-    /// the queue is out of the map nothing can be pushed into it.
+    /// The driver retired `peer`'s writer: its queue is torn down unless a frame arrived
+    /// (then the writer goes on and reports again when it drains). Producers push only under
+    /// the egress lock, so once the queue is out of the map nothing can be pushed into it.
+    /// `true` when the writer should end.
     fn retire_queue(
         &self,
         peer: &NodeId,
         wake: &Arc<WriterWake>,
         channel: &HybridChannel<OutFrame>,
     ) -> bool {
-        let mut queues = self.egress_queues();
+        let mut queues = self.egress_write();
         if !channel.is_empty() {
             return false;
         }
@@ -1328,59 +1456,37 @@ impl Inner {
         true
     }
 
-    /// The egress queues, for changes.
-    fn egress_queues(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<NodeId, PeerQueue>> {
+    fn egress_read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<NodeId, PeerQueue>> {
+        self.egress.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn egress_write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<NodeId, PeerQueue>> {
         self.egress.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts a background dial of `peer` unless one runs.
-    fn dial(self: &Arc<Self>, peer: NodeId) {
-        let addr = {
-            let mut state = self.lock();
-            if !state.dials.start(&peer) {
-                return;
-            }
-            state.addrs.get(&peer).cloned()
+    /// One dial attempt the machine ordered; the result goes back to it.
+    async fn dial(self: Arc<Self>, peer: NodeId, attempt: u32, timeout: Duration) {
+        let Some(addr) = self.address_of(&peer) else {
+            let failed = Err("invalid node id".to_owned());
+            self.drive(|driver, now| driver.handle_dialed(now, peer, failed));
+            return;
         };
-        bump(&self.counters.dials_started);
-        self.changed();
-        let inner = self.clone();
-        self.spawn(async move {
-            let addr = match (addr, PublicKey::from_bytes(&peer)) {
-                (Some(addr), _) => inner.normalized(addr),
-                (None, Ok(key)) => EndpointAddr::new(key),
-                (None, Err(_)) => return,
-            };
-            let mut attempt = 1;
-            loop {
-                let connect = inner.endpoint.connect(addr.clone(), &inner.actor_alpn);
-                match tokio::time::timeout(
-                    tether_core::driver::schedule::DIAL_ATTEMPT_TIMEOUT,
-                    connect,
-                )
-                .await
-                {
-                    Ok(Ok(conn)) => {
-                        inner.adopt(peer, conn);
-                        break;
-                    }
-                    _ => {
-                        bump(&inner.counters.dial_failures);
-                        inner.changed();
-                        match dial_retry_after(attempt) {
-                            Some(wait) => tokio::time::sleep(wait).await,
-                            None => break,
-                        }
-                        attempt += 1;
-                    }
-                }
-            }
-            inner.lock().dials.finish(&peer);
-        });
+        debug!(peer = %hex(&peer), attempt, "dialing");
+        let connect = self.endpoint.connect(addr, &self.actor_alpn);
+        let result = match tokio::time::timeout(timeout, connect).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err("attempt timed out".to_owned()),
+        };
+        let conn = result.as_ref().ok().cloned();
+        let generation = self.drive(|driver, now| driver.handle_dialed(now, peer, result));
+        if let Some(conn) = conn {
+            self.adopt(peer, conn, generation);
+        }
     }
 
-    /// The writer of one peer: drains its queue onto one long-lived uni stream of the current
-    /// connection; a failed write evicts that generation (only) and redials.
+    /// The writer of one peer: drains its queue onto one long-lived uni stream of the
+    /// connection the machine names per batch; reports idleness, failures and cache misses.
     async fn write_peer(
         self: Arc<Self>,
         peer: NodeId,
@@ -1390,11 +1496,14 @@ impl Inner {
         let mut stream: Option<(Generation, SendStream)> = None;
         let mut buf = BytesMut::new();
         loop {
-            let idle =
-                tokio::time::timeout(self.idle_peer_timeout, wake.sleep(|| !channel.is_empty()))
-                    .await
-                    .is_err();
-            if idle && self.retire_queue(&peer, &wake, &channel) {
+            if channel.is_empty() {
+                self.drive(|driver, now| driver.handle_writer_idle(now, peer));
+                wake.sleep(|| !channel.is_empty() || wake.retire.load(Ordering::Acquire))
+                    .await;
+            }
+            if wake.retire.swap(false, Ordering::AcqRel)
+                && self.retire_queue(&peer, &wake, &channel)
+            {
                 return;
             }
             // The latency bound: wait this long for more frames to share the write (zero:
@@ -1405,7 +1514,7 @@ impl Inner {
                 tokio::time::sleep(self.batch_delay).await;
             }
             loop {
-                let (mut frames, mut swim) = (0u64, false);
+                let (mut frames, mut swim, mut unencodable) = (0u64, false, 0u64);
                 buf.clear();
                 {
                     let routes = self.routes_now();
@@ -1421,7 +1530,7 @@ impl Inner {
                             &mut buf,
                         );
                         if encoded.is_err() {
-                            self.count_drop(DropReason::WriteFailed);
+                            unencodable += 1;
                             continue;
                         }
                         frames += 1;
@@ -1431,19 +1540,15 @@ impl Inner {
                         }
                     }
                 }
+                if unencodable > 0 {
+                    self.drive(|driver, now| driver.handle_unencodable(now, unencodable));
+                }
                 if frames == 0 {
                     break;
                 }
-                let current = {
-                    let mut state = self.lock();
-                    state
-                        .cache
-                        .get(&peer, Cached::is_closed)
-                        .map(|entry| (entry.generation, entry.conn.conn.clone()))
-                };
-                let Some((generation, conn)) = current else {
-                    self.lock().drops.add(DropReason::CacheMiss, frames);
-                    self.dial(peer);
+                let Some((generation, conn)) =
+                    self.drive(|driver, now| driver.handle_batch(now, peer, frames))
+                else {
                     continue;
                 };
                 if stream.as_ref().is_none_or(|(g, _)| *g != generation) {
@@ -1457,52 +1562,17 @@ impl Inner {
                     self.counters.written.fetch_add(frames, Ordering::Relaxed);
                 } else {
                     stream = None;
-                    self.write_failed(peer, generation, frames, swim);
+                    self.drive(|driver, now| {
+                        driver.handle_write_failed(now, peer, generation, frames, swim)
+                    });
                 }
             }
         }
     }
 
-    fn write_failed(
-        self: &Arc<Self>,
-        peer: NodeId,
-        generation: Generation,
-        frames: u64,
-        swim: bool,
-    ) {
-        let eviction = {
-            let mut state = self.lock();
-            state.drops.add(DropReason::WriteFailed, frames);
-            let eviction = state.cache.fail(&peer, generation);
-            match eviction {
-                Eviction::Evicted => state.evictions += 1,
-                Eviction::Stale => state.stale_failures += 1,
-            }
-            eviction
-        };
-        self.changed();
-        if swim {
-            if let Some(bridge) = &self.bridge {
-                bridge.send_failed(peer);
-            }
-        }
-        if eviction == Eviction::Evicted {
-            debug!(peer = %hex(&peer), generation = generation.get(), "evicted; redialling");
-            self.dial(peer);
-        }
-    }
-
-    /// Reads every uni stream the peer opens on `conn`.
-    async fn read_connection(self: Arc<Self>, conn: Connection) {
-        while let Ok(recv) = conn.accept_uni().await {
-            let inner = self.clone();
-            self.spawn(async move { inner.read_stream(recv).await });
-        }
-    }
-
-    /// Decodes actor records from one stream and routes each; a malformed stream is dropped
-    /// (stopped) without closing the connection.
-    async fn read_stream(self: Arc<Self>, mut recv: RecvStream) {
+    /// Decodes actor records from one stream and routes each; a malformed stream is reported
+    /// to the machine, which says whether to stop it (the connection stays).
+    async fn read_stream(self: Arc<Self>, peer: NodeId, mut recv: RecvStream) {
         let mut memo = RouteMemo::new();
         let mut decoder =
             StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
@@ -1532,9 +1602,11 @@ impl Inner {
                 .delivered
                 .fetch_add(delivered, Ordering::Relaxed);
             if let Some(error) = fault {
-                self.count_drop(DropReason::MalformedStream);
-                if error.error.is_fatal() {
-                    let _ = recv.stop(1u32.into());
+                let fatal = error.error.is_fatal();
+                let verdict =
+                    self.drive(|driver, now| driver.handle_stream_fault(now, peer, fatal));
+                if let StreamVerdict::Stop(code) = verdict {
+                    let _ = recv.stop(code.into());
                     return;
                 }
             }
@@ -1549,11 +1621,11 @@ impl Inner {
             .clone()
     }
 
-    /// Routes one record and hands it to the bridge; true when delivered. A drop is counted
-    /// before the next record is handled; `frames_received` and `frames_delivered` are added
-    /// once per chunk.
+    /// Routes one record (core's `Routes`) and hands it to the bridge; true when delivered.
+    /// A drop is counted by the machine before the next record is handled;
+    /// `frames_received` and `frames_delivered` are added once per chunk.
     fn deliver(
-        &self,
+        self: &Arc<Self>,
         routes: &Routes<ActorAddr>,
         memo: &mut RouteMemo<ActorAddr>,
         record: ActorRecord,
@@ -1561,7 +1633,7 @@ impl Inner {
         let dest = match routes.inbound_memo(memo, record.dest(), record.tag_bytes()) {
             Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
             Inbound::Drop(reason) => {
-                self.count_drop(reason);
+                self.drive(|driver, now| driver.handle_inbound_drop(now, reason));
                 return false;
             }
         };
@@ -1572,54 +1644,41 @@ impl Inner {
             .as_ref()
             .is_some_and(|bridge| bridge.deliver_raw(dest, tag, record.into_payload()).is_ok());
         if !ok {
-            self.count_drop(DropReason::DeliveryFailed);
+            self.drive(|driver, now| driver.handle_inbound_drop(now, DropReason::DeliveryFailed));
         }
         ok
     }
 
-    async fn join_one(self: Arc<Self>, seed: EndpointAddr) {
-        let peer = *seed.id.as_bytes();
-        self.remember(seed.clone());
-        let direct = seed.ip_addrs().count();
-        let relay = seed.relay_urls().next().is_some();
-        let (mut join, mut next) = Join::start(self.now(), relay, direct);
-        self.set_join_status(peer, &join);
-        while let JoinNext::Attempt { at, .. } = next {
-            let wait = self.scaled(at.saturating_since(self.now()));
-            tokio::time::sleep(wait).await;
-            let connect = self.endpoint.connect(seed.clone(), &self.actor_alpn);
-            next = match tokio::time::timeout(self.join_policy.attempt_timeout, connect).await {
-                Ok(Ok(conn)) => {
-                    join.connected(self.now());
-                    self.set_join_status(peer, &join);
-                    match self.write_join_request(&conn, peer).await {
-                        Ok(()) => {
-                            self.adopt(peer, conn);
-                            join.sent(self.now())
-                        }
-                        Err(error) => join.failed(self.now(), error),
-                    }
-                }
-                Ok(Err(error)) => join.failed(self.now(), error.to_string()),
-                Err(_) => join.failed(self.now(), "attempt timed out"),
-            };
-            self.set_join_status(peer, &join);
+    /// One join attempt the machine ordered: connect, write a `JoinRequest` to the seed's
+    /// mailbox; each step goes back to the machine.
+    async fn join_attempt(self: Arc<Self>, peer: NodeId, attempt: u32, timeout: Duration) {
+        let Some(seed) = self.address_of(&peer) else {
+            self.drive(|driver, now| driver.handle_join_failed(now, peer, "invalid node id"));
+            return;
+        };
+        debug!(seed = %hex(&peer), attempt, "join attempt");
+        let connect = self.endpoint.connect(seed, &self.actor_alpn);
+        let conn = match tokio::time::timeout(timeout, connect).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(error)) => {
+                let error = error.to_string();
+                self.drive(|driver, now| driver.handle_join_failed(now, peer, error));
+                return;
+            }
+            Err(_) => {
+                self.drive(|driver, now| driver.handle_join_failed(now, peer, "attempt timed out"));
+                return;
+            }
+        };
+        self.drive(|driver, now| driver.handle_join_connected(now, peer));
+        match self.write_join_request(&conn, peer).await {
+            Ok(()) => {
+                let generation =
+                    self.drive(|driver, now| driver.handle_join_sent(now, peer, conn.clone()));
+                self.adopt(peer, conn, generation);
+            }
+            Err(error) => self.drive(|driver, now| driver.handle_join_failed(now, peer, error)),
         }
-    }
-
-    fn set_join_status(&self, peer: NodeId, join: &Join) {
-        self.lock().joins.insert(peer, join.status().clone());
-        self.changed();
-    }
-
-    /// The node's connection state moved (see [`Node::changes`]).
-    fn changed(&self) {
-        self.changes
-            .send_modify(|version| *version = version.wrapping_add(1));
-    }
-
-    fn scaled(&self, wait: Duration) -> Duration {
-        wait / self.join_policy.delay_divisor.max(1)
     }
 
     /// Writes a `JoinRequest` record (payload: this node's id) to the seed's mailbox.

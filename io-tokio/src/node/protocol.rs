@@ -11,9 +11,7 @@
 //! to that peer, in either direction, is a QUIC stream on it. Stream ids are the node's own,
 //! counted from 1.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use iroh::endpoint::{Connection, RecvStream, SendStream};
 use tether_core::driver::NodeId;
@@ -100,9 +98,6 @@ pub(super) struct Adapter {
     pub(super) binding: ProtocolBinding,
     pub(super) sink: mpsc::Sender<ProtocolIngress>,
     stream_ids: StreamIds,
-    /// One connection per peer under this ALPN, whichever side dialed it; every logical
-    /// stream to that peer is a QUIC stream on it.
-    conns: Mutex<BTreeMap<NodeId, Connection>>,
 }
 
 impl Adapter {
@@ -115,49 +110,6 @@ impl Adapter {
             binding,
             sink,
             stream_ids,
-            conns: Mutex::default(),
-        }
-    }
-
-    fn conns(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, Connection>> {
-        self.conns.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The live connection to `peer`, if one is cached.
-    pub(super) fn connection(&self, peer: &NodeId) -> Option<Connection> {
-        let mut conns = self.conns();
-        match conns.get(peer) {
-            Some(conn) if conn.close_reason().is_none() => Some(conn.clone()),
-            Some(_) => {
-                conns.remove(peer);
-                None
-            }
-            None => None,
-        }
-    }
-
-    /// Caches `conn` as the connection to `peer` (the newest wins: two first opens racing
-    /// each other may both dial, and both connections are served).
-    pub(super) fn adopt(&self, peer: NodeId, conn: &Connection) {
-        self.conns().insert(peer, conn.clone());
-    }
-
-    /// Serves the streams the peer opens on an adopted `conn` until it closes; then forgets
-    /// it unless it was replaced.
-    pub(super) async fn serve_adopted(
-        self: std::sync::Arc<Self>,
-        conn: Connection,
-        peer: NodeId,
-        spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
-    ) {
-        let id = conn.stable_id();
-        self.clone().serve(conn, peer, spawn).await;
-        let mut conns = self.conns();
-        if conns
-            .get(&peer)
-            .is_some_and(|cached| cached.stable_id() == id)
-        {
-            conns.remove(&peer);
         }
     }
 
@@ -261,7 +213,9 @@ impl Adapter {
     }
 
     /// Serves every stream a peer opens on `conn`.
-    async fn serve(
+    /// Serves the streams the peer opens on `conn` until it closes (one connection per peer
+    /// under this ALPN, cached by the driver machine, whichever side dialed it).
+    pub(super) async fn serve(
         self: std::sync::Arc<Self>,
         conn: Connection,
         peer: NodeId,

@@ -106,10 +106,6 @@ impl Sinks {
         Self(sinks.into())
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Sends `item` to every sink, waiting for room in each; an error once no sink is left.
     async fn send(&self, item: TelemetryIngress) -> Result<(), ()> {
         let mut alive = false;

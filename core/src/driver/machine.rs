@@ -1,0 +1,843 @@
+//! The driver machine (seed 000 §5.1: "the driver core is intentionally pumpable"): every
+//! decision of a node's transport, with no I/O. The shell reports what happened through
+//! `handle_*` (time first) and executes what [`Driver::poll_action`] yields; it decides
+//! nothing itself.
+//!
+//! What the machine decides:
+//! - **Admission** ([`super::admit`]) on every path, both directions, counted by path.
+//! - **ALPN dispatch** of accepted connections ([`Dispatch`]).
+//! - **One connection cache** for every ALPN the node reuses connections on ([`Channel`]),
+//!   each insert under a fresh generation; a failure or close is scoped to its generation.
+//! - **Egress**: whether a frame for a peer without a queue is queued or dropped (and why),
+//!   the connection each write batch goes on, what a failed write does (evict that
+//!   generation only, redial, SWIM send-failure feedback).
+//! - **Dials**: at most one per peer, attempts and backoff ([`super::schedule`]).
+//! - **Joins**: the join schedule per seed and its status.
+//! - **Idle writers**: a peer's writer that reported idle for the idle period is retired.
+//! - **Malformed streams**: counted; a fatal fault stops the stream, the connection stays.
+//!
+//! Writers register themselves: a writer reports each batch ([`Driver::handle_batch`]) and
+//! each time it runs dry ([`Driver::handle_writer_idle`]). A queue the shell keeps because a
+//! frame raced the retirement reports again when it drains.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use super::admission::{admit, Direction, Path, Refusals, Refused};
+use super::cache::{ConnectionCache, Eviction, Generation};
+use super::relay::RelayHints;
+use super::routing::{DropReason, Drops, NodeId, PeerAuth};
+use super::schedule::{
+    dial_retry_after, Join, JoinNext, JoinStatus, DIAL_ATTEMPT_TIMEOUT, JOIN_ATTEMPT_TIMEOUT,
+};
+use crate::limits::EGRESS_IDLE_TEARDOWN_MS_DEFAULT;
+use crate::time::Time;
+
+/// Close code of a connection refused by the allow-list.
+pub const CLOSE_UNAUTHORIZED: u32 = 403;
+/// Close code of a connection closed on shutdown, by `disconnect`, or for lack of an adapter.
+pub const CLOSE_SHUTDOWN: u32 = 0;
+/// Stop code of a stream dropped as malformed.
+pub const STOP_MALFORMED: u32 = 1;
+
+/// The ALPNs whose connections the node caches and reuses (one per peer each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    /// The actor ALPN: frames both ways, joins.
+    Actor,
+    /// The telemetry ALPN.
+    Telemetry,
+    /// The protocol binding at this index.
+    Protocol(u16),
+}
+
+impl Channel {
+    /// The path its admission is counted under.
+    pub fn path(self) -> Path {
+        match self {
+            Channel::Actor => Path::Actor,
+            Channel::Telemetry => Path::Telemetry,
+            Channel::Protocol(_) => Path::Protocol,
+        }
+    }
+}
+
+/// The ALPNs a node speaks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Alpns {
+    /// The actor ALPN.
+    pub actor: Vec<u8>,
+    /// The telemetry ALPN.
+    pub telemetry: Vec<u8>,
+    /// Whether inbound telemetry is collected (a sink is installed).
+    pub telemetry_collect: bool,
+    /// The wire ALPN of each protocol binding, by index.
+    pub protocols: Vec<Vec<u8>>,
+    /// The switch ALPN, when the node hosts switch connections.
+    pub switch: Option<Vec<u8>>,
+    /// The substrate ALPN, when the node runs the substrate.
+    pub substrate: Option<Vec<u8>>,
+}
+
+/// The machine's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The allow-list.
+    pub auth: PeerAuth,
+    /// The ALPN table.
+    pub alpns: Alpns,
+    /// How long a writer may sit idle before it is retired.
+    pub idle_peer_timeout: Duration,
+    /// Time allowed to one dial attempt.
+    pub dial_attempt_timeout: Duration,
+    /// Time allowed to one join attempt.
+    pub join_attempt_timeout: Duration,
+    /// Join waits are divided by this (≥ 1; tests shorten the schedule with it).
+    pub join_delay_divisor: u32,
+    /// Whether a peer id names a valid key (the shell's curve check; a pure function).
+    pub valid_peer: fn(&NodeId) -> bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            auth: PeerAuth::open(),
+            alpns: Alpns::default(),
+            idle_peer_timeout: Duration::from_millis(EGRESS_IDLE_TEARDOWN_MS_DEFAULT),
+            dial_attempt_timeout: DIAL_ATTEMPT_TIMEOUT,
+            join_attempt_timeout: JOIN_ATTEMPT_TIMEOUT,
+            join_delay_divisor: 1,
+            valid_peer: |_| true,
+        }
+    }
+}
+
+/// Where an accepted connection goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Refused by the allow-list: close it with [`CLOSE_UNAUTHORIZED`].
+    Refused(Refused),
+    /// The actor plane: cached under `generation`; read its streams.
+    Actor(Generation),
+    /// A telemetry publisher: cached under `generation`; collect its streams.
+    Telemetry(Generation),
+    /// Protocol binding `index`: cached under `generation`; serve its streams.
+    Protocol(u16, Generation),
+    /// The switch host's queue.
+    Switch,
+    /// The substrate's link handshake.
+    Substrate,
+    /// No adapter for this ALPN (or the node is closing): close it with [`CLOSE_SHUTDOWN`].
+    NoAdapter,
+}
+
+/// What happens to a frame sent to a peer that has no egress queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Send {
+    /// Queue it (the shell starts the peer's queue and writer).
+    Enqueue,
+    /// Dropped, counted under this reason.
+    Dropped(DropReason),
+}
+
+/// What a malformed inbound stream gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamVerdict {
+    /// Keep reading (the bad record was skipped).
+    Continue,
+    /// Stop the stream with this code; the connection stays.
+    Stop(u32),
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action<C> {
+    /// Dial `peer` on the actor ALPN; report with [`Driver::handle_dialed`].
+    Dial {
+        /// The peer.
+        peer: NodeId,
+        /// 1-based.
+        attempt: u32,
+        /// Give up on the attempt after this long.
+        timeout: Duration,
+    },
+    /// Connect to join seed `peer` and write a `JoinRequest` to its mailbox; report with
+    /// [`Driver::handle_join_connected`], then `_sent` or `_failed`.
+    JoinAttempt {
+        /// The seed.
+        peer: NodeId,
+        /// 1-based.
+        attempt: u32,
+        /// Give up on the attempt after this long.
+        timeout: Duration,
+    },
+    /// A new actor connection to `peer`: its writer should look again.
+    KickWriter {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// Retire `peer`'s writer and queue, unless a frame is queued (then the writer reports
+    /// again when it drains).
+    RetireWriter {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// Tell the SWIM actor its frame to `peer` was not written (`SendFailed { to }`).
+    SendFailed {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// Close this connection with `code`.
+    Close {
+        /// The connection.
+        conn: C,
+        /// The close code.
+        code: u32,
+    },
+}
+
+/// Counters the machine keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    /// Connections admitted (inbound).
+    pub accepted: u64,
+    /// Background dials started.
+    pub dials_started: u64,
+    /// Dial attempts that failed.
+    pub dial_failures: u64,
+    /// Current generations evicted after a write failure.
+    pub evictions: u64,
+    /// Failures reported for a generation already replaced.
+    pub stale_failures: u64,
+    /// Writers retired after sitting idle.
+    pub writers_retired: u64,
+}
+
+/// A dial in progress: an attempt in flight, or waiting to start one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DialState {
+    InFlight(u32),
+    Waiting(u32, Time),
+}
+
+/// A join to one seed.
+#[derive(Debug, Clone)]
+struct JoinState {
+    join: Join,
+    /// The attempt in flight, or the one waiting for its time.
+    next: JoinStep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JoinStep {
+    InFlight(u32),
+    Waiting(u32, Time),
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Dial(NodeId),
+    Join(NodeId),
+    Idle(NodeId),
+}
+
+/// The driver of one node. `C` is the shell's connection handle.
+#[derive(Debug)]
+pub struct Driver<C> {
+    config: Config,
+    cache: ConnectionCache<(NodeId, Channel), C>,
+    dials: BTreeMap<NodeId, DialState>,
+    joins: BTreeMap<NodeId, JoinState>,
+    /// Writers that reported, with the time each went idle (`None`: busy).
+    writers: BTreeMap<NodeId, Option<Time>>,
+    timers: BTreeSet<(Time, Timer)>,
+    relay_hints: RelayHints,
+    actions: VecDeque<Action<C>>,
+    drops: Drops,
+    refusals: Refusals,
+    counters: Counters,
+    version: u64,
+    closed: bool,
+}
+
+impl<C: Clone> Driver<C> {
+    /// A driver with `config`.
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            cache: ConnectionCache::new(),
+            dials: BTreeMap::new(),
+            joins: BTreeMap::new(),
+            writers: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            relay_hints: RelayHints::default(),
+            actions: VecDeque::new(),
+            drops: Drops::default(),
+            refusals: Refusals::default(),
+            counters: Counters::default(),
+            version: 0,
+            closed: false,
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Outputs
+
+    /// The next thing to do.
+    pub fn poll_action(&mut self) -> Option<Action<C>> {
+        self.actions.pop_front()
+    }
+
+    /// When [`Driver::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.first().map(|(at, _)| *at)
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Inputs
+
+    /// The allow-list check of `path` (a path with no other input here: a telemetry
+    /// publish, a switch dial, a substrate link, a protocol stream); counted when refused.
+    pub fn handle_admit(
+        &mut self,
+        _now: Time,
+        peer: &NodeId,
+        path: Path,
+        direction: Direction,
+    ) -> Result<(), Refused> {
+        admit(&self.config.auth, peer, path, direction).inspect_err(|refused| {
+            self.refusals.count(*refused);
+            self.bump();
+        })
+    }
+
+    /// A connection was accepted from `peer` on `alpn`.
+    pub fn handle_accepted(&mut self, now: Time, peer: NodeId, alpn: &[u8], conn: C) -> Dispatch {
+        let (path, channel) = self.classify(alpn);
+        if let Err(refused) = self.handle_admit(now, &peer, path, Direction::Inbound) {
+            return Dispatch::Refused(refused);
+        }
+        if self.closed {
+            return Dispatch::NoAdapter;
+        }
+        self.counters.accepted += 1;
+        self.bump();
+        match (path, channel) {
+            (Path::Actor, _) => Dispatch::Actor(self.cache_actor(peer, conn)),
+            (Path::Telemetry, Some(channel)) => {
+                Dispatch::Telemetry(self.insert(peer, channel, conn))
+            }
+            (Path::Protocol, Some(channel @ Channel::Protocol(index))) => {
+                Dispatch::Protocol(index, self.insert(peer, channel, conn))
+            }
+            (Path::Switch, _) if self.config.alpns.switch.is_some() => Dispatch::Switch,
+            (Path::Substrate, _) if self.config.alpns.substrate.is_some() => Dispatch::Substrate,
+            _ => Dispatch::NoAdapter,
+        }
+    }
+
+    /// An outbound connection to `peer` on `channel` was established (a `connect`, a
+    /// protocol dial, a telemetry publish): it is cached under the returned generation.
+    /// Admission was asked before dialing.
+    pub fn handle_connected(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        channel: Channel,
+        conn: C,
+    ) -> Option<Generation> {
+        if self.closed {
+            self.actions.push_back(Action::Close {
+                conn,
+                code: CLOSE_SHUTDOWN,
+            });
+            return None;
+        }
+        Some(match channel {
+            Channel::Actor => self.cache_actor(peer, conn),
+            other => self.insert(peer, other, conn),
+        })
+    }
+
+    /// The cached connection to `peer` on `channel`, if any.
+    pub fn connection(&self, peer: &NodeId, channel: Channel) -> Option<(Generation, C)> {
+        self.cache
+            .peek(&(*peer, channel))
+            .map(|entry| (entry.generation, entry.conn.clone()))
+    }
+
+    /// The connection of `generation` to `peer` on `channel` ended (its reader saw it
+    /// close). Removed only if still current.
+    pub fn handle_connection_closed(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        channel: Channel,
+        generation: Generation,
+    ) {
+        if self.cache.fail(&(peer, channel), generation) == Eviction::Evicted {
+            self.bump();
+        }
+    }
+
+    /// The application asked to close the connection to `peer` on `channel`.
+    pub fn handle_disconnect(&mut self, _now: Time, peer: NodeId, channel: Channel) {
+        if let Some(entry) = self.cache.remove(&(peer, channel)) {
+            self.actions.push_back(Action::Close {
+                conn: entry.conn,
+                code: CLOSE_SHUTDOWN,
+            });
+            self.bump();
+        }
+    }
+
+    /// A frame for `peer`, which has no egress queue (a peer with a queue was admitted when
+    /// its queue started; the allow-list is fixed for the node's life).
+    pub fn handle_send(&mut self, now: Time, peer: NodeId) -> Send {
+        if self
+            .handle_admit(now, &peer, Path::Actor, Direction::Outbound)
+            .is_err()
+        {
+            return self.dropped(DropReason::Unauthorized);
+        }
+        if self.closed {
+            return self.dropped(DropReason::CacheMiss);
+        }
+        if self.cache.peek(&(peer, Channel::Actor)).is_some() {
+            return Send::Enqueue;
+        }
+        if !(self.config.valid_peer)(&peer) {
+            return self.dropped(DropReason::InvalidNodeId);
+        }
+        self.dial(peer);
+        self.dropped(DropReason::CacheMiss)
+    }
+
+    /// `peer`'s writer has a batch of `frames`: the connection to write it on, or `None`
+    /// (the batch is dropped, counted, and a dial starts).
+    pub fn handle_batch(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        frames: u64,
+    ) -> Option<(Generation, C)> {
+        self.set_writer(now, peer, None);
+        match self.connection(&peer, Channel::Actor) {
+            Some(found) => Some(found),
+            None => {
+                self.drops.add(DropReason::CacheMiss, frames);
+                self.bump();
+                if !self.closed {
+                    self.dial(peer);
+                }
+                None
+            }
+        }
+    }
+
+    /// `peer`'s writer dropped `frames` it could not encode.
+    pub fn handle_unencodable(&mut self, _now: Time, frames: u64) {
+        self.drops.add(DropReason::WriteFailed, frames);
+    }
+
+    /// A write of `frames` on `peer`'s connection of `generation` failed; `swim` when one of
+    /// them carried a SWIM tag.
+    pub fn handle_write_failed(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        generation: Generation,
+        frames: u64,
+        swim: bool,
+    ) {
+        self.drops.add(DropReason::WriteFailed, frames);
+        match self.cache.fail(&(peer, Channel::Actor), generation) {
+            Eviction::Evicted => {
+                self.counters.evictions += 1;
+                if !self.closed {
+                    self.dial(peer);
+                }
+            }
+            Eviction::Stale => self.counters.stale_failures += 1,
+        }
+        if swim {
+            self.actions.push_back(Action::SendFailed { peer });
+        }
+        self.bump();
+    }
+
+    /// `peer`'s writer ran dry and sleeps.
+    pub fn handle_writer_idle(&mut self, now: Time, peer: NodeId) {
+        self.set_writer(now, peer, Some(now));
+    }
+
+    /// An inbound actor stream from `peer` had a malformed record; `fatal` when the stream
+    /// cannot be read further.
+    pub fn handle_stream_fault(&mut self, _now: Time, _peer: NodeId, fatal: bool) -> StreamVerdict {
+        self.drops.count(DropReason::MalformedStream);
+        self.bump();
+        if fatal {
+            StreamVerdict::Stop(STOP_MALFORMED)
+        } else {
+            StreamVerdict::Continue
+        }
+    }
+
+    /// Inbound records dropped by routing (core's `Routes`), counted.
+    pub fn handle_inbound_drop(&mut self, _now: Time, reason: DropReason) {
+        self.drops.count(reason);
+    }
+
+    /// Frames dropped because `peer`'s queue was full.
+    pub fn handle_egress_full(&mut self, _now: Time, frames: u64) {
+        self.drops.add(DropReason::EgressFull, frames);
+    }
+
+    /// The application connects to `peer` now (awaited): the allow-list first.
+    pub fn handle_connect(&mut self, now: Time, peer: NodeId) -> Result<(), Refused> {
+        self.handle_admit(now, &peer, Path::Actor, Direction::Outbound)
+    }
+
+    /// Dial attempt to `peer` ended: connected (cached; the returned generation) or failed.
+    pub fn handle_dialed(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        result: Result<C, String>,
+    ) -> Option<Generation> {
+        let attempt = match self.dials.get(&peer) {
+            Some(DialState::InFlight(attempt)) => Some(*attempt),
+            _ => None,
+        };
+        match result {
+            Ok(conn) => {
+                if attempt.is_some() {
+                    self.dials.remove(&peer);
+                }
+                self.handle_connected(now, peer, Channel::Actor, conn)
+            }
+            Err(_) => {
+                self.counters.dial_failures += 1;
+                self.bump();
+                let attempt = attempt?;
+                match dial_retry_after(attempt).filter(|_| !self.closed) {
+                    Some(wait) => {
+                        let at = now.saturating_add(wait);
+                        self.dials.insert(peer, DialState::Waiting(attempt + 1, at));
+                        self.timers.insert((at, Timer::Dial(peer)));
+                    }
+                    None => {
+                        self.dials.remove(&peer);
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// The application records `relays` seen in an address of `peer`.
+    pub fn handle_relays_seen(&mut self, _now: Time, peer: NodeId, relays: Vec<String>) {
+        self.relay_hints.record(peer, relays);
+    }
+
+    /// Joins through seed `peer` (its address has a relay, and `direct_addresses`): refused
+    /// (counted) off the allow-list; a join already running for the seed goes on.
+    pub fn handle_join(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        has_relay: bool,
+        direct_addresses: usize,
+    ) -> Result<(), Refused> {
+        self.handle_admit(now, &peer, Path::Join, Direction::Outbound)?;
+        if self.closed
+            || self
+                .joins
+                .get(&peer)
+                .is_some_and(|state| state.next != JoinStep::Done)
+        {
+            return Ok(());
+        }
+        let (join, next) = Join::start(now, has_relay, direct_addresses);
+        self.joins.insert(
+            peer,
+            JoinState {
+                join,
+                next: JoinStep::Done,
+            },
+        );
+        self.join_next(now, peer, next);
+        self.bump();
+        Ok(())
+    }
+
+    /// The join attempt to `peer` connected; the request is being written.
+    pub fn handle_join_connected(&mut self, now: Time, peer: NodeId) {
+        if let Some(state) = self.join_in_flight(&peer) {
+            state.join.connected(now);
+            self.bump();
+        }
+    }
+
+    /// The join request to `peer` was written on `conn`, which is cached (the generation).
+    pub fn handle_join_sent(&mut self, now: Time, peer: NodeId, conn: C) -> Option<Generation> {
+        if let Some(state) = self.join_in_flight(&peer) {
+            // Written implies connected, reported or not.
+            state.join.connected(now);
+            let next = state.join.sent(now);
+            self.join_next(now, peer, next);
+            self.bump();
+        }
+        self.handle_connected(now, peer, Channel::Actor, conn)
+    }
+
+    /// The join attempt to `peer` failed (dial, timeout or write).
+    pub fn handle_join_failed(&mut self, now: Time, peer: NodeId, error: impl Into<String>) {
+        if let Some(state) = self.join_in_flight(&peer) {
+            let next = state.join.failed(now, error);
+            self.join_next(now, peer, next);
+            self.bump();
+        }
+    }
+
+    /// Time passed: due dial retries, join attempts and idle retirements happen.
+    pub fn handle_timeout(&mut self, now: Time) {
+        while let Some(&(at, timer)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.remove(&(at, timer));
+            match timer {
+                Timer::Dial(peer) => {
+                    if let Some(DialState::Waiting(attempt, due)) = self.dials.get(&peer).copied() {
+                        if due == at {
+                            self.start_dial_attempt(peer, attempt);
+                        }
+                    }
+                }
+                Timer::Join(peer) => {
+                    let Some(state) = self.joins.get_mut(&peer) else {
+                        continue;
+                    };
+                    if let JoinStep::Waiting(attempt, due) = state.next {
+                        if due == at {
+                            state.next = JoinStep::InFlight(attempt);
+                            self.actions.push_back(Action::JoinAttempt {
+                                peer,
+                                attempt,
+                                timeout: self.config.join_attempt_timeout,
+                            });
+                        }
+                    }
+                }
+                Timer::Idle(peer) => {
+                    let idle = self.config.idle_peer_timeout;
+                    let due = self
+                        .writers
+                        .get(&peer)
+                        .copied()
+                        .flatten()
+                        .map(|since| since.saturating_add(idle));
+                    if due == Some(at) {
+                        self.writers.remove(&peer);
+                        self.counters.writers_retired += 1;
+                        self.actions.push_back(Action::RetireWriter { peer });
+                        self.bump();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The node closes: every cached connection is closed, nothing new starts.
+    pub fn handle_close(&mut self, _now: Time) {
+        self.closed = true;
+        self.timers.clear();
+        self.dials.clear();
+        for (_, entry) in self.cache.take_all() {
+            self.actions.push_back(Action::Close {
+                conn: entry.conn,
+                code: CLOSE_SHUTDOWN,
+            });
+        }
+        for state in self.joins.values_mut() {
+            state.next = JoinStep::Done;
+        }
+        self.writers.clear();
+        self.bump();
+    }
+
+    // ----------------------------------------------------------------------------------
+    // State
+
+    /// Drops by reason.
+    pub fn drops(&self) -> &Drops {
+        &self.drops
+    }
+
+    /// Refusals by path and direction.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Bumped whenever connection state moves (cache, dials, joins, drops, refusals).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Every cached connection: (peer, channel, generation).
+    pub fn connections(&self) -> impl Iterator<Item = (NodeId, Channel, Generation)> + '_ {
+        self.cache
+            .generations()
+            .map(|((peer, channel), generation)| (*peer, *channel, generation))
+    }
+
+    /// Each join's status, by seed.
+    pub fn join_statuses(&self) -> impl Iterator<Item = (&NodeId, &JoinStatus)> {
+        self.joins
+            .iter()
+            .map(|(peer, state)| (peer, state.join.status()))
+    }
+
+    /// Whether a dial to `peer` is in progress (in flight or waiting to retry).
+    pub fn is_dialing(&self, peer: &NodeId) -> bool {
+        self.dials.contains_key(peer)
+    }
+
+    /// Writers the machine knows of (reported a batch or idleness, not retired).
+    pub fn writers(&self) -> usize {
+        self.writers.len()
+    }
+
+    /// The relays to reach `peer` by: those `given`, or else the last seen.
+    pub fn relays_for(&self, peer: &NodeId, given: &[String]) -> Vec<String> {
+        self.relay_hints.normalize(peer, given)
+    }
+
+    /// Whether the allow-list admits `peer` (a query: nothing is counted).
+    pub fn permits(&self, peer: &NodeId) -> bool {
+        self.config.auth.permits(peer)
+    }
+
+    /// Whether the node is closed.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    // ----------------------------------------------------------------------------------
+
+    fn bump(&mut self) {
+        self.version = self.version.wrapping_add(1);
+    }
+
+    fn dropped(&mut self, reason: DropReason) -> Send {
+        self.drops.count(reason);
+        self.bump();
+        Send::Dropped(reason)
+    }
+
+    /// The path and cache channel of an ALPN.
+    fn classify(&self, alpn: &[u8]) -> (Path, Option<Channel>) {
+        let alpns = &self.config.alpns;
+        if alpn == alpns.actor.as_slice() {
+            (Path::Actor, Some(Channel::Actor))
+        } else if alpn == alpns.telemetry.as_slice() {
+            let channel = alpns.telemetry_collect.then_some(Channel::Telemetry);
+            (Path::Telemetry, channel)
+        } else if alpns.switch.as_deref() == Some(alpn) {
+            (Path::Switch, None)
+        } else if alpns.substrate.as_deref() == Some(alpn) {
+            (Path::Substrate, None)
+        } else if let Some(index) = alpns.protocols.iter().position(|known| known == alpn) {
+            let index = u16::try_from(index).ok();
+            (Path::Protocol, index.map(Channel::Protocol))
+        } else {
+            (Path::Unknown, None)
+        }
+    }
+
+    fn insert(&mut self, peer: NodeId, channel: Channel, conn: C) -> Generation {
+        self.bump();
+        self.cache.insert((peer, channel), conn)
+    }
+
+    /// Caches an actor connection; a writer waiting for one looks again.
+    fn cache_actor(&mut self, peer: NodeId, conn: C) -> Generation {
+        let generation = self.insert(peer, Channel::Actor, conn);
+        if self.writers.contains_key(&peer) {
+            self.actions.push_back(Action::KickWriter { peer });
+        }
+        generation
+    }
+
+    /// Starts a background dial of `peer` unless one is in progress.
+    fn dial(&mut self, peer: NodeId) {
+        if self.dials.contains_key(&peer) || !(self.config.valid_peer)(&peer) {
+            return;
+        }
+        self.counters.dials_started += 1;
+        self.start_dial_attempt(peer, 1);
+    }
+
+    fn start_dial_attempt(&mut self, peer: NodeId, attempt: u32) {
+        self.dials.insert(peer, DialState::InFlight(attempt));
+        self.actions.push_back(Action::Dial {
+            peer,
+            attempt,
+            timeout: self.config.dial_attempt_timeout,
+        });
+        self.bump();
+    }
+
+    fn join_in_flight(&mut self, peer: &NodeId) -> Option<&mut JoinState> {
+        self.joins
+            .get_mut(peer)
+            .filter(|state| matches!(state.next, JoinStep::InFlight(_)))
+    }
+
+    fn join_next(&mut self, now: Time, peer: NodeId, next: JoinNext) {
+        let Some(state) = self.joins.get_mut(&peer) else {
+            return;
+        };
+        state.next = match next {
+            JoinNext::Done => JoinStep::Done,
+            JoinNext::Attempt { attempt, at } if at <= now => {
+                self.actions.push_back(Action::JoinAttempt {
+                    peer,
+                    attempt,
+                    timeout: self.config.join_attempt_timeout,
+                });
+                JoinStep::InFlight(attempt)
+            }
+            JoinNext::Attempt { attempt, at } => {
+                let wait = at.saturating_since(now) / self.config.join_delay_divisor.max(1);
+                let at = now.saturating_add(wait);
+                self.timers.insert((at, Timer::Join(peer)));
+                JoinStep::Waiting(attempt, at)
+            }
+        };
+    }
+
+    /// Records `peer`'s writer as busy (`None`) or idle since a time, re-arming its timer.
+    fn set_writer(&mut self, _now: Time, peer: NodeId, idle_since: Option<Time>) {
+        if self.closed {
+            return;
+        }
+        if let Some(Some(since)) = self.writers.get(&peer) {
+            let due = since.saturating_add(self.config.idle_peer_timeout);
+            self.timers.remove(&(due, Timer::Idle(peer)));
+        }
+        self.writers.insert(peer, idle_since);
+        if let Some(since) = idle_since {
+            let due = since.saturating_add(self.config.idle_peer_timeout);
+            self.timers.insert((due, Timer::Idle(peer)));
+        }
+    }
+}

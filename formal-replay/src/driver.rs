@@ -1,0 +1,295 @@
+//! The `driver` section against production: core's driver machine
+//! (`tether_core::driver::Driver`) configured as `docs/conformance/driver.md` §1 fixes, fed
+//! the case's ops, its answers, actions and state written in the section's strings.
+
+use std::time::Duration;
+
+use tether_core::driver::schedule::JoinPhase;
+use tether_core::driver::{
+    Action, Alpns, Channel, Direction, Dispatch, Driver, DriverConfig, Path, PeerAuth, Send,
+    StreamVerdict,
+};
+use tether_core::time::Time;
+
+use crate::script::{DriverCase, DriverCounters, DriverEnd, DriverOp, DriverStep};
+
+/// The section's node id of peer `n`.
+fn id(n: u8) -> [u8; 32] {
+    [n; 32]
+}
+
+/// The section's configuration (§1).
+pub fn config(allow: Option<&[u8]>) -> DriverConfig {
+    DriverConfig {
+        auth: match allow {
+            None => PeerAuth::open(),
+            Some(list) => PeerAuth::allow_list(list.iter().map(|n| id(*n))),
+        },
+        alpns: Alpns {
+            actor: b"a".to_vec(),
+            telemetry: b"t".to_vec(),
+            telemetry_collect: true,
+            protocols: vec![b"p0".to_vec(), b"p1".to_vec()],
+            switch: Some(b"s".to_vec()),
+            substrate: Some(b"u".to_vec()),
+        },
+        idle_peer_timeout: Duration::from_millis(1_000),
+        dial_attempt_timeout: Duration::from_millis(10_000),
+        join_attempt_timeout: Duration::from_millis(10_000),
+        join_delay_divisor: 1,
+        valid_peer: |peer| peer[0] < 250,
+    }
+}
+
+fn channel(name: &str) -> Result<Channel, String> {
+    match name {
+        "actor" => Ok(Channel::Actor),
+        "telemetry" => Ok(Channel::Telemetry),
+        "protocol:0" => Ok(Channel::Protocol(0)),
+        "protocol:1" => Ok(Channel::Protocol(1)),
+        other => Err(format!("unknown channel {other:?}")),
+    }
+}
+
+fn channel_name(channel: Channel) -> String {
+    match channel {
+        Channel::Actor => "actor".to_owned(),
+        Channel::Telemetry => "telemetry".to_owned(),
+        Channel::Protocol(index) => format!("protocol:{index}"),
+    }
+}
+
+fn path(name: &str) -> Result<Path, String> {
+    Ok(match name {
+        "actor" => Path::Actor,
+        "join" => Path::Join,
+        "telemetry" => Path::Telemetry,
+        "protocol" => Path::Protocol,
+        "switch" => Path::Switch,
+        "substrate" => Path::Substrate,
+        "unknown" => Path::Unknown,
+        other => return Err(format!("unknown path {other:?}")),
+    })
+}
+
+fn direction(name: &str) -> Result<Direction, String> {
+    match name {
+        "inbound" => Ok(Direction::Inbound),
+        "outbound" => Ok(Direction::Outbound),
+        other => Err(format!("unknown direction {other:?}")),
+    }
+}
+
+fn action(action: Action<u64>) -> String {
+    match action {
+        Action::Dial { peer, attempt, .. } => format!("dial:{}:{attempt}", peer[0]),
+        Action::JoinAttempt { peer, attempt, .. } => format!("join:{}:{attempt}", peer[0]),
+        Action::KickWriter { peer } => format!("kick:{}", peer[0]),
+        Action::RetireWriter { peer } => format!("retire:{}", peer[0]),
+        Action::SendFailed { peer } => format!("send_failed:{}", peer[0]),
+        Action::Close { conn, code } => format!("close:{conn}:{code}"),
+    }
+}
+
+fn generation(generation: Option<tether_core::driver::Generation>) -> Option<String> {
+    generation.map(|g| format!("gen:{}", g.get()))
+}
+
+/// A script's generation (≥ 1; the machine never issues 0).
+fn generation_of(raw: u64) -> Result<tether_core::driver::Generation, String> {
+    tether_core::driver::Generation::new(raw)
+        .ok_or_else(|| "generation 0 is never issued".to_owned())
+}
+
+/// Replays `case` on core's machine.
+pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
+    if case.ops.len() != case.steps.len() {
+        return Err(format!(
+            "{} ops but {} steps",
+            case.ops.len(),
+            case.steps.len()
+        ));
+    }
+    let mut driver: Driver<u64> = Driver::new(config(case.allow.as_deref()));
+    let mut last = 0u64;
+    let mut steps = Vec::with_capacity(case.ops.len());
+    for op in &case.ops {
+        if op.at() < last {
+            return Err(format!("time goes back from {last} to {}", op.at()));
+        }
+        last = op.at();
+        let now = Time::from_millis(op.at());
+        let result = match op {
+            DriverOp::Accept {
+                peer, alpn, conn, ..
+            } => Some(
+                match driver.handle_accepted(now, id(*peer), alpn.as_bytes(), *conn) {
+                    Dispatch::Refused(_) => "refused".to_owned(),
+                    Dispatch::Actor(g) => format!("actor:{}", g.get()),
+                    Dispatch::Telemetry(g) => {
+                        format!("telemetry:{}", g.get())
+                    }
+                    Dispatch::Protocol(index, g) => {
+                        format!("protocol:{index}:{}", g.get())
+                    }
+                    Dispatch::Switch => "switch".to_owned(),
+                    Dispatch::Substrate => "substrate".to_owned(),
+                    Dispatch::NoAdapter => "no_adapter".to_owned(),
+                },
+            ),
+            DriverOp::Connected {
+                peer,
+                channel: name,
+                conn,
+                ..
+            } => generation(driver.handle_connected(now, id(*peer), channel(name)?, *conn)),
+            DriverOp::Closed {
+                peer,
+                channel: name,
+                generation: g,
+                ..
+            } => {
+                driver.handle_connection_closed(now, id(*peer), channel(name)?, generation_of(*g)?);
+                None
+            }
+            DriverOp::Disconnect {
+                peer,
+                channel: name,
+                ..
+            } => {
+                driver.handle_disconnect(now, id(*peer), channel(name)?);
+                None
+            }
+            DriverOp::Admit {
+                peer,
+                path: p,
+                direction: d,
+                ..
+            } => Some(
+                match driver.handle_admit(now, &id(*peer), path(p)?, direction(d)?) {
+                    Ok(()) => "ok".to_owned(),
+                    Err(_) => "refused".to_owned(),
+                },
+            ),
+            DriverOp::Send { peer, .. } => Some(match driver.handle_send(now, id(*peer)) {
+                Send::Enqueue => "enqueue".to_owned(),
+                Send::Dropped(reason) => format!("drop:{}", reason.as_str()),
+            }),
+            DriverOp::Batch { peer, frames, .. } => {
+                Some(match driver.handle_batch(now, id(*peer), *frames) {
+                    Some((g, conn)) => format!("write:{}:{conn}", g.get()),
+                    None => "drop".to_owned(),
+                })
+            }
+            DriverOp::WriteFailed {
+                peer,
+                generation: g,
+                frames,
+                swim,
+                ..
+            } => {
+                driver.handle_write_failed(now, id(*peer), generation_of(*g)?, *frames, *swim);
+                None
+            }
+            DriverOp::Idle { peer, .. } => {
+                driver.handle_writer_idle(now, id(*peer));
+                None
+            }
+            DriverOp::Dialed { peer, conn, .. } => {
+                let result = conn.ok_or_else(|| "failed".to_owned());
+                generation(driver.handle_dialed(now, id(*peer), result))
+            }
+            DriverOp::Join {
+                peer,
+                relay,
+                direct,
+                ..
+            } => {
+                let direct = usize::try_from(*direct).unwrap_or(usize::MAX);
+                Some(match driver.handle_join(now, id(*peer), *relay, direct) {
+                    Ok(()) => "ok".to_owned(),
+                    Err(_) => "refused".to_owned(),
+                })
+            }
+            DriverOp::JoinConnected { peer, .. } => {
+                driver.handle_join_connected(now, id(*peer));
+                None
+            }
+            DriverOp::JoinSent { peer, conn, .. } => {
+                generation(driver.handle_join_sent(now, id(*peer), *conn))
+            }
+            DriverOp::JoinFailed { peer, .. } => {
+                driver.handle_join_failed(now, id(*peer), "failed");
+                None
+            }
+            DriverOp::Fault { peer, fatal, .. } => {
+                Some(match driver.handle_stream_fault(now, id(*peer), *fatal) {
+                    StreamVerdict::Continue => "continue".to_owned(),
+                    StreamVerdict::Stop(code) => format!("stop:{code}"),
+                })
+            }
+            DriverOp::Timeout { .. } => {
+                driver.handle_timeout(now);
+                None
+            }
+            DriverOp::Close { .. } => {
+                driver.handle_close(now);
+                None
+            }
+        };
+        let actions = std::iter::from_fn(|| driver.poll_action())
+            .map(action)
+            .collect();
+        steps.push(DriverStep {
+            result,
+            actions,
+            timeout: driver.poll_timeout().map(Time::as_millis),
+        });
+    }
+    Ok(DriverCase {
+        steps,
+        end: end(&driver),
+        ..case.clone()
+    })
+}
+
+fn end(driver: &Driver<u64>) -> DriverEnd {
+    let counters = driver.counters();
+    DriverEnd {
+        drops: driver
+            .drops()
+            .0
+            .iter()
+            .map(|(why, n)| (why.as_str().to_owned(), *n))
+            .collect(),
+        refusals: driver
+            .refusals()
+            .iter()
+            .map(|(path, direction, n)| (format!("{}/{}", path.as_str(), direction.as_str()), n))
+            .collect(),
+        counters: DriverCounters {
+            accepted: counters.accepted,
+            dials_started: counters.dials_started,
+            dial_failures: counters.dial_failures,
+            evictions: counters.evictions,
+            stale_failures: counters.stale_failures,
+            writers_retired: counters.writers_retired,
+        },
+        cache: driver
+            .connections()
+            .map(|(peer, channel, g)| (peer[0], channel_name(channel), g.get()))
+            .collect(),
+        joins: driver
+            .join_statuses()
+            .map(|(peer, status)| {
+                let phase = match status.phase {
+                    JoinPhase::Connecting { attempt, .. } => format!("connecting:{attempt}"),
+                    JoinPhase::Sending => "sending".to_owned(),
+                    JoinPhase::Sent => "sent".to_owned(),
+                    JoinPhase::Failed => "failed".to_owned(),
+                };
+                (peer[0].to_string(), phase)
+            })
+            .collect(),
+    }
+}
