@@ -300,3 +300,14 @@ pub const EGRESS_IDLE_TEARDOWN_MS_DEFAULT: u64 = 30_000;
 /// Peers whose relay URLs a node remembers as hints for later addresses without one; past it
 /// the peer recorded longest ago is forgotten.
 pub const RELAY_HINT_PEERS_MAX: usize = 4_096;
+
+/// Actors a node's route view (its directory of signed host claims) holds; a claim for a new
+/// actor past it is refused (counted), so a peer cannot grow the directory without bound.
+pub const DIRECTORY_ROUTES_MAX: usize = 65_536;
+
+/// Actor locations a node caches for its egress path (resolved from the route view); past it
+/// the location resolved longest ago is forgotten.
+pub const LOCATION_CACHE_ENTRIES_MAX: usize = 4_096;
+
+/// Host claims a node signed for its own actors (announced to every peer it connects to).
+pub const LOCAL_CLAIMS_MAX: usize = 4_096;

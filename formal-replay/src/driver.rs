@@ -88,6 +88,8 @@ fn action(action: Action<u64>) -> String {
         Action::RetireWriter { peer } => format!("retire:{}", peer[0]),
         Action::SendFailed { peer } => format!("send_failed:{}", peer[0]),
         Action::Close { conn, code } => format!("close:{conn}:{code}"),
+        // No actor is registered in the section.
+        Action::Announce { peer, claim } => format!("announce:{}:{}", peer[0], claim.generation),
     }
 }
 

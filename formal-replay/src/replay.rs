@@ -936,7 +936,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     let mut view = std::collections::BTreeMap::new();
     let mut drops = Drops::default();
     let egress = |dest: Egress, view: &std::collections::BTreeMap<_, _>, drops: &mut Drops| {
-        match resolve_egress(dest, view, &auth) {
+        match resolve_egress(dest, |actor| view.get(actor).copied(), &auth) {
             Ok(peer) => format!("peer:{}", peer[0]),
             Err(why) => {
                 drops.count(why);
@@ -981,6 +981,9 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                     match direct {
                         Inbound::Protocol(to) => format!("protocol:{to}"),
                         Inbound::Actor(actor) => format!("actor:{}", actor[0]),
+                        // Only the host-claim tag goes to the driver; the section's tags
+                        // never name it.
+                        Inbound::Driver => "driver".to_owned(),
                         Inbound::Drop(why) => {
                             drops.count(why);
                             format!("drop:{}", why.as_str())

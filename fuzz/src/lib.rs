@@ -202,6 +202,23 @@ pub fn substrate(data: &[u8]) {
     }
 }
 
+/// Host claim bytes: decoding is total and exact (whatever decodes is exactly
+/// `CLAIM_BYTES` long and encodes back to the same bytes); a directory fed any bytes never
+/// panics, accepts only claims whose signature verifies, and holds one route at most.
+pub fn host_claim(data: &[u8]) {
+    use tether_core::driver::directory::{ClaimVerdict, Directory, HostClaim, CLAIM_BYTES};
+
+    if let Ok(claim) = HostClaim::decode(data) {
+        assert_eq!(data.len(), CLAIM_BYTES);
+        assert_eq!(&claim.encode()[..], data);
+    }
+    let mut directory = Directory::default();
+    let verdict = directory.apply_bytes(data);
+    let verified = HostClaim::decode(data).is_ok_and(|claim| claim.verify());
+    assert_eq!(verdict == ClaimVerdict::Accepted, verified);
+    assert!(directory.route_count() <= 1);
+}
+
 /// Stateful: three transport driver machines with dials, joins and batch writes completing
 /// or failing when the input says, connections killed with delayed close reports, idle
 /// writers, disconnects, closes and time. Every law of `tether_core::driver::harness::run_ops`

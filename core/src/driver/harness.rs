@@ -178,7 +178,8 @@ impl World {
                     }
                     self.joins.push((n, peer, attempt));
                 }
-                Action::KickWriter { .. } => {}
+                // Writers are pumped by the schedule; no actor is registered here.
+                Action::KickWriter { .. } | Action::Announce { .. } => {}
                 Action::RetireWriter { peer } => {
                     let now = self.now;
                     let Some(writer) = self.sims[n].writers.get(&peer) else {

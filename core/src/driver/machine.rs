@@ -25,12 +25,13 @@ use std::time::Duration;
 
 use super::admission::{admit, Direction, Path, Refusals, Refused};
 use super::cache::{ConnectionCache, Eviction, Generation};
+use super::directory::{ClaimVerdict, Directory, HostClaim};
 use super::relay::RelayHints;
-use super::routing::{DropReason, Drops, NodeId, PeerAuth};
+use super::routing::{resolve_egress, ActorAddr, DropReason, Drops, Egress, NodeId, PeerAuth};
 use super::schedule::{
     dial_retry_after, Join, JoinNext, JoinStatus, DIAL_ATTEMPT_TIMEOUT, JOIN_ATTEMPT_TIMEOUT,
 };
-use crate::limits::EGRESS_IDLE_TEARDOWN_MS_DEFAULT;
+use crate::limits::{EGRESS_IDLE_TEARDOWN_MS_DEFAULT, LOCAL_CLAIMS_MAX};
 use crate::time::Time;
 
 /// Close code of a connection refused by the allow-list.
@@ -188,6 +189,14 @@ pub enum Action<C> {
         /// The peer.
         peer: NodeId,
     },
+    /// Send this node's host claim to `peer`'s mailbox (tagged
+    /// [`super::directory::HOST_CLAIM_TAG`], payload [`HostClaim::encode`]).
+    Announce {
+        /// The peer.
+        peer: NodeId,
+        /// The claim.
+        claim: HostClaim,
+    },
     /// Close this connection with `code`.
     Close {
         /// The connection.
@@ -243,10 +252,28 @@ enum Timer {
     Idle(NodeId),
 }
 
+/// Why a local claim was not registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    /// The claim's signature is not its host's.
+    #[error("the claim is not signed by its host")]
+    BadSignature,
+    /// Not newer than the claim this node holds for the actor.
+    #[error("a claim of this generation or newer is already held")]
+    Stale,
+    /// [`LOCAL_CLAIMS_MAX`] actors are registered already.
+    #[error("too many local claims")]
+    Full,
+}
+
 /// The driver of one node. `C` is the shell's connection handle.
 #[derive(Debug)]
 pub struct Driver<C> {
     config: Config,
+    /// The route view and location cache, fed by verified claims.
+    directory: Directory,
+    /// Claims this node signed for its own actors, announced to every actor peer.
+    local_claims: BTreeMap<ActorAddr, HostClaim>,
     cache: ConnectionCache<(NodeId, Channel), C>,
     dials: BTreeMap<NodeId, DialState>,
     joins: BTreeMap<NodeId, JoinState>,
@@ -267,6 +294,8 @@ impl<C: Clone> Driver<C> {
     pub fn new(config: Config) -> Self {
         Self {
             config,
+            directory: Directory::default(),
+            local_claims: BTreeMap::new(),
             cache: ConnectionCache::new(),
             dials: BTreeMap::new(),
             joins: BTreeMap::new(),
@@ -602,6 +631,68 @@ impl<C: Clone> Driver<C> {
         }
     }
 
+    /// This node hosts `claim.actor` (a claim it signed with its key): the claim is
+    /// announced to every peer with an actor connection now, and to every peer connected
+    /// later.
+    pub fn handle_register(&mut self, _now: Time, claim: HostClaim) -> Result<(), RegisterError> {
+        if !claim.verify() {
+            return Err(RegisterError::BadSignature);
+        }
+        match self.local_claims.get(&claim.actor) {
+            Some(held) if held.generation >= claim.generation => return Err(RegisterError::Stale),
+            None if self.local_claims.len() >= LOCAL_CLAIMS_MAX => return Err(RegisterError::Full),
+            _ => {}
+        }
+        self.local_claims.insert(claim.actor, claim);
+        self.directory.apply_verified(&claim);
+        let peers: Vec<NodeId> = self
+            .cache
+            .generations()
+            .filter(|((_, channel), _)| *channel == Channel::Actor)
+            .map(|((peer, _), _)| *peer)
+            .collect();
+        for peer in peers {
+            self.actions.push_back(Action::Announce { peer, claim });
+        }
+        self.bump();
+        Ok(())
+    }
+
+    /// A host claim arrived from `peer` (the payload of a record tagged
+    /// [`super::directory::HOST_CLAIM_TAG`] to this node's mailbox).
+    pub fn handle_claim(&mut self, _now: Time, _peer: NodeId, bytes: &[u8]) -> ClaimVerdict {
+        let verdict = self.directory.apply_bytes(bytes);
+        // Every verdict is counted, so every one is a change.
+        self.bump();
+        verdict
+    }
+
+    /// Where a frame for `actor` (hosted elsewhere) goes: the peer the route view names
+    /// (through the location cache), admitted; else dropped, counted (`no_route` or
+    /// `unauthorized`).
+    pub fn handle_send_to_actor(
+        &mut self,
+        _now: Time,
+        actor: ActorAddr,
+    ) -> Result<NodeId, DropReason> {
+        let directory = &mut self.directory;
+        let resolved = resolve_egress(
+            Egress::Actor(actor),
+            |a| directory.locate(a),
+            &self.config.auth,
+        );
+        if let Err(reason) = resolved {
+            if reason == DropReason::Unauthorized {
+                self.refusals.count(Refused {
+                    path: Path::Actor,
+                    direction: Direction::Outbound,
+                });
+            }
+            self.dropped(reason);
+        }
+        resolved
+    }
+
     /// Time passed: due dial retries, join attempts and idle retirements happen.
     pub fn handle_timeout(&mut self, now: Time) {
         while let Some(&(at, timer)) = self.timers.first() {
@@ -721,6 +812,21 @@ impl<C: Clone> Driver<C> {
         self.relay_hints.normalize(peer, given)
     }
 
+    /// Actors in the route view.
+    pub fn directory_route_count(&self) -> usize {
+        self.directory.route_count()
+    }
+
+    /// Locations cached for egress.
+    pub fn location_cache_entries(&self) -> usize {
+        self.directory.location_cache_entries()
+    }
+
+    /// Received claims by verdict.
+    pub fn claim_verdicts(&self) -> &BTreeMap<ClaimVerdict, u64> {
+        self.directory.verdicts()
+    }
+
     /// Whether the allow-list admits `peer` (a query: nothing is counted).
     pub fn permits(&self, peer: &NodeId) -> bool {
         self.config.auth.permits(peer)
@@ -773,6 +879,13 @@ impl<C: Clone> Driver<C> {
         let generation = self.insert(peer, Channel::Actor, conn);
         if self.writers.contains_key(&peer) {
             self.actions.push_back(Action::KickWriter { peer });
+        }
+        // A new connection: the peer learns this node's actors.
+        for claim in self.local_claims.values() {
+            self.actions.push_back(Action::Announce {
+                peer,
+                claim: *claim,
+            });
         }
         generation
     }

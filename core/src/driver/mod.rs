@@ -5,6 +5,7 @@
 
 pub mod admission;
 pub mod cache;
+pub mod directory;
 pub mod harness;
 pub mod machine;
 pub mod relay;
@@ -13,6 +14,7 @@ pub mod schedule;
 
 pub use admission::{admit, Direction, Path, Refusals, Refused};
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
+pub use directory::{ClaimVerdict, Directory, HostClaim, HOST_CLAIM_TAG};
 pub use machine::{
     Action, Alpns, Channel, Config as DriverConfig, Dispatch, Driver, Send, StreamVerdict,
 };

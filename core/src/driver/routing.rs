@@ -122,6 +122,8 @@ pub enum Inbound<R> {
     Protocol(R),
     /// To the local actor at this address.
     Actor(ActorAddr),
+    /// A record the driver itself owns (a host claim to this node's mailbox).
+    Driver,
     /// Dropped.
     Drop(DropReason),
 }
@@ -177,6 +179,9 @@ impl<R: Clone> Routes<R> {
     /// Where an inbound record for `dest` with `tag` goes: to the mailbox → by tag to the
     /// owning protocol actor; otherwise to the addressed actor if it is local.
     pub fn inbound(&self, dest: &ActorAddr, tag: &str) -> Inbound<R> {
+        if *dest == self.mailbox && tag == super::directory::HOST_CLAIM_TAG {
+            return Inbound::Driver;
+        }
         if !self.known_tags.contains(tag) {
             return Inbound::Drop(DropReason::UnknownTag);
         }
@@ -271,15 +276,15 @@ pub enum Egress {
 }
 
 /// Resolves `dest` to the peer to send to (seed 000 §2.2): a mailbox is its own peer; an
-/// actor is looked up in the route view. The peer must also be admitted.
+/// actor is looked up in the route view (`locate`). The peer must also be admitted.
 pub fn resolve_egress(
     dest: Egress,
-    route_view: &BTreeMap<ActorAddr, NodeId>,
+    mut locate: impl FnMut(&ActorAddr) -> Option<NodeId>,
     auth: &PeerAuth,
 ) -> Result<NodeId, DropReason> {
     let peer = match dest {
         Egress::Mailbox(peer) => peer,
-        Egress::Actor(actor) => *route_view.get(&actor).ok_or(DropReason::NoRoute)?,
+        Egress::Actor(actor) => locate(&actor).ok_or(DropReason::NoRoute)?,
     };
     if auth.permits(&peer) {
         Ok(peer)
@@ -364,24 +369,24 @@ mod tests {
         let view: BTreeMap<ActorAddr, NodeId> = [(id(9), id(2))].into_iter().collect();
         let open = PeerAuth::open();
         assert_eq!(
-            resolve_egress(Egress::Mailbox(id(3)), &view, &open),
+            resolve_egress(Egress::Mailbox(id(3)), |a| view.get(a).copied(), &open),
             Ok(id(3))
         );
         assert_eq!(
-            resolve_egress(Egress::Actor(id(9)), &view, &open),
+            resolve_egress(Egress::Actor(id(9)), |a| view.get(a).copied(), &open),
             Ok(id(2))
         );
         assert_eq!(
-            resolve_egress(Egress::Actor(id(7)), &view, &open),
+            resolve_egress(Egress::Actor(id(7)), |a| view.get(a).copied(), &open),
             Err(DropReason::NoRoute)
         );
         let only_two = PeerAuth::allow_list([id(2)]);
         assert_eq!(
-            resolve_egress(Egress::Actor(id(9)), &view, &only_two),
+            resolve_egress(Egress::Actor(id(9)), |a| view.get(a).copied(), &only_two),
             Ok(id(2))
         );
         assert_eq!(
-            resolve_egress(Egress::Mailbox(id(3)), &view, &only_two),
+            resolve_egress(Egress::Mailbox(id(3)), |a| view.get(a).copied(), &only_two),
             Err(DropReason::Unauthorized)
         );
     }

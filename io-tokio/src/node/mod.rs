@@ -64,9 +64,9 @@ use tether_core::channel::{HybridChannel, Sender};
 pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED};
 pub use tether_core::driver::Channel;
 use tether_core::driver::{
-    Action, ActorAddr, Alpns, Direction, Dispatch, Driver, DriverConfig, DropReason, Drops,
-    Generation, Inbound, JoinStatus, NodeId, Path, PeerAuth, Refusals, Refused, RouteMemo, Routes,
-    Send as SendVerdict, StreamVerdict,
+    Action, ActorAddr, Alpns, ClaimVerdict, Direction, Dispatch, Driver, DriverConfig, DropReason,
+    Drops, Generation, HostClaim, Inbound, JoinStatus, NodeId, Path, PeerAuth, Refusals, Refused,
+    RouteMemo, Routes, Send as SendVerdict, StreamVerdict, HOST_CLAIM_TAG,
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, EGRESS_SPILL_FRAMES_MAX,
@@ -140,6 +140,12 @@ pub enum NodeError {
     /// The node is closed.
     #[error("node closed")]
     Closed,
+    /// No host claim names the actor.
+    #[error("no route to the actor")]
+    NoRoute,
+    /// A host claim of this node was not registered.
+    #[error("host claim not registered")]
+    Register(#[source] tether_core::driver::machine::RegisterError),
 }
 
 impl From<Refused> for NodeError {
@@ -876,6 +882,60 @@ impl Node {
         self.inner.gate.refusals.subscribe()
     }
 
+    /// Hosts `actor` here and claims it: the node signs a host claim `(actor, this node,
+    /// generation)` with its key and announces it to every peer it is connected to on the
+    /// actor plane, now and on every later connection. Peers keep the highest generation per
+    /// actor, so re-registering an actor elsewhere under a higher generation moves it.
+    /// Refused when this node already claimed the actor at `generation` or higher.
+    pub fn register_actor(&self, actor: ActorAddr, generation: u64) -> Result<(), NodeError> {
+        self.host(actor);
+        let secret = self.inner.endpoint.secret_key().to_bytes();
+        let claim = HostClaim::sign(&secret, actor, generation);
+        self.inner
+            .drive(|driver, now| driver.handle_register(now, claim))
+            .map_err(NodeError::Register)
+    }
+
+    /// Sends a frame to `actor`, hosted by whichever peer its newest host claim names (the
+    /// route view, through the location cache), without naming the peer. A frame for an
+    /// actor no claim names is dropped (counted as `no_route`).
+    pub fn send_to_actor(
+        &self,
+        actor: ActorAddr,
+        type_tag: impl Into<std::borrow::Cow<'static, str>>,
+        payload: Bytes,
+    ) -> Result<(), NodeError> {
+        let to = self
+            .inner
+            .drive(|driver, now| driver.handle_send_to_actor(now, actor))
+            .map_err(|reason| match reason {
+                DropReason::Unauthorized => NodeError::Unauthorized,
+                _ => NodeError::NoRoute,
+            })?;
+        self.inner.send(OutFrame {
+            to,
+            dest: actor,
+            type_tag: type_tag.into(),
+            payload,
+        });
+        Ok(())
+    }
+
+    /// Actors in the route view (verified host claims, newest generation each).
+    pub fn directory_route_count(&self) -> usize {
+        self.inner.gate.lock().driver.directory_route_count()
+    }
+
+    /// Actor locations cached for the egress path.
+    pub fn location_cache_entries(&self) -> usize {
+        self.inner.gate.lock().driver.location_cache_entries()
+    }
+
+    /// Host claims received, by verdict (`accepted`, `stale`, `forged`, `full`).
+    pub fn claim_verdicts(&self) -> BTreeMap<ClaimVerdict, u64> {
+        self.inner.gate.lock().driver.claim_verdicts().clone()
+    }
+
     /// Makes actor `actor` local (application frames to it are delivered).
     pub fn host(&self, actor: ActorAddr) {
         let mut routes = self
@@ -1204,6 +1264,12 @@ impl Inner {
                     bridge.send_failed(peer);
                 }
             }
+            Action::Announce { peer, claim } => self.send(OutFrame {
+                to: peer,
+                dest: peer,
+                type_tag: HOST_CLAIM_TAG.into(),
+                payload: Bytes::copy_from_slice(&claim.encode()),
+            }),
             Action::Close { conn, code } => conn.close(code.into(), b"closed"),
         }
     }
@@ -1589,7 +1655,7 @@ impl Inner {
                 match decoder.pop() {
                     Ok(Some(record)) => {
                         received += 1;
-                        delivered += u64::from(self.deliver(&routes, &mut memo, record));
+                        delivered += u64::from(self.deliver(peer, &routes, &mut memo, record));
                     }
                     Ok(None) => break None,
                     Err(error) => break Some(error),
@@ -1626,12 +1692,18 @@ impl Inner {
     /// `frames_received` and `frames_delivered` are added once per chunk.
     fn deliver(
         self: &Arc<Self>,
+        peer: NodeId,
         routes: &Routes<ActorAddr>,
         memo: &mut RouteMemo<ActorAddr>,
         record: ActorRecord,
     ) -> bool {
         let dest = match routes.inbound_memo(memo, record.dest(), record.tag_bytes()) {
             Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
+            Inbound::Driver => {
+                let payload = record.into_payload();
+                self.drive(|driver, now| driver.handle_claim(now, peer, &payload));
+                return false;
+            }
             Inbound::Drop(reason) => {
                 self.drive(|driver, now| driver.handle_inbound_drop(now, reason));
                 return false;
