@@ -311,3 +311,10 @@ pub const LOCATION_CACHE_ENTRIES_MAX: usize = 4_096;
 
 /// Host claims a node signed for its own actors (announced to every peer it connects to).
 pub const LOCAL_CLAIMS_MAX: usize = 4_096;
+
+/// Bytes of a telemetry stream name in a subscription control record.
+pub const TELEMETRY_STREAM_NAME_BYTES_MAX: usize = 128;
+
+/// Telemetry subscriptions a source node serves at once (each a publisher and a connection);
+/// past it a subscribe is refused (counted).
+pub const TELEMETRY_SUBSCRIPTIONS_MAX: usize = 256;

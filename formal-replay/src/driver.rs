@@ -88,8 +88,14 @@ fn action(action: Action<u64>) -> String {
         Action::RetireWriter { peer } => format!("retire:{}", peer[0]),
         Action::SendFailed { peer } => format!("send_failed:{}", peer[0]),
         Action::Close { conn, code } => format!("close:{conn}:{code}"),
-        // No actor is registered in the section.
+        // No actor is registered and no telemetry stream published in the section.
         Action::Announce { peer, claim } => format!("announce:{}:{}", peer[0], claim.generation),
+        Action::StartPublisher {
+            collector, stream, ..
+        } => format!("publish:{}:{stream}", collector[0]),
+        Action::StopPublisher {
+            collector, stream, ..
+        } => format!("unpublish:{}:{stream}", collector[0]),
     }
 }
 

@@ -202,6 +202,21 @@ pub fn substrate(data: &[u8]) {
     }
 }
 
+/// Telemetry subscription control bytes: decoding is total, strict and bounded (whatever
+/// decodes encodes back to exactly the same bytes); a source's table fed them never panics
+/// and never holds more subscriptions than it was asked to start.
+pub fn telemetry_control(data: &[u8]) {
+    use tether_core::driver::subscriptions::{Control, ControlVerdict, Subscriptions};
+
+    if let Ok(control) = Control::decode(data) {
+        assert_eq!(control.encode().as_deref(), Some(data));
+    }
+    let mut table = Subscriptions::default();
+    table.add_stream("cpu");
+    let (verdict, _) = table.apply([1; 32], data);
+    assert_eq!(table.live(), usize::from(verdict == ControlVerdict::Started));
+}
+
 /// Host claim bytes: decoding is total and exact (whatever decodes is exactly
 /// `CLAIM_BYTES` long and encodes back to the same bytes); a directory fed any bytes never
 /// panics, accepts only claims whose signature verifies, and holds one route at most.

@@ -179,7 +179,10 @@ impl World {
                     self.joins.push((n, peer, attempt));
                 }
                 // Writers are pumped by the schedule; no actor is registered here.
-                Action::KickWriter { .. } | Action::Announce { .. } => {}
+                Action::KickWriter { .. }
+                | Action::Announce { .. }
+                | Action::StartPublisher { .. }
+                | Action::StopPublisher { .. } => {}
                 Action::RetireWriter { peer } => {
                     let now = self.now;
                     let Some(writer) = self.sims[n].writers.get(&peer) else {

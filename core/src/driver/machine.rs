@@ -25,12 +25,13 @@ use std::time::Duration;
 
 use super::admission::{admit, Direction, Path, Refusals, Refused};
 use super::cache::{ConnectionCache, Eviction, Generation};
-use super::directory::{ClaimVerdict, Directory, HostClaim};
+use super::directory::{ClaimVerdict, Directory, HostClaim, HOST_CLAIM_TAG};
 use super::relay::RelayHints;
 use super::routing::{resolve_egress, ActorAddr, DropReason, Drops, Egress, NodeId, PeerAuth};
 use super::schedule::{
     dial_retry_after, Join, JoinNext, JoinStatus, DIAL_ATTEMPT_TIMEOUT, JOIN_ATTEMPT_TIMEOUT,
 };
+use super::subscriptions::{ControlVerdict, Subscription, Subscriptions, TELEMETRY_CONTROL_TAG};
 use crate::limits::{EGRESS_IDLE_TEARDOWN_MS_DEFAULT, LOCAL_CLAIMS_MAX};
 use crate::time::Time;
 
@@ -197,6 +198,26 @@ pub enum Action<C> {
         /// The claim.
         claim: HostClaim,
     },
+    /// Start publishing local telemetry stream `stream` to `collector` as flow `flow_id`:
+    /// dial it on the telemetry ALPN, write the header, then events; report the end with
+    /// [`Driver::handle_publisher_ended`].
+    StartPublisher {
+        /// The collector.
+        collector: NodeId,
+        /// The local stream.
+        stream: String,
+        /// The flow.
+        flow_id: [u8; 16],
+    },
+    /// Stop that publisher (it ends its stream).
+    StopPublisher {
+        /// The collector.
+        collector: NodeId,
+        /// The local stream.
+        stream: String,
+        /// The flow.
+        flow_id: [u8; 16],
+    },
     /// Close this connection with `code`.
     Close {
         /// The connection.
@@ -274,6 +295,8 @@ pub struct Driver<C> {
     directory: Directory,
     /// Claims this node signed for its own actors, announced to every actor peer.
     local_claims: BTreeMap<ActorAddr, HostClaim>,
+    /// Local telemetry streams and the collectors subscribed to them.
+    subscriptions: Subscriptions,
     cache: ConnectionCache<(NodeId, Channel), C>,
     dials: BTreeMap<NodeId, DialState>,
     joins: BTreeMap<NodeId, JoinState>,
@@ -296,6 +319,7 @@ impl<C: Clone> Driver<C> {
             config,
             directory: Directory::default(),
             local_claims: BTreeMap::new(),
+            subscriptions: Subscriptions::default(),
             cache: ConnectionCache::new(),
             dials: BTreeMap::new(),
             joins: BTreeMap::new(),
@@ -658,6 +682,57 @@ impl<C: Clone> Driver<C> {
         Ok(())
     }
 
+    /// A record the driver owns arrived from `peer` (routing said
+    /// [`super::Inbound::Driver`]): a host claim or a telemetry subscription control.
+    pub fn handle_record(&mut self, now: Time, peer: NodeId, tag: &str, payload: &[u8]) {
+        if tag == HOST_CLAIM_TAG {
+            self.handle_claim(now, peer, payload);
+        } else if tag == TELEMETRY_CONTROL_TAG {
+            self.handle_telemetry_control(now, peer, payload);
+        }
+    }
+
+    /// This node publishes telemetry stream `name` (collectors may subscribe to it).
+    pub fn handle_telemetry_stream(&mut self, _now: Time, name: &str) {
+        self.subscriptions.add_stream(name);
+    }
+
+    /// A subscription control record from `collector`: a publisher starts or stops. The
+    /// collector must be admitted on the telemetry path (the publisher dials it).
+    pub fn handle_telemetry_control(
+        &mut self,
+        now: Time,
+        collector: NodeId,
+        payload: &[u8],
+    ) -> Option<ControlVerdict> {
+        self.handle_admit(now, &collector, Path::Telemetry, Direction::Outbound)
+            .ok()?;
+        let (verdict, subscription) = self.subscriptions.apply(collector, payload);
+        if let Some((collector, stream, flow_id)) = subscription {
+            self.actions.push_back(match verdict {
+                ControlVerdict::Started => Action::StartPublisher {
+                    collector,
+                    stream,
+                    flow_id,
+                },
+                _ => Action::StopPublisher {
+                    collector,
+                    stream,
+                    flow_id,
+                },
+            });
+        }
+        self.bump();
+        Some(verdict)
+    }
+
+    /// A publisher ended (stopped, or its collector went away): its subscription is gone.
+    pub fn handle_publisher_ended(&mut self, _now: Time, subscription: &Subscription) {
+        if self.subscriptions.ended(subscription) {
+            self.bump();
+        }
+    }
+
     /// A host claim arrived from `peer` (the payload of a record tagged
     /// [`super::directory::HOST_CLAIM_TAG`] to this node's mailbox).
     pub fn handle_claim(&mut self, _now: Time, _peer: NodeId, bytes: &[u8]) -> ClaimVerdict {
@@ -820,6 +895,16 @@ impl<C: Clone> Driver<C> {
     /// Locations cached for egress.
     pub fn location_cache_entries(&self) -> usize {
         self.directory.location_cache_entries()
+    }
+
+    /// Live telemetry subscriptions this node publishes to.
+    pub fn telemetry_subscriptions(&self) -> usize {
+        self.subscriptions.live()
+    }
+
+    /// Subscription control records by verdict.
+    pub fn control_verdicts(&self) -> &BTreeMap<ControlVerdict, u64> {
+        self.subscriptions.verdicts()
     }
 
     /// Received claims by verdict.

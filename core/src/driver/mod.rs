@@ -11,6 +11,7 @@ pub mod machine;
 pub mod relay;
 pub mod routing;
 pub mod schedule;
+pub mod subscriptions;
 
 pub use admission::{admit, Direction, Path, Refusals, Refused};
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
@@ -26,3 +27,4 @@ pub use routing::{
 pub use schedule::{
     dial_retry_after, join_retry_after, DialTracker, Join, JoinNext, JoinPhase, JoinStatus,
 };
+pub use subscriptions::{Control, ControlVerdict, TELEMETRY_CONTROL_TAG};

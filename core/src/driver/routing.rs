@@ -122,7 +122,8 @@ pub enum Inbound<R> {
     Protocol(R),
     /// To the local actor at this address.
     Actor(ActorAddr),
-    /// A record the driver itself owns (a host claim to this node's mailbox).
+    /// A record the driver itself owns (a host claim or a telemetry subscription control, to
+    /// this node's mailbox): hand it to [`super::Driver::handle_record`].
     Driver,
     /// Dropped.
     Drop(DropReason),
@@ -179,7 +180,10 @@ impl<R: Clone> Routes<R> {
     /// Where an inbound record for `dest` with `tag` goes: to the mailbox → by tag to the
     /// owning protocol actor; otherwise to the addressed actor if it is local.
     pub fn inbound(&self, dest: &ActorAddr, tag: &str) -> Inbound<R> {
-        if *dest == self.mailbox && tag == super::directory::HOST_CLAIM_TAG {
+        if *dest == self.mailbox
+            && (tag == super::directory::HOST_CLAIM_TAG
+                || tag == super::subscriptions::TELEMETRY_CONTROL_TAG)
+        {
             return Inbound::Driver;
         }
         if !self.known_tags.contains(tag) {

@@ -53,7 +53,9 @@ pub const SWITCH_ALPN: &[u8] = b"tether/switch/1";
 /// Switch connections a host node accepted: the dialling switch's node id (hex) and the stream
 /// to serve (`tether::switch::host::Host::serve`).
 pub type SwitchConnections = tokio::sync::mpsc::Receiver<(String, QuicStream)>;
-pub use telemetry::{TelemetryFault, TelemetryIngress};
+pub use telemetry::{
+    TelemetryFault, TelemetryIngress, TelemetrySource, TELEMETRY_PUBLISHER_FRAMES,
+};
 pub use tether_core::limits::{PROTOCOL_SINK_EVENTS_DEFAULT, TELEMETRY_SINK_ITEMS_DEFAULT};
 
 use bytes::{Bytes, BytesMut};
@@ -64,15 +66,17 @@ use tether_core::channel::{HybridChannel, Sender};
 pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED};
 pub use tether_core::driver::Channel;
 use tether_core::driver::{
-    Action, ActorAddr, Alpns, ClaimVerdict, Direction, Dispatch, Driver, DriverConfig, DropReason,
-    Drops, Generation, HostClaim, Inbound, JoinStatus, NodeId, Path, PeerAuth, Refusals, Refused,
-    RouteMemo, Routes, Send as SendVerdict, StreamVerdict, HOST_CLAIM_TAG,
+    Action, ActorAddr, Alpns, ClaimVerdict, Control, ControlVerdict, Direction, Dispatch, Driver,
+    DriverConfig, DropReason, Drops, Generation, HostClaim, Inbound, JoinStatus, NodeId, Path,
+    PeerAuth, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
+    HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, EGRESS_SPILL_FRAMES_MAX,
 };
 use tether_core::time::Time;
 use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
+use tether_core::wire::telemetry::Header;
 use tether_core::wire::{FormatError, StreamDecoder};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
@@ -140,6 +144,10 @@ pub enum NodeError {
     /// The node is closed.
     #[error("node closed")]
     Closed,
+    /// A telemetry stream name that is empty or longer than
+    /// `TELEMETRY_STREAM_NAME_BYTES_MAX` bytes.
+    #[error("invalid telemetry stream name")]
+    InvalidStreamName,
     /// No host claim names the actor.
     #[error("no route to the actor")]
     NoRoute,
@@ -512,6 +520,7 @@ impl NodeBuilder {
             telemetry_sinks: telemetry::Sinks::new(self.telemetry_sinks),
             telemetry_alpn: self.telemetry_alpn,
             substrate_transport: Mutex::new(substrate_transport),
+            sources: Mutex::default(),
             substrate_queue,
             endpoint,
             local,
@@ -612,6 +621,8 @@ struct Inner {
     telemetry_sinks: telemetry::Sinks,
     telemetry_alpn: Vec<u8>,
     substrate_transport: Mutex<Option<IrohTransport>>,
+    /// Local telemetry streams collectors may subscribe to, by name.
+    sources: Mutex<BTreeMap<String, TelemetrySource>>,
     substrate_queue:
         Option<tokio::sync::mpsc::Sender<(tether_core::substrate::PeerId, crate::substrate::Link)>>,
     endpoint: Endpoint,
@@ -1009,6 +1020,87 @@ impl Node {
         }
     }
 
+    /// A local telemetry stream named `name` that collectors subscribe to over the actor
+    /// plane ([`Node::subscribe_telemetry`]): each subscription dials its collector and
+    /// publishes `header` (with the subscription's flow id), then every frame emitted on the
+    /// returned source, until the collector unsubscribes or goes away.
+    pub fn telemetry_source(&self, name: &str, header: Header) -> TelemetrySource {
+        let source = TelemetrySource::new(header);
+        self.inner
+            .sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), source.clone());
+        self.inner
+            .drive(|driver, now| driver.handle_telemetry_stream(now, name));
+        source
+    }
+
+    /// Subscribes this node (a collector: built with a telemetry sink) to stream `stream` of
+    /// the node at `source`, as flow `flow_id`: a control record on the actor plane (connecting
+    /// first if needed); the source then publishes to this node's sink.
+    pub async fn subscribe_telemetry(
+        &self,
+        source: EndpointAddr,
+        stream: &str,
+        flow_id: [u8; 16],
+    ) -> Result<(), NodeError> {
+        let control = Control::Subscribe {
+            name: stream.to_owned(),
+            flow_id,
+        };
+        control.encode().ok_or(NodeError::InvalidStreamName)?;
+        let peer = *source.id.as_bytes();
+        let connected = self
+            .inner
+            .gate
+            .lock()
+            .driver
+            .connection(&peer, Channel::Actor)
+            .is_some();
+        if !connected {
+            self.connect(source).await?;
+        }
+        self.send_control(peer, &control)
+    }
+
+    /// Ends this node's subscription `flow_id` to stream `stream` of `source` (the source's
+    /// publisher ends the stream; the sink sees it end).
+    pub fn unsubscribe_telemetry(
+        &self,
+        source: NodeId,
+        stream: &str,
+        flow_id: [u8; 16],
+    ) -> Result<(), NodeError> {
+        let control = Control::Unsubscribe {
+            name: stream.to_owned(),
+            flow_id,
+        };
+        self.send_control(source, &control)
+    }
+
+    /// Sends a subscription control record to `source`'s mailbox.
+    fn send_control(&self, source: NodeId, control: &Control) -> Result<(), NodeError> {
+        let payload = control.encode().ok_or(NodeError::InvalidStreamName)?;
+        self.send(OutFrame {
+            to: source,
+            dest: source,
+            type_tag: TELEMETRY_CONTROL_TAG.into(),
+            payload: payload.into(),
+        });
+        Ok(())
+    }
+
+    /// Subscription control records this node received, by verdict, and how many
+    /// subscriptions it publishes to now.
+    pub fn telemetry_control(&self) -> (BTreeMap<ControlVerdict, u64>, usize) {
+        let state = self.inner.gate.lock();
+        (
+            state.driver.control_verdicts().clone(),
+            state.driver.telemetry_subscriptions(),
+        )
+    }
+
     /// Publishes a telemetry stream to the collector at `to`: the `header` snapshot, then
     /// every event of `subscription` until it closes, batched (zstd when smaller). Runs in the
     /// background; the returned receiver reports how it ended.
@@ -1270,8 +1362,80 @@ impl Inner {
                 type_tag: HOST_CLAIM_TAG.into(),
                 payload: Bytes::copy_from_slice(&claim.encode()),
             }),
+            Action::StartPublisher {
+                collector,
+                stream,
+                flow_id,
+            } => self.start_publisher(collector, stream, flow_id),
+            Action::StopPublisher {
+                collector,
+                stream,
+                flow_id,
+            } => {
+                if let Some(source) = self.source(&stream) {
+                    source.inner.unsubscribe(&(collector, flow_id));
+                }
+            }
             Action::Close { conn, code } => conn.close(code.into(), b"closed"),
         }
+    }
+
+    fn source(&self, name: &str) -> Option<TelemetrySource> {
+        self.sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// A collector subscribed to local stream `stream`: dial it on the telemetry ALPN and
+    /// publish the header (with its flow), then events, until it unsubscribes or goes away.
+    fn start_publisher(self: &Arc<Self>, collector: NodeId, stream: String, flow_id: [u8; 16]) {
+        let subscription = (collector, stream, flow_id);
+        let Some(source) = self.source(&subscription.1) else {
+            // The machine knows only streams registered here; end it there all the same.
+            self.drive(|driver, now| driver.handle_publisher_ended(now, &subscription));
+            return;
+        };
+        let events = source.inner.subscribe((collector, flow_id));
+        let mut header = source.inner.header.clone();
+        header.flow_id = flow_id;
+        let inner = self.clone();
+        self.spawn(async move {
+            let result = match inner.address_of(&collector) {
+                Some(addr) => match inner.endpoint.connect(addr, &inner.telemetry_alpn).await {
+                    Ok(conn) => {
+                        let generation = inner.drive(|driver, now| {
+                            driver.handle_connected(
+                                now,
+                                collector,
+                                Channel::Telemetry,
+                                conn.clone(),
+                            )
+                        });
+                        let result = telemetry::publish(conn, header, events).await;
+                        if let Some(generation) = generation {
+                            inner.drive(|driver, now| {
+                                driver.handle_connection_closed(
+                                    now,
+                                    collector,
+                                    Channel::Telemetry,
+                                    generation,
+                                )
+                            });
+                        }
+                        result
+                    }
+                    Err(error) => Err(error.to_string()),
+                },
+                None => Err("invalid collector id".to_owned()),
+            };
+            if let Err(error) = result {
+                debug!(%error, "telemetry publisher ended");
+            }
+            source.inner.unsubscribe(&(collector, flow_id));
+            inner.drive(|driver, now| driver.handle_publisher_ended(now, &subscription));
+        });
     }
 
     /// The timer task: hands the machine its due timeouts.
@@ -1700,8 +1864,9 @@ impl Inner {
         let dest = match routes.inbound_memo(memo, record.dest(), record.tag_bytes()) {
             Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
             Inbound::Driver => {
+                let tag = memo.tag().unwrap_or_default();
                 let payload = record.into_payload();
-                self.drive(|driver, now| driver.handle_claim(now, peer, &payload));
+                self.drive(|driver, now| driver.handle_record(now, peer, tag, &payload));
                 return false;
             }
             Inbound::Drop(reason) => {

@@ -232,3 +232,101 @@ pub(super) async fn publish(
     let _ = send.stopped().await;
     Ok(())
 }
+
+/// Frames a publisher's queue holds for one subscriber; past it [`TelemetrySource::emit`]
+/// drops the frame for that subscriber (counted), so a slow collector never grows memory.
+pub const TELEMETRY_PUBLISHER_FRAMES: usize = 1024;
+
+/// One subscriber of a source: its collector and flow.
+type Subscriber = (NodeId, [u8; 16]);
+
+/// A local telemetry stream collectors subscribe to over the actor plane
+/// ([`super::Node::telemetry_source`]): every frame emitted goes to every live subscriber's
+/// publisher. Cheap to clone.
+#[derive(Clone)]
+pub struct TelemetrySource {
+    pub(super) inner: std::sync::Arc<SourceInner>,
+}
+
+pub(super) struct SourceInner {
+    pub(super) header: Header,
+    subscribers:
+        std::sync::Mutex<std::collections::BTreeMap<Subscriber, mpsc::Sender<TelemetryFrame>>>,
+    count: tokio::sync::watch::Sender<usize>,
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for TelemetrySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelemetrySource")
+            .field("stream", &self.inner.header.stream.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TelemetrySource {
+    pub(super) fn new(header: Header) -> Self {
+        Self {
+            inner: std::sync::Arc::new(SourceInner {
+                header,
+                subscribers: std::sync::Mutex::default(),
+                count: tokio::sync::watch::channel(0).0,
+                dropped: std::sync::atomic::AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Sends `frame` to every subscriber, never waiting: a subscriber whose queue is full
+    /// misses it (counted in [`TelemetrySource::dropped`]).
+    pub fn emit(&self, frame: TelemetryFrame) {
+        let subscribers = self.inner.subscribers();
+        for sender in subscribers.values() {
+            if sender.try_send(frame.clone()).is_err() {
+                self.inner
+                    .dropped
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// How many collectors are subscribed now; changes as they come and go.
+    pub fn subscribers(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.inner.count.subscribe()
+    }
+
+    /// Frames a full subscriber queue missed.
+    pub fn dropped(&self) -> u64 {
+        self.inner
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl SourceInner {
+    fn subscribers(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::BTreeMap<Subscriber, mpsc::Sender<TelemetryFrame>>,
+    > {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A new subscriber: the receiver its publisher drains.
+    pub(super) fn subscribe(&self, who: Subscriber) -> mpsc::Receiver<TelemetryFrame> {
+        let (tx, rx) = mpsc::channel(TELEMETRY_PUBLISHER_FRAMES);
+        let mut subscribers = self.subscribers();
+        subscribers.insert(who, tx);
+        self.count.send_replace(subscribers.len());
+        rx
+    }
+
+    /// The subscriber leaves: its publisher's queue closes, which ends its stream.
+    pub(super) fn unsubscribe(&self, who: &Subscriber) {
+        let mut subscribers = self.subscribers();
+        subscribers.remove(who);
+        self.count.send_replace(subscribers.len());
+    }
+}
