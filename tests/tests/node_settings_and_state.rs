@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame, RelayMode, RelayUrl};
-use tether_core::driver::{DropReason, JoinPhase, NodeId};
+use tether_core::driver::{JoinPhase, NodeId};
 use tokio::sync::mpsc;
 
 /// Reports send failures to the test.
@@ -68,24 +68,24 @@ async fn the_swim_tag_set_is_the_builders_choice() {
         payload: Bytes::from_static(&[0; 64]),
     };
     a.connect(b.endpoint_addr()).await.expect("connect");
-    // "Ping" is not in this node's set: its failed writes are dropped and counted, never
-    // reported as SWIM send failures.
-    while a.snapshot().drops.get(DropReason::WriteFailed) == 0 {
-        a.send(frame("Ping"));
-        tokio::task::yield_now().await;
+    let mut changes = a.changes();
+    // "Ping" is not in this node's set: b stops the stream it breaks, a's writer hears the
+    // stop and evicts the generation, and nothing is reported as a SWIM send failure.
+    a.send(frame("Ping"));
+    while a.snapshot().evictions == 0 {
+        changes.changed().await.expect("alive");
     }
     assert!(
         failed.try_recv().is_err(),
         "a non-SWIM failure was reported"
     );
-    // "Gossip" is: a failed write of it reaches the bridge.
-    let reported = loop {
-        a.send(frame("Gossip"));
-        match failed.try_recv() {
-            Ok(peer) => break peer,
-            Err(_) => tokio::task::yield_now().await,
-        }
-    };
+    // The eviction redials b; once connected again, "Gossip" is: its failure reaches the
+    // bridge.
+    while !a.snapshot().cache.contains_key(&hex(&b_id)) {
+        changes.changed().await.expect("alive");
+    }
+    a.send(frame("Gossip"));
+    let reported = failed.recv().await.expect("a SendFailed report");
     assert_eq!(reported, b_id);
     a.close().await;
     b.close().await;

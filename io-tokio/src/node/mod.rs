@@ -1724,12 +1724,37 @@ impl Inner {
         wake: Arc<WriterWake>,
     ) {
         let mut stream: Option<(Generation, SendStream)> = None;
+        // Whether the last batch written to the stream carried a SWIM frame.
+        let mut last_swim = false;
         let mut buf = BytesMut::new();
         loop {
             if channel.is_empty() {
                 self.drive(|driver, now| driver.handle_writer_idle(now, peer));
-                wake.sleep(|| !channel.is_empty() || wake.retire.load(Ordering::Acquire))
-                    .await;
+                let sleep =
+                    wake.sleep(|| !channel.is_empty() || wake.retire.load(Ordering::Acquire));
+                // While idle, a peer that stops the stream is a failed write of its generation
+                // now, not at the next frame (a closed connection is the reader's to report).
+                // Which frames the peer read before it stopped is unknown: none are counted
+                // again, but a SWIM frame in the last batch is reported as not sent.
+                let stopped = async {
+                    match &stream {
+                        Some((generation, send)) => match send.stopped().await {
+                            Ok(Some(_)) => *generation,
+                            _ => std::future::pending().await,
+                        },
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = sleep => {}
+                    generation = stopped => {
+                        stream = None;
+                        self.drive(|driver, now| {
+                            driver.handle_write_failed(now, peer, generation, 0, last_swim)
+                        });
+                        continue;
+                    }
+                }
             }
             if wake.retire.swap(false, Ordering::AcqRel)
                 && self.retire_queue(&peer, &wake, &channel)
@@ -1790,6 +1815,7 @@ impl Inner {
                 };
                 if written {
                     self.counters.written.fetch_add(frames, Ordering::Relaxed);
+                    last_swim = swim;
                 } else {
                     stream = None;
                     self.drive(|driver, now| {
