@@ -691,6 +691,8 @@ struct Shared {
     entropy: Mutex<Entropy>,
     inbound_tx: mpsc::UnboundedSender<Inbound>,
     peers: Mutex<HashMap<PeerId, PeerTask>>,
+    /// Bumped each time a peer task ends and leaves the table.
+    tasks_ended: tokio::sync::watch::Sender<u64>,
     /// Peer tasks an inbound link may create at most (a hostile dialer claiming ever new ids
     /// cannot exhaust memory).
     max_peers: usize,
@@ -843,6 +845,12 @@ impl Substrate {
         ids
     }
 
+    /// Changes each time a peer task ends (its link gone and nothing left to do) and leaves
+    /// the table: wait on it instead of polling [`Substrate::peers`].
+    pub fn peer_tasks_ended(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.shared.tasks_ended.subscribe()
+    }
+
     /// This node's id.
     pub fn local(&self) -> &PeerId {
         &self.inner.shared.local
@@ -958,6 +966,9 @@ impl Shared {
             .is_some_and(|entry| entry.handle.same_channel(handle))
         {
             peers.remove(id);
+            drop(peers);
+            self.tasks_ended
+                .send_modify(|ended| *ended = ended.wrapping_add(1));
         }
     }
 }
@@ -1042,6 +1053,7 @@ impl SubstrateBuilder {
             entropy: Mutex::new(entropy),
             inbound_tx,
             peers: Mutex::default(),
+            tasks_ended: tokio::sync::watch::channel(0).0,
             max_peers: self.max_peers,
         });
         let inner = Arc::new(Inner {
