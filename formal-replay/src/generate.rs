@@ -725,7 +725,8 @@ fn emission_case(emitted: Vec<Value>) -> Value {
         "expected": null, "got": null})
 }
 
-fn driver_case(allow: Value, ops: Vec<Value>) -> Value {
+/// A driver case with its inputs set and every observation empty (the model fills them).
+pub fn driver_case(allow: Value, ops: Vec<Value>) -> Value {
     let steps: Vec<Value> = ops
         .iter()
         .map(|_| json!({"result": null, "actions": [], "timeout": null}))

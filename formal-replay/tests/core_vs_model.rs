@@ -106,11 +106,7 @@ proptest! {
                 op
             })
             .collect();
-        let steps = steps_like(ops.len(), json!({"result": null, "actions": [], "timeout": null}));
-        let end = json!({"drops": {}, "refusals": {}, "counters": {"accepted": 0,
-            "dials_started": 0, "dial_failures": 0, "evictions": 0, "stale_failures": 0,
-            "writers_retired": 0}, "cache": [], "joins": {}});
-        agree("driver", json!({"allow": allow, "ops": ops, "steps": steps, "end": end}))?;
+        agree("driver", tether_formal_replay::generate::driver_case(json!(allow), ops))?;
     }
 
     #[test]
@@ -168,18 +164,13 @@ fn driver_delay() -> impl Strategy<Value = u64> {
 /// One driver op without its time: peers 0–3 and 250 (invalid), small generations and
 /// connection numbers so that current, replaced and unknown ones all occur.
 fn driver_op() -> impl Strategy<Value = Value> {
-    let peer = prop::sample::select(vec![0u8, 1, 2, 3, 250]);
-    let channel = prop::sample::select(vec!["actor", "telemetry", "protocol:0", "protocol:1"]);
-    let alpn = prop::sample::select(vec!["a", "t", "p0", "p1", "s", "u", "x"]);
-    let path = prop::sample::select(vec![
-        "actor",
-        "join",
-        "telemetry",
-        "protocol",
-        "switch",
-        "substrate",
-        "unknown",
-    ]);
+    use tether_formal_replay::generate::{
+        DRIVER_ALPNS, DRIVER_CHANNELS, DRIVER_PATHS, DRIVER_PEERS,
+    };
+    let peer = prop::sample::select(DRIVER_PEERS.to_vec());
+    let channel = prop::sample::select(DRIVER_CHANNELS.to_vec());
+    let alpn = prop::sample::select(DRIVER_ALPNS.to_vec());
+    let path = prop::sample::select(DRIVER_PATHS.to_vec());
     let direction = prop::sample::select(vec!["inbound", "outbound"]);
     let generation = 1u64..10;
     let conn = 0u64..20;

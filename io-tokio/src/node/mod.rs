@@ -1119,28 +1119,9 @@ impl Node {
             let _ = done.send(Err(error.to_string()));
             return outcome;
         }
-        let (inner, peer) = (self.inner.clone(), *to.id.as_bytes());
+        let inner = self.inner.clone();
         self.inner.spawn(async move {
-            let result = match inner.endpoint.connect(to, &inner.telemetry_alpn).await {
-                Ok(conn) => {
-                    let generation = inner.drive(|driver, now| {
-                        driver.handle_connected(now, peer, Channel::Telemetry, conn.clone())
-                    });
-                    let result = telemetry::publish(conn, header, subscription).await;
-                    if let Some(generation) = generation {
-                        inner.drive(|driver, now| {
-                            driver.handle_connection_closed(
-                                now,
-                                peer,
-                                Channel::Telemetry,
-                                generation,
-                            )
-                        });
-                    }
-                    result
-                }
-                Err(error) => Err(error.to_string()),
-            };
+            let result = inner.publish_to(to, header, subscription).await;
             let _ = done.send(result);
         });
         outcome
@@ -1403,31 +1384,7 @@ impl Inner {
         let inner = self.clone();
         self.spawn(async move {
             let result = match inner.address_of(&collector) {
-                Some(addr) => match inner.endpoint.connect(addr, &inner.telemetry_alpn).await {
-                    Ok(conn) => {
-                        let generation = inner.drive(|driver, now| {
-                            driver.handle_connected(
-                                now,
-                                collector,
-                                Channel::Telemetry,
-                                conn.clone(),
-                            )
-                        });
-                        let result = telemetry::publish(conn, header, events).await;
-                        if let Some(generation) = generation {
-                            inner.drive(|driver, now| {
-                                driver.handle_connection_closed(
-                                    now,
-                                    collector,
-                                    Channel::Telemetry,
-                                    generation,
-                                )
-                            });
-                        }
-                        result
-                    }
-                    Err(error) => Err(error.to_string()),
-                },
+                Some(addr) => inner.publish_to(addr, header, events).await,
                 None => Err("invalid collector id".to_owned()),
             };
             if let Err(error) = result {
@@ -1436,6 +1393,32 @@ impl Inner {
             source.inner.unsubscribe(&(collector, flow_id));
             inner.drive(|driver, now| driver.handle_publisher_ended(now, &subscription));
         });
+    }
+
+    /// Dials the collector at `to` on the telemetry ALPN, caches the connection with the
+    /// machine for as long as it publishes `header` then `events` on it.
+    async fn publish_to(
+        self: &Arc<Self>,
+        to: EndpointAddr,
+        header: Header,
+        events: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
+    ) -> Result<(), String> {
+        let peer = *to.id.as_bytes();
+        let conn = self
+            .endpoint
+            .connect(to, &self.telemetry_alpn)
+            .await
+            .map_err(|error| error.to_string())?;
+        let generation = self.drive(|driver, now| {
+            driver.handle_connected(now, peer, Channel::Telemetry, conn.clone())
+        });
+        let result = telemetry::publish(conn, header, events).await;
+        if let Some(generation) = generation {
+            self.drive(|driver, now| {
+                driver.handle_connection_closed(now, peer, Channel::Telemetry, generation)
+            });
+        }
+        result
     }
 
     /// The timer task: hands the machine its due timeouts.
