@@ -117,6 +117,51 @@ async fn actor_frames_cross_two_and_three_nodes_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
+    let a = node().await;
+    let mut b = node().await;
+    let mut c = node().await;
+    a.node.connect(b.node.endpoint_addr()).await.expect("a-b");
+    a.node.connect(c.node.endpoint_addr()).await.expect("a-c");
+    // Runs of varying length, interleaved between b and c, and a run of three for a peer
+    // the node never met (a cache miss each, as three lone sends would be).
+    let stranger = iroh::SecretKey::generate().public();
+    let mut frames = Vec::new();
+    let (mut to_b, mut to_c) = (0u32, 0u32);
+    for run in 1..=40u32 {
+        for _ in 0..run % 7 + 1 {
+            if run % 2 == 0 {
+                frames.push(chat(&b.node, to_b));
+                to_b += 1;
+            } else {
+                frames.push(chat(&c.node, to_c));
+                to_c += 1;
+            }
+        }
+    }
+    for n in 0..3 {
+        let mut frame = chat(&b.node, n);
+        frame.to = *stranger.as_bytes();
+        frames.insert(10, frame);
+    }
+    a.node.send_batch(frames);
+    assert_eq!(
+        receive(&mut b, to_b as usize).await,
+        (0..to_b).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        receive(&mut c, to_c as usize).await,
+        (0..to_c).collect::<Vec<_>>()
+    );
+    let snapshot = a.node.snapshot();
+    assert_eq!(snapshot.frames_enqueued, u64::from(to_b + to_c));
+    assert_eq!(snapshot.drops.get(DropReason::CacheMiss), 3);
+    for n in [a, b, c] {
+        n.node.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_is_routed_by_tag_and_unroutable_frames_are_counted() {
     let a = node().await;
     let mut b = node().await;

@@ -842,6 +842,21 @@ impl Node {
         self.inner.send(frame);
     }
 
+    /// Queues every frame as [`Node::send`] does, in order, without blocking: a run of
+    /// consecutive frames for one peer takes the egress table once, is counted once and wakes
+    /// its writer once (what an actor flushing its outbox wants; per frame only the ring push
+    /// remains).
+    pub fn send_batch(&self, frames: impl IntoIterator<Item = OutFrame>) {
+        let mut frames = frames.into_iter().peekable();
+        while let Some(first) = frames.next() {
+            let peer = first.to;
+            let run = std::iter::once(first).chain(std::iter::from_fn(|| {
+                frames.next_if(|next| next.to == peer)
+            }));
+            self.inner.send_run(peer, run);
+        }
+    }
+
     /// Joins through `seeds`: for each, connect and write a `JoinRequest` to its mailbox, in
     /// the background with the join schedule. Never waits for convergence.
     /// A seed off the allow-list is refused (counted under `join/outbound`) and not tried.
@@ -1599,17 +1614,29 @@ impl Inner {
     }
 
     fn send(self: &Arc<Self>, frame: OutFrame) {
-        let peer = frame.to;
+        self.send_run(frame.to, std::iter::once(frame));
+    }
+
+    /// Queues frames all addressed to `peer`, in order.
+    fn send_run(self: &Arc<Self>, peer: NodeId, frames: impl Iterator<Item = OutFrame>) {
+        let mut frames = frames.peekable();
         // The hot path: the peer has a queue (it was admitted when the queue started, and the
         // allow-list is fixed). Its writer asks the machine for the connection per batch.
-        let frame = {
+        {
             let queues = self.egress_read();
-            match queues.get(&peer) {
-                Some(queue) => return self.enqueue(queue, frame),
-                None => frame,
+            if let Some(queue) = queues.get(&peer) {
+                return self.enqueue(queue, frames);
             }
-        };
+        }
+        if frames.peek().is_none() {
+            return;
+        }
         if self.drive(|driver, now| driver.handle_send(now, peer)) != SendVerdict::Enqueue {
+            // The slow path: each further frame is judged (and counted) as a lone send is.
+            frames.next();
+            for frame in frames {
+                self.send(frame);
+            }
             return;
         }
         let mut queues = self.egress_write();
@@ -1627,20 +1654,31 @@ impl Inner {
             );
             queue
         });
-        self.enqueue(queue, frame);
+        self.enqueue(queue, frames);
         if fresh {
             bump(&self.counters.queues_started);
             self.egress_count.send_replace(queues.len());
         }
     }
 
-    fn enqueue(self: &Arc<Self>, queue: &PeerQueue, frame: OutFrame) {
-        if queue.sender.push(frame).is_err() {
-            self.drive(|driver, now| driver.handle_egress_full(now, 1));
-            return;
+    /// Pushes `frames` into `queue`: counted and the writer woken once for all of them.
+    fn enqueue(self: &Arc<Self>, queue: &PeerQueue, frames: impl Iterator<Item = OutFrame>) {
+        let (mut enqueued, mut full) = (0u64, 0u64);
+        for frame in frames {
+            match queue.sender.push(frame) {
+                Ok(()) => enqueued += 1,
+                Err(_) => full += 1,
+            }
         }
-        queue.wake.wake();
-        bump(&self.counters.enqueued);
+        if enqueued > 0 {
+            queue.wake.wake();
+            self.counters
+                .enqueued
+                .fetch_add(enqueued, Ordering::Relaxed);
+        }
+        if full > 0 {
+            self.drive(|driver, now| driver.handle_egress_full(now, full));
+        }
     }
 
     /// The driver retired `peer`'s writer: its queue is torn down unless a frame arrived
