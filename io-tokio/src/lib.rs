@@ -16,6 +16,10 @@
 //!   `tether inspect` command).
 
 pub mod inspect;
+/// The iroh tether is built on, for types its signatures use (`Endpoint`, `EndpointAddr`,
+/// `protocol::Router`): the same version, whatever else the application depends on.
+#[cfg(feature = "iroh")]
+pub use iroh;
 #[cfg(feature = "iroh")]
 pub mod node;
 pub mod store;

@@ -124,7 +124,9 @@ async fn header_and_events_arrive_in_order(sink_items: usize) {
         "both batch kinds: {zstd} zstd, {raw} raw"
     );
     feeder.await.expect("feeder");
-    assert_eq!(done.await.expect("outcome"), Ok(()));
+    done.await
+        .expect("outcome")
+        .expect("the publisher ended cleanly");
     publisher.close().await;
     collector.close().await;
 }
@@ -221,7 +223,9 @@ async fn every_sink_of_a_fanout_gets_every_item_on_a_custom_alpn() {
         events_tx.send(event(i)).await.expect("publisher alive");
     }
     drop(events_tx);
-    assert_eq!(done.await.expect("outcome"), Ok(()));
+    done.await
+        .expect("outcome")
+        .expect("the publisher ended cleanly");
     for rx in [&mut first_rx, &mut second_rx] {
         let mut frames = Vec::new();
         loop {

@@ -125,22 +125,34 @@ pub trait ActorBridge: Send + Sync + 'static {
     }
 }
 
+/// The underlying cause of a [`NodeError`] (iroh's error, kept for its source chain).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a node could not be built or a connection made.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum NodeError {
     /// The endpoint could not bind.
-    #[error("bind failed: {0}")]
-    Bind(String),
+    #[error("bind failed")]
+    Bind(#[source] BoxError),
     /// The peer is not on the allow-list (nothing was dialled).
     #[error("peer not allowed")]
     Unauthorized,
     /// The peer's id is not a valid public key.
     #[error("invalid node id")]
     InvalidNodeId,
-    /// Every dial attempt failed.
-    #[error("connect failed: {0}")]
-    Connect(String),
+    /// The connection could not be made, or its first stream not opened or written.
+    #[error("connect failed")]
+    Connect(#[source] BoxError),
+    /// A stream failed after it was opened (a telemetry publisher's, for one).
+    #[error("stream failed")]
+    Stream(#[source] BoxError),
+    /// No protocol binding of this node has that protocol id.
+    #[error("no protocol binding {0:?}")]
+    NoBinding(String),
+    /// The node was built without [`NodeBuilder::substrate`], or its substrate was taken.
+    #[error("substrate not enabled on this node, or already taken")]
+    NoSubstrate,
     /// The node is closed.
     #[error("node closed")]
     Closed,
@@ -203,6 +215,7 @@ pub struct Snapshot {
 
 /// Builds a [`Node`].
 pub struct NodeBuilder {
+    endpoint: Option<Endpoint>,
     secret_key: Option<SecretKey>,
     relay_mode: RelayMode,
     auth: PeerAuth,
@@ -255,6 +268,7 @@ impl Default for JoinPolicy {
 impl Default for NodeBuilder {
     fn default() -> Self {
         Self {
+            endpoint: None,
             secret_key: None,
             relay_mode: RelayMode::Disabled,
             auth: PeerAuth::open(),
@@ -281,6 +295,19 @@ impl Default for NodeBuilder {
 }
 
 impl NodeBuilder {
+    /// Runs tether on an endpoint the application already has (and shares with other iroh
+    /// protocols) instead of binding its own: the node then accepts nothing itself. Mount
+    /// its protocols on the application's `iroh::protocol::Router` with [`Node::mount`] (or
+    /// [`Node::protocol_handler`] under each of [`Node::alpns`]). The endpoint's key, relays
+    /// and sockets are the application's ([`NodeBuilder::secret_key`],
+    /// [`NodeBuilder::relay_mode`] and [`NodeBuilder::bind_addr`] are ignored), and so is its
+    /// lifetime: [`Node::close`] ends tether's connections and tasks and leaves the endpoint
+    /// open.
+    pub fn endpoint(mut self, endpoint: Endpoint) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
     /// The node's secret key (absent: a fresh one).
     pub fn secret_key(mut self, key: [u8; 32]) -> Self {
         self.secret_key = Some(SecretKey::from_bytes(&key));
@@ -449,15 +476,19 @@ impl NodeBuilder {
                 .map(|(binding, _)| binding.wire_alpn.clone()),
         );
         let relay_urls: Vec<RelayUrl> = self.relay_mode.relay_map().urls();
-        let endpoint = Endpoint::builder(presets::Minimal)
-            .secret_key(secret)
-            .relay_mode(self.relay_mode)
-            .alpns(alpns)
-            .bind_addr(self.bind_addr)
-            .map_err(|error| NodeError::Bind(error.to_string()))?
-            .bind()
-            .await
-            .map_err(|error| NodeError::Bind(error.to_string()))?;
+        let embedded = self.endpoint.is_some();
+        let endpoint = match self.endpoint {
+            Some(endpoint) => endpoint,
+            None => Endpoint::builder(presets::Minimal)
+                .secret_key(secret)
+                .relay_mode(self.relay_mode)
+                .alpns(alpns.clone())
+                .bind_addr(self.bind_addr)
+                .map_err(|error| NodeError::Bind(error.into()))?
+                .bind()
+                .await
+                .map_err(|error| NodeError::Bind(error.into()))?,
+        };
         let local = *endpoint.id().as_bytes();
         let mut routes = Routes::new(local);
         for tag in &self.tags {
@@ -493,8 +524,10 @@ impl NodeBuilder {
             join_delay_divisor: self.join_policy.delay_divisor,
             valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
         }));
+        let substrate_peers = substrate_link::SubstratePeers::default();
         let (substrate_transport, substrate_queue) = if self.substrate {
-            let (transport, queue) = IrohTransport::new(endpoint.clone(), gate.clone());
+            let (transport, queue) =
+                IrohTransport::new(endpoint.clone(), gate.clone(), substrate_peers.clone());
             (Some(transport), Some(queue))
         } else {
             (None, None)
@@ -520,9 +553,12 @@ impl NodeBuilder {
             telemetry_sinks: telemetry::Sinks::new(self.telemetry_sinks),
             telemetry_alpn: self.telemetry_alpn,
             substrate_transport: Mutex::new(substrate_transport),
+            substrate_peers,
             sources: Mutex::default(),
             substrate_queue,
             endpoint,
+            embedded,
+            alpns,
             local,
             gate,
             routes: Mutex::new(Arc::new(routes)),
@@ -539,8 +575,10 @@ impl NodeBuilder {
             tasks: Mutex::new(JoinSet::new()),
             closed: closed_tx,
         });
-        let accept = inner.clone();
-        inner.spawn(async move { accept.accept_loop().await });
+        if !inner.embedded {
+            let accept = inner.clone();
+            inner.spawn(async move { accept.accept_loop().await });
+        }
         let timer = inner.clone();
         inner.spawn(async move { timer.timer_loop().await });
         info!(node = %hex(&local), "node bound");
@@ -621,11 +659,17 @@ struct Inner {
     telemetry_sinks: telemetry::Sinks,
     telemetry_alpn: Vec<u8>,
     substrate_transport: Mutex<Option<IrohTransport>>,
+    /// How to reach substrate peers (shared with the transport).
+    substrate_peers: substrate_link::SubstratePeers,
     /// Local telemetry streams collectors may subscribe to, by name.
     sources: Mutex<BTreeMap<String, TelemetrySource>>,
     substrate_queue:
         Option<tokio::sync::mpsc::Sender<(tether_core::substrate::PeerId, crate::substrate::Link)>>,
     endpoint: Endpoint,
+    /// The endpoint is the application's (its router accepts; close leaves it open).
+    embedded: bool,
+    /// Every ALPN this node speaks.
+    alpns: Vec<Vec<u8>>,
     local: NodeId,
     /// The driver machine (every decision), shared with the substrate transport.
     gate: Arc<Gate>,
@@ -825,7 +869,7 @@ impl Node {
             .endpoint
             .connect(addr, &self.inner.actor_alpn)
             .await
-            .map_err(|error| NodeError::Connect(error.to_string()))?;
+            .map_err(|error| NodeError::Connect(error.into()))?;
         let generation = self
             .inner
             .drive(|driver, now| driver.handle_connected(now, peer, Channel::Actor, conn.clone()));
@@ -1124,14 +1168,14 @@ impl Node {
         to: EndpointAddr,
         header: tether_core::wire::telemetry::Header,
         subscription: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
-    ) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
+    ) -> tokio::sync::oneshot::Receiver<Result<(), NodeError>> {
         let (done, outcome) = tokio::sync::oneshot::channel();
         let admitted =
             self.inner
                 .gate
                 .admit(to.id.as_bytes(), Path::Telemetry, Direction::Outbound);
         if let Err(error) = admitted {
-            let _ = done.send(Err(error.to_string()));
+            let _ = done.send(Err(error));
             return outcome;
         }
         let inner = self.inner.clone();
@@ -1157,7 +1201,7 @@ impl Node {
             .enumerate()
             .find(|(_, adapter)| adapter.binding.protocol_id == protocol_id)
             .and_then(|(index, adapter)| Some((u16::try_from(index).ok()?, adapter.clone())))
-            .ok_or_else(|| NodeError::Connect(format!("no binding for {protocol_id}")))?;
+            .ok_or_else(|| NodeError::NoBinding(protocol_id.to_owned()))?;
         let peer = *to.id.as_bytes();
         self.inner
             .gate
@@ -1179,7 +1223,7 @@ impl Node {
         };
         send.write_all(&protocol_stream_id.to_be_bytes())
             .await
-            .map_err(|error| NodeError::Connect(error.to_string()))?;
+            .map_err(|error| NodeError::Connect(error.into()))?;
         let inner = self.inner.clone();
         let stream = adapter.start(peer, protocol_stream_id, send, recv, &move |task| {
             inner.spawn(task)
@@ -1201,11 +1245,11 @@ impl Node {
             .endpoint
             .connect(to, &adapter.binding.wire_alpn)
             .await
-            .map_err(|error| NodeError::Connect(error.to_string()))?;
+            .map_err(|error| NodeError::Connect(error.into()))?;
         let pair = conn
             .open_bi()
             .await
-            .map_err(|error| NodeError::Connect(error.to_string()))?;
+            .map_err(|error| NodeError::Connect(error.into()))?;
         let generation = self.inner.drive(|driver, now| {
             driver.handle_connected(now, peer, Channel::Protocol(index), conn.clone())
         });
@@ -1237,11 +1281,11 @@ impl Node {
             .endpoint
             .connect(addr, SWITCH_ALPN)
             .await
-            .map_err(|error| NodeError::Connect(error.to_string()))?;
+            .map_err(|error| NodeError::Connect(error.into()))?;
         let (send, recv) = conn
             .open_bi()
             .await
-            .map_err(|error| NodeError::Connect(error.to_string()))?;
+            .map_err(|error| NodeError::Connect(error.into()))?;
         Ok(QuicStream::new(conn, send, recv))
     }
 
@@ -1254,11 +1298,57 @@ impl Node {
             .take()
     }
 
+    /// The substrate over this node, in one call: its links ride this node's endpoint
+    /// ([`SUBSTRATE_ALPN`]), each peer is the key TLS authenticated, and the handshake binds
+    /// its proof to that very connection (`Auth::TransportIdentity`). Set the authorizer, the
+    /// store and the rest on the builder, `start` it, and name peers with
+    /// [`Node::add_substrate_peer`]. [`NodeError::NoSubstrate`] unless the node was built with
+    /// [`NodeBuilder::substrate`]; once only.
+    pub fn substrate_builder(&self) -> Result<crate::substrate::SubstrateBuilder, NodeError> {
+        let transport = self.substrate_transport().ok_or(NodeError::NoSubstrate)?;
+        let local = transport.local().clone();
+        Ok(crate::substrate::Substrate::builder(local, transport)
+            .auth(tether_core::substrate::handshake::Auth::TransportIdentity))
+    }
+
+    /// Records how to reach the substrate peer at `addr` (this side may then dial it); its
+    /// substrate peer id. Refused (counted under `substrate/outbound`) when the allow-list
+    /// does not admit it.
+    pub fn add_substrate_peer(
+        &self,
+        addr: EndpointAddr,
+    ) -> Result<tether_core::substrate::PeerId, NodeError> {
+        substrate_link::add_peer(&self.inner.gate, &self.inner.substrate_peers, addr)
+    }
+
     /// Closes the cached connection to `peer` (if any); the next frame for it dials again.
     pub fn disconnect(&self, peer: &NodeId) {
         let peer = *peer;
         self.inner
             .drive(|driver, now| driver.handle_disconnect(now, peer, Channel::Actor));
+    }
+
+    /// Every ALPN this node speaks (actor, telemetry, and the substrate, switch and protocol
+    /// bindings it was built with).
+    pub fn alpns(&self) -> Vec<Vec<u8>> {
+        self.inner.alpns.clone()
+    }
+
+    /// The node as an iroh protocol handler, for an application's `Router` (see
+    /// [`NodeBuilder::endpoint`]): every connection it is handed goes through the same
+    /// admission and ALPN dispatch as the node's own accept loop.
+    pub fn protocol_handler(&self) -> NodeProtocol {
+        NodeProtocol {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Registers [`Node::protocol_handler`] under each of [`Node::alpns`] on `router`,
+    /// beside whatever other protocols the application mounts there.
+    pub fn mount(&self, router: iroh::protocol::RouterBuilder) -> iroh::protocol::RouterBuilder {
+        self.alpns().into_iter().fold(router, |router, alpn| {
+            router.accept(alpn, self.protocol_handler())
+        })
     }
 
     /// Tasks still running (0 after [`Node::close`]).
@@ -1278,7 +1368,9 @@ impl Node {
         self.inner.egress_count.send_replace(0);
         // The machine closes every cached connection (its actions) and starts nothing new.
         self.inner.drive(|driver, now| driver.handle_close(now));
-        self.inner.endpoint.close().await;
+        if !self.inner.embedded {
+            self.inner.endpoint.close().await;
+        }
         let mut tasks = std::mem::take(
             &mut *self
                 .inner
@@ -1289,6 +1381,30 @@ impl Node {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
         info!(node = %hex(&self.inner.local), "node closed");
+    }
+}
+
+/// A [`Node`] mounted on an application's iroh `Router` ([`Node::protocol_handler`]).
+#[derive(Clone)]
+pub struct NodeProtocol {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for NodeProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeProtocol")
+            .field("node", &hex(&self.inner.local))
+            .finish()
+    }
+}
+
+impl iroh::protocol::ProtocolHandler for NodeProtocol {
+    async fn accept(&self, connection: Connection) -> Result<(), iroh::protocol::AcceptError> {
+        // The node's tasks hold the connection; the router's handle may go.
+        if !self.inner.is_closed() {
+            self.inner.accepted(connection);
+        }
+        Ok(())
     }
 }
 
@@ -1400,7 +1516,7 @@ impl Inner {
         self.spawn(async move {
             let result = match inner.address_of(&collector) {
                 Some(addr) => inner.publish_to(addr, header, events).await,
-                None => Err("invalid collector id".to_owned()),
+                None => Err(NodeError::InvalidNodeId),
             };
             if let Err(error) = result {
                 debug!(%error, "telemetry publisher ended");
@@ -1417,13 +1533,13 @@ impl Inner {
         to: EndpointAddr,
         header: Header,
         events: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
-    ) -> Result<(), String> {
+    ) -> Result<(), NodeError> {
         let peer = *to.id.as_bytes();
         let conn = self
             .endpoint
             .connect(to, &self.telemetry_alpn)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| NodeError::Connect(error.into()))?;
         let generation = self.drive(|driver, now| {
             driver.handle_connected(now, peer, Channel::Telemetry, conn.clone())
         });

@@ -35,9 +35,12 @@ pub struct IrohTransport {
     endpoint: Endpoint,
     gate: Arc<Gate>,
     local: PeerId,
-    peers: Mutex<BTreeMap<PeerId, EndpointAddr>>,
+    peers: SubstratePeers,
     inbound: AcceptQueue,
 }
+
+/// How to reach each substrate peer: shared by the transport and its node.
+pub(super) type SubstratePeers = Arc<Mutex<BTreeMap<PeerId, EndpointAddr>>>;
 
 impl std::fmt::Debug for IrohTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,14 +56,18 @@ pub fn peer_id_of(key: &PublicKey) -> PeerId {
 }
 
 impl IrohTransport {
-    pub(super) fn new(endpoint: Endpoint, gate: Arc<Gate>) -> (Self, mpsc::Sender<(PeerId, Link)>) {
+    pub(super) fn new(
+        endpoint: Endpoint,
+        gate: Arc<Gate>,
+        peers: SubstratePeers,
+    ) -> (Self, mpsc::Sender<(PeerId, Link)>) {
         let (tx, inbound) = AcceptQueue::new(64);
         let local = peer_id_of(&endpoint.id());
         let transport = Self {
             endpoint,
             gate,
             local,
-            peers: Mutex::default(),
+            peers,
             inbound,
         };
         (transport, tx)
@@ -74,14 +81,7 @@ impl IrohTransport {
     /// Records how to reach a peer; this side then dials it. A peer off the node's allow-list
     /// is refused (counted under `substrate/outbound`) and not recorded.
     pub fn add_peer(&self, addr: EndpointAddr) -> Result<PeerId, NodeError> {
-        self.gate
-            .admit(addr.id.as_bytes(), Path::Substrate, Direction::Outbound)?;
-        let peer = peer_id_of(&addr.id);
-        self.peers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(peer.clone(), addr);
-        Ok(peer)
+        add_peer(&self.gate, &self.peers, addr)
     }
 
     fn addr_of(&self, peer: &PeerId) -> Option<EndpointAddr> {
@@ -91,6 +91,21 @@ impl IrohTransport {
             .get(peer)
             .cloned()
     }
+}
+
+/// Records how to reach a substrate peer, if the allow-list admits it.
+pub(super) fn add_peer(
+    gate: &Gate,
+    peers: &SubstratePeers,
+    addr: EndpointAddr,
+) -> Result<PeerId, NodeError> {
+    gate.admit(addr.id.as_bytes(), Path::Substrate, Direction::Outbound)?;
+    let peer = peer_id_of(&addr.id);
+    peers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(peer.clone(), addr);
+    Ok(peer)
 }
 
 /// The channel of a connection: both ids in dialer-then-listener order, and exported keying

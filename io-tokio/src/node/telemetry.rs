@@ -7,6 +7,7 @@
 //! forwarded to the node's sink as [`TelemetryIngress`]; a broken stream becomes one typed
 //! [`TelemetryFault`] and is stopped, without closing the connection.
 
+use super::NodeError;
 use bytes::BytesMut;
 use iroh::endpoint::{Connection, RecvStream};
 use tether_core::driver::NodeId;
@@ -198,11 +199,18 @@ pub(super) async fn publish(
     conn: Connection,
     header: Header,
     mut subscription: mpsc::Receiver<TelemetryFrame>,
-) -> Result<(), String> {
-    let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
+) -> Result<(), NodeError> {
+    let mut send = conn
+        .open_uni()
+        .await
+        .map_err(|e| NodeError::Stream(e.into()))?;
     let mut out = BytesMut::new();
-    header.encode(&mut out).map_err(|e| e.to_string())?;
-    send.write_all(&out).await.map_err(|e| e.to_string())?;
+    header
+        .encode(&mut out)
+        .map_err(|e| NodeError::Stream(e.into()))?;
+    send.write_all(&out)
+        .await
+        .map_err(|e| NodeError::Stream(e.into()))?;
     let mut writer = BatchWriter::new();
     loop {
         // The next event, or the collector going away (which ends the publish at once, not
@@ -212,7 +220,7 @@ pub(super) async fn publish(
                 Some(event) => event,
                 None => break,
             },
-            error = conn.closed() => return Err(error.to_string()),
+            error = conn.closed() => return Err(NodeError::Stream(error.into())),
         };
         out.clear();
         let mut first = Some(first);
@@ -221,13 +229,17 @@ pub(super) async fn publish(
                 || first.take().or_else(|| subscription.try_recv().ok()),
                 &mut out,
             )
-            .map_err(|e| e.to_string())?;
-        send.write_all(&out).await.map_err(|e| e.to_string())?;
+            .map_err(|e| NodeError::Stream(e.into()))?;
+        send.write_all(&out)
+            .await
+            .map_err(|e| NodeError::Stream(e.into()))?;
     }
     out.clear();
     encode_stream_ended(&mut out);
-    send.write_all(&out).await.map_err(|e| e.to_string())?;
-    send.finish().map_err(|e| e.to_string())?;
+    send.write_all(&out)
+        .await
+        .map_err(|e| NodeError::Stream(e.into()))?;
+    send.finish().map_err(|e| NodeError::Stream(e.into()))?;
     // Wait until the collector has read everything before the connection may close.
     let _ = send.stopped().await;
     Ok(())
