@@ -14,7 +14,7 @@ use tether_core::wire::telemetry::{ChannelDescriptor, TelemetryDecoder, Telemetr
 use tether_core::wire::{Format, FormatError, StreamDecoder};
 
 /// Which wire format the bytes are in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WireFormat {
     /// Actor records of the actor ALPN.
     Actor,
@@ -25,6 +25,33 @@ pub enum WireFormat {
     /// Substrate envelope frames.
     Envelope,
 }
+
+impl WireFormat {
+    /// Every format, by name.
+    pub const ALL: [(&'static str, WireFormat); 4] = [
+        ("actor", WireFormat::Actor),
+        ("telemetry", WireFormat::Telemetry),
+        ("bifaci", WireFormat::Bifaci),
+        ("envelope", WireFormat::Envelope),
+    ];
+}
+
+impl std::str::FromStr for WireFormat {
+    type Err = UnknownFormat;
+
+    fn from_str(name: &str) -> Result<Self, UnknownFormat> {
+        Self::ALL
+            .iter()
+            .find(|(known, _)| *known == name)
+            .map(|(_, format)| *format)
+            .ok_or_else(|| UnknownFormat(name.to_owned()))
+    }
+}
+
+/// A format name that is none of [`WireFormat::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown wire format {0:?} (one of actor, telemetry, bifaci, envelope)")]
+pub struct UnknownFormat(pub String);
 
 /// How an inspection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

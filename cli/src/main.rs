@@ -31,7 +31,8 @@ struct Cli {
 enum Command {
     /// Decode captured wire bytes into one JSON object per line.
     Inspect {
-        /// The wire format of the bytes.
+        /// The wire format of the bytes: actor, telemetry, bifaci or envelope.
+        #[arg(value_parser = wire_format)]
         format: WireFormat,
         /// File to read; stdin when absent.
         file: Option<PathBuf>,
@@ -59,6 +60,11 @@ enum CapCommand {
         /// Candidate caps, in registration order.
         caps: Vec<String>,
     },
+}
+
+/// Parses a wire format name for clap.
+fn wire_format(name: &str) -> Result<WireFormat, String> {
+    name.parse().map_err(|error: tether::inspect::UnknownFormat| error.to_string())
 }
 
 fn main() -> ExitCode {
