@@ -14,6 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+mod node;
 use tether::inspect::{inspect, WireFormat};
 
 #[derive(Parser)]
@@ -29,6 +31,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a long-running node: its key and SQLite store in --data, commands on stdin
+    /// ('help' lists them), its ticket printed at start.
+    Node {
+        /// Data directory: the node's secret key (its id survives restarts) and its store.
+        #[arg(long)]
+        data: PathBuf,
+        /// Socket to listen on (default: a free port on 127.0.0.1).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Ticket of a node to talk to (`<id>@<ip:port>`, as it prints at start).
+        #[arg(long)]
+        connect: Vec<String>,
+        /// One JSON object per line on stdout, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Decode captured wire bytes into one JSON object per line.
     Inspect {
         /// The wire format of the bytes: actor, telemetry, bifaci or envelope.
@@ -64,14 +82,43 @@ enum CapCommand {
 
 /// Parses a wire format name for clap.
 fn wire_format(name: &str) -> Result<WireFormat, String> {
-    name.parse().map_err(|error: tether::inspect::UnknownFormat| error.to_string())
+    name.parse()
+        .map_err(|error: tether::inspect::UnknownFormat| error.to_string())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Node {
+            data,
+            listen,
+            connect,
+            json,
+        } => run_node(node::Options {
+            data,
+            listen,
+            connect,
+            json,
+        }),
         Command::Inspect { format, file } => run_inspect(format, file),
         Command::Cap { command } => run_cap(command),
+    }
+}
+
+fn run_node(options: node::Options) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tether node: cannot start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(node::run(options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tether node: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -93,6 +93,8 @@ pub(super) enum Command {
         seq: u64,
     },
     Attach(Link),
+    /// Drop the current link as a network cut would.
+    Disconnect,
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -114,7 +116,7 @@ impl Command {
             | Command::Decide { obj, .. }
             | Command::Close { obj, .. }
             | Command::Consume { obj, .. } => Some(obj),
-            Command::Attach(_) | Command::Shutdown(_) => None,
+            Command::Attach(_) | Command::Disconnect | Command::Shutdown(_) => None,
         }
     }
 
@@ -129,7 +131,7 @@ impl Command {
             Command::Req { reply, .. } => reply.fail(error),
             // A link from a peer whose state cannot load is refused: dropping it closes it.
             Command::Attach(link) => drop(link),
-            Command::Consume { .. } | Command::Shutdown(_) => {}
+            Command::Consume { .. } | Command::Disconnect | Command::Shutdown(_) => {}
         }
     }
 
@@ -626,6 +628,7 @@ impl Driver {
                 machine.consume(now, &obj, seq);
             }
             Command::Attach(link) => self.attach(link, Role::Listener),
+            Command::Disconnect => self.link_message(LinkMsg::Closed(self.generation)),
             Command::Shutdown(done) => return Err(Some(done)),
         }
         Ok(())

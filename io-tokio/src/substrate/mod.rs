@@ -52,7 +52,7 @@ use bytes::Bytes;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng, TryRng};
 use tether_core::time::Time;
-use tether_core::wire::envelope::{ObjKind, Verb};
+use tether_core::wire::envelope::Verb;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -61,6 +61,7 @@ pub use tether_core::substrate::handshake::Auth;
 pub use tether_core::substrate::{
     AllowAll, Authorizer, CommandError, Config, Denial, Interceptor, PeerId, ScopeAuthorizer,
 };
+pub use tether_core::wire::envelope::ObjKind;
 pub use transport::{Link, LinkStream, TcpTransport, Transport};
 
 use crate::store::{MemoryStore, Store, StoreError};
@@ -503,6 +504,13 @@ impl Peer {
     /// Its id.
     pub fn id(&self) -> &PeerId {
         &self.id
+    }
+
+    /// Drops the current link to this peer as a network cut would (nothing is lost: ops not
+    /// yet acknowledged are resent on the next link, which the dialing side makes with its
+    /// backoff). For tests and demos of what a disconnect does.
+    pub fn disconnect(&self) {
+        self.handle.control(Command::Disconnect);
     }
 
     /// Opens a queue at `obj`; resolves when the peer accepts it.

@@ -1,0 +1,551 @@
+//! `tether node`: one long-running node. Its data directory holds its secret key (so its id
+//! survives restarts) and its SQLite store (so its outbox and dedupe ledger do); it prints its
+//! ticket, talks to peers through the substrate, and takes commands on stdin.
+//!
+//! With `--json` every line on stdout is one JSON object with an `event` key (the contract
+//! `tether demo` and scripts rely on); without it, the same events as sentences.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tether::iroh::{EndpointAddr, PublicKey};
+use tether::node::{Node, NodeError};
+use tether::store::{SqliteStore, StoreError};
+use tether::substrate::{
+    AllowAll, Authorizer, BuildError, Inbound, ObjKind, Peer, PeerId, Queue, Session, Substrate,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// What `tether node` was asked to do.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    /// The data directory (created when missing).
+    pub(crate) data: PathBuf,
+    /// The socket to listen on (default: a free port on 127.0.0.1).
+    pub(crate) listen: Option<SocketAddr>,
+    /// Tickets of peers to connect to at start.
+    pub(crate) connect: Vec<String>,
+    /// JSON lines instead of sentences.
+    pub(crate) json: bool,
+}
+
+/// Why the node could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NodeCliError {
+    /// The data directory or the key in it.
+    #[error("cannot use the data directory {path}: {source}")]
+    Data {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The key file holds something else than 64 hex digits.
+    #[error("the key file {0} is not a secret key (64 hex digits)")]
+    BadKey(PathBuf),
+    /// The store would not open.
+    #[error("cannot open the store: {0}")]
+    Store(#[from] StoreError),
+    /// The endpoint would not bind, or the substrate not start.
+    #[error("cannot start the node: {0}")]
+    Node(#[from] NodeError),
+    /// The substrate would not start.
+    #[error("cannot start the substrate: {0}")]
+    Substrate(#[from] BuildError),
+    /// A ticket that does not parse.
+    #[error(transparent)]
+    Ticket(#[from] TicketError),
+}
+
+/// A ticket that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("{ticket:?} is not a ticket (expected <node id in hex>@<ip:port>[,<ip:port>...]): {why}")]
+pub(crate) struct TicketError {
+    ticket: String,
+    why: &'static str,
+}
+
+/// A node's ticket: its id and the sockets it listens on, `<hex id>@<ip:port>[,<ip:port>]`.
+pub(crate) fn ticket(node: &Node) -> String {
+    let sockets: Vec<String> = node
+        .direct_addresses()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    format!("{}@{}", hex::encode(node.node_id()), sockets.join(","))
+}
+
+/// Parses a ticket (see [`ticket`]).
+pub(crate) fn parse_ticket(text: &str) -> Result<EndpointAddr, TicketError> {
+    let fail = |why| TicketError {
+        ticket: text.to_owned(),
+        why,
+    };
+    let (id, sockets) = text.trim().split_once('@').ok_or(fail("no '@'"))?;
+    let mut key = [0u8; 32];
+    hex::decode_to_slice(id, &mut key).map_err(|_| fail("the id is not 64 hex digits"))?;
+    let key = PublicKey::from_bytes(&key).map_err(|_| fail("the id is not a node key"))?;
+    let mut addr = EndpointAddr::new(key);
+    for socket in sockets.split(',').filter(|s| !s.is_empty()) {
+        let socket: SocketAddr = socket
+            .parse()
+            .map_err(|_| fail("a socket is not ip:port"))?;
+        addr = addr.with_ip_addr(socket);
+    }
+    Ok(addr)
+}
+
+/// Reads the node's secret key from `DIR/secret.key`, or makes one and keeps it there.
+fn secret_key(data: &Path) -> Result<[u8; 32], NodeCliError> {
+    let path = data.join("secret.key");
+    let io = |source| NodeCliError::Data {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let mut key = [0u8; 32];
+            hex::decode_to_slice(text.trim(), &mut key)
+                .map_err(|_| NodeCliError::BadKey(path.clone()))?;
+            Ok(key)
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let key = tether::iroh::SecretKey::generate().to_bytes();
+            let temp = data.join("secret.key.new");
+            std::fs::write(&temp, hex::encode(key)).map_err(io)?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600))
+                    .map_err(io)?;
+            }
+            std::fs::rename(&temp, &path).map_err(io)?;
+            Ok(key)
+        }
+        Err(error) => Err(io(error)),
+    }
+}
+
+/// Prints events, as JSON lines or sentences.
+#[derive(Clone, Copy)]
+struct Out {
+    json: bool,
+}
+
+impl Out {
+    fn emit(&self, event: &str, fields: Value, sentence: impl FnOnce() -> String) {
+        if self.json {
+            let mut object = serde_json::Map::new();
+            object.insert("event".into(), event.into());
+            if let Value::Object(fields) = fields {
+                object.extend(fields);
+            }
+            println!("{}", Value::Object(object));
+        } else {
+            println!("{}", sentence());
+        }
+    }
+
+    fn error(&self, command: &str, message: impl std::fmt::Display) {
+        let message = message.to_string();
+        self.emit(
+            "error",
+            json!({ "command": command, "message": message }),
+            || format!("{command}: {message}"),
+        );
+    }
+}
+
+fn text(body: &[u8]) -> String {
+    String::from_utf8_lossy(body).into_owned()
+}
+
+fn short(peer: &PeerId) -> &str {
+    &peer.as_str()[..peer.as_str().len().min(8)]
+}
+
+/// Runs the node until stdin ends or says `quit`.
+pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
+    let out = Out { json: options.json };
+    std::fs::create_dir_all(&options.data).map_err(|source| NodeCliError::Data {
+        path: options.data.clone(),
+        source,
+    })?;
+    let key = secret_key(&options.data)?;
+    let store = SqliteStore::open(options.data.join("store.sqlite3"))?;
+    let listen = options
+        .listen
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let node = Node::builder()
+        .secret_key(key)
+        .bind_addr(listen)
+        .substrate()
+        .bind()
+        .await?;
+    let substrate = node
+        .substrate_builder()?
+        .store(Arc::new(store))
+        .authorize(Authorizer::new(AllowAll))
+        .start()?;
+    let id = hex::encode(node.node_id());
+    let ticket = ticket(&node);
+    out.emit("ready", json!({ "id": id, "ticket": ticket }), || {
+        format!("node {id} ready; others connect with:\n  tether node --data DIR --connect {ticket}\ntype 'help' for commands")
+    });
+    let mut shell = Shell {
+        out,
+        node,
+        substrate,
+        peer: None,
+        objects: BTreeMap::new(),
+    };
+    for ticket in &options.connect {
+        shell.connect(ticket)?;
+    }
+    if let Some(mut inbound) = shell.substrate.inbound() {
+        tokio::spawn(async move {
+            while let Some(item) = inbound.recv().await {
+                serve(out, item).await;
+            }
+        });
+    }
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if !shell.command(line.trim()).await {
+            break;
+        }
+    }
+    shell.substrate.shutdown().await;
+    shell.node.close().await;
+    out.emit("bye", json!({}), || "bye".into());
+    Ok(())
+}
+
+/// What peers ask of this node: opens are accepted, messages printed then consumed, requests
+/// answered with `re:` and their body.
+async fn serve(out: Out, item: Inbound) {
+    match item {
+        Inbound::Open(open) => {
+            let (peer, obj, kind) = (open.peer.clone(), open.obj.clone(), open.kind);
+            let kind = kind_name(kind);
+            match open.accept().await {
+                Ok(()) => out.emit(
+                    "accepted",
+                    json!({ "peer": peer.as_str(), "obj": obj, "kind": kind }),
+                    || format!("{} opened {kind} {obj}", short(&peer)),
+                ),
+                Err(error) => out.error("accept", error),
+            }
+        }
+        Inbound::Message(message) => {
+            let body = text(&message.body);
+            out.emit(
+                "message",
+                json!({
+                    "peer": message.peer.as_str(),
+                    "obj": message.obj,
+                    "seq": message.seq,
+                    "op": message.op_id,
+                    "body": body,
+                }),
+                || {
+                    format!(
+                        "{} on {} #{}: {body}",
+                        short(&message.peer),
+                        message.obj,
+                        message.seq
+                    )
+                },
+            );
+            // Printed first: a crash before the consume commits delivers it again after the
+            // restart, with the same seq (the substrate's contract with its app).
+            message.done();
+        }
+        Inbound::Request(request) => {
+            let body = text(&request.body);
+            out.emit(
+                "request",
+                json!({
+                    "peer": request.peer.as_str(),
+                    "obj": request.obj,
+                    "seq": request.seq,
+                    "body": body,
+                }),
+                || format!("{} asks on {}: {body}", short(&request.peer), request.obj),
+            );
+            let mut answer = b"re:".to_vec();
+            answer.extend_from_slice(&request.body);
+            if let Err(error) = request.end(answer).await {
+                out.error("answer", error);
+            }
+        }
+        Inbound::Closed { peer, obj, reason } => {
+            let reason = reason.unwrap_or_default();
+            out.emit(
+                "closed",
+                json!({ "peer": peer.as_str(), "obj": obj, "reason": reason }),
+                || format!("{} closed {obj} ({reason})", short(&peer)),
+            );
+        }
+        Inbound::Store { peer, op, error } => {
+            let error = error.unwrap_or_else(|| "recovered".into());
+            out.emit(
+                "store",
+                json!({ "peer": peer.as_str(), "op": op.as_str(), "error": error }),
+                || format!("store {} for {}: {error}", op.as_str(), short(&peer)),
+            );
+        }
+        _ => {}
+    }
+}
+
+fn kind_name(kind: ObjKind) -> &'static str {
+    match kind {
+        ObjKind::Session => "session",
+        _ => "queue",
+    }
+}
+
+enum Object {
+    Queue(Queue),
+    Session(Session),
+}
+
+struct Shell {
+    out: Out,
+    node: Node,
+    substrate: Substrate,
+    peer: Option<Peer>,
+    objects: BTreeMap<String, Object>,
+}
+
+const HELP: &str = "commands:
+  connect <ticket>             talk to that node (it becomes the peer the commands use)
+  open <queue|session> <name>  open an object on the peer (resolves when it accepts)
+  send <name> <text>           a durable message; 'acked' once it is durable at the peer
+  req <name> <text>            a request on a session; 'reply' with the peer's answer
+  close <name> [reason]        close an object
+  disconnect                   cut the link to the peer (nothing is lost; it comes back)
+  stats                        counters of the node
+  help                         this text
+  quit                         shut down (so does the end of stdin)";
+
+impl Shell {
+    fn connect(&mut self, ticket: &str) -> Result<(), NodeCliError> {
+        let addr = parse_ticket(ticket)?;
+        let peer = self.node.add_substrate_peer(addr)?;
+        self.out
+            .emit("connected", json!({ "peer": peer.as_str() }), || {
+                format!("talking to {}", peer.as_str())
+            });
+        self.peer = Some(self.substrate.peer(&peer));
+        Ok(())
+    }
+
+    /// Runs one command line; `false` to stop.
+    async fn command(&mut self, line: &str) -> bool {
+        let mut words = line.splitn(3, ' ');
+        let verb = words.next().unwrap_or_default();
+        let (first, rest) = (words.next(), words.next());
+        match (verb, first, rest) {
+            ("", _, _) => {}
+            ("quit" | "exit", _, _) => return false,
+            ("help", _, _) => self
+                .out
+                .emit("help", json!({ "text": HELP }), || HELP.into()),
+            ("connect", Some(ticket), None) => {
+                if let Err(error) = self.connect(ticket) {
+                    self.out.error("connect", error);
+                }
+            }
+            ("open", Some(kind), Some(name)) => self.open(kind, name).await,
+            ("send", Some(name), body) => self.send(name, body.unwrap_or_default()),
+            ("req", Some(name), body) => self.req(name, body.unwrap_or_default()),
+            ("close", Some(name), reason) => self.close(name, reason.unwrap_or("closed")).await,
+            ("disconnect", None, None) => match &self.peer {
+                Some(peer) => {
+                    peer.disconnect();
+                    self.out.emit(
+                        "disconnected",
+                        json!({ "peer": peer.id().as_str() }),
+                        || "link cut; it comes back by itself".into(),
+                    );
+                }
+                None => self
+                    .out
+                    .error("disconnect", "no peer yet: connect <ticket> first"),
+            },
+            ("stats", None, None) => {
+                let snapshot = self.node.snapshot();
+                let peers: Vec<String> = self
+                    .substrate
+                    .peers()
+                    .iter()
+                    .map(|peer| peer.as_str().to_owned())
+                    .collect();
+                let sentence = format!(
+                    "{} substrate peer(s); actor frames enqueued {}, delivered {}; {} cached connection(s)",
+                    peers.len(),
+                    snapshot.frames_enqueued,
+                    snapshot.frames_delivered,
+                    snapshot.cache.len()
+                );
+                self.out
+                    .emit("stats", json!({ "peers": peers, "node": snapshot }), || {
+                        sentence
+                    });
+            }
+            _ => self
+                .out
+                .error(verb, format!("cannot read {line:?}; type 'help'")),
+        }
+        true
+    }
+
+    fn peer(&self, command: &str) -> Option<&Peer> {
+        if self.peer.is_none() {
+            self.out
+                .error(command, "no peer yet: connect <ticket> first");
+        }
+        self.peer.as_ref()
+    }
+
+    async fn open(&mut self, kind: &str, name: &str) {
+        let Some(peer) = self.peer("open") else {
+            return;
+        };
+        let opened = match kind {
+            "queue" => peer.open_queue(name).await.map(Object::Queue),
+            "session" => peer.open_session(name).await.map(Object::Session),
+            _ => {
+                return self
+                    .out
+                    .error("open", format!("{kind:?} is neither queue nor session"))
+            }
+        };
+        match opened {
+            Ok(object) => {
+                self.objects.insert(name.to_owned(), object);
+                self.out
+                    .emit("opened", json!({ "obj": name, "kind": kind }), || {
+                        format!("{kind} {name} open")
+                    });
+            }
+            Err(error) => self.out.error("open", error),
+        }
+    }
+
+    fn object(&self, command: &str, name: &str) -> Option<&Object> {
+        let object = self.objects.get(name);
+        if object.is_none() {
+            self.out.error(
+                command,
+                format!("{name} is not open: open queue {name} first"),
+            );
+        }
+        object
+    }
+
+    fn send(&self, name: &str, body: &str) {
+        let Some(object) = self.object("send", name) else {
+            return;
+        };
+        let pending = match object {
+            Object::Queue(queue) => queue.send(body.to_owned()),
+            Object::Session(session) => session.send(body.to_owned()),
+        };
+        let (out, name, body) = (self.out, name.to_owned(), body.to_owned());
+        tokio::spawn(async move {
+            match pending.await {
+                Ok(op) => out.emit(
+                    "acked",
+                    json!({ "obj": name, "op": op, "body": body }),
+                    || format!("{name}: durable at the peer: {body}"),
+                ),
+                Err(error) => out.emit(
+                    "send_failed",
+                    json!({ "obj": name, "body": body, "message": error.to_string() }),
+                    || format!("{name}: not sent ({error}): {body}"),
+                ),
+            }
+        });
+    }
+
+    fn req(&self, name: &str, body: &str) {
+        let Some(object) = self.object("req", name) else {
+            return;
+        };
+        let Object::Session(session) = object else {
+            return self
+                .out
+                .error("req", format!("{name} is a queue; requests go on sessions"));
+        };
+        let reply = session.req(body.to_owned());
+        let (out, name, body) = (self.out, name.to_owned(), body.to_owned());
+        tokio::spawn(async move {
+            match reply.await {
+                Ok(reply) => {
+                    let answer = text(reply.end.as_deref().unwrap_or_default());
+                    out.emit(
+                        "reply",
+                        json!({ "obj": name, "body": body, "answer": answer }),
+                        || format!("{name}: {body} -> {answer}"),
+                    );
+                }
+                Err(error) => out.emit(
+                    "req_failed",
+                    json!({ "obj": name, "body": body, "message": error.to_string() }),
+                    || format!("{name}: request failed ({error}): {body}"),
+                ),
+            }
+        });
+    }
+
+    async fn close(&mut self, name: &str, reason: &str) {
+        let Some(object) = self.objects.remove(name) else {
+            return self.out.error("close", format!("{name} is not open"));
+        };
+        let closed = match &object {
+            Object::Queue(queue) => queue.close(reason).await,
+            Object::Session(session) => session.close(reason).await,
+        };
+        match closed {
+            Ok(()) => self.out.emit("closed_here", json!({ "obj": name }), || {
+                format!("{name} closed")
+            }),
+            Err(error) => self.out.error("close", error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ticket_round_trips_and_bad_ones_say_why() {
+        let key = tether::iroh::SecretKey::from_bytes(&[7; 32]).public();
+        let text = format!(
+            "{}@127.0.0.1:4000,127.0.0.1:4001",
+            hex::encode(key.as_bytes())
+        );
+        let addr = parse_ticket(&text).expect("parses");
+        assert_eq!(addr.id, key);
+        assert_eq!(addr.ip_addrs().count(), 2);
+        for (bad, why) in [
+            ("nothing", "no '@'"),
+            ("zz@127.0.0.1:1", "the id is not 64 hex digits"),
+            (
+                &*format!("{}@nope", hex::encode(key.as_bytes())),
+                "a socket is not ip:port",
+            ),
+        ] {
+            let error = parse_ticket(bad).expect_err(bad);
+            assert_eq!(error.why, why);
+        }
+    }
+}
