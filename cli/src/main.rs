@@ -15,6 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod node;
 use tether::inspect::{inspect, WireFormat};
 
@@ -31,6 +32,38 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Two real nodes on 127.0.0.1 with SQLite stores: A sends over queues and a session
+    /// while B is killed with SIGKILL and restarted and the link is cut; prints a table and
+    /// exits non-zero if anything was lost, duplicated or reordered.
+    Demo {
+        /// Messages (and requests) A sends.
+        #[arg(long, default_value_t = 20_000)]
+        messages: u64,
+        /// Queues they are spread over (besides one session).
+        #[arg(long, default_value_t = 4)]
+        queues: u64,
+        /// Requests on the session among the messages.
+        #[arg(long, default_value_t = 200)]
+        requests: u64,
+        /// Requests routed through the request switch to B's host, besides.
+        #[arg(long, default_value_t = 200)]
+        routes: u64,
+        /// Body size in bytes.
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// How many times B is killed.
+        #[arg(long, default_value_t = 2)]
+        kills: u64,
+        /// Keep the nodes' data here instead of a temporary directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Only the table.
+        #[arg(long)]
+        quiet: bool,
+        /// The table as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a long-running node: its key and SQLite store in --data, commands on stdin
     /// ('help' lists them), its ticket printed at start.
     Node {
@@ -88,7 +121,35 @@ fn wire_format(name: &str) -> Result<WireFormat, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Diagnostics on stderr when RUST_LOG asks for them (stdout stays the command's output).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     match cli.command {
+        Command::Demo {
+            messages,
+            queues,
+            requests,
+            routes,
+            size,
+            kills,
+            dir,
+            quiet,
+            json,
+        } => run_demo(demo::Options {
+            messages,
+            queues,
+            requests,
+            routes,
+            size,
+            kills,
+            dir,
+            quiet,
+            json,
+        }),
         Command::Node {
             data,
             listen,
@@ -102,6 +163,23 @@ fn main() -> ExitCode {
         }),
         Command::Inspect { format, file } => run_inspect(format, file),
         Command::Cap { command } => run_cap(command),
+    }
+}
+
+fn run_demo(options: demo::Options) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tether demo: cannot start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(demo::run(options)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("tether demo: {error}");
+            ExitCode::from(2)
+        }
     }
 }
 

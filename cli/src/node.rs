@@ -12,12 +12,24 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use tether::iroh::{EndpointAddr, PublicKey};
-use tether::node::{Node, NodeError};
+use tether::node::{Node, NodeError, TelemetryIngress, TelemetrySource};
 use tether::store::{SqliteStore, StoreError};
 use tether::substrate::{
-    AllowAll, Authorizer, BuildError, Inbound, ObjKind, Peer, PeerId, Queue, Session, Substrate,
+    AllowAll, Authorizer, BuildError, CommandError, Error, Inbound, ObjKind, Peer, PeerId, Queue,
+    Session, Substrate,
 };
+use tether::switch::host::Host;
+use tether::switch::{Switch, SwitchError};
+use tether_core::wire::telemetry::{ChannelDescriptor, Header, StreamDescriptor, TelemetryFrame};
 use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// The capability every `tether node` serves as a switch host: its input, upper-cased.
+pub(crate) const UPPER: &str = "cap:in=media:text;out=media:upper";
+/// The telemetry stream every `tether node` publishes: one event per message its application
+/// consumed (`<obj>:<seq>`), to each subscribed collector.
+pub(crate) const DELIVERIES: &str = "deliveries";
+/// The switch slot the peer's host is attached under.
+const PEER_SLOT: &str = "peer";
 
 /// What `tether node` was asked to do.
 #[derive(Debug, Clone)]
@@ -180,12 +192,24 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
     let listen = options
         .listen
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let (sink, collected) = tokio::sync::mpsc::channel(256);
     let node = Node::builder()
         .secret_key(key)
         .bind_addr(listen)
         .substrate()
+        .switch_host()
+        .telemetry_sink(sink)
         .bind()
         .await?;
+    if let Some(mut connections) = node.switch_connections() {
+        tokio::spawn(async move {
+            while let Some((_switch, stream)) = connections.recv().await {
+                tokio::spawn(upper_host().serve(stream));
+            }
+        });
+    }
+    let deliveries = node.telemetry_source(DELIVERIES, deliveries_header(node.node_id()));
+    tokio::spawn(print_telemetry(out, collected));
     let substrate = node
         .substrate_builder()?
         .store(Arc::new(store))
@@ -201,15 +225,22 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
         node,
         substrate,
         peer: None,
+        peer_addr: None,
         objects: BTreeMap::new(),
+        switch: Arc::new(Router {
+            switch: Switch::builder().start(),
+            attach: tokio::sync::Mutex::new(()),
+        }),
+        flows: 0,
     };
     for ticket in &options.connect {
         shell.connect(ticket)?;
     }
     if let Some(mut inbound) = shell.substrate.inbound() {
         tokio::spawn(async move {
+            let mut consumed = 0u64;
             while let Some(item) = inbound.recv().await {
-                serve(out, item).await;
+                serve(out, item, &deliveries, &mut consumed).await;
             }
         });
     }
@@ -219,15 +250,95 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
             break;
         }
     }
+    shell.switch.switch.close().await;
     shell.substrate.shutdown().await;
     shell.node.close().await;
     out.emit("bye", json!({}), || "bye".into());
     Ok(())
 }
 
-/// What peers ask of this node: opens are accepted, messages printed then consumed, requests
-/// answered with `re:` and their body.
-async fn serve(out: Out, item: Inbound) {
+/// The switch host every node runs: [`UPPER`] answers its input upper-cased.
+fn upper_host() -> Host {
+    Host::new("tether-node").handler(UPPER, |mut request| async move {
+        let input = request.read_all().await;
+        let _ = request
+            .respond("out", "media:upper", [input.to_ascii_uppercase()])
+            .await;
+        let _ = request.end().await;
+    })
+}
+
+/// The header of the [`DELIVERIES`] stream (the flow id is each subscription's own).
+fn deliveries_header(node_id: [u8; 32]) -> Header {
+    let started_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    Header {
+        flow_id: [0; 16],
+        token: bytes::Bytes::new(),
+        stream: StreamDescriptor {
+            name: DELIVERIES.into(),
+            node_id,
+            started_at_ms,
+            labels: Vec::new(),
+        },
+        channels: vec![ChannelDescriptor {
+            channel_id: 1,
+            name: "consumed".into(),
+            content_type: "text/plain".into(),
+            labels: Vec::new(),
+        }],
+    }
+}
+
+/// Prints what subscribed telemetry streams bring: one line per stream opened or ended, one
+/// per batch of events.
+async fn print_telemetry(out: Out, mut collected: tokio::sync::mpsc::Receiver<TelemetryIngress>) {
+    while let Some(item) = collected.recv().await {
+        match item {
+            TelemetryIngress::Opened { peer, header } => {
+                let (peer, stream) = (hex::encode(peer), header.stream.name);
+                out.emit(
+                    "telemetry_opened",
+                    json!({ "peer": peer, "stream": stream }),
+                    || format!("telemetry stream {stream} of {} open", &peer[..8]),
+                );
+            }
+            TelemetryIngress::Events { peer, frames, .. } => {
+                let peer = hex::encode(peer);
+                let last = frames.last().map(|frame| text(&frame.payload));
+                let count = frames.len();
+                out.emit(
+                    "telemetry",
+                    json!({ "peer": peer, "events": count, "last": last }),
+                    || {
+                        format!(
+                            "telemetry from {}: {count} event(s), last {last:?}",
+                            &peer[..8]
+                        )
+                    },
+                );
+            }
+            TelemetryIngress::Ended { peer, .. } => {
+                let peer = hex::encode(peer);
+                out.emit("telemetry_ended", json!({ "peer": peer }), || {
+                    format!("telemetry stream of {} ended", &peer[..8])
+                });
+            }
+            TelemetryIngress::Fault { peer, kind, .. } => {
+                out.error(
+                    "telemetry",
+                    format!("a stream of {} broke: {kind}", hex::encode(peer)),
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What peers ask of this node: opens are accepted, messages printed then consumed (and
+/// counted on the [`DELIVERIES`] stream), requests answered with `re:` and their body.
+async fn serve(out: Out, item: Inbound, deliveries: &TelemetrySource, consumed: &mut u64) {
     match item {
         Inbound::Open(open) => {
             let (peer, obj, kind) = (open.peer.clone(), open.obj.clone(), open.kind);
@@ -263,6 +374,12 @@ async fn serve(out: Out, item: Inbound) {
             );
             // Printed first: a crash before the consume commits delivers it again after the
             // restart, with the same seq (the substrate's contract with its app).
+            deliveries.emit(TelemetryFrame {
+                channel_id: 1,
+                position: *consumed,
+                payload: format!("{}:{}", message.obj, message.seq).into(),
+            });
+            *consumed += 1;
             message.done();
         }
         Inbound::Request(request) => {
@@ -315,12 +432,52 @@ enum Object {
     Session(Session),
 }
 
+/// The engine side of the request switch: the peer's host attached under [`PEER_SLOT`],
+/// reattached (one dial at a time) when its connection died.
+struct Router {
+    switch: Switch,
+    attach: tokio::sync::Mutex<()>,
+}
+
+/// Why a routed request failed.
+#[derive(Debug, thiserror::Error)]
+enum RouteError {
+    #[error("cannot reach the peer's switch host: {0}")]
+    Dial(#[from] NodeError),
+    #[error(transparent)]
+    Switch(#[from] SwitchError),
+}
+
+impl Router {
+    async fn call(
+        &self,
+        node: &Node,
+        host: EndpointAddr,
+        body: Vec<u8>,
+    ) -> Result<Vec<u8>, RouteError> {
+        {
+            let _one_dial = self.attach.lock().await;
+            if self.switch.slot_accepts_attach(PEER_SLOT).await {
+                let stream = node.dial_switch_host(host).await?;
+                self.switch.add_master(PEER_SLOT, stream).await?;
+            }
+        }
+        let call = self.switch.request(UPPER).await?;
+        call.send_stream("in", "media:text", [body]).await?;
+        call.finish().await?;
+        Ok(call.collect().await?)
+    }
+}
+
 struct Shell {
     out: Out,
     node: Node,
     substrate: Substrate,
     peer: Option<Peer>,
+    peer_addr: Option<EndpointAddr>,
     objects: BTreeMap<String, Object>,
+    switch: Arc<Router>,
+    flows: u64,
 }
 
 const HELP: &str = "commands:
@@ -328,6 +485,10 @@ const HELP: &str = "commands:
   open <queue|session> <name>  open an object on the peer (resolves when it accepts)
   send <name> <text>           a durable message; 'acked' once it is durable at the peer
   req <name> <text>            a request on a session; 'reply' with the peer's answer
+  route <text>                 a request through the request switch to the peer's host
+                               ('routed' with its answer: the text upper-cased)
+  subscribe                    collect the peer's 'deliveries' telemetry stream (one event
+                               per message it consumed) over a fresh connection
   close <name> [reason]        close an object
   disconnect                   cut the link to the peer (nothing is lost; it comes back)
   stats                        counters of the node
@@ -337,7 +498,8 @@ const HELP: &str = "commands:
 impl Shell {
     fn connect(&mut self, ticket: &str) -> Result<(), NodeCliError> {
         let addr = parse_ticket(ticket)?;
-        let peer = self.node.add_substrate_peer(addr)?;
+        let peer = self.node.add_substrate_peer(addr.clone())?;
+        self.peer_addr = Some(addr);
         self.out
             .emit("connected", json!({ "peer": peer.as_str() }), || {
                 format!("talking to {}", peer.as_str())
@@ -365,6 +527,14 @@ impl Shell {
             ("open", Some(kind), Some(name)) => self.open(kind, name).await,
             ("send", Some(name), body) => self.send(name, body.unwrap_or_default()),
             ("req", Some(name), body) => self.req(name, body.unwrap_or_default()),
+            ("route", Some(first), rest) => {
+                let body = match rest {
+                    Some(rest) => format!("{first} {rest}"),
+                    None => first.to_owned(),
+                };
+                self.route(body);
+            }
+            ("subscribe", None, None) => self.subscribe().await,
             ("close", Some(name), reason) => self.close(name, reason.unwrap_or("closed")).await,
             ("disconnect", None, None) => match &self.peer {
                 Some(peer) => {
@@ -427,13 +597,25 @@ impl Shell {
                     .error("open", format!("{kind:?} is neither queue nor session"))
             }
         };
+        // An object this node opened in an earlier life lives on in its store: resume it.
+        let (opened, resumed) = match opened {
+            Err(Error::Command(CommandError::AlreadyOpen(_))) => match kind {
+                "queue" => (Ok(Object::Queue(peer.queue(name))), true),
+                _ => (Ok(Object::Session(peer.session(name))), true),
+            },
+            other => (other, false),
+        };
         match opened {
             Ok(object) => {
                 self.objects.insert(name.to_owned(), object);
-                self.out
-                    .emit("opened", json!({ "obj": name, "kind": kind }), || {
-                        format!("{kind} {name} open")
-                    });
+                self.out.emit(
+                    "opened",
+                    json!({ "obj": name, "kind": kind, "resumed": resumed }),
+                    || match resumed {
+                        true => format!("{kind} {name} open (resumed from the store)"),
+                        false => format!("{kind} {name} open"),
+                    },
+                );
             }
             Err(error) => self.out.error("open", error),
         }
@@ -503,6 +685,56 @@ impl Shell {
                 ),
             }
         });
+    }
+
+    fn route(&self, body: String) {
+        let Some(host) = self.peer_addr.clone() else {
+            return self
+                .out
+                .error("route", "no peer yet: connect <ticket> first");
+        };
+        let (out, node, router) = (self.out, self.node.clone(), self.switch.clone());
+        tokio::spawn(async move {
+            match router.call(&node, host, body.clone().into_bytes()).await {
+                Ok(answer) => {
+                    let answer = text(&answer);
+                    out.emit("routed", json!({ "body": body, "answer": answer }), || {
+                        format!("switch: {body} -> {answer}")
+                    });
+                }
+                Err(error) => out.emit(
+                    "route_failed",
+                    json!({ "body": body, "message": error.to_string() }),
+                    || format!("switch: {body} failed ({error})"),
+                ),
+            }
+        });
+    }
+
+    async fn subscribe(&mut self) {
+        let Some(source) = self.peer_addr.clone() else {
+            return self
+                .out
+                .error("subscribe", "no peer yet: connect <ticket> first");
+        };
+        // A fresh connection: one cached from before the peer restarted would carry the
+        // subscription nowhere.
+        self.node.disconnect(&source.id);
+        self.flows += 1;
+        let mut flow = [0u8; 16];
+        flow[8..].copy_from_slice(&self.flows.to_be_bytes());
+        match self
+            .node
+            .subscribe_telemetry(source, DELIVERIES, flow)
+            .await
+        {
+            Ok(()) => self
+                .out
+                .emit("subscribed", json!({ "stream": DELIVERIES }), || {
+                    format!("subscribed to the peer's {DELIVERIES} stream")
+                }),
+            Err(error) => self.out.error("subscribe", error),
+        }
     }
 
     async fn close(&mut self, name: &str, reason: &str) {

@@ -190,3 +190,98 @@ async fn ten_thousand_messages_exactly_once_across_disconnect_and_restart() {
     app.abort();
     let _ = std::fs::remove_dir_all(db.parent().expect("dir"));
 }
+
+/// A receiver whose app forwards every message's number, consuming it only if `consume`.
+async fn start_bob(
+    db: &PathBuf,
+    consume: bool,
+) -> (
+    Substrate,
+    TcpTransport,
+    tokio::sync::mpsc::UnboundedReceiver<u32>,
+) {
+    let transport = TcpTransport::bind(PeerId::new("bob"), "127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let substrate = Substrate::builder(PeerId::new("bob"), transport.clone())
+        .auth(Auth::SharedKey(b"test key".to_vec()))
+        .authorize(Authorizer::new(AllowAll))
+        .store(Arc::new(SqliteStore::open(db).expect("open db")))
+        .start()
+        .expect("start");
+    let mut inbound = substrate.inbound().expect("inbound");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(item) = inbound.recv().await {
+            match item {
+                Inbound::Open(open) => open.accept().await.expect("accept"),
+                Inbound::Message(message) => {
+                    let n = u32::from_be_bytes(message.body[..4].try_into().expect("4 bytes"));
+                    let _ = tx.send(n);
+                    if consume {
+                        message.done();
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    (substrate, transport, rx)
+}
+
+/// A receiver restarted from its store runs a task for every peer it holds state with before
+/// its app says how to reach them. Naming the peer once its address is known
+/// (`Substrate::peer`) makes that task dial. Here the sender cannot dial (its way to the
+/// receiver leads nowhere), so its next message reaches the new receiver only over the
+/// receiver's own dial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_receiver_dials_a_peer_it_learns_the_address_of_after_loading_it() {
+    let db = temp_db("tcp-redial");
+    let (bob, bob_transport, mut seen) = start_bob(&db, false).await;
+    let proxy = Proxy::start(bob_transport.local_addr()).await;
+    let transport = TcpTransport::bind(PeerId::new("alice"), "127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let alice_addr = transport.local_addr();
+    transport.add_peer(PeerId::new("bob"), proxy.addr);
+    let sender = Substrate::builder(PeerId::new("alice"), transport)
+        .auth(Auth::SharedKey(b"test key".to_vec()))
+        .authorize(Authorizer::new(AllowAll))
+        .start()
+        .expect("start");
+    let queue = sender
+        .peer(&PeerId::new("bob"))
+        .open_queue("q")
+        .await
+        .expect("open");
+    // Durable at bob, seen by its app, not consumed: bob's next life delivers it again.
+    queue
+        .send(1u32.to_be_bytes().to_vec())
+        .await
+        .expect("acked");
+    assert_eq!(seen.recv().await, Some(1));
+
+    // Bob goes; alice's only way to it now leads nowhere.
+    bob.shutdown().await;
+    let nowhere = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    proxy
+        .target
+        .send_replace(nowhere.local_addr().expect("addr"));
+    drop(nowhere);
+    proxy.cut();
+
+    // Bob's next life: its task for alice is running (it redelivered 1) before bob learns
+    // where alice listens.
+    let (bob, bob_transport, mut seen) = start_bob(&db, true).await;
+    assert_eq!(seen.recv().await, Some(1), "redelivered from the store");
+    bob_transport.add_peer(PeerId::new("alice"), alice_addr);
+    let _alice = bob.peer(&PeerId::new("alice"));
+    queue
+        .send(2u32.to_be_bytes().to_vec())
+        .await
+        .expect("acked over bob's dial");
+    assert_eq!(seen.recv().await, Some(2));
+    sender.shutdown().await;
+    bob.shutdown().await;
+    let _ = std::fs::remove_dir_all(db.parent().expect("dir"));
+}

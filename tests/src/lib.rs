@@ -3,6 +3,8 @@
 
 use tokio::net::UnixStream;
 
+pub mod procs;
+
 /// A connected pair of Unix sockets, one end for a switch and one for a host.
 pub fn socket_pair() -> (UnixStream, UnixStream) {
     let (a, b) = std::os::unix::net::UnixStream::pair().expect("socketpair");

@@ -93,6 +93,10 @@ pub(super) enum Command {
         seq: u64,
     },
     Attach(Link),
+    /// The app named this peer: a task without a link, a dial in flight or one scheduled
+    /// dials now if it has an address (it may have learned one since it started, as a peer
+    /// loaded from the store before the app said how to reach it).
+    Reach,
     /// Drop the current link as a network cut would.
     Disconnect,
     Shutdown(oneshot::Sender<()>),
@@ -116,7 +120,9 @@ impl Command {
             | Command::Decide { obj, .. }
             | Command::Close { obj, .. }
             | Command::Consume { obj, .. } => Some(obj),
-            Command::Attach(_) | Command::Disconnect | Command::Shutdown(_) => None,
+            Command::Attach(_) | Command::Reach | Command::Disconnect | Command::Shutdown(_) => {
+                None
+            }
         }
     }
 
@@ -131,7 +137,10 @@ impl Command {
             Command::Req { reply, .. } => reply.fail(error),
             // A link from a peer whose state cannot load is refused: dropping it closes it.
             Command::Attach(link) => drop(link),
-            Command::Consume { .. } | Command::Disconnect | Command::Shutdown(_) => {}
+            Command::Consume { .. }
+            | Command::Reach
+            | Command::Disconnect
+            | Command::Shutdown(_) => {}
         }
     }
 
@@ -628,6 +637,15 @@ impl Driver {
                 machine.consume(now, &obj, seq);
             }
             Command::Attach(link) => self.attach(link, Role::Listener),
+            Command::Reach => {
+                if self.writer.is_none()
+                    && !self.dialing
+                    && self.redial.due().is_none()
+                    && self.shared.transport.can_dial(&self.peer)
+                {
+                    self.redial.schedule(now);
+                }
+            }
             Command::Disconnect => self.link_message(LinkMsg::Closed(self.generation)),
             Command::Shutdown(done) => return Err(Some(done)),
         }

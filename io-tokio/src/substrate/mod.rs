@@ -902,6 +902,7 @@ impl Shared {
             if !entry.task.is_finished() {
                 if !inbound {
                     entry.pinned.store(true, Ordering::SeqCst);
+                    entry.handle.control(Command::Reach);
                 }
                 return Some(entry.handle.clone());
             }
