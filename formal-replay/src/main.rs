@@ -28,7 +28,7 @@ struct Cli {
 enum Command {
     /// Replay conformance scripts against tether-core.
     Check {
-        /// Script files (format: CONFORMANCE.md).
+        /// Script files (format and semantics: docs/conformance/README.md).
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// Replay against the reference model instead of core.

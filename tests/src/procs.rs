@@ -1,44 +1,16 @@
-//! Real `tether node` processes for end-to-end tests: the binary built the way the test run
-//! builds everything else, each process's `--json` events on one channel tagged with the
-//! process's name and incarnation.
+//! Real `tether node` processes for end-to-end tests: the `tether-under-test` binary of this
+//! crate (the `tether` program, built with the tests' own features; a test names it with
+//! `env!("CARGO_BIN_EXE_tether-under-test")`), each process's `--json` events on one channel
+//! tagged with the process's name and incarnation.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
-
-/// The `tether` binary (package `tether-cli`), built once per test run with the profile of
-/// the running tests.
-pub fn tether_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = std::process::Command::new(cargo);
-        build.args(["build", "--quiet", "-p", "tether-cli", "--bin", "tether"]);
-        build.arg("--message-format=json");
-        if !cfg!(debug_assertions) {
-            build.arg("--release");
-        }
-        let output = build.output().expect("cargo runs");
-        assert!(
-            output.status.success(),
-            "building tether failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .filter(|message| message["target"]["name"] == "tether")
-            .find_map(|message| message["executable"].as_str().map(PathBuf::from))
-            .expect("cargo names the tether executable")
-    })
-    .clone()
-}
 
 /// A free UDP port on 127.0.0.1 (a node restarted on it is found where it was).
 pub fn free_port() -> u16 {
@@ -78,14 +50,15 @@ pub struct NodeProc {
 }
 
 impl NodeProc {
-    /// Starts `tether node <args> --json`; its events go to `events`.
+    /// Starts `<tether> node <args> --json`; its events go to `events`.
     pub fn spawn(
+        tether: &Path,
         name: &'static str,
         life: u64,
         args: &[String],
         events: mpsc::UnboundedSender<Event>,
     ) -> Self {
-        let mut child = Command::new(tether_bin())
+        let mut child = Command::new(tether)
             .arg("node")
             .args(args)
             .arg("--json")

@@ -18,6 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use tether_tests::procs::{free_port, next, Event, NodeProc};
 use tokio::sync::mpsc;
 
+/// The `tether` program (this crate's build of it).
+const TETHER: &str = env!("CARGO_BIN_EXE_tether-under-test");
 const OBJECTS: [(&str, &str); 3] = [("q0", "queue"), ("q1", "queue"), ("s", "session")];
 const KILLS: u32 = 24;
 
@@ -137,7 +139,8 @@ async fn sigkilled_senders_and_receivers_lose_duplicate_and_reorder_nothing() {
         .and_then(|seed| seed.parse().ok())
         .unwrap_or(0x7e7e_c0de_u64);
     println!("crash truth seed {seed} (CRASH_SEED={seed} replays these kill points)");
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng((seed << 1) | 1);
+    let tether = std::path::Path::new(TETHER);
     let dir = std::env::temp_dir().join(format!("tether-crash-truth-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (events_tx, mut events) = mpsc::unbounded_channel();
@@ -151,7 +154,7 @@ async fn sigkilled_senders_and_receivers_lose_duplicate_and_reorder_nothing() {
         "--listen".to_owned(),
         format!("127.0.0.1:{port_b}"),
     ];
-    let mut b = NodeProc::spawn("b", 1, &b_args, events_tx.clone());
+    let mut b = NodeProc::spawn(tether, "b", 1, &b_args, events_tx.clone());
     let b_ticket = ready(&mut events, &mut truth, "b", 1).await;
     let a_args = vec![
         "--data".to_owned(),
@@ -161,7 +164,7 @@ async fn sigkilled_senders_and_receivers_lose_duplicate_and_reorder_nothing() {
         "--connect".to_owned(),
         b_ticket,
     ];
-    let mut a = NodeProc::spawn("a", 1, &a_args, events_tx.clone());
+    let mut a = NodeProc::spawn(tether, "a", 1, &a_args, events_tx.clone());
     let a_ticket = ready(&mut events, &mut truth, "a", 1).await;
     // A restarted receiver dials the sender too, so neither waits out QUIC's idle timeout.
     b_args.extend(["--connect".to_owned(), a_ticket]);
@@ -199,14 +202,14 @@ async fn sigkilled_senders_and_receivers_lose_duplicate_and_reorder_nothing() {
             a.kill().await;
             kills_a += 1;
             let life = a.life + 1;
-            a = NodeProc::spawn("a", life, &a_args, events_tx.clone());
+            a = NodeProc::spawn(tether, "a", life, &a_args, events_tx.clone());
             ready(&mut events, &mut truth, "a", life).await;
             open_all(&mut a, &mut events, &mut truth).await;
         } else {
             b.kill().await;
             kills_b += 1;
             let life = b.life + 1;
-            b = NodeProc::spawn("b", life, &b_args, events_tx.clone());
+            b = NodeProc::spawn(tether, "b", life, &b_args, events_tx.clone());
             ready(&mut events, &mut truth, "b", life).await;
         }
     }

@@ -3,12 +3,10 @@
 //! order, every request and routed request answered, telemetry from B, and the exit code
 //! must say the invariants held.
 
-use tether_tests::procs::tether_bin;
-
 #[test]
 fn the_demo_with_small_counts_reports_every_invariant_held() {
     let dir = std::env::temp_dir().join(format!("tether-demo-test-{}", std::process::id()));
-    let output = std::process::Command::new(tether_bin())
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tether-under-test"))
         .args([
             "demo",
             "--messages",

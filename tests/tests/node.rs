@@ -125,7 +125,7 @@ async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
     a.node.connect(c.node.endpoint_addr()).await.expect("a-c");
     // Runs of varying length, interleaved between b and c, and a run of three for a peer
     // the node never met (a cache miss each, as three lone sends would be).
-    let stranger = iroh::SecretKey::generate().public();
+    let stranger = tether::iroh::SecretKey::generate().public();
     let mut frames = Vec::new();
     let (mut to_b, mut to_c) = (0u32, 0u32);
     for run in 1..=40u32 {
@@ -368,11 +368,11 @@ async fn a_failed_write_of_a_swim_frame_reports_send_failed_and_evicts_its_gener
 
 /// A bare iroh endpoint speaking the actor ALPN, whose streams accept at most 1 KiB before
 /// it reads: the test drives it by hand to put a node's write on a chosen connection.
-async fn raw_peer() -> iroh::Endpoint {
-    use iroh::endpoint::{presets, QuicTransportConfig, VarInt};
-    iroh::Endpoint::builder(presets::Minimal)
-        .secret_key(iroh::SecretKey::generate())
-        .relay_mode(iroh::RelayMode::Disabled)
+async fn raw_peer() -> tether::iroh::Endpoint {
+    use tether::iroh::endpoint::{presets, QuicTransportConfig, VarInt};
+    tether::iroh::Endpoint::builder(presets::Minimal)
+        .secret_key(tether::iroh::SecretKey::generate())
+        .relay_mode(tether::iroh::RelayMode::Disabled)
         .alpns(vec![tether::node::ACTOR_ALPN.to_vec()])
         .transport_config(
             QuicTransportConfig::builder()
@@ -395,7 +395,7 @@ async fn a_failure_of_a_replaced_generation_is_stale_and_evicts_nothing() {
     let raw = raw_peer().await;
     let raw_id = *raw.id().as_bytes();
     let raw_key = hex(&raw_id);
-    let mut addr = iroh::EndpointAddr::new(raw.id());
+    let mut addr = tether::iroh::EndpointAddr::new(raw.id());
     for socket in raw.bound_sockets() {
         addr = addr.with_ip_addr(socket);
     }

@@ -3,8 +3,8 @@
 //! faults.
 
 use bytes::Bytes;
-use iroh::endpoint::presets;
-use iroh::{Endpoint, RelayMode, SecretKey};
+use tether::iroh::endpoint::presets;
+use tether::iroh::{Endpoint, RelayMode, SecretKey};
 use tether::node::{Node, TelemetryFault, TelemetryIngress, TELEMETRY_ALPN};
 use tether_core::wire::telemetry::{
     ChannelDescriptor, Compression, Header, StreamDescriptor, TelemetryFrame,

@@ -1,0 +1,273 @@
+//! The `tether` command, as a library so that a test crate can build the same program as its
+//! own binary (`tether_cli::main`), under its own feature set.
+//!
+//! - `tether inspect <actor|telemetry|bifaci|envelope> [FILE]`: decode captured wire bytes
+//!   (stdin without FILE) into JSON lines; exit 1 on malformed input.
+//! - `tether cap match <candidate> <request>`: `{"dispatchable": true|false}`.
+//! - `tether cap rank <request> <cap>...`: `{"ranked": [...]}`, the dispatchable caps best
+//!   first, in canonical form.
+//!
+//! A cap that does not parse prints `{"error": "<kind>", "offset": N}` (the byte offset in
+//! that cap) and exits 1.
+
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod demo;
+mod node;
+use tether::inspect::{inspect, WireFormat};
+
+#[derive(Parser)]
+#[command(
+    name = "tether",
+    version,
+    about = "Reliable, authenticated messaging over iroh"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Two real nodes on 127.0.0.1 with SQLite stores: A sends over queues and a session
+    /// while B is killed with SIGKILL and restarted and the link is cut; prints a table and
+    /// exits non-zero if anything was lost, duplicated or reordered.
+    Demo {
+        /// Messages (and requests) A sends.
+        #[arg(long, default_value_t = 20_000)]
+        messages: u64,
+        /// Queues they are spread over (besides one session).
+        #[arg(long, default_value_t = 4)]
+        queues: u64,
+        /// Requests on the session among the messages.
+        #[arg(long, default_value_t = 200)]
+        requests: u64,
+        /// Requests routed through the request switch to B's host, besides.
+        #[arg(long, default_value_t = 200)]
+        routes: u64,
+        /// Body size in bytes.
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// How many times B is killed.
+        #[arg(long, default_value_t = 2)]
+        kills: u64,
+        /// Keep the nodes' data here instead of a temporary directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Only the table.
+        #[arg(long)]
+        quiet: bool,
+        /// The table as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a long-running node: its key and SQLite store in --data, commands on stdin
+    /// ('help' lists them), its ticket printed at start.
+    Node {
+        /// Data directory: the node's secret key (its id survives restarts) and its store.
+        #[arg(long)]
+        data: PathBuf,
+        /// Socket to listen on (default: a free port on 127.0.0.1).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Ticket of a node to talk to (`<id>@<ip:port>`, as it prints at start).
+        #[arg(long)]
+        connect: Vec<String>,
+        /// One JSON object per line on stdout, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decode captured wire bytes into one JSON object per line.
+    Inspect {
+        /// The wire format of the bytes: actor, telemetry, bifaci or envelope.
+        #[arg(value_parser = wire_format)]
+        format: WireFormat,
+        /// File to read; stdin when absent.
+        file: Option<PathBuf>,
+    },
+    /// Debug routing: how cap URNs match and rank.
+    Cap {
+        #[command(subcommand)]
+        command: CapCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CapCommand {
+    /// Whether a request for `request` may be dispatched to a handler of `candidate`.
+    Match {
+        /// The cap a handler serves.
+        candidate: String,
+        /// The cap a request asks for.
+        request: String,
+    },
+    /// The caps that may serve `request`, best first (as the switch ranks them).
+    Rank {
+        /// The cap a request asks for.
+        request: String,
+        /// Candidate caps, in registration order.
+        caps: Vec<String>,
+    },
+}
+
+/// Parses a wire format name for clap.
+fn wire_format(name: &str) -> Result<WireFormat, String> {
+    name.parse()
+        .map_err(|error: tether::inspect::UnknownFormat| error.to_string())
+}
+
+/// Runs the `tether` command with the process's arguments.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Diagnostics on stderr when RUST_LOG asks for them (stdout stays the command's output).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    match cli.command {
+        Command::Demo {
+            messages,
+            queues,
+            requests,
+            routes,
+            size,
+            kills,
+            dir,
+            quiet,
+            json,
+        } => run_demo(demo::Options {
+            messages,
+            queues,
+            requests,
+            routes,
+            size,
+            kills,
+            dir,
+            quiet,
+            json,
+        }),
+        Command::Node {
+            data,
+            listen,
+            connect,
+            json,
+        } => run_node(node::Options {
+            data,
+            listen,
+            connect,
+            json,
+        }),
+        Command::Inspect { format, file } => run_inspect(format, file),
+        Command::Cap { command } => run_cap(command),
+    }
+}
+
+fn run_demo(options: demo::Options) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tether demo: cannot start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(demo::run(options)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("tether demo: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_node(options: node::Options) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tether node: cannot start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(node::run(options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tether node: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_cap(command: CapCommand) -> ExitCode {
+    use tether_core::cap::{self, CapUrn};
+    let parse = |text: &str| {
+        CapUrn::parse(text).map_err(|error| {
+            serde_json::json!({
+                "error": error.kind.as_str(),
+                "offset": error.offset,
+            })
+        })
+    };
+    let result = match command {
+        CapCommand::Match { candidate, request } => parse(&candidate).and_then(|candidate| {
+            let request = parse(&request)?;
+            let dispatchable = cap::is_dispatchable(&candidate, &request);
+            Ok(serde_json::json!({ "dispatchable": dispatchable }))
+        }),
+        CapCommand::Rank { request, caps } => parse(&request).and_then(|request| {
+            let caps = caps
+                .iter()
+                .map(|text| parse(text))
+                .collect::<Result<Vec<_>, _>>()?;
+            let ranked: Vec<String> = cap::rank(&request, &caps, None)
+                .into_iter()
+                .map(|index| caps[index].to_string())
+                .collect();
+            Ok(serde_json::json!({ "ranked": ranked }))
+        }),
+    };
+    match result {
+        Ok(answer) => {
+            println!("{answer}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            println!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_inspect(format: WireFormat, file: Option<PathBuf>) -> ExitCode {
+    let input = match &file {
+        Some(path) => std::fs::read(path),
+        None => {
+            let mut bytes = Vec::new();
+            io::stdin().read_to_end(&mut bytes).map(|_| bytes)
+        }
+    };
+    let input = match input {
+        Ok(input) => input,
+        Err(error) => {
+            let source = file.map_or("stdin".into(), |p| p.display().to_string());
+            eprintln!("tether inspect: cannot read {source}: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let verdict = inspect(format, &input, &mut out);
+    let flushed = out.flush();
+    match (verdict, flushed) {
+        (Ok(verdict), Ok(())) if verdict.error.is_none() => ExitCode::SUCCESS,
+        (Ok(_), Ok(())) => ExitCode::FAILURE,
+        (Err(error), _) | (_, Err(error)) => {
+            eprintln!("tether inspect: cannot write output: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
