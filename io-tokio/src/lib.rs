@@ -13,8 +13,13 @@
 //!   sockets, TCP or iroh; engine calls under credit) and its serving side, `switch::host::Host`;
 //! - `node` (feature `iroh`, on by default): the iroh transport driver's actor plane;
 //! - [`inspect`]: decodes captured wire bytes of tether's four formats into JSON lines (the
-//!   `tether inspect` command).
+//!   `tether inspect` command);
+//! - [`tether_core`] and [`iroh`]: the crates whose types tether's signatures use, re-exported so an
+//!   application needs no second, possibly different, version of either.
 
+/// The sans-IO core, for the types tether's signatures use (telemetry headers and frames,
+/// actor addresses, claim verdicts, substrate settings): the same version tether runs.
+pub use tether_core;
 pub mod inspect;
 /// The iroh tether is built on, for types its signatures use (`Endpoint`, `EndpointAddr`,
 /// `protocol::Router`): the same version, whatever else the application depends on.

@@ -6,7 +6,9 @@
 
 use bytes::Bytes;
 use tether::node::{Node, TelemetryIngress};
-use tether_core::wire::telemetry::{ChannelDescriptor, Header, StreamDescriptor, TelemetryFrame};
+use tether::tether_core::wire::telemetry::{
+    ChannelDescriptor, Header, StreamDescriptor, TelemetryFrame,
+};
 use tokio::sync::mpsc;
 
 #[tokio::main]
