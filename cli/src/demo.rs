@@ -11,13 +11,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
+
+use crate::procs::{free_port, Event, NodeProc};
 
 /// What `tether demo` was asked to do.
 #[derive(Debug, Clone)]
@@ -64,64 +63,6 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DemoError {
 
 /// How long the demo waits without any event before it calls the run stalled.
 const STALL: Duration = Duration::from_secs(60);
-
-/// One `tether node --json` process.
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-}
-
-/// An event line of either node, tagged by who printed it and its process incarnation.
-struct Event {
-    from: &'static str,
-    life: u64,
-    value: Value,
-}
-
-async fn spawn(
-    exe: &Path,
-    name: &'static str,
-    life: u64,
-    args: &[String],
-    events: mpsc::UnboundedSender<Event>,
-) -> Result<Proc, DemoError> {
-    let mut child = Command::new(exe)
-        .arg("node")
-        .args(args)
-        .arg("--json")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(io(format!("node {name}")))?;
-    let stdin = child.stdin.take().ok_or(DemoError::NotReady(name))?;
-    let stdout = child.stdout.take().ok_or(DemoError::NotReady(name))?;
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(value) = serde_json::from_str(&line) {
-                if events
-                    .send(Event {
-                        from: name,
-                        life,
-                        value,
-                    })
-                    .is_err()
-                {
-                    return;
-                }
-            }
-        }
-    });
-    Ok(Proc { child, stdin })
-}
-
-/// A free UDP port on 127.0.0.1 for B, so its restarts listen where A redials.
-fn free_port() -> Result<u16, DemoError> {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(io("a probe socket"))?;
-    Ok(socket.local_addr().map_err(io("a probe socket"))?.port())
-}
 
 /// What the demo saw, and the verdict.
 #[derive(Debug, Default, serde::Serialize)]
@@ -222,6 +163,8 @@ struct Books {
     routes_waiting: Vec<String>,
     /// Attempts per routed body.
     route_attempts: HashMap<String, u32>,
+    /// Routed requests that failed [`ROUTE_ATTEMPTS`] times (each also a failure).
+    routes_given_up: u64,
 }
 
 /// A routed request is tried this often before the demo calls it failed (each retry follows
@@ -230,7 +173,7 @@ const ROUTE_ATTEMPTS: u32 = 8;
 
 async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, DemoError> {
     let (events_tx, mut events) = mpsc::unbounded_channel();
-    let port = free_port()?;
+    let port = free_port().map_err(io("a probe socket"))?;
     let b_args = vec![
         "--data".into(),
         dir.join("b").display().to_string(),
@@ -238,7 +181,7 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
         format!("127.0.0.1:{port}"),
     ];
     let mut b_life = 1;
-    let mut b = spawn(exe, "b", b_life, &b_args, events_tx.clone()).await?;
+    let mut b = spawn(exe, "b", b_life, &b_args, &events_tx)?;
     let ticket = loop {
         let event = next(&mut events, "b to start").await?;
         if event.value["event"] == "ready" {
@@ -254,7 +197,7 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
         "--connect".into(),
         ticket,
     ];
-    let mut a = spawn(exe, "a", 1, &a_args, events_tx.clone()).await?;
+    let mut a = spawn(exe, "a", 1, &a_args, &events_tx)?;
 
     // The objects: queues q0.., and the session s (sends and requests).
     let objects: Vec<String> = (0..options.queues.max(1))
@@ -383,12 +326,11 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
             .is_some_and(|&at| delivered >= at)
         {
             // SIGKILL: no chance to flush or consume; B restarts from its directory.
-            b.child.start_kill().map_err(io("kill b"))?;
-            let _ = b.child.wait().await;
+            b.kill().await.map_err(io("kill b"))?;
             books.summary.kills += 1;
             b_life += 1;
             b_up = false;
-            b = spawn(exe, "b", b_life, &b_args, events_tx.clone()).await?;
+            b = spawn(exe, "b", b_life, &b_args, &events_tx)?;
             progress.note("killed b (SIGKILL) and restarted it from its data dir");
         }
         if books.summary.disconnects == 0 && delivered >= disconnect_at {
@@ -398,32 +340,20 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
         }
         let summary = &books.summary;
         let all_acked = books.acked.len() as u64 + summary.replies >= total;
-        let routes_done = summary.routes_answered + summary.routes_given_up() >= summary.routed;
+        let routes_done = summary.routes_answered + books.routes_given_up >= summary.routed;
         if next_index >= total && delivered >= total && all_acked && routes_done {
             break;
         }
     }
     books.summary.seconds = started.elapsed().as_secs_f64();
     progress.done();
-    let _ = write(&mut a, "quit\n").await;
-    let _ = write(&mut b, "quit\n").await;
-    let _ = a.child.wait().await;
-    let _ = b.child.wait().await;
+    a.quit().await;
+    b.quit().await;
     // What arrived while they shut down (the last telemetry batches).
     while let Ok(event) = events.try_recv() {
         let _ = account(&event, &mut books);
     }
     Ok(verdict(books))
-}
-
-impl Summary {
-    /// Routed requests that failed more often than [`ROUTE_ATTEMPTS`].
-    fn routes_given_up(&self) -> u64 {
-        self.failures
-            .iter()
-            .filter(|failure| failure.starts_with("route "))
-            .count() as u64
-    }
 }
 
 /// The table's figures and every invariant checked.
@@ -504,12 +434,19 @@ async fn next(
     }
 }
 
-async fn write(proc: &mut Proc, commands: &str) -> Result<(), DemoError> {
-    proc.stdin
-        .write_all(commands.as_bytes())
-        .await
-        .map_err(io("write to a node"))?;
-    proc.stdin.flush().await.map_err(io("write to a node"))
+async fn write(node: &mut NodeProc, commands: &str) -> Result<(), DemoError> {
+    node.write(commands).await.map_err(io("write to a node"))
+}
+
+/// Starts node `name` (incarnation `life`).
+fn spawn(
+    exe: &Path,
+    name: &'static str,
+    life: u64,
+    args: &[String],
+    events: &mpsc::UnboundedSender<Event>,
+) -> Result<NodeProc, DemoError> {
+    NodeProc::spawn(exe, name, life, args, events.clone()).map_err(io(format!("node {name}")))
 }
 
 /// Accounts one event of either node; returns a routed request to try again (its host died
@@ -570,6 +507,7 @@ fn account(event: &Event, books: &mut Books) -> Option<String> {
             let route = text("body");
             let attempts = books.route_attempts.entry(route.clone()).or_insert(1);
             if *attempts >= ROUTE_ATTEMPTS {
+                books.routes_given_up += 1;
                 summary.failures.push(format!(
                     "route {route} failed {attempts} times, last: {}",
                     text("message")

@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod node;
+pub mod procs;
 use tether::inspect::{inspect, WireFormat};
 
 #[derive(Parser)]
@@ -169,35 +170,38 @@ pub fn main() -> ExitCode {
 }
 
 fn run_demo(options: demo::Options) -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("tether demo: cannot start the runtime: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(demo::run(options)) {
-        Ok(code) => code,
-        Err(error) => {
-            eprintln!("tether demo: {error}");
-            ExitCode::from(2)
-        }
-    }
+    run_async("demo", demo::run(options), |code| code, ExitCode::from(2))
 }
 
 fn run_node(options: node::Options) -> ExitCode {
+    run_async(
+        "node",
+        node::run(options),
+        |()| ExitCode::SUCCESS,
+        ExitCode::FAILURE,
+    )
+}
+
+/// Runs `command`'s future on a fresh runtime: its value becomes the exit code through `ok`;
+/// an error is printed as `tether <command>: <error>` and exits with `failed`.
+fn run_async<T, E: std::fmt::Display>(
+    command: &str,
+    future: impl std::future::Future<Output = Result<T, E>>,
+    ok: impl FnOnce(T) -> ExitCode,
+    failed: ExitCode,
+) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("tether node: cannot start the runtime: {error}");
+            eprintln!("tether {command}: cannot start the runtime: {error}");
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(node::run(options)) {
-        Ok(()) => ExitCode::SUCCESS,
+    match runtime.block_on(future) {
+        Ok(value) => ok(value),
         Err(error) => {
-            eprintln!("tether node: {error}");
-            ExitCode::FAILURE
+            eprintln!("tether {command}: {error}");
+            failed
         }
     }
 }
