@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_main, Criterion, Throughput};
-use iroh::endpoint::presets;
-use iroh::{Endpoint, RelayMode, SecretKey};
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
+use tether_benches::{direct_addr, loopback_endpoint};
 use tether_core::wire::actor::{ActorDecoder, ActorRecord};
 use tether_core::wire::StreamDecoder;
 use tokio::runtime::Runtime;
@@ -75,18 +74,6 @@ async fn wait_for(count: &Count, target: u64) {
     }
 }
 
-async fn raw_endpoint() -> Endpoint {
-    Endpoint::builder(presets::Minimal)
-        .secret_key(SecretKey::generate())
-        .relay_mode(RelayMode::Disabled)
-        .alpns(vec![RAW_ALPN.to_vec()])
-        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
-        .expect("addr")
-        .bind()
-        .await
-        .expect("bind")
-}
-
 fn node(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
     let mut group = c.benchmark_group("node/actor_frames");
@@ -117,7 +104,12 @@ fn node(c: &mut Criterion) {
 
     // The raw baseline: a reader that decodes actor records from every uni stream.
     let raw_count = Arc::new(Count::new());
-    let (raw_tx, raw_rx) = runtime.block_on(async { (raw_endpoint().await, raw_endpoint().await) });
+    let (raw_tx, raw_rx) = runtime.block_on(async {
+        (
+            loopback_endpoint(RAW_ALPN).await,
+            loopback_endpoint(RAW_ALPN).await,
+        )
+    });
     {
         let (raw_rx, raw_count) = (raw_rx.clone(), raw_count.clone());
         runtime.spawn(async move {
@@ -142,11 +134,10 @@ fn node(c: &mut Criterion) {
         });
     }
     let raw_send = runtime.block_on(async {
-        let mut addr = iroh::EndpointAddr::new(raw_rx.id());
-        for socket in raw_rx.bound_sockets() {
-            addr = addr.with_ip_addr(socket);
-        }
-        let conn = raw_tx.connect(addr, RAW_ALPN).await.expect("raw connect");
+        let conn = raw_tx
+            .connect(direct_addr(&raw_rx), RAW_ALPN)
+            .await
+            .expect("raw connect");
         let send = conn.open_uni().await.expect("uni");
         (conn, tokio::sync::Mutex::new(send))
     });

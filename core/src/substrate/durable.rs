@@ -13,7 +13,7 @@
 //! frontier, bounce tombstones (op ids to unknown objects) and closed objects during the
 //! retention period.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 
@@ -165,6 +165,53 @@ pub struct PersistBatch {
     pub records: Vec<Record>,
 }
 
+/// What one record writes: the row it inserts, replaces or deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Row<'a> {
+    Object(&'a str),
+    Outbox(&'a str, u64),
+    Held(&'a str, u64),
+    Inbox(&'a str, u64),
+    Bounce(&'a str),
+}
+
+impl Record {
+    /// The row this record writes.
+    fn row(&self) -> Row<'_> {
+        match self {
+            Record::Object(object) => Row::Object(&object.obj),
+            Record::ObjectRemoved { obj } => Row::Object(obj),
+            Record::Outbox(op) => Row::Outbox(&op.obj, op.seq),
+            Record::OutboxRemoved { obj, seq } => Row::Outbox(obj, *seq),
+            Record::Held(op) => Row::Held(&op.obj, op.seq),
+            Record::HeldRemoved { obj, seq } => Row::Held(obj, *seq),
+            Record::Inbox(op) => Row::Inbox(&op.obj, op.seq),
+            Record::InboxRemoved { obj, seq } => Row::Inbox(obj, *seq),
+            Record::Bounce { op_id, .. } => Row::Bounce(op_id),
+            Record::BounceRemoved { op_id } => Row::Bounce(op_id),
+        }
+    }
+}
+
+/// The records of `batches` that decide the state they leave, in order: a record that a later
+/// record of the same group writes over (an object recorded again or removed, an op row
+/// replaced or removed) is left out, and so is a second delete of a row. Applying what this
+/// returns to any state leaves exactly what applying every record of `batches` would: the
+/// writes it leaves out are ones no state after the group can show. A store committing a
+/// group in one transaction writes only these (an object's frontier once per group, not once
+/// per op).
+pub fn effective_records(batches: &[PersistBatch]) -> Vec<&Record> {
+    let mut decided: BTreeSet<Row<'_>> = BTreeSet::new();
+    let mut kept: Vec<&Record> = batches
+        .iter()
+        .rev()
+        .flat_map(|batch| batch.records.iter().rev())
+        .filter(|record| decided.insert(record.row()))
+        .collect();
+    kept.reverse();
+    kept
+}
+
 /// Everything one peer's machine has persisted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DurableState {
@@ -224,6 +271,13 @@ impl DurableState {
         }
     }
 
+    /// Applies `records` in order (what [`effective_records`] returns).
+    pub fn apply_records<'a>(&mut self, records: impl IntoIterator<Item = &'a Record>) {
+        for record in records {
+            self.apply_record(record);
+        }
+    }
+
     /// Rows kept: a measure of durable size that must not grow with ops ever exchanged.
     pub fn row_count(&self) -> usize {
         self.objects.len()
@@ -231,5 +285,146 @@ impl DurableState {
             + self.held.len()
             + self.inbox.len()
             + self.bounces.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn op(obj: &str, seq: u64, body: u8) -> Op {
+        Op {
+            obj: obj.to_owned(),
+            seq,
+            id: format!("{obj}-{seq}"),
+            verb: Verb::Send,
+            obj_kind: None,
+            body: Some(Bytes::from(vec![body])),
+            code: None,
+            reason: None,
+            cap: None,
+            at: Time::from_millis(u64::from(body)),
+        }
+    }
+
+    fn object(obj: &str, next: u64) -> ObjectRecord {
+        ObjectRecord {
+            obj: obj.to_owned(),
+            kind: ObjKind::Queue,
+            opened_by: Side::Local,
+            open_id: "o".to_owned(),
+            state: ObjectState::Live,
+            tx_next: next,
+            rx_next: next,
+        }
+    }
+
+    /// Records over a few rows, so that later records often write rows earlier ones did.
+    fn record() -> impl Strategy<Value = Record> {
+        let obj = prop::sample::select(vec!["a", "b"]);
+        let seq = 0u64..3;
+        prop_oneof![
+            (obj.clone(), 0u64..4).prop_map(|(obj, next)| Record::Object(object(obj, next))),
+            obj.clone().prop_map(|obj| Record::ObjectRemoved {
+                obj: obj.to_owned()
+            }),
+            (obj.clone(), seq.clone(), any::<u8>())
+                .prop_map(|(o, s, b)| Record::Outbox(op(o, s, b))),
+            (obj.clone(), seq.clone()).prop_map(|(o, seq)| Record::OutboxRemoved {
+                obj: o.to_owned(),
+                seq
+            }),
+            (obj.clone(), seq.clone(), any::<u8>()).prop_map(|(o, s, b)| Record::Held(op(o, s, b))),
+            (obj.clone(), seq.clone()).prop_map(|(o, seq)| Record::HeldRemoved {
+                obj: o.to_owned(),
+                seq
+            }),
+            (obj.clone(), seq.clone(), any::<u8>())
+                .prop_map(|(o, s, b)| Record::Inbox(op(o, s, b))),
+            (obj, seq).prop_map(|(o, seq)| Record::InboxRemoved {
+                obj: o.to_owned(),
+                seq
+            }),
+            (0u8..2, any::<u8>()).prop_map(|(n, at)| Record::Bounce {
+                op_id: format!("x{n}"),
+                code: "no_such_object".to_owned(),
+                at: Time::from_millis(u64::from(at)),
+            }),
+            (0u8..2).prop_map(|n| Record::BounceRemoved {
+                op_id: format!("x{n}")
+            }),
+        ]
+    }
+
+    fn batches(records: Vec<Vec<Record>>) -> Vec<PersistBatch> {
+        records
+            .into_iter()
+            .enumerate()
+            .map(|(i, records)| PersistBatch {
+                id: BatchId(i as u64 + 1),
+                records,
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// From any state, the effective records of a group leave exactly the state all of
+        /// its records leave, and never more records.
+        #[test]
+        fn the_effective_records_leave_the_state_every_record_leaves(
+            before in prop::collection::vec(record(), 0..12),
+            group in prop::collection::vec(prop::collection::vec(record(), 0..6), 0..6),
+        ) {
+            let mut start = DurableState::default();
+            start.apply(&PersistBatch { id: BatchId(0), records: before });
+            let group = batches(group);
+            let mut every = start.clone();
+            for batch in &group {
+                every.apply(batch);
+            }
+            let effective = effective_records(&group);
+            let mut compacted = start;
+            compacted.apply_records(effective.iter().copied());
+            prop_assert_eq!(compacted, every);
+            prop_assert!(effective.len() <= group.iter().map(|b| b.records.len()).sum::<usize>());
+        }
+    }
+
+    #[test]
+    fn an_object_recorded_per_op_is_written_once_per_group() {
+        let group = batches(vec![
+            vec![
+                Record::Object(object("a", 1)),
+                Record::Outbox(op("a", 0, 1)),
+            ],
+            vec![
+                Record::Object(object("a", 2)),
+                Record::Outbox(op("a", 1, 2)),
+            ],
+            vec![
+                Record::Object(object("a", 3)),
+                Record::Outbox(op("a", 2, 3)),
+                Record::OutboxRemoved {
+                    obj: "a".to_owned(),
+                    seq: 0,
+                },
+            ],
+        ]);
+        let effective = effective_records(&group);
+        assert_eq!(
+            effective,
+            vec![
+                &Record::Outbox(op("a", 1, 2)),
+                &Record::Object(object("a", 3)),
+                &Record::Outbox(op("a", 2, 3)),
+                &Record::OutboxRemoved {
+                    obj: "a".to_owned(),
+                    seq: 0
+                },
+            ]
+        );
     }
 }

@@ -28,7 +28,8 @@ use std::time::Duration;
 
 pub use authorize::{AllowAll, AuthorizeContext, Authorizer, Denial, Interceptor, ScopeAuthorizer};
 pub use durable::{
-    BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record, Side,
+    effective_records, BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record,
+    Side,
 };
 pub use link::{LinkClose, PeerLink};
 pub use machine::{CommandError, Event, Machine, TYPE_KEEPALIVE};

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use bytes::Bytes;
 use rusqlite::{params, Connection, Row, Transaction};
 use tether_core::substrate::{
-    DurableState, ObjectRecord, ObjectState, Op, PeerId, PersistBatch, Record, Side,
+    effective_records, DurableState, ObjectRecord, ObjectState, Op, PeerId, PersistBatch, Record,
+    Side,
 };
 use tether_core::time::Time;
 use tether_core::wire::envelope::{ObjKind, Verb};
@@ -41,16 +42,63 @@ struct Tables {
     outbox: String,
     inbox: String,
     dedupe: String,
+    /// The statements a commit runs, written once (each is prepared once per connection).
+    sql: Statements,
+}
+
+#[derive(Debug)]
+struct Statements {
+    peer: String,
+    object: String,
+    object_removed: String,
+    outbox: String,
+    outbox_removed: String,
+    inbox: String,
+    inbox_removed: String,
+    bounce: String,
+    bounce_removed: String,
 }
 
 impl Tables {
     fn new(prefix: &str) -> Self {
+        let peers = format!("{prefix}peers");
+        let objects = format!("{prefix}objects");
+        let outbox = format!("{prefix}outbox");
+        let inbox = format!("{prefix}inbox");
+        let dedupe = format!("{prefix}dedupe");
+        let sql = Statements {
+            peer: format!("INSERT OR IGNORE INTO {peers} (peer) VALUES (?1)"),
+            object: format!(
+                "INSERT OR REPLACE INTO {objects} (peer, obj, kind, opened_by, open_id, state, \
+                 state_at, tx_next, rx_next) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            ),
+            object_removed: format!("DELETE FROM {objects} WHERE peer = ?1 AND obj = ?2"),
+            outbox: format!(
+                "INSERT OR REPLACE INTO {outbox} (peer, {OP_COLUMNS}) VALUES (?1, ?2, ?3, ?4, \
+                 ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            ),
+            outbox_removed: format!(
+                "DELETE FROM {outbox} WHERE peer = ?1 AND obj = ?2 AND seq = ?3"
+            ),
+            inbox: format!(
+                "INSERT OR REPLACE INTO {inbox} (peer, place, {OP_COLUMNS}) VALUES (?1, ?12, \
+                 ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            ),
+            inbox_removed: format!(
+                "DELETE FROM {inbox} WHERE peer = ?1 AND place = ?2 AND obj = ?3 AND seq = ?4"
+            ),
+            bounce: format!(
+                "INSERT OR REPLACE INTO {dedupe} (peer, op_id, code, at) VALUES (?1, ?2, ?3, ?4)"
+            ),
+            bounce_removed: format!("DELETE FROM {dedupe} WHERE peer = ?1 AND op_id = ?2"),
+        };
         Self {
-            peers: format!("{prefix}peers"),
-            objects: format!("{prefix}objects"),
-            outbox: format!("{prefix}outbox"),
-            inbox: format!("{prefix}inbox"),
-            dedupe: format!("{prefix}dedupe"),
+            peers,
+            objects,
+            outbox,
+            inbox,
+            dedupe,
+            sql,
         }
     }
 }
@@ -109,19 +157,14 @@ impl SqliteStore {
 
     fn apply(
         tx: &Transaction<'_>,
-        t: &Tables,
+        sql: &Statements,
         peer: &str,
         record: &Record,
     ) -> rusqlite::Result<()> {
         match record {
             Record::Object(object) => {
                 let (state, at) = state_to_sql(object.state);
-                tx.prepare_cached(&format!(
-                    "INSERT OR REPLACE INTO {} (peer, obj, kind, opened_by, open_id, state, \
-                     state_at, tx_next, rx_next) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                    t.objects
-                ))?
-                .execute(params![
+                tx.prepare_cached(&sql.object)?.execute(params![
                     peer,
                     object.obj,
                     object.kind.as_str(),
@@ -134,46 +177,42 @@ impl SqliteStore {
                 ])?;
             }
             Record::ObjectRemoved { obj } => {
-                tx.prepare_cached(&format!(
-                    "DELETE FROM {} WHERE peer = ?1 AND obj = ?2",
-                    t.objects
-                ))?
-                .execute(params![peer, obj])?;
+                tx.prepare_cached(&sql.object_removed)?
+                    .execute(params![peer, obj])?;
             }
-            Record::Outbox(op) => insert_op(tx, &t.outbox, peer, None, op)?,
-            Record::Held(op) => insert_op(tx, &t.inbox, peer, Some("held"), op)?,
-            Record::Inbox(op) => insert_op(tx, &t.inbox, peer, Some("delivered"), op)?,
+            Record::Outbox(op) => insert_op(tx, &sql.outbox, peer, None, op)?,
+            Record::Held(op) => insert_op(tx, &sql.inbox, peer, Some("held"), op)?,
+            Record::Inbox(op) => insert_op(tx, &sql.inbox, peer, Some("delivered"), op)?,
             Record::OutboxRemoved { obj, seq } => {
-                tx.prepare_cached(&format!(
-                    "DELETE FROM {} WHERE peer = ?1 AND obj = ?2 AND seq = ?3",
-                    t.outbox
-                ))?
-                .execute(params![peer, obj, to_sql_u64(*seq)])?;
+                tx.prepare_cached(&sql.outbox_removed)?.execute(params![
+                    peer,
+                    obj,
+                    to_sql_u64(*seq)
+                ])?;
             }
             Record::HeldRemoved { obj, seq } | Record::InboxRemoved { obj, seq } => {
                 let place = match record {
                     Record::HeldRemoved { .. } => "held",
                     _ => "delivered",
                 };
-                tx.prepare_cached(&format!(
-                    "DELETE FROM {} WHERE peer = ?1 AND place = ?2 AND obj = ?3 AND seq = ?4",
-                    t.inbox
-                ))?
-                .execute(params![peer, place, obj, to_sql_u64(*seq)])?;
+                tx.prepare_cached(&sql.inbox_removed)?.execute(params![
+                    peer,
+                    place,
+                    obj,
+                    to_sql_u64(*seq)
+                ])?;
             }
             Record::Bounce { op_id, code, at } => {
-                tx.prepare_cached(&format!(
-                    "INSERT OR REPLACE INTO {} (peer, op_id, code, at) VALUES (?1, ?2, ?3, ?4)",
-                    t.dedupe
-                ))?
-                .execute(params![peer, op_id, code, to_sql_time(*at)])?;
+                tx.prepare_cached(&sql.bounce)?.execute(params![
+                    peer,
+                    op_id,
+                    code,
+                    to_sql_time(*at)
+                ])?;
             }
             Record::BounceRemoved { op_id } => {
-                tx.prepare_cached(&format!(
-                    "DELETE FROM {} WHERE peer = ?1 AND op_id = ?2",
-                    t.dedupe
-                ))?
-                .execute(params![peer, op_id])?;
+                tx.prepare_cached(&sql.bounce_removed)?
+                    .execute(params![peer, op_id])?;
             }
         }
         Ok(())
@@ -237,16 +276,13 @@ impl Store for SqliteStore {
     fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let t = &self.tables;
-        tx.prepare_cached(&format!(
-            "INSERT OR IGNORE INTO {} (peer) VALUES (?1)",
-            t.peers
-        ))?
-        .execute(params![peer.as_str()])?;
-        for batch in batches {
-            for record in &batch.records {
-                Self::apply(&tx, t, peer.as_str(), record)?;
-            }
+        let sql = &self.tables.sql;
+        tx.prepare_cached(&sql.peer)?
+            .execute(params![peer.as_str()])?;
+        // One transaction: only the last write of each row is visible after it, so only the
+        // last is made (an object's frontier once per group instead of once per op).
+        for record in effective_records(batches) {
+            Self::apply(&tx, sql, peer.as_str(), record)?;
         }
         tx.commit()?;
         Ok(())
@@ -308,22 +344,15 @@ fn check_prefix(prefix: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Runs `sql` (an op insert; `?12` is the inbox's place, bound only when `place` is given).
 fn insert_op(
     tx: &Transaction<'_>,
-    table: &str,
+    sql: &str,
     peer: &str,
     place: Option<&str>,
     op: &Op,
 ) -> rusqlite::Result<()> {
-    let (place_column, place_value) = match place {
-        Some(_) => ("place, ", "?12, "),
-        None => ("", ""),
-    };
-    let sql = format!(
-        "INSERT OR REPLACE INTO {table} (peer, {place_column}{OP_COLUMNS}) VALUES (?1, \
-         {place_value}?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
-    );
-    let mut statement = tx.prepare_cached(&sql)?;
+    let mut statement = tx.prepare_cached(sql)?;
     let values = params![
         peer,
         op.obj,

@@ -104,6 +104,7 @@ pub(super) enum Command {
 
 /// What woke the task.
 enum Wake {
+    Committed(Result<(), StoreError>),
     Link(LinkMsg),
     Command(Command),
     Timer,
@@ -230,6 +231,39 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// Starts a commit of `batches` without waiting for it: on a blocking store's thread, or as a
+/// task of its own (so even a store that does not block finishes while the driver goes on,
+/// and the simulator sees commits overlap input exactly as a disk does).
+fn start_commit(shared: &Shared, peer: &PeerId, batches: Arc<Vec<PersistBatch>>) -> InFlight {
+    let (store, peer) = (shared.store.clone(), peer.clone());
+    let commit = {
+        let batches = batches.clone();
+        move || store.commit(&peer, &batches)
+    };
+    let task = if shared.store.is_blocking() {
+        tokio::task::spawn_blocking(commit)
+    } else {
+        tokio::spawn(async move { commit() })
+    };
+    InFlight { batches, task }
+}
+
+/// The commit in flight: its batches (kept for a retry if it fails) and its task.
+struct InFlight {
+    batches: Arc<Vec<PersistBatch>>,
+    task: tokio::task::JoinHandle<Result<(), StoreError>>,
+}
+
+/// Resolves when the commit in flight ends; never when there is none.
+async fn committed(in_flight: Option<&mut InFlight>) -> Result<(), StoreError> {
+    match in_flight {
+        Some(in_flight) => (&mut in_flight.task)
+            .await
+            .unwrap_or_else(|join| Err(StoreError::Unavailable(join.to_string()))),
+        None => std::future::pending().await,
+    }
+}
+
 /// How long from now until `at` on the shell's clock.
 fn until(shared: &Shared, at: Time) -> Duration {
     let now = (shared.clock)();
@@ -262,8 +296,11 @@ pub(super) struct Driver {
     dialing: bool,
     redial: Retry,
     was_up: bool,
-    /// Batches the store has not committed yet (a failed commit keeps them for the retry).
+    /// Batches not handed to the store yet: they collect while a commit is in flight and go
+    /// in the next one (a failed commit puts its batches back in front for the retry).
     uncommitted: Vec<PersistBatch>,
+    /// The one commit in flight: the machine goes on taking input while the disk syncs.
+    committing: Option<InFlight>,
     store_retry: Retry,
     /// Commands waiting for room in their object's outbox, in arrival order per object.
     parked: HashMap<String, VecDeque<Command>>,
@@ -302,6 +339,7 @@ impl Driver {
             redial: Retry::new(REDIAL),
             was_up: false,
             uncommitted: Vec::new(),
+            committing: None,
             store_retry: Retry::new(STORE_RETRY),
             parked: HashMap::new(),
             freed: BTreeSet::new(),
@@ -328,6 +366,7 @@ impl Driver {
                 // simulator. Fairness comes from draining both channels on every wake.
                 let wake = tokio::select! {
                     biased;
+                    result = committed(self.committing.as_mut()) => Wake::Committed(result),
                     // While the store is failing, batches pile up; past the bound the link is
                     // not read, and the peer's socket backs up instead of this memory.
                     message = self.link_rx.recv(), if self.reads_link() => {
@@ -343,6 +382,7 @@ impl Driver {
                 };
                 let mut first_command = None;
                 match wake {
+                    Wake::Committed(result) => self.committed(result),
                     Wake::Link(message) => self.link_message(message),
                     Wake::Command(command) => first_command = Some(command),
                     Wake::Timer => self.timeout(),
@@ -371,7 +411,7 @@ impl Driver {
                     }
                 }
                 if let Some(done) = stop {
-                    self.flush().await;
+                    self.settle().await;
                     self.stop();
                     let _ = done.send(());
                     return;
@@ -397,9 +437,10 @@ impl Driver {
     }
 
     /// Whether link input may be handled: not while the store has left
-    /// [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`] batches uncommitted.
+    /// [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`] batches uncommitted (in flight or waiting).
     fn reads_link(&self) -> bool {
-        self.uncommitted.len() < SUBSTRATE_UNCOMMITTED_BATCHES_MAX
+        let in_flight = self.committing.as_ref().map_or(0, |c| c.batches.len());
+        self.uncommitted.len() + in_flight < SUBSTRATE_UNCOMMITTED_BATCHES_MAX
     }
 
     /// Nothing to keep the task for: no link, no way to dial, nothing in memory that is not
@@ -413,6 +454,7 @@ impl Driver {
             && self.opens.is_empty()
             && self.parked.is_empty()
             && self.uncommitted.is_empty()
+            && self.committing.is_none()
             && self.link.machine().is_idle()
     }
 
@@ -730,17 +772,22 @@ impl Driver {
         self.schedule_redial();
     }
 
-    /// Drains the link until it has nothing more: persist (one transaction for every batch
-    /// so far), then events, then frames. A failed commit keeps its batches for a retry with
-    /// backoff: nothing they cover is acknowledged or reported meanwhile.
+    /// Drains the link until it has nothing more: persist (every batch so far in one
+    /// transaction, started here and finished while the driver goes on; batches emitted
+    /// meanwhile go in the next), then events, then frames. A failed commit keeps its batches
+    /// for a retry with backoff: nothing they cover is acknowledged or reported meanwhile.
     async fn flush(&mut self) {
         loop {
             let mut progress = false;
             self.uncommitted.extend(std::iter::from_fn(|| {
                 self.link.machine_mut().poll_persist()
             }));
-            if !self.uncommitted.is_empty() && self.store_retry.due().is_none() {
-                progress |= self.commit().await;
+            if self.committing.is_none()
+                && !self.uncommitted.is_empty()
+                && self.store_retry.due().is_none()
+            {
+                let batches = Arc::new(std::mem::take(&mut self.uncommitted));
+                self.committing = Some(start_commit(&self.shared, &self.peer, batches));
             }
             while let Some(event) = self.link.poll_event() {
                 self.event(event);
@@ -778,16 +825,12 @@ impl Driver {
         }
     }
 
-    /// Commits every uncommitted batch in one store transaction. True when it did.
-    async fn commit(&mut self) -> bool {
-        let batches = Arc::new(std::mem::take(&mut self.uncommitted));
-        let (store, peer) = (self.shared.store.clone(), self.peer.clone());
-        let result = blocking(&self.shared, {
-            let batches = batches.clone();
-            move || store.commit(&peer, &batches)
-        })
-        .await;
-        let batches = Arc::try_unwrap(batches).unwrap_or_else(|shared| (*shared).clone());
+    /// The commit in flight ended: the machine learns what is durable, or its batches go
+    /// back in front of the ones that collected meanwhile, for a retry with backoff.
+    fn committed(&mut self, result: Result<(), StoreError>) {
+        let Some(InFlight { batches, .. }) = self.committing.take() else {
+            return;
+        };
         let now = self.now();
         match result {
             Ok(()) => {
@@ -795,19 +838,34 @@ impl Driver {
                     self.shared.store_recovered(&self.peer, StoreOp::Commit);
                 }
                 self.store_retry.succeed();
-                let last = batches.last().expect("commit is called with batches").id;
+                let last = batches.last().expect("a commit has batches").id;
                 self.link.machine_mut().handle_persisted(now, last);
-                true
             }
             Err(error) => {
-                // A store applies all of a commit or none: the same batches go again.
+                // A store applies all of a commit or none: the same batches go again, first.
+                let mut batches =
+                    Arc::try_unwrap(batches).unwrap_or_else(|shared| (*shared).clone());
+                batches.append(&mut self.uncommitted);
                 self.uncommitted = batches;
                 self.store_retry.fail(now, self.shared.random_u64());
                 let failures = self.store_retry.failures();
                 self.shared
                     .store_failed(&self.peer, StoreOp::Commit, &error, failures);
-                false
             }
+        }
+    }
+
+    /// Before the task ends: waits for the commit in flight and commits what is left, until
+    /// nothing is uncommitted or the store fails (what it failed to commit was never
+    /// acknowledged, and a restart recovers from what it did commit).
+    async fn settle(&mut self) {
+        loop {
+            self.flush().await;
+            let Some(in_flight) = self.committing.as_mut() else {
+                return;
+            };
+            let result = committed(Some(in_flight)).await;
+            self.committed(result);
         }
     }
 

@@ -1,28 +1,40 @@
-//! `tether-bench`: durable end-to-end throughput of the substrate, one producer and one
-//! consumer in one process, every message synced to disk on both sides before it is
-//! acknowledged (SQLite, WAL, `synchronous=FULL`), over TCP and over iroh on 127.0.0.1, with 1
-//! and 16 queues and windows 1 and 32; beside it, in the same run, the bound it sits against:
-//! raw SQLite inserts of the same rows committed in groups of the same size.
+//! `tether-bench`: durable end-to-end throughput of the substrate beside the brokers people
+//! would otherwise reach for, one producer and one consumer, same workload, same run.
+//!
+//! - tether: every message synced to disk on both sides before it is acknowledged (SQLite,
+//!   WAL, `synchronous=FULL`), over TCP and over iroh on 127.0.0.1, with 1 and 16 queues and
+//!   windows 1 and 32; its fsync'd commits per message are counted.
+//! - NATS JetStream and mosquitto ([`brokers`]), each started on 127.0.0.1 when its server is
+//!   on `PATH` and skipped with a sentence otherwise; their fsyncs are counted under `strace`
+//!   when it is on `PATH`.
+//! - The bounds tether sits against, in the same process: raw SQLite inserts of the same rows
+//!   committed 1, 32 and 512 at a time, and raw iroh stream frames of the same size.
 //!
 //! Every run is checked: each message delivered exactly once and in order per queue (the
 //! table says so, and the process exits non-zero otherwise). Latency is from the producer's
-//! `send` to the consumer's delivery. `--sync` adds single-message durable latency: one send
-//! awaited at a time.
+//! send to the consumer's delivery. `--sync` adds single-message durable latency: one send
+//! awaited at a time (and JetStream's synchronous publish beside it). The table is printed as
+//! Markdown and drawn as an SVG bar chart (`--plot`).
 //!
 //! ```sh
 //! cargo run --release -p tether-benches --bin tether-bench -- --messages 20000 --size 1024
 //! ```
 
+mod brokers;
+mod plot;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tether::node::Node;
-use tether::store::SqliteStore;
+use tether::store::{SqliteStore, Store, StoreError};
 use tether::substrate::{
     AllowAll, Auth, Authorizer, Config, Inbound, PeerId, Substrate, TcpTransport,
 };
+use tether_core::substrate::{DurableState, PersistBatch};
 use tokio::sync::watch;
 
 /// Which carrier a run goes over.
@@ -33,13 +45,15 @@ enum Carrier {
 }
 
 /// One configuration's result.
-struct Row {
+pub(crate) struct Row {
     what: String,
     messages: u64,
     seconds: f64,
     p50_ms: f64,
     p99_ms: f64,
     verdict: String,
+    /// Fsyncs (or fsync'd commits, for tether) per message, both sides, where counted.
+    fsyncs_per_message: Option<f64>,
 }
 
 impl Row {
@@ -50,15 +64,62 @@ impl Row {
 
 /// What the consumer saw: per queue the message indices in arrival order, and when each came.
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     by_queue: BTreeMap<String, Vec<u64>>,
     arrived: Vec<(u64, Instant)>,
+}
+
+impl Seen {
+    fn record(&mut self, queue: &str, index: u64) {
+        match self.by_queue.get_mut(queue) {
+            Some(indices) => indices.push(index),
+            None => {
+                self.by_queue.insert(queue.to_owned(), vec![index]);
+            }
+        }
+        self.arrived.push((index, Instant::now()));
+    }
+}
+
+/// The index a body carries in its first 8 bytes (`u64::MAX` for a body too short to).
+fn index_of(body: &[u8]) -> u64 {
+    body.get(..8)
+        .and_then(|prefix| prefix.try_into().ok())
+        .map_or(u64::MAX, u64::from_be_bytes)
+}
+
+/// A [`SqliteStore`] whose commits (one fsync of the WAL each) are counted.
+struct Counted {
+    store: SqliteStore,
+    commits: Arc<AtomicU64>,
+}
+
+impl Store for Counted {
+    fn load(&self, peer: &PeerId) -> Result<DurableState, StoreError> {
+        self.store.load(peer)
+    }
+
+    fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.store.commit(peer, batches)
+    }
+
+    fn peers(&self) -> Result<Vec<PeerId>, StoreError> {
+        self.store.peers()
+    }
+
+    fn is_blocking(&self) -> bool {
+        self.store.is_blocking()
+    }
 }
 
 struct Options {
     messages: u64,
     size: usize,
     sync: bool,
+    brokers: bool,
+    brokers_only: bool,
+    plot: PathBuf,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -66,6 +127,9 @@ fn parse_args() -> Result<Options, String> {
         messages: 20_000,
         size: 1024,
         sync: false,
+        brokers: true,
+        brokers_only: false,
+        plot: PathBuf::from("tether-bench.svg"),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -78,11 +142,20 @@ fn parse_args() -> Result<Options, String> {
             "--messages" => options.messages = value("--messages")?,
             "--size" => options.size = value("--size")? as usize,
             "--sync" => options.sync = true,
+            "--no-brokers" => options.brokers = false,
+            "--brokers-only" => options.brokers_only = true,
+            "--plot" => {
+                options.plot = args
+                    .next()
+                    .map(PathBuf::from)
+                    .ok_or("--plot takes a path")?
+            }
             // cargo bench passes --bench; nothing else is accepted.
             "--bench" => {}
             other => {
                 return Err(format!(
-                    "unknown argument {other:?} (--messages N, --size B, --sync)"
+                    "unknown argument {other:?} (--messages N, --size B, --sync, --no-brokers, \
+                     --plot PATH)"
                 ))
             }
         }
@@ -107,7 +180,13 @@ fn main() -> std::process::ExitCode {
         .expect("a tokio runtime");
     let dir = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
     let mut rows = Vec::new();
-    for carrier in [Carrier::Iroh, Carrier::Tcp] {
+    let mut skipped = Vec::new();
+    let carriers = if options.brokers_only {
+        vec![]
+    } else {
+        vec![Carrier::Iroh, Carrier::Tcp]
+    };
+    for carrier in carriers {
         for (queues, window) in [(1, 1), (1, 32), (16, 32)] {
             let run_dir = dir.join(format!("{carrier:?}-{queues}-{window}"));
             let row = runtime.block_on(durable_run(
@@ -133,6 +212,42 @@ fn main() -> std::process::ExitCode {
             rows.push(row);
         }
     }
+    if options.brokers {
+        let mut outcomes = vec![runtime.block_on(brokers::jetstream(
+            &dir.join("nats"),
+            options.messages,
+            options.size,
+            false,
+        ))];
+        if options.sync {
+            outcomes.push(runtime.block_on(brokers::jetstream(
+                &dir.join("nats-sync"),
+                options.messages.min(2_000),
+                options.size,
+                true,
+            )));
+        }
+        outcomes.push(runtime.block_on(brokers::mosquitto(
+            &dir.join("mosquitto"),
+            options.messages,
+            options.size,
+        )));
+        for outcome in outcomes {
+            match outcome {
+                brokers::Outcome::Ran(row) => {
+                    eprintln!("{}: {:.0} msg/s ({})", row.what, row.rate(), row.verdict);
+                    rows.push(row);
+                }
+                brokers::Outcome::Skipped(why) => {
+                    eprintln!("skipped: {why}");
+                    skipped.push(why);
+                }
+            }
+        }
+    }
+    let row = runtime.block_on(raw_iroh(options.messages * 4, options.size));
+    eprintln!("{}: {:.0} frames/s", row.what, row.rate());
+    rows.push(row);
     for group in [1u64, 32, 512] {
         let row = raw_sqlite(
             &dir.join(format!("raw-{group}")),
@@ -145,6 +260,13 @@ fn main() -> std::process::ExitCode {
     }
     let _ = std::fs::remove_dir_all(&dir);
     print_table(&rows, options.size);
+    for why in &skipped {
+        println!("\nskipped: {why}");
+    }
+    match plot::write(&options.plot, &rows, options.size) {
+        Ok(()) => println!("\nplot: {}", options.plot.display()),
+        Err(error) => eprintln!("tether-bench: the plot was not written: {error}"),
+    }
     if rows.iter().all(|row| row.verdict == "ok") {
         std::process::ExitCode::SUCCESS
     } else {
@@ -152,19 +274,31 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Two substrates over one carrier, and what a run needs to drive and count them.
+struct Pair {
+    sender: Substrate,
+    receiver: Substrate,
+    to: PeerId,
+    nodes: Vec<Node>,
+    /// Commits (fsyncs of the WAL) of both sides' stores.
+    commits: Arc<AtomicU64>,
+}
+
 /// A sender and a receiver substrate over `carrier`, each with its SQLite store in `dir`.
-async fn pair(
-    dir: &Path,
-    carrier: Carrier,
-    window: usize,
-) -> (Substrate, Substrate, PeerId, Vec<Node>) {
+async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).expect("bench dir");
     let config = Config {
         in_flight_max: window,
         ..Config::default()
     };
-    let store = |name: &str| Arc::new(SqliteStore::open(dir.join(name)).expect("sqlite"));
+    let commits = Arc::new(AtomicU64::new(0));
+    let store = |name: &str| -> Arc<dyn Store> {
+        Arc::new(Counted {
+            store: SqliteStore::open(dir.join(name)).expect("sqlite"),
+            commits: commits.clone(),
+        })
+    };
     match carrier {
         Carrier::Tcp => {
             let localhost = "127.0.0.1:0".parse().expect("addr");
@@ -190,7 +324,13 @@ async fn pair(
                 .config(config)
                 .start()
                 .expect("start");
-            (sender, receiver, bob, Vec::new())
+            Pair {
+                sender,
+                receiver,
+                to: bob,
+                nodes: Vec::new(),
+                commits,
+            }
         }
         Carrier::Iroh => {
             let b = Node::builder().substrate().bind().await.expect("bind");
@@ -212,7 +352,13 @@ async fn pair(
                 .start()
                 .expect("start");
             let to = a.add_substrate_peer(b.endpoint_addr()).expect("allowed");
-            (sender, receiver, to, vec![a, b])
+            Pair {
+                sender,
+                receiver,
+                to,
+                nodes: vec![a, b],
+                commits,
+            }
         }
     }
 }
@@ -227,15 +373,9 @@ fn consume(receiver: &Substrate, seen: Arc<Mutex<Seen>>, count: watch::Sender<u6
                     let _ = open.accept().await;
                 }
                 Inbound::Message(message) => {
-                    let index = u64::from_be_bytes(message.body[..8].try_into().expect("8 bytes"));
-                    {
-                        let mut seen = seen.lock().expect("lock");
-                        seen.by_queue
-                            .entry(message.obj.clone())
-                            .or_default()
-                            .push(index);
-                        seen.arrived.push((index, Instant::now()));
-                    }
+                    seen.lock()
+                        .expect("lock")
+                        .record(&message.obj, index_of(&message.body));
                     message.done();
                     count.send_modify(|n| *n += 1);
                 }
@@ -245,7 +385,7 @@ fn consume(receiver: &Substrate, seen: Arc<Mutex<Seen>>, count: watch::Sender<u6
     });
 }
 
-fn body(index: u64, size: usize) -> Vec<u8> {
+pub(crate) fn body(index: u64, size: usize) -> Vec<u8> {
     let mut body = vec![0x5a; size];
     body[..8].copy_from_slice(&index.to_be_bytes());
     body
@@ -261,15 +401,17 @@ async fn durable_run(
     messages: u64,
     size: usize,
 ) -> Row {
-    let (sender, receiver, to, nodes) = pair(dir, carrier, window).await;
+    let pair = pair(dir, carrier, window).await;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let (count_tx, mut count) = watch::channel(0u64);
-    consume(&receiver, seen.clone(), count_tx);
-    let peer = sender.peer(&to);
+    consume(&pair.receiver, seen.clone(), count_tx);
+    let peer = pair.sender.peer(&pair.to);
+    let names: Vec<String> = (0..queues).map(|q| format!("q{q}")).collect();
     let mut handles = Vec::new();
-    for q in 0..queues {
-        handles.push(peer.open_queue(&format!("q{q}")).await.expect("open"));
+    for name in &names {
+        handles.push(peer.open_queue(name).await.expect("open"));
     }
+    let commits_before = pair.commits.load(Ordering::Relaxed);
     let started = Instant::now();
     let mut sent_at = Vec::with_capacity(messages as usize);
     let mut pending = Vec::with_capacity(messages as usize);
@@ -286,13 +428,13 @@ async fn durable_run(
         .await
         .expect("the consumer lives");
     let seconds = started.elapsed().as_secs_f64();
-    let seen = finish(sender, receiver, nodes, &seen).await;
+    let (seen, commits) = finish(pair, &seen, commits_before).await;
     let mut latencies: Vec<f64> = seen
         .arrived
         .iter()
         .map(|(index, at)| at.duration_since(sent_at[*index as usize]).as_secs_f64() * 1e3)
         .collect();
-    let verdict = check(&seen, queues, messages, failed);
+    let verdict = check(&seen, &names, messages, failed);
     let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Row {
         what: format!("tether over {carrier:?}, {queues} queue(s), window {window}"),
@@ -301,16 +443,23 @@ async fn durable_run(
         p50_ms,
         p99_ms,
         verdict,
+        fsyncs_per_message: Some(commits as f64 / messages as f64),
     }
 }
 
 /// One send awaited at a time on one queue: the durable latency of a single message.
 async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> Row {
-    let (sender, receiver, to, nodes) = pair(dir, carrier, 1).await;
+    let pair = pair(dir, carrier, 1).await;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let (count_tx, mut count) = watch::channel(0u64);
-    consume(&receiver, seen.clone(), count_tx);
-    let queue = sender.peer(&to).open_queue("q0").await.expect("open");
+    consume(&pair.receiver, seen.clone(), count_tx);
+    let queue = pair
+        .sender
+        .peer(&pair.to)
+        .open_queue("q0")
+        .await
+        .expect("open");
+    let commits_before = pair.commits.load(Ordering::Relaxed);
     let started = Instant::now();
     let mut latencies = Vec::with_capacity(messages as usize);
     let mut failed = 0;
@@ -324,8 +473,9 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         .await
         .expect("the consumer lives");
     let seconds = started.elapsed().as_secs_f64();
-    let seen = finish(sender, receiver, nodes, &seen).await;
-    let verdict = check(&seen, 1, messages, failed);
+    drop(queue);
+    let (seen, commits) = finish(pair, &seen, commits_before).await;
+    let verdict = check(&seen, &["q0".to_owned()], messages, failed);
     let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Row {
         what: format!("tether over {carrier:?}, one send awaited at a time (ack latency)"),
@@ -334,36 +484,34 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         p50_ms,
         p99_ms,
         verdict,
+        fsyncs_per_message: Some(commits as f64 / messages as f64),
     }
 }
 
-/// Shuts both sides down and hands back what the consumer saw.
-async fn finish(
-    sender: Substrate,
-    receiver: Substrate,
-    nodes: Vec<Node>,
-    seen: &Mutex<Seen>,
-) -> Seen {
-    sender.shutdown().await;
-    receiver.shutdown().await;
-    for node in nodes {
+/// Shuts both sides down; hands back what the consumer saw and the commits since
+/// `commits_before` (shutdown's own commits included: they are part of the run's cost).
+async fn finish(pair: Pair, seen: &Mutex<Seen>, commits_before: u64) -> (Seen, u64) {
+    pair.sender.shutdown().await;
+    pair.receiver.shutdown().await;
+    for node in pair.nodes {
         node.close().await;
     }
-    std::mem::take(&mut *seen.lock().expect("lock"))
+    let commits = pair.commits.load(Ordering::Relaxed) - commits_before;
+    (std::mem::take(&mut *seen.lock().expect("lock")), commits)
 }
 
-/// Exactly once and in order per queue, every send acknowledged.
-fn check(seen: &Seen, queues: usize, messages: u64, failed: u64) -> String {
+/// Exactly once and in order per queue, every send acknowledged: message `i` went to queue
+/// `names[i % names.len()]`.
+pub(crate) fn check(seen: &Seen, names: &[String], messages: u64, failed: u64) -> String {
     let mut problems = Vec::new();
     if failed > 0 {
         problems.push(format!("{failed} sends failed"));
     }
-    for q in 0..queues {
-        let name = format!("q{q}");
+    for (q, name) in names.iter().enumerate() {
         let expected: Vec<u64> = (0..messages)
-            .filter(|i| *i as usize % queues == q)
+            .filter(|i| *i as usize % names.len() == q)
             .collect();
-        let got = seen.by_queue.get(&name).cloned().unwrap_or_default();
+        let got = seen.by_queue.get(name).cloned().unwrap_or_default();
         if got != expected {
             let mut sorted = got.clone();
             sorted.sort_unstable();
@@ -384,7 +532,7 @@ fn check(seen: &Seen, queues: usize, messages: u64, failed: u64) -> String {
     }
 }
 
-fn percentiles(latencies: &mut [f64]) -> (f64, f64) {
+pub(crate) fn percentiles(latencies: &mut [f64]) -> (f64, f64) {
     latencies.sort_by(f64::total_cmp);
     let at = |q: f64| {
         latencies
@@ -436,27 +584,105 @@ fn raw_sqlite(dir: &PathBuf, messages: u64, size: usize, group: u64) -> Row {
         p50_ms: 0.0,
         p99_ms: 0.0,
         verdict: "ok".into(),
+        fsyncs_per_message: Some(1.0 / group as f64),
+    }
+}
+
+/// The network's bound: `frames` length-prefixed bodies of `size` bytes over one raw iroh uni
+/// stream between two bare endpoints on 127.0.0.1, until the reader has them all.
+async fn raw_iroh(frames: u64, size: usize) -> Row {
+    use tokio::io::AsyncReadExt;
+    const ALPN: &[u8] = b"tether/bench/raw";
+    let (tx, rx) = (
+        tether_benches::loopback_endpoint(ALPN).await,
+        tether_benches::loopback_endpoint(ALPN).await,
+    );
+    let reader = {
+        let rx = rx.clone();
+        tokio::spawn(async move {
+            let conn = rx
+                .accept()
+                .await
+                .expect("incoming")
+                .await
+                .expect("connection");
+            let mut recv = conn.accept_uni().await.expect("uni stream");
+            let mut received = 0u64;
+            let mut frame = vec![0u8; size];
+            while received < frames {
+                let len = recv.read_u32().await.expect("length") as usize;
+                recv.read_exact(&mut frame[..len]).await.expect("body");
+                received += 1;
+            }
+            (received, conn)
+        })
+    };
+    let conn = tx
+        .connect(tether_benches::direct_addr(&rx), ALPN)
+        .await
+        .expect("connect");
+    let mut send = conn.open_uni().await.expect("uni stream");
+    let mut chunk = Vec::with_capacity(64 * 1024);
+    let framed = {
+        let mut framed = (size as u32).to_be_bytes().to_vec();
+        framed.extend_from_slice(&body(0, size));
+        framed
+    };
+    let started = Instant::now();
+    for _ in 0..frames {
+        chunk.extend_from_slice(&framed);
+        if chunk.len() >= 60 * 1024 {
+            send.write_all(&chunk).await.expect("write");
+            chunk.clear();
+        }
+    }
+    send.write_all(&chunk).await.expect("write");
+    let (received, _conn) = reader.await.expect("reader");
+    let seconds = started.elapsed().as_secs_f64();
+    tx.close().await;
+    rx.close().await;
+    Row {
+        what: format!("raw iroh stream, {size}-byte frames"),
+        messages: received,
+        seconds,
+        p50_ms: 0.0,
+        p99_ms: 0.0,
+        verdict: "ok".into(),
+        fsyncs_per_message: None,
     }
 }
 
 fn print_table(rows: &[Row], size: usize) {
-    let raw_32 = rows
-        .iter()
-        .find(|row| row.what.starts_with("raw SQLite, 32 "))
-        .map(Row::rate)
-        .unwrap_or(f64::NAN);
-    println!("\n{size}-byte messages, SQLite with fsync before every acknowledgement\n");
-    println!("| configuration | messages | msg/s | p50 ms | p99 ms | of raw SQLite (32/commit) | check |");
-    println!("|---|---:|---:|---:|---:|---:|---|");
+    let rate_of = |prefix: &str| {
+        rows.iter()
+            .find(|row| row.what.starts_with(prefix))
+            .map(Row::rate)
+    };
+    let raw_32 = rate_of("raw SQLite, 32 ").unwrap_or(f64::NAN);
+    let jetstream = rate_of("NATS JetStream, file");
+    let mosquitto = rate_of("mosquitto");
+    let ratio = |rate: f64, of: Option<f64>| {
+        of.map_or_else(|| "–".to_owned(), |of| format!("{:.2}×", rate / of))
+    };
+    println!("\n{size}-byte messages; tether syncs to disk (SQLite, fsync) before every acknowledgement\n");
+    println!(
+        "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | of raw SQLite (32/commit) \
+         | of JetStream | of mosquitto | check |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for row in rows {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.0}% | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {:.0}% | {} | {} | {} |",
             row.what,
             row.messages,
             row.rate(),
             row.p50_ms,
             row.p99_ms,
+            row.fsyncs_per_message
+                .map_or_else(|| "–".to_owned(), |n| format!("{n:.3}")),
             row.rate() / raw_32 * 100.0,
+            ratio(row.rate(), jetstream),
+            ratio(row.rate(), mosquitto),
             row.verdict
         );
     }
