@@ -118,8 +118,17 @@ struct Options {
     size: usize,
     sync: bool,
     brokers: bool,
-    brokers_only: bool,
+    /// Run only the configurations whose key contains one of these (all when empty).
+    only: Vec<String>,
     plot: PathBuf,
+}
+
+impl Options {
+    /// Whether the configuration keyed `key` (`iroh-16-32`, `tcp-sync`, `jetstream`,
+    /// `mosquitto`, `raw-iroh`, `raw-sqlite-32`, ...) runs.
+    fn runs(&self, key: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|only| key.contains(only.as_str()))
+    }
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -128,7 +137,7 @@ fn parse_args() -> Result<Options, String> {
         size: 1024,
         sync: false,
         brokers: true,
-        brokers_only: false,
+        only: Vec::new(),
         plot: PathBuf::from("tether-bench.svg"),
     };
     let mut args = std::env::args().skip(1);
@@ -143,7 +152,7 @@ fn parse_args() -> Result<Options, String> {
             "--size" => options.size = value("--size")? as usize,
             "--sync" => options.sync = true,
             "--no-brokers" => options.brokers = false,
-            "--brokers-only" => options.brokers_only = true,
+            "--only" => options.only.push(args.next().ok_or("--only takes a key")?),
             "--plot" => {
                 options.plot = args
                     .next()
@@ -155,7 +164,7 @@ fn parse_args() -> Result<Options, String> {
             other => {
                 return Err(format!(
                     "unknown argument {other:?} (--messages N, --size B, --sync, --no-brokers, \
-                     --plot PATH)"
+                     --only KEY, --plot PATH)"
                 ))
             }
         }
@@ -181,14 +190,14 @@ fn main() -> std::process::ExitCode {
     let dir = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
-    let carriers = if options.brokers_only {
-        vec![]
-    } else {
-        vec![Carrier::Iroh, Carrier::Tcp]
-    };
-    for carrier in carriers {
+    for carrier in [Carrier::Iroh, Carrier::Tcp] {
+        let name = format!("{carrier:?}").to_lowercase();
         for (queues, window) in [(1, 1), (1, 32), (16, 32)] {
-            let run_dir = dir.join(format!("{carrier:?}-{queues}-{window}"));
+            let key = format!("{name}-{queues}-{window}");
+            if !options.runs(&key) {
+                continue;
+            }
+            let run_dir = dir.join(key);
             let row = runtime.block_on(durable_run(
                 &run_dir,
                 carrier,
@@ -200,8 +209,9 @@ fn main() -> std::process::ExitCode {
             eprintln!("{}: {:.0} msg/s ({})", row.what, row.rate(), row.verdict);
             rows.push(row);
         }
-        if options.sync {
-            let run_dir = dir.join(format!("{carrier:?}-sync"));
+        let key = format!("{name}-sync");
+        if options.sync && options.runs(&key) {
+            let run_dir = dir.join(key);
             let row = runtime.block_on(sync_run(
                 &run_dir,
                 carrier,
@@ -213,13 +223,16 @@ fn main() -> std::process::ExitCode {
         }
     }
     if options.brokers {
-        let mut outcomes = vec![runtime.block_on(brokers::jetstream(
-            &dir.join("nats"),
-            options.messages,
-            options.size,
-            false,
-        ))];
-        if options.sync {
+        let mut outcomes = Vec::new();
+        if options.runs("jetstream") {
+            outcomes.push(runtime.block_on(brokers::jetstream(
+                &dir.join("nats"),
+                options.messages,
+                options.size,
+                false,
+            )));
+        }
+        if options.sync && options.runs("jetstream-sync") {
             outcomes.push(runtime.block_on(brokers::jetstream(
                 &dir.join("nats-sync"),
                 options.messages.min(2_000),
@@ -227,11 +240,13 @@ fn main() -> std::process::ExitCode {
                 true,
             )));
         }
-        outcomes.push(runtime.block_on(brokers::mosquitto(
-            &dir.join("mosquitto"),
-            options.messages,
-            options.size,
-        )));
+        if options.runs("mosquitto") {
+            outcomes.push(runtime.block_on(brokers::mosquitto(
+                &dir.join("mosquitto"),
+                options.messages,
+                options.size,
+            )));
+        }
         for outcome in outcomes {
             match outcome {
                 brokers::Outcome::Ran(row) => {
@@ -245,10 +260,15 @@ fn main() -> std::process::ExitCode {
             }
         }
     }
-    let row = runtime.block_on(raw_iroh(options.messages * 4, options.size));
-    eprintln!("{}: {:.0} frames/s", row.what, row.rate());
-    rows.push(row);
+    if options.runs("raw-iroh") {
+        let row = runtime.block_on(raw_iroh(options.messages * 4, options.size));
+        eprintln!("{}: {:.0} frames/s", row.what, row.rate());
+        rows.push(row);
+    }
     for group in [1u64, 32, 512] {
+        if !options.runs(&format!("raw-sqlite-{group}")) {
+            continue;
+        }
         let row = raw_sqlite(
             &dir.join(format!("raw-{group}")),
             options.messages,
