@@ -21,7 +21,7 @@ use futures::StreamExt;
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use crate::{body, check, index_of, percentiles, Row, Seen};
+use crate::{body, check, cpu_per_message, cpu_seconds, index_of, percentiles, Row, Seen};
 
 /// How long a broker may take to accept connections after it starts.
 const STARTUP: Duration = Duration::from_secs(10);
@@ -179,9 +179,15 @@ impl Broker<'_> {
         let args = (self.setup)(&dir, port).map_err(|e| format!("{} setup: {e}", self.name))?;
         let server = Server::start(&self.program, &args, &dir, strace)
             .map_err(|e| format!("{} did not start: {e}", self.name))?;
+        let client_before = cpu_seconds(None);
         let row = drive(port, messages).await;
+        // The client's share of this run, and all the server did (start-up included).
+        let client = cpu_per_message(client_before, cpu_seconds(None), messages);
+        let server_cpu = cpu_per_message(Some(0.0), cpu_seconds(server.child.id()), messages);
         let syncs = server.stop().await;
-        Ok((row?, syncs))
+        let mut row = row?;
+        row.cpu_us_per_message = client.zip(server_cpu).map(|(a, b)| a + b);
+        Ok((row, syncs))
     }
 
     /// The timed run, then (with `strace` on `PATH`) a counted run of at most 2,000 messages.
@@ -338,6 +344,7 @@ async fn jetstream_run(port: u16, messages: u64, size: usize, sync: bool) -> Res
         p99_ms,
         verdict: check(&seen, &["bench".to_owned()], messages, failed),
         fsyncs_per_message: None,
+        cpu_us_per_message: None,
     })
 }
 
@@ -461,6 +468,7 @@ async fn mosquitto_run(port: u16, messages: u64, size: usize) -> Result<Row, Str
         p99_ms,
         verdict: check(&seen, &["bench".to_owned()], messages, failed),
         fsyncs_per_message: None,
+        cpu_us_per_message: None,
     })
 }
 

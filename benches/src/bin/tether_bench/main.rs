@@ -54,6 +54,9 @@ pub(crate) struct Row {
     verdict: String,
     /// Fsyncs (or fsync'd commits, for tether) per message, both sides, where counted.
     fsyncs_per_message: Option<f64>,
+    /// CPU time (user and system, every thread) per message: this process for tether, this
+    /// process's client plus the server for a broker. Steadier than msg/s on a noisy machine.
+    cpu_us_per_message: Option<f64>,
 }
 
 impl Row {
@@ -79,6 +82,31 @@ impl Seen {
         }
         self.arrived.push((index, Instant::now()));
     }
+}
+
+/// CPU time (user and system, all threads) process `pid` (this one when `None`) has used so
+/// far, read from `/proc` (Linux; `None` elsewhere). The kernel counts it in `USER_HZ` ticks,
+/// 100 per second on Linux.
+pub(crate) fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = pid.map_or_else(
+        || "/proc/self/stat".to_owned(),
+        |pid| format!("/proc/{pid}/stat"),
+    );
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name (which may hold spaces) start at the state, field 3;
+    // utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// CPU microseconds per message between two [`cpu_seconds`] readings.
+pub(crate) fn cpu_per_message(
+    before: Option<f64>,
+    after: Option<f64>,
+    messages: u64,
+) -> Option<f64> {
+    Some((after? - before?) / messages.max(1) as f64 * 1e6)
 }
 
 /// The index a body carries in its first 8 bytes (`u64::MAX` for a body too short to).
@@ -432,6 +460,7 @@ async fn durable_run(
         handles.push(peer.open_queue(name).await.expect("open"));
     }
     let commits_before = pair.commits.load(Ordering::Relaxed);
+    let cpu_before = cpu_seconds(None);
     let started = Instant::now();
     let mut sent_at = Vec::with_capacity(messages as usize);
     let mut pending = Vec::with_capacity(messages as usize);
@@ -448,6 +477,7 @@ async fn durable_run(
         .await
         .expect("the consumer lives");
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
     let (seen, commits) = finish(pair, &seen, commits_before).await;
     let mut latencies: Vec<f64> = seen
         .arrived
@@ -464,6 +494,7 @@ async fn durable_run(
         p99_ms,
         verdict,
         fsyncs_per_message: Some(commits as f64 / messages as f64),
+        cpu_us_per_message: cpu,
     }
 }
 
@@ -480,6 +511,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         .await
         .expect("open");
     let commits_before = pair.commits.load(Ordering::Relaxed);
+    let cpu_before = cpu_seconds(None);
     let started = Instant::now();
     let mut latencies = Vec::with_capacity(messages as usize);
     let mut failed = 0;
@@ -493,6 +525,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         .await
         .expect("the consumer lives");
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
     drop(queue);
     let (seen, commits) = finish(pair, &seen, commits_before).await;
     let verdict = check(&seen, &["q0".to_owned()], messages, failed);
@@ -505,6 +538,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         p99_ms,
         verdict,
         fsyncs_per_message: Some(commits as f64 / messages as f64),
+        cpu_us_per_message: cpu,
     }
 }
 
@@ -579,6 +613,7 @@ fn raw_sqlite(dir: &PathBuf, messages: u64, size: usize, group: u64) -> Row {
     )
     .expect("table");
     let payload = body(0, size);
+    let cpu_before = cpu_seconds(None);
     let started = Instant::now();
     let mut id = 0u64;
     while id < messages {
@@ -597,6 +632,7 @@ fn raw_sqlite(dir: &PathBuf, messages: u64, size: usize, group: u64) -> Row {
         tx.commit().expect("commit");
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
     Row {
         what: format!("raw SQLite, {group} row(s) per fsync'd commit"),
         messages,
@@ -605,6 +641,7 @@ fn raw_sqlite(dir: &PathBuf, messages: u64, size: usize, group: u64) -> Row {
         p99_ms: 0.0,
         verdict: "ok".into(),
         fsyncs_per_message: Some(1.0 / group as f64),
+        cpu_us_per_message: cpu,
     }
 }
 
@@ -642,6 +679,7 @@ async fn raw_iroh(frames: u64, size: usize) -> Row {
         .await
         .expect("connect");
     let mut send = conn.open_uni().await.expect("uni stream");
+    let cpu_before = cpu_seconds(None);
     let mut chunk = Vec::with_capacity(64 * 1024);
     let framed = {
         let mut framed = (size as u32).to_be_bytes().to_vec();
@@ -659,6 +697,7 @@ async fn raw_iroh(frames: u64, size: usize) -> Row {
     send.write_all(&chunk).await.expect("write");
     let (received, _conn) = reader.await.expect("reader");
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_per_message(cpu_before, cpu_seconds(None), received);
     tx.close().await;
     rx.close().await;
     Row {
@@ -669,6 +708,7 @@ async fn raw_iroh(frames: u64, size: usize) -> Row {
         p99_ms: 0.0,
         verdict: "ok".into(),
         fsyncs_per_message: None,
+        cpu_us_per_message: cpu,
     }
 }
 
@@ -686,13 +726,13 @@ fn print_table(rows: &[Row], size: usize) {
     };
     println!("\n{size}-byte messages; tether syncs to disk (SQLite, fsync) before every acknowledgement\n");
     println!(
-        "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | of raw SQLite (32/commit) \
-         | of JetStream | of mosquitto | check |"
+        "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | CPU µs/msg \
+         | of raw SQLite (32/commit) | of JetStream | of mosquitto | check |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for row in rows {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {:.0}% | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.0}% | {} | {} | {} |",
             row.what,
             row.messages,
             row.rate(),
@@ -700,6 +740,8 @@ fn print_table(rows: &[Row], size: usize) {
             row.p99_ms,
             row.fsyncs_per_message
                 .map_or_else(|| "–".to_owned(), |n| format!("{n:.3}")),
+            row.cpu_us_per_message
+                .map_or_else(|| "–".to_owned(), |n| format!("{n:.1}")),
             row.rate() / raw_32 * 100.0,
             ratio(row.rate(), jetstream),
             ratio(row.rate(), mosquitto),

@@ -85,6 +85,7 @@ mod tests {
             p99_ms: 0.0,
             verdict: "ok".into(),
             fsyncs_per_message: None,
+            cpu_us_per_message: None,
         }
     }
 
