@@ -14,7 +14,7 @@ use std::sync::{Mutex, PoisonError};
 
 use tether_core::substrate::{DurableState, PeerId, PersistBatch};
 
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, PAGE_SIZE};
 
 /// Why a store could not load or commit.
 #[derive(Debug, thiserror::Error)]

@@ -14,6 +14,7 @@
 //! Everything below an object's frontier is answered by the frontier itself, so the tables
 //! hold rows only for objects, in-flight ops and tombstones, never one per op ever exchanged.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -27,6 +28,13 @@ use tether_core::time::Time;
 use tether_core::wire::envelope::{ObjKind, Verb};
 
 use super::{Store, StoreError};
+
+/// The page size of a database [`SqliteStore::open`] creates. In-flight op rows carry whole
+/// bodies and churn (inserted, then deleted an acknowledgement later): with 16 KiB pages a
+/// commit dirties and rebalances fewer pages than with SQLite's 4 KiB default. Measured with
+/// `tether-bench` (16 queues over iroh, 1 KiB bodies, three alternating runs each): 27.5k
+/// against 24.0k msg/s, 53 against 60 CPU µs per message.
+pub const PAGE_SIZE: i64 = 16 * 1024;
 
 /// The substrate's durable state in one SQLite database.
 #[derive(Debug, Clone)]
@@ -78,14 +86,15 @@ impl Tables {
                  ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
             ),
             outbox_removed: format!(
-                "DELETE FROM {outbox} WHERE peer = ?1 AND obj = ?2 AND seq = ?3"
+                "DELETE FROM {outbox} WHERE peer = ?1 AND obj = ?2 AND seq BETWEEN ?3 AND ?4"
             ),
             inbox: format!(
                 "INSERT OR REPLACE INTO {inbox} (peer, place, {OP_COLUMNS}) VALUES (?1, ?12, \
                  ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
             ),
             inbox_removed: format!(
-                "DELETE FROM {inbox} WHERE peer = ?1 AND place = ?2 AND obj = ?3 AND seq = ?4"
+                "DELETE FROM {inbox} WHERE peer = ?1 AND place = ?2 AND obj = ?3 AND seq \
+                 BETWEEN ?4 AND ?5"
             ),
             bounce: format!(
                 "INSERT OR REPLACE INTO {dedupe} (peer, op_id, code, at) VALUES (?1, ?2, ?3, ?4)"
@@ -106,6 +115,8 @@ impl Tables {
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path`, in WAL mode with
     /// `synchronous=FULL`. The store closes it when the last clone is dropped.
+    ///
+    /// A database it creates has 16 KiB pages ([`PAGE_SIZE`]); one that exists keeps its own.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with_prefix(path, "")
     }
@@ -113,6 +124,8 @@ impl SqliteStore {
     /// [`SqliteStore::open`] with every table name prefixed by `prefix` (e.g. `tether_`).
     pub fn open_with_prefix(path: impl AsRef<Path>, prefix: &str) -> Result<Self, StoreError> {
         let conn = Connection::open(path)?;
+        // Only takes on a database without tables yet (and before WAL mode is set).
+        conn.pragma_update(None, "page_size", PAGE_SIZE)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         Self::with_connection(Arc::new(Mutex::new(conn)), prefix)
@@ -184,23 +197,13 @@ impl SqliteStore {
             Record::Held(op) => insert_op(tx, &sql.inbox, peer, Some("held"), op)?,
             Record::Inbox(op) => insert_op(tx, &sql.inbox, peer, Some("delivered"), op)?,
             Record::OutboxRemoved { obj, seq } => {
-                tx.prepare_cached(&sql.outbox_removed)?.execute(params![
-                    peer,
-                    obj,
-                    to_sql_u64(*seq)
-                ])?;
+                Self::remove_ops(tx, sql, peer, None, obj, (*seq, *seq))?;
             }
-            Record::HeldRemoved { obj, seq } | Record::InboxRemoved { obj, seq } => {
-                let place = match record {
-                    Record::HeldRemoved { .. } => "held",
-                    _ => "delivered",
-                };
-                tx.prepare_cached(&sql.inbox_removed)?.execute(params![
-                    peer,
-                    place,
-                    obj,
-                    to_sql_u64(*seq)
-                ])?;
+            Record::HeldRemoved { obj, seq } => {
+                Self::remove_ops(tx, sql, peer, Some("held"), obj, (*seq, *seq))?;
+            }
+            Record::InboxRemoved { obj, seq } => {
+                Self::remove_ops(tx, sql, peer, Some("delivered"), obj, (*seq, *seq))?;
             }
             Record::Bounce { op_id, code, at } => {
                 tx.prepare_cached(&sql.bounce)?.execute(params![
@@ -216,6 +219,71 @@ impl SqliteStore {
             }
         }
         Ok(())
+    }
+
+    /// Deletes the op rows of `obj` with seqs `first..=last` from the outbox (`place` `None`)
+    /// or the inbox's `place`: one statement for a run of removals.
+    fn remove_ops(
+        tx: &Transaction<'_>,
+        sql: &Statements,
+        peer: &str,
+        place: Option<&str>,
+        obj: &str,
+        (first, last): (u64, u64),
+    ) -> rusqlite::Result<()> {
+        let (first, last) = (to_sql_u64(first), to_sql_u64(last));
+        match place {
+            None => tx
+                .prepare_cached(&sql.outbox_removed)?
+                .execute(params![peer, obj, first, last])?,
+            Some(place) => tx
+                .prepare_cached(&sql.inbox_removed)?
+                .execute(params![peer, place, obj, first, last])?,
+        };
+        Ok(())
+    }
+}
+
+/// The op-row removals of one commit, by table and object, to be deleted in runs.
+#[derive(Default)]
+struct Removals<'a> {
+    runs: BTreeMap<(Option<&'static str>, &'a str), Vec<u64>>,
+}
+
+impl<'a> Removals<'a> {
+    /// Takes `record` if it removes an op row.
+    fn take(&mut self, record: &'a Record) -> bool {
+        let (place, obj, seq) = match record {
+            Record::OutboxRemoved { obj, seq } => (None, obj, *seq),
+            Record::HeldRemoved { obj, seq } => (Some("held"), obj, *seq),
+            Record::InboxRemoved { obj, seq } => (Some("delivered"), obj, *seq),
+            _ => return false,
+        };
+        self.runs
+            .entry((place, obj.as_str()))
+            .or_default()
+            .push(seq);
+        true
+    }
+
+    /// Each table's and object's removed seqs as maximal runs `(first, last)` of consecutive
+    /// seqs that SQLite orders as Rust does (a run never crosses from `i64::MAX` to
+    /// `i64::MAX + 1`, which SQLite stores as a negative integer).
+    fn runs(self) -> impl Iterator<Item = (Option<&'static str>, &'a str, (u64, u64))> {
+        self.runs.into_iter().flat_map(|((place, obj), mut seqs)| {
+            seqs.sort_unstable();
+            seqs.dedup();
+            let mut runs: Vec<(u64, u64)> = Vec::new();
+            for seq in seqs {
+                match runs.last_mut() {
+                    Some((_, last)) if *last + 1 == seq && to_sql_u64(seq) > to_sql_u64(*last) => {
+                        *last = seq;
+                    }
+                    _ => runs.push((seq, seq)),
+                }
+            }
+            runs.into_iter().map(move |run| (place, obj, run))
+        })
     }
 }
 
@@ -280,9 +348,17 @@ impl Store for SqliteStore {
         tx.prepare_cached(&sql.peer)?
             .execute(params![peer.as_str()])?;
         // One transaction: only the last write of each row is visible after it, so only the
-        // last is made (an object's frontier once per group instead of once per op).
+        // last is made (an object's frontier once per group instead of once per op). Those
+        // writes touch distinct rows, so their order is free: op-row removals go last, one
+        // range delete per run of consecutive seqs of an object.
+        let mut removals = Removals::default();
         for record in effective_records(batches) {
-            Self::apply(&tx, sql, peer.as_str(), record)?;
+            if !removals.take(record) {
+                Self::apply(&tx, sql, peer.as_str(), record)?;
+            }
+        }
+        for (place, obj, run) in removals.runs() {
+            Self::remove_ops(&tx, sql, peer.as_str(), place, obj, run)?;
         }
         tx.commit()?;
         Ok(())
@@ -547,6 +623,13 @@ mod tests {
         let path = dir.join("rt.db");
         let _ = std::fs::remove_file(&path);
         let store = SqliteStore::open_with_prefix(&path, "t_").expect("open");
+        let page_size: i64 = store
+            .conn
+            .lock()
+            .expect("lock")
+            .pragma_query_value(None, "page_size", |row| row.get(0))
+            .expect("page size");
+        assert_eq!(page_size, PAGE_SIZE);
         let (a, b) = (PeerId::new("peer-a"), PeerId::new("peer-b"));
         store.commit(&a, &batches()).expect("commit");
         let mut reference = DurableState::default();
@@ -711,6 +794,87 @@ mod tests {
                 prop_assert_eq!(store.load(&other).expect("load"), DurableState::default());
             }
         }
+    }
+
+    #[test]
+    fn removals_are_deleted_in_runs_that_never_cross_the_sign_of_a_stored_seq() {
+        let removed = |seq| Record::OutboxRemoved {
+            obj: "a".to_owned(),
+            seq,
+        };
+        let edge = i64::MAX as u64;
+        let records = [
+            removed(7),
+            removed(5),
+            removed(6),
+            removed(9),
+            removed(edge - 1),
+            removed(edge),
+            removed(edge + 1),
+            removed(edge + 2),
+            Record::InboxRemoved {
+                obj: "a".to_owned(),
+                seq: 6,
+            },
+        ];
+        let mut removals = Removals::default();
+        for record in &records {
+            assert!(removals.take(record));
+        }
+        let runs: Vec<_> = removals.runs().collect();
+        assert_eq!(
+            runs,
+            vec![
+                (None, "a", (5, 7)),
+                (None, "a", (9, 9)),
+                (None, "a", (edge - 1, edge)),
+                (None, "a", (edge + 1, edge + 2)),
+                (Some("delivered"), "a", (6, 6)),
+            ]
+        );
+        // And in a database: rows on both sides of the edge go, their neighbours stay.
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+        let store = SqliteStore::with_connection(conn, "").expect("store");
+        let peer = PeerId::new("p");
+        let seqs = [
+            4,
+            5,
+            6,
+            7,
+            8,
+            9,
+            edge - 2,
+            edge - 1,
+            edge,
+            edge + 1,
+            edge + 2,
+            edge + 3,
+        ];
+        let inserts = seqs.iter().map(|seq| {
+            Record::Outbox(Op {
+                seq: *seq,
+                id: format!("id-{seq}"),
+                ..op("a", 0, Verb::Send)
+            })
+        });
+        let batch = |id, records: Vec<Record>| PersistBatch {
+            id: BatchId(id),
+            records,
+        };
+        store
+            .commit(&peer, &[batch(1, inserts.collect())])
+            .expect("insert");
+        store
+            .commit(&peer, &[batch(2, records[..8].to_vec())])
+            .expect("remove");
+        let left: Vec<u64> = store
+            .load(&peer)
+            .expect("load")
+            .outbox
+            .keys()
+            .map(|(_, seq)| *seq)
+            .collect();
+        assert_eq!(left, vec![4, 8, edge - 2, edge + 3]);
     }
 
     #[test]
