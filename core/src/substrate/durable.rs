@@ -230,9 +230,7 @@ pub struct DurableState {
 impl DurableState {
     /// Applies one batch, in record order.
     pub fn apply(&mut self, batch: &PersistBatch) {
-        for record in &batch.records {
-            self.apply_record(record);
-        }
+        self.apply_records(&batch.records);
     }
 
     fn apply_record(&mut self, record: &Record) {

@@ -168,11 +168,14 @@ impl SqliteStore {
         Ok(deleted)
     }
 
-    fn apply(
+    /// Writes `record`, except a removal of an op row: that joins `removals`, deleted in runs
+    /// once every other record of the commit is written.
+    fn apply<'a>(
         tx: &Transaction<'_>,
         sql: &Statements,
         peer: &str,
-        record: &Record,
+        record: &'a Record,
+        removals: &mut Removals<'a>,
     ) -> rusqlite::Result<()> {
         match record {
             Record::Object(object) => {
@@ -196,15 +199,9 @@ impl SqliteStore {
             Record::Outbox(op) => insert_op(tx, &sql.outbox, peer, None, op)?,
             Record::Held(op) => insert_op(tx, &sql.inbox, peer, Some("held"), op)?,
             Record::Inbox(op) => insert_op(tx, &sql.inbox, peer, Some("delivered"), op)?,
-            Record::OutboxRemoved { obj, seq } => {
-                Self::remove_ops(tx, sql, peer, None, obj, (*seq, *seq))?;
-            }
-            Record::HeldRemoved { obj, seq } => {
-                Self::remove_ops(tx, sql, peer, Some("held"), obj, (*seq, *seq))?;
-            }
-            Record::InboxRemoved { obj, seq } => {
-                Self::remove_ops(tx, sql, peer, Some("delivered"), obj, (*seq, *seq))?;
-            }
+            Record::OutboxRemoved { obj, seq } => removals.add(None, obj, *seq),
+            Record::HeldRemoved { obj, seq } => removals.add(Some("held"), obj, *seq),
+            Record::InboxRemoved { obj, seq } => removals.add(Some("delivered"), obj, *seq),
             Record::Bounce { op_id, code, at } => {
                 tx.prepare_cached(&sql.bounce)?.execute(params![
                     peer,
@@ -251,19 +248,9 @@ struct Removals<'a> {
 }
 
 impl<'a> Removals<'a> {
-    /// Takes `record` if it removes an op row.
-    fn take(&mut self, record: &'a Record) -> bool {
-        let (place, obj, seq) = match record {
-            Record::OutboxRemoved { obj, seq } => (None, obj, *seq),
-            Record::HeldRemoved { obj, seq } => (Some("held"), obj, *seq),
-            Record::InboxRemoved { obj, seq } => (Some("delivered"), obj, *seq),
-            _ => return false,
-        };
-        self.runs
-            .entry((place, obj.as_str()))
-            .or_default()
-            .push(seq);
-        true
+    /// Op `seq` of `obj` leaves the outbox (`place` `None`) or the inbox's `place`.
+    fn add(&mut self, place: Option<&'static str>, obj: &'a str, seq: u64) {
+        self.runs.entry((place, obj)).or_default().push(seq);
     }
 
     /// Each table's and object's removed seqs as maximal runs `(first, last)` of consecutive
@@ -353,9 +340,7 @@ impl Store for SqliteStore {
         // range delete per run of consecutive seqs of an object.
         let mut removals = Removals::default();
         for record in effective_records(batches) {
-            if !removals.take(record) {
-                Self::apply(&tx, sql, peer.as_str(), record)?;
-            }
+            Self::apply(&tx, sql, peer.as_str(), record, &mut removals)?;
         }
         for (place, obj, run) in removals.runs() {
             Self::remove_ops(&tx, sql, peer.as_str(), place, obj, run)?;
@@ -817,9 +802,16 @@ mod tests {
                 seq: 6,
             },
         ];
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+        let store = SqliteStore::with_connection(conn.clone(), "").expect("store");
         let mut removals = Removals::default();
-        for record in &records {
-            assert!(removals.take(record));
+        {
+            let mut conn = conn.lock().expect("lock");
+            let tx = conn.transaction().expect("transaction");
+            for record in &records {
+                SqliteStore::apply(&tx, &store.tables.sql, "p", record, &mut removals)
+                    .expect("a removal waits for its run");
+            }
         }
         let runs: Vec<_> = removals.runs().collect();
         assert_eq!(
@@ -833,8 +825,6 @@ mod tests {
             ]
         );
         // And in a database: rows on both sides of the edge go, their neighbours stay.
-        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
-        let store = SqliteStore::with_connection(conn, "").expect("store");
         let peer = PeerId::new("p");
         let seqs = [
             4,

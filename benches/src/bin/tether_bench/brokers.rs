@@ -325,11 +325,7 @@ async fn jetstream_run(port: u16, messages: u64, size: usize, sync: bool) -> Res
     }
     let seen = std::mem::take(&mut *seen.lock().expect("lock"));
     if !sync {
-        latencies = seen
-            .arrived
-            .iter()
-            .map(|(index, at)| at.duration_since(sent_at[*index as usize]).as_secs_f64() * 1e3)
-            .collect();
+        latencies = seen.latencies_ms(&sent_at);
     }
     let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Ok(Row {
@@ -454,11 +450,7 @@ async fn mosquitto_run(port: u16, messages: u64, size: usize) -> Result<Row, Str
     consumer_task.abort();
     failed += u64::from(published.is_err()) + u64::from(delivered.is_err());
     let seen = std::mem::take(&mut *seen.lock().expect("lock"));
-    let mut latencies: Vec<f64> = seen
-        .arrived
-        .iter()
-        .map(|(index, at)| at.duration_since(sent_at[*index as usize]).as_secs_f64() * 1e3)
-        .collect();
+    let mut latencies = seen.latencies_ms(&sent_at);
     let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Ok(Row {
         what: "mosquitto, QoS 2 both ways, persistent sessions, 100 in flight".into(),

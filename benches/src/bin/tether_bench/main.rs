@@ -82,6 +82,14 @@ impl Seen {
         }
         self.arrived.push((index, Instant::now()));
     }
+
+    /// Milliseconds from each message's send (`sent_at`, by index) to its arrival.
+    fn latencies_ms(&self, sent_at: &[Instant]) -> Vec<f64> {
+        self.arrived
+            .iter()
+            .map(|(index, at)| at.duration_since(sent_at[*index as usize]).as_secs_f64() * 1e3)
+            .collect()
+    }
 }
 
 /// CPU time (user and system, all threads) process `pid` (this one when `None`) has used so
@@ -479,11 +487,7 @@ async fn durable_run(
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
     let (seen, commits) = finish(pair, &seen, commits_before).await;
-    let mut latencies: Vec<f64> = seen
-        .arrived
-        .iter()
-        .map(|(index, at)| at.duration_since(sent_at[*index as usize]).as_secs_f64() * 1e3)
-        .collect();
+    let mut latencies = seen.latencies_ms(&sent_at);
     let verdict = check(&seen, &names, messages, failed);
     let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Row {
