@@ -3,8 +3,10 @@
 //! iroh uni stream carrying the same actor-record bytes (coalesced the same way) to a reader
 //! that decodes and counts them. Target: Node ≥ 90% of the raw messages/s. `node` sends each
 //! frame with `Node::send`; `node_batch` hands the same frames to `Node::send_batch` (the egress
-//! table taken, the counter bumped and the writer woken once per run instead of per frame);
-//! `node_ring4096` is `node` with a 4,096-slot egress ring (the default is 1,024).
+//! table taken, the counter bumped and the writer woken once per run instead of per frame, and
+//! one ring slot per 64 frames);
+//! `node_ring4096` is `node` with a 4,096-slot egress ring (the default is 1,024). The paired
+//! comparison also reports the CPU time every thread of the process spent per frame.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_main, Criterion, Throughput};
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
-use tether_benches::{direct_addr, loopback_endpoint};
+use tether_benches::{direct_addr, loopback_endpoint, thread_cpu_ns};
 use tether_core::wire::actor::{ActorDecoder, ActorRecord};
 use tether_core::wire::StreamDecoder;
 use tokio::runtime::Runtime;
@@ -214,13 +216,31 @@ fn node(c: &mut Criterion) {
     // the median of the per-round ratios is the figure the target is read against.
     for (size, payload) in &payloads {
         let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        // CPU nanoseconds spent in each kind of round: node, node_batch, raw.
+        let mut cpu = [0u64; 3];
+        let mut on_cpu = |kind: usize, round: &dyn Fn() -> Duration| {
+            let before = thread_cpu_ns();
+            let took = round();
+            if let (Some(before), Some(after)) = (before, thread_cpu_ns()) {
+                cpu[kind] += after.saturating_sub(before);
+            }
+            took
+        };
         for _ in 0..PAIRED_ROUNDS {
-            let node = node_round(&a, payload, false);
-            let batch = node_round(&a, payload, true);
-            let raw = raw_round(payload).as_secs_f64();
+            let node = on_cpu(0, &|| node_round(&a, payload, false));
+            let batch = on_cpu(1, &|| node_round(&a, payload, true));
+            let raw = on_cpu(2, &|| raw_round(payload)).as_secs_f64();
             ratios[0].push(raw / node.as_secs_f64());
             ratios[1].push(raw / batch.as_secs_f64());
         }
+        let frames = (PAIRED_ROUNDS as u64 * FRAMES) as f64;
+        println!(
+            "node/actor_frames/paired/cpu/{size}B: ns of CPU per frame (all threads): \
+             node {:.0}, node_batch {:.0}, raw iroh {:.0}",
+            cpu[0] as f64 / frames,
+            cpu[1] as f64 / frames,
+            cpu[2] as f64 / frames,
+        );
         for (name, mut ratios) in ["node", "node_batch"].into_iter().zip(ratios) {
             ratios.sort_by(f64::total_cmp);
             let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize] * 100.0;

@@ -144,6 +144,18 @@ impl<T> Sender<T> {
         shared.spill.push(item);
         Ok(())
     }
+
+    /// Queues `item` in the ring if [`Sender::push`] would put it there (nothing has spilled
+    /// and the ring has room); otherwise hands it back and queues nothing. A producer that
+    /// packs several items into one (a run) uses it to keep the spillover's bound in single
+    /// items: a packed item that does not fit is unpacked and pushed item by item.
+    pub fn push_ring(&self, item: T) -> Result<(), T> {
+        let shared = &*self.shared;
+        if !shared.spill.is_empty() {
+            return Err(item);
+        }
+        shared.ring.push(item)
+    }
 }
 
 // A concurrency primitive is tested with real threads: the one place core spawns any.
@@ -179,6 +191,26 @@ mod tests {
         }
         assert_eq!(expected, next);
         assert!(channel.spilled() > 0, "the bursts overflowed the ring");
+    }
+
+    /// `push_ring` takes the ring's room and nothing else: it refuses once the ring is full
+    /// and while anything is spilled, and what it queued keeps its place among `push`es.
+    #[test]
+    fn push_ring_never_spills_and_keeps_order() {
+        let channel = HybridChannel::with_ring(3);
+        let tx = channel.sender();
+        assert_eq!(tx.push_ring(0), Ok(()));
+        assert_eq!(tx.push(1), Ok(()));
+        assert_eq!(tx.push_ring(2), Ok(()));
+        assert_eq!(tx.push_ring(9), Err(9), "the ring is full");
+        assert_eq!(tx.push(3), Ok(()), "push spills");
+        assert_eq!(channel.pop(), Some(0));
+        assert_eq!(tx.push_ring(9), Err(9), "the ring has room but 3 spilled");
+        assert_eq!(channel.spilled(), 1);
+        let drained: Vec<_> = std::iter::from_fn(|| channel.pop()).collect();
+        assert_eq!(drained, [1, 2, 3]);
+        assert_eq!(tx.push_ring(4), Ok(()), "empty again");
+        assert_eq!(channel.pop(), Some(4));
     }
 
     /// Many threads push concurrently while the consumer pops: nothing lost, nothing

@@ -292,6 +292,13 @@ pub const CAP_URN_TAGS_MAX: usize = 64;
 /// peer that cannot be written to holds bounded memory.
 pub const EGRESS_SPILL_FRAMES_MAX: usize = 65_536;
 
+/// Most frames one slot of a peer's egress ring carries. `Node::send_batch` packs a run of
+/// frames for one peer into slots of up to this many (one hand-off to the writer per slot
+/// instead of per frame), so a ring of `n` slots holds at most `n` times this many frames. A
+/// run that finds no room in the ring is unpacked and spills frame by frame, so the spillover
+/// stays bounded in frames ([`EGRESS_SPILL_FRAMES_MAX`]).
+pub const EGRESS_RUN_FRAMES_MAX: usize = 64;
+
 /// How long a peer's egress queue and writer live with nothing to write before they are torn
 /// down (the default; `NodeBuilder::idle_peer_timeout` sets it). A node talking to many
 /// short-lived peers keeps memory for the live ones only.

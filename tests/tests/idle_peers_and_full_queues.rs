@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
 use tether_core::driver::{DropReason, NodeId};
+use tether_core::limits::EGRESS_RUN_FRAMES_MAX;
 use tokio::sync::mpsc;
 
 const APP: NodeId = [0xA1; 32];
@@ -117,6 +118,42 @@ async fn a_full_egress_queue_drops_past_its_bound_and_counts_it() {
     assert_eq!(snapshot.drops.get(DropReason::EgressFull), 95);
     // What was queued arrives, in order.
     for n in 0..5u32 {
+        assert_eq!(
+            delivered.recv().await.expect("delivered"),
+            &n.to_be_bytes()[..]
+        );
+    }
+    sender.close().await;
+    node.close().await;
+}
+
+/// One thread, as above. A batch hands its frames over in runs, one ring slot per run of up to
+/// `EGRESS_RUN_FRAMES_MAX`; a run the ring has no room for is unpacked and spills frame by
+/// frame, so the spillover's bound holds in frames and what passes it is counted per frame.
+#[tokio::test]
+async fn a_batch_fills_the_ring_by_runs_and_spills_past_it_frame_by_frame() {
+    let (node, mut delivered) = receiver().await;
+    let sender = Node::builder()
+        .egress_ring(1)
+        .egress_spill(4)
+        .bind()
+        .await
+        .expect("bind");
+    sender.connect(node.endpoint_addr()).await.expect("connect");
+    let run = EGRESS_RUN_FRAMES_MAX as u32;
+    sender.send_batch((0..3 * run).map(|n| chat(&node, n)));
+    let queued = run + 4;
+    let snapshot = sender.snapshot();
+    assert_eq!(
+        snapshot.frames_enqueued,
+        u64::from(queued),
+        "one run in the ring's slot, four frames spilled"
+    );
+    assert_eq!(
+        snapshot.drops.get(DropReason::EgressFull),
+        u64::from(3 * run - queued)
+    );
+    for n in 0..queued {
         assert_eq!(
             delivered.recv().await.expect("delivered"),
             &n.to_be_bytes()[..]

@@ -161,6 +161,33 @@ async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
     }
 }
 
+/// Long runs travel as ring slots of up to `EGRESS_RUN_FRAMES_MAX` frames, and a slot can
+/// be cut between two stream writes (a write carries at most 256 KiB of records): 2,000
+/// frames of 1 KiB in one batch, then a lone send, arrive once each and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_batches_cross_write_boundaries_in_order() {
+    let a = node().await;
+    let mut b = node().await;
+    a.node.connect(b.node.endpoint_addr()).await.expect("a-b");
+    let frame = |n: u32| {
+        let mut payload = vec![0u8; 1024];
+        payload[..4].copy_from_slice(&n.to_be_bytes());
+        OutFrame {
+            payload: payload.into(),
+            ..chat(&b.node, n)
+        }
+    };
+    a.node.send_batch((0..2_000).map(frame));
+    a.node.send(frame(2_000));
+    assert_eq!(receive(&mut b, 2_001).await, (0..2_001).collect::<Vec<_>>());
+    let snapshot = a.node.snapshot();
+    assert_eq!(snapshot.frames_enqueued, 2_001);
+    assert!(snapshot.drops.0.is_empty(), "{:?}", snapshot.drops);
+    for n in [a, b] {
+        n.node.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_is_routed_by_tag_and_unroutable_frames_are_counted() {
     let a = node().await;

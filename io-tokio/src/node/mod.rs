@@ -72,7 +72,8 @@ use tether_core::driver::{
     HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::limits::{
-    ACTOR_PAYLOAD_BYTES_DEFAULT, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, EGRESS_SPILL_FRAMES_MAX,
+    ACTOR_PAYLOAD_BYTES_DEFAULT, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, EGRESS_RUN_FRAMES_MAX,
+    EGRESS_SPILL_FRAMES_MAX,
 };
 use tether_core::time::Time;
 use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
@@ -371,9 +372,11 @@ impl NodeBuilder {
 
     /// Slots of each peer's egress ring (default
     /// [`HYBRID_RING_DEFAULT`](tether_core::channel::HYBRID_RING_DEFAULT)); frames beyond
-    /// it spill into an unbounded linked queue, which costs more per frame. The ring is
-    /// allocated with the peer's queue, about 128 bytes a slot: raise it for senders that
-    /// burst thousands of frames at one peer.
+    /// it spill into a linked queue bounded by [`NodeBuilder::egress_spill`], which costs more
+    /// per frame. A slot holds one frame, or a run of up to
+    /// [`EGRESS_RUN_FRAMES_MAX`](tether_core::limits::EGRESS_RUN_FRAMES_MAX) frames that
+    /// [`Node::send_batch`] packs together. The ring is allocated with the peer's queue, about
+    /// 96 bytes a slot: raise it for senders that burst thousands of lone frames at one peer.
     pub fn egress_ring(mut self, slots: usize) -> Self {
         self.egress_ring = slots.max(1);
         self
@@ -588,8 +591,66 @@ impl NodeBuilder {
 
 /// A peer's egress queue: producers push, the writer task drains.
 struct PeerQueue {
-    sender: Sender<OutFrame>,
+    sender: Sender<Slot>,
     wake: Arc<WriterWake>,
+}
+
+/// A frame in a peer's egress queue (the peer is the queue's, so the slot does not carry it).
+struct Queued {
+    dest: ActorAddr,
+    type_tag: std::borrow::Cow<'static, str>,
+    payload: Bytes,
+}
+
+impl From<OutFrame> for Queued {
+    fn from(frame: OutFrame) -> Self {
+        Self {
+            dest: frame.dest,
+            type_tag: frame.type_tag,
+            payload: frame.payload,
+        }
+    }
+}
+
+/// One slot of a peer's egress queue: a frame, or a run of at most [`EGRESS_RUN_FRAMES_MAX`]
+/// frames handed over together (what [`Node::send_batch`] packs; only the ring takes runs).
+enum Slot {
+    One(Queued),
+    Run(Vec<Queued>),
+}
+
+/// The writer's side of a peer's queue: the frames of a run it has popped but not yet
+/// written come before the next slot.
+struct Drain {
+    channel: HybridChannel<Slot>,
+    run: std::vec::IntoIter<Queued>,
+}
+
+impl Drain {
+    fn new(channel: HybridChannel<Slot>) -> Self {
+        Self {
+            channel,
+            run: Vec::new().into_iter(),
+        }
+    }
+
+    fn pop(&mut self) -> Option<Queued> {
+        if let Some(frame) = self.run.next() {
+            return Some(frame);
+        }
+        match self.channel.pop()? {
+            Slot::One(frame) => Some(frame),
+            Slot::Run(run) => {
+                self.run = run.into_iter();
+                self.run.next()
+            }
+        }
+    }
+
+    /// Whether nothing is queued (a snapshot; producers may be pushing).
+    fn is_empty(&self) -> bool {
+        self.run.len() == 0 && self.channel.is_empty()
+    }
 }
 
 /// Wakes a peer's writer only when it is asleep: a producer that finds it awake (the usual
@@ -887,9 +948,11 @@ impl Node {
     }
 
     /// Queues every frame as [`Node::send`] does, in order, without blocking: a run of
-    /// consecutive frames for one peer takes the egress table once, is counted once and wakes
-    /// its writer once (what an actor flushing its outbox wants; per frame only the ring push
-    /// remains).
+    /// consecutive frames for one peer takes the egress table once, is counted once, wakes its
+    /// writer once, and goes into the ring in slots of up to
+    /// [`EGRESS_RUN_FRAMES_MAX`](tether_core::limits::EGRESS_RUN_FRAMES_MAX) frames, one
+    /// hand-off to the writer per slot (what an actor flushing its outbox wants). A run the
+    /// ring has no room for spills frame by frame, as lone frames do.
     pub fn send_batch(&self, frames: impl IntoIterator<Item = OutFrame>) {
         let mut frames = frames.into_iter().peekable();
         while let Some(first) = frames.next() {
@@ -1777,14 +1840,35 @@ impl Inner {
         }
     }
 
-    /// Pushes `frames` into `queue`: counted and the writer woken once for all of them.
+    /// Pushes `frames` into `queue`: counted and the writer woken once for all of them. Runs
+    /// of up to [`EGRESS_RUN_FRAMES_MAX`] go into one ring slot each; a run the ring has no
+    /// room for is pushed frame by frame, as lone frames are.
     fn enqueue(self: &Arc<Self>, queue: &PeerQueue, frames: impl Iterator<Item = OutFrame>) {
         let (mut enqueued, mut full) = (0u64, 0u64);
-        for frame in frames {
-            match queue.sender.push(frame) {
-                Ok(()) => enqueued += 1,
-                Err(_) => full += 1,
-            }
+        let mut push = |frame: Queued| match queue.sender.push(Slot::One(frame)) {
+            Ok(()) => (1, 0),
+            Err(_) => (0, 1),
+        };
+        let mut frames = frames.map(Queued::from).peekable();
+        while let Some(first) = frames.next() {
+            let (pushed, dropped) = if frames.peek().is_none() {
+                push(first)
+            } else {
+                let mut run = Vec::with_capacity(EGRESS_RUN_FRAMES_MAX);
+                run.push(first);
+                run.extend(frames.by_ref().take(EGRESS_RUN_FRAMES_MAX - 1));
+                let frames_in_run = run.len() as u64;
+                match queue.sender.push_ring(Slot::Run(run)) {
+                    Ok(()) => (frames_in_run, 0),
+                    Err(Slot::Run(run)) => run
+                        .into_iter()
+                        .map(&mut push)
+                        .fold((0, 0), |(p, d), (p1, d1)| (p + p1, d + d1)),
+                    Err(Slot::One(frame)) => push(frame),
+                }
+            };
+            enqueued += pushed;
+            full += dropped;
         }
         if enqueued > 0 {
             queue.wake.wake();
@@ -1801,14 +1885,9 @@ impl Inner {
     /// (then the writer goes on and reports again when it drains). Producers push only under
     /// the egress lock, so once the queue is out of the map nothing can be pushed into it.
     /// `true` when the writer should end.
-    fn retire_queue(
-        &self,
-        peer: &NodeId,
-        wake: &Arc<WriterWake>,
-        channel: &HybridChannel<OutFrame>,
-    ) -> bool {
+    fn retire_queue(&self, peer: &NodeId, wake: &Arc<WriterWake>, queue: &Drain) -> bool {
         let mut queues = self.egress_write();
-        if !channel.is_empty() {
+        if !queue.is_empty() {
             return false;
         }
         if queues
@@ -1857,18 +1936,18 @@ impl Inner {
     async fn write_peer(
         self: Arc<Self>,
         peer: NodeId,
-        channel: HybridChannel<OutFrame>,
+        channel: HybridChannel<Slot>,
         wake: Arc<WriterWake>,
     ) {
+        let mut queue = Drain::new(channel);
         let mut stream: Option<(Generation, SendStream)> = None;
         // Whether the last batch written to the stream carried a SWIM frame.
         let mut last_swim = false;
         let mut buf = BytesMut::new();
         loop {
-            if channel.is_empty() {
+            if queue.is_empty() {
                 self.drive(|driver, now| driver.handle_writer_idle(now, peer));
-                let sleep =
-                    wake.sleep(|| !channel.is_empty() || wake.retire.load(Ordering::Acquire));
+                let sleep = wake.sleep(|| !queue.is_empty() || wake.retire.load(Ordering::Acquire));
                 // While idle, a peer that stops the stream is a failed write of its generation
                 // now, not at the next frame (a closed connection is the reader's to report).
                 // Which frames the peer read before it stopped is unknown: none are counted
@@ -1893,8 +1972,7 @@ impl Inner {
                     }
                 }
             }
-            if wake.retire.swap(false, Ordering::AcqRel)
-                && self.retire_queue(&peer, &wake, &channel)
+            if wake.retire.swap(false, Ordering::AcqRel) && self.retire_queue(&peer, &wake, &queue)
             {
                 return;
             }
@@ -1913,7 +1991,7 @@ impl Inner {
                     // A batch is usually one tag over and over: look the set up once per run.
                     let mut last_tag: Option<std::borrow::Cow<'static, str>> = None;
                     while buf.len() < WRITE_BATCH_BYTES {
-                        let Some(frame) = channel.pop() else { break };
+                        let Some(frame) = queue.pop() else { break };
                         let encoded = encode_record(
                             &frame.dest,
                             &frame.type_tag,
