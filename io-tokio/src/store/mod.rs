@@ -14,7 +14,7 @@ use std::sync::{Mutex, PoisonError};
 
 use tether_core::substrate::{DurableState, PeerId, PersistBatch};
 
-pub use sqlite::{SqliteStore, PAGE_SIZE};
+pub use sqlite::{SqliteStore, PAGE_SIZE, SCHEMA_VERSION};
 
 /// Why a store could not load or commit.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +31,10 @@ pub enum StoreError {
         /// What is wrong.
         detail: String,
     },
+    /// The database holds tether tables of a schema this version cannot read (written by a
+    /// newer tether).
+    #[error("schema: {0}")]
+    Schema(String),
     /// A store failed on purpose (simulated crash or disk fault).
     #[error("store unavailable: {0}")]
     Unavailable(String),

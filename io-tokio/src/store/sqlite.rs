@@ -1,11 +1,13 @@
 //! [`SqliteStore`]: the substrate's durable state in SQLite (bundled), WAL journal,
 //! `synchronous=FULL`, one transaction per group commit.
 //!
-//! Tables (each name behind an optional prefix; every key starts with the peer id):
+//! Tables (each name behind an optional prefix; every key starts with the peer's number, which
+//! `peers` gives each peer id once, so rows and keys carry 8 bytes instead of the id's 64):
 //!
 //! | table | key | holds |
 //! |---|---|---|
-//! | `peers` | peer | that the peer has state (machines are recovered at start) |
+//! | `meta` | key | `schema`: the version of these tables ([`SCHEMA_VERSION`]) |
+//! | `peers` | id (the peer's number) | the peer id; that the peer has state (machines are recovered at start) |
 //! | `objects` | peer, obj | kind, opener, open op id, state (+ since), next seq out, frontier in |
 //! | `outbox` | peer, obj, seq | un-acked ops of this side |
 //! | `inbox` | peer, place, obj, seq | ops of the remote held above the frontier (`held`) or delivered and not yet consumed (`delivered`) |
@@ -13,13 +15,17 @@
 //!
 //! Everything below an object's frontier is answered by the frontier itself, so the tables
 //! hold rows only for objects, in-flight ops and tombstones, never one per op ever exchanged.
+//!
+//! Opening a database written by an earlier tether migrates it in one transaction: version 1
+//! (no `meta` table, the peer id in every row) becomes version 2, the rows the same. A
+//! database of a newer version is refused ([`StoreError::Schema`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
-use rusqlite::{params, Connection, Row, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
 use tether_core::substrate::{
     effective_records, DurableState, ObjectRecord, ObjectState, Op, PeerId, PersistBatch, Record,
     Side,
@@ -36,6 +42,11 @@ use super::{Store, StoreError};
 /// against 24.0k msg/s, 53 against 60 CPU µs per message.
 pub const PAGE_SIZE: i64 = 16 * 1024;
 
+/// The version of the tables this tether writes, kept under `schema` in the `meta` table (a
+/// table of its own, not `PRAGMA user_version`, which belongs to the host when it shares the
+/// connection). Version 1 had no `meta` table.
+pub const SCHEMA_VERSION: i64 = 2;
+
 /// The substrate's durable state in one SQLite database.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -45,6 +56,7 @@ pub struct SqliteStore {
 
 #[derive(Debug)]
 struct Tables {
+    meta: String,
     peers: String,
     objects: String,
     outbox: String,
@@ -57,6 +69,7 @@ struct Tables {
 #[derive(Debug)]
 struct Statements {
     peer: String,
+    peer_number: String,
     object: String,
     object_removed: String,
     outbox: String,
@@ -69,6 +82,7 @@ struct Statements {
 
 impl Tables {
     fn new(prefix: &str) -> Self {
+        let meta = format!("{prefix}meta");
         let peers = format!("{prefix}peers");
         let objects = format!("{prefix}objects");
         let outbox = format!("{prefix}outbox");
@@ -76,6 +90,7 @@ impl Tables {
         let dedupe = format!("{prefix}dedupe");
         let sql = Statements {
             peer: format!("INSERT OR IGNORE INTO {peers} (peer) VALUES (?1)"),
+            peer_number: format!("SELECT id FROM {peers} WHERE peer = ?1"),
             object: format!(
                 "INSERT OR REPLACE INTO {objects} (peer, obj, kind, opened_by, open_id, state, \
                  state_at, tx_next, rx_next) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
@@ -102,6 +117,7 @@ impl Tables {
             bounce_removed: format!("DELETE FROM {dedupe} WHERE peer = ?1 AND op_id = ?2"),
         };
         Self {
+            meta,
             peers,
             objects,
             outbox,
@@ -133,12 +149,15 @@ impl SqliteStore {
 
     /// Uses a connection the host owns and keeps using; the store never closes it and does
     /// not change its settings (the host chooses journal mode and synchronous level).
+    ///
+    /// Creates the tables, or migrates those an earlier tether wrote (see the module docs);
+    /// refuses tables of a newer schema with [`StoreError::Schema`].
     pub fn with_connection(conn: Arc<Mutex<Connection>>, prefix: &str) -> Result<Self, StoreError> {
         check_prefix(prefix)?;
         let tables = Tables::new(prefix);
         {
-            let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
-            conn.execute_batch(&schema(&tables))?;
+            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            prepare_schema(&mut conn, &tables)?;
         }
         Ok(Self {
             conn,
@@ -173,7 +192,7 @@ impl SqliteStore {
     fn apply<'a>(
         tx: &Transaction<'_>,
         sql: &Statements,
-        peer: &str,
+        peer: i64,
         record: &'a Record,
         removals: &mut Removals<'a>,
     ) -> rusqlite::Result<()> {
@@ -223,7 +242,7 @@ impl SqliteStore {
     fn remove_ops(
         tx: &Transaction<'_>,
         sql: &Statements,
-        peer: &str,
+        peer: i64,
         place: Option<&str>,
         obj: &str,
         (first, last): (u64, u64),
@@ -278,8 +297,14 @@ impl Store for SqliteStore {
     fn load(&self, peer: &PeerId) -> Result<DurableState, StoreError> {
         let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let t = &self.tables;
-        let peer = peer.as_str();
         let mut state = DurableState::default();
+        let Some(peer) = conn
+            .prepare_cached(&t.sql.peer_number)?
+            .query_row(params![peer.as_str()], |row| row.get::<_, i64>(0))
+            .optional()?
+        else {
+            return Ok(state);
+        };
         let mut objects = conn.prepare(&format!(
             "SELECT obj, kind, opened_by, open_id, state, state_at, tx_next, rx_next FROM {} \
              WHERE peer = ?1",
@@ -334,16 +359,19 @@ impl Store for SqliteStore {
         let sql = &self.tables.sql;
         tx.prepare_cached(&sql.peer)?
             .execute(params![peer.as_str()])?;
+        let peer: i64 = tx
+            .prepare_cached(&sql.peer_number)?
+            .query_row(params![peer.as_str()], |row| row.get(0))?;
         // One transaction: only the last write of each row is visible after it, so only the
         // last is made (an object's frontier once per group instead of once per op). Those
         // writes touch distinct rows, so their order is free: op-row removals go last, one
         // range delete per run of consecutive seqs of an object.
         let mut removals = Removals::default();
         for record in effective_records(batches) {
-            Self::apply(&tx, sql, peer.as_str(), record, &mut removals)?;
+            Self::apply(&tx, sql, peer, record, &mut removals)?;
         }
         for (place, obj, run) in removals.runs() {
-            Self::remove_ops(&tx, sql, peer.as_str(), place, obj, run)?;
+            Self::remove_ops(&tx, sql, peer, place, obj, run)?;
         }
         tx.commit()?;
         Ok(())
@@ -366,21 +394,24 @@ impl Store for SqliteStore {
 
 const OP_COLUMNS: &str = "obj, seq, op_id, verb, obj_kind, body, code, reason, cap, at";
 
+/// The columns of an op row (outbox and inbox), after the peer (and the inbox's place).
+const OP_SCHEMA: &str = "obj TEXT NOT NULL, seq INTEGER NOT NULL, op_id TEXT NOT NULL, \
+                         verb TEXT NOT NULL, obj_kind TEXT, body BLOB, code TEXT, reason TEXT, \
+                         cap TEXT, at INTEGER NOT NULL";
+
+/// The tables of [`SCHEMA_VERSION`].
 fn schema(t: &Tables) -> String {
-    let op_columns = "obj TEXT NOT NULL, seq INTEGER NOT NULL, op_id TEXT NOT NULL, \
-                      verb TEXT NOT NULL, obj_kind TEXT, body BLOB, code TEXT, reason TEXT, \
-                      cap TEXT, at INTEGER NOT NULL";
     format!(
-        "CREATE TABLE IF NOT EXISTS {peers} (peer TEXT PRIMARY KEY);
-         CREATE TABLE IF NOT EXISTS {objects} (peer TEXT NOT NULL, obj TEXT NOT NULL,
+        "CREATE TABLE {peers} (id INTEGER PRIMARY KEY, peer TEXT NOT NULL UNIQUE);
+         CREATE TABLE {objects} (peer INTEGER NOT NULL, obj TEXT NOT NULL,
              kind TEXT NOT NULL, opened_by TEXT NOT NULL, open_id TEXT NOT NULL,
              state TEXT NOT NULL, state_at INTEGER, tx_next INTEGER NOT NULL,
              rx_next INTEGER NOT NULL, PRIMARY KEY (peer, obj));
-         CREATE TABLE IF NOT EXISTS {outbox} (peer TEXT NOT NULL, {op_columns},
+         CREATE TABLE {outbox} (peer INTEGER NOT NULL, {OP_SCHEMA},
              PRIMARY KEY (peer, obj, seq));
-         CREATE TABLE IF NOT EXISTS {inbox} (peer TEXT NOT NULL, place TEXT NOT NULL,
-             {op_columns}, PRIMARY KEY (peer, place, obj, seq));
-         CREATE TABLE IF NOT EXISTS {dedupe} (peer TEXT NOT NULL, op_id TEXT NOT NULL,
+         CREATE TABLE {inbox} (peer INTEGER NOT NULL, place TEXT NOT NULL,
+             {OP_SCHEMA}, PRIMARY KEY (peer, place, obj, seq));
+         CREATE TABLE {dedupe} (peer INTEGER NOT NULL, op_id TEXT NOT NULL,
              code TEXT NOT NULL, at INTEGER NOT NULL, PRIMARY KEY (peer, op_id));",
         peers = t.peers,
         objects = t.objects,
@@ -388,6 +419,112 @@ fn schema(t: &Tables) -> String {
         inbox = t.inbox,
         dedupe = t.dedupe,
     )
+}
+
+/// Brings the tables to [`SCHEMA_VERSION`] in one transaction: creates them in a database
+/// without any, migrates version 1, leaves the current version alone, refuses a newer one.
+fn prepare_schema(conn: &mut Connection, t: &Tables) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+        t.meta
+    ))?;
+    let version: Option<i64> = tx
+        .query_row(
+            &format!("SELECT value FROM {} WHERE key = 'schema'", t.meta),
+            [],
+            |row| row.get(0),
+        )
+        .optional()?;
+    match version {
+        Some(SCHEMA_VERSION) => return Ok(()),
+        Some(version) => {
+            return Err(StoreError::Schema(format!(
+                "tables {}* are at schema version {version}; this tether reads version \
+                 {SCHEMA_VERSION} (and migrates version 1)",
+                t.meta.trim_end_matches("meta")
+            )))
+        }
+        None if table_exists(&tx, &t.peers)? => migrate_from_v1(&tx, t)?,
+        None => tx.execute_batch(&schema(t))?,
+    }
+    tx.execute(
+        &format!("INSERT INTO {} (key, value) VALUES ('schema', ?1)", t.meta),
+        params![SCHEMA_VERSION],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+fn table_exists(tx: &Transaction<'_>, name: &str) -> rusqlite::Result<bool> {
+    tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        params![name],
+        |row| row.get(0),
+    )
+}
+
+/// Version 1 to 2, inside the caller's transaction: the old tables are renamed aside, the new
+/// ones created, every row copied with its peer id replaced by the peer's number, and the old
+/// tables dropped.
+fn migrate_from_v1(tx: &Transaction<'_>, t: &Tables) -> rusqlite::Result<()> {
+    let old = |table: &str| format!("{table}_v1");
+    // Version 1 created its tables one statement at a time: any it did not get to are made
+    // (empty) so that every copy below has its source.
+    tx.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {objects} (peer TEXT NOT NULL, obj TEXT NOT NULL,
+             kind TEXT NOT NULL, opened_by TEXT NOT NULL, open_id TEXT NOT NULL,
+             state TEXT NOT NULL, state_at INTEGER, tx_next INTEGER NOT NULL,
+             rx_next INTEGER NOT NULL, PRIMARY KEY (peer, obj));
+         CREATE TABLE IF NOT EXISTS {outbox} (peer TEXT NOT NULL, {OP_SCHEMA},
+             PRIMARY KEY (peer, obj, seq));
+         CREATE TABLE IF NOT EXISTS {inbox} (peer TEXT NOT NULL, place TEXT NOT NULL,
+             {OP_SCHEMA}, PRIMARY KEY (peer, place, obj, seq));
+         CREATE TABLE IF NOT EXISTS {dedupe} (peer TEXT NOT NULL, op_id TEXT NOT NULL,
+             code TEXT NOT NULL, at INTEGER NOT NULL, PRIMARY KEY (peer, op_id));",
+        objects = t.objects,
+        outbox = t.outbox,
+        inbox = t.inbox,
+        dedupe = t.dedupe,
+    ))?;
+    for table in [&t.peers, &t.objects, &t.outbox, &t.inbox, &t.dedupe] {
+        tx.execute_batch(&format!("ALTER TABLE {table} RENAME TO {}", old(table)))?;
+    }
+    tx.execute_batch(&schema(t))?;
+    // Every peer with a row anywhere gets a number (version 1 wrote `peers` with every
+    // commit, so this is the same set; the union makes the copy below lose nothing if not).
+    tx.execute_batch(&format!(
+        "INSERT INTO {peers} (peer) SELECT peer FROM {peers_v1} UNION SELECT peer FROM \
+         {objects_v1} UNION SELECT peer FROM {outbox_v1} UNION SELECT peer FROM {inbox_v1} \
+         UNION SELECT peer FROM {dedupe_v1} ORDER BY 1;
+         INSERT INTO {objects} SELECT p.id, o.obj, o.kind, o.opened_by, o.open_id, o.state,
+             o.state_at, o.tx_next, o.rx_next FROM {objects_v1} o JOIN {peers} p USING (peer);
+         INSERT INTO {outbox} (peer, {OP_COLUMNS}) SELECT p.id, {o_columns}
+             FROM {outbox_v1} o JOIN {peers} p USING (peer);
+         INSERT INTO {inbox} (peer, place, {OP_COLUMNS}) SELECT p.id, o.place, {o_columns}
+             FROM {inbox_v1} o JOIN {peers} p USING (peer);
+         INSERT INTO {dedupe} SELECT p.id, o.op_id, o.code, o.at
+             FROM {dedupe_v1} o JOIN {peers} p USING (peer);",
+        peers = t.peers,
+        objects = t.objects,
+        outbox = t.outbox,
+        inbox = t.inbox,
+        dedupe = t.dedupe,
+        peers_v1 = old(&t.peers),
+        objects_v1 = old(&t.objects),
+        outbox_v1 = old(&t.outbox),
+        inbox_v1 = old(&t.inbox),
+        dedupe_v1 = old(&t.dedupe),
+        o_columns = OP_COLUMNS
+            .split(", ")
+            .map(|column| format!("o.{column}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    ))?;
+    for table in [&t.peers, &t.objects, &t.outbox, &t.inbox, &t.dedupe] {
+        tx.execute_batch(&format!("DROP TABLE {}", old(table)))?;
+    }
+    Ok(())
 }
 
 /// Table prefixes are spliced into SQL: only `[A-Za-z0-9_]` is allowed.
@@ -409,7 +546,7 @@ fn check_prefix(prefix: &str) -> Result<(), StoreError> {
 fn insert_op(
     tx: &Transaction<'_>,
     sql: &str,
-    peer: &str,
+    peer: i64,
     place: Option<&str>,
     op: &Op,
 ) -> rusqlite::Result<()> {
@@ -651,10 +788,10 @@ mod tests {
         conn.lock()
             .expect("lock")
             .execute_batch(
-                "CREATE TABLE inbox (peer TEXT NOT NULL, place TEXT NOT NULL, obj TEXT NOT NULL, \
-                 seq INTEGER NOT NULL, op_id TEXT NOT NULL, verb TEXT NOT NULL, obj_kind TEXT, \
-                 body BLOB, code TEXT, reason TEXT, cap TEXT, at INTEGER NOT NULL, \
-                 PRIMARY KEY (peer, place, obj, seq))",
+                "CREATE TABLE inbox (peer INTEGER NOT NULL, place TEXT NOT NULL, \
+                 obj TEXT NOT NULL, seq INTEGER NOT NULL, op_id TEXT NOT NULL, \
+                 verb TEXT NOT NULL, obj_kind TEXT, body BLOB, code TEXT, reason TEXT, \
+                 cap TEXT, at INTEGER NOT NULL, PRIMARY KEY (peer, place, obj, seq))",
             )
             .expect("recreate");
         let after = store.load(&peer).expect("load");
@@ -668,6 +805,160 @@ mod tests {
             .expect("lock")
             .execute_batch("SELECT 1")
             .expect("open");
+    }
+
+    /// The tables tether wrote before [`SCHEMA_VERSION`] 2 (prefix `t_`), as it created them.
+    const SCHEMA_V1: &str = "
+        CREATE TABLE t_peers (peer TEXT PRIMARY KEY);
+        CREATE TABLE t_objects (peer TEXT NOT NULL, obj TEXT NOT NULL,
+            kind TEXT NOT NULL, opened_by TEXT NOT NULL, open_id TEXT NOT NULL,
+            state TEXT NOT NULL, state_at INTEGER, tx_next INTEGER NOT NULL,
+            rx_next INTEGER NOT NULL, PRIMARY KEY (peer, obj));
+        CREATE TABLE t_outbox (peer TEXT NOT NULL, obj TEXT NOT NULL, seq INTEGER NOT NULL,
+            op_id TEXT NOT NULL, verb TEXT NOT NULL, obj_kind TEXT, body BLOB, code TEXT,
+            reason TEXT, cap TEXT, at INTEGER NOT NULL, PRIMARY KEY (peer, obj, seq));
+        CREATE TABLE t_inbox (peer TEXT NOT NULL, place TEXT NOT NULL, obj TEXT NOT NULL,
+            seq INTEGER NOT NULL, op_id TEXT NOT NULL, verb TEXT NOT NULL, obj_kind TEXT,
+            body BLOB, code TEXT, reason TEXT, cap TEXT, at INTEGER NOT NULL,
+            PRIMARY KEY (peer, place, obj, seq));
+        CREATE TABLE t_dedupe (peer TEXT NOT NULL, op_id TEXT NOT NULL,
+            code TEXT NOT NULL, at INTEGER NOT NULL, PRIMARY KEY (peer, op_id));";
+
+    /// A database of version 1 is migrated on open: every peer's state loads as it was
+    /// written, the old tables are gone, and the store goes on committing. The version-1 rows
+    /// come from real commits: written at version 2, then copied into the version-1 tables
+    /// with each peer number put back to its id.
+    #[test]
+    fn a_version_1_database_is_migrated_with_every_row() {
+        let (a, b) = (PeerId::new("peer-a"), PeerId::new("peer-b"));
+        let written = Connection::open_in_memory().expect("memory db");
+        let source = SqliteStore::with_connection(Arc::new(Mutex::new(written)), "").expect("v2");
+        source.commit(&a, &batches()).expect("commit a");
+        source.commit(&b, &batches()[..1]).expect("commit b");
+        let expected = [
+            source.load(&a).expect("load"),
+            source.load(&b).expect("load"),
+        ];
+        assert!(!expected[0].outbox.is_empty() && !expected[0].inbox.is_empty());
+        assert!(!expected[1].held.is_empty() && !expected[1].bounces.is_empty());
+
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+        {
+            let v1 = conn.lock().expect("lock");
+            v1.execute_batch(SCHEMA_V1).expect("v1 tables");
+            let source = source.conn.lock().expect("lock");
+            let mut ids = source.prepare("SELECT id, peer FROM peers").expect("peers");
+            let ids: BTreeMap<i64, String> = ids
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+                .expect("query")
+                .collect::<Result<_, _>>()
+                .expect("rows");
+            for peer in ids.values() {
+                v1.execute("INSERT INTO t_peers VALUES (?1)", params![peer])
+                    .expect("peer");
+            }
+            for table in ["objects", "outbox", "inbox", "dedupe"] {
+                let mut rows = source
+                    .prepare(&format!("SELECT * FROM {table}"))
+                    .expect("select");
+                let width = rows.column_count();
+                let mut rows = rows.query([]).expect("query");
+                let mut copied = 0;
+                while let Some(row) = rows.next().expect("row") {
+                    let mut values: Vec<rusqlite::types::Value> =
+                        (0..width).map(|i| row.get(i).expect("value")).collect();
+                    let rusqlite::types::Value::Integer(number) = values[0] else {
+                        panic!("peer numbers are integers");
+                    };
+                    values[0] = rusqlite::types::Value::Text(ids[&number].clone());
+                    let marks = vec!["?"; width].join(", ");
+                    v1.execute(
+                        &format!("INSERT INTO t_{table} VALUES ({marks})"),
+                        rusqlite::params_from_iter(values),
+                    )
+                    .expect("insert");
+                    copied += 1;
+                }
+                assert!(copied > 0, "{table} has rows to migrate");
+            }
+        }
+
+        let store = SqliteStore::with_connection(conn.clone(), "t_").expect("migrated");
+        assert_eq!(store.load(&a).expect("load"), expected[0]);
+        assert_eq!(store.load(&b).expect("load"), expected[1]);
+        let mut peers = store.peers().expect("peers");
+        peers.sort();
+        assert_eq!(peers, vec![a.clone(), b.clone()]);
+        let tables: Vec<String> = conn
+            .lock()
+            .expect("lock")
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .expect("tables")
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(
+            tables,
+            [
+                "t_dedupe",
+                "t_inbox",
+                "t_meta",
+                "t_objects",
+                "t_outbox",
+                "t_peers"
+            ]
+        );
+        // Opening again is a no-op, and the migrated store goes on committing.
+        let store = SqliteStore::with_connection(conn, "t_").expect("reopen");
+        store.commit(&b, &batches()[1..]).expect("commit after");
+        assert_eq!(store.load(&b).expect("load"), expected[0]);
+    }
+
+    /// Version 1 made its tables one statement at a time; a database with only the first of
+    /// them is migrated too.
+    #[test]
+    fn a_version_1_database_cut_short_is_migrated() {
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+        conn.lock()
+            .expect("lock")
+            .execute_batch(
+                "CREATE TABLE t_peers (peer TEXT PRIMARY KEY); INSERT INTO t_peers VALUES ('p');",
+            )
+            .expect("v1 peers");
+        let store = SqliteStore::with_connection(conn, "t_").expect("migrated");
+        let peer = PeerId::new("p");
+        assert_eq!(store.peers().expect("peers"), vec![peer.clone()]);
+        assert_eq!(store.load(&peer).expect("load"), DurableState::default());
+        store.commit(&peer, &batches()).expect("commit");
+        let mut reference = DurableState::default();
+        for batch in batches() {
+            reference.apply(&batch);
+        }
+        assert_eq!(store.load(&peer).expect("load"), reference);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_and_left_alone() {
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+        SqliteStore::with_connection(conn.clone(), "").expect("create");
+        conn.lock()
+            .expect("lock")
+            .execute("UPDATE meta SET value = ?1", params![SCHEMA_VERSION + 1])
+            .expect("bump");
+        let error = SqliteStore::with_connection(conn.clone(), "").expect_err("refused");
+        assert!(
+            matches!(&error, StoreError::Schema(detail) if detail.contains("version 3")),
+            "{error}"
+        );
+        let version: i64 = conn
+            .lock()
+            .expect("lock")
+            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |row| {
+                row.get(0)
+            })
+            .expect("meta");
+        assert_eq!(version, SCHEMA_VERSION + 1);
     }
 
     mod equivalence {
@@ -809,7 +1100,7 @@ mod tests {
             let mut conn = conn.lock().expect("lock");
             let tx = conn.transaction().expect("transaction");
             for record in &records {
-                SqliteStore::apply(&tx, &store.tables.sql, "p", record, &mut removals)
+                SqliteStore::apply(&tx, &store.tables.sql, 1, record, &mut removals)
                     .expect("a removal waits for its run");
             }
         }

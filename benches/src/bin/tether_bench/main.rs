@@ -722,7 +722,7 @@ fn print_table(rows: &[Row], size: usize) {
             .find(|row| row.what.starts_with(prefix))
             .map(Row::rate)
     };
-    let raw_32 = rate_of("raw SQLite, 32 ").unwrap_or(f64::NAN);
+    let raw_32 = rate_of("raw SQLite, 32 ");
     let jetstream = rate_of("NATS JetStream, file");
     let mosquitto = rate_of("mosquitto");
     let ratio = |rate: f64, of: Option<f64>| {
@@ -736,7 +736,7 @@ fn print_table(rows: &[Row], size: usize) {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for row in rows {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.0}% | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
             row.what,
             row.messages,
             row.rate(),
@@ -746,7 +746,10 @@ fn print_table(rows: &[Row], size: usize) {
                 .map_or_else(|| "–".to_owned(), |n| format!("{n:.3}")),
             row.cpu_us_per_message
                 .map_or_else(|| "–".to_owned(), |n| format!("{n:.1}")),
-            row.rate() / raw_32 * 100.0,
+            raw_32.map_or_else(
+                || "–".to_owned(),
+                |raw| format!("{:.0}%", row.rate() / raw * 100.0)
+            ),
             ratio(row.rate(), jetstream),
             ratio(row.rate(), mosquitto),
             row.verdict
