@@ -25,7 +25,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
-use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
+use rusqlite::{params, CachedStatement, Connection, OptionalExtension, Row, Transaction};
 use tether_core::substrate::{
     effective_records, DurableState, ObjectRecord, ObjectState, Op, PeerId, PersistBatch, Record,
     Side,
@@ -128,6 +128,56 @@ impl Tables {
     }
 }
 
+/// The statements of one commit, each taken from the connection's cache at its first use and
+/// kept for the rest of the commit. Taking one from rusqlite's cache hashes, compares and
+/// copies its SQL text; a commit runs a handful of statements hundreds of times.
+struct Prepared<'c> {
+    tx: &'c Transaction<'c>,
+    sql: &'c Statements,
+    taken: [Option<CachedStatement<'c>>; 8],
+}
+
+/// Which statement of [`Statements`] a commit runs.
+#[derive(Clone, Copy)]
+enum Statement {
+    Object,
+    ObjectRemoved,
+    Outbox,
+    OutboxRemoved,
+    Inbox,
+    InboxRemoved,
+    Bounce,
+    BounceRemoved,
+}
+
+impl<'c> Prepared<'c> {
+    fn new(tx: &'c Transaction<'c>, sql: &'c Statements) -> Self {
+        Self {
+            tx,
+            sql,
+            taken: Default::default(),
+        }
+    }
+
+    fn get(&mut self, which: Statement) -> rusqlite::Result<&mut CachedStatement<'c>> {
+        let sql = match which {
+            Statement::Object => &self.sql.object,
+            Statement::ObjectRemoved => &self.sql.object_removed,
+            Statement::Outbox => &self.sql.outbox,
+            Statement::OutboxRemoved => &self.sql.outbox_removed,
+            Statement::Inbox => &self.sql.inbox,
+            Statement::InboxRemoved => &self.sql.inbox_removed,
+            Statement::Bounce => &self.sql.bounce,
+            Statement::BounceRemoved => &self.sql.bounce_removed,
+        };
+        let slot = &mut self.taken[which as usize];
+        if slot.is_none() {
+            *slot = Some(self.tx.prepare_cached(sql)?);
+        }
+        Ok(slot.as_mut().expect("taken above"))
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path`, in WAL mode with
     /// `synchronous=FULL`. The store closes it when the last clone is dropped.
@@ -190,8 +240,7 @@ impl SqliteStore {
     /// Writes `record`, except a removal of an op row: that joins `removals`, deleted in runs
     /// once every other record of the commit is written.
     fn apply<'a>(
-        tx: &Transaction<'_>,
-        sql: &Statements,
+        prepared: &mut Prepared<'_>,
         peer: i64,
         record: &'a Record,
         removals: &mut Removals<'a>,
@@ -199,7 +248,7 @@ impl SqliteStore {
         match record {
             Record::Object(object) => {
                 let (state, at) = state_to_sql(object.state);
-                tx.prepare_cached(&sql.object)?.execute(params![
+                prepared.get(Statement::Object)?.execute(params![
                     peer,
                     object.obj,
                     object.kind.as_str(),
@@ -212,17 +261,20 @@ impl SqliteStore {
                 ])?;
             }
             Record::ObjectRemoved { obj } => {
-                tx.prepare_cached(&sql.object_removed)?
+                prepared
+                    .get(Statement::ObjectRemoved)?
                     .execute(params![peer, obj])?;
             }
-            Record::Outbox(op) => insert_op(tx, &sql.outbox, peer, None, op)?,
-            Record::Held(op) => insert_op(tx, &sql.inbox, peer, Some("held"), op)?,
-            Record::Inbox(op) => insert_op(tx, &sql.inbox, peer, Some("delivered"), op)?,
+            Record::Outbox(op) => insert_op(prepared.get(Statement::Outbox)?, peer, None, op)?,
+            Record::Held(op) => insert_op(prepared.get(Statement::Inbox)?, peer, Some("held"), op)?,
+            Record::Inbox(op) => {
+                insert_op(prepared.get(Statement::Inbox)?, peer, Some("delivered"), op)?;
+            }
             Record::OutboxRemoved { obj, seq } => removals.add(None, obj, *seq),
             Record::HeldRemoved { obj, seq } => removals.add(Some("held"), obj, *seq),
             Record::InboxRemoved { obj, seq } => removals.add(Some("delivered"), obj, *seq),
             Record::Bounce { op_id, code, at } => {
-                tx.prepare_cached(&sql.bounce)?.execute(params![
+                prepared.get(Statement::Bounce)?.execute(params![
                     peer,
                     op_id,
                     code,
@@ -230,7 +282,8 @@ impl SqliteStore {
                 ])?;
             }
             Record::BounceRemoved { op_id } => {
-                tx.prepare_cached(&sql.bounce_removed)?
+                prepared
+                    .get(Statement::BounceRemoved)?
                     .execute(params![peer, op_id])?;
             }
         }
@@ -240,8 +293,7 @@ impl SqliteStore {
     /// Deletes the op rows of `obj` with seqs `first..=last` from the outbox (`place` `None`)
     /// or the inbox's `place`: one statement for a run of removals.
     fn remove_ops(
-        tx: &Transaction<'_>,
-        sql: &Statements,
+        prepared: &mut Prepared<'_>,
         peer: i64,
         place: Option<&str>,
         obj: &str,
@@ -249,11 +301,11 @@ impl SqliteStore {
     ) -> rusqlite::Result<()> {
         let (first, last) = (to_sql_u64(first), to_sql_u64(last));
         match place {
-            None => tx
-                .prepare_cached(&sql.outbox_removed)?
+            None => prepared
+                .get(Statement::OutboxRemoved)?
                 .execute(params![peer, obj, first, last])?,
-            Some(place) => tx
-                .prepare_cached(&sql.inbox_removed)?
+            Some(place) => prepared
+                .get(Statement::InboxRemoved)?
                 .execute(params![peer, place, obj, first, last])?,
         };
         Ok(())
@@ -367,11 +419,14 @@ impl Store for SqliteStore {
         // writes touch distinct rows, so their order is free: op-row removals go last, one
         // range delete per run of consecutive seqs of an object.
         let mut removals = Removals::default();
-        for record in effective_records(batches) {
-            Self::apply(&tx, sql, peer, record, &mut removals)?;
-        }
-        for (place, obj, run) in removals.runs() {
-            Self::remove_ops(&tx, sql, peer, place, obj, run)?;
+        {
+            let mut prepared = Prepared::new(&tx, sql);
+            for record in effective_records(batches) {
+                Self::apply(&mut prepared, peer, record, &mut removals)?;
+            }
+            for (place, obj, run) in removals.runs() {
+                Self::remove_ops(&mut prepared, peer, place, obj, run)?;
+            }
         }
         tx.commit()?;
         Ok(())
@@ -542,15 +597,13 @@ fn check_prefix(prefix: &str) -> Result<(), StoreError> {
     }
 }
 
-/// Runs `sql` (an op insert; `?12` is the inbox's place, bound only when `place` is given).
+/// Runs `statement` (an op insert; `?12` is the inbox's place, bound only when `place` is given).
 fn insert_op(
-    tx: &Transaction<'_>,
-    sql: &str,
+    statement: &mut CachedStatement<'_>,
     peer: i64,
     place: Option<&str>,
     op: &Op,
 ) -> rusqlite::Result<()> {
-    let mut statement = tx.prepare_cached(sql)?;
     let values = params![
         peer,
         op.obj,
@@ -1100,7 +1153,8 @@ mod tests {
             let mut conn = conn.lock().expect("lock");
             let tx = conn.transaction().expect("transaction");
             for record in &records {
-                SqliteStore::apply(&tx, &store.tables.sql, 1, record, &mut removals)
+                let mut prepared = Prepared::new(&tx, &store.tables.sql);
+                SqliteStore::apply(&mut prepared, 1, record, &mut removals)
                     .expect("a removal waits for its run");
             }
         }
