@@ -43,14 +43,21 @@ use crate::limits::{
 };
 
 /// A peer's identity as the transport authenticated it (e.g. an iroh endpoint id in hex).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-#[serde(transparent)]
-pub struct PeerId(String);
+/// Shared, not copied: every delivery, request and open carries its peer, and a clone is a
+/// reference count.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerId(std::sync::Arc<str>);
+
+impl serde::Serialize for PeerId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
 
 impl PeerId {
     /// The peer named `id`.
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self(id.into().into())
     }
 
     /// The id.
@@ -169,4 +176,19 @@ pub struct Stats {
     pub objects_evicted: u64,
     /// Opens of an address that was opened from both sides at once (or exists already).
     pub open_conflicts: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PeerId;
+
+    #[test]
+    fn a_peer_id_serializes_as_its_string_and_clones_share_it() {
+        let peer = PeerId::new("ab12");
+        assert_eq!(serde_json::to_string(&peer).expect("json"), r#""ab12""#);
+        let clone = peer.clone();
+        assert_eq!(clone, peer);
+        assert!(std::ptr::eq(clone.as_str(), peer.as_str()));
+        assert!(PeerId::new("a") < PeerId::new("b"));
+    }
 }
