@@ -96,10 +96,8 @@ async fn idle_peers_give_back_their_queues_and_a_later_frame_makes_a_new_one() {
     }
 }
 
-/// One thread: the burst below runs before the peer's writer can take anything.
-#[tokio::test]
-async fn a_full_egress_queue_drops_past_its_bound_and_counts_it() {
-    let (node, mut delivered) = receiver().await;
+/// A sender connected to `node` whose egress queue holds one ring slot and four spilled frames.
+async fn tight_sender(node: &Node) -> Node {
     let sender = Node::builder()
         .egress_ring(1)
         .egress_spill(4)
@@ -107,6 +105,24 @@ async fn a_full_egress_queue_drops_past_its_bound_and_counts_it() {
         .await
         .expect("bind");
     sender.connect(node.endpoint_addr()).await.expect("connect");
+    sender
+}
+
+/// Frames `0..count` (as `chat` numbers them) are delivered, in order.
+async fn arrive_in_order(delivered: &mut mpsc::UnboundedReceiver<Bytes>, count: u32) {
+    for n in 0..count {
+        assert_eq!(
+            delivered.recv().await.expect("delivered"),
+            &n.to_be_bytes()[..]
+        );
+    }
+}
+
+/// One thread: the burst below runs before the peer's writer can take anything.
+#[tokio::test]
+async fn a_full_egress_queue_drops_past_its_bound_and_counts_it() {
+    let (node, mut delivered) = receiver().await;
+    let sender = tight_sender(&node).await;
     for n in 0..100 {
         sender.send(chat(&node, n));
     }
@@ -117,12 +133,7 @@ async fn a_full_egress_queue_drops_past_its_bound_and_counts_it() {
     );
     assert_eq!(snapshot.drops.get(DropReason::EgressFull), 95);
     // What was queued arrives, in order.
-    for n in 0..5u32 {
-        assert_eq!(
-            delivered.recv().await.expect("delivered"),
-            &n.to_be_bytes()[..]
-        );
-    }
+    arrive_in_order(&mut delivered, 5).await;
     sender.close().await;
     node.close().await;
 }
@@ -133,13 +144,7 @@ async fn a_full_egress_queue_drops_past_its_bound_and_counts_it() {
 #[tokio::test]
 async fn a_batch_fills_the_ring_by_runs_and_spills_past_it_frame_by_frame() {
     let (node, mut delivered) = receiver().await;
-    let sender = Node::builder()
-        .egress_ring(1)
-        .egress_spill(4)
-        .bind()
-        .await
-        .expect("bind");
-    sender.connect(node.endpoint_addr()).await.expect("connect");
+    let sender = tight_sender(&node).await;
     let run = EGRESS_RUN_FRAMES_MAX as u32;
     sender.send_batch((0..3 * run).map(|n| chat(&node, n)));
     let queued = run + 4;
@@ -153,12 +158,7 @@ async fn a_batch_fills_the_ring_by_runs_and_spills_past_it_frame_by_frame() {
         snapshot.drops.get(DropReason::EgressFull),
         u64::from(3 * run - queued)
     );
-    for n in 0..queued {
-        assert_eq!(
-            delivered.recv().await.expect("delivered"),
-            &n.to_be_bytes()[..]
-        );
-    }
+    arrive_in_order(&mut delivered, queued).await;
     sender.close().await;
     node.close().await;
 }

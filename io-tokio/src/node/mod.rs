@@ -619,6 +619,15 @@ enum Slot {
     Run(Vec<Queued>),
 }
 
+impl Slot {
+    fn into_frames(self) -> Vec<Queued> {
+        match self {
+            Self::One(frame) => vec![frame],
+            Self::Run(run) => run,
+        }
+    }
+}
+
 /// The writer's side of a peer's queue: the frames of a run it has popped but not yet
 /// written come before the next slot.
 struct Drain {
@@ -1845,30 +1854,31 @@ impl Inner {
     /// room for is pushed frame by frame, as lone frames are.
     fn enqueue(self: &Arc<Self>, queue: &PeerQueue, frames: impl Iterator<Item = OutFrame>) {
         let (mut enqueued, mut full) = (0u64, 0u64);
-        let mut push = |frame: Queued| match queue.sender.push(Slot::One(frame)) {
-            Ok(()) => (1, 0),
-            Err(_) => (0, 1),
+        let mut count = |frames: u64, queued: bool| {
+            if queued {
+                enqueued += frames;
+            } else {
+                full += frames;
+            }
         };
         let mut frames = frames.map(Queued::from).peekable();
         while let Some(first) = frames.next() {
-            let (pushed, dropped) = if frames.peek().is_none() {
-                push(first)
-            } else {
-                let mut run = Vec::with_capacity(EGRESS_RUN_FRAMES_MAX);
-                run.push(first);
-                run.extend(frames.by_ref().take(EGRESS_RUN_FRAMES_MAX - 1));
-                let frames_in_run = run.len() as u64;
-                match queue.sender.push_ring(Slot::Run(run)) {
-                    Ok(()) => (frames_in_run, 0),
-                    Err(Slot::Run(run)) => run
-                        .into_iter()
-                        .map(&mut push)
-                        .fold((0, 0), |(p, d), (p1, d1)| (p + p1, d + d1)),
-                    Err(Slot::One(frame)) => push(frame),
+            if frames.peek().is_none() {
+                count(1, queue.sender.push(Slot::One(first)).is_ok());
+                break;
+            }
+            let mut run = Vec::with_capacity(EGRESS_RUN_FRAMES_MAX);
+            run.push(first);
+            run.extend(frames.by_ref().take(EGRESS_RUN_FRAMES_MAX - 1));
+            let frames_in_run = run.len() as u64;
+            match queue.sender.push_ring(Slot::Run(run)) {
+                Ok(()) => count(frames_in_run, true),
+                Err(refused) => {
+                    for frame in refused.into_frames() {
+                        count(1, queue.sender.push(Slot::One(frame)).is_ok());
+                    }
                 }
-            };
-            enqueued += pushed;
-            full += dropped;
+            }
         }
         if enqueued > 0 {
             queue.wake.wake();
