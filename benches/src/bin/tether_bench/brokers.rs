@@ -341,6 +341,7 @@ async fn jetstream_run(port: u16, messages: u64, size: usize, sync: bool) -> Res
         verdict: check(&seen, &["bench".to_owned()], messages, failed),
         fsyncs_per_message: None,
         cpu_us_per_message: None,
+        store_busy: None,
     })
 }
 
@@ -461,6 +462,7 @@ async fn mosquitto_run(port: u16, messages: u64, size: usize) -> Result<Row, Str
         verdict: check(&seen, &["bench".to_owned()], messages, failed),
         fsyncs_per_message: None,
         cpu_us_per_message: None,
+        store_busy: None,
     })
 }
 

@@ -57,13 +57,51 @@ pub(crate) struct Row {
     /// CPU time (user and system, every thread) per message: this process for tether, this
     /// process's client plus the server for a broker. Steadier than msg/s on a noisy machine.
     cpu_us_per_message: Option<f64>,
+    /// For tether: the share of the run's wall time each side's store spent in commits
+    /// (sender, receiver). A store near 100% busy is the bound; one that idles waits on
+    /// something else.
+    store_busy: Option<[f64; 2]>,
 }
 
 impl Row {
     fn rate(&self) -> f64 {
         self.messages as f64 / self.seconds.max(1e-9)
     }
+
+    /// Cores this process (and a broker's server) kept busy on average.
+    fn cores(&self) -> Option<f64> {
+        self.cpu_us_per_message.map(|cpu| cpu * self.rate() / 1e6)
+    }
+
+    /// What a tether run sits against, from what it measured: a store committing nearly all
+    /// the time is the disk; nearly every core busy is the CPU; neither means messages wait on
+    /// the window while commits complete (each side commits one group at a time, and credit
+    /// returns after the consumer's commit).
+    fn bound(&self, cores_available: f64) -> String {
+        let Some([sender, receiver]) = self.store_busy else {
+            return "–".to_owned();
+        };
+        let cores = self.cores().unwrap_or(0.0);
+        if sender.max(receiver) >= DISK_BOUND_BUSY {
+            let side = if sender >= receiver {
+                "sender"
+            } else {
+                "receiver"
+            };
+            format!("disk ({side}'s store)")
+        } else if cores >= CPU_BOUND_SHARE * cores_available {
+            "CPU".to_owned()
+        } else {
+            "window × commit latency".to_owned()
+        }
+    }
 }
+
+/// A store committing at least this share of a run's wall time is what bounds it.
+const DISK_BOUND_BUSY: f64 = 0.9;
+
+/// A run keeping at least this share of the machine's cores busy is bound by the CPU.
+const CPU_BOUND_SHARE: f64 = 0.85;
 
 /// What the consumer saw: per queue the message indices in arrival order, and when each came.
 #[derive(Default)]
@@ -124,10 +162,12 @@ fn index_of(body: &[u8]) -> u64 {
         .map_or(u64::MAX, u64::from_be_bytes)
 }
 
-/// A [`SqliteStore`] whose commits (one fsync of the WAL each) are counted.
+/// A [`SqliteStore`] whose commits (one fsync of the WAL each) are counted and timed.
 struct Counted {
     store: SqliteStore,
     commits: Arc<AtomicU64>,
+    /// Nanoseconds spent in commits.
+    busy_ns: Arc<AtomicU64>,
 }
 
 impl Store for Counted {
@@ -137,7 +177,11 @@ impl Store for Counted {
 
     fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
         self.commits.fetch_add(1, Ordering::Relaxed);
-        self.store.commit(peer, batches)
+        let started = Instant::now();
+        let committed = self.store.commit(peer, batches);
+        let spent = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.busy_ns.fetch_add(spent, Ordering::Relaxed);
+        committed
     }
 
     fn peers(&self) -> Result<Vec<PeerId>, StoreError> {
@@ -338,6 +382,22 @@ struct Pair {
     nodes: Vec<Node>,
     /// Commits (fsyncs of the WAL) of both sides' stores.
     commits: Arc<AtomicU64>,
+    /// Nanoseconds each side's store spent committing: sender, receiver.
+    busy_ns: [Arc<AtomicU64>; 2],
+}
+
+impl Pair {
+    fn busy_ns(&self) -> [u64; 2] {
+        self.busy_ns
+            .each_ref()
+            .map(|busy| busy.load(Ordering::Relaxed))
+    }
+}
+
+/// The share of `seconds` each side's store spent committing between two [`Pair::busy_ns`]
+/// readings.
+fn store_busy(before: [u64; 2], after: [u64; 2], seconds: f64) -> [f64; 2] {
+    [0, 1].map(|side| (after[side] - before[side]) as f64 / 1e9 / seconds.max(1e-9))
 }
 
 /// A sender and a receiver substrate over `carrier`, each with its SQLite store in `dir`.
@@ -349,10 +409,12 @@ async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
         ..Config::default()
     };
     let commits = Arc::new(AtomicU64::new(0));
-    let store = |name: &str| -> Arc<dyn Store> {
+    let busy_ns: [Arc<AtomicU64>; 2] = Default::default();
+    let store = |name: &str, busy_ns: &Arc<AtomicU64>| -> Arc<dyn Store> {
         Arc::new(Counted {
             store: SqliteStore::open(dir.join(name)).expect("sqlite"),
             commits: commits.clone(),
+            busy_ns: busy_ns.clone(),
         })
     };
     match carrier {
@@ -369,14 +431,14 @@ async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
             let receiver = Substrate::builder(bob.clone(), bob_transport)
                 .auth(Auth::SharedKey(b"bench".to_vec()))
                 .authorize(Authorizer::new(AllowAll))
-                .store(store("bob.sqlite3"))
+                .store(store("bob.sqlite3", &busy_ns[1]))
                 .config(config.clone())
                 .start()
                 .expect("start");
             let sender = Substrate::builder(alice, alice_transport)
                 .auth(Auth::SharedKey(b"bench".to_vec()))
                 .authorize(Authorizer::new(AllowAll))
-                .store(store("alice.sqlite3"))
+                .store(store("alice.sqlite3", &busy_ns[0]))
                 .config(config)
                 .start()
                 .expect("start");
@@ -386,6 +448,7 @@ async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
                 to: bob,
                 nodes: Vec::new(),
                 commits,
+                busy_ns,
             }
         }
         Carrier::Iroh => {
@@ -395,7 +458,7 @@ async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
                 .substrate_builder()
                 .expect("substrate")
                 .authorize(Authorizer::new(AllowAll))
-                .store(store("bob.sqlite3"))
+                .store(store("bob.sqlite3", &busy_ns[1]))
                 .config(config.clone())
                 .start()
                 .expect("start");
@@ -403,7 +466,7 @@ async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
                 .substrate_builder()
                 .expect("substrate")
                 .authorize(Authorizer::new(AllowAll))
-                .store(store("alice.sqlite3"))
+                .store(store("alice.sqlite3", &busy_ns[0]))
                 .config(config)
                 .start()
                 .expect("start");
@@ -414,6 +477,7 @@ async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
                 to,
                 nodes: vec![a, b],
                 commits,
+                busy_ns,
             }
         }
     }
@@ -468,6 +532,7 @@ async fn durable_run(
         handles.push(peer.open_queue(name).await.expect("open"));
     }
     let commits_before = pair.commits.load(Ordering::Relaxed);
+    let busy_before = pair.busy_ns();
     let cpu_before = cpu_seconds(None);
     let started = Instant::now();
     let mut sent_at = Vec::with_capacity(messages as usize);
@@ -486,6 +551,7 @@ async fn durable_run(
         .expect("the consumer lives");
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
+    let busy = store_busy(busy_before, pair.busy_ns(), seconds);
     let (seen, commits) = finish(pair, &seen, commits_before).await;
     let mut latencies = seen.latencies_ms(&sent_at);
     let verdict = check(&seen, &names, messages, failed);
@@ -499,6 +565,7 @@ async fn durable_run(
         verdict,
         fsyncs_per_message: Some(commits as f64 / messages as f64),
         cpu_us_per_message: cpu,
+        store_busy: Some(busy),
     }
 }
 
@@ -515,6 +582,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         .await
         .expect("open");
     let commits_before = pair.commits.load(Ordering::Relaxed);
+    let busy_before = pair.busy_ns();
     let cpu_before = cpu_seconds(None);
     let started = Instant::now();
     let mut latencies = Vec::with_capacity(messages as usize);
@@ -530,6 +598,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         .expect("the consumer lives");
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
+    let busy = store_busy(busy_before, pair.busy_ns(), seconds);
     drop(queue);
     let (seen, commits) = finish(pair, &seen, commits_before).await;
     let verdict = check(&seen, &["q0".to_owned()], messages, failed);
@@ -543,6 +612,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         verdict,
         fsyncs_per_message: Some(commits as f64 / messages as f64),
         cpu_us_per_message: cpu,
+        store_busy: Some(busy),
     }
 }
 
@@ -646,6 +716,7 @@ fn raw_sqlite(dir: &PathBuf, messages: u64, size: usize, group: u64) -> Row {
         verdict: "ok".into(),
         fsyncs_per_message: Some(1.0 / group as f64),
         cpu_us_per_message: cpu,
+        store_busy: None,
     }
 }
 
@@ -713,6 +784,7 @@ async fn raw_iroh(frames: u64, size: usize) -> Row {
         verdict: "ok".into(),
         fsyncs_per_message: None,
         cpu_us_per_message: cpu,
+        store_busy: None,
     }
 }
 
@@ -730,13 +802,15 @@ fn print_table(rows: &[Row], size: usize) {
     };
     println!("\n{size}-byte messages; tether syncs to disk (SQLite, fsync) before every acknowledgement\n");
     println!(
-        "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | CPU µs/msg \
-         | of raw SQLite (32/commit) | of JetStream | of mosquitto | check |"
+        "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | CPU µs/msg | cores \
+         | store busy (sender/receiver) | bound | of raw SQLite (32/commit) | of JetStream \
+         | of mosquitto | check |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
+    let cores_available = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
     for row in rows {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.what,
             row.messages,
             row.rate(),
@@ -746,6 +820,13 @@ fn print_table(rows: &[Row], size: usize) {
                 .map_or_else(|| "–".to_owned(), |n| format!("{n:.3}")),
             row.cpu_us_per_message
                 .map_or_else(|| "–".to_owned(), |n| format!("{n:.1}")),
+            row.cores()
+                .map_or_else(|| "–".to_owned(), |n| format!("{n:.2}")),
+            row.store_busy.map_or_else(
+                || "–".to_owned(),
+                |[sender, receiver]| format!("{:.0}% / {:.0}%", sender * 100.0, receiver * 100.0)
+            ),
+            row.bound(cores_available),
             raw_32.map_or_else(
                 || "–".to_owned(),
                 |raw| format!("{:.0}%", row.rate() / raw * 100.0)

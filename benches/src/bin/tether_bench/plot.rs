@@ -102,6 +102,7 @@ mod tests {
             verdict: "ok".into(),
             fsyncs_per_message: None,
             cpu_us_per_message: None,
+            store_busy: None,
         }
     }
 
