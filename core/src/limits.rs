@@ -256,11 +256,13 @@ pub const SUBSTRATE_COMMANDS_MAX: usize = 1024;
 /// full inline bodies.
 pub const SUBSTRATE_REPLY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// Persist batches a peer's task keeps while its store fails to commit them. Past it the task
-/// stops reading the link (the peer's writes back up in TCP or QUIC), so a peer that keeps
-/// sending during an outage cannot grow them; app commands are bounded by the outbox and the
-/// waiting-sends bounds. A batch is one input's records, so 1,024 covers a long outage of
-/// normal traffic.
+/// Persist batches a peer's task keeps waiting for its store, beside the commit in flight (a
+/// failed commit's batches wait again). Past half of it the task takes no new op commands from
+/// the app; past all of it, it stops reading the link (the peer's writes back up in TCP or
+/// QUIC), so neither an app nor a peer that keeps sending during an outage can grow them. A
+/// commit takes every batch waiting when it starts, so the one in flight holds at most this
+/// many and what a wake's inputs added. A batch is one input's records, so 1,024 covers a long
+/// outage of normal traffic.
 pub const SUBSTRATE_UNCOMMITTED_BATCHES_MAX: usize = 1024;
 
 /// Encoded chunks (each up to 256 KiB) queued for one link's socket. When the socket is

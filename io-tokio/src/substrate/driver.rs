@@ -428,19 +428,26 @@ impl Driver {
     }
 
     /// Whether new op commands may be taken: not while an object has
-    /// [`SUBSTRATE_WAITING_SENDS_MAX`] commands waiting for outbox room (they then wait in the
-    /// op lane, then in the callers).
+    /// [`SUBSTRATE_WAITING_SENDS_MAX`] commands waiting for outbox room, nor while half of
+    /// [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`] batches wait for the store (they then wait in the
+    /// op lane, then in the callers). An app issuing sends faster than the disk takes them
+    /// stops here first, so the link (whose acks and credit free what the sends wait for)
+    /// goes on being read.
     fn takes_ops(&self) -> bool {
-        self.parked
-            .values()
-            .all(|queue| queue.len() < SUBSTRATE_WAITING_SENDS_MAX)
+        self.uncommitted.len() < SUBSTRATE_UNCOMMITTED_BATCHES_MAX / 2
+            && self
+                .parked
+                .values()
+                .all(|queue| queue.len() < SUBSTRATE_WAITING_SENDS_MAX)
     }
 
-    /// Whether link input may be handled: not while the store has left
-    /// [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`] batches uncommitted (in flight or waiting).
+    /// Whether link input may be handled: not while [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`]
+    /// batches wait for the store. The commit in flight does not count: its batches are the
+    /// disk's, however many, and reading on while it syncs is what lets the next commit carry
+    /// the acks that arrived meanwhile. A failed commit's batches wait again, so during an
+    /// outage the bound trips and the peer's writes back up instead of this memory.
     fn reads_link(&self) -> bool {
-        let in_flight = self.committing.as_ref().map_or(0, |c| c.batches.len());
-        self.uncommitted.len() + in_flight < SUBSTRATE_UNCOMMITTED_BATCHES_MAX
+        self.uncommitted.len() < SUBSTRATE_UNCOMMITTED_BATCHES_MAX
     }
 
     /// Nothing to keep the task for: no link, no way to dial, nothing in memory that is not

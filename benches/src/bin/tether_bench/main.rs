@@ -73,16 +73,21 @@ impl Row {
         self.cpu_us_per_message.map(|cpu| cpu * self.rate() / 1e6)
     }
 
-    /// What a tether run sits against, from what it measured: a store committing nearly all
-    /// the time is the disk; nearly every core busy is the CPU; neither means messages wait on
-    /// the window while commits complete (each side commits one group at a time, and credit
+    /// What a tether run sits against, from what it measured. Messages that barely share a
+    /// commit wait on its latency; a store committing most of the run while tens of
+    /// messages share each commit is the disk (the rest of its time is the hand-over between
+    /// back-to-back commits); nearly every core busy is the CPU; otherwise messages wait on the
+    /// window while commits complete (each side commits one group at a time, and credit
     /// returns after the consumer's commit).
     fn bound(&self, cores_available: f64) -> String {
-        let Some([sender, receiver]) = self.store_busy else {
+        let (Some([sender, receiver]), Some(fsyncs)) = (self.store_busy, self.fsyncs_per_message)
+        else {
             return "–".to_owned();
         };
         let cores = self.cores().unwrap_or(0.0);
-        if sender.max(receiver) >= DISK_BOUND_BUSY {
+        if fsyncs >= LATENCY_BOUND_FSYNCS {
+            "commit latency".to_owned()
+        } else if sender.max(receiver) >= DISK_BOUND_BUSY && fsyncs <= DISK_BOUND_FSYNCS {
             let side = if sender >= receiver {
                 "sender"
             } else {
@@ -97,8 +102,17 @@ impl Row {
     }
 }
 
-/// A store committing at least this share of a run's wall time is what bounds it.
-const DISK_BOUND_BUSY: f64 = 0.9;
+/// Fsync'd commits per message at or above which messages barely share a commit: each waits
+/// on commits of its own.
+const LATENCY_BOUND_FSYNCS: f64 = 0.5;
+
+/// A store committing at least this share of a run's wall time, with at least 20 messages
+/// sharing each commit ([`DISK_BOUND_FSYNCS`]), is what bounds the run.
+const DISK_BOUND_BUSY: f64 = 0.75;
+
+/// Fsync'd commits per message at or below which commits are large enough that the disk's
+/// throughput, not its latency, is what a busy store shows.
+const DISK_BOUND_FSYNCS: f64 = 0.05;
 
 /// A run keeping at least this share of the machine's cores busy is bound by the CPU.
 const CPU_BOUND_SHARE: f64 = 0.85;
@@ -835,5 +849,55 @@ fn print_table(rows: &[Row], size: usize) {
             ratio(row.rate(), mosquitto),
             row.verdict
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tether row: `rate` msg/s over one second, `cpu_us` per message.
+    fn measured(rate: u64, cpu_us: f64, fsyncs: f64, busy: [f64; 2]) -> Row {
+        Row {
+            what: "tether".into(),
+            messages: rate,
+            seconds: 1.0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            verdict: "ok".into(),
+            fsyncs_per_message: Some(fsyncs),
+            cpu_us_per_message: Some(cpu_us),
+            store_busy: Some(busy),
+        }
+    }
+
+    #[test]
+    fn the_bound_follows_what_was_measured() {
+        // Two cores. Every message with commits of its own: latency, however busy the store.
+        assert_eq!(
+            measured(500, 1300.0, 3.9, [0.8, 0.8]).bound(2.0),
+            "commit latency"
+        );
+        // Large groups and a receiver committing 80% of the run: its disk.
+        assert_eq!(
+            measured(18_000, 70.0, 0.01, [0.7, 0.8]).bound(2.0),
+            "disk (receiver's store)"
+        );
+        // Small groups on a busy store: the window keeps the groups small.
+        assert_eq!(
+            measured(8_000, 110.0, 0.12, [0.8, 0.8]).bound(2.0),
+            "window × commit latency"
+        );
+        // Idle stores, 1.8 of 2 cores busy: the CPU.
+        assert_eq!(measured(20_000, 90.0, 0.01, [0.5, 0.5]).bound(2.0), "CPU");
+        // Nothing saturated: messages wait on the window while commits complete.
+        assert_eq!(
+            measured(15_000, 80.0, 0.01, [0.6, 0.6]).bound(2.0),
+            "window × commit latency"
+        );
+        // A broker or a raw baseline has no store of tether's to judge by.
+        let mut broker = measured(25_000, 60.0, 0.0, [0.0, 0.0]);
+        broker.store_busy = None;
+        assert_eq!(broker.bound(2.0), "–");
     }
 }
