@@ -1152,8 +1152,8 @@ mod tests {
         {
             let mut conn = conn.lock().expect("lock");
             let tx = conn.transaction().expect("transaction");
+            let mut prepared = Prepared::new(&tx, &store.tables.sql);
             for record in &records {
-                let mut prepared = Prepared::new(&tx, &store.tables.sql);
                 SqliteStore::apply(&mut prepared, 1, record, &mut removals)
                     .expect("a removal waits for its run");
             }

@@ -802,6 +802,11 @@ async fn raw_iroh(frames: u64, size: usize) -> Row {
     }
 }
 
+/// A table cell: `value` shown, or a dash where nothing was measured.
+fn or_dash<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
+    value.map_or_else(|| "–".to_owned(), show)
+}
+
 fn print_table(rows: &[Row], size: usize) {
     let rate_of = |prefix: &str| {
         rows.iter()
@@ -811,9 +816,7 @@ fn print_table(rows: &[Row], size: usize) {
     let raw_32 = rate_of("raw SQLite, 32 ");
     let jetstream = rate_of("NATS JetStream, file");
     let mosquitto = rate_of("mosquitto");
-    let ratio = |rate: f64, of: Option<f64>| {
-        of.map_or_else(|| "–".to_owned(), |of| format!("{:.2}×", rate / of))
-    };
+    let ratio = |rate: f64, of: Option<f64>| or_dash(of, |of| format!("{:.2}×", rate / of));
     println!("\n{size}-byte messages; tether syncs to disk (SQLite, fsync) before every acknowledgement\n");
     println!(
         "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | CPU µs/msg | cores \
@@ -830,21 +833,14 @@ fn print_table(rows: &[Row], size: usize) {
             row.rate(),
             row.p50_ms,
             row.p99_ms,
-            row.fsyncs_per_message
-                .map_or_else(|| "–".to_owned(), |n| format!("{n:.3}")),
-            row.cpu_us_per_message
-                .map_or_else(|| "–".to_owned(), |n| format!("{n:.1}")),
-            row.cores()
-                .map_or_else(|| "–".to_owned(), |n| format!("{n:.2}")),
-            row.store_busy.map_or_else(
-                || "–".to_owned(),
-                |[sender, receiver]| format!("{:.0}% / {:.0}%", sender * 100.0, receiver * 100.0)
-            ),
+            or_dash(row.fsyncs_per_message, |n| format!("{n:.3}")),
+            or_dash(row.cpu_us_per_message, |n| format!("{n:.1}")),
+            or_dash(row.cores(), |n| format!("{n:.2}")),
+            or_dash(row.store_busy, |[sender, receiver]| {
+                format!("{:.0}% / {:.0}%", sender * 100.0, receiver * 100.0)
+            }),
             row.bound(cores_available),
-            raw_32.map_or_else(
-                || "–".to_owned(),
-                |raw| format!("{:.0}%", row.rate() / raw * 100.0)
-            ),
+            or_dash(raw_32, |raw| format!("{:.0}%", row.rate() / raw * 100.0)),
             ratio(row.rate(), jetstream),
             ratio(row.rate(), mosquitto),
             row.verdict
