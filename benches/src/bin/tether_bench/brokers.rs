@@ -21,7 +21,10 @@ use futures::StreamExt;
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use crate::{body, check, cpu_per_message, cpu_seconds, index_of, percentiles, Row, Seen};
+use crate::{
+    body, check, cpu_per_message, cpu_seconds, index_of, percentiles, written_bytes,
+    written_kb_per_message, Row, Seen,
+};
 
 /// How long a broker may take to accept connections after it starts.
 const STARTUP: Duration = Duration::from_secs(10);
@@ -184,9 +187,12 @@ impl Broker<'_> {
         // The client's share of this run, and all the server did (start-up included).
         let client = cpu_per_message(client_before, cpu_seconds(None), messages);
         let server_cpu = cpu_per_message(Some(0.0), cpu_seconds(server.child.id()), messages);
+        let server_written =
+            written_kb_per_message(Some(0), written_bytes(server.child.id()), messages);
         let syncs = server.stop().await;
         let mut row = row?;
         row.cpu_us_per_message = client.zip(server_cpu).map(|(a, b)| a + b);
+        row.written_kb_per_message = server_written;
         Ok((row, syncs))
     }
 
@@ -342,6 +348,7 @@ async fn jetstream_run(port: u16, messages: u64, size: usize, sync: bool) -> Res
         fsyncs_per_message: None,
         cpu_us_per_message: None,
         store_busy: None,
+        written_kb_per_message: None,
     })
 }
 
@@ -463,6 +470,7 @@ async fn mosquitto_run(port: u16, messages: u64, size: usize) -> Result<Row, Str
         fsyncs_per_message: None,
         cpu_us_per_message: None,
         store_busy: None,
+        written_kb_per_message: None,
     })
 }
 

@@ -61,6 +61,10 @@ pub(crate) struct Row {
     /// (sender, receiver). A store near 100% busy is the bound; one that idles waits on
     /// something else.
     store_busy: Option<[f64; 2]>,
+    /// Kilobytes written to storage per message: by this process for tether and raw SQLite
+    /// (every page of the WAL and of checkpoints, both sides), by the server for a broker.
+    /// What the disk is asked to carry; the body alone is the message size.
+    written_kb_per_message: Option<f64>,
 }
 
 impl Row {
@@ -158,6 +162,32 @@ pub(crate) fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
     Some(ticks / 100.0)
+}
+
+/// Bytes process `pid` (this one when `None`) has caused to be written to storage so far
+/// (`write_bytes` in `/proc/PID/io`; Linux, `None` elsewhere or without the kernel's task I/O
+/// accounting).
+pub(crate) fn written_bytes(pid: Option<u32>) -> Option<u64> {
+    let path = pid.map_or_else(
+        || "/proc/self/io".to_owned(),
+        |pid| format!("/proc/{pid}/io"),
+    );
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("write_bytes:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Kilobytes written per message between two [`written_bytes`] readings.
+pub(crate) fn written_kb_per_message(
+    before: Option<u64>,
+    after: Option<u64>,
+    messages: u64,
+) -> Option<f64> {
+    Some(after?.saturating_sub(before?) as f64 / 1e3 / messages.max(1) as f64)
 }
 
 /// CPU microseconds per message between two [`cpu_seconds`] readings.
@@ -548,6 +578,7 @@ async fn durable_run(
     let commits_before = pair.commits.load(Ordering::Relaxed);
     let busy_before = pair.busy_ns();
     let cpu_before = cpu_seconds(None);
+    let written_before = written_bytes(None);
     let started = Instant::now();
     let mut sent_at = Vec::with_capacity(messages as usize);
     let mut pending = Vec::with_capacity(messages as usize);
@@ -565,6 +596,7 @@ async fn durable_run(
         .expect("the consumer lives");
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
+    let written = written_kb_per_message(written_before, written_bytes(None), messages);
     let busy = store_busy(busy_before, pair.busy_ns(), seconds);
     let (seen, commits) = finish(pair, &seen, commits_before).await;
     let mut latencies = seen.latencies_ms(&sent_at);
@@ -580,6 +612,7 @@ async fn durable_run(
         fsyncs_per_message: Some(commits as f64 / messages as f64),
         cpu_us_per_message: cpu,
         store_busy: Some(busy),
+        written_kb_per_message: written,
     }
 }
 
@@ -598,6 +631,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
     let commits_before = pair.commits.load(Ordering::Relaxed);
     let busy_before = pair.busy_ns();
     let cpu_before = cpu_seconds(None);
+    let written_before = written_bytes(None);
     let started = Instant::now();
     let mut latencies = Vec::with_capacity(messages as usize);
     let mut failed = 0;
@@ -612,6 +646,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         .expect("the consumer lives");
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
+    let written = written_kb_per_message(written_before, written_bytes(None), messages);
     let busy = store_busy(busy_before, pair.busy_ns(), seconds);
     drop(queue);
     let (seen, commits) = finish(pair, &seen, commits_before).await;
@@ -627,6 +662,7 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
         fsyncs_per_message: Some(commits as f64 / messages as f64),
         cpu_us_per_message: cpu,
         store_busy: Some(busy),
+        written_kb_per_message: written,
     }
 }
 
@@ -702,6 +738,7 @@ fn raw_sqlite(dir: &PathBuf, messages: u64, size: usize, group: u64) -> Row {
     .expect("table");
     let payload = body(0, size);
     let cpu_before = cpu_seconds(None);
+    let written_before = written_bytes(None);
     let started = Instant::now();
     let mut id = 0u64;
     while id < messages {
@@ -721,6 +758,7 @@ fn raw_sqlite(dir: &PathBuf, messages: u64, size: usize, group: u64) -> Row {
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_per_message(cpu_before, cpu_seconds(None), messages);
+    let written = written_kb_per_message(written_before, written_bytes(None), messages);
     Row {
         what: format!("raw SQLite, {group} row(s) per fsync'd commit"),
         messages,
@@ -731,6 +769,7 @@ fn raw_sqlite(dir: &PathBuf, messages: u64, size: usize, group: u64) -> Row {
         fsyncs_per_message: Some(1.0 / group as f64),
         cpu_us_per_message: cpu,
         store_busy: None,
+        written_kb_per_message: written,
     }
 }
 
@@ -799,6 +838,7 @@ async fn raw_iroh(frames: u64, size: usize) -> Row {
         fsyncs_per_message: None,
         cpu_us_per_message: cpu,
         store_busy: None,
+        written_kb_per_message: None,
     }
 }
 
@@ -819,21 +859,22 @@ fn print_table(rows: &[Row], size: usize) {
     let ratio = |rate: f64, of: Option<f64>| or_dash(of, |of| format!("{:.2}×", rate / of));
     println!("\n{size}-byte messages; tether syncs to disk (SQLite, fsync) before every acknowledgement\n");
     println!(
-        "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | CPU µs/msg | cores \
-         | store busy (sender/receiver) | bound | of raw SQLite (32/commit) | of JetStream \
+        "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | KB written/msg | CPU µs/msg \
+         | cores | store busy (sender/receiver) | bound | of raw SQLite (32/commit) | of JetStream \
          | of mosquitto | check |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
     let cores_available = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
     for row in rows {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.what,
             row.messages,
             row.rate(),
             row.p50_ms,
             row.p99_ms,
             or_dash(row.fsyncs_per_message, |n| format!("{n:.3}")),
+            or_dash(row.written_kb_per_message, |n| format!("{n:.1}")),
             or_dash(row.cpu_us_per_message, |n| format!("{n:.1}")),
             or_dash(row.cores(), |n| format!("{n:.2}")),
             or_dash(row.store_busy, |[sender, receiver]| {
@@ -864,6 +905,7 @@ mod tests {
             fsyncs_per_message: Some(fsyncs),
             cpu_us_per_message: Some(cpu_us),
             store_busy: Some(busy),
+            written_kb_per_message: None,
         }
     }
 

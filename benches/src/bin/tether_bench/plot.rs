@@ -103,6 +103,7 @@ mod tests {
             fsyncs_per_message: None,
             cpu_us_per_message: None,
             store_busy: None,
+            written_kb_per_message: None,
         }
     }
 
