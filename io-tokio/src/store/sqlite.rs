@@ -36,11 +36,19 @@ use tether_core::wire::envelope::{ObjKind, Verb};
 use super::{Store, StoreError};
 
 /// The page size of a database [`SqliteStore::open`] creates. In-flight op rows carry whole
-/// bodies and churn (inserted, then deleted an acknowledgement later): with 16 KiB pages a
-/// commit dirties and rebalances fewer pages than with SQLite's 4 KiB default. Measured with
-/// `tether-bench` (16 queues over iroh, 1 KiB bodies, three alternating runs each): 27.5k
-/// against 24.0k msg/s, 53 against 60 CPU µs per message.
-pub const PAGE_SIZE: i64 = 16 * 1024;
+/// bodies and churn (inserted, then deleted an acknowledgement later), and every page a commit
+/// dirties goes to the WAL whole, then to the database at the checkpoint:
+/// - large pages let a large commit dirty and rebalance fewer pages (on an earlier machine,
+///   16 KiB against SQLite's 4 KiB default: 27.5k against 24.0k msg/s on 16 queues);
+/// - small pages make a small commit's fixed pages (the object row, the tree's right edge, the
+///   index) cheaper: on 1 queue (window 32, about 16 messages per commit) 16 KiB pages wrote
+///   17 KB per message, 4 KiB pages 9.3 KB.
+///
+/// 8 KiB is best at both ends. Measured with `tether-bench` over iroh, 1 KiB bodies, eight
+/// alternating runs each, medians (16 KiB / 8 KiB): 1 queue 16.4k / 18.0k and 16.4k / 18.7k
+/// msg/s with 17.0 / 11.6 KB written per message; 16 queues 30.5k / 30.3k and 31.8k / 31.2k
+/// msg/s (the same within this disk's noise) with 8.8 / 7.7 KB written per message.
+pub const PAGE_SIZE: i64 = 8 * 1024;
 
 /// The version of the tables this tether writes, kept under `schema` in the `meta` table (a
 /// table of its own, not `PRAGMA user_version`, which belongs to the host when it shares the
@@ -91,9 +99,16 @@ impl Tables {
         let sql = Statements {
             peer: format!("INSERT OR IGNORE INTO {peers} (peer) VALUES (?1)"),
             peer_number: format!("SELECT id FROM {peers} WHERE peer = ?1"),
+            // An object's row is written at most once per commit but in most commits (its
+            // frontiers move): an upsert updates it in place, where a replace would delete it
+            // and insert it again under a new rowid, dirtying the primary key's index page too.
             object: format!(
-                "INSERT OR REPLACE INTO {objects} (peer, obj, kind, opened_by, open_id, state, \
-                 state_at, tx_next, rx_next) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                "INSERT INTO {objects} (peer, obj, kind, opened_by, open_id, state, state_at, \
+                 tx_next, rx_next) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                 ON CONFLICT (peer, obj) DO UPDATE SET kind = excluded.kind, \
+                 opened_by = excluded.opened_by, open_id = excluded.open_id, \
+                 state = excluded.state, state_at = excluded.state_at, \
+                 tx_next = excluded.tx_next, rx_next = excluded.rx_next"
             ),
             object_removed: format!("DELETE FROM {objects} WHERE peer = ?1 AND obj = ?2"),
             outbox: format!(
@@ -182,7 +197,7 @@ impl SqliteStore {
     /// Opens (creating if needed) the database at `path`, in WAL mode with
     /// `synchronous=FULL`. The store closes it when the last clone is dropped.
     ///
-    /// A database it creates has 16 KiB pages ([`PAGE_SIZE`]); one that exists keeps its own.
+    /// A database it creates has 8 KiB pages ([`PAGE_SIZE`]); one that exists keeps its own.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with_prefix(path, "")
     }
@@ -1054,17 +1069,29 @@ mod tests {
                     at: Time::from_millis(seq),
                 });
             prop_oneof![
-                (obj.clone(), state, 0u64..9, any::<u64>()).prop_map(|(obj, state, tx, rx)| {
-                    Record::Object(ObjectRecord {
-                        obj: obj.to_owned(),
-                        kind: ObjKind::Session,
-                        opened_by: Side::Local,
-                        open_id: "o".to_owned(),
-                        state,
-                        tx_next: tx,
-                        rx_next: rx,
-                    })
-                }),
+                // Every column varies, so a rewrite of an object's row that kept any old value
+                // would end away from the reference.
+                (
+                    obj.clone(),
+                    prop::sample::select(vec![ObjKind::Session, ObjKind::Queue]),
+                    prop::sample::select(vec![Side::Local, Side::Remote]),
+                    prop::sample::select(vec!["o", "p"]),
+                    state,
+                    (0u64..9, any::<u64>()),
+                )
+                    .prop_map(
+                        |(obj, kind, opened_by, open_id, state, (tx, rx))| {
+                            Record::Object(ObjectRecord {
+                                obj: obj.to_owned(),
+                                kind,
+                                opened_by,
+                                open_id: open_id.to_owned(),
+                                state,
+                                tx_next: tx,
+                                rx_next: rx,
+                            })
+                        }
+                    ),
                 obj.clone().prop_map(|obj| Record::ObjectRemoved {
                     obj: obj.to_owned()
                 }),
