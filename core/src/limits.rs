@@ -310,6 +310,10 @@ pub const EGRESS_IDLE_TEARDOWN_MS_DEFAULT: u64 = 30_000;
 /// the peer recorded longest ago is forgotten.
 pub const RELAY_HINT_PEERS_MAX: usize = 4_096;
 
+/// Peers whose address (the last one given to `connect` or `join`) a node keeps for later
+/// dials; past it the peer recorded longest ago is forgotten and is dialed by its key alone.
+pub const ADDRESS_BOOK_PEERS_MAX: usize = 4_096;
+
 /// Actors a node's route view (its directory of signed host claims) holds; a claim for a new
 /// actor past it is refused (counted), so a peer cannot grow the directory without bound.
 pub const DIRECTORY_ROUTES_MAX: usize = 65_536;

@@ -4,6 +4,7 @@
 //! them.
 
 pub mod admission;
+pub mod book;
 pub mod cache;
 pub mod directory;
 pub mod harness;
@@ -14,6 +15,7 @@ pub mod schedule;
 pub mod subscriptions;
 
 pub use admission::{admit, Direction, Path, Refusals, Refused};
+pub use book::PeerBook;
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
 pub use directory::{ClaimVerdict, Directory, HostClaim, HOST_CLAIM_TAG};
 pub use machine::{

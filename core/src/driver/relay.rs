@@ -3,38 +3,35 @@
 //! only by key and direct sockets) is normalized with the relay last seen for that peer.
 //! Bounded by [`RELAY_HINT_PEERS_MAX`]: past it the peer recorded longest ago is forgotten.
 
-use std::collections::{BTreeMap, VecDeque};
-
+use super::book::PeerBook;
 use super::routing::NodeId;
 use crate::limits::RELAY_HINT_PEERS_MAX;
 
-/// Each peer's relay URLs as last seen, oldest peer first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Each peer's relay URLs as last seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayHints {
-    by_peer: BTreeMap<NodeId, Vec<String>>,
-    order: VecDeque<NodeId>,
+    book: PeerBook<Vec<String>>,
+}
+
+impl Default for RelayHints {
+    fn default() -> Self {
+        Self {
+            book: PeerBook::new(RELAY_HINT_PEERS_MAX),
+        }
+    }
 }
 
 impl RelayHints {
     /// Records `relays` for `peer` (an empty list records nothing: it is no hint).
     pub fn record(&mut self, peer: NodeId, relays: Vec<String>) {
-        if relays.is_empty() {
-            return;
-        }
-        if self.by_peer.insert(peer, relays).is_some() {
-            self.order.retain(|known| *known != peer);
-        }
-        self.order.push_back(peer);
-        while self.order.len() > RELAY_HINT_PEERS_MAX {
-            if let Some(oldest) = self.order.pop_front() {
-                self.by_peer.remove(&oldest);
-            }
+        if !relays.is_empty() {
+            self.book.record(peer, relays);
         }
     }
 
     /// The relays last seen for `peer`.
     pub fn get(&self, peer: &NodeId) -> &[String] {
-        self.by_peer.get(peer).map_or(&[], Vec::as_slice)
+        self.book.get(peer).map_or(&[], Vec::as_slice)
     }
 
     /// The relays to reach `peer` by: those `given` with its address, or else the hint.
@@ -48,12 +45,12 @@ impl RelayHints {
 
     /// Peers with a hint.
     pub fn len(&self) -> usize {
-        self.by_peer.len()
+        self.book.len()
     }
 
     /// Whether no peer has a hint.
     pub fn is_empty(&self) -> bool {
-        self.by_peer.is_empty()
+        self.book.is_empty()
     }
 }
 

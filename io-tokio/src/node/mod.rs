@@ -68,12 +68,12 @@ pub use tether_core::driver::Channel;
 use tether_core::driver::{
     Action, ActorAddr, Alpns, ClaimVerdict, Control, ControlVerdict, Direction, Dispatch, Driver,
     DriverConfig, DropReason, Drops, Generation, HostClaim, Inbound, JoinStatus, NodeId, Path,
-    PeerAuth, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
+    PeerAuth, PeerBook, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
     HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::limits::{
-    ACTOR_PAYLOAD_BYTES_DEFAULT, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, EGRESS_RUN_FRAMES_MAX,
-    EGRESS_SPILL_FRAMES_MAX,
+    ACTOR_PAYLOAD_BYTES_DEFAULT, ADDRESS_BOOK_PEERS_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
+    EGRESS_RUN_FRAMES_MAX, EGRESS_SPILL_FRAMES_MAX,
 };
 use tether_core::time::Time;
 use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
@@ -705,8 +705,9 @@ impl WriterWake {
 /// The driver machine and the shell's address book.
 struct State {
     driver: Driver<Connection>,
-    /// The last address seen for each peer (what a dial uses).
-    addrs: BTreeMap<NodeId, EndpointAddr>,
+    /// The last address given for each peer (what a dial uses), at most
+    /// [`ADDRESS_BOOK_PEERS_MAX`] peers.
+    addrs: PeerBook<EndpointAddr>,
 }
 
 /// Counters of the data path, kept outside the machine's lock. Those bumped per frame sit on
@@ -795,7 +796,7 @@ impl Gate {
         Self {
             state: Mutex::new(State {
                 driver: Driver::new(config),
-                addrs: BTreeMap::new(),
+                addrs: PeerBook::new(ADDRESS_BOOK_PEERS_MAX),
             }),
             refusals: watch::channel(Refusals::default()).0,
             changes: watch::channel(0).0,
@@ -1650,7 +1651,7 @@ impl Inner {
         let peer = *addr.id.as_bytes();
         let relays = relay_strings(addr);
         self.drive(|driver, now| driver.handle_relays_seen(now, peer, relays));
-        self.gate.lock().addrs.insert(peer, addr.clone());
+        self.gate.lock().addrs.record(peer, addr.clone());
     }
 
     /// `addr`, or with no relay of its own, with the relays last seen for its peer (seed 000
