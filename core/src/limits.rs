@@ -59,6 +59,10 @@ pub const CBOR_NESTING_DEPTH_MAX: usize = 16;
 /// Largest substrate frame: length-prefixed type byte plus CBOR (REFERENCE §C: 1 MiB).
 pub const ENVELOPE_FRAME_BYTES_MAX: usize = 1024 * 1024;
 
+/// Largest entry of the log store's file (one durable record: an op with its body, at most a
+/// bulk chunk's worth, and its fields). A larger declared length is corruption.
+pub const LOG_ENTRY_BYTES_MAX: usize = 1024 * 1024;
+
 /// Largest inline substrate body (REFERENCE §C: 64 KiB; larger payloads travel as bulk chunks).
 pub const ENVELOPE_INLINE_BODY_BYTES_MAX: usize = 64 * 1024;
 

@@ -1,4 +1,4 @@
-//! The four wire formats of tether and the incremental decoder they share.
+//! The wire (and on-disk) formats of tether and the incremental decoder they share.
 //!
 //! | module | carries | framing |
 //! |---|---|---|
@@ -6,6 +6,7 @@
 //! | [`telemetry`] | DSQ2 telemetry streams (seed 000 §4.5) | header, then tagged records |
 //! | [`bifaci`] | request-switch frames (seed 001, REFERENCE §B) | u32 BE length + CBOR map |
 //! | [`envelope`] | substrate frames (seed 003, REFERENCE §C) | u32 BE length + type + CBOR |
+//! | [`log`] | the log store's file: durable records, a commit at a time | header, then u32 LE length + CRC-32 entries |
 //!
 //! Each format implements [`Format`]; [`StreamDecoder`] turns a format into an incremental
 //! decoder that accepts bytes in any split and tracks the stream offset of every error.
@@ -22,6 +23,7 @@ pub mod actor;
 pub mod bifaci;
 pub(crate) mod cbor;
 pub mod envelope;
+pub mod log;
 pub mod telemetry;
 pub mod varint;
 

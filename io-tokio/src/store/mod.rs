@@ -1,5 +1,7 @@
-//! Where the substrate's durable state lives: [`SqliteStore`] for real use, [`MemoryStore`]
-//! for tests and processes that accept losing everything on restart.
+//! Where the substrate's durable state lives: [`SqliteStore`] (one SQLite file, or tables in
+//! the host's own database), [`LogStore`] (one append-only file: each body written to disk
+//! once, the faster of the two), [`MemoryStore`] for tests and processes that accept losing
+//! everything on restart.
 //!
 //! A store applies [`PersistBatch`]es exactly as [`DurableState::apply`] defines them. The
 //! shell hands it every batch a machine emitted up to a commit point in one call to
@@ -7,6 +9,7 @@
 //! then does the shell report them persisted to the machine. A failure leaves no batch
 //! partially applied.
 
+mod log;
 mod sqlite;
 
 use std::collections::HashMap;
@@ -14,6 +17,7 @@ use std::sync::{Mutex, PoisonError};
 
 use tether_core::substrate::{DurableState, PeerId, PersistBatch};
 
+pub use log::{LogStats, LogStore, LOG_COMPACT_BYTES_MIN, LOG_COMPACT_GROWTH};
 pub use sqlite::{SqliteStore, PAGE_SIZE, SCHEMA_VERSION};
 
 /// Why a store could not load or commit.
@@ -35,6 +39,9 @@ pub enum StoreError {
     /// newer tether).
     #[error("schema: {0}")]
     Schema(String),
+    /// The file system refused (the log store's file).
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
     /// A store failed on purpose (simulated crash or disk fault).
     #[error("store unavailable: {0}")]
     Unavailable(String),

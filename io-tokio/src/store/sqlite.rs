@@ -740,7 +740,7 @@ fn from_sql_time(value: i64) -> Time {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tether_core::substrate::BatchId;
 
@@ -771,7 +771,7 @@ mod tests {
         }
     }
 
-    fn batches() -> Vec<PersistBatch> {
+    pub(crate) fn batches() -> Vec<PersistBatch> {
         vec![
             PersistBatch {
                 id: BatchId(1),
@@ -1029,11 +1029,11 @@ mod tests {
         assert_eq!(version, SCHEMA_VERSION + 1);
     }
 
-    mod equivalence {
+    pub(crate) mod equivalence {
         use super::*;
         use proptest::prelude::*;
 
-        fn record() -> impl Strategy<Value = Record> {
+        pub(crate) fn record() -> impl Strategy<Value = Record> {
             let obj = prop::sample::select(vec!["a", "b/c", "q.1"]);
             let seq = 0u64..6;
             let state = prop_oneof![

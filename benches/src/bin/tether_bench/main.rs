@@ -30,12 +30,46 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tether::node::Node;
-use tether::store::{SqliteStore, Store, StoreError};
+use tether::store::{LogStore, SqliteStore, Store, StoreError};
 use tether::substrate::{
     AllowAll, Auth, Authorizer, Config, Inbound, PeerId, Substrate, TcpTransport,
 };
 use tether_core::substrate::{DurableState, PersistBatch};
 use tokio::sync::watch;
+
+/// Which store both sides of a tether run keep their state in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreKind {
+    /// [`SqliteStore`]: WAL, `synchronous=FULL`.
+    Sqlite,
+    /// [`LogStore`]: one append-only file, `fdatasync` per commit.
+    Log,
+}
+
+impl StoreKind {
+    fn open(self, path: &Path) -> Arc<dyn Store> {
+        match self {
+            StoreKind::Sqlite => Arc::new(SqliteStore::open(path).expect("sqlite")),
+            StoreKind::Log => Arc::new(LogStore::open(path).expect("log")),
+        }
+    }
+
+    /// How a row names it.
+    fn label(self) -> &'static str {
+        match self {
+            StoreKind::Sqlite => "SQLite",
+            StoreKind::Log => "log",
+        }
+    }
+
+    /// What `--only` keys of its runs start with.
+    fn key_prefix(self) -> &'static str {
+        match self {
+            StoreKind::Sqlite => "",
+            StoreKind::Log => "log-",
+        }
+    }
+}
 
 /// Which carrier a run goes over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,7 +242,7 @@ fn index_of(body: &[u8]) -> u64 {
 
 /// A [`SqliteStore`] whose commits (one fsync of the WAL each) are counted and timed.
 struct Counted {
-    store: SqliteStore,
+    store: Arc<dyn Store>,
     commits: Arc<AtomicU64>,
     /// Nanoseconds spent in commits.
     busy_ns: Arc<AtomicU64>,
@@ -314,36 +348,42 @@ fn main() -> std::process::ExitCode {
     let dir = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
-    for carrier in [Carrier::Iroh, Carrier::Tcp] {
-        let name = format!("{carrier:?}").to_lowercase();
-        for (queues, window) in [(1, 1), (1, 32), (16, 32)] {
-            let key = format!("{name}-{queues}-{window}");
-            if !options.runs(&key) {
-                continue;
+    for store in [StoreKind::Sqlite, StoreKind::Log] {
+        for carrier in [Carrier::Iroh, Carrier::Tcp] {
+            let name = format!(
+                "{}{}",
+                store.key_prefix(),
+                format!("{carrier:?}").to_lowercase()
+            );
+            for (queues, window) in [(1, 1), (1, 32), (16, 32)] {
+                let key = format!("{name}-{queues}-{window}");
+                if !options.runs(&key) {
+                    continue;
+                }
+                let row = runtime.block_on(durable_run(
+                    &dir.join(key),
+                    carrier,
+                    store,
+                    queues,
+                    window,
+                    options.messages,
+                    options.size,
+                ));
+                eprintln!("{}: {:.0} msg/s ({})", row.what, row.rate(), row.verdict);
+                rows.push(row);
             }
-            let run_dir = dir.join(key);
-            let row = runtime.block_on(durable_run(
-                &run_dir,
-                carrier,
-                queues,
-                window,
-                options.messages,
-                options.size,
-            ));
-            eprintln!("{}: {:.0} msg/s ({})", row.what, row.rate(), row.verdict);
-            rows.push(row);
-        }
-        let key = format!("{name}-sync");
-        if options.sync && options.runs(&key) {
-            let run_dir = dir.join(key);
-            let row = runtime.block_on(sync_run(
-                &run_dir,
-                carrier,
-                options.messages.min(2_000),
-                options.size,
-            ));
-            eprintln!("{}: {:.0} msg/s", row.what, row.rate());
-            rows.push(row);
+            let key = format!("{name}-sync");
+            if options.sync && options.runs(&key) {
+                let row = runtime.block_on(sync_run(
+                    &dir.join(key),
+                    carrier,
+                    store,
+                    options.messages.min(2_000),
+                    options.size,
+                ));
+                eprintln!("{}: {:.0} msg/s", row.what, row.rate());
+                rows.push(row);
+            }
         }
     }
     if options.brokers {
@@ -444,8 +484,8 @@ fn store_busy(before: [u64; 2], after: [u64; 2], seconds: f64) -> [f64; 2] {
     [0, 1].map(|side| (after[side] - before[side]) as f64 / 1e9 / seconds.max(1e-9))
 }
 
-/// A sender and a receiver substrate over `carrier`, each with its SQLite store in `dir`.
-async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
+/// A sender and a receiver substrate over `carrier`, each with its own `store` in `dir`.
+async fn pair(dir: &Path, carrier: Carrier, store: StoreKind, window: usize) -> Pair {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).expect("bench dir");
     let config = Config {
@@ -456,7 +496,7 @@ async fn pair(dir: &Path, carrier: Carrier, window: usize) -> Pair {
     let busy_ns: [Arc<AtomicU64>; 2] = Default::default();
     let store = |name: &str, busy_ns: &Arc<AtomicU64>| -> Arc<dyn Store> {
         Arc::new(Counted {
-            store: SqliteStore::open(dir.join(name)).expect("sqlite"),
+            store: store.open(&dir.join(name)),
             commits: commits.clone(),
             busy_ns: busy_ns.clone(),
         })
@@ -560,12 +600,13 @@ pub(crate) fn body(index: u64, size: usize) -> Vec<u8> {
 async fn durable_run(
     dir: &Path,
     carrier: Carrier,
+    store: StoreKind,
     queues: usize,
     window: usize,
     messages: u64,
     size: usize,
 ) -> Row {
-    let pair = pair(dir, carrier, window).await;
+    let pair = pair(dir, carrier, store, window).await;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let (count_tx, mut count) = watch::channel(0u64);
     consume(&pair.receiver, seen.clone(), count_tx);
@@ -603,7 +644,10 @@ async fn durable_run(
     let verdict = check(&seen, &names, messages, failed);
     let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Row {
-        what: format!("tether over {carrier:?}, {queues} queue(s), window {window}"),
+        what: format!(
+            "tether over {carrier:?} ({} store), {queues} queue(s), window {window}",
+            store.label()
+        ),
         messages,
         seconds,
         p50_ms,
@@ -617,8 +661,14 @@ async fn durable_run(
 }
 
 /// One send awaited at a time on one queue: the durable latency of a single message.
-async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> Row {
-    let pair = pair(dir, carrier, 1).await;
+async fn sync_run(
+    dir: &Path,
+    carrier: Carrier,
+    store: StoreKind,
+    messages: u64,
+    size: usize,
+) -> Row {
+    let pair = pair(dir, carrier, store, 1).await;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let (count_tx, mut count) = watch::channel(0u64);
     consume(&pair.receiver, seen.clone(), count_tx);
@@ -653,7 +703,10 @@ async fn sync_run(dir: &Path, carrier: Carrier, messages: u64, size: usize) -> R
     let verdict = check(&seen, &["q0".to_owned()], messages, failed);
     let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Row {
-        what: format!("tether over {carrier:?}, one send awaited at a time (ack latency)"),
+        what: format!(
+            "tether over {carrier:?} ({} store), one send awaited at a time (ack latency)",
+            store.label()
+        ),
         messages,
         seconds,
         p50_ms,
