@@ -120,6 +120,26 @@ pub fn envelope(data: &[u8]) {
     }
 }
 
+/// The log store's entries: each decoded entry re-encodes to exactly the bytes it came from
+/// (the format has one spelling per entry), and the header check never panics.
+pub fn log(data: &[u8]) {
+    use tether_core::wire::log::{
+        decode_entry, decode_header, encode_begin, encode_commit, encode_record, Entry,
+    };
+    let _ = decode_header(data);
+    let mut rest = data;
+    while let Ok(Some((entry, used))) = decode_entry(rest) {
+        assert!(used <= rest.len(), "an entry never claims more than it was given");
+        let mut again = Vec::new();
+        match &entry {
+            Entry::Begin { peer } => encode_begin(peer, &mut again),
+            Entry::Record(record) => encode_record(record, &mut again),
+            Entry::Commit => encode_commit(&mut again),
+        }
+        assert_eq!(again, &rest[..used], "one spelling per entry");
+        rest = &rest[used..];
+    }
+}
 
 /// Stateful: the first byte picks the ring size (1–8), every later byte one table op; core and
 /// the reference model run in lockstep and every lifecycle law is checked after each op.
