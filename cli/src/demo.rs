@@ -33,6 +33,8 @@ pub(crate) struct Options {
     pub(crate) size: usize,
     /// Kill B this many times, spread over the run.
     pub(crate) kills: u64,
+    /// Both nodes' store.
+    pub(crate) store: crate::StoreChoice,
     /// Where the nodes keep their data (default: a fresh temporary directory, removed after).
     pub(crate) dir: Option<PathBuf>,
     /// No progress bar or lines, only the table.
@@ -175,6 +177,8 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let port = free_port().map_err(io("a probe socket"))?;
     let b_args = vec![
+        "--store".into(),
+        options.store.as_str().into(),
         "--data".into(),
         dir.join("b").display().to_string(),
         "--listen".into(),
@@ -192,6 +196,8 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
         }
     };
     let a_args = vec![
+        "--store".into(),
+        options.store.as_str().into(),
         "--data".into(),
         dir.join("a").display().to_string(),
         "--connect".into(),

@@ -14,7 +14,7 @@ use std::io::{self, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 mod demo;
 mod node;
@@ -32,9 +32,29 @@ struct Cli {
     command: Command,
 }
 
+/// Where a node keeps its substrate state (`--store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub(crate) enum StoreChoice {
+    /// `store.sqlite3`: SQLite, WAL, `synchronous=FULL`.
+    #[default]
+    Sqlite,
+    /// `store.log`: one append-only file, synced per commit.
+    Log,
+}
+
+impl StoreChoice {
+    /// Its spelling on the command line.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            StoreChoice::Sqlite => "sqlite",
+            StoreChoice::Log => "log",
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Two real nodes on 127.0.0.1 with SQLite stores: A sends over queues and a session
+    /// Two real nodes on 127.0.0.1 with durable stores: A sends over queues and a session
     /// while B is killed with SIGKILL and restarted and the link is cut; prints a table and
     /// exits non-zero if anything was lost, duplicated or reordered.
     Demo {
@@ -56,6 +76,9 @@ enum Command {
         /// How many times B is killed.
         #[arg(long, default_value_t = 2)]
         kills: u64,
+        /// The nodes' store.
+        #[arg(long, value_enum, default_value_t = StoreChoice::Sqlite)]
+        store: StoreChoice,
         /// Keep the nodes' data here instead of a temporary directory.
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -66,7 +89,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a long-running node: its key and SQLite store in --data, commands on stdin
+    /// Run a long-running node: its key and store in --data, commands on stdin
     /// ('help' lists them), its ticket printed at start.
     Node {
         /// Data directory: the node's secret key (its id survives restarts) and its store.
@@ -81,6 +104,9 @@ enum Command {
         /// One JSON object per line on stdout, for scripts.
         #[arg(long)]
         json: bool,
+        /// Where the substrate's state lives in --data.
+        #[arg(long, value_enum, default_value_t = StoreChoice::Sqlite)]
+        store: StoreChoice,
     },
     /// Decode captured wire bytes into one JSON object per line.
     Inspect {
@@ -139,6 +165,7 @@ pub fn main() -> ExitCode {
             routes,
             size,
             kills,
+            store,
             dir,
             quiet,
             json,
@@ -149,6 +176,7 @@ pub fn main() -> ExitCode {
             routes,
             size,
             kills,
+            store,
             dir,
             quiet,
             json,
@@ -158,11 +186,13 @@ pub fn main() -> ExitCode {
             listen,
             connect,
             json,
+            store,
         } => run_node(node::Options {
             data,
             listen,
             connect,
             json,
+            store,
         }),
         Command::Inspect { format, file } => run_inspect(format, file),
         Command::Cap { command } => run_cap(command),

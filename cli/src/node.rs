@@ -13,7 +13,9 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use tether::iroh::{EndpointAddr, PublicKey};
 use tether::node::{Node, NodeError, TelemetryIngress, TelemetrySource};
-use tether::store::{SqliteStore, StoreError};
+use tether::store::{LogStore, SqliteStore, Store, StoreError};
+
+use crate::StoreChoice;
 use tether::substrate::{
     AllowAll, Authorizer, BuildError, CommandError, Error, Inbound, ObjKind, Peer, PeerId, Queue,
     Session, Substrate,
@@ -42,6 +44,8 @@ pub(crate) struct Options {
     pub(crate) connect: Vec<String>,
     /// JSON lines instead of sentences.
     pub(crate) json: bool,
+    /// Where the substrate's state lives in `data`.
+    pub(crate) store: StoreChoice,
 }
 
 /// Why the node could not start or go on.
@@ -188,7 +192,10 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
         source,
     })?;
     let key = secret_key(&options.data)?;
-    let store = SqliteStore::open(options.data.join("store.sqlite3"))?;
+    let store: Arc<dyn Store> = match options.store {
+        StoreChoice::Sqlite => Arc::new(SqliteStore::open(options.data.join("store.sqlite3"))?),
+        StoreChoice::Log => Arc::new(LogStore::open(options.data.join("store.log"))?),
+    };
     let listen = options
         .listen
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -212,7 +219,7 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
     tokio::spawn(print_telemetry(out, collected));
     let substrate = node
         .substrate_builder()?
-        .store(Arc::new(store))
+        .store(store)
         .authorize(Authorizer::new(AllowAll))
         .start()?;
     let id = hex::encode(node.node_id());

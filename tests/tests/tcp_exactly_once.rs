@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use tether::store::SqliteStore;
+use tether::store::{LogStore, SqliteStore, Store};
 use tether::substrate::{AllowAll, Auth, Authorizer, Inbound, PeerId, Substrate, TcpTransport};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -80,9 +80,21 @@ struct Received {
     count: Arc<watch::Sender<usize>>,
 }
 
+/// Opens the receiver's store at a path.
+type OpenStore = fn(&PathBuf) -> Arc<dyn Store>;
+
+fn sqlite(db: &PathBuf) -> Arc<dyn Store> {
+    Arc::new(SqliteStore::open(db).expect("open db"))
+}
+
+fn log(db: &PathBuf) -> Arc<dyn Store> {
+    Arc::new(LogStore::open(db).expect("open log"))
+}
+
 /// Starts the receiver from `db`; its app records each message then marks it done.
 async fn start_receiver(
     db: &PathBuf,
+    open: OpenStore,
     received: Received,
 ) -> (Substrate, JoinHandle<()>, SocketAddr) {
     let transport = TcpTransport::bind(PeerId::new("bob"), "127.0.0.1:0".parse().expect("addr"))
@@ -92,7 +104,7 @@ async fn start_receiver(
     let substrate = Substrate::builder(PeerId::new("bob"), transport)
         .auth(Auth::SharedKey(b"test key".to_vec()))
         .authorize(Authorizer::new(AllowAll))
-        .store(Arc::new(SqliteStore::open(db).expect("open db")))
+        .store(open(db))
         .start()
         .expect("start");
     let mut inbound = substrate.inbound().expect("inbound");
@@ -121,12 +133,23 @@ async fn start_receiver(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_messages_exactly_once_across_disconnect_and_restart() {
-    let db = temp_db("tcp-eo");
+    exactly_once_across_disconnect_and_restart("tcp-eo", sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_messages_exactly_once_across_disconnect_and_restart_on_the_log_store() {
+    exactly_once_across_disconnect_and_restart("tcp-eo-log", log).await;
+}
+
+/// 10,000 messages over `OBJECTS` queues; the link is cut mid-wave and the receiver restarted from
+/// its store (opened by `open`): every message arrives once, in order.
+async fn exactly_once_across_disconnect_and_restart(name: &str, open: OpenStore) {
+    let db = temp_db(name);
     let received = Received {
         by_object: Arc::default(),
         count: Arc::new(watch::channel(0).0),
     };
-    let (mut receiver, mut app, bob_addr) = start_receiver(&db, received.clone()).await;
+    let (mut receiver, mut app, bob_addr) = start_receiver(&db, open, received.clone()).await;
     let proxy = Proxy::start(bob_addr).await;
 
     let transport = TcpTransport::bind(PeerId::new("alice"), "127.0.0.1:0".parse().expect("addr"))
@@ -157,10 +180,10 @@ async fn ten_thousand_messages_exactly_once_across_disconnect_and_restart() {
             proxy.cut();
         }
         if wave_start == 7 * WAVE {
-            // Restart the receiver from its SQLite file, on a new port.
+            // Restart the receiver from its store's file, on a new port.
             app.abort();
             receiver.shutdown().await;
-            let (next, next_app, addr) = start_receiver(&db, received.clone()).await;
+            let (next, next_app, addr) = start_receiver(&db, open, received.clone()).await;
             (receiver, app) = (next, next_app);
             proxy.target.send_replace(addr);
             proxy.cut();
