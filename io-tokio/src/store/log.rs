@@ -7,17 +7,19 @@
 //! deleted and copies both to the database at checkpoints. Removals are small entries, not
 //! page rewrites.
 //!
-//! Every peer's state is also kept in memory (the same [`DurableState`] the records build),
-//! which answers [`Store::load`] and is what a compaction writes: once the file has grown past
-//! [`LOG_COMPACT_BYTES_MIN`] and past [`LOG_COMPACT_GROWTH`] times its last snapshot, the live
-//! state is written to a new file, synced, and renamed over the old one.
+//! A commit costs no more than its bytes: the store keeps no copy of the state in memory.
+//! Opening replays the file and hands each peer's state to its first [`Store::load`]; a later
+//! load of the same peer, a compaction and [`LogStore::gc`] replay the file again. Once the
+//! file has grown past [`LOG_COMPACT_BYTES_MIN`] and past [`LOG_COMPACT_GROWTH`] times its
+//! last snapshot, the live state is written to a new file, synced, and renamed over the old
+//! one.
 //!
 //! Opening replays the file. Its tail after the last complete commit (a commit cut short by a
 //! crash, or an entry that fails its checksum) was never acknowledged, since a commit is
 //! reported durable only after its sync; it is cut off, as SQLite's WAL recovery stops at the
 //! first frame that fails its checksum. A file of another format or version is refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -55,8 +57,10 @@ struct Inner {
     torn: bool,
     /// The size of the file right after its last compaction (or at open).
     snapshot_bytes: u64,
-    /// Every peer that has committed, with its state.
-    peers: BTreeMap<PeerId, DurableState>,
+    /// Every peer that has committed.
+    peers: BTreeSet<PeerId>,
+    /// Each peer's state as replayed at open, until its first load takes it.
+    replayed: BTreeMap<PeerId, DurableState>,
     /// Bytes cut off the tail when the file was opened.
     recovered_tail: u64,
     /// Compactions since open.
@@ -87,13 +91,14 @@ impl LogStore {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         let mut inner = match replay(&bytes)? {
-            Some((peers, end)) => Inner {
+            Some((replayed, end)) => Inner {
                 path,
                 file,
                 end,
                 torn: end < bytes.len() as u64,
                 snapshot_bytes: end,
-                peers,
+                peers: replayed.keys().cloned().collect(),
+                replayed,
                 recovered_tail: bytes.len() as u64 - end,
                 compactions: 0,
             },
@@ -113,7 +118,8 @@ impl LogStore {
                     end: header.len() as u64,
                     torn: false,
                     snapshot_bytes: header.len() as u64,
-                    peers: BTreeMap::new(),
+                    peers: BTreeSet::new(),
+                    replayed: BTreeMap::new(),
                     recovered_tail: bytes.len() as u64,
                     compactions: 0,
                 }
@@ -149,9 +155,7 @@ impl LogStore {
     pub fn gc(&self, cutoff: Time) -> Result<usize, StoreError> {
         let mut inner = self.lock();
         let mut removed = 0;
-        let peers: Vec<PeerId> = inner.peers.keys().cloned().collect();
-        for peer in peers {
-            let state = &inner.peers[&peer];
+        for (peer, state) in inner.state_on_disk()? {
             let mut records: Vec<Record> = state
                 .bounces
                 .iter()
@@ -221,10 +225,13 @@ impl Inner {
         self.file.sync_data()?;
         self.torn = false;
         self.end += out.len() as u64;
-        self.peers
-            .entry(peer.clone())
-            .or_default()
-            .apply_records(records);
+        if !self.peers.contains(peer) {
+            self.peers.insert(peer.clone());
+        }
+        if let Some(state) = self.replayed.get_mut(peer) {
+            // Only before the peer's first load (its machine loads before it commits).
+            state.apply_records(records);
+        }
         if self.end >= LOG_COMPACT_BYTES_MIN.max(LOG_COMPACT_GROWTH * self.snapshot_bytes) {
             // The commit is durable whatever happens here; a failed compaction leaves the
             // log as it was and is tried again after the next commit.
@@ -243,11 +250,19 @@ impl Inner {
         Ok(())
     }
 
+    /// Every peer's state as the file holds it (replayed from its bytes).
+    fn state_on_disk(&mut self) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
+        let mut bytes = vec![0; usize::try_from(self.end).unwrap_or(usize::MAX)];
+        self.file.seek(SeekFrom::Start(0))?;
+        self.file.read_exact(&mut bytes)?;
+        Ok(replay(&bytes)?.map(|(state, _)| state).unwrap_or_default())
+    }
+
     /// Writes every peer's live state to `<path>.compact`, syncs it, renames it over the log.
     fn compact(&mut self) -> Result<(), StoreError> {
         let mut out = Vec::new();
         encode_header(&mut out);
-        for (peer, state) in &self.peers {
+        for (peer, state) in &self.state_on_disk()? {
             encode_begin(peer.as_str(), &mut out);
             for record in snapshot_records(state) {
                 encode_record(&record, &mut out);
@@ -365,7 +380,14 @@ fn sync_parent(path: &Path) -> Result<(), StoreError> {
 
 impl Store for LogStore {
     fn load(&self, peer: &PeerId) -> Result<DurableState, StoreError> {
-        Ok(self.lock().peers.get(peer).cloned().unwrap_or_default())
+        let mut inner = self.lock();
+        if let Some(state) = inner.replayed.remove(peer) {
+            return Ok(state);
+        }
+        if !inner.peers.contains(peer) {
+            return Ok(DurableState::default());
+        }
+        Ok(inner.state_on_disk()?.remove(peer).unwrap_or_default())
     }
 
     fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
@@ -374,7 +396,7 @@ impl Store for LogStore {
     }
 
     fn peers(&self) -> Result<Vec<PeerId>, StoreError> {
-        Ok(self.lock().peers.keys().cloned().collect())
+        Ok(self.lock().peers.iter().cloned().collect())
     }
 
     fn is_blocking(&self) -> bool {
@@ -418,7 +440,9 @@ mod tests {
         );
         drop(store);
         let store = LogStore::open(&path).expect("reopen");
+        // The first load takes the state replayed at open; a second replays the file.
         assert_eq!(store.load(&a).expect("load"), expected_a);
+        assert_eq!(store.load(&a).expect("load again"), expected_a);
         assert_eq!(store.load(&b).expect("load"), expected_b);
         assert_eq!(store.peers().expect("peers"), vec![a.clone(), b.clone()]);
         let before = store.stats().bytes;
@@ -431,6 +455,14 @@ mod tests {
         let store = LogStore::open(&path).expect("reopen");
         assert_eq!(store.load(&a).expect("load"), expected_a);
         assert_eq!(store.load(&b).expect("load"), expected_a);
+        // A commit before a peer's first load lands in the state that load hands out.
+        drop(store);
+        let store = LogStore::open(&path).expect("reopen");
+        store.commit(&a, &batches()[..1]).expect("commit");
+        let mut again = expected_a.clone();
+        again.apply(&batches()[0]);
+        assert_eq!(store.load(&a).expect("load"), again);
+        assert_eq!(store.load(&a).expect("load again"), again);
         // GC drops the tombstone and the closed object older than the cutoff, for each peer.
         assert_eq!(store.gc(Time::from_millis(6)).expect("gc"), 4);
         drop(store);
