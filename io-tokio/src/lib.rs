@@ -8,7 +8,8 @@
 //! What is here today:
 //! - [`substrate`]: the substrate from async Rust (queues and sessions with exactly-once,
 //!   per-object FIFO delivery across disconnects and restarts), over a [`substrate::Transport`];
-//! - [`store`]: where its durable state lives (SQLite with group commit, or memory);
+//! - [`store`]: where its durable state lives (an append-only log file or SQLite, each with
+//!   group commit, or memory);
 //! - [`switch`]: the request switch from async Rust (masters over any byte stream, Unix
 //!   sockets, TCP or iroh; engine calls under credit) and its serving side, `switch::host::Host`;
 //! - `node` (feature `iroh`, on by default): the iroh transport driver's actor plane;

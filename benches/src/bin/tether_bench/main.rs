@@ -1,8 +1,9 @@
 //! `tether-bench`: durable end-to-end throughput of the substrate beside the brokers people
 //! would otherwise reach for, one producer and one consumer, same workload, same run.
 //!
-//! - tether: every message synced to disk on both sides before it is acknowledged (SQLite,
-//!   WAL, `synchronous=FULL`), over TCP and over iroh on 127.0.0.1, with 1 and 16 queues and
+//! - tether: every message synced to disk on both sides before it is acknowledged, on each
+//!   store (`SqliteStore`: WAL, `synchronous=FULL`; `LogStore`: an append-only file,
+//!   `fdatasync` per commit), over TCP and over iroh on 127.0.0.1, with 1 and 16 queues and
 //!   windows 1 and 32; its fsync'd commits per message are counted.
 //! - NATS JetStream and mosquitto ([`brokers`]), each started on 127.0.0.1 when its server is
 //!   on `PATH` and skipped with a sentence otherwise; their fsyncs are counted under `strace`
