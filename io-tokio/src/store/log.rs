@@ -11,8 +11,9 @@
 //! Opening replays the file and hands each peer's state to its first [`Store::load`]; a later
 //! load of the same peer, a compaction and [`LogStore::gc`] replay the file again. Once the
 //! file has grown past [`LOG_COMPACT_BYTES_MIN`] and past [`LOG_COMPACT_GROWTH`] times its
-//! last snapshot, the live state is written to a new file, synced, and renamed over the old
-//! one.
+//! last snapshot, a thread compacts it while commits go on: it replays the file up to where
+//! it stood and writes the live state to a new file, then (holding commits back only for
+//! this) appends the commits made meanwhile, syncs it and renames it over the old one.
 //!
 //! Opening replays the file. Its tail after the last complete commit (a commit cut short by a
 //! crash, or an entry that fails its checksum) was never acknowledged, since a commit is
@@ -23,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use tether_core::limits::LOG_ENTRY_BYTES_MAX;
 use tether_core::substrate::{effective_records, DurableState, PeerId, PersistBatch, Record};
@@ -41,10 +42,35 @@ pub const LOG_COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
 /// A log is compacted once it is this many times the size of its last snapshot.
 pub const LOG_COMPACT_GROWTH: u64 = 4;
 
+/// When a [`LogStore`] compacts its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogOptions {
+    /// Never below this size ([`LOG_COMPACT_BYTES_MIN`]).
+    pub compact_bytes_min: u64,
+    /// Once this many times the size of the last snapshot ([`LOG_COMPACT_GROWTH`]).
+    pub compact_growth: u64,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        Self {
+            compact_bytes_min: LOG_COMPACT_BYTES_MIN,
+            compact_growth: LOG_COMPACT_GROWTH,
+        }
+    }
+}
+
 /// The substrate's durable state in one append-only file.
 #[derive(Debug, Clone)]
 pub struct LogStore {
-    inner: Arc<Mutex<Inner>>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Signalled when a compaction ends.
+    compacted: Condvar,
 }
 
 #[derive(Debug)]
@@ -65,6 +91,11 @@ struct Inner {
     recovered_tail: u64,
     /// Compactions since open.
     compactions: u64,
+    options: LogOptions,
+    /// A compaction is running (at most one at a time).
+    compacting: bool,
+    /// The size at which the next compaction starts.
+    compact_at: u64,
 }
 
 /// What a [`LogStore`] has done since it was opened.
@@ -81,6 +112,11 @@ pub struct LogStats {
 impl LogStore {
     /// Opens (creating if needed) the log at `path`, replaying it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, LogOptions::default())
+    }
+
+    /// [`LogStore::open`], compacting as `options` say.
+    pub fn open_with(path: impl AsRef<Path>, options: LogOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_owned();
         let mut file = OpenOptions::new()
             .read(true)
@@ -101,6 +137,9 @@ impl LogStore {
                 replayed,
                 recovered_tail: bytes.len() as u64 - end,
                 compactions: 0,
+                options,
+                compacting: false,
+                compact_at: 0,
             },
             None => {
                 // A new file, or one whose header never made it to disk (nothing was
@@ -122,14 +161,21 @@ impl LogStore {
                     replayed: BTreeMap::new(),
                     recovered_tail: bytes.len() as u64,
                     compactions: 0,
+                    options,
+                    compacting: false,
+                    compact_at: 0,
                 }
             }
         };
         if inner.torn {
             inner.cut_tail()?;
         }
+        inner.compact_at = inner.next_compaction();
         Ok(Self {
-            inner: Arc::new(Mutex::new(inner)),
+            shared: Arc::new(Shared {
+                inner: Mutex::new(inner),
+                compacted: Condvar::new(),
+            }),
         })
     }
 
@@ -143,10 +189,35 @@ impl LogStore {
         }
     }
 
-    /// Writes the live state to a new file and renames it over the log now (a commit does it
-    /// on its own once the file has grown enough).
+    /// Writes the live state to a new file and renames it over the log now, after any
+    /// compaction already running (a commit starts one on its own once the file has grown
+    /// enough).
     pub fn compact(&self) -> Result<(), StoreError> {
-        self.lock().compact()
+        let prefix = {
+            let mut inner = self.lock();
+            while inner.compacting {
+                inner = self.wait(inner);
+            }
+            inner.begin_compaction()?
+        };
+        let result = self.shared.finish_compaction(prefix);
+        self.shared.compacted.notify_all();
+        result
+    }
+
+    /// Waits until no compaction is running.
+    pub fn wait_compaction(&self) {
+        let mut inner = self.lock();
+        while inner.compacting {
+            inner = self.wait(inner);
+        }
+    }
+
+    fn wait<'a>(&self, inner: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+        self.shared
+            .compacted
+            .wait(inner)
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Deletes tombstones and closed objects whose retention ended before `cutoff`, for every
@@ -183,11 +254,107 @@ impl LogStore {
             removed += records.len();
             inner.append(&peer, records.iter())?;
         }
+        drop(inner);
+        self.compact_if_due();
         Ok(removed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.shared.lock()
+    }
+
+    /// Starts a compaction on a thread of its own when the file has grown enough and none
+    /// runs; a compaction that fails is logged and tried again once the file has grown by
+    /// another [`LogOptions::compact_bytes_min`].
+    fn compact_if_due(&self) {
+        let prefix = {
+            let mut inner = self.lock();
+            if inner.compacting || inner.end < inner.compact_at {
+                return;
+            }
+            match inner.begin_compaction() {
+                Ok(prefix) => prefix,
+                Err(error) => {
+                    inner.compaction_failed(&error);
+                    return;
+                }
+            }
+        };
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tether-log-compact".to_owned())
+            .spawn(move || {
+                // Its failure is logged where it happens; the log stays as it was.
+                let _ = shared.finish_compaction(prefix);
+                shared.compacted.notify_all();
+            });
+        if let Err(error) = spawned {
+            let mut inner = self.lock();
+            inner.compacting = false;
+            inner.compaction_failed(&error.into());
+            self.shared.compacted.notify_all();
+        }
+    }
+}
+
+/// What a compaction took under the lock: the file up to `upto` (whole commits), read
+/// through a handle of its own while commits go on.
+struct Prefix {
+    path: PathBuf,
+    reader: File,
+    upto: u64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replays `prefix` and writes the live state to `<path>.compact` without the lock, then
+    /// under it appends the commits made meanwhile, syncs, and renames the file over the log.
+    fn finish_compaction(&self, prefix: Prefix) -> Result<(), StoreError> {
+        let fresh = prefix.path.with_extension("compact");
+        let result = Self::write_snapshot(&prefix, &fresh).and_then(|(file, snapshot)| {
+            let mut inner = self.lock();
+            inner.swap_in(file, &fresh, prefix.upto, snapshot)
+        });
+        let mut inner = self.lock();
+        inner.compacting = false;
+        if let Err(error) = &result {
+            let _ = std::fs::remove_file(&fresh);
+            inner.compaction_failed(error);
+        }
+        result
+    }
+
+    /// The live state of the file's first `prefix.upto` bytes, written to `fresh` (not yet
+    /// synced); its size.
+    fn write_snapshot(prefix: &Prefix, fresh: &Path) -> Result<(File, u64), StoreError> {
+        let mut bytes = vec![0; usize::try_from(prefix.upto).unwrap_or(usize::MAX)];
+        let mut reader = &prefix.reader;
+        reader.seek(SeekFrom::Start(0))?;
+        reader.read_exact(&mut bytes)?;
+        let states = replay(&bytes)?
+            .map(|(states, _)| states)
+            .unwrap_or_default();
+        drop(bytes);
+        let mut out = Vec::new();
+        encode_header(&mut out);
+        for (peer, state) in &states {
+            encode_begin(peer.as_str(), &mut out);
+            for record in snapshot_records(state) {
+                encode_record(&record, &mut out);
+            }
+            encode_commit(&mut out);
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(fresh)?;
+        file.write_all(&out)?;
+        Ok((file, out.len() as u64))
     }
 }
 
@@ -232,14 +399,61 @@ impl Inner {
             // Only before the peer's first load (its machine loads before it commits).
             state.apply_records(records);
         }
-        if self.end >= LOG_COMPACT_BYTES_MIN.max(LOG_COMPACT_GROWTH * self.snapshot_bytes) {
-            // The commit is durable whatever happens here; a failed compaction leaves the
-            // log as it was and is tried again after the next commit.
-            if let Err(error) = self.compact() {
-                tracing::warn!(%error, path = %self.path.display(), "log compaction failed");
-            }
-        }
         Ok(())
+    }
+
+    /// The size at which the compaction after the last snapshot starts.
+    fn next_compaction(&self) -> u64 {
+        self.options.compact_bytes_min.max(
+            self.options
+                .compact_growth
+                .saturating_mul(self.snapshot_bytes),
+        )
+    }
+
+    /// Marks a compaction running and hands out what it reads: the file up to `end`.
+    fn begin_compaction(&mut self) -> Result<Prefix, StoreError> {
+        let reader = File::open(&self.path)?;
+        self.compacting = true;
+        Ok(Prefix {
+            path: self.path.clone(),
+            reader,
+            upto: self.end,
+        })
+    }
+
+    /// Appends the commits after `upto` to the snapshot in `file` (of `snapshot` bytes),
+    /// syncs it and renames it over the log, which it then is.
+    fn swap_in(
+        &mut self,
+        mut file: File,
+        fresh: &Path,
+        upto: u64,
+        snapshot: u64,
+    ) -> Result<(), StoreError> {
+        let mut since = vec![0; usize::try_from(self.end - upto).unwrap_or(usize::MAX)];
+        self.file.seek(SeekFrom::Start(upto))?;
+        self.file.read_exact(&mut since)?;
+        file.seek(SeekFrom::Start(snapshot))?;
+        file.write_all(&since)?;
+        file.sync_all()?;
+        std::fs::rename(fresh, &self.path)?;
+        sync_parent(&self.path)?;
+        self.file = file;
+        self.end = snapshot + since.len() as u64;
+        self.snapshot_bytes = snapshot;
+        // Whatever a failed commit left past the old file's end stays there.
+        self.torn = false;
+        self.compactions += 1;
+        self.compact_at = self.next_compaction();
+        Ok(())
+    }
+
+    /// A compaction failed: the log stays as it was; the next is tried once the file has grown
+    /// by another `compact_bytes_min`.
+    fn compaction_failed(&mut self, error: &StoreError) {
+        tracing::warn!(%error, path = %self.path.display(), "log compaction failed");
+        self.compact_at = self.end.saturating_add(self.options.compact_bytes_min);
     }
 
     /// Cuts the file back to the end of its last complete commit.
@@ -256,36 +470,6 @@ impl Inner {
         self.file.seek(SeekFrom::Start(0))?;
         self.file.read_exact(&mut bytes)?;
         Ok(replay(&bytes)?.map(|(state, _)| state).unwrap_or_default())
-    }
-
-    /// Writes every peer's live state to `<path>.compact`, syncs it, renames it over the log.
-    fn compact(&mut self) -> Result<(), StoreError> {
-        let mut out = Vec::new();
-        encode_header(&mut out);
-        for (peer, state) in &self.state_on_disk()? {
-            encode_begin(peer.as_str(), &mut out);
-            for record in snapshot_records(state) {
-                encode_record(&record, &mut out);
-            }
-            encode_commit(&mut out);
-        }
-        let fresh = self.path.with_extension("compact");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&fresh)?;
-        file.write_all(&out)?;
-        file.sync_all()?;
-        std::fs::rename(&fresh, &self.path)?;
-        sync_parent(&self.path)?;
-        self.file = file;
-        self.end = out.len() as u64;
-        self.snapshot_bytes = self.end;
-        self.torn = false;
-        self.compactions += 1;
-        Ok(())
     }
 }
 
@@ -392,7 +576,9 @@ impl Store for LogStore {
 
     fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
         let records = effective_records(batches);
-        self.lock().append(peer, records.iter().copied())
+        self.lock().append(peer, records.iter().copied())?;
+        self.compact_if_due();
+        Ok(())
     }
 
     fn peers(&self) -> Result<Vec<PeerId>, StoreError> {
@@ -548,6 +734,62 @@ mod tests {
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
+    /// Compactions run on their own thread while commits go on: every commit made during one
+    /// is carried into the new file.
+    #[test]
+    fn commits_go_on_while_the_file_is_compacted() {
+        let path = temp_log("background");
+        let options = LogOptions {
+            compact_bytes_min: 2048,
+            compact_growth: 2,
+        };
+        let store = LogStore::open_with(&path, options).expect("open");
+        let peer = PeerId::new("p");
+        let mut expected = DurableState::default();
+        for round in 0..200u64 {
+            // A send, and the removal of the one before it: the live state stays small.
+            let mut records = vec![Record::Outbox(send(round))];
+            if let Some(before) = round.checked_sub(1) {
+                records.push(Record::OutboxRemoved {
+                    obj: "q".to_owned(),
+                    seq: before,
+                });
+            }
+            let batch = PersistBatch {
+                id: BatchId(round + 1),
+                records,
+            };
+            store
+                .commit(&peer, std::slice::from_ref(&batch))
+                .expect("commit");
+            expected.apply(&batch);
+        }
+        store.wait_compaction();
+        let stats = store.stats();
+        assert!(stats.compactions >= 10, "{stats:?}");
+        assert!(stats.bytes < 4096, "{stats:?}");
+        assert_eq!(store.load(&peer).expect("load"), expected);
+        drop(store);
+        let store = LogStore::open(&path).expect("reopen");
+        assert_eq!(store.load(&peer).expect("load"), expected);
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    fn send(seq: u64) -> tether_core::substrate::Op {
+        tether_core::substrate::Op {
+            obj: "q".to_owned(),
+            seq,
+            id: format!("m-{seq}"),
+            verb: tether_core::wire::envelope::Verb::Send,
+            obj_kind: None,
+            body: Some(bytes::Bytes::from(vec![7; 100])),
+            code: None,
+            reason: None,
+            cap: None,
+            at: Time::from_millis(seq),
+        }
+    }
+
     mod equivalence {
         use super::*;
         use crate::store::sqlite::tests::equivalence::record;
@@ -556,16 +798,19 @@ mod tests {
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(64))]
 
-            /// Any sequence of batches, committed in groups of any size, leaves exactly the
-            /// state `DurableState::apply` defines, in memory, after a reopen and after a
+            /// Any sequence of batches, committed in groups of any size while compactions run
+            /// beside the commits (a file of a few hundred bytes is compacted), leaves exactly
+            /// the state `DurableState::apply` defines: loaded, after a reopen, and after a
             /// compaction and another reopen.
             #[test]
             fn the_log_ends_where_the_reference_ends(
                 batches in prop::collection::vec(prop::collection::vec(record(), 0..6), 0..12),
                 group in 1usize..4,
+                compact_bytes_min in 64u64..1024,
             ) {
                 let path = temp_log("prop");
-                let store = LogStore::open(&path).expect("open");
+                let options = LogOptions { compact_bytes_min, compact_growth: 2 };
+                let store = LogStore::open_with(&path, options).expect("open");
                 let peer = PeerId::new("peer");
                 let batches: Vec<PersistBatch> = batches
                     .into_iter()
@@ -577,6 +822,7 @@ mod tests {
                 }
                 let expected = reference(&batches);
                 prop_assert_eq!(store.load(&peer).expect("load"), expected.clone());
+                store.wait_compaction();
                 drop(store);
                 let store = LogStore::open(&path).expect("reopen");
                 prop_assert_eq!(store.load(&peer).expect("load"), expected.clone());
