@@ -31,7 +31,7 @@ use tether_core::substrate::{effective_records, DurableState, PeerId, PersistBat
 use tether_core::time::Time;
 use tether_core::wire::log::{
     decode_entry, decode_header, encode_begin, encode_commit, encode_header, encode_record, Entry,
-    LogError, LOG_ENTRY_HEADER_BYTES,
+    LogError, LOG_ENTRY_HEADER_BYTES, LOG_HEADER_BYTES,
 };
 
 use super::{Store, StoreError};
@@ -132,7 +132,9 @@ impl LogStore {
                 file,
                 end,
                 torn: end < bytes.len() as u64,
-                snapshot_bytes: end,
+                // How much of it is live is not known until a compaction: the next one is
+                // due once it is past `compact_bytes_min`.
+                snapshot_bytes: LOG_HEADER_BYTES as u64,
                 peers: replayed.keys().cloned().collect(),
                 replayed,
                 recovered_tail: bytes.len() as u64 - end,
@@ -313,7 +315,7 @@ impl Shared {
     /// Replays `prefix` and writes the live state to `<path>.compact` without the lock, then
     /// under it appends the commits made meanwhile, syncs, and renames the file over the log.
     fn finish_compaction(&self, prefix: Prefix) -> Result<(), StoreError> {
-        let fresh = prefix.path.with_extension("compact");
+        let fresh = compaction_path(&prefix.path);
         let result = Self::write_snapshot(&prefix, &fresh).and_then(|(file, snapshot)| {
             let mut inner = self.lock();
             inner.swap_in(file, &fresh, prefix.upto, snapshot)
@@ -539,6 +541,14 @@ fn replay(bytes: &[u8]) -> Result<Option<(BTreeMap<PeerId, DurableState>, u64)>,
     Ok(Some((peers, committed as u64)))
 }
 
+/// Where a compaction writes the new file: the log's path with `.compact` appended (never the
+/// log itself, whatever its name).
+fn compaction_path(path: &Path) -> PathBuf {
+    let mut fresh = path.as_os_str().to_owned();
+    fresh.push(".compact");
+    PathBuf::from(fresh)
+}
+
 /// Whether `bytes` (shorter than a header) could be the start of one.
 fn could_be_header(bytes: &[u8]) -> bool {
     let mut header = Vec::new();
@@ -595,6 +605,18 @@ mod tests {
     use super::*;
     use crate::store::sqlite::tests::batches;
     use tether_core::substrate::BatchId;
+
+    #[test]
+    fn a_compaction_never_writes_over_the_log_whatever_its_name() {
+        for name in ["state.log", "state.compact", "state"] {
+            let path = PathBuf::from("/data").join(name);
+            assert_ne!(compaction_path(&path), path);
+            assert_eq!(
+                compaction_path(&path),
+                PathBuf::from(format!("/data/{name}.compact"))
+            );
+        }
+    }
 
     fn temp_log(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("tether-log-{name}-{}", std::process::id()));
@@ -772,6 +794,41 @@ mod tests {
         drop(store);
         let store = LogStore::open(&path).expect("reopen");
         assert_eq!(store.load(&peer).expect("load"), expected);
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A file found past `compact_bytes_min` at open is compacted after its first commit: how
+    /// much of it is live is not known, so its size is no snapshot to grow from.
+    #[test]
+    fn a_large_file_found_at_open_is_compacted_after_the_first_commit() {
+        let path = temp_log("reopened");
+        let options = LogOptions {
+            compact_bytes_min: 4096,
+            compact_growth: 2,
+        };
+        let peer = PeerId::new("p");
+        let store = LogStore::open(&path).expect("open");
+        for seq in 0..40 {
+            let batch = PersistBatch {
+                id: BatchId(seq + 1),
+                records: vec![Record::Outbox(send(seq))],
+            };
+            store.commit(&peer, &[batch]).expect("commit");
+        }
+        assert!(store.stats().bytes > 4096);
+        drop(store);
+        let store = LogStore::open_with(&path, options).expect("reopen");
+        let removal = PersistBatch {
+            id: BatchId(41),
+            records: vec![Record::OutboxRemoved {
+                obj: "q".to_owned(),
+                seq: 0,
+            }],
+        };
+        store.commit(&peer, &[removal]).expect("commit");
+        store.wait_compaction();
+        assert_eq!(store.stats().compactions, 1);
+        assert_eq!(store.load(&peer).expect("load").outbox.len(), 39);
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
