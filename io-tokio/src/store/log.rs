@@ -94,6 +94,9 @@ struct Inner {
     options: LogOptions,
     /// A compaction is running (at most one at a time).
     compacting: bool,
+    /// A compaction renamed its file over the log but the directory is not synced yet: synced
+    /// before the next commit.
+    rename_unsynced: bool,
     /// The size at which the next compaction starts.
     compact_at: u64,
 }
@@ -141,6 +144,7 @@ impl LogStore {
                 compactions: 0,
                 options,
                 compacting: false,
+                rename_unsynced: false,
                 compact_at: 0,
             },
             None => {
@@ -165,6 +169,7 @@ impl LogStore {
                     compactions: 0,
                     options,
                     compacting: false,
+                    rename_unsynced: false,
                     compact_at: 0,
                 }
             }
@@ -367,6 +372,7 @@ impl Inner {
         peer: &PeerId,
         records: impl Iterator<Item = &'a Record> + Clone,
     ) -> Result<(), StoreError> {
+        self.sync_rename()?;
         if self.torn {
             self.cut_tail()?;
         }
@@ -440,7 +446,7 @@ impl Inner {
         file.write_all(&since)?;
         file.sync_all()?;
         std::fs::rename(fresh, &self.path)?;
-        sync_parent(&self.path)?;
+        // The path now names the new file: commits go there from here on, whatever follows.
         self.file = file;
         self.end = snapshot + since.len() as u64;
         self.snapshot_bytes = snapshot;
@@ -448,6 +454,18 @@ impl Inner {
         self.torn = false;
         self.compactions += 1;
         self.compact_at = self.next_compaction();
+        // Until the rename is durable, a crash could bring the old file back without the
+        // commits made to the new one: no commit is reported durable before it is.
+        self.rename_unsynced = true;
+        self.sync_rename()
+    }
+
+    /// Makes the last compaction's rename durable, if it is not yet.
+    fn sync_rename(&mut self) -> Result<(), StoreError> {
+        if self.rename_unsynced {
+            sync_parent(&self.path)?;
+            self.rename_unsynced = false;
+        }
         Ok(())
     }
 
