@@ -143,6 +143,13 @@ impl ObjKind {
             Self::Queue => "queue",
         }
     }
+
+    /// The kind spelled `text`, if any.
+    pub fn parse(text: &str) -> Option<Self> {
+        [Self::Session, Self::Queue]
+            .into_iter()
+            .find(|kind| kind.as_str() == text)
+    }
 }
 
 /// The `env` map.
@@ -510,11 +517,8 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
                 Err(other) => return Err(other.into()),
             },
             "objKind" => {
-                env.obj_kind = Some(match reader.text().map_err(invalid(field))? {
-                    "session" => ObjKind::Session,
-                    "queue" => ObjKind::Queue,
-                    _ => return Err(EnvelopeError::Invalid { field }),
-                });
+                let text = reader.text().map_err(invalid(field))?;
+                env.obj_kind = Some(ObjKind::parse(text).ok_or(EnvelopeError::Invalid { field })?);
             }
             "seq" => env.seq = Some(uint(reader)?),
             "receipt" => match uint(reader)? {

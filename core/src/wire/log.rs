@@ -332,11 +332,10 @@ impl<'a> Reader<'a> {
     }
 
     fn kind(&mut self) -> Result<ObjKind, LogError> {
-        match self.bytes()? {
-            b"session" => Ok(ObjKind::Session),
-            b"queue" => Ok(ObjKind::Queue),
-            _ => Err(LogError::Malformed("unknown object kind")),
-        }
+        std::str::from_utf8(self.bytes()?)
+            .ok()
+            .and_then(ObjKind::parse)
+            .ok_or(LogError::Malformed("unknown object kind"))
     }
 
     fn entry(&mut self) -> Result<Entry, LogError> {

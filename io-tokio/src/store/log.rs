@@ -337,14 +337,7 @@ impl Shared {
     /// The live state of the file's first `prefix.upto` bytes, written to `fresh` (not yet
     /// synced); its size.
     fn write_snapshot(prefix: &Prefix, fresh: &Path) -> Result<(File, u64), StoreError> {
-        let mut bytes = vec![0; usize::try_from(prefix.upto).unwrap_or(usize::MAX)];
-        let mut reader = &prefix.reader;
-        reader.seek(SeekFrom::Start(0))?;
-        reader.read_exact(&mut bytes)?;
-        let states = replay(&bytes)?
-            .map(|(states, _)| states)
-            .unwrap_or_default();
-        drop(bytes);
+        let states = replay_prefix(&prefix.reader, prefix.upto)?;
         let mut out = Vec::new();
         encode_header(&mut out);
         for (peer, state) in &states {
@@ -486,10 +479,7 @@ impl Inner {
 
     /// Every peer's state as the file holds it (replayed from its bytes).
     fn state_on_disk(&mut self) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
-        let mut bytes = vec![0; usize::try_from(self.end).unwrap_or(usize::MAX)];
-        self.file.seek(SeekFrom::Start(0))?;
-        self.file.read_exact(&mut bytes)?;
-        Ok(replay(&bytes)?.map(|(state, _)| state).unwrap_or_default())
+        replay_prefix(&self.file, self.end)
     }
 }
 
@@ -557,6 +547,16 @@ fn replay(bytes: &[u8]) -> Result<Option<(BTreeMap<PeerId, DurableState>, u64)>,
         }
     }
     Ok(Some((peers, committed as u64)))
+}
+
+/// Every peer's state in the first `upto` bytes of `file` (whole commits).
+fn replay_prefix(mut file: &File, upto: u64) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
+    let mut bytes = vec![0; usize::try_from(upto).unwrap_or(usize::MAX)];
+    file.seek(SeekFrom::Start(0))?;
+    file.read_exact(&mut bytes)?;
+    Ok(replay(&bytes)?
+        .map(|(states, _)| states)
+        .unwrap_or_default())
 }
 
 /// Where a compaction writes the new file: the log's path with `.compact` appended (never the

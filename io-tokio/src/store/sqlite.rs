@@ -679,11 +679,7 @@ fn object_from_row(row: &Row<'_>) -> Result<ObjectRecord, StoreError> {
 }
 
 fn kind_from_sql(kind: &str) -> Result<ObjKind, StoreError> {
-    match kind {
-        "session" => Ok(ObjKind::Session),
-        "queue" => Ok(ObjKind::Queue),
-        other => Err(corrupt("objects", format!("kind {other:?}"))),
-    }
+    ObjKind::parse(kind).ok_or_else(|| corrupt("objects", format!("kind {kind:?}")))
 }
 
 fn side_to_sql(side: Side) -> &'static str {
