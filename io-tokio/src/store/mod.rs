@@ -17,7 +17,9 @@ use std::sync::{Mutex, PoisonError};
 
 use tether_core::substrate::{DurableState, PeerId, PersistBatch};
 
-pub use log::{LogOptions, LogStats, LogStore, LOG_COMPACT_BYTES_MIN, LOG_COMPACT_GROWTH};
+pub use log::{
+    LogOptions, LogStats, LogStore, LOG_COMPACT_BYTES_MIN, LOG_COMPACT_GROWTH, LOG_PREPARE_BYTES,
+};
 pub use sqlite::{SqliteStore, PAGE_SIZE, SCHEMA_VERSION};
 
 /// Why a store could not load or commit.
