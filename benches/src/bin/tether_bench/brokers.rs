@@ -183,12 +183,13 @@ impl Broker<'_> {
         let server = Server::start(&self.program, &args, &dir, strace)
             .map_err(|e| format!("{} did not start: {e}", self.name))?;
         let client_before = cpu_seconds(None);
+        let written_before = written_bytes(&dir);
         let row = drive(port, messages).await;
         // The client's share of this run, and all the server did (start-up included).
         let client = cpu_per_message(client_before, cpu_seconds(None), messages);
         let server_cpu = cpu_per_message(Some(0.0), cpu_seconds(server.child.id()), messages);
-        let server_written =
-            written_kb_per_message(Some(0), written_bytes(server.child.id()), messages);
+        // Before the server stops: what it wrote during the run, flushed from the page cache.
+        let server_written = written_kb_per_message(written_before, written_bytes(&dir), messages);
         let syncs = server.stop().await;
         let mut row = row?;
         row.cpu_us_per_message = client.zip(server_cpu).map(|(a, b)| a + b);
