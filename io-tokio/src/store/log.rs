@@ -363,7 +363,7 @@ impl LogStore {
     /// Starts a preparation on a thread of its own when fewer than half of
     /// [`LogOptions::prepare_bytes`] remain past the end and none runs.
     fn prepare_if_due(&self) {
-        let Some(job) = self.lock().prepare_job() else {
+        let Some(job) = self.lock().prepare_job(true) else {
             return;
         };
         let shared = self.shared.clone();
@@ -591,11 +591,13 @@ impl Inner {
     }
 
     /// Zeros to write when fewer than half of `prepare_bytes` remain past the end and no
-    /// preparation runs; marks one running. They start at least half of `prepare_bytes` past
-    /// the end, so commits go on below them (growing the file until they reach the zeros)
-    /// instead of waiting for them.
-    fn prepare_job(&mut self) -> Option<Prepare> {
+    /// preparation runs; marks one running. Beside commits (`beside_commits`) they start at
+    /// least half of `prepare_bytes` past the end, so commits go on below them (growing the
+    /// file until they reach the zeros) instead of waiting for them; at open, right after the
+    /// zeros already there.
+    fn prepare_job(&mut self, beside_commits: bool) -> Option<Prepare> {
         let want = self.options.prepare_bytes;
+        let gap = if beside_commits { want / 2 } else { 0 };
         if !cfg!(unix)
             || want == 0
             || self.preparing
@@ -612,7 +614,7 @@ impl Inner {
             }
         };
         self.preparing = true;
-        self.preparing_from = self.prepared.max(self.end + want / 2);
+        self.preparing_from = self.prepared.max(self.end + gap);
         Some(Prepare {
             file,
             from: self.preparing_from,
@@ -624,21 +626,10 @@ impl Inner {
     /// Prepares the whole of `prepare_bytes` before the first commit (a failure is logged and
     /// left to the commits' own preparations).
     fn prepare_at_open(&mut self) {
-        let want = self.options.prepare_bytes;
-        if !cfg!(unix) || want == 0 || self.prepared - self.end >= want / 2 {
-            return;
+        if let Some(job) = self.prepare_job(false) {
+            let result = job.run(&AtomicBool::new(false));
+            self.prepared(&job, result);
         }
-        let job = match self.file.try_clone() {
-            Ok(file) => Prepare {
-                file,
-                from: self.prepared,
-                to: self.end + want,
-                generation: self.generation,
-            },
-            Err(error) => return self.preparation_failed(&error),
-        };
-        let result = job.run(&AtomicBool::new(false));
-        self.prepared(&job, result);
     }
 
     /// A preparation ended: its zeros count if they are in the file the store still writes.
