@@ -519,7 +519,8 @@ impl Walk {
     fn visit(&mut self, world: Harness, budget: Budget) -> Result<(), String> {
         let depth = self.trace.len();
         let mut hasher = DefaultHasher::new();
-        (budget, world.fingerprint()).hash(&mut hasher);
+        budget.hash(&mut hasher);
+        world.fingerprint(&mut hasher);
         match self.seen.get(&hasher.finish()) {
             Some(explored_at) if *explored_at <= depth => return Ok(()),
             _ => {}

@@ -59,7 +59,7 @@ impl ObjectState {
 }
 
 /// The durable part of one object.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectRecord {
     /// Its address.
     pub obj: String,
@@ -79,7 +79,7 @@ pub struct ObjectRecord {
 
 /// One op as persisted: in the outbox (this side's), held above the frontier or in the inbox
 /// (the remote's).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Op {
     /// Object address.
     pub obj: String,
@@ -104,7 +104,7 @@ pub struct Op {
 }
 
 /// One durable change. A batch of them is applied atomically.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Record {
     /// Insert or replace an object.
     Object(ObjectRecord),
@@ -157,7 +157,7 @@ pub enum Record {
 }
 
 /// Records applied atomically, in id order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PersistBatch {
     /// Its id.
     pub id: BatchId,
@@ -213,7 +213,7 @@ pub fn effective_records(batches: &[PersistBatch]) -> Vec<&Record> {
 }
 
 /// Everything one peer's machine has persisted.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DurableState {
     /// Objects by address.
     pub objects: BTreeMap<String, ObjectRecord>,

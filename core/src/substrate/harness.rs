@@ -520,30 +520,23 @@ impl Harness {
         queue.remove(index).is_some()
     }
 
-    /// A canonical rendering of the whole world, for model checkers.
-    pub fn fingerprint(&self) -> String {
-        let node = |n: &Node| {
-            format!(
-                "{}|{:?}|{:?}|{:?}|{:?}",
-                n.machine.fingerprint(),
-                n.store,
-                n.uncommitted,
-                n.consumed
-                    .iter()
-                    .map(|op| (&op.obj, op.seq))
-                    .collect::<Vec<_>>(),
-                n.enqueued.len(),
-            )
-        };
-        format!(
-            "{}#{}#{}#{:?}#{:?}#{:?}",
-            node(&self.a),
-            node(&self.b),
-            self.link_up,
-            self.now,
-            self.a_to_b,
-            self.b_to_a
-        )
+    /// Feeds the whole world to `state`, for model checkers that deduplicate worlds.
+    pub fn fingerprint<H: std::hash::Hasher>(&self, state: &mut H) {
+        use std::hash::Hash;
+        for n in [&self.a, &self.b] {
+            n.machine.fingerprint(state);
+            n.store.hash(state);
+            n.uncommitted.hash(state);
+            n.consumed.len().hash(state);
+            for op in &n.consumed {
+                (&op.obj, op.seq).hash(state);
+            }
+            n.enqueued.len().hash(state);
+        }
+        self.link_up.hash(state);
+        self.now.hash(state);
+        self.a_to_b.hash(state);
+        self.b_to_a.hash(state);
     }
 
     /// Injects a frame as if node `from` had sent it.

@@ -62,7 +62,7 @@ use crate::wire::envelope::{Address, Env, Envelope, EnvelopeError, ObjKind, Verb
 pub const TYPE_KEEPALIVE: u8 = 0x03;
 
 /// What the app learns.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Event {
     /// The remote opened an object; answer with [`Machine::accept`] or [`Machine::reject`].
     OpenRequested {
@@ -167,7 +167,7 @@ pub enum CommandError {
 }
 
 /// One outbox entry: the durable op and its transmission state (memory only).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Hash)]
 struct Outgoing {
     op: Op,
     /// The batch that made it durable; it may go on the wire once that batch is persisted.
@@ -227,6 +227,14 @@ impl std::fmt::Debug for Outbox {
             .field("entries", &self.entries)
             .field("in_flight", &self.in_flight)
             .finish_non_exhaustive()
+    }
+}
+
+/// The same entries alone, for the same reason.
+impl std::hash::Hash for Outbox {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.entries.hash(state);
+        self.in_flight.hash(state);
     }
 }
 
@@ -405,7 +413,7 @@ impl Outbox {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Hash)]
 struct Object {
     record: ObjectRecord,
     outbox: Outbox,
@@ -481,7 +489,7 @@ impl Object {
 }
 
 /// An output that waits for a batch to be persisted.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Hash)]
 enum Deferred {
     Transmit(Envelope),
     Event(Event),
@@ -701,25 +709,24 @@ impl Machine {
         self.objects.get(obj).map(|object| object.record.state)
     }
 
-    /// A canonical rendering of the whole machine state, for model checkers that deduplicate
-    /// states (two machines with equal fingerprints behave identically).
-    pub fn fingerprint(&self) -> String {
-        format!(
-            "{:?}|{:?}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
-            self.objects,
-            self.bounces,
-            self.link_up,
-            self.last_heard,
-            self.last_sent,
-            self.minted,
-            self.next_batch,
-            self.persisted_through,
-            self.waiting,
-            self.persist,
-            self.transmit,
-            self.events,
-            self.staged,
-        )
+    /// Feeds the whole machine state to `state`, for model checkers that deduplicate states:
+    /// two machines that hash alike behave identically (the outbox's indexes and cursor, which
+    /// follow from its entries, are left out).
+    pub fn fingerprint<H: std::hash::Hasher>(&self, state: &mut H) {
+        use std::hash::Hash;
+        self.objects.hash(state);
+        self.bounces.hash(state);
+        self.link_up.hash(state);
+        self.last_heard.hash(state);
+        self.last_sent.hash(state);
+        self.minted.hash(state);
+        self.next_batch.hash(state);
+        self.persisted_through.hash(state);
+        self.waiting.hash(state);
+        self.persist.hash(state);
+        self.transmit.hash(state);
+        self.events.hash(state);
+        self.staged.hash(state);
     }
 
     /// Deliveries the app has not consumed (or, for reqs, not answered) yet, by object and seq.

@@ -153,7 +153,7 @@ impl ObjKind {
 }
 
 /// The `env` map.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Env {
     /// The verb (`kind`).
     pub kind: Verb,
@@ -208,7 +208,7 @@ impl Env {
 }
 
 /// One substrate frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Envelope {
     /// The type byte (never 0).
     pub type_byte: u8,
