@@ -521,11 +521,12 @@ impl Walk {
         let mut hasher = DefaultHasher::new();
         budget.hash(&mut hasher);
         world.fingerprint(&mut hasher);
-        match self.seen.get(&hasher.finish()) {
+        let key = hasher.finish();
+        match self.seen.get(&key) {
             Some(explored_at) if *explored_at <= depth => return Ok(()),
             _ => {}
         }
-        self.seen.insert(hasher.finish(), depth);
+        self.seen.insert(key, depth);
         let fail = |why: String, trace: &[Action]| format!("{why}\n  trace: {trace:?}");
         Promises::judge(&world).map_err(|why| fail(why, &self.trace))?;
         Promises::judge_healed(&world).map_err(|why| fail(why, &self.trace))?;

@@ -525,18 +525,13 @@ impl Harness {
         use std::hash::Hash;
         for n in [&self.a, &self.b] {
             n.machine.fingerprint(state);
-            n.store.hash(state);
-            n.uncommitted.hash(state);
+            (&n.store, &n.uncommitted, n.enqueued.len()).hash(state);
             n.consumed.len().hash(state);
             for op in &n.consumed {
                 (&op.obj, op.seq).hash(state);
             }
-            n.enqueued.len().hash(state);
         }
-        self.link_up.hash(state);
-        self.now.hash(state);
-        self.a_to_b.hash(state);
-        self.b_to_a.hash(state);
+        (self.link_up, self.now, &self.a_to_b, &self.b_to_a).hash(state);
     }
 
     /// Injects a frame as if node `from` had sent it.

@@ -714,19 +714,10 @@ impl Machine {
     /// follow from its entries, are left out).
     pub fn fingerprint<H: std::hash::Hasher>(&self, state: &mut H) {
         use std::hash::Hash;
-        self.objects.hash(state);
-        self.bounces.hash(state);
-        self.link_up.hash(state);
-        self.last_heard.hash(state);
-        self.last_sent.hash(state);
-        self.minted.hash(state);
-        self.next_batch.hash(state);
-        self.persisted_through.hash(state);
-        self.waiting.hash(state);
-        self.persist.hash(state);
-        self.transmit.hash(state);
-        self.events.hash(state);
-        self.staged.hash(state);
+        (&self.objects, &self.bounces, self.link_up).hash(state);
+        (self.last_heard, self.last_sent, self.minted).hash(state);
+        (self.next_batch, self.persisted_through, &self.waiting).hash(state);
+        (&self.persist, &self.transmit, &self.events, &self.staged).hash(state);
     }
 
     /// Deliveries the app has not consumed (or, for reqs, not answered) yet, by object and seq.
