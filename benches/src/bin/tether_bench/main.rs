@@ -298,6 +298,9 @@ struct Options {
     /// Run only the configurations whose key contains one of these (all when empty).
     only: Vec<String>,
     plot: PathBuf,
+    /// How many times the whole selection runs; the table shows each configuration's median
+    /// and its ratios as medians of the ratios within a round.
+    rounds: u64,
 }
 
 impl Options {
@@ -316,6 +319,7 @@ fn parse_args() -> Result<Options, String> {
         brokers: true,
         only: Vec::new(),
         plot: PathBuf::from("tether-bench.svg"),
+        rounds: 1,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -327,6 +331,7 @@ fn parse_args() -> Result<Options, String> {
         match arg.as_str() {
             "--messages" => options.messages = value("--messages")?,
             "--size" => options.size = value("--size")? as usize,
+            "--rounds" => options.rounds = value("--rounds")?.max(1),
             "--sync" => options.sync = true,
             "--no-brokers" => options.brokers = false,
             "--only" => options.only.push(args.next().ok_or("--only takes a key")?),
@@ -340,8 +345,8 @@ fn parse_args() -> Result<Options, String> {
             "--bench" => {}
             other => {
                 return Err(format!(
-                    "unknown argument {other:?} (--messages N, --size B, --sync, --no-brokers, \
-                     --only KEY, --plot PATH)"
+                    "unknown argument {other:?} (--messages N, --size B, --rounds N, --sync, \
+                     --no-brokers, --only KEY, --plot PATH)"
                 ))
             }
         }
@@ -365,6 +370,42 @@ fn main() -> std::process::ExitCode {
         .build()
         .expect("a tokio runtime");
     let dir = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
+    let mut rounds = Vec::new();
+    let mut skipped = Vec::new();
+    for round in 1..=options.rounds {
+        if options.rounds > 1 {
+            eprintln!("round {round} of {}", options.rounds);
+        }
+        let (rows, why) = run_round(&options, &runtime, &dir);
+        rounds.push(rows);
+        skipped = why;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let summaries = summarize(&rounds);
+    print_table(&summaries, options.size, options.rounds);
+    print_goals(&rounds);
+    for why in &skipped {
+        println!("\nskipped: {why}");
+    }
+    let medians: Vec<&Row> = summaries.iter().map(|summary| summary.row).collect();
+    match plot::write(&options.plot, &medians, options.size) {
+        Ok(()) => println!("\nplot: {}", options.plot.display()),
+        Err(error) => eprintln!("tether-bench: the plot was not written: {error}"),
+    }
+    if rounds.iter().flatten().all(|row| row.verdict == "ok") {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
+/// Every selected configuration once, in a fixed order; the rows, and why brokers were
+/// skipped.
+fn run_round(
+    options: &Options,
+    runtime: &tokio::runtime::Runtime,
+    dir: &Path,
+) -> (Vec<Row>, Vec<String>) {
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     for store in [StoreKind::Sqlite, StoreKind::Log] {
@@ -461,20 +502,7 @@ fn main() -> std::process::ExitCode {
         eprintln!("{}: {:.0} rows/s", row.what, row.rate());
         rows.push(row);
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    print_table(&rows, options.size);
-    for why in &skipped {
-        println!("\nskipped: {why}");
-    }
-    match plot::write(&options.plot, &rows, options.size) {
-        Ok(()) => println!("\nplot: {}", options.plot.display()),
-        Err(error) => eprintln!("tether-bench: the plot was not written: {error}"),
-    }
-    if rows.iter().all(|row| row.verdict == "ok") {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::FAILURE
-    }
+    (rows, skipped)
 }
 
 /// Two substrates over one carrier, and what a run needs to drive and count them.
@@ -919,30 +947,95 @@ fn or_dash<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
     value.map_or_else(|| "–".to_owned(), show)
 }
 
-fn print_table(rows: &[Row], size: usize) {
-    let rate_of = |prefix: &str| {
-        rows.iter()
-            .find(|row| row.what.starts_with(prefix))
-            .map(Row::rate)
+/// One configuration over every round: the row of its median round, its rate in each round,
+/// and its ratios to the baselines, each the median of ratios taken within one round (paired,
+/// so a drift of the machine's speed between rounds hits both sides of a ratio alike).
+struct Summary<'a> {
+    row: &'a Row,
+    rates: Vec<f64>,
+    of_raw_32: Option<f64>,
+    of_jetstream: Option<f64>,
+    of_mosquitto: Option<f64>,
+}
+
+/// The baselines the table divides by, by the start of their rows' names.
+const RAW_SQLITE_32: &str = "raw SQLite, 32 ";
+const JETSTREAM: &str = "NATS JetStream, file";
+const MOSQUITTO: &str = "mosquitto";
+
+/// The median of `values` (the lower of the middle two for an even count); `None` when empty.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len().saturating_sub(1) / 2).copied()
+}
+
+/// `what`'s rate over the rate of the row named from `of`, in each round that has both.
+fn paired_ratios(rounds: &[Vec<Row>], what: &str, of: &str) -> Vec<f64> {
+    rounds
+        .iter()
+        .filter_map(|rows| {
+            let rate = rows.iter().find(|row| row.what == what)?.rate();
+            let of = rows.iter().find(|row| row.what.starts_with(of))?.rate();
+            Some(rate / of.max(1e-9))
+        })
+        .collect()
+}
+
+/// Every configuration of the first round, summarized over all rounds, in its order.
+fn summarize(rounds: &[Vec<Row>]) -> Vec<Summary<'_>> {
+    let Some(first) = rounds.first() else {
+        return Vec::new();
     };
-    let raw_32 = rate_of("raw SQLite, 32 ");
-    let jetstream = rate_of("NATS JetStream, file");
-    let mosquitto = rate_of("mosquitto");
-    let ratio = |rate: f64, of: Option<f64>| or_dash(of, |of| format!("{:.2}×", rate / of));
+    first
+        .iter()
+        .map(|row| {
+            let mut runs: Vec<&Row> = rounds
+                .iter()
+                .filter_map(|rows| rows.iter().find(|other| other.what == row.what))
+                .collect();
+            let rates = runs.iter().map(|run| run.rate()).collect();
+            runs.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
+            let ratio = |of| median(paired_ratios(rounds, &row.what, of));
+            Summary {
+                row: runs[(runs.len() - 1) / 2],
+                rates,
+                of_raw_32: ratio(RAW_SQLITE_32),
+                of_jetstream: ratio(JETSTREAM),
+                of_mosquitto: ratio(MOSQUITTO),
+            }
+        })
+        .collect()
+}
+
+fn print_table(summaries: &[Summary<'_>], size: usize, rounds: u64) {
+    let ratio = |of: Option<f64>| or_dash(of, |of| format!("{of:.2}×"));
     println!("\n{size}-byte messages; tether syncs to disk (SQLite, fsync) before every acknowledgement\n");
-    println!(
-        "| configuration | messages | msg/s | p50 ms | p99 ms | fsyncs/msg | KB written/msg | CPU µs/msg \
-         | cores | store busy (sender/receiver) | bound | of raw SQLite (32/commit) | of JetStream \
-         | of mosquitto | check |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
-    let cores_available = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
-    for row in rows {
+    if rounds > 1 {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "Median of {rounds} rounds: each row is its configuration's median round, and each \
+             ratio the median of the ratios within a round.\n"
+        );
+    }
+    println!(
+        "| configuration | messages | msg/s | msg/s by round | p50 ms | p99 ms | fsyncs/msg \
+         | KB written/msg | CPU µs/msg | cores | store busy (sender/receiver) | bound \
+         | of raw SQLite (32/commit) | of JetStream | of mosquitto | check |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
+    let cores_available = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+    for summary in summaries {
+        let row = summary.row;
+        let by_round: Vec<String> = summary
+            .rates
+            .iter()
+            .map(|rate| format!("{rate:.0}"))
+            .collect();
+        println!(
+            "| {} | {} | {:.0} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.what,
             row.messages,
             row.rate(),
+            by_round.join(" / "),
             row.p50_ms,
             row.p99_ms,
             or_dash(row.fsyncs_per_message, |n| format!("{n:.3}")),
@@ -953,11 +1046,50 @@ fn print_table(rows: &[Row], size: usize) {
                 format!("{:.0}% / {:.0}%", sender * 100.0, receiver * 100.0)
             }),
             row.bound(cores_available),
-            or_dash(raw_32, |raw| format!("{:.0}%", row.rate() / raw * 100.0)),
-            ratio(row.rate(), jetstream),
-            ratio(row.rate(), mosquitto),
+            or_dash(summary.of_raw_32, |of| format!("{:.0}%", of * 100.0)),
+            ratio(summary.of_jetstream),
+            ratio(summary.of_mosquitto),
             row.verdict
         );
+    }
+}
+
+/// Issue 17's goals for tether over iroh with window 32: which configuration, the broker it
+/// is divided by, and the least ratio that meets the goal.
+const GOALS: [(&str, &str, f64); 3] = [
+    ("16 queue(s), window 32", JETSTREAM, 1.0),
+    ("16 queue(s), window 32", MOSQUITTO, 1.5),
+    ("1 queue(s), window 32", JETSTREAM, 0.5),
+];
+
+/// Each goal against each store: the ratio in every round and their median.
+fn print_goals(rounds: &[Vec<Row>]) {
+    let mut lines = Vec::new();
+    for store in [StoreKind::Log, StoreKind::Sqlite] {
+        for (config, of, goal) in GOALS {
+            let what = format!("tether over Iroh ({} store), {config}", store.label());
+            let ratios = paired_ratios(rounds, &what, of);
+            let Some(median) = median(ratios.clone()) else {
+                continue;
+            };
+            let by_round: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            let met = ratios.iter().filter(|ratio| **ratio >= goal).count();
+            lines.push(format!(
+                "| {what} | {of} | ≥ {goal:.1}× | {} | {median:.2}× | {} | {met} of {} |",
+                by_round.join(" / "),
+                if median >= goal { "met" } else { "not met" },
+                ratios.len(),
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return;
+    }
+    println!("\nIssue 17's goals (median of the ratios within a round)\n");
+    println!("| configuration | of | goal | by round | median | verdict | rounds meeting it |");
+    println!("|---|---|---:|---:|---:|---|---:|");
+    for line in lines {
+        println!("{line}");
     }
 }
 
@@ -979,6 +1111,30 @@ mod tests {
             store_busy: Some(busy),
             written_kb_per_message: None,
         }
+    }
+
+    #[test]
+    fn rounds_are_summarized_by_medians_of_ratios_within_a_round() {
+        let named = |what: &str, rate: u64| Row {
+            what: what.into(),
+            ..measured(rate, 0.0, 0.0, [0.0; 2])
+        };
+        let tether = "tether over Iroh (log store), 16 queue(s), window 32";
+        let jetstream = "NATS JetStream, file store";
+        let rounds = vec![
+            vec![named(tether, 100), named(jetstream, 50)],
+            vec![named(tether, 90), named(jetstream, 100)],
+            vec![named(tether, 120), named(jetstream, 100)],
+        ];
+        let summaries = summarize(&rounds);
+        assert_eq!(summaries.len(), 2);
+        assert_eq!(summaries[0].rates, [100.0, 90.0, 120.0]);
+        assert_eq!(summaries[0].row.rate(), 100.0, "the median round's row");
+        // The median of 2.0, 0.9 and 1.2, not the ratio of the medians (100 / 100).
+        assert_eq!(summaries[0].of_jetstream, Some(1.2));
+        assert_eq!(summaries[0].of_mosquitto, None, "no mosquitto row");
+        assert_eq!(median(vec![3.0, 1.0, 2.0, 4.0]), Some(2.0));
+        assert_eq!(median(Vec::new()), None);
     }
 
     #[test]

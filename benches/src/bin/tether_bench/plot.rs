@@ -16,7 +16,7 @@ const GAP: f64 = 8.0;
 const TOP: f64 = 56.0;
 
 /// Writes the chart of `rows` to `path`.
-pub(crate) fn write(path: &Path, rows: &[Row], size: usize) -> std::io::Result<()> {
+pub(crate) fn write(path: &Path, rows: &[&Row], size: usize) -> std::io::Result<()> {
     std::fs::write(path, svg(rows, size))
 }
 
@@ -38,11 +38,11 @@ fn escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
-fn svg(rows: &[Row], size: usize) -> String {
+fn svg(rows: &[&Row], size: usize) -> String {
     let max = rows
         .iter()
         .filter(|row| !row.what.starts_with("raw iroh"))
-        .map(Row::rate)
+        .map(|row| row.rate())
         .fold(1.0, f64::max);
     let span = WIDTH - LABEL - 110.0;
     let height = TOP + rows.len() as f64 * (BAR + GAP) + 40.0;
@@ -113,7 +113,7 @@ mod tests {
             row("tether over Iroh, 16 queue(s), window 32", 100, 1.0),
             row("mosquitto <qos 2>", 200, 1.0),
         ];
-        let svg = svg(&rows, 1024);
+        let svg = svg(&rows.each_ref(), 1024);
         assert_eq!(svg.matches("<rect x=").count(), 2);
         assert!(!svg.contains("<path"), "no bar is past the scale");
         assert!(svg.contains("mosquitto &lt;qos 2&gt;"));
@@ -129,7 +129,7 @@ mod tests {
             row("tether over Iroh, 16 queue(s), window 32", 100, 1.0),
             row("raw iroh stream, 1024-byte frames", 5_000, 1.0),
         ];
-        let svg = svg(&rows, 1024);
+        let svg = svg(&rows.each_ref(), 1024);
         let span = WIDTH - LABEL - 110.0;
         // Both bars span the scale (tether is the fastest durable row); the raw one is cut.
         assert_eq!(svg.matches(&format!(r#"width="{span:.1}""#)).count(), 2);
