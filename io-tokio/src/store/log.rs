@@ -100,6 +100,9 @@ struct Shared {
     idle: Condvar,
     /// The last handle is gone: background work stops at its next check.
     closing: AtomicBool,
+    /// Tests hold compactions between their snapshot and their swap, to commit meanwhile.
+    #[cfg(test)]
+    held: (Mutex<bool>, Condvar),
 }
 
 /// Held by every [`LogStore`] handle (not by its threads).
@@ -257,6 +260,8 @@ impl LogStore {
             inner: Mutex::new(inner),
             idle: Condvar::new(),
             closing: AtomicBool::new(false),
+            #[cfg(test)]
+            held: Default::default(),
         });
         Ok(Self {
             _open: Arc::new(Open {
@@ -420,6 +425,17 @@ impl LogStore {
     }
 }
 
+/// Compactions stay held while it lives ([`Shared::hold_compactions`]).
+#[cfg(test)]
+struct HeldCompactions<'a>(&'a Shared);
+
+#[cfg(test)]
+impl Drop for HeldCompactions<'_> {
+    fn drop(&mut self) {
+        self.0.set_held(false);
+    }
+}
+
 /// What a compaction took under the lock: the file up to `upto` (whole commits), read
 /// through a handle of its own while commits go on.
 struct Prefix {
@@ -476,6 +492,30 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Holds compactions at the point between their snapshot and their swap until the guard
+    /// is dropped (also when a test panics, so the store's drop never waits on a held one).
+    #[cfg(test)]
+    fn hold_compactions(&self) -> HeldCompactions<'_> {
+        self.set_held(true);
+        HeldCompactions(self)
+    }
+
+    #[cfg(test)]
+    fn set_held(&self, hold: bool) {
+        let (held, changed) = &self.held;
+        *held.lock().unwrap_or_else(PoisonError::into_inner) = hold;
+        changed.notify_all();
+    }
+
+    #[cfg(test)]
+    fn wait_while_held(&self) {
+        let (held, changed) = &self.held;
+        let mut held = held.lock().unwrap_or_else(PoisonError::into_inner);
+        while *held {
+            held = changed.wait(held).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     /// Waits until `commit` can be written without racing a preparation: while one runs, a
     /// commit stays below where its zeros start, and a torn tail is not cut.
     fn room<'a>(&self, mut inner: MutexGuard<'a, Inner>, commit: &[u8]) -> MutexGuard<'a, Inner> {
@@ -492,6 +532,8 @@ impl Shared {
     fn finish_compaction(&self, prefix: Prefix) -> Result<(), StoreError> {
         let fresh = compaction_path(&prefix.path);
         let result = Self::write_snapshot(&prefix, &fresh).and_then(|(file, snapshot)| {
+            #[cfg(test)]
+            self.wait_while_held();
             let mut inner = self.lock();
             if self.closing.load(Ordering::Acquire) {
                 // The store is closing (and may be reopened): the log stays as it is.
@@ -1050,7 +1092,8 @@ mod tests {
     }
 
     /// Compactions run on their own thread while commits go on: every commit made during one
-    /// is carried into the new file.
+    /// is carried into the new file. The first compaction is held between its snapshot and
+    /// its swap while 20 commits go on; the rest run as they fall.
     #[test]
     fn commits_go_on_while_the_file_is_compacted() {
         let path = temp_log("background");
@@ -1062,7 +1105,7 @@ mod tests {
         let store = LogStore::open_with(&path, options).expect("open");
         let peer = PeerId::new("p");
         let mut expected = DurableState::default();
-        for round in 0..200u64 {
+        let commit = |round: u64, expected: &mut DurableState| {
             // A send, and the removal of the one before it: the live state stays small.
             let mut records = vec![Record::Outbox(send(round))];
             if let Some(before) = round.checked_sub(1) {
@@ -1079,11 +1122,32 @@ mod tests {
                 .commit(&peer, std::slice::from_ref(&batch))
                 .expect("commit");
             expected.apply(&batch);
+        };
+        let held = store.shared.hold_compactions();
+        let mut round = 0;
+        while !store.shared.lock().compacting {
+            assert!(round < 200, "no compaction started");
+            commit(round, &mut expected);
+            round += 1;
+        }
+        for _ in 0..20 {
+            commit(round, &mut expected);
+            round += 1;
+        }
+        let before = store.stats().bytes;
+        drop(held);
+        store.wait_compaction();
+        let after = store.stats();
+        assert_eq!(after.compactions, 1, "{after:?}");
+        assert!(after.bytes < before, "{before} -> {after:?}");
+        assert_eq!(store.load(&peer).expect("load"), expected);
+        while round < 200 {
+            commit(round, &mut expected);
+            round += 1;
         }
         store.wait_compaction();
         let stats = store.stats();
-        assert!(stats.compactions >= 10, "{stats:?}");
-        assert!(stats.bytes < 4096, "{stats:?}");
+        assert!(stats.compactions >= 2, "{stats:?}");
         assert_eq!(store.load(&peer).expect("load"), expected);
         drop(store);
         let store = LogStore::open(&path).expect("reopen");
