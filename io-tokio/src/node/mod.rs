@@ -1802,7 +1802,16 @@ impl Inner {
         }
     }
 
+    /// One frame: as [`Inner::send_run`] with a run of one, without the run's iterator
+    /// layers (each moves the frame once more, which a lone 64 B frame feels).
     fn send(self: &Arc<Self>, frame: OutFrame) {
+        {
+            let queues = self.egress_read();
+            if let Some(queue) = queues.get(&frame.to) {
+                let queued = queue.sender.push(Slot::One(Queued::from(frame))).is_ok();
+                return self.enqueued(queue, u64::from(queued), u64::from(!queued));
+            }
+        }
         self.send_run(frame.to, std::iter::once(frame));
     }
 
@@ -1881,6 +1890,12 @@ impl Inner {
                 }
             }
         }
+        self.enqueued(queue, enqueued, full);
+    }
+
+    /// After pushing into `queue`: `enqueued` frames went in (counted, the writer woken once)
+    /// and `full` found no room (the machine counts the drops).
+    fn enqueued(self: &Arc<Self>, queue: &PeerQueue, enqueued: u64, full: u64) {
         if enqueued > 0 {
             queue.wake.wake();
             self.counters
