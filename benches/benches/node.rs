@@ -6,9 +6,12 @@
 //! table taken, the counter bumped and the writer woken once per run instead of per frame, and
 //! one ring slot per 64 frames);
 //! `node_ring4096` is `node` with a 4,096-slot egress ring (the default is 1,024). The paired
-//! comparison also reports the CPU time every thread of the process spent per frame.
+//! comparison also reports the CPU time every thread of the process spent per frame, and a
+//! `channel_floor`: the same frames handed one by one through the core hybrid channel (the
+//! per-frame queue seed 000 §2.2 prescribes) to a bare writer on the raw stream, with nothing
+//! of the driver around it. It is the most a lone `Node::send` can reach under that design.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +19,7 @@ use bytes::{Bytes, BytesMut};
 use criterion::{criterion_main, Criterion, Throughput};
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
 use tether_benches::{direct_addr, loopback_endpoint, thread_cpu_ns};
+use tether_core::channel::{HybridChannel, Sender};
 use tether_core::wire::actor::{ActorDecoder, ActorRecord};
 use tether_core::wire::StreamDecoder;
 use tokio::runtime::Runtime;
@@ -62,6 +66,75 @@ impl ActorBridge for Count {
     fn deliver_raw(&self, _: [u8; 32], _: &str, _: Bytes) -> Result<(), DeliveryError> {
         self.saw_one();
         Ok(())
+    }
+}
+
+/// The floor the seed's egress design sets under any driver: each frame handed alone through
+/// the core hybrid channel (a 1,024-slot ring and its spillover) to one writer task that
+/// encodes and writes what it pops to a raw iroh stream, with the cheapest correct wake-up
+/// (a flag the writer sets before it sleeps). Nothing of tether's driver is on the path: no
+/// egress table, no counters, no machine.
+struct ChannelFloor {
+    sender: Sender<(ActorAddr, Bytes)>,
+    asleep: Arc<AtomicBool>,
+    notify: Arc<Notify>,
+}
+
+type ActorAddr = [u8; 32];
+
+impl ChannelFloor {
+    fn start(runtime: &Runtime, conn: iroh::endpoint::Connection) -> Self {
+        let channel = HybridChannel::with_ring(1024);
+        let sender = channel.sender();
+        let (asleep, notify) = (Arc::new(AtomicBool::new(false)), Arc::new(Notify::new()));
+        let (sleeping, woken) = (asleep.clone(), notify.clone());
+        runtime.spawn(async move {
+            let mut send = conn.open_uni().await.expect("uni");
+            let mut buf = BytesMut::new();
+            loop {
+                // As the driver's writer: one scheduler turn so a burst shares the write.
+                tokio::task::yield_now().await;
+                loop {
+                    buf.clear();
+                    while buf.len() < 256 * 1024 {
+                        let Some((dest, payload)) = channel.pop() else {
+                            break;
+                        };
+                        let record = ActorRecord::new(dest, "Bench", payload).expect("record");
+                        record.encode(1 << 20, &mut buf).expect("encode");
+                    }
+                    if buf.is_empty() {
+                        break;
+                    }
+                    send.write_all(&buf).await.expect("write");
+                }
+                let notified = woken.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                sleeping.store(true, Ordering::Relaxed);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if !channel.is_empty() {
+                    sleeping.store(false, Ordering::Relaxed);
+                    continue;
+                }
+                notified.await;
+            }
+        });
+        Self {
+            sender,
+            asleep,
+            notify,
+        }
+    }
+
+    fn send(&self, dest: ActorAddr, payload: Bytes) {
+        self.sender
+            .push((dest, payload))
+            .expect("unbounded spillover");
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::Relaxed) {
+            self.notify.notify_one();
+        }
     }
 }
 
@@ -144,6 +217,18 @@ fn node(c: &mut Criterion) {
         (conn, tokio::sync::Mutex::new(send))
     });
 
+    let floor = ChannelFloor::start(&runtime, raw_send.0.clone());
+    let floor_round = |payload: &Bytes| {
+        let start = Instant::now();
+        runtime.block_on(async {
+            let target = raw_count.expect_more();
+            for _ in 0..FRAMES {
+                floor.send(ACTOR, payload.clone());
+            }
+            wait_for(&raw_count, target).await;
+        });
+        start.elapsed()
+    };
     let node_round = |sender: &Node, payload: &Bytes, batch: bool| {
         let to = b.node_id();
         let frame = || OutFrame {
@@ -215,9 +300,9 @@ fn node(c: &mut Criterion) {
     // in the machine's speed (this VM's moves by ±12% between minutes) hits all three alike;
     // the median of the per-round ratios is the figure the target is read against.
     for (size, payload) in &payloads {
-        let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-        // CPU nanoseconds spent in each kind of round: node, node_batch, raw.
-        let mut cpu = [0u64; 3];
+        let mut ratios: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        // CPU nanoseconds spent in each kind of round: node, node_batch, raw, channel floor.
+        let mut cpu = [0u64; 4];
         let mut on_cpu = |kind: usize, round: &dyn Fn() -> Duration| {
             let before = thread_cpu_ns();
             let took = round();
@@ -230,18 +315,24 @@ fn node(c: &mut Criterion) {
             let node = on_cpu(0, &|| node_round(&a, payload, false));
             let batch = on_cpu(1, &|| node_round(&a, payload, true));
             let raw = on_cpu(2, &|| raw_round(payload)).as_secs_f64();
+            let channel = on_cpu(3, &|| floor_round(payload));
             ratios[0].push(raw / node.as_secs_f64());
             ratios[1].push(raw / batch.as_secs_f64());
+            ratios[2].push(raw / channel.as_secs_f64());
         }
         let frames = (PAIRED_ROUNDS as u64 * FRAMES) as f64;
         println!(
             "node/actor_frames/paired/cpu/{size}B: ns of CPU per frame (all threads): \
-             node {:.0}, node_batch {:.0}, raw iroh {:.0}",
+             node {:.0}, node_batch {:.0}, raw iroh {:.0}, channel_floor {:.0}",
             cpu[0] as f64 / frames,
             cpu[1] as f64 / frames,
             cpu[2] as f64 / frames,
+            cpu[3] as f64 / frames,
         );
-        for (name, mut ratios) in ["node", "node_batch"].into_iter().zip(ratios) {
+        for (name, mut ratios) in ["node", "node_batch", "channel_floor"]
+            .into_iter()
+            .zip(ratios)
+        {
             ratios.sort_by(f64::total_cmp);
             let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize] * 100.0;
             println!(
