@@ -9,7 +9,7 @@
 //! comparison also reports the CPU time every thread of the process spent per frame, and a
 //! `channel_floor`: the same frames handed one by one through the core hybrid channel (the
 //! per-frame queue seed 000 §2.2 prescribes) to a bare writer on the raw stream, with nothing
-//! of the driver around it. It is the most a lone `Node::send` can reach under that design.
+//! of the driver around it: what the hand-off itself costs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use criterion::{criterion_main, Criterion, Throughput};
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
 use tether_benches::{direct_addr, loopback_endpoint, thread_cpu_ns};
 use tether_core::channel::{HybridChannel, Sender};
-use tether_core::wire::actor::{ActorDecoder, ActorRecord};
+use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
 use tether_core::wire::StreamDecoder;
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
@@ -72,8 +72,9 @@ impl ActorBridge for Count {
 /// The floor the seed's egress design sets under any driver: each frame handed alone through
 /// the core hybrid channel (a 1,024-slot ring and its spillover) to one writer task that
 /// encodes and writes what it pops to a raw iroh stream, with the cheapest correct wake-up
-/// (a flag the writer sets before it sleeps). Nothing of tether's driver is on the path: no
-/// egress table, no counters, no machine.
+/// (a flag the writer sets before it sleeps), encoding as the driver's writer does. Nothing of
+/// tether's driver is on the path: no egress table, no counters, no machine, no routing on
+/// the receiving side.
 struct ChannelFloor {
     sender: Sender<(ActorAddr, Bytes)>,
     asleep: Arc<AtomicBool>,
@@ -84,7 +85,7 @@ type ActorAddr = [u8; 32];
 
 impl ChannelFloor {
     fn start(runtime: &Runtime, conn: iroh::endpoint::Connection) -> Self {
-        let channel = HybridChannel::with_ring(1024);
+        let channel = HybridChannel::<(ActorAddr, Bytes)>::with_ring(1024);
         let sender = channel.sender();
         let (asleep, notify) = (Arc::new(AtomicBool::new(false)), Arc::new(Notify::new()));
         let (sleeping, woken) = (asleep.clone(), notify.clone());
@@ -100,8 +101,7 @@ impl ChannelFloor {
                         let Some((dest, payload)) = channel.pop() else {
                             break;
                         };
-                        let record = ActorRecord::new(dest, "Bench", payload).expect("record");
-                        record.encode(1 << 20, &mut buf).expect("encode");
+                        encode_record(&dest, "Bench", &payload, 1 << 20, &mut buf).expect("encode");
                     }
                     if buf.is_empty() {
                         break;
