@@ -222,12 +222,17 @@ mod tests {
         for ring in [1, 16, 1024] {
             let channel = HybridChannel::with_ring(ring);
             let done = Arc::new(AtomicBool::new(false));
+            // The consumer parks when it finds nothing; every push unparks it (a token is
+            // kept, so a push between its look and its park is not missed).
+            let consumer = std::thread::current();
             let producers: Vec<_> = (0..PRODUCERS)
                 .map(|p| {
                     let tx = channel.sender();
+                    let consumer = consumer.clone();
                     std::thread::spawn(move || {
                         for i in 0..ITEMS {
                             tx.push((p, i)).expect("unbounded spillover");
+                            consumer.unpark();
                         }
                     })
                 })
@@ -241,6 +246,7 @@ mod tests {
                         producer.join().expect("producer");
                     }
                     done.store(true, Ordering::SeqCst);
+                    consumer.unpark();
                 })
             };
             loop {
@@ -252,7 +258,7 @@ mod tests {
                         received += 1;
                     }
                     None if done.load(Ordering::SeqCst) && channel.is_empty() => break,
-                    None => std::thread::yield_now(),
+                    None => std::thread::park(),
                 }
             }
             finisher.join().expect("finisher");

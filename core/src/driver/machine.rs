@@ -143,6 +143,16 @@ pub enum Send {
     Dropped(DropReason),
 }
 
+/// Where a stream to a peer goes: on the cached connection, or on a fresh one the shell dials
+/// (and reports with [`Driver::handle_connected`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Open<C> {
+    /// Open it on this cached connection; a failure goes to [`Driver::handle_open_failed`].
+    Cached(Generation, C),
+    /// Dial the peer on the channel's ALPN and open it there.
+    Dial,
+}
+
 /// What a malformed inbound stream gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamVerdict {
@@ -433,6 +443,37 @@ impl<C: Clone> Driver<C> {
         if self.cache.fail(&(peer, channel), generation) == Eviction::Evicted {
             self.bump();
         }
+    }
+
+    /// The application opens a stream to `peer` on `channel` (a protocol stream, or a record
+    /// that must reach the peer, such as a subscription): the allow-list for `path` first
+    /// (refused: counted, nothing else changes), then the cache decides where it goes.
+    pub fn handle_open(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        path: Path,
+        channel: Channel,
+    ) -> Result<Open<C>, Refused> {
+        self.handle_admit(now, &peer, path, Direction::Outbound)?;
+        Ok(match self.connection(&peer, channel) {
+            Some((generation, conn)) => Open::Cached(generation, conn),
+            None => Open::Dial,
+        })
+    }
+
+    /// Opening a stream on the cached connection of `generation` failed: the connection is
+    /// dead. That generation is evicted (a newer one stays) and the stream goes on a fresh
+    /// connection, dialed once: a failure there is the caller's error.
+    pub fn handle_open_failed(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        channel: Channel,
+        generation: Generation,
+    ) -> Open<C> {
+        self.handle_connection_closed(now, peer, channel, generation);
+        Open::Dial
     }
 
     /// The application asked to close the connection to `peer` on `channel`.
@@ -912,11 +953,6 @@ impl<C: Clone> Driver<C> {
         self.directory.verdicts()
     }
 
-    /// Whether the allow-list admits `peer` (a query: nothing is counted).
-    pub fn permits(&self, peer: &NodeId) -> bool {
-        self.config.auth.permits(peer)
-    }
-
     /// Whether the node is closed.
     pub fn is_closed(&self) -> bool {
         self.closed
@@ -1037,5 +1073,91 @@ impl<C: Clone> Driver<C> {
             let due = since.saturating_add(self.config.idle_peer_timeout);
             self.timers.insert((due, Timer::Idle(peer)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PEER: NodeId = [1; 32];
+
+    fn at(millis: u64) -> Time {
+        Time::from_millis(millis)
+    }
+    const STRANGER: NodeId = [2; 32];
+
+    fn driver() -> Driver<&'static str> {
+        Driver::new(Config {
+            auth: PeerAuth::allow_list([PEER]),
+            ..Config::default()
+        })
+    }
+
+    #[test]
+    fn open_dials_a_peer_with_no_connection_and_reuses_a_cached_one() {
+        let mut d = driver();
+        let channel = Channel::Protocol(0);
+        assert_eq!(
+            d.handle_open(at(0), PEER, Path::Protocol, channel),
+            Ok(Open::Dial)
+        );
+        let generation = d
+            .handle_connected(at(0), PEER, channel, "first")
+            .expect("cached");
+        assert_eq!(
+            d.handle_open(at(0), PEER, Path::Protocol, channel),
+            Ok(Open::Cached(generation, "first"))
+        );
+        // Another channel to the same peer has its own connection.
+        assert_eq!(
+            d.handle_open(at(0), PEER, Path::Actor, Channel::Actor),
+            Ok(Open::Dial)
+        );
+    }
+
+    #[test]
+    fn open_refuses_a_peer_off_the_list_and_changes_nothing_else() {
+        let mut d = driver();
+        let refused = d.handle_open(at(0), STRANGER, Path::Protocol, Channel::Protocol(0));
+        assert!(refused.is_err());
+        assert_eq!(d.refusals().get(Path::Protocol, Direction::Outbound), 1);
+        assert!(d.connection(&STRANGER, Channel::Protocol(0)).is_none());
+        assert!(d.poll_action().is_none(), "no dial, no stream");
+    }
+
+    #[test]
+    fn a_failed_open_evicts_its_generation_only_and_dials_once() {
+        let mut d = driver();
+        let channel = Channel::Protocol(3);
+        let old = d
+            .handle_connected(at(0), PEER, channel, "old")
+            .expect("cached");
+        assert_eq!(d.handle_open_failed(at(1), PEER, channel, old), Open::Dial);
+        assert!(
+            d.connection(&PEER, channel).is_none(),
+            "the dead one is gone"
+        );
+        assert_eq!(
+            d.handle_open(at(2), PEER, Path::Protocol, channel),
+            Ok(Open::Dial)
+        );
+
+        // A failure seen on an older generation leaves the newer connection cached.
+        let stale = d
+            .handle_connected(at(3), PEER, channel, "a")
+            .expect("cached");
+        let fresh = d
+            .handle_connected(at(4), PEER, channel, "b")
+            .expect("cached");
+        assert_ne!(stale, fresh);
+        assert_eq!(
+            d.handle_open_failed(at(5), PEER, channel, stale),
+            Open::Dial
+        );
+        assert_eq!(
+            d.handle_open(at(6), PEER, Path::Protocol, channel),
+            Ok(Open::Cached(fresh, "b"))
+        );
     }
 }

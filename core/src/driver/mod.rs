@@ -19,7 +19,7 @@ pub use book::PeerBook;
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
 pub use directory::{ClaimVerdict, Directory, HostClaim, HOST_CLAIM_TAG};
 pub use machine::{
-    Action, Alpns, Channel, Config as DriverConfig, Dispatch, Driver, Send, StreamVerdict,
+    Action, Alpns, Channel, Config as DriverConfig, Dispatch, Driver, Open, Send, StreamVerdict,
 };
 pub use relay::RelayHints;
 pub use routing::{

@@ -67,9 +67,9 @@ pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED};
 pub use tether_core::driver::Channel;
 use tether_core::driver::{
     Action, ActorAddr, Alpns, ClaimVerdict, Control, ControlVerdict, Direction, Dispatch, Driver,
-    DriverConfig, DropReason, Drops, Generation, HostClaim, Inbound, JoinStatus, NodeId, Path,
-    PeerAuth, PeerBook, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
-    HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
+    DriverConfig, DropReason, Drops, Generation, HostClaim, Inbound, JoinStatus, NodeId, Open,
+    Path, PeerAuth, PeerBook, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict,
+    StreamVerdict, HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, ADDRESS_BOOK_PEERS_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
@@ -981,16 +981,19 @@ impl Node {
         for seed in seeds {
             let peer = *seed.id.as_bytes();
             let seed = self.inner.normalized(seed);
-            // Only an admitted seed is remembered (the machine counts the refusal below).
-            if self.inner.gate.lock().driver.permits(&peer) {
-                self.inner.remember(&seed);
-            }
             let (relay, direct) = (seed.relay_urls().next().is_some(), seed.ip_addrs().count());
-            let joined = self
+            let (joined, actions) = self
                 .inner
+                .gate
                 .drive(|driver, now| driver.handle_join(now, peer, relay, direct));
-            if joined.is_err() {
-                warn!(seed = %hex(&peer), "join seed not allowed");
+            // A seed the machine admitted is remembered before its attempts run (they dial
+            // the address remembered); a refused one leaves no state.
+            match joined {
+                Ok(()) => self.inner.remember(&seed),
+                Err(_) => warn!(seed = %hex(&peer), "join seed not allowed"),
+            }
+            for action in actions {
+                self.inner.execute(action);
             }
         }
     }
@@ -1183,14 +1186,13 @@ impl Node {
         };
         control.encode().ok_or(NodeError::InvalidStreamName)?;
         let peer = *source.id.as_bytes();
-        let connected = self
+        // The record must reach the source: the machine says whether the cached connection
+        // carries it or this node connects first.
+        let open = self
             .inner
-            .gate
-            .lock()
-            .driver
-            .connection(&peer, Channel::Actor)
-            .is_some();
-        if !connected {
+            .drive(|driver, now| driver.handle_open(now, peer, Path::Actor, Channel::Actor))
+            .map_err(NodeError::from)?;
+        if matches!(open, Open::Dial) {
             self.connect(source).await?;
         }
         self.send_control(peer, &control)
@@ -1276,23 +1278,25 @@ impl Node {
             .and_then(|(index, adapter)| Some((u16::try_from(index).ok()?, adapter.clone())))
             .ok_or_else(|| NodeError::NoBinding(protocol_id.to_owned()))?;
         let peer = *to.id.as_bytes();
-        self.inner
-            .gate
-            .admit(&peer, Path::Protocol, Direction::Outbound)?;
-        // One connection per peer and protocol: a cached one (either side may have dialed
-        // it) carries the stream; a dead or missing one is replaced, once.
-        let cached = self
+        // One connection per peer and protocol (either side may have dialed it): the machine
+        // says which carries the stream, and what follows a dead one.
+        let channel = Channel::Protocol(index);
+        let mut open = self
             .inner
-            .gate
-            .lock()
-            .driver
-            .connection(&peer, Channel::Protocol(index));
-        let (mut send, recv) = match cached {
-            Some((_, conn)) => match conn.open_bi().await {
-                Ok(pair) => pair,
-                Err(_) => self.dial_protocol(&adapter, index, to, peer).await?,
-            },
-            None => self.dial_protocol(&adapter, index, to, peer).await?,
+            .drive(|driver, now| driver.handle_open(now, peer, Path::Protocol, channel))
+            .map_err(NodeError::from)?;
+        let (mut send, recv) = loop {
+            match open {
+                Open::Cached(generation, conn) => match conn.open_bi().await {
+                    Ok(pair) => break pair,
+                    Err(_) => {
+                        open = self.inner.drive(|driver, now| {
+                            driver.handle_open_failed(now, peer, channel, generation)
+                        });
+                    }
+                },
+                Open::Dial => break self.dial_protocol(&adapter, index, to, peer).await?,
+            }
         };
         send.write_all(&protocol_stream_id.to_be_bytes())
             .await
@@ -1473,10 +1477,9 @@ impl std::fmt::Debug for NodeProtocol {
 
 impl iroh::protocol::ProtocolHandler for NodeProtocol {
     async fn accept(&self, connection: Connection) -> Result<(), iroh::protocol::AcceptError> {
-        // The node's tasks hold the connection; the router's handle may go.
-        if !self.inner.is_closed() {
-            self.inner.accepted(connection);
-        }
+        // The node's tasks hold the connection; the router's handle may go. A closed node's
+        // machine dispatches it nowhere.
+        self.inner.accepted(connection);
         Ok(())
     }
 }
