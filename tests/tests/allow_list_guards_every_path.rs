@@ -1,7 +1,7 @@
 //! The allow-list over real iroh on 127.0.0.1: one check every path goes through, both ways.
 //! A node whose list names someone else neither reaches a peer (actor frames, connect, join,
-//! telemetry, a protocol stream, the switch, the substrate) nor lets the peer in on any ALPN;
-//! each refusal is counted by path before anything else happens.
+//! telemetry publishing and subscribing, a protocol stream, the switch, the substrate) nor lets
+//! the peer in on any ALPN; each refusal is counted by path before anything else happens.
 
 use std::sync::Arc;
 
@@ -101,6 +101,10 @@ async fn a_peer_off_the_list_is_never_reached_on_any_path() {
         payload: Bytes::from_static(b"hi"),
     });
     g.join(vec![to.clone()]);
+    assert!(matches!(
+        g.subscribe_telemetry(to.clone(), "metrics", [2; 16]).await,
+        Err(NodeError::Unauthorized)
+    ));
     let (_events, subscription) = mpsc::channel(1);
     let published = g.publish_telemetry(to.clone(), header(g.node_id()), subscription);
     assert!(matches!(
@@ -124,7 +128,7 @@ async fn a_peer_off_the_list_is_never_reached_on_any_path() {
     let snapshot = g.snapshot();
     let refusals = &snapshot.refusals;
     for (path, count) in [
-        (Path::Actor, 2), // connect and send
+        (Path::Actor, 3), // connect, send and a telemetry subscription
         (Path::Join, 1),
         (Path::Telemetry, 1),
         (Path::Protocol, 1),
