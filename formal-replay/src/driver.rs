@@ -183,11 +183,32 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 Send::Enqueue => "enqueue".to_owned(),
                 Send::Dropped(reason) => format!("drop:{}", reason.as_str()),
             }),
-            DriverOp::Batch { peer, frames, .. } => {
-                Some(match driver.handle_batch(now, id(*peer), *frames) {
-                    Some((g, conn)) => format!("write:{}:{conn}", g.get()),
-                    None => "drop".to_owned(),
-                })
+            DriverOp::Batch {
+                peer,
+                frames,
+                swim,
+                stream,
+                ..
+            } => {
+                let stream = match stream {
+                    Some(g) => Some(generation_of(*g)?),
+                    None => None,
+                };
+                Some(
+                    match driver.handle_batch(now, id(*peer), *frames, *swim, stream) {
+                        Some(batch) => {
+                            let kept = if batch.open_stream { "" } else { ":kept" };
+                            format!("write:{}:{}{kept}", batch.generation.get(), batch.conn)
+                        }
+                        None => "drop".to_owned(),
+                    },
+                )
+            }
+            DriverOp::Stopped {
+                peer, generation, ..
+            } => {
+                driver.handle_stream_stopped(now, id(*peer), generation_of(*generation)?);
+                None
             }
             DriverOp::WriteFailed {
                 peer,
@@ -230,12 +251,12 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 driver.handle_join_failed(now, id(*peer), "failed");
                 None
             }
-            DriverOp::Fault { peer, fatal, .. } => {
-                Some(match driver.handle_stream_fault(now, id(*peer), *fatal) {
+            DriverOp::Fault { peer, fatal, .. } => Some(
+                match driver.handle_stream_fault(now, id(*peer), Channel::Actor, *fatal) {
                     StreamVerdict::Continue => "continue".to_owned(),
                     StreamVerdict::Stop(code) => format!("stop:{code}"),
-                })
-            }
+                },
+            ),
             DriverOp::Timeout { .. } => {
                 driver.handle_timeout(now);
                 None

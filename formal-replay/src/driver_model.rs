@@ -290,6 +290,8 @@ struct Machine {
     joins: BTreeMap<u8, Join>,
     /// Writers by peer.
     writers: BTreeMap<u8, Writer>,
+    /// The `swim` of each known writer's last batch (absent: false).
+    writer_swim: BTreeMap<u8, bool>,
     /// Whether `close` happened.
     closed: bool,
     /// Drops by reason.
@@ -328,6 +330,7 @@ impl Machine {
             dials: BTreeMap::new(),
             joins: BTreeMap::new(),
             writers: BTreeMap::new(),
+            writer_swim: BTreeMap::new(),
             closed: false,
             drops: BTreeMap::new(),
             refusals: BTreeMap::new(),
@@ -488,14 +491,31 @@ impl Machine {
         Ok(Some("drop:cache_miss".to_string()))
     }
 
-    /// `batch peer, frames`.
-    fn batch(&mut self, peer: u8, frames: u64) -> Result<Option<String>, String> {
-        // Unless closed, the writer becomes busy (its idle timer, if any, is cancelled).
+    /// `batch peer, frames, swim, stream`.
+    fn batch(
+        &mut self,
+        peer: u8,
+        frames: u64,
+        swim: bool,
+        stream: Option<u64>,
+    ) -> Result<Option<String>, String> {
+        // Unless closed, the writer becomes busy (its idle timer, if any, is cancelled) and
+        // remembers `swim`.
         if !self.closed {
             self.writers.insert(peer, Writer::Busy);
+            self.writer_swim.insert(peer, swim);
         }
         if let Some(entry) = self.cache.get(&(peer, Channel::Actor)) {
-            return Ok(Some(format!("write:{}:{}", entry.generation, entry.conn)));
+            // On the open stream when it is on this generation; else a new one first.
+            let kept = if stream == Some(entry.generation) {
+                ":kept"
+            } else {
+                ""
+            };
+            return Ok(Some(format!(
+                "write:{}:{}{kept}",
+                entry.generation, entry.conn
+            )));
         }
         // Otherwise add frames to drops cache_miss, dial the peer unless closed.
         self.drop_frames("cache_miss", frames)?;
@@ -736,6 +756,7 @@ impl Machine {
                     // An idle writer is removed, writers_retired += 1, queue retire:<peer>.
                     if let Some(Writer::IdleSince(_)) = self.writers.get(&peer) {
                         self.writers.remove(&peer);
+                        self.writer_swim.remove(&peer);
                         add(&mut self.counters.writers_retired, 1, "writers_retired")?;
                         self.actions.push(format!("retire:{peer}"));
                     }
@@ -761,6 +782,7 @@ impl Machine {
             join.step = JoinStep::Done;
         }
         self.writers.clear();
+        self.writer_swim.clear();
     }
 
     /// Applies one op; returns its step.
@@ -806,7 +828,22 @@ impl Machine {
                 Some(if admitted { "ok" } else { "refused" }.to_string())
             }
             DriverOp::Send { peer, .. } => self.send(*peer)?,
-            DriverOp::Batch { peer, frames, .. } => self.batch(*peer, *frames)?,
+            DriverOp::Batch {
+                peer,
+                frames,
+                swim,
+                stream,
+                ..
+            } => self.batch(*peer, *frames, *swim, *stream)?,
+            DriverOp::Stopped {
+                peer, generation, ..
+            } => {
+                // As write_failed with no frames and the writer's remembered swim.
+                let swim = self.writers.contains_key(peer)
+                    && self.writer_swim.get(peer).copied().unwrap_or(false);
+                self.write_failed(*peer, *generation, 0, swim)?;
+                None
+            }
             DriverOp::WriteFailed {
                 peer,
                 generation,
@@ -1185,6 +1222,52 @@ mod tests {
                 "refusals": {},
                 "counters": counters(1, 1, 0, 2, 2, 0),
                 "cache": [[1, "actor", 3]],
+                "joins": {}
+            }
+        }));
+    }
+
+    /// A writer keeps its stream while it is on the current connection and opens a new one
+    /// otherwise; a stop of that stream while idle fails its generation as a write does, with
+    /// the last batch's SWIM flag (a second stop is stale); a writer known only by `idle`
+    /// reports no SWIM frame.
+    #[test]
+    fn writer_streams_kept_opened_and_stopped() {
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "connected", "at": 0, "peer": 1, "channel": "actor", "conn": 100},
+                {"op": "batch", "at": 1, "peer": 1, "frames": 2, "swim": true},
+                {"op": "batch", "at": 2, "peer": 1, "frames": 1, "stream": 1},
+                {"op": "batch", "at": 3, "peer": 1, "frames": 1, "swim": true, "stream": 1},
+                {"op": "idle", "at": 4, "peer": 1},
+                {"op": "stopped", "at": 5, "peer": 1, "generation": 1},
+                {"op": "stopped", "at": 6, "peer": 1, "generation": 1},
+                {"op": "dialed", "at": 7, "peer": 1, "conn": 101},
+                {"op": "batch", "at": 8, "peer": 1, "frames": 1, "stream": 1},
+                {"op": "connected", "at": 9, "peer": 2, "channel": "actor", "conn": 200},
+                {"op": "idle", "at": 10, "peer": 2},
+                {"op": "stopped", "at": 11, "peer": 2, "generation": 3}
+            ],
+            "steps": [
+                step(json!("gen:1"), &[], N),
+                step(json!("write:1:100"), &[], N),
+                step(json!("write:1:100:kept"), &[], N),
+                step(json!("write:1:100:kept"), &[], N),
+                step(N, &[], json!(1_004)),
+                step(N, &["dial:1:1", "send_failed:1"], json!(1_004)),
+                step(N, &["send_failed:1"], json!(1_004)),
+                step(json!("gen:2"), &["kick:1"], json!(1_004)),
+                step(json!("write:2:101"), &[], N),
+                step(json!("gen:3"), &[], N),
+                step(N, &[], json!(1_010)),
+                step(N, &["dial:2:1"], json!(1_010))
+            ],
+            "end": {
+                "drops": {},
+                "refusals": {},
+                "counters": counters(0, 2, 0, 2, 1, 0),
+                "cache": [[1, "actor", 2]],
                 "joins": {}
             }
         }));
@@ -1592,7 +1675,8 @@ mod tests {
                     4 => json!({"op": "admit", "at": at, "peer": peer,
                                 "path": paths[next(7) as usize], "direction": "outbound"}),
                     5 => json!({"op": "send", "at": at, "peer": peer}),
-                    6 => json!({"op": "batch", "at": at, "peer": peer, "frames": next(4)}),
+                    6 => json!({"op": "batch", "at": at, "peer": peer, "frames": next(4),
+                                "swim": next(2) == 0, "stream": next(4)}),
                     7 => json!({"op": "write_failed", "at": at, "peer": peer,
                                 "generation": next(6), "frames": next(4), "swim": next(2) == 0}),
                     8 => json!({"op": "idle", "at": at, "peer": peer}),
@@ -1603,7 +1687,11 @@ mod tests {
                     11 => json!({"op": "join_connected", "at": at, "peer": peer}),
                     12 => json!({"op": "join_sent", "at": at, "peer": peer, "conn": next(5)}),
                     13 => json!({"op": "join_failed", "at": at, "peer": peer}),
-                    14 => json!({"op": "fault", "at": at, "peer": peer, "fatal": true}),
+                    14 if next(2) == 0 => {
+                        json!({"op": "fault", "at": at, "peer": peer, "fatal": true})
+                    }
+                    14 => json!({"op": "stopped", "at": at, "peer": peer,
+                                 "generation": next(4)}),
                     15 => json!({"op": "timeout", "at": at}),
                     _ => json!({"op": "close", "at": at}),
                 };

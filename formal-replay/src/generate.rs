@@ -179,6 +179,8 @@ fn enumerated(section: &str, n: u64) -> Value {
             let alphabet = [
                 json!({"op": "send", "peer": 1}),
                 json!({"op": "batch", "peer": 1, "frames": 2}),
+                json!({"op": "batch", "peer": 1, "frames": 1, "swim": true, "stream": 1}),
+                json!({"op": "stopped", "peer": 1, "generation": 1}),
                 json!({"op": "dialed", "peer": 1, "conn": 7}),
                 json!({"op": "dialed", "peer": 1, "conn": null}),
                 json!({"op": "write_failed", "peer": 1, "generation": 1, "frames": 1, "swim": true}),
@@ -768,7 +770,7 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
             let peer = DRIVER_PEERS[rng.random_range(0..DRIVER_PEERS.len())];
             let generation = rng.random_range(1..8u64);
             let channel = DRIVER_CHANNELS[rng.random_range(0..DRIVER_CHANNELS.len())];
-            match rng.random_range(0..20) {
+            match rng.random_range(0..21) {
                 0..=1 => json!({"op": "accept", "at": at, "peer": peer,
                     "alpn": DRIVER_ALPNS[rng.random_range(0..DRIVER_ALPNS.len())], "conn": conn}),
                 2 => json!({"op": "connected", "at": at, "peer": peer, "channel": channel,
@@ -780,8 +782,17 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                     "path": DRIVER_PATHS[rng.random_range(0..DRIVER_PATHS.len())],
                     "direction": if rng.random_bool(0.5) { "inbound" } else { "outbound" }}),
                 6..=7 => json!({"op": "send", "at": at, "peer": peer}),
-                8 => json!({"op": "batch", "at": at, "peer": peer,
-                    "frames": rng.random_range(1..5u64)}),
+                8 => {
+                    // The writer's stream: none, or on some generation (often the current).
+                    let stream = if rng.random_bool(0.5) {
+                        json!(generation)
+                    } else {
+                        Value::Null
+                    };
+                    json!({"op": "batch", "at": at, "peer": peer,
+                        "frames": rng.random_range(1..5u64), "swim": rng.random_bool(0.3),
+                        "stream": stream})
+                }
                 9 => json!({"op": "write_failed", "at": at, "peer": peer,
                     "generation": generation, "frames": rng.random_range(1..5u64),
                     "swim": rng.random_bool(0.5)}),
@@ -800,7 +811,8 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                 14 => json!({"op": "join_sent", "at": at, "peer": peer, "conn": conn}),
                 15 => json!({"op": "join_failed", "at": at, "peer": peer}),
                 16 => json!({"op": "fault", "at": at, "peer": peer, "fatal": rng.random_bool(0.5)}),
-                17 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
+                17 => json!({"op": "stopped", "at": at, "peer": peer, "generation": generation}),
+                18 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
                 _ => json!({"op": "timeout", "at": at}),
             }
         })

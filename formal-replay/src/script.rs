@@ -448,6 +448,17 @@ pub enum DriverOp {
         at: u64,
         peer: u8,
         frames: u64,
+        /// One of the frames carries a SWIM tag (absent: false).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        swim: bool,
+        /// The generation the writer's open stream is on (absent: none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream: Option<u64>,
+    },
+    Stopped {
+        at: u64,
+        peer: u8,
+        generation: u64,
     },
     WriteFailed {
         at: u64,
@@ -510,6 +521,7 @@ impl DriverOp {
             | Self::Send { at, .. }
             | Self::Batch { at, .. }
             | Self::WriteFailed { at, .. }
+            | Self::Stopped { at, .. }
             | Self::Idle { at, .. }
             | Self::Dialed { at, .. }
             | Self::Join { at, .. }

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use super::machine::{Action, Alpns, Channel, Config, Dispatch, Driver, Send};
+use super::machine::{Action, Alpns, Batch, Channel, Config, Dispatch, Driver, Send};
 use super::routing::{DropReason, NodeId, PeerAuth};
 use super::schedule::{DIAL_ATTEMPTS, JOIN_ATTEMPTS};
 use crate::time::Time;
@@ -336,8 +336,14 @@ impl World {
         let frames: Vec<Frame> = writer.queue.drain(..take).collect();
         writer.active_at = self.now;
         writer.idle_reported = false;
-        match sim.driver.handle_batch(now, peer, frames.len() as u64) {
-            Some((generation, conn)) => self.writes.push(Write {
+        let swim = frames.iter().any(|f| f.swim);
+        match sim
+            .driver
+            .handle_batch(now, peer, frames.len() as u64, swim, None)
+        {
+            Some(Batch {
+                generation, conn, ..
+            }) => self.writes.push(Write {
                 node: n,
                 peer,
                 generation,
@@ -698,7 +704,9 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
             }
             12 => {
                 let fatal = arg() & 1 == 1;
-                world.sims[n].driver.handle_stream_fault(now, id(0), fatal);
+                world.sims[n]
+                    .driver
+                    .handle_stream_fault(now, id(0), Channel::Actor, fatal);
             }
             _ => {
                 // Rarely: a node closes for good.

@@ -143,6 +143,27 @@ pub enum Send {
     Dropped(DropReason),
 }
 
+/// What a peer's writer writes its batch on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch<C> {
+    /// The generation of `conn`.
+    pub generation: Generation,
+    /// The cached connection to write on.
+    pub conn: C,
+    /// Open a new stream on `conn` first: the writer has none on this generation (its first
+    /// batch, a newer connection, or its last stream failed or was stopped).
+    pub open_stream: bool,
+}
+
+/// A peer's writer as the machine knows it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Writer {
+    /// Idle since then (`None`: busy).
+    idle_since: Option<Time>,
+    /// Whether the batch last given to it carried a SWIM-tagged frame.
+    swim: bool,
+}
+
 /// Where a stream to a peer goes: on the cached connection, or on a fresh one the shell dials
 /// (and reports with [`Driver::handle_connected`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,8 +331,8 @@ pub struct Driver<C> {
     cache: ConnectionCache<(NodeId, Channel), C>,
     dials: BTreeMap<NodeId, DialState>,
     joins: BTreeMap<NodeId, JoinState>,
-    /// Writers that reported, with the time each went idle (`None`: busy).
-    writers: BTreeMap<NodeId, Option<Time>>,
+    /// Writers that reported: when each went idle, the stream it writes on, its last batch.
+    writers: BTreeMap<NodeId, Writer>,
     timers: BTreeSet<(Time, Timer)>,
     relay_hints: RelayHints,
     actions: VecDeque<Action<C>>,
@@ -509,17 +530,29 @@ impl<C: Clone> Driver<C> {
         self.dropped(DropReason::CacheMiss)
     }
 
-    /// `peer`'s writer has a batch of `frames`: the connection to write it on, or `None`
-    /// (the batch is dropped, counted, and a dial starts).
+    /// `peer`'s writer has a batch of `frames` (`swim` when one carries a SWIM tag) and a
+    /// stream open on the connection of generation `stream`, if any: the connection to write
+    /// the batch on and whether to open a stream there first, or `None` (the batch is
+    /// dropped, counted, and a dial starts).
     pub fn handle_batch(
         &mut self,
         now: Time,
         peer: NodeId,
         frames: u64,
-    ) -> Option<(Generation, C)> {
+        swim: bool,
+        stream: Option<Generation>,
+    ) -> Option<Batch<C>> {
         self.set_writer(now, peer, None);
+        if let Some(writer) = self.writers.get_mut(&peer) {
+            writer.swim = swim;
+        }
         match self.connection(&peer, Channel::Actor) {
-            Some(found) => Some(found),
+            // One stream per connection: a stream on an older one is left.
+            Some((generation, conn)) => Some(Batch {
+                generation,
+                conn,
+                open_stream: stream != Some(generation),
+            }),
             None => {
                 self.drops.add(DropReason::CacheMiss, frames);
                 self.bump();
@@ -562,14 +595,35 @@ impl<C: Clone> Driver<C> {
         self.bump();
     }
 
+    /// The peer stopped the stream `peer`'s writer had open on the connection of `generation`,
+    /// while the writer had nothing to write (the writer drops the stream). Which frames the
+    /// peer read before it stopped is unknown: none are counted again, but a SWIM frame in
+    /// the writer's last batch is reported as not sent, and the generation fails as a failed
+    /// write's does (stale if a newer connection is cached).
+    pub fn handle_stream_stopped(&mut self, now: Time, peer: NodeId, generation: Generation) {
+        let swim = self.writers.get(&peer).is_some_and(|writer| writer.swim);
+        self.handle_write_failed(now, peer, generation, 0, swim);
+    }
+
     /// `peer`'s writer ran dry and sleeps.
     pub fn handle_writer_idle(&mut self, now: Time, peer: NodeId) {
         self.set_writer(now, peer, Some(now));
     }
 
-    /// An inbound actor stream from `peer` had a malformed record; `fatal` when the stream
-    /// cannot be read further.
-    pub fn handle_stream_fault(&mut self, _now: Time, _peer: NodeId, fatal: bool) -> StreamVerdict {
+    /// An inbound stream from `peer` on `channel` could not be decoded; `fatal` when the
+    /// stream cannot be read further. An actor stream counts the malformed record and reads
+    /// on past one it could skip. A telemetry or protocol stream has no record boundary to
+    /// resume at: it stops (its consumer hears of the fault from the shell).
+    pub fn handle_stream_fault(
+        &mut self,
+        _now: Time,
+        _peer: NodeId,
+        channel: Channel,
+        fatal: bool,
+    ) -> StreamVerdict {
+        if channel != Channel::Actor {
+            return StreamVerdict::Stop(STOP_MALFORMED);
+        }
         self.drops.count(DropReason::MalformedStream);
         self.bump();
         if fatal {
@@ -844,8 +898,7 @@ impl<C: Clone> Driver<C> {
                     let due = self
                         .writers
                         .get(&peer)
-                        .copied()
-                        .flatten()
+                        .and_then(|writer| writer.idle_since)
                         .map(|since| since.saturating_add(idle));
                     if due == Some(at) {
                         self.writers.remove(&peer);
@@ -1064,11 +1117,12 @@ impl<C: Clone> Driver<C> {
         if self.closed {
             return;
         }
-        if let Some(Some(since)) = self.writers.get(&peer) {
+        let writer = self.writers.entry(peer).or_default();
+        if let Some(since) = writer.idle_since {
             let due = since.saturating_add(self.config.idle_peer_timeout);
             self.timers.remove(&(due, Timer::Idle(peer)));
         }
-        self.writers.insert(peer, idle_since);
+        writer.idle_since = idle_since;
         if let Some(since) = idle_since {
             let due = since.saturating_add(self.config.idle_peer_timeout);
             self.timers.insert((due, Timer::Idle(peer)));
@@ -1124,6 +1178,104 @@ mod tests {
         assert_eq!(d.refusals().get(Path::Protocol, Direction::Outbound), 1);
         assert!(d.connection(&STRANGER, Channel::Protocol(0)).is_none());
         assert!(d.poll_action().is_none(), "no dial, no stream");
+    }
+
+    #[test]
+    fn a_malformed_stream_stops_unless_an_actor_stream_can_skip_the_record() {
+        let mut d = driver();
+        assert_eq!(
+            d.handle_stream_fault(at(0), PEER, Channel::Actor, false),
+            StreamVerdict::Continue
+        );
+        assert_eq!(
+            d.handle_stream_fault(at(0), PEER, Channel::Actor, true),
+            StreamVerdict::Stop(STOP_MALFORMED)
+        );
+        assert_eq!(d.drops().get(DropReason::MalformedStream), 2);
+        // Telemetry and protocol streams have no record to skip to, and carry no frames to
+        // count as dropped.
+        for channel in [Channel::Telemetry, Channel::Protocol(0)] {
+            assert_eq!(
+                d.handle_stream_fault(at(1), PEER, channel, false),
+                StreamVerdict::Stop(STOP_MALFORMED)
+            );
+        }
+        assert_eq!(d.drops().get(DropReason::MalformedStream), 2);
+    }
+
+    #[test]
+    fn a_writer_opens_a_stream_on_each_connection_it_writes_to_and_keeps_it() {
+        let mut d = driver();
+        let first = d
+            .handle_connected(at(0), PEER, Channel::Actor, "one")
+            .expect("cached");
+        let batch = d.handle_batch(at(1), PEER, 3, false, None).expect("cached");
+        assert_eq!(
+            (batch.generation, batch.conn, batch.open_stream),
+            (first, "one", true)
+        );
+        let batch = d
+            .handle_batch(at(2), PEER, 1, false, Some(first))
+            .expect("cached");
+        assert!(
+            !batch.open_stream,
+            "the stream on this connection carries on"
+        );
+        // A newer connection: the stream on the old one is left, a new one opened.
+        let second = d
+            .handle_connected(at(3), PEER, Channel::Actor, "two")
+            .expect("cached");
+        let batch = d
+            .handle_batch(at(4), PEER, 1, false, Some(first))
+            .expect("cached");
+        assert_eq!((batch.generation, batch.open_stream), (second, true));
+        // No connection: the batch drops and a dial starts.
+        d.handle_connection_closed(at(5), PEER, Channel::Actor, second);
+        assert!(d
+            .handle_batch(at(6), PEER, 2, false, Some(second))
+            .is_none());
+        assert_eq!(d.drops().get(DropReason::CacheMiss), 2);
+        assert!(std::iter::from_fn(|| d.poll_action()).any(|a| matches!(a, Action::Dial { .. })));
+    }
+
+    #[test]
+    fn a_stream_stopped_while_idle_fails_its_generation_and_reports_a_swim_batch() {
+        let mut d = driver();
+        let generation = d
+            .handle_connected(at(0), PEER, Channel::Actor, "one")
+            .expect("cached");
+        d.handle_batch(at(1), PEER, 2, true, None).expect("cached");
+        d.handle_writer_idle(at(2), PEER);
+        while d.poll_action().is_some() {}
+        d.handle_stream_stopped(at(3), PEER, generation);
+        assert!(d.connection(&PEER, Channel::Actor).is_none(), "evicted");
+        assert_eq!(d.counters().evictions, 1);
+        assert_eq!(
+            d.drops().get(DropReason::WriteFailed),
+            0,
+            "no frame counted again"
+        );
+        let actions: Vec<_> = std::iter::from_fn(|| d.poll_action()).collect();
+        assert!(
+            actions.contains(&Action::SendFailed { peer: PEER }),
+            "{actions:?}"
+        );
+        assert!(actions.iter().any(|a| matches!(a, Action::Dial { .. })));
+
+        // After a batch without SWIM frames, a stop of a stale generation only counts.
+        let newer = d
+            .handle_connected(at(4), PEER, Channel::Actor, "two")
+            .expect("cached");
+        d.handle_batch(at(5), PEER, 1, false, None).expect("cached");
+        while d.poll_action().is_some() {}
+        d.handle_stream_stopped(at(6), PEER, generation);
+        assert_eq!(
+            d.connection(&PEER, Channel::Actor),
+            Some((newer, "two")),
+            "the newer connection stays"
+        );
+        assert_eq!(d.counters().stale_failures, 1);
+        assert!(d.poll_action().is_none(), "nothing to report");
     }
 
     #[test]

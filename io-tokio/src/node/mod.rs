@@ -1711,8 +1711,16 @@ impl Inner {
             Dispatch::Telemetry(generation) => {
                 let (inner, sink) = (self.clone(), self.telemetry_sinks.clone());
                 self.spawn(async move {
-                    let spawner = inner.clone();
-                    telemetry::collect(conn, peer, sink, move |stream| spawner.spawn(stream)).await;
+                    let (spawner, judge) = (inner.clone(), inner.clone());
+                    let on_fault: telemetry::FaultVerdict = Arc::new(move || {
+                        judge.drive(|driver, now| {
+                            driver.handle_stream_fault(now, peer, Channel::Telemetry, true)
+                        })
+                    });
+                    telemetry::collect(conn, peer, sink, on_fault, move |stream| {
+                        spawner.spawn(stream)
+                    })
+                    .await;
                     inner.drive(|driver, now| {
                         driver.handle_connection_closed(now, peer, Channel::Telemetry, generation)
                     });
@@ -1970,17 +1978,13 @@ impl Inner {
     ) {
         let mut queue = Drain::new(channel);
         let mut stream: Option<(Generation, SendStream)> = None;
-        // Whether the last batch written to the stream carried a SWIM frame.
-        let mut last_swim = false;
         let mut buf = BytesMut::new();
         loop {
             if queue.is_empty() {
                 self.drive(|driver, now| driver.handle_writer_idle(now, peer));
                 let sleep = wake.sleep(|| !queue.is_empty() || wake.retire.load(Ordering::Acquire));
-                // While idle, a peer that stops the stream is a failed write of its generation
-                // now, not at the next frame (a closed connection is the reader's to report).
-                // Which frames the peer read before it stopped is unknown: none are counted
-                // again, but a SWIM frame in the last batch is reported as not sent.
+                // While idle, a peer that stops the stream is reported now, not at the next
+                // frame (a closed connection is the reader's to report); the machine judges it.
                 let stopped = async {
                     match &stream {
                         Some((generation, send)) => match send.stopped().await {
@@ -1995,7 +1999,7 @@ impl Inner {
                     generation = stopped => {
                         stream = None;
                         self.drive(|driver, now| {
-                            driver.handle_write_failed(now, peer, generation, 0, last_swim)
+                            driver.handle_stream_stopped(now, peer, generation)
                         });
                         continue;
                     }
@@ -2045,13 +2049,15 @@ impl Inner {
                 if frames == 0 {
                     break;
                 }
-                let Some((generation, conn)) =
-                    self.drive(|driver, now| driver.handle_batch(now, peer, frames))
+                let on = stream.as_ref().map(|(generation, _)| *generation);
+                let Some(batch) =
+                    self.drive(|driver, now| driver.handle_batch(now, peer, frames, swim, on))
                 else {
                     continue;
                 };
-                if stream.as_ref().is_none_or(|(g, _)| *g != generation) {
-                    stream = conn.open_uni().await.ok().map(|s| (generation, s));
+                let generation = batch.generation;
+                if batch.open_stream {
+                    stream = batch.conn.open_uni().await.ok().map(|s| (generation, s));
                 }
                 let written = match &mut stream {
                     Some((_, send)) => send.write_all(&buf).await.is_ok(),
@@ -2059,7 +2065,6 @@ impl Inner {
                 };
                 if written {
                     self.counters.written.fetch_add(frames, Ordering::Relaxed);
-                    last_swim = swim;
                 } else {
                     stream = None;
                     self.drive(|driver, now| {
@@ -2103,8 +2108,9 @@ impl Inner {
                 .fetch_add(delivered, Ordering::Relaxed);
             if let Some(error) = fault {
                 let fatal = error.error.is_fatal();
-                let verdict =
-                    self.drive(|driver, now| driver.handle_stream_fault(now, peer, fatal));
+                let verdict = self.drive(|driver, now| {
+                    driver.handle_stream_fault(now, peer, Channel::Actor, fatal)
+                });
                 if let StreamVerdict::Stop(code) = verdict {
                     let _ = recv.stop(code.into());
                     return;

@@ -10,7 +10,7 @@
 use super::NodeError;
 use bytes::BytesMut;
 use iroh::endpoint::{Connection, RecvStream};
-use tether_core::driver::NodeId;
+use tether_core::driver::{NodeId, StreamVerdict};
 use tether_core::wire::telemetry::{
     encode_stream_ended, BatchWriter, ChannelDescriptor, Compression, Header, TelemetryDecoder,
     TelemetryError, TelemetryFrame, TelemetryItem,
@@ -122,18 +122,27 @@ impl Sinks {
 }
 
 /// Reads every telemetry stream the peer opens on `conn` into the sinks.
+/// What the driver machine says of a stream that could not be decoded.
+pub(super) type FaultVerdict = std::sync::Arc<dyn Fn() -> StreamVerdict + Send + Sync>;
+
 pub(super) async fn collect(
     conn: Connection,
     peer: NodeId,
     sink: Sinks,
+    on_fault: FaultVerdict,
     spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
 ) {
     while let Ok(recv) = conn.accept_uni().await {
-        spawn(Box::pin(read_stream(recv, peer, sink.clone())));
+        spawn(Box::pin(read_stream(
+            recv,
+            peer,
+            sink.clone(),
+            on_fault.clone(),
+        )));
     }
 }
 
-async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks) {
+async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks, on_fault: FaultVerdict) {
     use tether_core::wire::FormatError;
     let mut decoder = StreamDecoder::new(TelemetryDecoder::default());
     let mut flow_id = None;
@@ -162,7 +171,10 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks) {
                 Ok(None) => break,
                 Err(error) => {
                     let _ = sink.send(fault(&error, flow_id.is_some())).await;
-                    let _ = recv.stop(1u32.into());
+                    // The decoder cannot go on past a fault; the machine names the stop.
+                    if let StreamVerdict::Stop(code) = on_fault() {
+                        let _ = recv.stop(code.into());
+                    }
                     return;
                 }
             };
