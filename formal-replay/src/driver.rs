@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tether_core::driver::schedule::JoinPhase;
 use tether_core::driver::{
-    Action, Alpns, Channel, Direction, Dispatch, Driver, DriverConfig, Path, PeerAuth, Send,
+    Action, Alpns, Channel, Direction, Dispatch, Driver, DriverConfig, Open, Path, PeerAuth, Send,
     StreamVerdict,
 };
 use tether_core::time::Time;
@@ -210,6 +210,30 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 driver.handle_stream_stopped(now, id(*peer), generation_of(*generation)?);
                 None
             }
+            DriverOp::Open {
+                peer,
+                path: p,
+                channel: name,
+                ..
+            } => Some(
+                match driver.handle_open(now, id(*peer), path(p)?, channel(name)?) {
+                    Ok(Open::Cached(g, conn)) => format!("cached:{}:{conn}", g.get()),
+                    Ok(Open::Dial) => "dial".to_owned(),
+                    Err(_) => "refused".to_owned(),
+                },
+            ),
+            DriverOp::OpenFailed {
+                peer,
+                channel: name,
+                generation: g,
+                ..
+            } => Some(
+                match driver.handle_open_failed(now, id(*peer), channel(name)?, generation_of(*g)?)
+                {
+                    Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),
+                    Open::Dial => "dial".to_owned(),
+                },
+            ),
             DriverOp::WriteFailed {
                 peer,
                 generation: g,

@@ -828,6 +828,34 @@ impl Machine {
                 Some(if admitted { "ok" } else { "refused" }.to_string())
             }
             DriverOp::Send { peer, .. } => self.send(*peer)?,
+            DriverOp::Open {
+                peer,
+                path,
+                channel,
+                ..
+            } => {
+                // Admit on `path`, outbound; then the cache says where the stream goes.
+                let path = Path::parse(path)?;
+                let channel = Channel::parse(channel)?;
+                Some(if !self.admit(*peer, path, Direction::Outbound)? {
+                    "refused".to_string()
+                } else if let Some(entry) = self.cache.get(&(*peer, channel)) {
+                    format!("cached:{}:{}", entry.generation, entry.conn)
+                } else {
+                    "dial".to_string()
+                })
+            }
+            DriverOp::OpenFailed {
+                peer,
+                channel,
+                generation,
+                ..
+            } => {
+                // As closed; the stream then goes on a fresh connection.
+                let channel = Channel::parse(channel)?;
+                self.closed_conn(*peer, channel, *generation);
+                Some("dial".to_string())
+            }
             DriverOp::Batch {
                 peer,
                 frames,
@@ -1273,6 +1301,48 @@ mod tests {
         }));
     }
 
+    /// open: refused off the list (counted), dial with no connection, the cached one on its
+    /// channel; open_failed evicts that generation only, then dial.
+    #[test]
+    fn open_goes_on_the_cached_connection_or_dials() {
+        check(json!({
+            "allow": [1],
+            "ops": [
+                {"op": "open", "at": 0, "peer": 2, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 0, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "connected", "at": 1, "peer": 1, "channel": "protocol:0", "conn": 10},
+                {"op": "open", "at": 2, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 2, "peer": 1, "path": "actor", "channel": "actor"},
+                {"op": "connected", "at": 3, "peer": 1, "channel": "protocol:0", "conn": 11},
+                {"op": "open_failed", "at": 4, "peer": 1, "channel": "protocol:0",
+                 "generation": 1},
+                {"op": "open", "at": 5, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open_failed", "at": 6, "peer": 1, "channel": "protocol:0",
+                 "generation": 2},
+                {"op": "open", "at": 7, "peer": 1, "path": "protocol", "channel": "protocol:0"}
+            ],
+            "steps": [
+                step(json!("refused"), &[], N),
+                step(json!("dial"), &[], N),
+                step(json!("gen:1"), &[], N),
+                step(json!("cached:1:10"), &[], N),
+                step(json!("dial"), &[], N),
+                step(json!("gen:2"), &[], N),
+                step(json!("dial"), &[], N),
+                step(json!("cached:2:11"), &[], N),
+                step(json!("dial"), &[], N),
+                step(json!("dial"), &[], N)
+            ],
+            "end": {
+                "drops": {},
+                "refusals": {"protocol/outbound": 1},
+                "counters": counters(0, 0, 0, 0, 0, 0),
+                "cache": [],
+                "joins": {}
+            }
+        }));
+    }
+
     /// Idle writers retire 1,000 ms after going idle; a batch cancels the idle timer; a
     /// second idle replaces the timer; caching on actor kicks a writer (idle or busy), other
     /// channels do not; close forgets writers and cancels timers.
@@ -1690,8 +1760,13 @@ mod tests {
                     14 if next(2) == 0 => {
                         json!({"op": "fault", "at": at, "peer": peer, "fatal": true})
                     }
-                    14 => json!({"op": "stopped", "at": at, "peer": peer,
+                    14 if next(2) == 0 => json!({"op": "stopped", "at": at, "peer": peer,
                                  "generation": next(4)}),
+                    14 if next(2) == 0 => json!({"op": "open", "at": at, "peer": peer,
+                                 "path": paths[next(7) as usize],
+                                 "channel": channels[next(4) as usize]}),
+                    14 => json!({"op": "open_failed", "at": at, "peer": peer,
+                                 "channel": channels[next(4) as usize], "generation": next(4)}),
                     15 => json!({"op": "timeout", "at": at}),
                     _ => json!({"op": "close", "at": at}),
                 };

@@ -770,7 +770,7 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
             let peer = DRIVER_PEERS[rng.random_range(0..DRIVER_PEERS.len())];
             let generation = rng.random_range(1..8u64);
             let channel = DRIVER_CHANNELS[rng.random_range(0..DRIVER_CHANNELS.len())];
-            match rng.random_range(0..21) {
+            match rng.random_range(0..23) {
                 0..=1 => json!({"op": "accept", "at": at, "peer": peer,
                     "alpn": DRIVER_ALPNS[rng.random_range(0..DRIVER_ALPNS.len())], "conn": conn}),
                 2 => json!({"op": "connected", "at": at, "peer": peer, "channel": channel,
@@ -812,7 +812,12 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                 15 => json!({"op": "join_failed", "at": at, "peer": peer}),
                 16 => json!({"op": "fault", "at": at, "peer": peer, "fatal": rng.random_bool(0.5)}),
                 17 => json!({"op": "stopped", "at": at, "peer": peer, "generation": generation}),
-                18 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
+                18 => json!({"op": "open", "at": at, "peer": peer,
+                    "path": DRIVER_PATHS[rng.random_range(0..DRIVER_PATHS.len())],
+                    "channel": channel}),
+                19 => json!({"op": "open_failed", "at": at, "peer": peer, "channel": channel,
+                    "generation": generation}),
+                20 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
                 _ => json!({"op": "timeout", "at": at}),
             }
         })

@@ -460,6 +460,18 @@ pub enum DriverOp {
         peer: u8,
         generation: u64,
     },
+    Open {
+        at: u64,
+        peer: u8,
+        path: String,
+        channel: String,
+    },
+    OpenFailed {
+        at: u64,
+        peer: u8,
+        channel: String,
+        generation: u64,
+    },
     WriteFailed {
         at: u64,
         peer: u8,
@@ -522,6 +534,8 @@ impl DriverOp {
             | Self::Batch { at, .. }
             | Self::WriteFailed { at, .. }
             | Self::Stopped { at, .. }
+            | Self::Open { at, .. }
+            | Self::OpenFailed { at, .. }
             | Self::Idle { at, .. }
             | Self::Dialed { at, .. }
             | Self::Join { at, .. }
