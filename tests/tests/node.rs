@@ -258,6 +258,32 @@ async fn an_unauthorized_peer_is_refused_both_ways() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_keeps_a_cached_connection_until_it_is_disconnected() {
+    let a = node().await;
+    let b = node().await;
+    let b_key = hex(&b.node.node_id());
+    a.node
+        .connect(b.node.endpoint_addr())
+        .await
+        .expect("connect");
+    let first = a.node.snapshot().cache[&b_key];
+    // Connected already: nothing is dialed, the generation stays (a dial would have cached
+    // a new one before `connect` returned).
+    a.node.connect(b.node.endpoint_addr()).await.expect("again");
+    assert_eq!(a.node.snapshot().cache[&b_key], first);
+    // Disconnected: the next connect dials a new one.
+    a.node.disconnect(&b.node.node_id());
+    a.node
+        .connect(b.node.endpoint_addr())
+        .await
+        .expect("after disconnect");
+    assert!(a.node.snapshot().cache[&b_key] > first);
+    for n in [a, b] {
+        n.node.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_is_replaced_under_a_new_generation() {
     let a = node().await;
     let mut b = node().await;

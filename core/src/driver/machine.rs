@@ -643,11 +643,6 @@ impl<C: Clone> Driver<C> {
         self.drops.add(DropReason::EgressFull, frames);
     }
 
-    /// The application connects to `peer` now (awaited): the allow-list first.
-    pub fn handle_connect(&mut self, now: Time, peer: NodeId) -> Result<(), Refused> {
-        self.handle_admit(now, &peer, Path::Actor, Direction::Outbound)
-    }
-
     /// Dial attempt to `peer` ended: connected (cached; the returned generation) or failed.
     pub fn handle_dialed(
         &mut self,

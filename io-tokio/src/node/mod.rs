@@ -928,11 +928,16 @@ impl Node {
     }
 
     /// Connects to `addr` now (awaitable; the actor plane dials in the background on its
-    /// own). The connection is cached and its streams read.
+    /// own). The connection is cached and its streams read. A peer with a cached connection
+    /// keeps it (nothing is dialed; [`Node::disconnect`] first to replace it).
     pub async fn connect(&self, addr: EndpointAddr) -> Result<(), NodeError> {
         let peer = *addr.id.as_bytes();
-        self.inner
-            .drive(|driver, now| driver.handle_connect(now, peer))?;
+        let open = self
+            .inner
+            .drive(|driver, now| driver.handle_open(now, peer, Path::Actor, Channel::Actor))?;
+        if matches!(open, Open::Cached(..)) {
+            return Ok(());
+        }
         let addr = self.inner.normalized(addr);
         self.inner.remember(&addr);
         let conn = self
@@ -1186,15 +1191,8 @@ impl Node {
         };
         control.encode().ok_or(NodeError::InvalidStreamName)?;
         let peer = *source.id.as_bytes();
-        // The record must reach the source: the machine says whether the cached connection
-        // carries it or this node connects first.
-        let open = self
-            .inner
-            .drive(|driver, now| driver.handle_open(now, peer, Path::Actor, Channel::Actor))
-            .map_err(NodeError::from)?;
-        if matches!(open, Open::Dial) {
-            self.connect(source).await?;
-        }
+        // The record must reach the source: on the cached connection, or a new one.
+        self.connect(source).await?;
         self.send_control(peer, &control)
     }
 
