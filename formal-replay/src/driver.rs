@@ -109,6 +109,14 @@ fn generation_of(raw: u64) -> Result<tether_core::driver::Generation, String> {
         .ok_or_else(|| "generation 0 is never issued".to_owned())
 }
 
+/// The observation of where a stream goes: `cached:<generation>:<conn>` or `dial`.
+fn opened(open: Open<u64>) -> String {
+    match open {
+        Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),
+        Open::Dial => "dial".to_owned(),
+    }
+}
+
 /// Replays `case` on core's machine.
 pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
     if case.ops.len() != case.steps.len() {
@@ -217,8 +225,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 ..
             } => Some(
                 match driver.handle_open(now, id(*peer), path(p)?, channel(name)?) {
-                    Ok(Open::Cached(g, conn)) => format!("cached:{}:{conn}", g.get()),
-                    Ok(Open::Dial) => "dial".to_owned(),
+                    Ok(open) => opened(open),
                     Err(_) => "refused".to_owned(),
                 },
             ),
@@ -227,13 +234,12 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel: name,
                 generation: g,
                 ..
-            } => Some(
-                match driver.handle_open_failed(now, id(*peer), channel(name)?, generation_of(*g)?)
-                {
-                    Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),
-                    Open::Dial => "dial".to_owned(),
-                },
-            ),
+            } => Some(opened(driver.handle_open_failed(
+                now,
+                id(*peer),
+                channel(name)?,
+                generation_of(*g)?,
+            ))),
             DriverOp::WriteFailed {
                 peer,
                 generation: g,

@@ -331,7 +331,7 @@ pub struct Driver<C> {
     cache: ConnectionCache<(NodeId, Channel), C>,
     dials: BTreeMap<NodeId, DialState>,
     joins: BTreeMap<NodeId, JoinState>,
-    /// Writers that reported: when each went idle, the stream it writes on, its last batch.
+    /// Writers that reported: when each went idle, and whether its last batch carried SWIM.
     writers: BTreeMap<NodeId, Writer>,
     timers: BTreeSet<(Time, Timer)>,
     relay_hints: RelayHints,
@@ -1130,11 +1130,11 @@ mod tests {
     use super::*;
 
     const PEER: NodeId = [1; 32];
+    const STRANGER: NodeId = [2; 32];
 
     fn at(millis: u64) -> Time {
         Time::from_millis(millis)
     }
-    const STRANGER: NodeId = [2; 32];
 
     fn driver() -> Driver<&'static str> {
         Driver::new(Config {

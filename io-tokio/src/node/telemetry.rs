@@ -121,10 +121,10 @@ impl Sinks {
     }
 }
 
-/// Reads every telemetry stream the peer opens on `conn` into the sinks.
 /// What the driver machine says of a stream that could not be decoded.
 pub(super) type FaultVerdict = std::sync::Arc<dyn Fn() -> StreamVerdict + Send + Sync>;
 
+/// Reads every telemetry stream the peer opens on `conn` into the sinks.
 pub(super) async fn collect(
     conn: Connection,
     peer: NodeId,
