@@ -241,3 +241,74 @@ async fn every_sink_of_a_fanout_gets_every_item_on_a_custom_alpn() {
     publisher.close().await;
     collector.close().await;
 }
+
+/// Reads one published stream from `ingress`: its publisher and the events it carried.
+async fn one_stream(
+    ingress: &mut mpsc::Receiver<TelemetryIngress>,
+) -> ([u8; 32], Vec<TelemetryFrame>) {
+    let (mut from, mut frames) = (None, Vec::new());
+    loop {
+        match ingress.recv().await.expect("item") {
+            TelemetryIngress::Opened { peer, .. } => from = Some(peer),
+            TelemetryIngress::Events { frames: batch, .. } => frames.extend(batch),
+            TelemetryIngress::Ended { .. } => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    (from.expect("a header first"), frames)
+}
+
+/// Publishes events `range` from `from` to `to` and waits until the publisher ends cleanly.
+async fn publish(from: &Node, to: &Node, range: std::ops::Range<u64>) {
+    let (events_tx, events_rx) = mpsc::channel(16);
+    let done = from.publish_telemetry(to.endpoint_addr(), header(from.node_id()), events_rx);
+    for i in range {
+        events_tx.send(event(i)).await.expect("publisher alive");
+    }
+    drop(events_tx);
+    done.await.expect("outcome").expect("published");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_between_two_nodes_share_one_connection_whichever_side_dialed_it() {
+    let (a_sink, mut a_ingress) = mpsc::channel(tether::node::TELEMETRY_SINK_ITEMS_DEFAULT);
+    let (b_sink, mut b_ingress) = mpsc::channel(tether::node::TELEMETRY_SINK_ITEMS_DEFAULT);
+    let a = Node::builder()
+        .telemetry_sink(a_sink)
+        .bind()
+        .await
+        .expect("a");
+    let b = Node::builder()
+        .telemetry_sink(b_sink)
+        .bind()
+        .await
+        .expect("b");
+
+    // Two publishes from a to b: the second stream goes on the connection the first dialed.
+    publish(&a, &b, 0..3).await;
+    assert_eq!(
+        one_stream(&mut b_ingress).await,
+        (a.node_id(), (0..3).map(event).collect())
+    );
+    publish(&a, &b, 3..6).await;
+    assert_eq!(
+        one_stream(&mut b_ingress).await,
+        (a.node_id(), (3..6).map(event).collect())
+    );
+    assert_eq!(
+        b.snapshot().accepted,
+        1,
+        "b accepted one telemetry connection"
+    );
+
+    // b publishes back on the connection a dialed: a accepts nothing, and collects it.
+    publish(&b, &a, 6..9).await;
+    assert_eq!(
+        one_stream(&mut a_ingress).await,
+        (b.node_id(), (6..9).map(event).collect())
+    );
+    assert_eq!(a.snapshot().accepted, 0, "a dialed the only connection");
+    assert_eq!(b.snapshot().accepted, 1);
+    a.close().await;
+    b.close().await;
+}

@@ -1243,14 +1243,6 @@ impl Node {
         subscription: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
     ) -> tokio::sync::oneshot::Receiver<Result<(), NodeError>> {
         let (done, outcome) = tokio::sync::oneshot::channel();
-        let admitted =
-            self.inner
-                .gate
-                .admit(to.id.as_bytes(), Path::Telemetry, Direction::Outbound);
-        if let Err(error) = admitted {
-            let _ = done.send(Err(error));
-            return outcome;
-        }
         let inner = self.inner.clone();
         self.inner.spawn(async move {
             let result = inner.publish_to(to, header, subscription).await;
@@ -1600,8 +1592,10 @@ impl Inner {
         });
     }
 
-    /// Dials the collector at `to` on the telemetry ALPN, caches the connection with the
-    /// machine for as long as it publishes `header` then `events` on it.
+    /// Publishes `header` then `events` on a new uni stream to the collector at `to`. The
+    /// machine says where the stream goes (the allow-list first, then the connection cached
+    /// for the peer's telemetry ALPN, whichever side dialed it); a dead cached connection is
+    /// evicted and one fresh connection dialed, cached and served as an accepted one is.
     async fn publish_to(
         self: &Arc<Self>,
         to: EndpointAddr,
@@ -1609,6 +1603,19 @@ impl Inner {
         events: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
     ) -> Result<(), NodeError> {
         let peer = *to.id.as_bytes();
+        let mut open = self.drive(|driver, now| {
+            driver.handle_open(now, peer, Path::Telemetry, Channel::Telemetry)
+        })?;
+        while let Open::Cached(generation, conn) = open {
+            match conn.open_uni().await {
+                Ok(send) => return telemetry::publish(conn, send, header, events).await,
+                Err(_) => {
+                    open = self.drive(|driver, now| {
+                        driver.handle_open_failed(now, peer, Channel::Telemetry, generation)
+                    });
+                }
+            }
+        }
         let conn = self
             .endpoint
             .connect(to, &self.telemetry_alpn)
@@ -1617,13 +1624,12 @@ impl Inner {
         let generation = self.drive(|driver, now| {
             driver.handle_connected(now, peer, Channel::Telemetry, conn.clone())
         });
-        let result = telemetry::publish(conn, header, events).await;
-        if let Some(generation) = generation {
-            self.drive(|driver, now| {
-                driver.handle_connection_closed(now, peer, Channel::Telemetry, generation)
-            });
-        }
-        result
+        self.serve_telemetry(peer, generation.ok_or(NodeError::Closed)?, conn.clone());
+        let send = conn
+            .open_uni()
+            .await
+            .map_err(|error| NodeError::Stream(error.into()))?;
+        telemetry::publish(conn, send, header, events).await
     }
 
     /// The timer task: hands the machine its due timeouts.
@@ -1706,24 +1712,7 @@ impl Inner {
                 conn.close(CLOSE_UNAUTHORIZED.into(), b"unauthorized");
             }
             Dispatch::Actor(generation) => self.read_actor_connection(peer, generation, conn),
-            Dispatch::Telemetry(generation) => {
-                let (inner, sink) = (self.clone(), self.telemetry_sinks.clone());
-                self.spawn(async move {
-                    let (spawner, judge) = (inner.clone(), inner.clone());
-                    let on_fault: telemetry::FaultVerdict = Arc::new(move || {
-                        judge.drive(|driver, now| {
-                            driver.handle_stream_fault(now, peer, Channel::Telemetry, true)
-                        })
-                    });
-                    telemetry::collect(conn, peer, sink, on_fault, move |stream| {
-                        spawner.spawn(stream)
-                    })
-                    .await;
-                    inner.drive(|driver, now| {
-                        driver.handle_connection_closed(now, peer, Channel::Telemetry, generation)
-                    });
-                });
-            }
+            Dispatch::Telemetry(generation) => self.serve_telemetry(peer, generation, conn),
             Dispatch::Protocol(index, generation) => {
                 let Some(adapter) = self.adapters.get(usize::from(index)).cloned() else {
                     return;
@@ -1758,6 +1747,27 @@ impl Inner {
                 conn.close(CLOSE_SHUTDOWN.into(), b"no adapter");
             }
         }
+    }
+
+    /// Collects the uni streams of a telemetry connection cached under `generation` (either
+    /// side may publish on it); reports its end.
+    fn serve_telemetry(self: &Arc<Self>, peer: NodeId, generation: Generation, conn: Connection) {
+        let (inner, sink) = (self.clone(), self.telemetry_sinks.clone());
+        self.spawn(async move {
+            let (spawner, judge) = (inner.clone(), inner.clone());
+            let on_fault: telemetry::FaultVerdict = Arc::new(move || {
+                judge.drive(|driver, now| {
+                    driver.handle_stream_fault(now, peer, Channel::Telemetry, true)
+                })
+            });
+            telemetry::collect(conn, peer, sink, on_fault, move |stream| {
+                spawner.spawn(stream)
+            })
+            .await;
+            inner.drive(|driver, now| {
+                driver.handle_connection_closed(now, peer, Channel::Telemetry, generation)
+            });
+        });
     }
 
     /// Serves the streams of a cached protocol connection; reports its end.

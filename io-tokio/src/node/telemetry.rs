@@ -9,7 +9,7 @@
 
 use super::NodeError;
 use bytes::BytesMut;
-use iroh::endpoint::{Connection, RecvStream};
+use iroh::endpoint::{Connection, RecvStream, SendStream};
 use tether_core::driver::{NodeId, StreamVerdict};
 use tether_core::wire::telemetry::{
     encode_stream_ended, BatchWriter, ChannelDescriptor, Compression, Header, TelemetryDecoder,
@@ -206,16 +206,14 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks, on_fault: 
     }
 }
 
-/// Writes `header`, then every event of `subscription` until it closes, then the end record.
+/// Writes `header` on `send` (a uni stream of `conn`), then every event of `subscription`
+/// until it closes, then the end record.
 pub(super) async fn publish(
     conn: Connection,
+    mut send: SendStream,
     header: Header,
     mut subscription: mpsc::Receiver<TelemetryFrame>,
 ) -> Result<(), NodeError> {
-    let mut send = conn
-        .open_uni()
-        .await
-        .map_err(|e| NodeError::Stream(e.into()))?;
     let mut out = BytesMut::new();
     header
         .encode(&mut out)
