@@ -110,6 +110,14 @@ fn generation_of(raw: u64) -> Result<tether_core::driver::Generation, String> {
 }
 
 /// The observation of where a stream goes: `cached:<generation>:<conn>` or `dial`.
+/// What a stream the shell cannot read on gets: `continue` or `stop:<code>`.
+fn verdict(verdict: StreamVerdict) -> String {
+    match verdict {
+        StreamVerdict::Continue => "continue".to_owned(),
+        StreamVerdict::Stop(code) => format!("stop:{code}"),
+    }
+}
+
 fn opened(open: Open<u64>) -> String {
     match open {
         Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),
@@ -281,12 +289,29 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 driver.handle_join_failed(now, id(*peer), "failed");
                 None
             }
-            DriverOp::Fault { peer, fatal, .. } => Some(
-                match driver.handle_stream_fault(now, id(*peer), Channel::Actor, *fatal) {
-                    StreamVerdict::Continue => "continue".to_owned(),
-                    StreamVerdict::Stop(code) => format!("stop:{code}"),
-                },
-            ),
+            DriverOp::Fault {
+                peer,
+                fatal,
+                channel: name,
+                ..
+            } => {
+                let channel = channel(name.as_deref().unwrap_or("actor"))?;
+                Some(verdict(driver.handle_stream_fault(
+                    now,
+                    id(*peer),
+                    channel,
+                    *fatal,
+                )))
+            }
+            DriverOp::Unread {
+                peer,
+                channel: name,
+                ..
+            } => Some(verdict(driver.handle_stream_unread(
+                now,
+                id(*peer),
+                channel(name)?,
+            ))),
             DriverOp::Timeout { .. } => {
                 driver.handle_timeout(now);
                 None

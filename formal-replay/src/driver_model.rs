@@ -693,9 +693,13 @@ impl Machine {
         Ok(())
     }
 
-    /// `fault peer, fatal`: drop `malformed_stream`; result `"stop:1"` when `fatal`, else
-    /// `"continue"`.
-    fn fault(&mut self, fatal: bool) -> Result<Option<String>, String> {
+    /// `fault peer, fatal, channel`: on `actor`, drop `malformed_stream` and result
+    /// `"stop:1"` when `fatal`, else `"continue"`; on any other channel, `"stop:1"` and no
+    /// drop.
+    fn fault(&mut self, fatal: bool, channel: Channel) -> Result<Option<String>, String> {
+        if channel != Channel::Actor {
+            return Ok(Some("stop:1".to_string()));
+        }
         self.drop_frames("malformed_stream", 1)?;
         Ok(Some(if fatal { "stop:1" } else { "continue" }.to_string()))
     }
@@ -898,7 +902,15 @@ impl Machine {
                 self.join_failed(*peer, *at)?;
                 None
             }
-            DriverOp::Fault { fatal, .. } => self.fault(*fatal)?,
+            DriverOp::Fault { fatal, channel, .. } => {
+                let channel = Channel::parse(channel.as_deref().unwrap_or("actor"))?;
+                self.fault(*fatal, channel)?
+            }
+            DriverOp::Unread { channel, .. } => {
+                // Any channel: the peer is told to stop sending; nothing else changes.
+                Channel::parse(channel)?;
+                Some("stop:0".to_string())
+            }
             DriverOp::Timeout { at } => {
                 self.timeout(*at)?;
                 None
@@ -1518,7 +1530,11 @@ mod tests {
                 {"op": "closed", "at": 4, "peer": 1, "channel": "protocol:1", "generation": 2},
                 {"op": "connected", "at": 5, "peer": 1, "channel": "protocol:0", "conn": 13},
                 {"op": "fault", "at": 6, "peer": 1, "fatal": true},
-                {"op": "fault", "at": 7, "peer": 1, "fatal": false}
+                {"op": "fault", "at": 7, "peer": 1, "fatal": false},
+                {"op": "fault", "at": 8, "peer": 1, "fatal": false, "channel": "telemetry"},
+                {"op": "fault", "at": 8, "peer": 0, "fatal": true, "channel": "protocol:1"},
+                {"op": "unread", "at": 9, "peer": 1, "channel": "protocol:0"},
+                {"op": "unread", "at": 9, "peer": 2, "channel": "telemetry"}
             ],
             "steps": [
                 step(json!("gen:1"), &[], N),
@@ -1530,7 +1546,11 @@ mod tests {
                 step(N, &[], N),
                 step(json!("gen:4"), &[], N),
                 step(json!("stop:1"), &[], N),
-                step(json!("continue"), &[], N)
+                step(json!("continue"), &[], N),
+                step(json!("stop:1"), &[], N),
+                step(json!("stop:1"), &[], N),
+                step(json!("stop:0"), &[], N),
+                step(json!("stop:0"), &[], N)
             ],
             "end": {
                 "drops": {"malformed_stream": 2},
@@ -1758,8 +1778,11 @@ mod tests {
                     12 => json!({"op": "join_sent", "at": at, "peer": peer, "conn": next(5)}),
                     13 => json!({"op": "join_failed", "at": at, "peer": peer}),
                     14 if next(2) == 0 => {
-                        json!({"op": "fault", "at": at, "peer": peer, "fatal": true})
+                        json!({"op": "fault", "at": at, "peer": peer, "fatal": next(2) == 0,
+                               "channel": channels[next(4) as usize]})
                     }
+                    14 if next(3) == 0 => json!({"op": "unread", "at": at, "peer": peer,
+                                 "channel": channels[next(4) as usize]}),
                     14 if next(2) == 0 => json!({"op": "stopped", "at": at, "peer": peer,
                                  "generation": next(4)}),
                     14 if next(2) == 0 => json!({"op": "open", "at": at, "peer": peer,

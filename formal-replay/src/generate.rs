@@ -187,6 +187,7 @@ fn enumerated(section: &str, n: u64) -> Value {
                 json!({"op": "accept", "peer": 1, "alpn": "a", "conn": 8}),
                 json!({"op": "closed", "peer": 1, "channel": "actor", "generation": 1}),
                 json!({"op": "idle", "peer": 1}),
+                json!({"op": "fault", "peer": 1, "fatal": false, "channel": "protocol:0"}),
                 json!({"op": "timeout"}),
                 json!({"op": "send", "peer": 2}),
                 json!({"op": "close"}),
@@ -810,7 +811,11 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                 13 => json!({"op": "join_connected", "at": at, "peer": peer}),
                 14 => json!({"op": "join_sent", "at": at, "peer": peer, "conn": conn}),
                 15 => json!({"op": "join_failed", "at": at, "peer": peer}),
-                16 => json!({"op": "fault", "at": at, "peer": peer, "fatal": rng.random_bool(0.5)}),
+                16 if rng.random_bool(0.2) => {
+                    json!({"op": "unread", "at": at, "peer": peer, "channel": channel})
+                }
+                16 => json!({"op": "fault", "at": at, "peer": peer, "fatal": rng.random_bool(0.5),
+                    "channel": channel}),
                 17 => json!({"op": "stopped", "at": at, "peer": peer, "generation": generation}),
                 18 => json!({"op": "open", "at": at, "peer": peer,
                     "path": DRIVER_PATHS[rng.random_range(0..DRIVER_PATHS.len())],

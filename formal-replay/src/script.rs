@@ -512,6 +512,14 @@ pub enum DriverOp {
         at: u64,
         peer: u8,
         fatal: bool,
+        /// The stream's channel (absent: `actor`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        channel: Option<String>,
+    },
+    Unread {
+        at: u64,
+        peer: u8,
+        channel: String,
     },
     Timeout {
         at: u64,
@@ -543,6 +551,7 @@ impl DriverOp {
             | Self::JoinSent { at, .. }
             | Self::JoinFailed { at, .. }
             | Self::Fault { at, .. }
+            | Self::Unread { at, .. }
             | Self::Timeout { at }
             | Self::Close { at } => *at,
         }

@@ -1,7 +1,9 @@
 //! A ring-backed protocol binding over real iroh on loopback: 64 MiB through 64 KiB rings,
 //! with backpressure on both sides, and the lifecycle events of the logical stream.
 
-use tether::node::{Node, ProtocolBinding, StreamEvent};
+use tether::iroh::endpoint::{presets, VarInt};
+use tether::iroh::{Endpoint, RelayMode, SecretKey};
+use tether::node::{Node, ProtocolBinding, StreamEvent, StreamFaultReason};
 use tokio::sync::mpsc;
 
 const TOTAL: usize = 64 * 1024 * 1024;
@@ -189,4 +191,51 @@ async fn logical_streams_share_one_connection_per_peer_either_way_with_per_node_
     a.close().await;
     b.close().await;
     assert_eq!(a.tasks_running() + b.tasks_running(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_its_id_faults_and_one_nobody_reads_is_stopped_with_code_0() {
+    let (b, mut events_b) = bound().await;
+    let raw = Endpoint::builder(presets::Minimal)
+        .secret_key(SecretKey::generate())
+        .relay_mode(RelayMode::Disabled)
+        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("addr")
+        .bind()
+        .await
+        .expect("bind");
+    let conn = raw
+        .connect(b.endpoint_addr(), &binding().wire_alpn)
+        .await
+        .expect("connect");
+
+    // Three bytes of an eight-byte id, then the end: a framing fault, and the connection stays.
+    let (mut short, _short_recv) = conn.open_bi().await.expect("bi");
+    short.write_all(&[0, 0, 7]).await.expect("write");
+    short.finish().expect("finish");
+    loop {
+        let event = events_b.recv().await.expect("events").event;
+        if let StreamEvent::StreamFault { reason, .. } = event {
+            assert_eq!(reason, StreamFaultReason::Framing);
+            break;
+        }
+    }
+
+    // A good stream on the same connection opens; once the protocol drops it, the next bytes
+    // find no reader and the machine stops the sender with STOP_UNREAD (0).
+    let (mut send, _recv) = conn.open_bi().await.expect("bi");
+    send.write_all(&[&9u64.to_be_bytes()[..], b"hello"].concat())
+        .await
+        .expect("write");
+    let stream = next_opened(&mut events_b).await;
+    assert_eq!(stream.protocol_stream_id, 9);
+    assert_eq!(read_exact(&stream, 5).await, b"hello");
+    drop(stream);
+    send.write_all(b"unread").await.expect("write");
+    assert_eq!(
+        send.stopped().await.expect("stopped"),
+        Some(VarInt::from_u32(0))
+    );
+    raw.close().await;
+    b.close().await;
 }

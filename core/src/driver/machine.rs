@@ -41,6 +41,8 @@ pub const CLOSE_UNAUTHORIZED: u32 = 403;
 pub const CLOSE_SHUTDOWN: u32 = 0;
 /// Stop code of a stream dropped as malformed.
 pub const STOP_MALFORMED: u32 = 1;
+/// Stop code of an inbound stream whose local consumer went away (nothing reads it).
+pub const STOP_UNREAD: u32 = 0;
 
 /// The ALPNs whose connections the node caches and reuses (one per peer each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -633,6 +635,18 @@ impl<C: Clone> Driver<C> {
         }
     }
 
+    /// The local consumer of an inbound stream from `peer` on `channel` went away (a protocol
+    /// dropped its ingress ring, every telemetry sink closed): the peer is told to stop
+    /// sending with [`STOP_UNREAD`]; the connection and its other streams stay.
+    pub fn handle_stream_unread(
+        &mut self,
+        _now: Time,
+        _peer: NodeId,
+        _channel: Channel,
+    ) -> StreamVerdict {
+        StreamVerdict::Stop(STOP_UNREAD)
+    }
+
     /// Inbound records dropped by routing (core's `Routes`), counted.
     pub fn handle_inbound_drop(&mut self, _now: Time, reason: DropReason) {
         self.drops.count(reason);
@@ -1196,6 +1210,32 @@ mod tests {
             );
         }
         assert_eq!(d.drops().get(DropReason::MalformedStream), 2);
+    }
+
+    #[test]
+    fn a_stream_nobody_reads_stops_with_its_own_code_and_keeps_the_connection() {
+        let mut d = driver();
+        let generation = d
+            .handle_connected(at(0), PEER, Channel::Protocol(0), "one")
+            .expect("cached");
+        let version = d.version();
+        for channel in [Channel::Actor, Channel::Telemetry, Channel::Protocol(0)] {
+            assert_eq!(
+                d.handle_stream_unread(at(1), PEER, channel),
+                StreamVerdict::Stop(STOP_UNREAD)
+            );
+        }
+        assert_ne!(
+            STOP_UNREAD, STOP_MALFORMED,
+            "the peer can tell the two apart"
+        );
+        assert_eq!(d.drops().get(DropReason::MalformedStream), 0);
+        assert_eq!(d.version(), version, "nothing observable changed");
+        assert_eq!(
+            d.connection(&PEER, Channel::Protocol(0)),
+            Some((generation, "one"))
+        );
+        assert!(d.poll_action().is_none());
     }
 
     #[test]

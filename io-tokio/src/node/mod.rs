@@ -702,6 +702,29 @@ impl WriterWake {
     }
 }
 
+/// Why a stream reader cannot go on.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Unreadable {
+    /// What arrived does not decode.
+    Malformed,
+    /// Nothing consumes what arrives.
+    Unread,
+}
+
+/// The machine's verdict on a stream of one peer and channel the shell cannot go on reading
+/// ([`Inner::judge`]).
+#[derive(Clone)]
+pub(super) struct StreamJudge(Arc<dyn Fn(Unreadable) -> StreamVerdict + Send + Sync>);
+
+impl StreamJudge {
+    /// Asks the machine about `recv`, and stops it with the code the machine names.
+    pub(super) fn stop(&self, recv: &mut RecvStream, why: Unreadable) {
+        if let StreamVerdict::Stop(code) = (self.0)(why) {
+            let _ = recv.stop(code.into());
+        }
+    }
+}
+
 /// The driver machine and the shell's address book.
 struct State {
     driver: Driver<Connection>,
@@ -1292,7 +1315,8 @@ impl Node {
             .await
             .map_err(|error| NodeError::Connect(error.into()))?;
         let inner = self.inner.clone();
-        let stream = adapter.start(peer, protocol_stream_id, send, recv, &move |task| {
+        let judge = self.inner.judge(peer, channel);
+        let stream = adapter.start(peer, protocol_stream_id, send, recv, judge, &move |task| {
             inner.spawn(task)
         });
         Ok(stream)
@@ -1488,6 +1512,17 @@ impl Inner {
         // Reap finished tasks so the set does not grow with every stream ever read.
         while tasks.try_join_next().is_some() {}
         tasks.spawn(task);
+    }
+
+    /// What the machine says of a stream from `peer` on `channel` that cannot be read on.
+    fn judge(self: &Arc<Self>, peer: NodeId, channel: Channel) -> StreamJudge {
+        let inner = self.clone();
+        StreamJudge(Arc::new(move |why| {
+            inner.drive(|driver, now| match why {
+                Unreadable::Malformed => driver.handle_stream_fault(now, peer, channel, true),
+                Unreadable::Unread => driver.handle_stream_unread(now, peer, channel),
+            })
+        }))
     }
 
     /// Runs one input on the driver machine and executes the actions it queued.
@@ -1754,16 +1789,8 @@ impl Inner {
     fn serve_telemetry(self: &Arc<Self>, peer: NodeId, generation: Generation, conn: Connection) {
         let (inner, sink) = (self.clone(), self.telemetry_sinks.clone());
         self.spawn(async move {
-            let (spawner, judge) = (inner.clone(), inner.clone());
-            let on_fault: telemetry::FaultVerdict = Arc::new(move || {
-                judge.drive(|driver, now| {
-                    driver.handle_stream_fault(now, peer, Channel::Telemetry, true)
-                })
-            });
-            telemetry::collect(conn, peer, sink, on_fault, move |stream| {
-                spawner.spawn(stream)
-            })
-            .await;
+            let (spawner, judge) = (inner.clone(), inner.judge(peer, Channel::Telemetry));
+            telemetry::collect(conn, peer, sink, judge, move |stream| spawner.spawn(stream)).await;
             inner.drive(|driver, now| {
                 driver.handle_connection_closed(now, peer, Channel::Telemetry, generation)
             });
@@ -1779,11 +1806,11 @@ impl Inner {
         peer: NodeId,
         conn: Connection,
     ) {
-        let inner = self.clone();
+        let (inner, judge) = (self.clone(), self.judge(peer, Channel::Protocol(index)));
         self.spawn(async move {
             let spawner = inner.clone();
             adapter
-                .serve(conn, peer, move |task| spawner.spawn(task))
+                .serve(conn, peer, judge, move |task| spawner.spawn(task))
                 .await;
             inner.drive(|driver, now| {
                 driver.handle_connection_closed(now, peer, Channel::Protocol(index), generation)

@@ -18,6 +18,7 @@ use tether_core::driver::NodeId;
 use tokio::sync::mpsc;
 
 use super::ring::{ring, RingReader, RingWriter};
+use super::{StreamJudge, Unreadable};
 
 /// A protocol served on the node's endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +134,7 @@ impl Adapter {
         protocol_stream_id: u64,
         send: SendStream,
         recv: RecvStream,
+        judge: StreamJudge,
         spawn: &impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
     ) -> LogicalStream {
         let stream_id = self.stream_ids.fetch_add(1, Ordering::Relaxed);
@@ -141,7 +143,7 @@ impl Adapter {
         let adapter = self.clone();
         spawn(Box::pin(async move {
             adapter
-                .receive_pump(peer, stream_id, recv, ingress_writer)
+                .receive_pump(peer, stream_id, recv, ingress_writer, judge)
                 .await;
         }));
         let adapter = self.clone();
@@ -165,15 +167,15 @@ impl Adapter {
         stream_id: u64,
         mut recv: RecvStream,
         ring: RingWriter,
+        judge: StreamJudge,
     ) {
         let chunk_max = self.binding.ring_bytes.max(1);
         loop {
             match recv.read_chunk(chunk_max).await {
                 Ok(Some(chunk)) => {
                     if ring.write_all(&chunk).await.is_err() {
-                        // The protocol dropped its reader: stop the peer.
-                        let _ = recv.stop(0u32.into());
-                        return;
+                        // The protocol dropped its reader.
+                        return judge.stop(&mut recv, Unreadable::Unread);
                     }
                 }
                 // The event goes first: a reader that sees the end of the ring finds it.
@@ -212,18 +214,20 @@ impl Adapter {
         let _ = send.stopped().await;
     }
 
-    /// Serves every stream a peer opens on `conn`.
     /// Serves the streams the peer opens on `conn` until it closes (one connection per peer
     /// under this ALPN, cached by the driver machine, whichever side dialed it).
     pub(super) async fn serve(
         self: std::sync::Arc<Self>,
         conn: Connection,
         peer: NodeId,
+        judge: StreamJudge,
         spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
     ) {
         while let Ok((send, mut recv)) = conn.accept_bi().await {
             let mut id = [0u8; 8];
             if recv.read_exact(&mut id).await.is_err() {
+                // No stream id: the machine names the stop, the protocol hears of the fault.
+                judge.stop(&mut recv, Unreadable::Malformed);
                 let reason = StreamFaultReason::Framing;
                 self.emit(
                     peer,
@@ -234,7 +238,8 @@ impl Adapter {
                 );
                 continue;
             }
-            let stream = self.start(peer, u64::from_be_bytes(id), send, recv, &spawn);
+            let id = u64::from_be_bytes(id);
+            let stream = self.start(peer, id, send, recv, judge.clone(), &spawn);
             let stream_id = stream.stream_id;
             self.emit(peer, StreamEvent::StreamOpened(stream));
             self.emit(peer, StreamEvent::StreamReady { stream_id });

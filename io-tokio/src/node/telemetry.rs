@@ -7,10 +7,10 @@
 //! forwarded to the node's sink as [`TelemetryIngress`]; a broken stream becomes one typed
 //! [`TelemetryFault`] and is stopped, without closing the connection.
 
-use super::NodeError;
+use super::{NodeError, StreamJudge, Unreadable};
 use bytes::BytesMut;
 use iroh::endpoint::{Connection, RecvStream, SendStream};
-use tether_core::driver::{NodeId, StreamVerdict};
+use tether_core::driver::NodeId;
 use tether_core::wire::telemetry::{
     encode_stream_ended, BatchWriter, ChannelDescriptor, Compression, Header, TelemetryDecoder,
     TelemetryError, TelemetryFrame, TelemetryItem,
@@ -121,15 +121,12 @@ impl Sinks {
     }
 }
 
-/// What the driver machine says of a stream that could not be decoded.
-pub(super) type FaultVerdict = std::sync::Arc<dyn Fn() -> StreamVerdict + Send + Sync>;
-
 /// Reads every telemetry stream the peer opens on `conn` into the sinks.
 pub(super) async fn collect(
     conn: Connection,
     peer: NodeId,
     sink: Sinks,
-    on_fault: FaultVerdict,
+    judge: StreamJudge,
     spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
 ) {
     while let Ok(recv) = conn.accept_uni().await {
@@ -137,12 +134,12 @@ pub(super) async fn collect(
             recv,
             peer,
             sink.clone(),
-            on_fault.clone(),
+            judge.clone(),
         )));
     }
 }
 
-async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks, on_fault: FaultVerdict) {
+async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks, judge: StreamJudge) {
     use tether_core::wire::FormatError;
     let mut decoder = StreamDecoder::new(TelemetryDecoder::default());
     let mut flow_id = None;
@@ -172,10 +169,7 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks, on_fault: 
                 Err(error) => {
                     let _ = sink.send(fault(&error, flow_id.is_some())).await;
                     // The decoder cannot go on past a fault; the machine names the stop.
-                    if let StreamVerdict::Stop(code) = on_fault() {
-                        let _ = recv.stop(code.into());
-                    }
-                    return;
+                    return judge.stop(&mut recv, Unreadable::Malformed);
                 }
             };
             let ingress = match item {
@@ -200,7 +194,8 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks, on_fault: 
                 },
             };
             if sink.send(ingress).await.is_err() {
-                return;
+                // Every sink closed: nobody reads the stream any more.
+                return judge.stop(&mut recv, Unreadable::Unread);
             }
         }
     }
