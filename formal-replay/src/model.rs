@@ -486,13 +486,17 @@ pub fn check_emissions(emitted: &[Emission]) -> Verdict {
 
 /// A join to one seed, written from seed 000 §6.3 and REFERENCE §A: up to 5 attempts; the
 /// wait before attempt k+1 is 2 s doubled k-1 times, capped at 30 s; connecting → sending →
-/// sent, or failed after the fifth failure; events that do not fit the phase change nothing.
+/// sent, or failed after the fifth failure. Only the attempt in flight reports: an event
+/// while the next attempt waits (before it is due), or after the join is done, changes
+/// nothing. A written request implies the attempt connected.
 #[derive(Debug, Clone)]
 pub struct JoinModel {
     /// "connecting", "sending", "sent" or "failed".
     pub phase: &'static str,
     /// The current attempt (1-based).
     pub attempt: u32,
+    /// When the current attempt starts, while it waits; `None` once it is in flight.
+    pub due: Option<u64>,
 }
 
 impl Default for JoinModel {
@@ -500,6 +504,7 @@ impl Default for JoinModel {
         JoinModel {
             phase: "connecting",
             attempt: 1,
+            due: None,
         }
     }
 }
@@ -507,9 +512,16 @@ impl Default for JoinModel {
 impl JoinModel {
     /// One event at `at` ms; returns when the next attempt is due, if one was scheduled.
     pub fn event(&mut self, at: u64, kind: &str) -> Option<u64> {
+        // Time passes first: a waiting attempt that is due goes in flight.
+        if self.due.is_some_and(|due| due <= at) {
+            self.due = None;
+        }
+        if self.due.is_some() {
+            return None;
+        }
         match (self.phase, kind) {
             ("connecting", "connected") => self.phase = "sending",
-            ("sending", "sent") => self.phase = "sent",
+            ("connecting" | "sending", "sent") => self.phase = "sent",
             ("connecting" | "sending", "failed") => {
                 if self.attempt >= 5 {
                     self.phase = "failed";
@@ -520,7 +532,9 @@ impl JoinModel {
                     }
                     self.attempt += 1;
                     self.phase = "connecting";
-                    return Some(at.saturating_add(wait.min(30_000)));
+                    let due = at.saturating_add(wait.min(30_000));
+                    self.due = Some(due);
+                    return Some(due);
                 }
             }
             _ => {}

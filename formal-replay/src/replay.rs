@@ -841,41 +841,56 @@ fn model_driver(case: &DriverCase) -> Result<DriverCase, String> {
     crate::driver_model::run_case(case)
 }
 
+/// The join section on the machine production runs: one `Driver` (the driver section's
+/// configuration, every peer admitted) joining one seed at 0 ms. Time reaches the machine
+/// before each event (a due attempt goes in flight), and each event is the shell's report of
+/// the attempt in flight.
 fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
-    use tether_core::driver::{Join, JoinNext, JoinPhase};
+    use tether_core::driver::{Driver, JoinPhase};
 
     same_length(&case.events, &case.steps)?;
-    let (mut join, _) = Join::start(Time::ZERO, false, 1);
-    let steps = case
-        .events
-        .iter()
-        .map(|event| {
-            let at = Time::from_millis(event.at);
-            let next = match event.event {
-                JoinEventKind::Connected => {
-                    join.connected(at);
-                    JoinNext::Done
-                }
-                JoinEventKind::Sent => join.sent(at),
-                JoinEventKind::Failed => join.failed(at, "failed"),
-            };
-            let (phase, attempt) = match join.status().phase {
-                JoinPhase::Connecting { attempt, .. } => ("connecting", Some(attempt)),
-                JoinPhase::Sending => ("sending", None),
-                JoinPhase::Sent => ("sent", None),
-                JoinPhase::Failed => ("failed", None),
-            };
-            let next_at = match next {
-                JoinNext::Attempt { at, .. } => Some(at.as_millis()),
-                JoinNext::Done => None,
-            };
-            JoinStep {
-                phase: phase.to_owned(),
-                attempt,
-                next_at,
+    let seed = [1u8; 32];
+    let mut driver: Driver<u64> = Driver::new(crate::driver::config(None));
+    driver
+        .handle_join(Time::ZERO, seed, false, 1)
+        .map_err(|_| "the seed was refused".to_owned())?;
+    let phase = |driver: &Driver<u64>| {
+        driver
+            .join_statuses()
+            .find(|(peer, _)| **peer == seed)
+            .map(|(_, status)| status.phase)
+    };
+    let mut steps = Vec::with_capacity(case.events.len());
+    for (conn, event) in (1u64..).zip(&case.events) {
+        let at = Time::from_millis(event.at);
+        driver.handle_timeout(at);
+        let before = phase(&driver);
+        match event.event {
+            JoinEventKind::Connected => driver.handle_join_connected(at, seed),
+            JoinEventKind::Sent => {
+                driver.handle_join_sent(at, seed, conn);
             }
-        })
-        .collect();
+            JoinEventKind::Failed => driver.handle_join_failed(at, seed, "failed"),
+        }
+        while driver.poll_action().is_some() {}
+        let after = phase(&driver).ok_or("the join is gone")?;
+        let (name, attempt) = match after {
+            JoinPhase::Connecting { attempt, .. } => ("connecting", Some(attempt)),
+            JoinPhase::Sending => ("sending", None),
+            JoinPhase::Sent => ("sent", None),
+            JoinPhase::Failed => ("failed", None),
+        };
+        // The join's timer is the machine's only one: it is the next attempt's due time,
+        // reported when this event moved the join to a new attempt.
+        let next_at = (Some(after) != before && attempt.is_some())
+            .then(|| driver.poll_timeout().map(Time::as_millis))
+            .flatten();
+        steps.push(JoinStep {
+            phase: name.to_owned(),
+            attempt,
+            next_at,
+        });
+    }
     Ok(JoinCase {
         steps,
         ..case.clone()
