@@ -216,8 +216,8 @@ fn enumerated(section: &str, n: u64) -> Value {
                 json!({"op": "route", "tag": "Ping", "to": 5}),
                 json!({"op": "host", "actor": 9}),
                 json!({"op": "unhost", "actor": 9}),
-                json!({"op": "view", "actor": 7, "peer": 3}),
-                json!({"op": "view", "actor": 7, "peer": 4}),
+                json!({"op": "claim", "actor": 7, "host": 3, "generation": 1}),
+                json!({"op": "claim", "actor": 7, "host": 4, "generation": 2}),
                 json!({"op": "inbound", "dest": 1, "tag": "Ping"}),
                 json!({"op": "inbound", "dest": 1, "tag": "Chat"}),
                 json!({"op": "inbound", "dest": 9, "tag": "Chat"}),
@@ -366,10 +366,9 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
                         1 => json!({"op": "route", "tag": tag, "to": n}),
                         2 => json!({"op": "host", "actor": n}),
                         3 => json!({"op": "unhost", "actor": n}),
-                        4 => {
-                            let peer = rng.random_bool(0.8).then(|| rng.random_range(1..6u8));
-                            json!({"op": "view", "actor": n, "peer": peer})
-                        }
+                        4 => json!({"op": "claim", "actor": n, "host": rng.random_range(1..6u8),
+                            "generation": rng.random_range(0..4u64),
+                            "forged": rng.random_bool(0.15)}),
                         5..=7 => json!({"op": "inbound", "dest": n, "tag": tag}),
                         8 => json!({"op": "egress_mailbox", "peer": n}),
                         9..=10 => json!({"op": "egress_actor", "actor": n}),
@@ -832,7 +831,7 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
 fn routing_case(allow: Value, ops: Vec<Value>) -> Value {
     let steps: Vec<Value> = ops
         .iter()
-        .map(|_| json!({"inbound": null, "egress": null, "send_failed": null}))
+        .map(|_| json!({"inbound": null, "egress": null, "send_failed": null, "claim": null}))
         .collect();
     json!({"mailbox": 1, "allow": allow, "ops": ops, "steps": steps, "drops": {}})
 }

@@ -546,8 +546,10 @@ impl JoinModel {
 /// The actor plane's routing, written from seed 000 §2.2, §3.1, §7.3–§7.5: a record for the
 /// mailbox goes by tag to the protocol actor owning it; any other record goes to the actor it
 /// names when that actor is hosted here; an unknown tag is dropped first. Egress to a mailbox
-/// is that peer; to an actor, the peer the route view names; either must be admitted. Only a
-/// SWIM tag's write failure is reported. Every drop counts its reason.
+/// is that peer; to an actor, the peer the route view names; either must be admitted. The
+/// route view holds, per actor, the host of the highest-generation claim with a valid
+/// signature (§5.3); a forged claim, or one not newer than the held one, changes nothing.
+/// Only a SWIM tag's write failure is reported. Every drop counts its reason.
 #[derive(Debug, Clone, Default)]
 pub struct RoutingModel {
     /// This node's id (its mailbox address).
@@ -557,7 +559,8 @@ pub struct RoutingModel {
     known: Vec<String>,
     gossip: Vec<(String, u8)>,
     hosted: Vec<u8>,
-    view: Vec<(u8, u8)>,
+    /// Per actor: (host, generation) of the newest claim.
+    view: Vec<(u8, u8, u64)>,
     /// Drops by reason, in first-seen order.
     pub drops: Vec<(&'static str, u128)>,
 }
@@ -620,12 +623,19 @@ impl RoutingModel {
         self.hosted.retain(|a| *a != actor);
     }
 
-    /// The route view entry of `actor` (`None` removes it).
-    pub fn set_view(&mut self, actor: u8, peer: Option<u8>) {
-        self.view.retain(|(a, _)| *a != actor);
-        if let Some(peer) = peer {
-            self.view.push((actor, peer));
+    /// A claim that `host` hosts `actor` at `generation`: `forged`, `stale` (not newer than
+    /// the generation held) or `accepted` (the route view now names `host`).
+    pub fn claim(&mut self, actor: u8, host: u8, generation: u64, forged: bool) -> String {
+        if forged {
+            return "forged".to_owned();
         }
+        let held = self.view.iter().find(|(a, _, _)| *a == actor);
+        if held.is_some_and(|&(_, _, g)| g >= generation) {
+            return "stale".to_owned();
+        }
+        self.view.retain(|(a, _, _)| *a != actor);
+        self.view.push((actor, host, generation));
+        "accepted".to_owned()
     }
 
     /// Where an inbound record goes.
@@ -661,8 +671,8 @@ impl RoutingModel {
 
     /// Where a frame to a remote actor goes.
     pub fn egress_actor(&mut self, actor: u8) -> String {
-        match self.view.iter().find(|(a, _)| *a == actor) {
-            Some(&(_, peer)) => self.egress_to(peer),
+        match self.view.iter().find(|(a, _, _)| *a == actor) {
+            Some(&(_, peer, _)) => self.egress_to(peer),
             None => self.drop("no_route"),
         }
     }

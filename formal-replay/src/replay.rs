@@ -931,34 +931,64 @@ fn routing_step() -> RoutingStep {
         inbound: None,
         egress: None,
         send_failed: None,
+        claim: None,
     }
 }
 
+/// Peer `host`'s claim on actor `[actor; 32]` at `generation`, signed with the secret key
+/// `[host; 32]`; remembered per thread (the property tests sign the same few claims
+/// thousands of times).
+fn signed_claim(host: u8, actor: u8, generation: u64) -> tether_core::driver::HostClaim {
+    thread_local! {
+        static SIGNED: std::cell::RefCell<
+            std::collections::BTreeMap<(u8, u8, u64), tether_core::driver::HostClaim>,
+        > = std::cell::RefCell::default();
+    }
+    SIGNED.with(|signed| {
+        *signed
+            .borrow_mut()
+            .entry((host, actor, generation))
+            .or_insert_with(|| {
+                tether_core::driver::HostClaim::sign(&[host; 32], [actor; 32], generation)
+            })
+    })
+}
+
+/// The routing section on what production runs: inbound records through the shell's
+/// `Routes` (with and without its memo; their drops reported to the machine as the reader
+/// does), and everything else through one `Driver` (the driver section's configuration): egress
+/// to a mailbox is `handle_send`, to an actor `handle_send_to_actor` (route view, location
+/// cache, allow-list; every peer has a cached actor connection), claims `handle_claim` on
+/// signed bytes, and a failed write
+/// `handle_write_failed` with the SWIM flag `Routes` gives the writer. Peer `n` is the node
+/// whose Ed25519 secret key is `[n; 32]`; actor `n` is the address `[n; 32]`.
 fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     use tether_core::driver::{
-        resolve_egress, DropReason, Drops, Egress, Inbound, PeerAuth, RouteMemo, Routes,
+        Action, Channel, ClaimVerdict, Driver, Generation, Inbound, PeerAuth, RouteMemo, Routes,
+        Send,
     };
 
     same_length(&case.ops, &case.steps)?;
     let addr = |n: u8| [n; 32];
-    let auth = match &case.allow {
-        None => PeerAuth::open(),
-        Some(list) => PeerAuth::allow_list(list.iter().map(|n| addr(*n))),
+    // Node ids are public keys: peer `n` is the host of its claims.
+    let node = |n: u8| signed_claim(n, 0, 0).host;
+    let named = std::cell::RefCell::new(std::collections::BTreeMap::new());
+    // A peer the machine names was named to it by a claim, so its number is known.
+    let number = |id: [u8; 32]| {
+        named
+            .borrow()
+            .get(&id)
+            .map_or_else(|| "?".to_owned(), |n: &u8| n.to_string())
     };
+    let mut config = crate::driver::config(None);
+    if let Some(list) = &case.allow {
+        config.auth = PeerAuth::allow_list(list.iter().map(|n| node(*n)));
+    }
+    let mut driver: Driver<u64> = Driver::new(config);
     let mut routes: Routes<u8> = Routes::new(addr(case.mailbox));
     // The shell routes through a memo; replay both ways and let any disagreement show.
     let mut memo = RouteMemo::new();
-    let mut view = std::collections::BTreeMap::new();
-    let mut drops = Drops::default();
-    let egress = |dest: Egress, view: &std::collections::BTreeMap<_, _>, drops: &mut Drops| {
-        match resolve_egress(dest, |actor| view.get(actor).copied(), &auth) {
-            Ok(peer) => format!("peer:{}", peer[0]),
-            Err(why) => {
-                drops.count(why);
-                format!("drop:{}", why.as_str())
-            }
-        }
-    };
+    let now = Time::ZERO;
     let mut steps = Vec::with_capacity(case.ops.len());
     for op in &case.ops {
         let mut step = routing_step();
@@ -979,14 +1009,28 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                 routes.unhost(&addr(*actor));
                 memo.clear();
             }
-            RoutingOp::View { actor, peer } => match peer {
-                Some(peer) => {
-                    view.insert(addr(*actor), addr(*peer));
+            RoutingOp::Claim {
+                actor,
+                host,
+                generation,
+                forged,
+            } => {
+                named.borrow_mut().insert(node(*host), *host);
+                let mut bytes = signed_claim(*host, *actor, *generation).encode();
+                if *forged {
+                    // The last byte of the signature: no longer the host's.
+                    bytes[bytes.len() - 1] ^= 1;
                 }
-                None => {
-                    view.remove(&addr(*actor));
-                }
-            },
+                step.claim = Some(
+                    match driver.handle_claim(now, node(*host), &bytes) {
+                        ClaimVerdict::Accepted => "accepted",
+                        ClaimVerdict::Stale => "stale",
+                        ClaimVerdict::Forged => "forged",
+                        ClaimVerdict::Full => "full",
+                    }
+                    .to_owned(),
+                );
+            }
             RoutingOp::Inbound { dest, tag } => {
                 let direct = routes.inbound(&addr(*dest), tag);
                 let memoized = routes.inbound_memo(&mut memo, &addr(*dest), tag.as_bytes());
@@ -996,33 +1040,54 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                     match direct {
                         Inbound::Protocol(to) => format!("protocol:{to}"),
                         Inbound::Actor(actor) => format!("actor:{}", actor[0]),
-                        // Only the host-claim tag goes to the driver; the section's tags
-                        // never name it.
+                        // Only the driver's own tags go to the driver; the section's tags
+                        // never name them.
                         Inbound::Driver => "driver".to_owned(),
                         Inbound::Drop(why) => {
-                            drops.count(why);
+                            driver.handle_inbound_drop(now, why);
                             format!("drop:{}", why.as_str())
                         }
                     }
                 });
             }
             RoutingOp::EgressMailbox { peer } => {
-                step.egress = Some(egress(Egress::Mailbox(addr(*peer)), &view, &mut drops));
+                // The section is about where frames go, not dialing: every peer has a cached
+                // actor connection (connected before its first frame).
+                if driver.connection(&node(*peer), Channel::Actor).is_none() {
+                    driver.handle_connected(now, node(*peer), Channel::Actor, u64::from(*peer));
+                }
+                step.egress = Some(match driver.handle_send(now, node(*peer)) {
+                    Send::Enqueue => format!("peer:{peer}"),
+                    Send::Dropped(why) => format!("drop:{}", why.as_str()),
+                });
             }
             RoutingOp::EgressActor { actor } => {
-                step.egress = Some(egress(Egress::Actor(addr(*actor)), &view, &mut drops));
+                step.egress = Some(match driver.handle_send_to_actor(now, addr(*actor)) {
+                    Ok(peer) => format!("peer:{}", number(peer)),
+                    Err(why) => format!("drop:{}", why.as_str()),
+                });
             }
             RoutingOp::WriteFailed { tag } => {
-                drops.count(DropReason::WriteFailed);
-                step.send_failed = Some(routes.is_swim(tag));
+                let swim = routes.is_swim(tag);
+                let first = Generation::new(1).ok_or("generation 1")?;
+                driver.handle_write_failed(now, node(case.mailbox), first, 1, swim);
+                step.send_failed = Some(false);
+            }
+        }
+        // What the shell executes: a dial for a mailbox egress, the SWIM report of a failed
+        // write.
+        while let Some(action) = driver.poll_action() {
+            if let Action::SendFailed { .. } = action {
+                step.send_failed = Some(true);
             }
         }
         steps.push(step);
     }
-    let drops = drops
+    let drops = driver
+        .drops()
         .0
-        .into_iter()
-        .map(|(why, n)| (why.as_str().to_owned(), n))
+        .iter()
+        .map(|(why, n)| (why.as_str().to_owned(), *n))
         .collect();
     Ok(RoutingCase {
         steps,
@@ -1044,7 +1109,12 @@ fn model_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                 RoutingOp::Route { tag, to } => model.route(tag, *to),
                 RoutingOp::Host { actor } => model.host(*actor),
                 RoutingOp::Unhost { actor } => model.unhost(*actor),
-                RoutingOp::View { actor, peer } => model.set_view(*actor, *peer),
+                RoutingOp::Claim {
+                    actor,
+                    host,
+                    generation,
+                    forged,
+                } => step.claim = Some(model.claim(*actor, *host, *generation, *forged)),
                 RoutingOp::Inbound { dest, tag } => step.inbound = Some(model.inbound(*dest, tag)),
                 RoutingOp::EgressMailbox { peer } => {
                     step.egress = Some(model.egress_mailbox(*peer));

@@ -657,11 +657,14 @@ pub enum RoutingOp {
     Host { actor: u8 },
     /// `actor` is no longer hosted here.
     Unhost { actor: u8 },
-    /// The route view maps `actor` to `peer` (`null` removes the entry).
-    View {
+    /// A host claim arrived: `host` signed that it hosts `actor` at `generation` (`forged`: the
+    /// signature is not the host's).
+    Claim {
         actor: u8,
-        #[serde(deserialize_with = "required")]
-        peer: Option<u8>,
+        host: u8,
+        generation: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        forged: bool,
     },
     /// An inbound record for `dest` tagged `tag`.
     Inbound { dest: u8, tag: String },
@@ -675,7 +678,8 @@ pub enum RoutingOp {
 
 /// The observation after one routing op, each key set by its op and `null` otherwise:
 /// `inbound` is `protocol:R`, `actor:A` or `drop:<reason>`; `egress` is `peer:P` or
-/// `drop:<reason>`; `send_failed` says whether the failure is reported to SWIM.
+/// `drop:<reason>`; `send_failed` says whether the failure is reported to SWIM; `claim` is
+/// `accepted`, `stale` or `forged`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoutingStep {
@@ -685,6 +689,8 @@ pub struct RoutingStep {
     pub egress: Option<String>,
     #[serde(deserialize_with = "required")]
     pub send_failed: Option<bool>,
+    #[serde(deserialize_with = "required")]
+    pub claim: Option<String>,
 }
 
 /// A routing case: the node's mailbox, its allow-list (`null` admits every peer), the ops,

@@ -125,7 +125,7 @@ proptest! {
 
     #[test]
     fn routing(allow in prop::option::of(prop::collection::vec(1u8..6, 0..3)), ops in prop::collection::vec(routing_op(), 0..OPS_MAX)) {
-        let steps = steps_like(ops.len(), json!({"inbound": null, "egress": null, "send_failed": null}));
+        let steps = steps_like(ops.len(), json!({"inbound": null, "egress": null, "send_failed": null, "claim": null}));
         agree("routing", json!({"mailbox": 1, "allow": allow, "ops": ops, "steps": steps, "drops": {}}))?;
     }
 
@@ -143,7 +143,9 @@ fn routing_op() -> impl Strategy<Value = Value> {
         1 => (tag.clone(), n.clone()).prop_map(|(t, to)| json!({"op": "route", "tag": t, "to": to})),
         1 => n.clone().prop_map(|a| json!({"op": "host", "actor": a})),
         1 => n.clone().prop_map(|a| json!({"op": "unhost", "actor": a})),
-        1 => (n.clone(), prop::option::of(n.clone())).prop_map(|(a, p)| json!({"op": "view", "actor": a, "peer": p})),
+        1 => (n.clone(), n.clone(), 0u64..4, prop::bool::weighted(0.15)).prop_map(|(a, p, g, f)| {
+            json!({"op": "claim", "actor": a, "host": p, "generation": g, "forged": f})
+        }),
         4 => (n.clone(), tag.clone()).prop_map(|(d, t)| json!({"op": "inbound", "dest": d, "tag": t})),
         1 => n.clone().prop_map(|p| json!({"op": "egress_mailbox", "peer": p})),
         2 => n.prop_map(|a| json!({"op": "egress_actor", "actor": a})),
