@@ -125,3 +125,55 @@ async fn send_to_actor_follows_the_newest_valid_claim() {
         node.close().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_to_actor_refuses_a_host_off_the_allow_list() {
+    // a admits only b. b relays a valid claim signed by a host a does not admit (claims are
+    // signed, so any peer may carry one): the route is learned, but a frame for the actor is
+    // refused before anything is queued or dialed.
+    let b_inbox = Arc::new(Inbox::default());
+    let b = host([2; 32], &b_inbox).await;
+    let a = Node::builder()
+        .allow([b.node_id()])
+        .bind()
+        .await
+        .expect("bind");
+    let stranger = [9; 32];
+    let claim = HostClaim::sign(&stranger, ACTOR, 1);
+    a.connect(b.endpoint_addr()).await.expect("connect b");
+    b.send(OutFrame {
+        to: a.node_id(),
+        dest: a.node_id(),
+        type_tag: HOST_CLAIM_TAG.into(),
+        payload: Bytes::copy_from_slice(&claim.encode()),
+    });
+    until_claims(&a, |v| count(v, ClaimVerdict::Accepted) == 1).await;
+    assert_eq!(a.directory_route_count(), 1);
+
+    let before = a.snapshot();
+    let refused = a.send_to_actor(ACTOR, "Chat", Bytes::from_static(b"x"));
+    assert!(
+        matches!(refused, Err(NodeError::Unauthorized)),
+        "{refused:?}"
+    );
+    let after = a.snapshot();
+    assert_eq!(
+        after.refusals.get(
+            tether_core::driver::Path::Actor,
+            tether_core::driver::Direction::Outbound
+        ),
+        before.refusals.get(
+            tether_core::driver::Path::Actor,
+            tether_core::driver::Direction::Outbound
+        ) + 1
+    );
+    assert_eq!(after.drops.get(DropReason::Unauthorized), 1);
+    assert_eq!(
+        after.frames_enqueued, before.frames_enqueued,
+        "nothing queued"
+    );
+    assert_eq!(after.dials_started, before.dials_started, "nothing dialed");
+    assert_eq!(after.cache.len(), 1, "only b's connection");
+    a.close().await;
+    b.close().await;
+}
