@@ -64,6 +64,10 @@ struct Writer {
     /// When it last had a batch (or started).
     active_at: u64,
     idle_reported: bool,
+    /// The stream it has open: the generation and connection the machine put it on.
+    stream: Option<(super::Generation, u64)>,
+    /// Its last batch carried a SWIM frame.
+    last_swim: bool,
 }
 
 struct Sim {
@@ -76,6 +80,11 @@ struct Sim {
     /// Delivered frames from each sender, in order.
     delivered: BTreeMap<usize, Vec<u64>>,
     send_failed: u64,
+    /// Batches that opened a stream, and batches that kept the open one.
+    streams_opened: u64,
+    streams_kept: u64,
+    /// Idle streams the peer stopped.
+    stream_stops: u64,
     closed: bool,
 }
 
@@ -134,6 +143,9 @@ impl World {
                 next_seq: 0,
                 delivered: BTreeMap::new(),
                 send_failed: 0,
+                streams_opened: 0,
+                streams_kept: 0,
+                stream_stops: 0,
                 closed: false,
             })
             .collect();
@@ -197,6 +209,10 @@ impl World {
                     }
                     if writer.queue.is_empty() {
                         self.sims[n].writers.remove(&peer);
+                    } else if let Some(writer) = self.sims[n].writers.get_mut(&peer) {
+                        // A frame raced the retirement: the writer goes on, but the machine
+                        // forgot what its last batch carried.
+                        writer.last_swim = false;
                     }
                 }
                 Action::SendFailed { peer } => {
@@ -337,22 +353,95 @@ impl World {
         writer.active_at = self.now;
         writer.idle_reported = false;
         let swim = frames.iter().any(|f| f.swim);
-        match sim
-            .driver
-            .handle_batch(now, peer, frames.len() as u64, swim, None)
-        {
+        writer.last_swim = swim;
+        let open = writer.stream;
+        match sim.driver.handle_batch(
+            now,
+            peer,
+            frames.len() as u64,
+            swim,
+            open.map(|(generation, _)| generation),
+        ) {
             Some(Batch {
-                generation, conn, ..
-            }) => self.writes.push(Write {
-                node: n,
-                peer,
                 generation,
                 conn,
-                frames,
-            }),
+                open_stream,
+            }) => {
+                // One stream per connection: kept while its connection is the one the batch
+                // goes on, else a new one there; never back to an older connection.
+                if open_stream == (open == Some((generation, conn))) {
+                    return Err(format!(
+                        "node {n}: batch to {} on generation {} over conn {conn} with stream \
+                         {open:?} opened a stream: {open_stream}",
+                        peer[0],
+                        generation.get()
+                    ));
+                }
+                if open.is_some_and(|(was, _)| was > generation) {
+                    return Err(format!(
+                        "node {n}: writer of {} went back from {open:?} to generation {}",
+                        peer[0],
+                        generation.get()
+                    ));
+                }
+                if open_stream {
+                    sim.streams_opened += 1;
+                } else {
+                    sim.streams_kept += 1;
+                }
+                writer.stream = Some((generation, conn));
+                self.writes.push(Write {
+                    node: n,
+                    peer,
+                    generation,
+                    conn,
+                    frames,
+                });
+            }
             None => sim.dropped += frames.len() as u64,
         }
         self.actions(n)
+    }
+
+    /// The peer stops the stream of node `n`'s writer to `peer` while the writer has nothing
+    /// in flight: the writer drops the stream, and the machine fails its generation as a
+    /// failed write's (the last batch's SWIM frame reported unsent).
+    fn stop_stream(&mut self, n: usize, peer: NodeId) -> Result<(), String> {
+        if self.writes.iter().any(|w| w.node == n && w.peer == peer) {
+            return Ok(());
+        }
+        let now = self.time();
+        let sim = &mut self.sims[n];
+        let Some(writer) = sim.writers.get_mut(&peer) else {
+            return Ok(());
+        };
+        let Some((generation, _)) = writer.stream.take() else {
+            return Ok(());
+        };
+        sim.stream_stops += 1;
+        let current = sim.driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
+        let before = sim.driver.counters();
+        self.expect_send_failed = writer.last_swim.then_some((n, peer));
+        sim.driver.handle_stream_stopped(now, peer, generation);
+        let after = sim.driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
+        let counters = sim.driver.counters();
+        if current == Some(generation) {
+            if after.is_some() || counters.evictions != before.evictions + 1 {
+                return Err(format!("node {n}: stopped current stream not evicted"));
+            }
+        } else if after != current || counters.stale_failures != before.stale_failures + 1 {
+            return Err(format!(
+                "node {n}: a stale stop of {generation:?} changed the entry {current:?} → {after:?}"
+            ));
+        }
+        self.actions(n)?;
+        if let Some((m, p)) = self.expect_send_failed.take() {
+            return Err(format!(
+                "node {m}: a stopped stream after a SWIM batch to {} went unreported",
+                p[0]
+            ));
+        }
+        Ok(())
     }
 
     fn complete_write(&mut self, pick: usize) -> Result<(), String> {
@@ -616,6 +705,21 @@ impl World {
                 if !through {
                     return Err(format!("{from}→{to}: nothing delivered after healing"));
                 }
+                // Two more batches with nothing else happening: the first may still move to a
+                // connection the last round's dials cached; the second must go on the stream
+                // the first left open.
+                for again in [false, true] {
+                    let kept = self.sims[from].streams_kept;
+                    self.send(from, id(to), false)?;
+                    self.pump(from, id(to))?;
+                    while !self.writes.is_empty() {
+                        self.complete_write(0)?;
+                    }
+                    self.check()?;
+                    if again && self.sims[from].streams_kept != kept + 1 {
+                        return Err(format!("{from}→{to}: a quiet connection's stream not kept"));
+                    }
+                }
             }
         }
         Ok(())
@@ -637,6 +741,12 @@ pub struct Report {
     pub retired: u64,
     /// Joins that ended sent.
     pub joins_sent: u64,
+    /// Batches that opened a stream on their connection.
+    pub streams_opened: u64,
+    /// Batches that went on the stream already open.
+    pub streams_kept: u64,
+    /// Idle streams the peer stopped.
+    pub stream_stops: u64,
 }
 
 /// Runs the world on `data` (each op a byte, arguments from the following bytes).
@@ -646,11 +756,14 @@ pub struct Report {
 /// flagged; a writer retired before it sat idle for the idle period is flagged; a SWIM
 /// send-failure report without a SWIM write failure, or a SWIM write failure without one, is
 /// flagged; a write failure evicts exactly when its generation is current and otherwise
-/// changes nothing; a closed generation never stays cached; nothing is cached for a peer off
-/// the list; every frame sent is delivered, queued, in flight, or dropped with the machine
+/// changes nothing; a writer keeps its stream exactly while its batches go on that stream's
+/// connection, opens one on a new connection, and never goes back to an older generation; a
+/// stopped idle stream fails its generation as a failed write does (evicted when current,
+/// stale otherwise, its last SWIM batch reported); a closed generation never stays cached;
+/// nothing is cached for a peer off the list; every frame sent is delivered, queued, in flight, or dropped with the machine
 /// counting exactly the world's drops; frames of one sender reach a peer in order, never
 /// twice. At the end the world heals and every pair that admits each other must get a frame
-/// through.
+/// through, and then, with nothing else happening, batches keep the stream already open.
 pub fn run_ops(data: &[u8]) -> Result<Report, String> {
     let mut bytes = data.iter().copied();
     let mut world = World::new(bytes.next().unwrap_or(0));
@@ -659,7 +772,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         let mut arg = || bytes.next().unwrap_or(0);
         let n = usize::from(op >> 4) % NODES;
         let now = world.time();
-        match op % 14 {
+        match op % 15 {
             0 | 1 => {
                 let a = arg();
                 world.send(n, peers[usize::from(a) % peers.len()], a & 0x80 != 0)?;
@@ -708,6 +821,18 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
                     .driver
                     .handle_stream_fault(now, id(0), Channel::Actor, fatal);
             }
+            13 => {
+                // One of node n's writers with a stream open.
+                let open: Vec<NodeId> = world.sims[n]
+                    .writers
+                    .iter()
+                    .filter(|(_, w)| w.stream.is_some())
+                    .map(|(peer, _)| *peer)
+                    .collect();
+                if !open.is_empty() {
+                    world.stop_stream(n, open[usize::from(arg()) % open.len()])?;
+                }
+            }
             _ => {
                 // Rarely: a node closes for good.
                 if arg() == 0xff {
@@ -736,6 +861,9 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         report.evictions += counters.evictions;
         report.stale_failures += counters.stale_failures;
         report.send_failed += sim.send_failed;
+        report.streams_opened += sim.streams_opened;
+        report.streams_kept += sim.streams_kept;
+        report.stream_stops += sim.stream_stops;
         report.retired += counters.writers_retired;
         report.joins_sent += sim
             .driver
@@ -788,6 +916,9 @@ mod tests {
             total.send_failed += report.send_failed;
             total.retired += report.retired;
             total.joins_sent += report.joins_sent;
+            total.streams_opened += report.streams_opened;
+            total.streams_kept += report.streams_kept;
+            total.stream_stops += report.stream_stops;
         }
         eprintln!("{total:?}");
         assert!(total.delivered > 1_000, "{total:?}");
@@ -796,5 +927,8 @@ mod tests {
         assert!(total.send_failed > 10, "{total:?}");
         assert!(total.retired > 10, "{total:?}");
         assert!(total.joins_sent > 10, "{total:?}");
+        assert!(total.streams_opened > 100, "{total:?}");
+        assert!(total.streams_kept > 100, "{total:?}");
+        assert!(total.stream_stops > 30, "{total:?}");
     }
 }
