@@ -209,10 +209,6 @@ impl World {
                     }
                     if writer.queue.is_empty() {
                         self.sims[n].writers.remove(&peer);
-                    } else if let Some(writer) = self.sims[n].writers.get_mut(&peer) {
-                        // A frame raced the retirement: the writer goes on, but the machine
-                        // forgot what its last batch carried.
-                        writer.last_swim = false;
                     }
                 }
                 Action::SendFailed { peer } => {
@@ -407,7 +403,13 @@ impl World {
     /// in flight: the writer drops the stream, and the machine fails its generation as a
     /// failed write's (the last batch's SWIM frame reported unsent).
     fn stop_stream(&mut self, n: usize, peer: NodeId) -> Result<(), String> {
-        if self.writes.iter().any(|w| w.node == n && w.peer == peer) {
+        // The shell watches for a stop only while its writer has nothing to write.
+        if self.writes.iter().any(|w| w.node == n && w.peer == peer)
+            || self.sims[n]
+                .writers
+                .get(&peer)
+                .is_some_and(|writer| !writer.queue.is_empty())
+        {
             return Ok(());
         }
         let now = self.time();
@@ -482,6 +484,12 @@ impl World {
         let now = self.time();
         let swim = write.frames.iter().any(|f| f.swim);
         let sim = &mut self.sims[node];
+        // The writer drops the stream the write failed on (as the shell's does).
+        if let Some(writer) = sim.writers.get_mut(&peer) {
+            if writer.stream == Some((write.generation, write.conn)) {
+                writer.stream = None;
+            }
+        }
         let current = sim.driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
         let before = sim.driver.counters();
         sim.dropped += write.frames.len() as u64;
@@ -665,6 +673,19 @@ impl World {
         Ok(())
     }
 
+    /// Delivers every close report and completes every dial (successfully), until none is left.
+    fn settle(&mut self) -> Result<(), String> {
+        while !self.closes.is_empty() || !self.dials.is_empty() {
+            while !self.closes.is_empty() {
+                self.report_close()?;
+            }
+            if !self.dials.is_empty() {
+                self.complete_dial(0, true)?;
+            }
+        }
+        self.check()
+    }
+
     /// Heals the world and checks that every pair of nodes that admit each other gets a
     /// frame through within a bounded number of rounds.
     fn heal_and_check_liveness(&mut self) -> Result<(), String> {
@@ -705,10 +726,21 @@ impl World {
                 if !through {
                     return Err(format!("{from}→{to}: nothing delivered after healing"));
                 }
-                // Two more batches with nothing else happening: the first may still move to a
-                // connection the last round's dials cached; the second must go on the stream
-                // the first left open.
+                // Once every close report and dial has landed and a connection is cached, a
+                // batch goes on it, and the next keeps that batch's stream.
                 for again in [false, true] {
+                    // A failed dial may wait out its backoff.
+                    for _round in 0..8 {
+                        self.settle()?;
+                        if self.sims[from]
+                            .driver
+                            .connection(&id(to), Channel::Actor)
+                            .is_some()
+                        {
+                            break;
+                        }
+                        self.advance(1_000)?;
+                    }
                     let kept = self.sims[from].streams_kept;
                     self.send(from, id(to), false)?;
                     self.pump(from, id(to))?;
@@ -717,7 +749,10 @@ impl World {
                     }
                     self.check()?;
                     if again && self.sims[from].streams_kept != kept + 1 {
-                        return Err(format!("{from}→{to}: a quiet connection's stream not kept"));
+                        return Err(format!(
+                            "{from}→{to}: a settled connection's stream not kept (cached {:?})",
+                            self.sims[from].driver.connection(&id(to), Channel::Actor)
+                        ));
                     }
                 }
             }
@@ -763,7 +798,8 @@ pub struct Report {
 /// nothing is cached for a peer off the list; every frame sent is delivered, queued, in flight, or dropped with the machine
 /// counting exactly the world's drops; frames of one sender reach a peer in order, never
 /// twice. At the end the world heals and every pair that admits each other must get a frame
-/// through, and then, with nothing else happening, batches keep the stream already open.
+/// through, and then, once every close and dial has landed, a batch keeps the stream the batch
+/// before it opened.
 pub fn run_ops(data: &[u8]) -> Result<Report, String> {
     let mut bytes = data.iter().copied();
     let mut world = World::new(bytes.next().unwrap_or(0));
@@ -772,7 +808,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         let mut arg = || bytes.next().unwrap_or(0);
         let n = usize::from(op >> 4) % NODES;
         let now = world.time();
-        match op % 15 {
+        match op % 16 {
             0 | 1 => {
                 let a = arg();
                 world.send(n, peers[usize::from(a) % peers.len()], a & 0x80 != 0)?;
@@ -821,7 +857,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
                     .driver
                     .handle_stream_fault(now, id(0), Channel::Actor, fatal);
             }
-            13 => {
+            13 | 14 => {
                 // One of node n's writers with a stream open.
                 let open: Vec<NodeId> = world.sims[n]
                     .writers
@@ -892,6 +928,30 @@ mod tests {
         }
     }
 
+    /// Found by the fuzzer: healing ends with the cached connection already killed (its close
+    /// report not yet delivered), so the next batch fails on it rather than keeping its stream.
+    #[test]
+    fn fuzz_found_quiet_stream_case() {
+        let data: [u8; 242] = [
+            0, 4, 219, 85, 80, 140, 145, 151, 37, 6, 226, 243, 134, 45, 101, 103, 91, 52, 52, 232,
+            136, 59, 150, 116, 69, 253, 191, 65, 28, 190, 187, 172, 88, 97, 115, 252, 30, 20, 92,
+            213, 93, 52, 119, 28, 229, 141, 81, 146, 163, 45, 181, 141, 81, 146, 163, 45, 61, 110,
+            248, 54, 118, 80, 76, 97, 169, 173, 238, 182, 212, 174, 156, 14, 168, 86, 189, 92, 148,
+            171, 97, 73, 76, 231, 187, 161, 225, 89, 196, 5, 242, 180, 44, 137, 42, 172, 50, 238,
+            15, 231, 105, 75, 7, 8, 189, 27, 220, 191, 185, 185, 185, 185, 185, 185, 185, 185, 185,
+            185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185,
+            185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 185, 170, 30, 100, 48,
+            209, 198, 181, 91, 60, 99, 196, 40, 40, 40, 100, 40, 40, 40, 40, 40, 40, 40, 40, 40,
+            40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40,
+            40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 40, 118, 174, 76, 40, 241,
+            165, 206, 71, 41, 189, 50, 39, 172, 193, 134, 222, 106, 101, 211, 239, 14, 204, 87, 86,
+            185, 242, 242, 11, 106, 204, 230, 25, 221, 53,
+        ];
+        if let Err(law) = run_ops(&data) {
+            panic!("{law}");
+        }
+    }
+
     /// The schedules reach the cases the laws are about: evictions, stale failures racing a
     /// replacement, SWIM feedback, retirements and joins.
     #[test]
@@ -929,6 +989,6 @@ mod tests {
         assert!(total.joins_sent > 10, "{total:?}");
         assert!(total.streams_opened > 100, "{total:?}");
         assert!(total.streams_kept > 100, "{total:?}");
-        assert!(total.stream_stops > 30, "{total:?}");
+        assert!(total.stream_stops > 10, "{total:?}");
     }
 }
