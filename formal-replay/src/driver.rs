@@ -109,7 +109,6 @@ fn generation_of(raw: u64) -> Result<tether_core::driver::Generation, String> {
         .ok_or_else(|| "generation 0 is never issued".to_owned())
 }
 
-/// The observation of where a stream goes: `cached:<generation>:<conn>` or `dial`.
 /// What a stream the shell cannot read on gets: `continue` or `stop:<code>`.
 fn verdict(verdict: StreamVerdict) -> String {
     match verdict {
@@ -118,6 +117,7 @@ fn verdict(verdict: StreamVerdict) -> String {
     }
 }
 
+/// The observation of where a stream goes: `cached:<generation>:<conn>` or `dial`.
 fn opened(open: Open<u64>) -> String {
     match open {
         Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),

@@ -909,7 +909,7 @@ impl Machine {
             DriverOp::Unread { channel, .. } => {
                 // Any channel: the peer is told to stop sending; nothing else changes.
                 Channel::parse(channel)?;
-                Some("stop:0".to_string())
+                Some("stop:2".to_string())
             }
             DriverOp::Timeout { at } => {
                 self.timeout(*at)?;
@@ -1549,8 +1549,8 @@ mod tests {
                 step(json!("continue"), &[], N),
                 step(json!("stop:1"), &[], N),
                 step(json!("stop:1"), &[], N),
-                step(json!("stop:0"), &[], N),
-                step(json!("stop:0"), &[], N)
+                step(json!("stop:2"), &[], N),
+                step(json!("stop:2"), &[], N)
             ],
             "end": {
                 "drops": {"malformed_stream": 2},

@@ -194,7 +194,7 @@ async fn logical_streams_share_one_connection_per_peer_either_way_with_per_node_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_without_its_id_faults_and_one_nobody_reads_is_stopped_with_code_0() {
+async fn a_stream_without_its_id_faults_and_one_nobody_reads_is_stopped_with_stop_unread() {
     let (b, mut events_b) = bound().await;
     let raw = Endpoint::builder(presets::Minimal)
         .secret_key(SecretKey::generate())
@@ -222,7 +222,8 @@ async fn a_stream_without_its_id_faults_and_one_nobody_reads_is_stopped_with_cod
     }
 
     // A good stream on the same connection opens; once the protocol drops it, the next bytes
-    // find no reader and the machine stops the sender with STOP_UNREAD (0).
+    // find no reader and the machine stops the sender with STOP_UNREAD (2, not the 0 a
+    // stream dropped unread gets from QUIC).
     let (mut send, _recv) = conn.open_bi().await.expect("bi");
     send.write_all(&[&9u64.to_be_bytes()[..], b"hello"].concat())
         .await
@@ -234,7 +235,7 @@ async fn a_stream_without_its_id_faults_and_one_nobody_reads_is_stopped_with_cod
     send.write_all(b"unread").await.expect("write");
     assert_eq!(
         send.stopped().await.expect("stopped"),
-        Some(VarInt::from_u32(0))
+        Some(VarInt::from_u32(tether_core::driver::machine::STOP_UNREAD))
     );
     raw.close().await;
     b.close().await;

@@ -41,8 +41,9 @@ pub const CLOSE_UNAUTHORIZED: u32 = 403;
 pub const CLOSE_SHUTDOWN: u32 = 0;
 /// Stop code of a stream dropped as malformed.
 pub const STOP_MALFORMED: u32 = 1;
-/// Stop code of an inbound stream whose local consumer went away (nothing reads it).
-pub const STOP_UNREAD: u32 = 0;
+/// Stop code of an inbound stream whose local consumer went away (nothing reads it); not 0,
+/// which QUIC stacks send for a stream dropped unread, so the peer can tell the decision.
+pub const STOP_UNREAD: u32 = 2;
 
 /// The ALPNs whose connections the node caches and reuses (one per peer each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]

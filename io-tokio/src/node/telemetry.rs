@@ -218,14 +218,22 @@ pub(super) async fn publish(
         .map_err(|e| NodeError::Stream(e.into()))?;
     let mut writer = BatchWriter::new();
     loop {
-        // The next event, or the collector going away (which ends the publish at once, not
-        // at the next event).
+        // The next event, or the collector going away or stopping this stream (either ends
+        // the publish at once, not at the next event; the connection may carry others).
         let first = tokio::select! {
             event = subscription.recv() => match event {
                 Some(event) => event,
                 None => break,
             },
             error = conn.closed() => return Err(NodeError::Stream(error.into())),
+            stopped = send.stopped() => {
+                let error = match stopped {
+                    Ok(Some(code)) => std::io::Error::other(format!("stopped by the collector: {code}")),
+                    Ok(None) => std::io::Error::other("the collector read to the end"),
+                    Err(error) => std::io::Error::other(error),
+                };
+                return Err(NodeError::Stream(error.into()));
+            }
         };
         out.clear();
         let mut first = Some(first);
@@ -245,7 +253,8 @@ pub(super) async fn publish(
         .await
         .map_err(|e| NodeError::Stream(e.into()))?;
     send.finish().map_err(|e| NodeError::Stream(e.into()))?;
-    // Wait until the collector has read everything before the connection may close.
+    // Wait until the collector has read everything (the stream, not the shared connection,
+    // ends here).
     let _ = send.stopped().await;
     Ok(())
 }
