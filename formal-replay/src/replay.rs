@@ -854,6 +854,19 @@ fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
     driver
         .handle_join(Time::ZERO, seed, false, 1)
         .map_err(|_| "the seed was refused".to_owned())?;
+    // The attempts the machine starts: attempt 1 at once, each later one when it is due.
+    let attempts = |driver: &mut Driver<u64>| {
+        std::iter::from_fn(|| driver.poll_action())
+            .filter_map(|action| match action {
+                tether_core::driver::Action::JoinAttempt { attempt, .. } => Some(attempt),
+                _ => None,
+            })
+            .collect::<Vec<u32>>()
+    };
+    if attempts(&mut driver) != [1] {
+        return Err("the join did not start attempt 1".to_owned());
+    }
+    let mut waiting: Option<(u64, u32)> = None;
     let phase = |driver: &Driver<u64>| {
         driver
             .join_statuses()
@@ -864,6 +877,22 @@ fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
     for (conn, event) in (1u64..).zip(&case.events) {
         let at = Time::from_millis(event.at);
         driver.handle_timeout(at);
+        let due = waiting.filter(|(due, _)| *due <= event.at);
+        let started = attempts(&mut driver);
+        if started
+            != due
+                .map(|(_, attempt)| attempt)
+                .into_iter()
+                .collect::<Vec<_>>()
+        {
+            return Err(format!(
+                "at {}: the machine started attempts {started:?}, waiting {waiting:?}",
+                event.at
+            ));
+        }
+        if due.is_some() {
+            waiting = None;
+        }
         let before = phase(&driver);
         match event.event {
             JoinEventKind::Connected => driver.handle_join_connected(at, seed),
@@ -872,7 +901,13 @@ fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
             }
             JoinEventKind::Failed => driver.handle_join_failed(at, seed, "failed"),
         }
-        while driver.poll_action().is_some() {}
+        // An event starts no attempt (a retry waits for its due time).
+        if !attempts(&mut driver).is_empty() {
+            return Err(format!(
+                "at {}: an event started an attempt at once",
+                event.at
+            ));
+        }
         let after = phase(&driver).ok_or("the join is gone")?;
         let (name, attempt) = match after {
             JoinPhase::Connecting { attempt, .. } => ("connecting", Some(attempt)),
@@ -885,6 +920,9 @@ fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
         let next_at = (Some(after) != before && attempt.is_some())
             .then(|| driver.poll_timeout().map(Time::as_millis))
             .flatten();
+        if let (Some(due), Some(attempt)) = (next_at, attempt) {
+            waiting = Some((due, attempt));
+        }
         steps.push(JoinStep {
             phase: name.to_owned(),
             attempt,
