@@ -879,12 +879,7 @@ fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
         driver.handle_timeout(at);
         let due = waiting.filter(|(due, _)| *due <= event.at);
         let started = attempts(&mut driver);
-        if started
-            != due
-                .map(|(_, attempt)| attempt)
-                .into_iter()
-                .collect::<Vec<_>>()
-        {
+        if started.as_slice() != due.map(|(_, attempt)| attempt).as_slice() {
             return Err(format!(
                 "at {}: the machine started attempts {started:?}, waiting {waiting:?}",
                 event.at

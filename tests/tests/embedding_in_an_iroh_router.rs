@@ -6,12 +6,14 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tether::iroh::endpoint::{presets, Connection};
+use tether::iroh::endpoint::Connection;
 use tether::iroh::protocol::{AcceptError, ProtocolHandler, Router};
-use tether::iroh::{Endpoint, RelayMode, SecretKey};
+use tether::iroh::Endpoint;
 use tether::node::{ActorBridge, DeliveryError, Node, NodeError, OutFrame};
 use tether::substrate::{AllowAll, Authorizer, Inbound};
 use tokio::sync::mpsc;
+
+mod support;
 
 const ECHO_ALPN: &[u8] = b"app/echo/1";
 const ACTOR: [u8; 32] = [0xE1; 32];
@@ -60,14 +62,7 @@ fn loopback_addr(endpoint: &Endpoint) -> tether::iroh::EndpointAddr {
 }
 
 async fn app_endpoint() -> Endpoint {
-    Endpoint::builder(presets::Minimal)
-        .secret_key(SecretKey::generate())
-        .relay_mode(RelayMode::Disabled)
-        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
-        .expect("addr")
-        .bind()
-        .await
-        .expect("bind")
+    support::loopback_endpoint().await
 }
 
 struct Frames(mpsc::UnboundedSender<Bytes>);

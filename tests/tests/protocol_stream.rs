@@ -1,10 +1,11 @@
 //! A ring-backed protocol binding over real iroh on loopback: 64 MiB through 64 KiB rings,
 //! with backpressure on both sides, and the lifecycle events of the logical stream.
 
-use tether::iroh::endpoint::{presets, VarInt};
-use tether::iroh::{Endpoint, RelayMode, SecretKey};
+use tether::iroh::endpoint::VarInt;
 use tether::node::{Node, ProtocolBinding, StreamEvent, StreamFaultReason};
 use tokio::sync::mpsc;
+
+mod support;
 
 const TOTAL: usize = 64 * 1024 * 1024;
 const RING: usize = 64 * 1024;
@@ -196,14 +197,7 @@ async fn logical_streams_share_one_connection_per_peer_either_way_with_per_node_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_without_its_id_faults_and_one_nobody_reads_is_stopped_with_stop_unread() {
     let (b, mut events_b) = bound().await;
-    let raw = Endpoint::builder(presets::Minimal)
-        .secret_key(SecretKey::generate())
-        .relay_mode(RelayMode::Disabled)
-        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
-        .expect("addr")
-        .bind()
-        .await
-        .expect("bind");
+    let raw = support::loopback_endpoint().await;
     let conn = raw
         .connect(b.endpoint_addr(), &binding().wire_alpn)
         .await

@@ -3,13 +3,13 @@
 //! faults.
 
 use bytes::Bytes;
-use tether::iroh::endpoint::presets;
-use tether::iroh::{Endpoint, RelayMode, SecretKey};
 use tether::node::{Node, TelemetryFault, TelemetryIngress, TELEMETRY_ALPN};
 use tether_core::wire::telemetry::{
     ChannelDescriptor, Compression, Header, StreamDescriptor, TelemetryFrame,
 };
 use tokio::sync::mpsc;
+
+mod support;
 
 const EVENTS: u64 = 100_000;
 
@@ -132,14 +132,7 @@ async fn header_and_events_arrive_in_order(sink_items: usize) {
 }
 
 async fn raw_stream(collector: &Node, bytes: &[u8]) {
-    let endpoint = Endpoint::builder(presets::Minimal)
-        .secret_key(SecretKey::generate())
-        .relay_mode(RelayMode::Disabled)
-        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
-        .expect("addr")
-        .bind()
-        .await
-        .expect("bind");
+    let endpoint = support::loopback_endpoint().await;
     let conn = endpoint
         .connect(collector.endpoint_addr(), TELEMETRY_ALPN)
         .await
@@ -213,29 +206,9 @@ async fn every_sink_of_a_fanout_gets_every_item_on_a_custom_alpn() {
         .bind()
         .await
         .expect("publisher");
-    let (events_tx, events_rx) = mpsc::channel(16);
-    let done = publisher.publish_telemetry(
-        collector.endpoint_addr(),
-        header(publisher.node_id()),
-        events_rx,
-    );
-    for i in 0..10 {
-        events_tx.send(event(i)).await.expect("publisher alive");
-    }
-    drop(events_tx);
-    done.await
-        .expect("outcome")
-        .expect("the publisher ended cleanly");
+    publish(&publisher, &collector, 0..10).await;
     for rx in [&mut first_rx, &mut second_rx] {
-        let mut frames = Vec::new();
-        loop {
-            match rx.recv().await.expect("item") {
-                TelemetryIngress::Events { frames: batch, .. } => frames.extend(batch),
-                TelemetryIngress::Ended { .. } => break,
-                TelemetryIngress::Opened { .. } => {}
-                other => panic!("unexpected {other:?}"),
-            }
-        }
+        let (_, frames) = one_stream(rx).await;
         assert_eq!(frames, (0..10).map(event).collect::<Vec<_>>());
     }
     publisher.close().await;

@@ -421,29 +421,10 @@ impl World {
             return Ok(());
         };
         sim.stream_stops += 1;
-        let current = sim.driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
-        let before = sim.driver.counters();
-        self.expect_send_failed = writer.last_swim.then_some((n, peer));
-        sim.driver.handle_stream_stopped(now, peer, generation);
-        let after = sim.driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
-        let counters = sim.driver.counters();
-        if current == Some(generation) {
-            if after.is_some() || counters.evictions != before.evictions + 1 {
-                return Err(format!("node {n}: stopped current stream not evicted"));
-            }
-        } else if after != current || counters.stale_failures != before.stale_failures + 1 {
-            return Err(format!(
-                "node {n}: a stale stop of {generation:?} changed the entry {current:?} → {after:?}"
-            ));
-        }
-        self.actions(n)?;
-        if let Some((m, p)) = self.expect_send_failed.take() {
-            return Err(format!(
-                "node {m}: a stopped stream after a SWIM batch to {} went unreported",
-                p[0]
-            ));
-        }
-        Ok(())
+        let swim = writer.last_swim;
+        self.fail_generation(n, peer, generation, swim, |driver| {
+            driver.handle_stream_stopped(now, peer, generation);
+        })
     }
 
     fn complete_write(&mut self, pick: usize) -> Result<(), String> {
@@ -490,36 +471,46 @@ impl World {
                 writer.stream = None;
             }
         }
-        let current = sim.driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
-        let before = sim.driver.counters();
         sim.dropped += write.frames.len() as u64;
-        self.expect_send_failed = swim.then_some((node, peer));
-        sim.driver.handle_write_failed(
-            now,
-            peer,
-            write.generation,
-            write.frames.len() as u64,
-            swim,
-        );
-        let after = sim.driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
-        let counters = sim.driver.counters();
-        if current == Some(write.generation) {
+        let frames = write.frames.len() as u64;
+        self.fail_generation(node, peer, write.generation, swim, |driver| {
+            driver.handle_write_failed(now, peer, write.generation, frames, swim);
+        })
+    }
+
+    /// Node `n` reports that `generation` of its connection to `peer` failed (`fail`: a write
+    /// or a stopped stream; `swim` when the lost batch carried a SWIM frame). Laws: evicted
+    /// exactly when current, else counted stale with the entry unchanged; a SWIM loss is
+    /// reported (unless the node closed).
+    fn fail_generation(
+        &mut self,
+        n: usize,
+        peer: NodeId,
+        generation: super::Generation,
+        swim: bool,
+        fail: impl FnOnce(&mut Driver<u64>),
+    ) -> Result<(), String> {
+        let driver = &mut self.sims[n].driver;
+        let current = driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
+        let before = driver.counters();
+        self.expect_send_failed = swim.then_some((n, peer));
+        fail(driver);
+        let after = driver.connection(&peer, Channel::Actor).map(|(g, _)| g);
+        let counters = driver.counters();
+        if current == Some(generation) {
             if after.is_some() || counters.evictions != before.evictions + 1 {
-                return Err(format!("node {node}: current generation not evicted"));
+                return Err(format!("node {n}: current generation not evicted"));
             }
         } else if after != current || counters.stale_failures != before.stale_failures + 1 {
             return Err(format!(
-                "node {node}: a stale failure of {:?} changed the entry {current:?} → {after:?}",
-                write.generation
+                "node {n}: a stale failure of {generation:?} changed the entry {current:?} → \
+                 {after:?}"
             ));
         }
-        self.actions(node)?;
-        if let Some((n, p)) = self.expect_send_failed.take() {
-            if !self.sims[n].closed {
-                return Err(format!(
-                    "node {n}: SWIM write to {} failed unreported",
-                    p[0]
-                ));
+        self.actions(n)?;
+        if let Some((m, p)) = self.expect_send_failed.take() {
+            if !self.sims[m].closed {
+                return Err(format!("node {m}: SWIM loss to {} unreported", p[0]));
             }
         }
         Ok(())

@@ -1294,22 +1294,15 @@ impl Node {
         // One connection per peer and protocol (either side may have dialed it): the machine
         // says which carries the stream, and what follows a dead one.
         let channel = Channel::Protocol(index);
-        let mut open = self
+        let cached = self
             .inner
-            .drive(|driver, now| driver.handle_open(now, peer, Path::Protocol, channel))
-            .map_err(NodeError::from)?;
-        let (mut send, recv) = loop {
-            match open {
-                Open::Cached(generation, conn) => match conn.open_bi().await {
-                    Ok(pair) => break pair,
-                    Err(_) => {
-                        open = self.inner.drive(|driver, now| {
-                            driver.handle_open_failed(now, peer, channel, generation)
-                        });
-                    }
-                },
-                Open::Dial => break self.dial_protocol(&adapter, index, to, peer).await?,
-            }
+            .open_cached(peer, Path::Protocol, channel, |conn| async move {
+                conn.open_bi().await
+            })
+            .await?;
+        let (mut send, recv) = match cached {
+            Some(pair) => pair,
+            None => self.dial_protocol(&adapter, index, to, peer).await?,
         };
         send.write_all(&protocol_stream_id.to_be_bytes())
             .await
@@ -1638,18 +1631,16 @@ impl Inner {
         events: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
     ) -> Result<(), NodeError> {
         let peer = *to.id.as_bytes();
-        let mut open = self.drive(|driver, now| {
-            driver.handle_open(now, peer, Path::Telemetry, Channel::Telemetry)
-        })?;
-        while let Open::Cached(generation, conn) = open {
-            match conn.open_uni().await {
-                Ok(send) => return telemetry::publish(conn, send, header, events).await,
-                Err(_) => {
-                    open = self.drive(|driver, now| {
-                        driver.handle_open_failed(now, peer, Channel::Telemetry, generation)
-                    });
-                }
-            }
+        let cached = self
+            .open_cached(
+                peer,
+                Path::Telemetry,
+                Channel::Telemetry,
+                |conn| async move { conn.open_uni().await },
+            )
+            .await?;
+        if let Some(send) = cached {
+            return telemetry::publish(send, header, events).await;
         }
         let conn = self
             .endpoint
@@ -1664,7 +1655,34 @@ impl Inner {
             .open_uni()
             .await
             .map_err(|error| NodeError::Stream(error.into()))?;
-        telemetry::publish(conn, send, header, events).await
+        telemetry::publish(send, header, events).await
+    }
+
+    /// A new stream to `peer` on `channel` where the machine says (the allow-list for `path`
+    /// first): `open` on the cached connection; a dead one is evicted (that generation only)
+    /// and `None` tells the caller to dial a fresh connection and open it there.
+    async fn open_cached<S, E, F>(
+        self: &Arc<Self>,
+        peer: NodeId,
+        path: Path,
+        channel: Channel,
+        open: impl Fn(Connection) -> F,
+    ) -> Result<Option<S>, NodeError>
+    where
+        F: std::future::Future<Output = Result<S, E>>,
+    {
+        let mut verdict = self.drive(|driver, now| driver.handle_open(now, peer, path, channel))?;
+        while let Open::Cached(generation, conn) = verdict {
+            match open(conn).await {
+                Ok(stream) => return Ok(Some(stream)),
+                Err(_) => {
+                    verdict = self.drive(|driver, now| {
+                        driver.handle_open_failed(now, peer, channel, generation)
+                    });
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// The timer task: hands the machine its due timeouts.

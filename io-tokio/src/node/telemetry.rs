@@ -201,10 +201,9 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks, judge: Str
     }
 }
 
-/// Writes `header` on `send` (a uni stream of `conn`), then every event of `subscription`
-/// until it closes, then the end record.
+/// Writes `header` on `send`, then every event of `subscription` until it closes, then the
+/// end record.
 pub(super) async fn publish(
-    conn: Connection,
     mut send: SendStream,
     header: Header,
     mut subscription: mpsc::Receiver<TelemetryFrame>,
@@ -218,22 +217,17 @@ pub(super) async fn publish(
         .map_err(|e| NodeError::Stream(e.into()))?;
     let mut writer = BatchWriter::new();
     loop {
-        // The next event, or the collector going away or stopping this stream (either ends
-        // the publish at once, not at the next event; the connection may carry others).
+        // The next event, or the collector stopping this stream or its connection going away
+        // (`stopped` resolves on either): the publish ends at once, not at the next event.
         let first = tokio::select! {
             event = subscription.recv() => match event {
                 Some(event) => event,
                 None => break,
             },
-            error = conn.closed() => return Err(NodeError::Stream(error.into())),
-            stopped = send.stopped() => {
-                let error = match stopped {
-                    Ok(Some(code)) => std::io::Error::other(format!("stopped by the collector: {code}")),
-                    Ok(None) => std::io::Error::other("the collector read to the end"),
-                    Err(error) => std::io::Error::other(error),
-                };
-                return Err(NodeError::Stream(error.into()));
-            }
+            stopped = send.stopped() => return Err(NodeError::Stream(match stopped {
+                Ok(code) => format!("the collector ended the stream ({code:?})").into(),
+                Err(error) => error.into(),
+            })),
         };
         out.clear();
         let mut first = Some(first);
