@@ -47,6 +47,8 @@ fn channel(name: &str) -> Result<Channel, String> {
         "telemetry" => Ok(Channel::Telemetry),
         "protocol:0" => Ok(Channel::Protocol(0)),
         "protocol:1" => Ok(Channel::Protocol(1)),
+        "switch" => Ok(Channel::Switch),
+        "substrate" => Ok(Channel::Substrate),
         other => Err(format!("unknown channel {other:?}")),
     }
 }
@@ -56,6 +58,8 @@ fn channel_name(channel: Channel) -> String {
         Channel::Actor => "actor".to_owned(),
         Channel::Telemetry => "telemetry".to_owned(),
         Channel::Protocol(index) => format!("protocol:{index}"),
+        Channel::Switch => "switch".to_owned(),
+        Channel::Substrate => "substrate".to_owned(),
     }
 }
 
@@ -156,8 +160,8 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                     Dispatch::Protocol(index, g) => {
                         format!("protocol:{index}:{}", g.get())
                     }
-                    Dispatch::Switch => "switch".to_owned(),
-                    Dispatch::Substrate => "substrate".to_owned(),
+                    Dispatch::Switch(g) => format!("switch:{}", g.get()),
+                    Dispatch::Substrate(g) => format!("substrate:{}", g.get()),
                     Dispatch::NoAdapter => "no_adapter".to_owned(),
                 },
             ),

@@ -70,14 +70,18 @@ fn join_wait_after(attempt: u32) -> Option<u64> {
 // -------------------------------------------------------------------------------------------
 // §2: strings
 
-/// A channel. The declaration order is the document's: `actor` < `telemetry` <
-/// `protocol:0` < `protocol:1`, so a `BTreeMap` keyed by (peer, channel) is in cache order.
+/// A channel: "`"actor"`, `"telemetry"`, `"protocol:0"`, `"protocol:1"`, `"switch"` or
+/// `"substrate"`". The declaration order is the document's: `actor` < `telemetry` <
+/// `protocol:0` < `protocol:1` < `switch` < `substrate`, so a `BTreeMap` keyed by
+/// (peer, channel) is in cache order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Channel {
     Actor,
     Telemetry,
     Protocol0,
     Protocol1,
+    Switch,
+    Substrate,
 }
 
 impl Channel {
@@ -87,6 +91,8 @@ impl Channel {
             "telemetry" => Ok(Channel::Telemetry),
             "protocol:0" => Ok(Channel::Protocol0),
             "protocol:1" => Ok(Channel::Protocol1),
+            "switch" => Ok(Channel::Switch),
+            "substrate" => Ok(Channel::Substrate),
             other => Err(format!("unknown channel {other:?}")),
         }
     }
@@ -97,6 +103,8 @@ impl Channel {
             Channel::Telemetry => "telemetry",
             Channel::Protocol0 => "protocol:0",
             Channel::Protocol1 => "protocol:1",
+            Channel::Switch => "switch",
+            Channel::Substrate => "substrate",
         }
     }
 }
@@ -377,6 +385,7 @@ impl Machine {
 
     /// "**Cache** *conn* for *peer* on *channel*": insert it under the next generation; if
     /// the channel is `actor` and the peer has a writer (busy or idle), queue `kick:<peer>`.
+    /// Caching on any other channel (`switch` and `substrate` included) queues nothing.
     /// Returns the generation.
     fn cache_insert(&mut self, conn: u64, peer: u8, channel: Channel) -> Result<u64, String> {
         let generation = self
@@ -405,26 +414,22 @@ impl Machine {
         if self.closed {
             return Ok(Some("no_adapter".to_string()));
         }
-        // 3. accepted += 1. Then by path.
+        // 3. accepted += 1. Then by path: actor, telemetry, protocol i, switch and substrate
+        //    each cache on their channel and answer "<channel>:<generation>"; unknown answers
+        //    "no_adapter".
         add(&mut self.counters.accepted, 1, "accepted")?;
-        let result = match alpn {
-            Alpn::Actor => {
-                let generation = self.cache_insert(conn, peer, Channel::Actor)?;
-                format!("actor:{generation}")
-            }
-            Alpn::Telemetry => {
-                let generation = self.cache_insert(conn, peer, Channel::Telemetry)?;
-                format!("telemetry:{generation}")
-            }
-            Alpn::Protocol(channel) => {
-                let generation = self.cache_insert(conn, peer, channel)?;
-                // channel.name() is "protocol:<i>".
-                format!("{}:{generation}", channel.name())
-            }
-            Alpn::Switch => "switch".to_string(),
-            Alpn::Substrate => "substrate".to_string(),
-            Alpn::Unknown => "no_adapter".to_string(),
+        // Each result is the channel's name (channel.name() is "protocol:<i>" for a binding),
+        // "switch" or "substrate" as the doc spells them, then the generation.
+        let channel = match alpn {
+            Alpn::Actor => Channel::Actor,
+            Alpn::Telemetry => Channel::Telemetry,
+            Alpn::Protocol(channel) => channel,
+            Alpn::Switch => Channel::Switch,
+            Alpn::Substrate => Channel::Substrate,
+            Alpn::Unknown => return Ok(Some("no_adapter".to_string())),
         };
+        let generation = self.cache_insert(conn, peer, channel)?;
+        let result = format!("{}:{generation}", channel.name());
         Ok(Some(result))
     }
 
@@ -1064,19 +1069,20 @@ mod tests {
                 step(json!("telemetry:2"), &[], N),
                 step(json!("protocol:0:3"), &[], N),
                 step(json!("protocol:1:4"), &[], N),
-                step(json!("switch"), &[], N),
-                step(json!("substrate"), &[], N),
+                step(json!("switch:5"), &[], N),
+                step(json!("substrate:6"), &[], N),
                 step(json!("no_adapter"), &[], N),
-                step(json!("actor:5"), &[], N),
-                step(json!("actor:6"), &[], N),
+                step(json!("actor:7"), &[], N),
+                step(json!("actor:8"), &[], N),
                 step(json!("no_adapter"), &[], N)
             ],
             "end": {
                 "drops": {},
                 "refusals": {},
                 "counters": counters(10, 0, 0, 0, 0, 0),
-                "cache": [[1, "actor", 5], [1, "telemetry", 2], [2, "protocol:0", 3],
-                          [2, "protocol:1", 4], [251, "actor", 6]],
+                "cache": [[1, "actor", 7], [1, "telemetry", 2], [2, "protocol:0", 3],
+                          [2, "protocol:1", 4], [3, "switch", 5], [3, "substrate", 6],
+                          [251, "actor", 8]],
                 "joins": {}
             }
         }));
@@ -1114,7 +1120,7 @@ mod tests {
                 step(json!("refused"), &[], N),
                 step(json!("actor:1"), &[], N),
                 step(json!("protocol:1:2"), &[], N),
-                step(json!("switch"), &[], N),
+                step(json!("switch:3"), &[], N),
                 step(json!("no_adapter"), &[], N),
                 step(json!("refused"), &[], N),
                 step(json!("ok"), &[], N),
@@ -1127,7 +1133,7 @@ mod tests {
                              "substrate/inbound": 1, "unknown/inbound": 2,
                              "join/outbound": 1},
                 "counters": counters(4, 0, 0, 0, 0, 0),
-                "cache": [[1, "actor", 1], [1, "protocol:1", 2]],
+                "cache": [[1, "actor", 1], [1, "protocol:1", 2], [1, "switch", 3]],
                 "joins": {}
             }
         }));
@@ -1562,6 +1568,78 @@ mod tests {
         }));
     }
 
+    /// Accepts on the switch (`s`) and substrate (`u`) ALPNs are cached on their channels
+    /// under the next generation, without kicking the peer's writer; `closed` with a stale
+    /// generation (another channel's, or one replaced) keeps the entry, with its own removes
+    /// it; `open`, `connected`, `fault`, `unread`, `open_failed` and `disconnect` take both
+    /// channels; the cache sorts `protocol:1` < `switch` < `substrate`; an actor accept kicks.
+    #[test]
+    fn switch_and_substrate_are_cached() {
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "idle", "at": 0, "peer": 1},
+                {"op": "accept", "at": 1, "peer": 1, "alpn": "s", "conn": 10},
+                {"op": "accept", "at": 2, "peer": 1, "alpn": "u", "conn": 11},
+                {"op": "accept", "at": 3, "peer": 0, "alpn": "u", "conn": 12},
+                {"op": "open", "at": 4, "peer": 1, "path": "switch", "channel": "switch"},
+                {"op": "closed", "at": 5, "peer": 1, "channel": "switch", "generation": 2},
+                {"op": "closed", "at": 6, "peer": 1, "channel": "substrate", "generation": 1},
+                {"op": "accept", "at": 7, "peer": 1, "alpn": "s", "conn": 13},
+                {"op": "closed", "at": 8, "peer": 1, "channel": "switch", "generation": 1},
+                {"op": "open", "at": 9, "peer": 1, "path": "switch", "channel": "switch"},
+                {"op": "closed", "at": 10, "peer": 1, "channel": "switch", "generation": 4},
+                {"op": "closed", "at": 11, "peer": 1, "channel": "substrate", "generation": 2},
+                {"op": "open", "at": 12, "peer": 1, "path": "substrate",
+                 "channel": "substrate"},
+                {"op": "connected", "at": 13, "peer": 1, "channel": "switch", "conn": 14},
+                {"op": "fault", "at": 14, "peer": 1, "fatal": false, "channel": "switch"},
+                {"op": "unread", "at": 15, "peer": 0, "channel": "substrate"},
+                {"op": "open_failed", "at": 16, "peer": 0, "channel": "substrate",
+                 "generation": 3},
+                {"op": "disconnect", "at": 17, "peer": 1, "channel": "switch"},
+                {"op": "accept", "at": 18, "peer": 2, "alpn": "u", "conn": 15},
+                {"op": "accept", "at": 19, "peer": 2, "alpn": "s", "conn": 16},
+                {"op": "accept", "at": 20, "peer": 2, "alpn": "p1", "conn": 17},
+                {"op": "accept", "at": 21, "peer": 2, "alpn": "a", "conn": 18},
+                {"op": "accept", "at": 22, "peer": 1, "alpn": "a", "conn": 19}
+            ],
+            "steps": [
+                step(N, &[], json!(1000)),
+                step(json!("switch:1"), &[], json!(1000)),
+                step(json!("substrate:2"), &[], json!(1000)),
+                step(json!("substrate:3"), &[], json!(1000)),
+                step(json!("cached:1:10"), &[], json!(1000)),
+                step(N, &[], json!(1000)),
+                step(N, &[], json!(1000)),
+                step(json!("switch:4"), &[], json!(1000)),
+                step(N, &[], json!(1000)),
+                step(json!("cached:4:13"), &[], json!(1000)),
+                step(N, &[], json!(1000)),
+                step(N, &[], json!(1000)),
+                step(json!("dial"), &[], json!(1000)),
+                step(json!("gen:5"), &[], json!(1000)),
+                step(json!("stop:1"), &[], json!(1000)),
+                step(json!("stop:2"), &[], json!(1000)),
+                step(json!("dial"), &[], json!(1000)),
+                step(N, &["close:14:0"], json!(1000)),
+                step(json!("substrate:6"), &[], json!(1000)),
+                step(json!("switch:7"), &[], json!(1000)),
+                step(json!("protocol:1:8"), &[], json!(1000)),
+                step(json!("actor:9"), &[], json!(1000)),
+                step(json!("actor:10"), &["kick:1"], json!(1000))
+            ],
+            "end": {
+                "drops": {},
+                "refusals": {},
+                "counters": counters(9, 0, 0, 0, 0, 0),
+                "cache": [[1, "actor", 10], [2, "actor", 9], [2, "protocol:1", 8],
+                          [2, "switch", 7], [2, "substrate", 6]],
+                "joins": {}
+            }
+        }));
+    }
+
     /// One timeout fires timers of every kind in (due, kind, peer) order: an idle writer due
     /// earlier first, then at equal due times dials (by peer), the join, the idle writer.
     #[test]
@@ -1662,6 +1740,9 @@ mod tests {
             json!([{"op": "connected", "at": 0, "peer": 1, "channel": "protocol:2", "conn": 1}]),
             json!([{"op": "closed", "at": 0, "peer": 1, "channel": "Actor", "generation": 1}]),
             json!([{"op": "disconnect", "at": 0, "peer": 1, "channel": ""}]),
+            json!([{"op": "unread", "at": 0, "peer": 1, "channel": "Switch"}]),
+            json!([{"op": "closed", "at": 0, "peer": 1, "channel": "substrate:1",
+                    "generation": 1}]),
             json!([{"op": "admit", "at": 0, "peer": 1, "path": "gossip",
                     "direction": "inbound"}]),
             json!([{"op": "admit", "at": 0, "peer": 1, "path": "actor", "direction": "up"}]),
@@ -1735,7 +1816,7 @@ mod tests {
                 .wrapping_add(1_442_695_040_888_963_407);
             (state >> 33) % bound.max(1)
         };
-        let channels = ["actor", "telemetry", "protocol:0", "protocol:1"];
+        let channels = crate::generate::DRIVER_CHANNELS;
         let alpns = ["a", "t", "p0", "p1", "s", "u", "zz"];
         let paths = [
             "actor",
@@ -1757,11 +1838,11 @@ mod tests {
                     0 => json!({"op": "accept", "at": at, "peer": peer,
                                 "alpn": alpns[next(7) as usize], "conn": next(5)}),
                     1 => json!({"op": "connected", "at": at, "peer": peer,
-                                "channel": channels[next(4) as usize], "conn": next(5)}),
+                                "channel": channels[next(6) as usize], "conn": next(5)}),
                     2 => json!({"op": "closed", "at": at, "peer": peer,
-                                "channel": channels[next(4) as usize], "generation": next(6)}),
+                                "channel": channels[next(6) as usize], "generation": next(6)}),
                     3 => json!({"op": "disconnect", "at": at, "peer": peer,
-                                "channel": channels[next(4) as usize]}),
+                                "channel": channels[next(6) as usize]}),
                     4 => json!({"op": "admit", "at": at, "peer": peer,
                                 "path": paths[next(7) as usize], "direction": "outbound"}),
                     5 => json!({"op": "send", "at": at, "peer": peer}),
@@ -1779,17 +1860,17 @@ mod tests {
                     13 => json!({"op": "join_failed", "at": at, "peer": peer}),
                     14 if next(2) == 0 => {
                         json!({"op": "fault", "at": at, "peer": peer, "fatal": next(2) == 0,
-                               "channel": channels[next(4) as usize]})
+                               "channel": channels[next(6) as usize]})
                     }
                     14 if next(3) == 0 => json!({"op": "unread", "at": at, "peer": peer,
-                                 "channel": channels[next(4) as usize]}),
+                                 "channel": channels[next(6) as usize]}),
                     14 if next(2) == 0 => json!({"op": "stopped", "at": at, "peer": peer,
                                  "generation": next(4)}),
                     14 if next(2) == 0 => json!({"op": "open", "at": at, "peer": peer,
                                  "path": paths[next(7) as usize],
-                                 "channel": channels[next(4) as usize]}),
+                                 "channel": channels[next(6) as usize]}),
                     14 => json!({"op": "open_failed", "at": at, "peer": peer,
-                                 "channel": channels[next(4) as usize], "generation": next(4)}),
+                                 "channel": channels[next(6) as usize], "generation": next(4)}),
                     15 => json!({"op": "timeout", "at": at}),
                     _ => json!({"op": "close", "at": at}),
                 };

@@ -745,7 +745,14 @@ pub const DRIVER_PEERS: [u8; 5] = [0, 1, 2, 3, 250];
 /// See [`DRIVER_PEERS`].
 pub const DRIVER_ALPNS: [&str; 7] = ["a", "t", "p0", "p1", "s", "u", "x"];
 /// See [`DRIVER_PEERS`].
-pub const DRIVER_CHANNELS: [&str; 4] = ["actor", "telemetry", "protocol:0", "protocol:1"];
+pub const DRIVER_CHANNELS: [&str; 6] = [
+    "actor",
+    "telemetry",
+    "protocol:0",
+    "protocol:1",
+    "switch",
+    "substrate",
+];
 /// See [`DRIVER_PEERS`].
 pub const DRIVER_PATHS: [&str; 7] = [
     "actor",

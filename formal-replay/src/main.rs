@@ -51,6 +51,13 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Rewrite every observation of a script with the reference model, keeping its inputs:
+    /// for a section whose document changed on purpose (review the diff; `check` then
+    /// compares core against the refilled cases).
+    Refill {
+        /// The script to rewrite in place.
+        file: PathBuf,
+    },
     /// Model-check the laws over every op sequence up to a bound.
     Explore {
         /// Smaller bounds (seconds instead of minutes in a debug build).
@@ -123,6 +130,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Refill { file } => match refill(&file) {
+            Ok(cases) => {
+                println!("{}: {cases} cases refilled", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("{error}");
+                ExitCode::from(2)
+            }
+        },
         Command::Explore {
             quick,
             substrate_depth,
@@ -175,6 +192,19 @@ fn main() -> ExitCode {
 }
 
 /// One case per line, so scripts diff well.
+/// Reads `file`, completes each case with the model from its inputs, writes it back.
+fn refill(file: &std::path::Path) -> Result<usize, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut script: tether_formal_replay::script::ScriptFile =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+    for (index, case) in script.cases.iter_mut().enumerate() {
+        *case = tether_formal_replay::replay::complete_with_model(&script.section, case)
+            .map_err(|failure| format!("case {index}: {failure}"))?;
+    }
+    std::fs::write(file, render(&script)).map_err(|e| format!("{}: {e}", file.display()))?;
+    Ok(script.cases.len())
+}
+
 fn render(script: &tether_formal_replay::script::ScriptFile) -> String {
     let mut text = format!(
         "{{\"section\": {}, \"cases\": [\n",

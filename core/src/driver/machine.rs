@@ -55,6 +55,10 @@ pub enum Channel {
     Telemetry,
     /// The protocol binding at this index.
     Protocol(u16),
+    /// The request switch's ALPN: each stream is one switch-to-host connection.
+    Switch,
+    /// The substrate's ALPN: each stream is one link (either side may open one).
+    Substrate,
 }
 
 impl Channel {
@@ -64,6 +68,8 @@ impl Channel {
             Channel::Actor => Path::Actor,
             Channel::Telemetry => Path::Telemetry,
             Channel::Protocol(_) => Path::Protocol,
+            Channel::Switch => Path::Switch,
+            Channel::Substrate => Path::Substrate,
         }
     }
 }
@@ -129,10 +135,11 @@ pub enum Dispatch {
     Telemetry(Generation),
     /// Protocol binding `index`: cached under `generation`; serve its streams.
     Protocol(u16, Generation),
-    /// The switch host's queue.
-    Switch,
-    /// The substrate's link handshake.
-    Substrate,
+    /// The request switch (this node hosts caps): cached under `generation`; each stream it
+    /// accepts goes to the switch host's queue.
+    Switch(Generation),
+    /// The substrate: cached under `generation`; each stream it accepts is a link.
+    Substrate(Generation),
     /// No adapter for this ALPN (or the node is closing): close it with [`CLOSE_SHUTDOWN`].
     NoAdapter,
 }
@@ -419,8 +426,10 @@ impl<C: Clone> Driver<C> {
             (Path::Protocol, Some(channel @ Channel::Protocol(index))) => {
                 Dispatch::Protocol(index, self.insert(peer, channel, conn))
             }
-            (Path::Switch, _) if self.config.alpns.switch.is_some() => Dispatch::Switch,
-            (Path::Substrate, _) if self.config.alpns.substrate.is_some() => Dispatch::Substrate,
+            (Path::Switch, Some(channel)) => Dispatch::Switch(self.insert(peer, channel, conn)),
+            (Path::Substrate, Some(channel)) => {
+                Dispatch::Substrate(self.insert(peer, channel, conn))
+            }
             _ => Dispatch::NoAdapter,
         }
     }
@@ -1042,9 +1051,9 @@ impl<C: Clone> Driver<C> {
             let channel = alpns.telemetry_collect.then_some(Channel::Telemetry);
             (Path::Telemetry, channel)
         } else if alpns.switch.as_deref() == Some(alpn) {
-            (Path::Switch, None)
+            (Path::Switch, Some(Channel::Switch))
         } else if alpns.substrate.as_deref() == Some(alpn) {
-            (Path::Substrate, None)
+            (Path::Substrate, Some(Channel::Substrate))
         } else if let Some(index) = alpns.protocols.iter().position(|known| known == alpn) {
             let index = u16::try_from(index).ok();
             (Path::Protocol, index.map(Channel::Protocol))
@@ -1211,6 +1220,54 @@ mod tests {
             );
         }
         assert_eq!(d.drops().get(DropReason::MalformedStream), 2);
+    }
+
+    #[test]
+    fn switch_and_substrate_connections_are_cached_and_evicted_by_generation() {
+        let mut d = Driver::new(Config {
+            auth: PeerAuth::allow_list([PEER]),
+            alpns: Alpns {
+                switch: Some(b"s".to_vec()),
+                substrate: Some(b"u".to_vec()),
+                ..Alpns::default()
+            },
+            ..Config::default()
+        });
+        for (alpn, channel, path) in [
+            (&b"s"[..], Channel::Switch, Path::Switch),
+            (b"u", Channel::Substrate, Path::Substrate),
+        ] {
+            let Dispatch::Refused(_) = d.handle_accepted(at(0), STRANGER, alpn, "stranger") else {
+                panic!("a peer off the list is refused on {channel:?}");
+            };
+            let accepted = match d.handle_accepted(at(0), PEER, alpn, "accepted") {
+                Dispatch::Switch(generation) | Dispatch::Substrate(generation) => generation,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(channel.path(), path);
+            // Either side's streams ride the accepted connection.
+            assert_eq!(
+                d.handle_open(at(1), PEER, path, channel),
+                Ok(Open::Cached(accepted, "accepted"))
+            );
+            // It dies: a fresh one is dialed and cached; the old one's close report is stale.
+            assert_eq!(
+                d.handle_open_failed(at(2), PEER, channel, accepted),
+                Open::Dial
+            );
+            let dialed = d
+                .handle_connected(at(3), PEER, channel, "dialed")
+                .expect("cached");
+            d.handle_connection_closed(at(4), PEER, channel, accepted);
+            assert_eq!(d.connection(&PEER, channel), Some((dialed, "dialed")));
+            d.handle_connection_closed(at(5), PEER, channel, dialed);
+            assert_eq!(d.connection(&PEER, channel), None);
+        }
+        assert!(
+            !std::iter::from_fn(|| d.poll_action())
+                .any(|action| matches!(action, Action::KickWriter { .. })),
+            "only actor connections kick a writer"
+        );
     }
 
     #[test]

@@ -528,55 +528,62 @@ impl NodeBuilder {
             valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
         }));
         let substrate_peers = substrate_link::SubstratePeers::default();
-        let (substrate_transport, substrate_queue) = if self.substrate {
-            let (transport, queue) =
-                IrohTransport::new(endpoint.clone(), gate.clone(), substrate_peers.clone());
-            (Some(transport), Some(queue))
-        } else {
-            (None, None)
-        };
         let (switch_queue, switch_connections) = if self.switch_host {
             let (tx, rx) = tokio::sync::mpsc::channel(16);
             (Some(tx), Some(rx))
         } else {
             (None, None)
         };
-        let inner = Arc::new(Inner {
-            switch_queue,
-            switch_connections: Mutex::new(switch_connections),
-            adapters: {
-                let stream_ids = Arc::new(AtomicU64::new(1));
-                self.protocols
-                    .into_iter()
-                    .map(|(binding, sink)| {
-                        Arc::new(protocol::Adapter::new(binding, sink, stream_ids.clone()))
-                    })
-                    .collect()
-            },
-            telemetry_sinks: telemetry::Sinks::new(self.telemetry_sinks),
-            telemetry_alpn: self.telemetry_alpn,
-            substrate_transport: Mutex::new(substrate_transport),
-            substrate_peers,
-            sources: Mutex::default(),
-            substrate_queue,
-            endpoint,
-            embedded,
-            alpns,
-            local,
-            gate,
-            routes: Mutex::new(Arc::new(routes)),
-            bridge: self.bridge,
-            payload_bytes_max: self.payload_bytes_max,
-            batch_delay: self.batch_delay,
-            egress_ring: self.egress_ring,
-            egress_spill: self.egress_spill,
-            egress_count: watch::channel(0).0,
-            relay_urls,
-            actor_alpn: self.actor_alpn,
-            egress: RwLock::default(),
-            counters: Counters::default(),
-            tasks: Mutex::new(JoinSet::new()),
-            closed: closed_tx,
+        let substrate = self.substrate;
+        let inner = Arc::new_cyclic(|node| {
+            let (substrate_transport, substrate_queue) = if substrate {
+                let (transport, queue) = IrohTransport::new(
+                    node.clone(),
+                    peer_id_of(&endpoint.id()),
+                    gate.clone(),
+                    substrate_peers.clone(),
+                );
+                (Some(transport), Some(queue))
+            } else {
+                (None, None)
+            };
+            Inner {
+                switch_queue,
+                switch_connections: Mutex::new(switch_connections),
+                adapters: {
+                    let stream_ids = Arc::new(AtomicU64::new(1));
+                    self.protocols
+                        .into_iter()
+                        .map(|(binding, sink)| {
+                            Arc::new(protocol::Adapter::new(binding, sink, stream_ids.clone()))
+                        })
+                        .collect()
+                },
+                telemetry_sinks: telemetry::Sinks::new(self.telemetry_sinks),
+                telemetry_alpn: self.telemetry_alpn,
+                substrate_transport: Mutex::new(substrate_transport),
+                substrate_peers,
+                sources: Mutex::default(),
+                substrate_queue,
+                endpoint,
+                embedded,
+                alpns,
+                local,
+                gate,
+                routes: Mutex::new(Arc::new(routes)),
+                bridge: self.bridge,
+                payload_bytes_max: self.payload_bytes_max,
+                batch_delay: self.batch_delay,
+                egress_ring: self.egress_ring,
+                egress_spill: self.egress_spill,
+                egress_count: watch::channel(0).0,
+                relay_urls,
+                actor_alpn: self.actor_alpn,
+                egress: RwLock::default(),
+                counters: Counters::default(),
+                tasks: Mutex::new(JoinSet::new()),
+                closed: closed_tx,
+            }
         });
         if !inner.embedded {
             let accept = inner.clone();
@@ -1324,23 +1331,16 @@ impl Node {
         to: EndpointAddr,
         peer: NodeId,
     ) -> Result<(SendStream, RecvStream), NodeError> {
-        let conn = self
+        let channel = Channel::Protocol(index);
+        let (generation, conn) = self
             .inner
-            .endpoint
-            .connect(to, &adapter.binding.wire_alpn)
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))?;
-        let pair = conn
-            .open_bi()
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))?;
-        let generation = self.inner.drive(|driver, now| {
-            driver.handle_connected(now, peer, Channel::Protocol(index), conn.clone())
-        });
-        let generation = generation.ok_or(NodeError::Closed)?;
+            .dial_cached(to, &adapter.binding.wire_alpn, channel)
+            .await?;
         self.inner
-            .serve_protocol(adapter.clone(), index, generation, peer, conn);
-        Ok(pair)
+            .serve_protocol(adapter.clone(), index, generation, peer, conn.clone());
+        conn.open_bi()
+            .await
+            .map_err(|error| NodeError::Connect(error.into()))
     }
 
     /// Switch connections accepted by a node built with [`NodeBuilder::switch_host`]; taken
@@ -1353,23 +1353,15 @@ impl Node {
             .take()
     }
 
-    /// Dials the host node at `addr` for a request switch ([`SWITCH_ALPN`]): the stream to
-    /// give to `tether::switch::Switch::add_master`. Refused before dialling when the peer is
-    /// not on the allow-list.
+    /// A stream to the host node at `addr` for a request switch ([`SWITCH_ALPN`]): give it to
+    /// `tether::switch::Switch::add_master`. It rides the switch connection cached for the
+    /// peer (dialed when there is none, or when the cached one is dead). Refused before
+    /// dialling when the peer is not on the allow-list.
     pub async fn dial_switch_host(&self, addr: EndpointAddr) -> Result<QuicStream, NodeError> {
-        self.inner
-            .gate
-            .admit(addr.id.as_bytes(), Path::Switch, Direction::Outbound)?;
-        let conn = self
+        let (conn, send, recv) = self
             .inner
-            .endpoint
-            .connect(addr, SWITCH_ALPN)
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))?;
-        let (send, recv) = conn
-            .open_bi()
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))?;
+            .open_bi_cached(addr, Channel::Switch, SWITCH_ALPN)
+            .await?;
         Ok(QuicStream::new(conn, send, recv))
     }
 
@@ -1642,15 +1634,10 @@ impl Inner {
         if let Some(send) = cached {
             return telemetry::publish(send, header, events).await;
         }
-        let conn = self
-            .endpoint
-            .connect(to, &self.telemetry_alpn)
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))?;
-        let generation = self.drive(|driver, now| {
-            driver.handle_connected(now, peer, Channel::Telemetry, conn.clone())
-        });
-        self.serve_telemetry(peer, generation.ok_or(NodeError::Closed)?, conn.clone());
+        let (generation, conn) = self
+            .dial_cached(to, &self.telemetry_alpn, Channel::Telemetry)
+            .await?;
+        self.serve_telemetry(peer, generation, conn.clone());
         let send = conn
             .open_uni()
             .await
@@ -1683,6 +1670,109 @@ impl Inner {
             }
         }
         Ok(None)
+    }
+
+    /// Dials `addr` on `alpn` and caches the connection under `channel` (admission was
+    /// asked first, by [`Inner::open_cached`]): its generation and the connection.
+    async fn dial_cached(
+        self: &Arc<Self>,
+        addr: EndpointAddr,
+        alpn: &[u8],
+        channel: Channel,
+    ) -> Result<(Generation, Connection), NodeError> {
+        let peer = *addr.id.as_bytes();
+        let conn = self
+            .endpoint
+            .connect(addr, alpn)
+            .await
+            .map_err(|error| NodeError::Connect(error.into()))?;
+        let generation = self
+            .drive(|driver, now| driver.handle_connected(now, peer, channel, conn.clone()))
+            .ok_or(NodeError::Closed)?;
+        Ok((generation, conn))
+    }
+
+    /// A bidirectional stream to `addr` on the connection cached for `channel` (the
+    /// switch's or the substrate's), whichever side dialed it; with none (or a dead one), a
+    /// fresh connection is dialed on `alpn`, cached, and served as an accepted one is.
+    pub(super) async fn open_bi_cached(
+        self: &Arc<Self>,
+        addr: EndpointAddr,
+        channel: Channel,
+        alpn: &[u8],
+    ) -> Result<(Connection, SendStream, RecvStream), NodeError> {
+        let peer = *addr.id.as_bytes();
+        let cached = self
+            .open_cached(peer, channel.path(), channel, |conn| async move {
+                let (send, recv) = conn.open_bi().await?;
+                Ok::<_, iroh::endpoint::ConnectionError>((conn, send, recv))
+            })
+            .await?;
+        if let Some(opened) = cached {
+            return Ok(opened);
+        }
+        let (generation, conn) = self.dial_cached(addr, alpn, channel).await?;
+        self.serve_bi(peer, channel, generation, conn.clone());
+        let (send, recv) = conn
+            .open_bi()
+            .await
+            .map_err(|error| NodeError::Connect(error.into()))?;
+        Ok((conn, send, recv))
+    }
+
+    /// Serves a cached switch or substrate connection (accepted or dialed): each stream the
+    /// peer opens on it is one switch connection (to the switch host's queue) or one
+    /// substrate link (to the substrate's accept queue); a stream nobody here takes is
+    /// stopped as the machine says. Reports the connection's end.
+    fn serve_bi(
+        self: &Arc<Self>,
+        peer: NodeId,
+        channel: Channel,
+        generation: Generation,
+        conn: Connection,
+    ) {
+        let inner = self.clone();
+        self.spawn(async move {
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                inner.stream_opened(peer, channel, &conn, send, recv).await;
+            }
+            inner.drive(|driver, now| {
+                driver.handle_connection_closed(now, peer, channel, generation)
+            });
+        });
+    }
+
+    /// A stream `peer` opened on its switch or substrate connection, handed to what serves it.
+    async fn stream_opened(
+        self: &Arc<Self>,
+        peer: NodeId,
+        channel: Channel,
+        conn: &Connection,
+        send: SendStream,
+        mut recv: RecvStream,
+    ) {
+        match (channel, &self.switch_queue, &self.substrate_queue) {
+            (Channel::Switch, Some(queue), _) => {
+                let stream = QuicStream::new(conn.clone(), send, recv);
+                let _ = queue.send((hex(&peer), stream)).await;
+                return;
+            }
+            (Channel::Substrate, _, Some(queue)) => {
+                let local = peer_id_of(&self.endpoint.id());
+                let remote = peer_id_of(&conn.remote_id());
+                match substrate_link::link(conn, send, recv, &remote, &local) {
+                    Ok(link) => {
+                        let _ = queue.send((remote, link)).await;
+                    }
+                    Err(error) => debug!(%error, "substrate link not established"),
+                }
+                return;
+            }
+            _ => {}
+        }
+        // Nothing here takes streams on this channel (a switch that is no host).
+        self.judge(peer, channel)
+            .stop(&mut recv, Unreadable::Unread);
     }
 
     /// The timer task: hands the machine its due timeouts.
@@ -1772,28 +1862,11 @@ impl Inner {
                 };
                 self.serve_protocol(adapter, index, generation, peer, conn);
             }
-            Dispatch::Switch => {
-                let Some(queue) = self.switch_queue.clone() else {
-                    return;
-                };
-                self.spawn(async move {
-                    let Ok((send, recv)) = conn.accept_bi().await else {
-                        return;
-                    };
-                    let stream = QuicStream::new(conn, send, recv);
-                    let _ = queue.send((hex(&peer), stream)).await;
-                });
+            Dispatch::Switch(generation) => {
+                self.serve_bi(peer, Channel::Switch, generation, conn);
             }
-            Dispatch::Substrate => {
-                let Some(queue) = self.substrate_queue.clone() else {
-                    return;
-                };
-                let local = peer_id_of(&self.endpoint.id());
-                self.spawn(async move {
-                    if let Err(error) = substrate_link::accept_link(conn, local, queue).await {
-                        debug!(%error, "substrate link not established");
-                    }
-                });
+            Dispatch::Substrate(generation) => {
+                self.serve_bi(peer, Channel::Substrate, generation, conn);
             }
             Dispatch::NoAdapter => {
                 debug!(alpn = %String::from_utf8_lossy(conn.alpn()), "no adapter for this ALPN");

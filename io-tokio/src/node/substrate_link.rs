@@ -2,26 +2,29 @@
 //! [`crate::substrate::Transport`] on a [`super::Node`]'s endpoint, so the same shell that runs
 //! over TCP and the simulator runs over QUIC.
 //!
-//! One link is one bidirectional stream on a connection negotiated with [`SUBSTRATE_ALPN`].
-//! The peer id is the remote endpoint key as TLS authenticated it (hex), and the channel
-//! binding is TLS keying material both ends export, so `Auth::TransportIdentity` proves the
-//! handshake ran over this very QUIC connection.
+//! One link is one bidirectional stream on the connection the node caches for the peer under
+//! [`SUBSTRATE_ALPN`], whichever side dialed it: a link that ends leaves the connection for
+//! the next one, and a dead connection is evicted by generation as every cached one is. The
+//! peer id is the remote endpoint key as TLS authenticated it (hex), and the channel binding
+//! is TLS keying material both ends export, so `Auth::TransportIdentity` proves the handshake
+//! ran over this very QUIC connection.
 
 use std::collections::BTreeMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 
 use iroh::endpoint::{Connection, RecvStream, SendStream};
-use iroh::{Endpoint, EndpointAddr, PublicKey};
+use iroh::{EndpointAddr, PublicKey};
+use tether_core::driver::machine::Channel as DriverChannel;
 use tether_core::driver::{Direction, Path};
 use tether_core::substrate::handshake::Channel;
 use tether_core::substrate::PeerId;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
-use super::{Gate, NodeError};
+use super::{Gate, Inner, NodeError};
 use crate::substrate::transport::{AcceptQueue, BoxFuture};
 use crate::substrate::{Link, Transport};
 
@@ -32,7 +35,8 @@ const BINDING_LABEL: &[u8] = b"tether substrate channel binding";
 
 /// The substrate's links over a node's endpoint.
 pub struct IrohTransport {
-    endpoint: Endpoint,
+    /// The node whose cached connections carry the links (gone once the node is dropped).
+    node: Weak<Inner>,
     gate: Arc<Gate>,
     local: PeerId,
     peers: SubstratePeers,
@@ -57,14 +61,14 @@ pub fn peer_id_of(key: &PublicKey) -> PeerId {
 
 impl IrohTransport {
     pub(super) fn new(
-        endpoint: Endpoint,
+        node: Weak<Inner>,
+        local: PeerId,
         gate: Arc<Gate>,
         peers: SubstratePeers,
     ) -> (Self, mpsc::Sender<(PeerId, Link)>) {
         let (tx, inbound) = AcceptQueue::new(64);
-        let local = peer_id_of(&endpoint.id());
         let transport = Self {
-            endpoint,
+            node,
             gate,
             local,
             peers,
@@ -122,23 +126,19 @@ fn channel(conn: &Connection, dialer: &PeerId, listener: &PeerId) -> io::Result<
     Ok(Channel { conn_id, binding })
 }
 
-/// A substrate link accepted by the node's accept loop (ALPN [`SUBSTRATE_ALPN`]).
-pub(super) async fn accept_link(
-    conn: Connection,
-    local: PeerId,
-    queue: mpsc::Sender<(PeerId, Link)>,
-) -> io::Result<()> {
-    let peer = peer_id_of(&conn.remote_id());
-    let (send, recv) = conn.accept_bi().await.map_err(io::Error::other)?;
-    let channel = channel(&conn, &peer, &local)?;
-    let link = Link {
-        stream: Box::new(QuicStream { conn, send, recv }),
-        channel,
-    };
-    queue
-        .send((peer, link))
-        .await
-        .map_err(|_| io::Error::other("substrate stopped"))
+/// A link on `conn`: a stream `dialer` opened to `listener` (either may have dialed the
+/// connection itself).
+pub(super) fn link(
+    conn: &Connection,
+    send: SendStream,
+    recv: RecvStream,
+    dialer: &PeerId,
+    listener: &PeerId,
+) -> io::Result<Link> {
+    Ok(Link {
+        channel: channel(conn, dialer, listener)?,
+        stream: Box::new(QuicStream::new(conn.clone(), send, recv)),
+    })
 }
 
 impl Transport for IrohTransport {
@@ -151,17 +151,15 @@ impl Transport for IrohTransport {
             let addr = self
                 .addr_of(peer)
                 .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address for peer"))?;
-            let conn = self
-                .endpoint
-                .connect(addr, SUBSTRATE_ALPN)
+            let node = self
+                .node
+                .upgrade()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "node dropped"))?;
+            let (conn, send, recv) = node
+                .open_bi_cached(addr, DriverChannel::Substrate, SUBSTRATE_ALPN)
                 .await
                 .map_err(io::Error::other)?;
-            let (send, recv) = conn.open_bi().await.map_err(io::Error::other)?;
-            let channel = channel(&conn, &self.local, peer)?;
-            Ok(Link {
-                stream: Box::new(QuicStream { conn, send, recv }),
-                channel,
-            })
+            link(&conn, send, recv, &self.local, peer)
         })
     }
 
@@ -170,8 +168,10 @@ impl Transport for IrohTransport {
     }
 }
 
-/// One bidirectional QUIC stream as a byte stream; holds its connection open and closes it
-/// when dropped. Substrate links and switch connections over iroh are these.
+/// One bidirectional QUIC stream as a byte stream, on a connection the node caches. Dropping
+/// it finishes what it sent and stops what it did not read; the connection stays for the next
+/// stream (the node closes it, or evicts it once it dies). Substrate links and switch
+/// connections over iroh are these.
 pub struct QuicStream {
     conn: Connection,
     send: SendStream,
@@ -194,8 +194,8 @@ impl QuicStream {
 
 impl Drop for QuicStream {
     fn drop(&mut self) {
+        // Unread data is stopped by the receive half's own drop.
         let _ = self.send.finish();
-        self.conn.close(0u32.into(), b"link closed");
     }
 }
 

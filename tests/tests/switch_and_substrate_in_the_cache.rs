@@ -1,0 +1,178 @@
+//! Switch and substrate connections live in the node's one connection cache, like actor,
+//! telemetry and protocol connections: one connection per peer and ALPN, reused by every
+//! stream whichever side dialed it, and evicted by generation when it ends.
+
+use tether::iroh::endpoint::VarInt;
+use tether::node::{Node, SWITCH_ALPN};
+use tether::substrate::{Link, Transport};
+use tether_core::driver::machine::{Channel, STOP_UNREAD};
+use tether_core::substrate::PeerId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod support;
+
+/// The cached connections of `node` on `channel`: (peer hex, generation).
+fn cached(node: &Node, channel: Channel) -> Vec<(String, u64)> {
+    node.snapshot()
+        .connections
+        .into_iter()
+        .filter(|(_, on, _)| *on == channel)
+        .map(|(peer, _, generation)| (peer, generation))
+        .collect()
+}
+
+fn hex(node: &Node) -> String {
+    node.node_id().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `bytes` on a link `dialer` just opened (a QUIC stream shows up at the peer with its
+/// first bytes), takes the link `listener` accepted, and reads them back there: (the peer it
+/// names, its end of the link).
+async fn carries(dialer: &mut Link, listener: &impl Transport, bytes: &[u8]) -> (PeerId, Link) {
+    dialer.stream.write_all(bytes).await.expect("write");
+    dialer.stream.flush().await.expect("flush");
+    let (from, mut accepted) = listener.accept().await.expect("accept");
+    let mut got = vec![0u8; bytes.len()];
+    accepted.stream.read_exact(&mut got).await.expect("read");
+    assert_eq!(got, bytes);
+    (from, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn substrate_links_share_one_connection_whichever_side_dialed_it() {
+    let a = Node::builder().substrate().bind().await.expect("bind a");
+    let b = Node::builder().substrate().bind().await.expect("bind b");
+    let (ta, tb) = (
+        a.substrate_transport().expect("substrate"),
+        b.substrate_transport().expect("substrate"),
+    );
+    let b_id = ta.add_peer(b.endpoint_addr()).expect("allowed");
+    let a_id = tb.add_peer(a.endpoint_addr()).expect("allowed");
+
+    // a dials the first link; when it ends, the connection stays for the second.
+    let mut first = ta.dial(&b_id, [1; 16]).await.expect("dial");
+    let (from, first_b) = carries(&mut first, &tb, b"one").await;
+    assert_eq!(from, a_id);
+    drop((first, first_b));
+    let mut second = ta.dial(&b_id, [2; 16]).await.expect("dial again");
+    let (_, second_b) = carries(&mut second, &tb, b"two").await;
+    assert_eq!(
+        second.channel, second_b.channel,
+        "both ends bind the same channel"
+    );
+
+    // b's link to a rides the connection a dialed: nobody dials again.
+    let mut third = tb.dial(&a_id, [3; 16]).await.expect("dial back");
+    let (from, third_a) = carries(&mut third, &ta, b"three").await;
+    assert_eq!(from, b_id);
+    assert_eq!(third.channel, third_a.channel);
+    assert_ne!(
+        third.channel.conn_id, second.channel.conn_id,
+        "the link's dialer comes first in its channel id"
+    );
+    assert_eq!(b.snapshot().accepted, 1, "one connection for three links");
+    assert_eq!(a.snapshot().accepted, 0);
+    let generation_a = cached(&a, Channel::Substrate);
+    assert_eq!(generation_a.len(), 1);
+    assert_eq!(generation_a[0].0, hex(&b));
+    assert_eq!(cached(&b, Channel::Substrate).len(), 1);
+
+    // The connection ends (b closes): a's entry goes with its close report (the wait ends
+    // only once it has).
+    let mut changes = a.changes();
+    b.close().await;
+    changes
+        .wait_for(|_| cached(&a, Channel::Substrate).is_empty())
+        .await
+        .expect("a alive");
+    a.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switch_streams_share_one_connection_to_their_host() {
+    let host = Node::builder()
+        .switch_host()
+        .bind()
+        .await
+        .expect("bind host");
+    let engine = Node::builder().bind().await.expect("bind engine");
+    let mut accepted = host.switch_connections().expect("switch host");
+
+    let mut streams = Vec::new();
+    for word in [&b"first"[..], b"second"] {
+        let mut stream = engine
+            .dial_switch_host(host.endpoint_addr())
+            .await
+            .expect("dial host");
+        stream.write_all(word).await.expect("write");
+        stream.flush().await.expect("flush");
+        let (from, mut served) = accepted.recv().await.expect("a switch stream");
+        assert_eq!(from, hex(&engine));
+        let mut got = vec![0u8; word.len()];
+        served.read_exact(&mut got).await.expect("read");
+        assert_eq!(got, word);
+        streams.push((stream, served));
+    }
+    assert_eq!(
+        host.snapshot().accepted,
+        1,
+        "two switch streams, one connection"
+    );
+    assert_eq!(cached(&engine, Channel::Switch).len(), 1);
+    assert_eq!(cached(&host, Channel::Switch).len(), 1);
+
+    // A stream ending leaves the connection: the next one still rides it.
+    drop(streams.remove(0));
+    let mut third = engine
+        .dial_switch_host(host.endpoint_addr())
+        .await
+        .expect("dial host");
+    third.write_all(b"third").await.expect("write");
+    third.flush().await.expect("flush");
+    let (_, mut served) = accepted.recv().await.expect("a switch stream");
+    let mut got = [0u8; 5];
+    served.read_exact(&mut got).await.expect("read");
+    assert_eq!(&got, b"third");
+    assert_eq!(host.snapshot().accepted, 1);
+    engine.close().await;
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_stops_streams_its_host_opens_as_the_machine_says() {
+    // A raw iroh "host": it accepts the switch's connection, then opens a stream back on it.
+    let raw = support::loopback_endpoint().await;
+    raw.set_alpns(vec![SWITCH_ALPN.to_vec()]);
+    let engine = Node::builder().bind().await.expect("bind engine");
+    let addr = support::direct_addr(&raw);
+    let accept = tokio::spawn(async move {
+        let incoming = raw.accept().await.expect("incoming");
+        let conn = incoming.await.expect("connection");
+        (raw, conn)
+    });
+    let mut stream = engine.dial_switch_host(addr).await.expect("dial raw host");
+    stream.write_all(b"hi").await.expect("write");
+    stream.flush().await.expect("flush");
+    let (raw, conn) = accept.await.expect("accepted");
+    let (_send, mut recv) = conn.accept_bi().await.expect("the switch's stream");
+    let mut got = [0u8; 2];
+    recv.read_exact(&mut got).await.expect("read");
+    assert_eq!(&got, b"hi");
+
+    // The engine hosts nothing: a stream opened towards it is stopped with STOP_UNREAD, and
+    // the switch's own stream and the cached connection stay.
+    let (mut back, _back_recv) = conn.open_bi().await.expect("open back");
+    back.write_all(b"unwanted").await.expect("write");
+    assert_eq!(
+        back.stopped().await.expect("stopped"),
+        Some(VarInt::from_u32(STOP_UNREAD))
+    );
+    stream.write_all(b"more").await.expect("still open");
+    stream.flush().await.expect("flush");
+    let mut more = [0u8; 4];
+    recv.read_exact(&mut more).await.expect("read");
+    assert_eq!(&more, b"more");
+    assert_eq!(cached(&engine, Channel::Switch).len(), 1);
+    engine.close().await;
+    raw.close().await;
+}
