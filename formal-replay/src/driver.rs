@@ -4,14 +4,15 @@
 
 use std::time::Duration;
 
+use tether_core::driver::machine::RegisterError;
 use tether_core::driver::schedule::JoinPhase;
 use tether_core::driver::{
-    Action, Alpns, Channel, Direction, Dispatch, Driver, DriverConfig, Open, Path, PeerAuth, Send,
-    StreamVerdict,
+    Action, Alpns, Channel, ControlVerdict, Direction, Dispatch, Driver, DriverConfig, Open, Path,
+    PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::time::Time;
 
-use crate::script::{DriverCase, DriverCounters, DriverEnd, DriverOp, DriverStep};
+use crate::script::{hex, DriverCase, DriverCounters, DriverEnd, DriverOp, DriverStep};
 
 /// The section's node id of peer `n`.
 fn id(n: u8) -> [u8; 32] {
@@ -92,15 +93,41 @@ fn action(action: Action<u64>) -> String {
         Action::RetireWriter { peer } => format!("retire:{}", peer[0]),
         Action::SendFailed { peer } => format!("send_failed:{}", peer[0]),
         Action::Close { conn, code } => format!("close:{conn}:{code}"),
-        // No actor is registered and no telemetry stream published in the section.
-        Action::Announce { peer, claim } => format!("announce:{}:{}", peer[0], claim.generation),
+        Action::Announce { peer, claim } => format!(
+            "announce:{}:{}:{}",
+            peer[0], claim.actor[0], claim.generation
+        ),
         Action::StartPublisher {
-            collector, stream, ..
-        } => format!("publish:{}:{stream}", collector[0]),
+            collector,
+            stream,
+            flow_id,
+        } => format!("publish:{}:{stream}:{}", collector[0], hex(&flow_id)),
         Action::StopPublisher {
-            collector, stream, ..
-        } => format!("unpublish:{}:{stream}", collector[0]),
+            collector,
+            stream,
+            flow_id,
+        } => format!("unpublish:{}:{stream}:{}", collector[0], hex(&flow_id)),
     }
+}
+
+/// The node whose key signs this node's own claims (§4 `register`): any valid key will do.
+const LOCAL: u8 = 200;
+
+/// Lowercase hex as bytes.
+fn unhex(text: &str) -> Result<Vec<u8>, String> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Ok(c - b'0'),
+        b'a'..=b'f' => Ok(c - b'a' + 10),
+        _ => Err(format!("{text:?} is not lowercase hex")),
+    };
+    let bytes = text.as_bytes();
+    if !bytes.len().is_multiple_of(2) {
+        return Err(format!("{text:?} has an odd number of hex digits"));
+    }
+    bytes
+        .chunks(2)
+        .map(|pair| Ok(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
 }
 
 fn generation(generation: Option<tether_core::driver::Generation>) -> Option<String> {
@@ -316,6 +343,49 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 id(*peer),
                 channel(name)?,
             ))),
+            DriverOp::EgressFull { frames, .. } => {
+                driver.handle_egress_full(now, *frames);
+                None
+            }
+            DriverOp::Register {
+                actor,
+                generation,
+                forged,
+                ..
+            } => {
+                let mut claim = crate::replay::signed_claim(LOCAL, *actor, *generation);
+                if *forged {
+                    claim.signature[63] ^= 1;
+                }
+                Some(
+                    match driver.handle_register(now, claim) {
+                        Ok(()) => "ok",
+                        Err(RegisterError::BadSignature) => "bad_signature",
+                        Err(RegisterError::Stale) => "stale",
+                        Err(RegisterError::Full) => "full",
+                    }
+                    .to_owned(),
+                )
+            }
+            DriverOp::Stream { name, .. } => {
+                driver.handle_telemetry_stream(now, name);
+                None
+            }
+            DriverOp::Control { peer, payload, .. } => {
+                // As the actor reader hands it over: a record for the driver, by its tag.
+                let payload = unhex(payload)?;
+                driver.handle_record(now, id(*peer), TELEMETRY_CONTROL_TAG, &payload);
+                None
+            }
+            DriverOp::Ended {
+                peer, name, flow, ..
+            } => {
+                let flow: [u8; 16] = unhex(flow)?
+                    .try_into()
+                    .map_err(|_| format!("flow {flow:?} is not 16 bytes"))?;
+                driver.handle_publisher_ended(now, &(id(*peer), name.clone(), flow));
+                None
+            }
             DriverOp::Timeout { .. } => {
                 driver.handle_timeout(now);
                 None
@@ -379,5 +449,30 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
                 (peer[0].to_string(), phase)
             })
             .collect(),
+        claims: driver
+            .local_claims()
+            .map(|claim| (claim.actor[0], claim.generation))
+            .collect(),
+        subscriptions: driver
+            .subscriptions()
+            .map(|(collector, stream, flow)| (collector[0], stream.clone(), hex(flow)))
+            .collect(),
+        controls: driver
+            .control_verdicts()
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(verdict, n)| (control_name(*verdict).to_owned(), *n))
+            .collect(),
+    }
+}
+
+fn control_name(verdict: ControlVerdict) -> &'static str {
+    match verdict {
+        ControlVerdict::Started => "started",
+        ControlVerdict::Stopped => "stopped",
+        ControlVerdict::Ignored => "ignored",
+        ControlVerdict::UnknownStream => "unknown_stream",
+        ControlVerdict::Full => "full",
+        ControlVerdict::Malformed => "malformed",
     }
 }

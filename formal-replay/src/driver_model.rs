@@ -8,9 +8,14 @@
 //!
 //! - an unknown channel, path or direction string (an unknown ALPN is not malformed: it is the
 //!   `unknown` path);
+//! - a `control` payload that is not lowercase hex (odd length, or a character other than
+//!   `0`–`9`, `a`–`f`), or an `ended` flow that is not exactly 32 lowercase hex digits: the
+//!   document writes both "in lowercase hex", so an uppercase digit is malformed too (a payload
+//!   that *is* hex but does not decode as a control record is not malformed input: it is the
+//!   `malformed` verdict);
 //! - an `at` smaller than the previous op's;
-//! - a generation past `u64::MAX`, a timer due past `u64::MAX` ms, or a drop, refusal or
-//!   counter past `u64::MAX` (none is representable in a script);
+//! - a generation past `u64::MAX`, a timer due past `u64::MAX` ms, or a drop, refusal,
+//!   control verdict or counter past `u64::MAX` (none is representable in a script);
 //! - `steps` not one per op.
 //!
 //! Readings chosen where the document leaves room:
@@ -19,11 +24,19 @@
 //!   already past (`at` moved on without a `timeout` op): the document says "when the machine
 //!   next wants a `timeout` op", and a timer due in the past is still wanted.
 //! - Adding 0 frames to a drop reason leaves it absent from `end.drops` ("every reason with a
-//!   count above 0").
+//!   count above 0"); `egress_full` with `frames` 0 likewise.
+//! - `register` step 3 ("4,096 claims are held") cannot happen: an actor is 0–255, so at most
+//!   256 claims are ever held. The model keeps the rule anyway, as written.
+//! - `close` leaves claims, streams and subscriptions alone (its rule does not name them);
+//!   `register`, `stream`, `control` and `ended` behave the same before and after `close` (none
+//!   of their rules mentions it; after `close` no `actor` connection is cached, so `register`
+//!   announces to nobody).
+//! - `end.subscriptions` sorts streams and flows as strings, byte by byte (for the flow's
+//!   lowercase hex that is also the order of its bytes).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::script::{DriverCase, DriverCounters, DriverEnd, DriverOp, DriverStep};
+use crate::script::{hex, DriverCase, DriverCounters, DriverEnd, DriverOp, DriverStep};
 
 // -------------------------------------------------------------------------------------------
 // §1: the fixed configuration
@@ -210,6 +223,131 @@ impl Alpn {
     }
 }
 
+/// A control verdict: "`"started"`, `"stopped"`, `"ignored"`, `"unknown_stream"`, `"full"`,
+/// `"malformed"`".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Started,
+    Stopped,
+    Ignored,
+    UnknownStream,
+    Full,
+    Malformed,
+}
+
+impl Verdict {
+    fn name(self) -> &'static str {
+        match self {
+            Verdict::Started => "started",
+            Verdict::Stopped => "stopped",
+            Verdict::Ignored => "ignored",
+            Verdict::UnknownStream => "unknown_stream",
+            Verdict::Full => "full",
+            Verdict::Malformed => "malformed",
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// Claims, streams and control records (§2, §4 `register`, `control`, `ended`)
+
+/// "A **flow** is 16 bytes written as 32 lowercase hex digits."
+const FLOW_BYTES: usize = 16;
+/// `register` 3: "If no claim for the actor is held and 4,096 claims are held".
+const CLAIMS_MAX: usize = 4_096;
+/// `control` 3: "else if 256 subscriptions are live, `full`".
+const SUBSCRIPTIONS_MAX: usize = 256;
+/// `control` 2: "*n* = 0 or *n* > 128 ... the verdict is `malformed`".
+const NAME_MAX: usize = 128;
+/// `control` 2: "an op other than 1 (subscribe) and 2 (unsubscribe)".
+const CONTROL_SUBSCRIBE: u8 = 1;
+/// See [`CONTROL_SUBSCRIBE`].
+const CONTROL_UNSUBSCRIBE: u8 = 2;
+
+/// One lowercase hex digit's value.
+fn hex_digit(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        _ => None,
+    }
+}
+
+/// Bytes "in lowercase hex" (the `control` payload, the `ended` flow) → the bytes. Anything
+/// else (odd length, another character, an uppercase digit) is malformed input: an `Err`.
+fn parse_hex(text: &str, what: &str) -> Result<Vec<u8>, String> {
+    let pairs = text.as_bytes().chunks_exact(2);
+    if !pairs.remainder().is_empty() {
+        return Err(format!(
+            "{what} {text:?} is not lowercase hex (an odd number of digits)"
+        ));
+    }
+    pairs
+        .map(|pair| {
+            let high = pair.first().copied().and_then(hex_digit);
+            let low = pair.get(1).copied().and_then(hex_digit);
+            match (high, low) {
+                (Some(high), Some(low)) => Ok((high << 4) | low),
+                _ => Err(format!(
+                    "{what} {text:?} is not lowercase hex (digits 0-9 and a-f)"
+                )),
+            }
+        })
+        .collect()
+}
+
+/// A flow named by an op: "16 bytes written as 32 lowercase hex digits", else an `Err`.
+/// Returns the flow as written (lowercase hex is canonical, so it compares as the bytes do).
+fn parse_flow(text: &str) -> Result<String, String> {
+    let bytes = parse_hex(text, "flow")?;
+    if bytes.len() != FLOW_BYTES {
+        return Err(format!(
+            "flow {text:?} is {} bytes, not {FLOW_BYTES} (32 lowercase hex digits)",
+            bytes.len()
+        ));
+    }
+    Ok(hex(&bytes))
+}
+
+/// A decoded control record (`control` 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Control {
+    /// Op 1: subscribe `flow` (lowercase hex) to the stream `name`.
+    Subscribe { flow: String, name: String },
+    /// Op 2: unsubscribe.
+    Unsubscribe { flow: String, name: String },
+}
+
+/// `control` 2: "Decode the payload: op (1 byte), flow (16 bytes), name length *n* (1 byte),
+/// then exactly *n* bytes of name. Fewer bytes than these fields, or more; *n* = 0 or
+/// *n* > 128; a name that is not UTF-8; or an op other than 1 (subscribe) and 2
+/// (unsubscribe): the verdict is `malformed`." `None`: malformed.
+fn decode_control(bytes: &[u8]) -> Option<Control> {
+    // op (1 byte)
+    let (&op, rest) = bytes.split_first()?;
+    // flow (16 bytes)
+    if rest.len() < FLOW_BYTES {
+        return None;
+    }
+    let (flow, rest) = rest.split_at(FLOW_BYTES);
+    // name length n (1 byte)
+    let (&n, name) = rest.split_first()?;
+    let n = usize::from(n);
+    // n = 0 or n > 128; then exactly n bytes of name (fewer or more: malformed)
+    if n == 0 || n > NAME_MAX || name.len() != n {
+        return None;
+    }
+    // a name that is not UTF-8
+    let name = std::str::from_utf8(name).ok()?.to_string();
+    let flow = hex(flow);
+    // an op other than 1 (subscribe) and 2 (unsubscribe)
+    match op {
+        CONTROL_SUBSCRIBE => Some(Control::Subscribe { flow, name }),
+        CONTROL_UNSUBSCRIBE => Some(Control::Unsubscribe { flow, name }),
+        _ => None,
+    }
+}
+
 // -------------------------------------------------------------------------------------------
 // §3: state
 
@@ -300,12 +438,21 @@ struct Machine {
     writers: BTreeMap<u8, Writer>,
     /// The `swim` of each known writer's last batch (absent: false).
     writer_swim: BTreeMap<u8, bool>,
+    /// "**Claims**: this node's own host claims: per actor, the generation registered last."
+    claims: BTreeMap<u8, u64>,
+    /// "**Streams**: the names of this node's telemetry streams."
+    streams: BTreeSet<String>,
+    /// "**Subscriptions**: a set of (collector, stream, flow)", the flow in lowercase hex;
+    /// iteration order is `end.subscriptions`' order.
+    subscriptions: BTreeSet<(u8, String, String)>,
     /// Whether `close` happened.
     closed: bool,
     /// Drops by reason.
     drops: BTreeMap<String, u64>,
     /// Refusals by `path/direction`.
     refusals: BTreeMap<String, u64>,
+    /// Control verdict counts by verdict name.
+    controls: BTreeMap<String, u64>,
     /// The six counters.
     counters: DriverCounters,
     /// The actions queued during the current op, in order.
@@ -339,9 +486,13 @@ impl Machine {
             joins: BTreeMap::new(),
             writers: BTreeMap::new(),
             writer_swim: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            streams: BTreeSet::new(),
+            subscriptions: BTreeSet::new(),
             closed: false,
             drops: BTreeMap::new(),
             refusals: BTreeMap::new(),
+            controls: BTreeMap::new(),
             counters: DriverCounters::default(),
             actions: Vec::new(),
         }
@@ -384,9 +535,11 @@ impl Machine {
     }
 
     /// "**Cache** *conn* for *peer* on *channel*": insert it under the next generation; if
-    /// the channel is `actor` and the peer has a writer (busy or idle), queue `kick:<peer>`.
-    /// Caching on any other channel (`switch` and `substrate` included) queues nothing.
-    /// Returns the generation.
+    /// the channel is `actor` and the peer has a writer (busy or idle), queue `kick:<peer>`;
+    /// then, if the channel is `actor`, queue `announce:<peer>:<actor>:<generation>` for every
+    /// claim, by actor (a new connection learns this node's actors). The generation in an
+    /// announce is the claim's, not the connection's. Caching on any other channel (`switch`
+    /// and `substrate` included) queues nothing. Returns the generation.
     fn cache_insert(&mut self, conn: u64, peer: u8, channel: Channel) -> Result<u64, String> {
         let generation = self
             .last_generation
@@ -397,6 +550,13 @@ impl Machine {
             .insert((peer, channel), Entry { conn, generation });
         if channel == Channel::Actor && self.writers.contains_key(&peer) {
             self.actions.push(format!("kick:{peer}"));
+        }
+        if channel == Channel::Actor {
+            // `claims` iterates by actor.
+            for (&actor, &claim) in &self.claims {
+                self.actions
+                    .push(format!("announce:{peer}:{actor}:{claim}"));
+            }
         }
         Ok(generation)
     }
@@ -709,6 +869,107 @@ impl Machine {
         Ok(Some(if fatal { "stop:1" } else { "continue" }.to_string()))
     }
 
+    /// `egress_full frames`: a peer's egress queue had no room for `frames` frames: add
+    /// `frames` to drops `egress_full`.
+    fn egress_full(&mut self, frames: u64) -> Result<(), String> {
+        self.drop_frames("egress_full", frames)
+    }
+
+    /// `register actor, generation, forged`: the application registers a host claim of this
+    /// node for the actor.
+    fn register(&mut self, actor: u8, generation: u64, forged: bool) -> Option<String> {
+        // 1. If `forged`: result "bad_signature", nothing else.
+        if forged {
+            return Some("bad_signature".to_string());
+        }
+        match self.claims.get(&actor) {
+            // 2. If a claim for the actor is held with a generation ≥ `generation`: result
+            //    "stale".
+            Some(&held) if held >= generation => return Some("stale".to_string()),
+            // 3. If no claim for the actor is held and 4,096 claims are held: result "full".
+            None if self.claims.len() >= CLAIMS_MAX => return Some("full".to_string()),
+            _ => {}
+        }
+        // 4. Otherwise the claim for the actor becomes `generation`; queue
+        //    `announce:<peer>:<actor>:<generation>` for every peer with a cached `actor`
+        //    connection, by peer; result "ok". (The cache iterates by (peer, channel), so
+        //    each such peer comes once, in order.)
+        self.claims.insert(actor, generation);
+        for &(peer, channel) in self.cache.keys() {
+            if channel == Channel::Actor {
+                self.actions
+                    .push(format!("announce:{peer}:{actor}:{generation}"));
+            }
+        }
+        Some("ok".to_string())
+    }
+
+    /// `stream name`: this node has a telemetry stream `name` (collectors may subscribe to
+    /// it). Result `null`.
+    fn stream(&mut self, name: &str) {
+        self.streams.insert(name.to_string());
+    }
+
+    /// `control peer, payload`: an actor record tagged `tether.TelemetryControl` from the
+    /// peer (a collector), `payload` its bytes in lowercase hex. Result `null`.
+    fn control(&mut self, peer: u8, payload: &str) -> Result<(), String> {
+        // The payload must be lowercase hex at all (a script that is not is malformed input,
+        // whoever sent it); decoding the bytes is step 2.
+        let bytes = parse_hex(payload, "control payload")?;
+        // 1. Admit the peer on `telemetry`, outbound (a subscription publishes to it); if
+        //    refused, nothing else.
+        if !self.admit(peer, Path::Telemetry, Direction::Outbound)? {
+            return Ok(());
+        }
+        // 2. Decode the payload; anything that does not decode: the verdict is `malformed`.
+        let verdict = match decode_control(&bytes) {
+            None => Verdict::Malformed,
+            // 3. Subscribe: if the name is not a stream of this node, `unknown_stream`; else
+            //    if (peer, name, flow) is subscribed, `ignored`; else if 256 subscriptions are
+            //    live, `full`; else it is subscribed, `started`, and
+            //    `publish:<peer>:<name>:<flow>` is queued.
+            Some(Control::Subscribe { flow, name }) => {
+                let key = (peer, name, flow);
+                if !self.streams.contains(&key.1) {
+                    Verdict::UnknownStream
+                } else if self.subscriptions.contains(&key) {
+                    Verdict::Ignored
+                } else if self.subscriptions.len() >= SUBSCRIPTIONS_MAX {
+                    Verdict::Full
+                } else {
+                    self.actions
+                        .push(format!("publish:{peer}:{}:{}", key.1, key.2));
+                    self.subscriptions.insert(key);
+                    Verdict::Started
+                }
+            }
+            // 4. Unsubscribe: if (peer, name, flow) is subscribed, it is removed, `stopped`,
+            //    and `unpublish:<peer>:<name>:<flow>` is queued; else `ignored`.
+            Some(Control::Unsubscribe { flow, name }) => {
+                let key = (peer, name, flow);
+                if self.subscriptions.remove(&key) {
+                    self.actions
+                        .push(format!("unpublish:{peer}:{}:{}", key.1, key.2));
+                    Verdict::Stopped
+                } else {
+                    Verdict::Ignored
+                }
+            }
+        };
+        // 5. The verdict's count += 1.
+        let name = verdict.name();
+        let count = self.controls.entry(name.to_string()).or_insert(0);
+        add(count, 1, &format!("controls {name}"))
+    }
+
+    /// `ended peer, name, flow`: the publisher of that subscription ended on its own (the
+    /// collector went away): the subscription, if live, is removed. Result `null`.
+    fn ended(&mut self, peer: u8, name: &str, flow: &str) -> Result<(), String> {
+        let flow = parse_flow(flow)?;
+        self.subscriptions.remove(&(peer, name.to_string(), flow));
+        Ok(())
+    }
+
     /// Every pending timer as (due, kind, peer). Idle since t is due at t + 1,000.
     fn timers(&self) -> Result<Vec<(u64, TimerKind, u8)>, String> {
         let mut timers = Vec::new();
@@ -916,6 +1177,30 @@ impl Machine {
                 Channel::parse(channel)?;
                 Some("stop:2".to_string())
             }
+            DriverOp::EgressFull { frames, .. } => {
+                self.egress_full(*frames)?;
+                None
+            }
+            DriverOp::Register {
+                actor,
+                generation,
+                forged,
+                ..
+            } => self.register(*actor, *generation, *forged),
+            DriverOp::Stream { name, .. } => {
+                self.stream(name);
+                None
+            }
+            DriverOp::Control { peer, payload, .. } => {
+                self.control(*peer, payload)?;
+                None
+            }
+            DriverOp::Ended {
+                peer, name, flow, ..
+            } => {
+                self.ended(*peer, name, flow)?;
+                None
+            }
             DriverOp::Timeout { at } => {
                 self.timeout(*at)?;
                 None
@@ -961,6 +1246,21 @@ impl Machine {
                 .joins
                 .iter()
                 .map(|(seed, join)| (seed.to_string(), join.phase.name()))
+                .collect(),
+            // "sorted by actor"
+            claims: self
+                .claims
+                .iter()
+                .map(|(&actor, &generation)| (actor, generation))
+                .collect(),
+            // "sorted by (collector, stream, flow)"
+            subscriptions: self.subscriptions.iter().cloned().collect(),
+            // "every control verdict with a count above 0"
+            controls: self
+                .controls
+                .iter()
+                .filter(|(_, &count)| count > 0)
+                .map(|(verdict, &count)| (verdict.clone(), count))
                 .collect(),
         }
     }
@@ -1009,7 +1309,16 @@ mod tests {
 
     /// Parses `case` (expected steps and end written by hand from the document), runs the
     /// model, and reports the first divergence.
-    fn check(case: serde_json::Value) {
+    fn check(mut case: serde_json::Value) {
+        // Cases that predate claims and telemetry leave those `end` keys out: they are empty.
+        if let Some(end) = case
+            .get_mut("end")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            end.entry("claims").or_insert_with(|| json!([]));
+            end.entry("subscriptions").or_insert_with(|| json!([]));
+            end.entry("controls").or_insert_with(|| json!({}));
+        }
         let case: DriverCase = serde_json::from_value(case).expect("the hand case parses");
         let got = run_case(&case).expect("the hand case is well formed");
         for (index, (want, got)) in case.steps.iter().zip(&got.steps).enumerate() {
@@ -1720,6 +2029,339 @@ mod tests {
         }));
     }
 
+    /// 16 bytes of `byte`, written as a flow is (32 lowercase hex digits).
+    fn flow(byte: u8) -> String {
+        hex(&[byte; FLOW_BYTES])
+    }
+
+    /// A control record's payload in lowercase hex: `op`, 16 bytes of `flow_byte`, the name's
+    /// length (one byte), the name, then `extra` trailing bytes.
+    fn payload(op: u8, flow_byte: u8, name: &[u8], extra: &[u8]) -> String {
+        let mut bytes = vec![op];
+        bytes.extend_from_slice(&[flow_byte; FLOW_BYTES]);
+        bytes.push(u8::try_from(name.len()).expect("a test name fits one length byte"));
+        bytes.extend_from_slice(name);
+        bytes.extend_from_slice(extra);
+        hex(&bytes)
+    }
+
+    /// register: ok, stale (equal and lower generation), forged (even with a higher
+    /// generation), ok for a second actor and for a newer generation; each ok announces to
+    /// every peer with a cached `actor` connection, by peer (not to a peer cached on
+    /// `telemetry` only); a later actor accept or dial announces every claim, by actor, to
+    /// the new connection's peer (after the kick), a telemetry accept announces nothing; after
+    /// close a register is ok and announces to nobody (a connection arriving then is closed,
+    /// not cached, so it learns nothing), and claims stay.
+    #[test]
+    fn register_claims_and_announce() {
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "accept", "at": 0, "peer": 2, "alpn": "a", "conn": 20},
+                {"op": "connected", "at": 1, "peer": 1, "channel": "actor", "conn": 10},
+                {"op": "connected", "at": 2, "peer": 3, "channel": "telemetry", "conn": 30},
+                {"op": "register", "at": 3, "actor": 5, "generation": 2, "forged": false},
+                {"op": "register", "at": 4, "actor": 5, "generation": 2, "forged": false},
+                {"op": "register", "at": 5, "actor": 5, "generation": 1, "forged": false},
+                {"op": "register", "at": 6, "actor": 5, "generation": 9, "forged": true},
+                {"op": "register", "at": 7, "actor": 0, "generation": 1, "forged": false},
+                {"op": "register", "at": 8, "actor": 5, "generation": 3, "forged": false},
+                {"op": "idle", "at": 9, "peer": 4},
+                {"op": "accept", "at": 10, "peer": 4, "alpn": "a", "conn": 40},
+                {"op": "accept", "at": 11, "peer": 4, "alpn": "t", "conn": 41},
+                {"op": "dialed", "at": 12, "peer": 3, "conn": 31},
+                {"op": "register", "at": 13, "actor": 255, "generation": 7, "forged": false},
+                {"op": "close", "at": 14},
+                {"op": "register", "at": 15, "actor": 1, "generation": 1, "forged": false},
+                {"op": "join_sent", "at": 16, "peer": 3, "conn": 50},
+                {"op": "register", "at": 17, "actor": 5, "generation": 3, "forged": false}
+            ],
+            "steps": [
+                step(json!("actor:1"), &[], N),
+                step(json!("gen:2"), &[], N),
+                step(json!("gen:3"), &[], N),
+                step(json!("ok"), &["announce:1:5:2", "announce:2:5:2"], N),
+                step(json!("stale"), &[], N),
+                step(json!("stale"), &[], N),
+                step(json!("bad_signature"), &[], N),
+                step(json!("ok"), &["announce:1:0:1", "announce:2:0:1"], N),
+                step(json!("ok"), &["announce:1:5:3", "announce:2:5:3"], N),
+                step(N, &[], json!(1009)),
+                step(
+                    json!("actor:4"),
+                    &["kick:4", "announce:4:0:1", "announce:4:5:3"],
+                    json!(1009)
+                ),
+                step(json!("telemetry:5"), &[], json!(1009)),
+                step(json!("gen:6"), &["announce:3:0:1", "announce:3:5:3"], json!(1009)),
+                step(
+                    json!("ok"),
+                    &["announce:1:255:7", "announce:2:255:7", "announce:3:255:7",
+                      "announce:4:255:7"],
+                    json!(1009)
+                ),
+                step(
+                    N,
+                    &["close:10:0", "close:20:0", "close:31:0", "close:30:0", "close:40:0",
+                      "close:41:0"],
+                    N
+                ),
+                step(json!("ok"), &[], N),
+                step(N, &["close:50:0"], N),
+                step(json!("stale"), &[], N)
+            ],
+            "end": {
+                "drops": {},
+                "refusals": {},
+                "counters": counters(3, 0, 0, 0, 0, 0),
+                "cache": [],
+                "joins": {},
+                "claims": [[0, 1], [1, 1], [5, 3], [255, 7]],
+                "subscriptions": [],
+                "controls": {}
+            }
+        }));
+    }
+
+    /// stream and control: subscribe started, ignored (already subscribed), unknown_stream
+    /// (before the stream exists; a 128-byte name); malformed (17 bytes, op 3, n = 0, a
+    /// non-UTF-8 name, a trailing byte, n = 129); unsubscribe stopped, then ignored, and
+    /// ignored for a name that is no stream; ended removes a live subscription and ignores
+    /// one that is not; a subscription ended can start again; a control from a peer off the
+    /// allow-list (well-formed or not) changes nothing but the `telemetry/outbound` refusal
+    /// count; `end.subscriptions` sorts by collector, then stream, then flow.
+    #[test]
+    fn stream_and_control_subscriptions() {
+        let (f0, f1, f2) = (flow(0), flow(1), flow(2));
+        let mut short = vec![1u8];
+        short.extend_from_slice(&[0u8; FLOW_BYTES]);
+        let short = hex(&short);
+        let publish_1_s0_0 = format!("publish:1:s0:{f0}");
+        let publish_1_s1_1 = format!("publish:1:s1:{f1}");
+        let publish_2_s0_2 = format!("publish:2:s0:{f2}");
+        let unpublish_1_s1_1 = format!("unpublish:1:s1:{f1}");
+        let publish_1_s1_0 = format!("publish:1:s1:{f0}");
+        let publish_1_s0_2 = format!("publish:1:s0:{f2}");
+        check(json!({
+            "allow": [1, 2],
+            "ops": [
+                {"op": "stream", "at": 0, "name": "s0"},
+                {"op": "control", "at": 1, "peer": 1, "payload": payload(1, 0, b"s0", &[])},
+                {"op": "control", "at": 2, "peer": 1, "payload": payload(1, 0, b"s0", &[])},
+                {"op": "control", "at": 3, "peer": 1, "payload": payload(1, 0, b"s1", &[])},
+                {"op": "stream", "at": 4, "name": "s1"},
+                {"op": "control", "at": 5, "peer": 1, "payload": payload(1, 1, b"s1", &[])},
+                {"op": "control", "at": 6, "peer": 2, "payload": payload(1, 2, b"s0", &[])},
+                {"op": "control", "at": 7, "peer": 1, "payload": short},
+                {"op": "control", "at": 8, "peer": 1, "payload": payload(3, 0, b"s0", &[])},
+                {"op": "control", "at": 9, "peer": 1, "payload": payload(1, 0, b"", &[])},
+                {"op": "control", "at": 10, "peer": 1,
+                 "payload": payload(1, 0, &[0xff, 0xfe], &[])},
+                {"op": "control", "at": 11, "peer": 1, "payload": payload(1, 1, b"s0", &[0])},
+                {"op": "control", "at": 12, "peer": 2,
+                 "payload": payload(1, 0, &[b'a'; 129], &[])},
+                {"op": "control", "at": 13, "peer": 2,
+                 "payload": payload(1, 0, &[b'a'; 128], &[])},
+                {"op": "control", "at": 14, "peer": 1, "payload": payload(2, 1, b"s1", &[])},
+                {"op": "control", "at": 15, "peer": 1, "payload": payload(2, 1, b"s1", &[])},
+                {"op": "control", "at": 16, "peer": 2, "payload": payload(2, 0, b"zz", &[])},
+                {"op": "ended", "at": 17, "peer": 1, "name": "s0", "flow": f0},
+                {"op": "ended", "at": 18, "peer": 1, "name": "s0", "flow": f0},
+                {"op": "ended", "at": 19, "peer": 2, "name": "s1", "flow": f2},
+                {"op": "control", "at": 20, "peer": 1, "payload": payload(1, 0, b"s1", &[])},
+                {"op": "control", "at": 21, "peer": 1, "payload": payload(1, 2, b"s0", &[])},
+                {"op": "control", "at": 22, "peer": 1, "payload": payload(1, 0, b"s0", &[])},
+                {"op": "control", "at": 23, "peer": 3, "payload": payload(1, 1, b"s0", &[])},
+                {"op": "control", "at": 24, "peer": 3, "payload": short}
+            ],
+            "steps": [
+                step(N, &[], N),
+                step(N, &[publish_1_s0_0.as_str()], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[publish_1_s1_1.as_str()], N),
+                step(N, &[publish_2_s0_2.as_str()], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[unpublish_1_s1_1.as_str()], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[publish_1_s1_0.as_str()], N),
+                step(N, &[publish_1_s0_2.as_str()], N),
+                step(N, &[publish_1_s0_0.as_str()], N),
+                step(N, &[], N),
+                step(N, &[], N)
+            ],
+            "end": {
+                "drops": {},
+                "refusals": {"telemetry/outbound": 2},
+                "counters": counters(0, 0, 0, 0, 0, 0),
+                "cache": [],
+                "joins": {},
+                "claims": [],
+                "subscriptions": [[1, "s0", f0], [1, "s0", f2], [1, "s1", f0],
+                                  [2, "s0", f2]],
+                "controls": {"started": 6, "ignored": 3, "unknown_stream": 2,
+                             "malformed": 6, "stopped": 1}
+            }
+        }));
+    }
+
+    /// 256 live subscriptions: one more is `full` (nothing queued), one already subscribed is
+    /// still `ignored`; after an unsubscribe the next one starts.
+    #[test]
+    fn control_subscriptions_fill_up() {
+        let mut ops = vec![json!({"op": "stream", "at": 0, "name": "s0"})];
+        for peer in 0..=255u8 {
+            ops.push(json!({"op": "control", "at": 0, "peer": peer,
+                            "payload": payload(1, 0, b"s0", &[])}));
+        }
+        ops.push(json!({"op": "control", "at": 1, "peer": 0,
+                        "payload": payload(1, 1, b"s0", &[])}));
+        ops.push(json!({"op": "control", "at": 2, "peer": 0,
+                        "payload": payload(1, 0, b"s0", &[])}));
+        ops.push(json!({"op": "control", "at": 3, "peer": 5,
+                        "payload": payload(2, 0, b"s0", &[])}));
+        ops.push(json!({"op": "control", "at": 4, "peer": 0,
+                        "payload": payload(1, 1, b"s0", &[])}));
+        let got = run_case(&case_with(json!(ops))).expect("well formed");
+        let last = got.steps.len() - 1;
+        assert_eq!(
+            got.steps[256].actions,
+            vec![format!("publish:255:s0:{}", flow(0))]
+        );
+        assert_eq!(got.steps[last - 3].actions, Vec::<String>::new());
+        assert_eq!(got.steps[last - 2].actions, Vec::<String>::new());
+        assert_eq!(
+            got.steps[last - 1].actions,
+            vec![format!("unpublish:5:s0:{}", flow(0))]
+        );
+        assert_eq!(
+            got.steps[last].actions,
+            vec![format!("publish:0:s0:{}", flow(1))]
+        );
+        let controls: BTreeMap<String, u64> = [
+            ("started".to_string(), 257),
+            ("full".to_string(), 1),
+            ("ignored".to_string(), 1),
+            ("stopped".to_string(), 1),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(got.end.controls, controls);
+        assert_eq!(got.end.subscriptions.len(), 256);
+        assert_eq!(
+            got.end.subscriptions.first(),
+            Some(&(0, "s0".to_string(), flow(0)))
+        );
+        assert!(!got
+            .end
+            .subscriptions
+            .contains(&(5, "s0".to_string(), flow(0))));
+    }
+
+    /// egress_full adds its frames to drops `egress_full` (0 frames alone leaves it absent),
+    /// answers nothing, queues nothing and leaves timers alone.
+    #[test]
+    fn egress_full_adds_to_drops() {
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "egress_full", "at": 0, "frames": 0},
+                {"op": "egress_full", "at": 1, "frames": 3},
+                {"op": "idle", "at": 2, "peer": 1},
+                {"op": "egress_full", "at": 3, "frames": 2},
+                {"op": "send", "at": 4, "peer": 1},
+                {"op": "egress_full", "at": 5, "frames": 1}
+            ],
+            "steps": [
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], json!(1002)),
+                step(N, &[], json!(1002)),
+                step(json!("drop:cache_miss"), &["dial:1:1"], json!(1002)),
+                step(N, &[], json!(1002))
+            ],
+            "end": {
+                "drops": {"egress_full": 6, "cache_miss": 1},
+                "refusals": {},
+                "counters": counters(0, 1, 0, 0, 0, 0),
+                "cache": [],
+                "joins": {},
+                "claims": [],
+                "subscriptions": [],
+                "controls": {}
+            }
+        }));
+        check(json!({
+            "allow": null,
+            "ops": [{"op": "egress_full", "at": 0, "frames": 0}],
+            "steps": [step(N, &[], N)],
+            "end": {
+                "drops": {},
+                "refusals": {},
+                "counters": counters(0, 0, 0, 0, 0, 0),
+                "cache": [],
+                "joins": {},
+                "claims": [],
+                "subscriptions": [],
+                "controls": {}
+            }
+        }));
+    }
+
+    /// The control decoder on its own: every field boundary.
+    #[test]
+    fn control_records_decode() {
+        let decode = |text: String| decode_control(&parse_hex(&text, "payload").expect("hex"));
+        assert_eq!(
+            decode(payload(1, 2, b"s0", &[])),
+            Some(Control::Subscribe {
+                flow: flow(2),
+                name: "s0".to_string()
+            })
+        );
+        assert_eq!(
+            decode(payload(2, 0xab, "é".as_bytes(), &[])),
+            Some(Control::Unsubscribe {
+                flow: flow(0xab),
+                name: "é".to_string()
+            })
+        );
+        assert!(decode(payload(1, 0, &[b'x'; 128], &[])).is_some());
+        assert_eq!(decode(payload(1, 0, &[b'x'; 129], &[])), None);
+        assert_eq!(decode(payload(0, 0, b"s0", &[])), None);
+        assert_eq!(decode(payload(3, 0, b"s0", &[])), None);
+        assert_eq!(decode(payload(255, 0, b"s0", &[])), None);
+        assert_eq!(decode(payload(1, 0, b"", &[])), None);
+        assert_eq!(decode(payload(1, 0, &[0xc3], &[])), None);
+        assert_eq!(decode(payload(1, 0, b"s0", b"x")), None);
+        assert_eq!(decode(String::new()), None);
+        assert_eq!(decode("01".to_string()), None);
+        // A declared length longer than what follows.
+        let full = payload(1, 0, b"s0", &[]);
+        assert_eq!(decode(full[..full.len() - 2].to_string()), None);
+        // Hex and flows.
+        assert_eq!(parse_hex("00ff7a", "x"), Ok(vec![0, 255, 0x7a]));
+        assert!(parse_hex("0", "x").is_err());
+        assert!(parse_hex("0A", "x").is_err());
+        assert!(parse_hex("0g", "x").is_err());
+        assert!(parse_hex("+1", "x").is_err());
+        assert_eq!(parse_flow(&flow(9)), Ok(flow(9)));
+        assert!(parse_flow(&flow(9)[2..]).is_err());
+        assert!(parse_flow(&format!("{}00", flow(9))).is_err());
+        assert!(parse_flow(&"AB".repeat(16)).is_err());
+    }
+
     /// A case whose JSON is otherwise well formed, with the given ops and one dummy step each.
     fn case_with(ops: serde_json::Value) -> DriverCase {
         let count = ops.as_array().map_or(0, Vec::len);
@@ -1729,7 +2371,8 @@ mod tests {
             "ops": ops,
             "steps": steps,
             "end": {"drops": {}, "refusals": {}, "counters": counters(0, 0, 0, 0, 0, 0),
-                    "cache": [], "joins": {}}
+                    "cache": [], "joins": {}, "claims": [], "subscriptions": [],
+                    "controls": {}}
         }))
         .expect("parses")
     }
@@ -1754,6 +2397,23 @@ mod tests {
                    {"op": "dialed", "at": u64::MAX, "peer": 1, "conn": null}]),
             json!([{"op": "join", "at": 0, "peer": 1, "relay": false, "direct": 0},
                    {"op": "join_failed", "at": u64::MAX - 1999, "peer": 1}]),
+            // A payload or flow that is not lowercase hex; a flow not 16 bytes.
+            json!([{"op": "control", "at": 0, "peer": 1, "payload": "0"}]),
+            json!([{"op": "control", "at": 0, "peer": 1, "payload": "zz"}]),
+            json!([{"op": "control", "at": 0, "peer": 1,
+                    "payload": payload(1, 0xab, b"s0", &[]).to_uppercase()}]),
+            json!([{"op": "control", "at": 0, "peer": 1, "payload": " 01"}]),
+            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0", "flow": "00"}]),
+            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0", "flow": ""}]),
+            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0",
+                    "flow": format!("{}00", flow(0))}]),
+            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0",
+                    "flow": "AB".repeat(16)}]),
+            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0",
+                    "flow": "0g".repeat(16)}]),
+            // Drops egress_full past u64::MAX.
+            json!([{"op": "egress_full", "at": 0, "frames": u64::MAX},
+                   {"op": "egress_full", "at": 0, "frames": 1}]),
         ];
         for ops in bad {
             let case = case_with(ops.clone());
@@ -1768,12 +2428,28 @@ mod tests {
             {"op": "accept", "at": 0, "peer": 1, "alpn": "nope", "conn": 1},
             {"op": "accept", "at": 0, "peer": 1, "alpn": "A", "conn": 2},
             {"op": "idle", "at": u64::MAX - 1000, "peer": 1},
-            {"op": "timeout", "at": u64::MAX}
+            {"op": "timeout", "at": u64::MAX},
+            // An empty payload is hex (of no bytes): the `malformed` verdict, not an error.
+            // Nor is a stream named "", an ended subscription that never was, or a claim at
+            // the largest generation.
+            {"op": "control", "at": u64::MAX, "peer": 1, "payload": ""},
+            {"op": "stream", "at": u64::MAX, "name": ""},
+            {"op": "ended", "at": u64::MAX, "peer": 1, "name": "", "flow": flow(255)},
+            {"op": "register", "at": u64::MAX, "actor": 255, "generation": u64::MAX,
+             "forged": false}
         ]));
         let got = run_case(&fine).expect("well formed");
         assert_eq!(got.steps[0].result.as_deref(), Some("no_adapter"));
         assert_eq!(got.steps[2].timeout, Some(u64::MAX));
         assert_eq!(got.steps[3].actions, vec!["retire:1".to_string()]);
+        assert_eq!(got.steps[7].result.as_deref(), Some("ok"));
+        assert_eq!(
+            got.end.controls,
+            [("malformed".to_string(), 1)]
+                .into_iter()
+                .collect::<BTreeMap<String, u64>>()
+        );
+        assert_eq!(got.end.claims, vec![(255, u64::MAX)]);
     }
 
     #[test]
@@ -1827,6 +2503,9 @@ mod tests {
             "substrate",
             "unknown",
         ];
+        let streams = ["s0", "s1", ""];
+        // Control record names: two streams, an empty one (n = 0) and a non-UTF-8 one.
+        let names: [&[u8]; 4] = [b"s0", b"s1", b"", &[0xff]];
         for _ in 0..500 {
             let peers = [0u8, 1, 2, 249, 250, 255];
             let mut at: u64 = 0;
@@ -1834,7 +2513,7 @@ mod tests {
             for _ in 0..next(40) {
                 at += next(3) * next(3_000);
                 let peer = peers[next(6) as usize];
-                let op = match next(17) {
+                let op = match next(23) {
                     0 => json!({"op": "accept", "at": at, "peer": peer,
                                 "alpn": alpns[next(7) as usize], "conn": next(5)}),
                     1 => json!({"op": "connected", "at": at, "peer": peer,
@@ -1871,7 +2550,29 @@ mod tests {
                                  "channel": channels[next(6) as usize]}),
                     14 => json!({"op": "open_failed", "at": at, "peer": peer,
                                  "channel": channels[next(6) as usize], "generation": next(4)}),
-                    15 => json!({"op": "timeout", "at": at}),
+                    15 => json!({"op": "egress_full", "at": at, "frames": next(4)}),
+                    16 => json!({"op": "register", "at": at, "actor": next(5),
+                                 "generation": next(5), "forged": next(10) == 0}),
+                    17 => json!({"op": "stream", "at": at, "name": streams[next(3) as usize]}),
+                    18 | 19 => {
+                        // Mostly subscribe / unsubscribe; ops 0 and 3; sometimes cut short
+                        // or one byte too long.
+                        let mut bytes = vec![[1u8, 2, 1, 2, 0, 3][next(6) as usize]];
+                        bytes.extend_from_slice(&[next(3) as u8; FLOW_BYTES]);
+                        let name = names[next(4) as usize];
+                        bytes.push(name.len() as u8);
+                        bytes.extend_from_slice(name);
+                        match next(6) {
+                            0 => bytes.truncate(next(bytes.len() as u64 + 1) as usize),
+                            1 => bytes.push(0),
+                            _ => {}
+                        }
+                        json!({"op": "control", "at": at, "peer": peer, "payload": hex(&bytes)})
+                    }
+                    20 => json!({"op": "ended", "at": at, "peer": peer,
+                                 "name": streams[next(3) as usize],
+                                 "flow": flow(next(3) as u8)}),
+                    21 => json!({"op": "timeout", "at": at}),
                     _ => json!({"op": "close", "at": at}),
                 };
                 ops.push(op);
@@ -1892,6 +2593,15 @@ mod tests {
             {"op": "write_failed", "at": u64::MAX, "peer": 255, "generation": u64::MAX,
              "frames": u64::MAX, "swim": true},
             {"op": "timeout", "at": u64::MAX}
+        ]));
+        let _ = run_case(&extreme);
+        let extreme = case_with(json!([
+            {"op": "egress_full", "at": u64::MAX, "frames": u64::MAX},
+            {"op": "register", "at": u64::MAX, "actor": 255, "generation": u64::MAX,
+             "forged": false},
+            {"op": "control", "at": u64::MAX, "peer": 255, "payload": "ff".repeat(300)},
+            {"op": "control", "at": u64::MAX, "peer": 255, "payload": "é"},
+            {"op": "ended", "at": u64::MAX, "peer": 255, "name": "é", "flow": "é"}
         ]));
         let _ = run_case(&extreme);
     }

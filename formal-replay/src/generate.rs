@@ -735,7 +735,8 @@ pub fn driver_case(allow: Value, ops: Vec<Value>) -> Value {
         .collect();
     let end = json!({"drops": {}, "refusals": {}, "counters": {"accepted": 0,
         "dials_started": 0, "dial_failures": 0, "evictions": 0, "stale_failures": 0,
-        "writers_retired": 0}, "cache": [], "joins": {}});
+        "writers_retired": 0}, "cache": [], "joins": {}, "claims": [], "subscriptions": [],
+        "controls": {}});
     json!({"allow": allow, "ops": ops, "steps": steps, "end": end})
 }
 
@@ -764,20 +765,75 @@ pub const DRIVER_PATHS: [&str; 7] = [
     "unknown",
 ];
 
+/// The driver section's telemetry stream names (for `stream`, `control` and `ended`).
+pub const DRIVER_STREAMS: [&str; 2] = ["s0", "s1"];
+/// The driver section's flows: 16 bytes of each of these values.
+pub const DRIVER_FLOWS: [u8; 3] = [0, 1, 2];
+
+/// A flow as the driver section writes it: 16 bytes of `byte`, 32 lowercase hex digits.
+pub fn driver_flow(byte: u8) -> String {
+    crate::script::hex(&[byte; 16])
+}
+
+/// A `tether.TelemetryControl` record as the driver section's `control` payload (lowercase
+/// hex): `op` (1 subscribe, 2 unsubscribe), 16 bytes of `flow`, the name's length (one byte),
+/// the name. A name longer than 255 bytes is cut to 255.
+pub fn driver_control_payload(op: u8, flow: u8, name: &[u8]) -> String {
+    let name = name.get(..255).unwrap_or(name);
+    let mut bytes = vec![op];
+    bytes.extend_from_slice(&[flow; 16]);
+    bytes.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
+    bytes.extend_from_slice(name);
+    crate::script::hex(&bytes)
+}
+
+/// A `control` payload: mostly (4 in 5) a well-formed subscribe (60%) or unsubscribe of one
+/// of [`DRIVER_STREAMS`] and [`DRIVER_FLOWS`]; otherwise malformed: cut short, a trailing
+/// byte, op 3, an empty name, a non-UTF-8 name, or a name of 129 bytes.
+fn driver_control(rng: &mut Xoshiro256PlusPlus) -> String {
+    let flow = DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())];
+    let name = DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())].as_bytes();
+    if rng.random_bool(0.8) {
+        let op = if rng.random_bool(0.6) { 1 } else { 2 };
+        return driver_control_payload(op, flow, name);
+    }
+    match rng.random_range(0..6) {
+        0 => {
+            // Cut short: any whole number of bytes before the last.
+            let mut text = driver_control_payload(1, flow, name);
+            let keep = rng.random_range(0..text.len() / 2);
+            text.truncate(keep * 2);
+            text
+        }
+        1 => driver_control_payload(1, flow, name) + "00",
+        2 => driver_control_payload(3, flow, name),
+        3 => driver_control_payload(1, flow, b""),
+        4 => driver_control_payload(1, flow, &[0xff, 0xfe]),
+        _ => driver_control_payload(1, flow, &[b's'; 129]),
+    }
+}
+
 /// A random driver trace: peers 0–3 and 250 (invalid), every op, time moving by up to 3 s
 /// (past dial backoffs, idle timeouts and some join waits), `timeout` often; generations and
-/// connections from small ranges so that current, replaced and unknown ones all occur.
+/// connections from small ranges so that current, replaced and unknown ones all occur; host
+/// claims of actors 0–3 at generations 1–4 (10% forged); telemetry streams, controls and
+/// ended publishers over [`DRIVER_STREAMS`] and [`DRIVER_FLOWS`].
 fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
     let mut at = 0u64;
     let mut conn = 0u64;
+    let mut subscribed: Option<(u8, &str, u8)> = None;
     (0..len)
-        .map(|_| {
+        .map(|index| {
             at += [0, 0, 100, 250, 700, 1_100, 3_000][rng.random_range(0..7)];
             conn += 1;
             let peer = DRIVER_PEERS[rng.random_range(0..DRIVER_PEERS.len())];
             let generation = rng.random_range(1..8u64);
             let channel = DRIVER_CHANNELS[rng.random_range(0..DRIVER_CHANNELS.len())];
-            match rng.random_range(0..23) {
+            // Half the walks start with a telemetry stream, so subscriptions to it go live.
+            if index == 0 && rng.random_bool(0.5) {
+                return json!({"op": "stream", "at": at, "name": DRIVER_STREAMS[0]});
+            }
+            match rng.random_range(0..30) {
                 0..=1 => json!({"op": "accept", "at": at, "peer": peer,
                     "alpn": DRIVER_ALPNS[rng.random_range(0..DRIVER_ALPNS.len())], "conn": conn}),
                 2 => json!({"op": "connected", "at": at, "peer": peer, "channel": channel,
@@ -828,7 +884,45 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                     "channel": channel}),
                 19 => json!({"op": "open_failed", "at": at, "peer": peer, "channel": channel,
                     "generation": generation}),
-                20 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
+                20 => json!({"op": "egress_full", "at": at,
+                    "frames": rng.random_range(1..5u64)}),
+                21 => json!({"op": "register", "at": at, "actor": rng.random_range(0..4u64),
+                    "generation": rng.random_range(1..5u64), "forged": rng.random_bool(0.1)}),
+                22 => json!({"op": "stream", "at": at,
+                    "name": DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())]}),
+                23..=24 => {
+                    // Often the last subscription drawn ends again (an unsubscribe of it), so
+                    // that stopping live ones is common; otherwise any payload.
+                    let payload = match subscribed {
+                        Some((collector, name, flow)) if rng.random_bool(0.4) => {
+                            subscribed = None;
+                            return json!({"op": "control", "at": at, "peer": collector,
+                                "payload": driver_control_payload(2, flow, name.as_bytes())});
+                        }
+                        _ if rng.random_bool(0.3) => {
+                            let name = DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())];
+                            let flow = DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())];
+                            subscribed = Some((peer, name, flow));
+                            driver_control_payload(1, flow, name.as_bytes())
+                        }
+                        _ => driver_control(rng),
+                    };
+                    json!({"op": "control", "at": at, "peer": peer, "payload": payload})
+                }
+                25 => {
+                    // The last subscription drawn, half the time; any other otherwise.
+                    let (peer, name, flow) = match subscribed.take() {
+                        Some(live) if rng.random_bool(0.5) => live,
+                        _ => (
+                            peer,
+                            DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())],
+                            DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())],
+                        ),
+                    };
+                    json!({"op": "ended", "at": at, "peer": peer, "name": name,
+                        "flow": driver_flow(flow)})
+                }
+                26 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
                 _ => json!({"op": "timeout", "at": at}),
             }
         })

@@ -971,7 +971,7 @@ fn routing_step() -> RoutingStep {
 /// Peer `host`'s claim on actor `[actor; 32]` at `generation`, signed with the secret key
 /// `[host; 32]`; remembered per thread (the property tests sign the same few claims
 /// thousands of times).
-fn signed_claim(host: u8, actor: u8, generation: u64) -> tether_core::driver::HostClaim {
+pub(crate) fn signed_claim(host: u8, actor: u8, generation: u64) -> tether_core::driver::HostClaim {
     thread_local! {
         static SIGNED: std::cell::RefCell<
             std::collections::BTreeMap<(u8, u8, u64), tether_core::driver::HostClaim>,

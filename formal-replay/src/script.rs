@@ -521,6 +521,33 @@ pub enum DriverOp {
         peer: u8,
         channel: String,
     },
+    EgressFull {
+        at: u64,
+        frames: u64,
+    },
+    Register {
+        at: u64,
+        actor: u8,
+        generation: u64,
+        forged: bool,
+    },
+    Stream {
+        at: u64,
+        name: String,
+    },
+    Control {
+        at: u64,
+        peer: u8,
+        /// The record's bytes, lowercase hex.
+        payload: String,
+    },
+    Ended {
+        at: u64,
+        peer: u8,
+        name: String,
+        /// 16 bytes, lowercase hex.
+        flow: String,
+    },
     Timeout {
         at: u64,
     },
@@ -552,6 +579,11 @@ impl DriverOp {
             | Self::JoinFailed { at, .. }
             | Self::Fault { at, .. }
             | Self::Unread { at, .. }
+            | Self::EgressFull { at, .. }
+            | Self::Register { at, .. }
+            | Self::Stream { at, .. }
+            | Self::Control { at, .. }
+            | Self::Ended { at, .. }
             | Self::Timeout { at }
             | Self::Close { at } => *at,
         }
@@ -593,6 +625,12 @@ pub struct DriverEnd {
     pub cache: Vec<(u8, String, u64)>,
     /// Phase by seed (decimal).
     pub joins: std::collections::BTreeMap<String, String>,
+    /// This node's own host claims: (actor, generation), sorted by actor.
+    pub claims: Vec<(u8, u64)>,
+    /// Live telemetry subscriptions: (collector, stream, flow hex), sorted.
+    pub subscriptions: Vec<(u8, String, String)>,
+    /// Control verdicts above 0, by name.
+    pub controls: std::collections::BTreeMap<String, u64>,
 }
 
 /// A driver case.
@@ -978,4 +1016,15 @@ pub struct SwitchCase {
     pub ops: Vec<SwitchOp>,
     pub steps: Vec<SwitchStep>,
     pub counters: SwitchCounters,
+}
+
+/// Bytes as lowercase hex, how the `driver` section writes payloads and flows.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len().saturating_mul(2));
+    for &byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    text
 }

@@ -167,7 +167,8 @@ fn driver_delay() -> impl Strategy<Value = u64> {
 /// connection numbers so that current, replaced and unknown ones all occur.
 fn driver_op() -> impl Strategy<Value = Value> {
     use tether_formal_replay::generate::{
-        DRIVER_ALPNS, DRIVER_CHANNELS, DRIVER_PATHS, DRIVER_PEERS,
+        driver_control_payload, driver_flow, DRIVER_ALPNS, DRIVER_CHANNELS, DRIVER_FLOWS,
+        DRIVER_PATHS, DRIVER_PEERS, DRIVER_STREAMS,
     };
     let peer = prop::sample::select(DRIVER_PEERS.to_vec());
     let channel = prop::sample::select(DRIVER_CHANNELS.to_vec());
@@ -191,7 +192,23 @@ fn driver_op() -> impl Strategy<Value = Value> {
         1 => peer.clone().prop_map(|p| json!({"op": "join_connected", "peer": p})),
         1 => (peer.clone(), conn).prop_map(|(p, c)| json!({"op": "join_sent", "peer": p, "conn": c})),
         1 => peer.clone().prop_map(|p| json!({"op": "join_failed", "peer": p})),
-        1 => (peer, any::<bool>()).prop_map(|(p, f)| json!({"op": "fault", "peer": p, "fatal": f})),
+        1 => (peer.clone(), any::<bool>()).prop_map(|(p, f)| json!({"op": "fault", "peer": p, "fatal": f})),
+        1 => (0u64..5).prop_map(|f| json!({"op": "egress_full", "frames": f})),
+        1 => (0u8..4, 1u64..5, prop::bool::weighted(0.1)).prop_map(|(a, g, f)| json!({"op": "register", "actor": a, "generation": g, "forged": f})),
+        1 => prop::sample::select(DRIVER_STREAMS.to_vec()).prop_map(|n| json!({"op": "stream", "name": n})),
+        // Controls: subscribe and unsubscribe mostly, sometimes op 3, cut short or one byte long.
+        3 => (peer.clone(), prop::sample::select(vec![1u8, 1, 2, 2, 3]), prop::sample::select(DRIVER_FLOWS.to_vec()), prop::sample::select(DRIVER_STREAMS.to_vec()), 0u8..8)
+            .prop_map(|(p, op, flow, name, tweak)| {
+                let mut payload = driver_control_payload(op, flow, name.as_bytes());
+                match tweak {
+                    0 => payload.truncate(payload.len() - 2),
+                    1 => payload.push_str("00"),
+                    _ => {}
+                }
+                json!({"op": "control", "peer": p, "payload": payload})
+            }),
+        1 => (peer, prop::sample::select(DRIVER_STREAMS.to_vec()), prop::sample::select(DRIVER_FLOWS.to_vec()))
+            .prop_map(|(p, n, f)| json!({"op": "ended", "peer": p, "name": n, "flow": driver_flow(f)})),
         3 => Just(json!({"op": "timeout"})),
         1 => prop::bool::weighted(0.05)
             .prop_map(|close| json!({"op": if close { "close" } else { "timeout" }})),

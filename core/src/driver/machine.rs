@@ -1015,6 +1015,16 @@ impl<C: Clone> Driver<C> {
         self.subscriptions.live()
     }
 
+    /// The live telemetry subscriptions: (collector, stream, flow), in that order.
+    pub fn subscriptions(&self) -> impl Iterator<Item = &Subscription> {
+        self.subscriptions.iter()
+    }
+
+    /// This node's own host claims, by actor.
+    pub fn local_claims(&self) -> impl Iterator<Item = &HostClaim> {
+        self.local_claims.values()
+    }
+
     /// Subscription control records by verdict.
     pub fn control_verdicts(&self) -> &BTreeMap<ControlVerdict, u64> {
         self.subscriptions.verdicts()

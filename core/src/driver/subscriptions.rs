@@ -180,6 +180,11 @@ impl Subscriptions {
         self.live.remove(subscription)
     }
 
+    /// The live subscriptions, in (collector, stream, flow) order.
+    pub fn iter(&self) -> impl Iterator<Item = &Subscription> {
+        self.live.iter()
+    }
+
     /// Live subscriptions.
     pub fn live(&self) -> usize {
         self.live.len()
