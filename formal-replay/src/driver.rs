@@ -153,6 +153,7 @@ fn opened(open: Open<u64>) -> String {
     match open {
         Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),
         Open::Dial => "dial".to_owned(),
+        Open::Wait => "wait".to_owned(),
     }
 }
 
@@ -279,6 +280,14 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel(name)?,
                 generation_of(*g)?,
             ))),
+            DriverOp::OpenDialFailed {
+                peer,
+                channel: name,
+                ..
+            } => {
+                driver.handle_open_dial_failed(now, id(*peer), channel(name)?);
+                None
+            }
             DriverOp::WriteFailed {
                 peer,
                 generation: g,

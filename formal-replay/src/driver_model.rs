@@ -33,6 +33,13 @@
 //!   announces to nobody).
 //! - `end.subscriptions` sorts streams and flows as strings, byte by byte (for the flow's
 //!   lowercase hex that is also the order of its bytes).
+//! - Opening is not observable in `end`; only `open`'s and `open_failed`'s verdicts show it.
+//!   A refused `open` leaves it alone; `open` and `open_failed` after `close` still give
+//!   their verdict (neither rule mentions closed), so an uncached pair becomes opening again
+//!   and answers `dial`; `open_dial_failed` of a pair that is not opening changes nothing.
+//!   Only `connected` (and `dialed`/`join_sent`, handled as `connected` on `actor`),
+//!   `open_dial_failed` and `close` take pairs out of opening: a `closed`, `disconnect`, or
+//!   a `dialed` failure does not.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -432,6 +439,9 @@ struct Machine {
     last_generation: u64,
     /// Dials by peer.
     dials: BTreeMap<u8, Dial>,
+    /// "**Opening**: the set of (peer, channel) pairs whose dial for an `open` is in flight
+    /// (so that concurrent opens share one connection)."
+    opening: BTreeSet<(u8, Channel)>,
     /// Joins by seed.
     joins: BTreeMap<u8, Join>,
     /// Writers by peer.
@@ -483,6 +493,7 @@ impl Machine {
             cache: BTreeMap::new(),
             last_generation: 0,
             dials: BTreeMap::new(),
+            opening: BTreeSet::new(),
             joins: BTreeMap::new(),
             writers: BTreeMap::new(),
             writer_swim: BTreeMap::new(),
@@ -593,14 +604,20 @@ impl Machine {
         Ok(Some(result))
     }
 
-    /// `connected peer, channel, conn`: if closed, queue `close:<conn>:0`, result `null`.
-    /// Otherwise cache it; result `"gen:<generation>"`.
+    /// `connected peer, channel, conn`: an outbound connection was established. (peer,
+    /// channel) leaves opening. If closed, queue `close:<conn>:0`, result `null`. Otherwise
+    /// cache it; result `"gen:<generation>"`.
+    ///
+    /// `dialed` (connected) and `join_sent` are handled as `connected` on `actor`, so they
+    /// too make (peer, `actor`) leave opening.
     fn connected(
         &mut self,
         peer: u8,
         channel: Channel,
         conn: u64,
     ) -> Result<Option<String>, String> {
+        // (peer, channel) leaves opening (before the closed check: it leaves either way).
+        self.opening.remove(&(peer, channel));
         if self.closed {
             self.actions.push(format!("close:{conn}:0"));
             return Ok(None);
@@ -627,6 +644,44 @@ impl Machine {
         if let Some(entry) = self.cache.remove(&(peer, channel)) {
             self.actions.push(format!("close:{}:0", entry.conn));
         }
+    }
+
+    /// The **verdict** of `open` (also `open_failed`'s result): "if (peer, channel) is
+    /// cached, result `"cached:<generation>:<conn>"`; else if (peer, channel) is opening,
+    /// result `"wait"` (the application asks again once that dial ended); else (peer,
+    /// channel) becomes opening, result `"dial"`."
+    fn verdict(&mut self, peer: u8, channel: Channel) -> String {
+        if let Some(entry) = self.cache.get(&(peer, channel)) {
+            format!("cached:{}:{}", entry.generation, entry.conn)
+        } else if self.opening.contains(&(peer, channel)) {
+            "wait".to_string()
+        } else {
+            self.opening.insert((peer, channel));
+            "dial".to_string()
+        }
+    }
+
+    /// `open peer, path, channel`: "Admit on `path`, outbound; if refused, result
+    /// `"refused"`. Otherwise its **verdict**".
+    fn open(&mut self, peer: u8, path: Path, channel: Channel) -> Result<Option<String>, String> {
+        if !self.admit(peer, path, Direction::Outbound)? {
+            return Ok(Some("refused".to_string()));
+        }
+        Ok(Some(self.verdict(peer, channel)))
+    }
+
+    /// `open_failed peer, channel, generation`: "as `closed` (the entry goes if it has this
+    /// generation), then the result is the verdict of `open` (no admission)". The verdict is
+    /// `cached:` when the entry stays (another generation) or `wait` when the pair is opening.
+    fn open_failed(&mut self, peer: u8, channel: Channel, generation: u64) -> Option<String> {
+        self.closed_conn(peer, channel, generation);
+        Some(self.verdict(peer, channel))
+    }
+
+    /// `open_dial_failed peer, channel`: "the dial an `open` ordered failed or was
+    /// abandoned: (peer, channel) leaves opening." Result `null`.
+    fn open_dial_failed(&mut self, peer: u8, channel: Channel) {
+        self.opening.remove(&(peer, channel));
     }
 
     /// `send peer`.
@@ -1036,13 +1091,14 @@ impl Machine {
         Ok(())
     }
 
-    /// `close`: closed; every timer is cancelled; every dial ends; every cache entry is
-    /// removed, queuing `close:<conn>:0` in cache order; every join is done (phases
-    /// unchanged); every writer is forgotten.
+    /// `close`: closed; every timer is cancelled; every dial ends; opening becomes empty;
+    /// every cache entry is removed, queuing `close:<conn>:0` in cache order; every join is
+    /// done (phases unchanged); every writer is forgotten.
     fn close(&mut self) {
         self.closed = true;
         // Timers live in the dials, joins and writers below; ending those cancels them.
         self.dials.clear();
+        self.opening.clear();
         let entries: Vec<Entry> = self.cache.values().copied().collect();
         self.cache.clear();
         for entry in entries {
@@ -1104,16 +1160,9 @@ impl Machine {
                 channel,
                 ..
             } => {
-                // Admit on `path`, outbound; then the cache says where the stream goes.
                 let path = Path::parse(path)?;
                 let channel = Channel::parse(channel)?;
-                Some(if !self.admit(*peer, path, Direction::Outbound)? {
-                    "refused".to_string()
-                } else if let Some(entry) = self.cache.get(&(*peer, channel)) {
-                    format!("cached:{}:{}", entry.generation, entry.conn)
-                } else {
-                    "dial".to_string()
-                })
+                self.open(*peer, path, channel)?
             }
             DriverOp::OpenFailed {
                 peer,
@@ -1121,10 +1170,13 @@ impl Machine {
                 generation,
                 ..
             } => {
-                // As closed; the stream then goes on a fresh connection.
                 let channel = Channel::parse(channel)?;
-                self.closed_conn(*peer, channel, *generation);
-                Some("dial".to_string())
+                self.open_failed(*peer, channel, *generation)
+            }
+            DriverOp::OpenDialFailed { peer, channel, .. } => {
+                let channel = Channel::parse(channel)?;
+                self.open_dial_failed(*peer, channel);
+                None
             }
             DriverOp::Batch {
                 peer,
@@ -1629,7 +1681,9 @@ mod tests {
     }
 
     /// open: refused off the list (counted), dial with no connection, the cached one on its
-    /// channel; open_failed evicts that generation only, then dial.
+    /// channel; open_failed evicts that generation only, then gives open's verdict: the
+    /// newer entry when its generation was replaced, dial when the entry went, and a second
+    /// open of that pair then waits for the dial.
     #[test]
     fn open_goes_on_the_cached_connection_or_dials() {
         check(json!({
@@ -1655,15 +1709,94 @@ mod tests {
                 step(json!("cached:1:10"), &[], N),
                 step(json!("dial"), &[], N),
                 step(json!("gen:2"), &[], N),
-                step(json!("dial"), &[], N),
+                step(json!("cached:2:11"), &[], N),
                 step(json!("cached:2:11"), &[], N),
                 step(json!("dial"), &[], N),
-                step(json!("dial"), &[], N)
+                step(json!("wait"), &[], N)
             ],
             "end": {
                 "drops": {},
                 "refusals": {"protocol/outbound": 1},
                 "counters": counters(0, 0, 0, 0, 0, 0),
+                "cache": [],
+                "joins": {}
+            }
+        }));
+    }
+
+    /// Opening: concurrent opens of one (peer, channel) share one dial. open → dial, a second
+    /// open → wait; open_dial_failed ends it, so the next open dials again; connected ends it
+    /// too (gen), then open → cached; open_failed on that entry removes it and dials (the
+    /// pair is opening again), so an open waits; close empties opening, so an open after it
+    /// dials. Other channels and peers are opened on their own; `dialed` and `join_sent`
+    /// (connected on `actor`) end an `actor` open, a failed `dialed` does not (nor does an
+    /// `open_dial_failed` of a pair that is not opening change anything); an open off the
+    /// allow-list is refused every time, before any verdict; after close a pair can become
+    /// opening again.
+    #[test]
+    fn concurrent_opens_share_one_dial() {
+        check(json!({
+            "allow": [1, 2],
+            "ops": [
+                {"op": "open", "at": 0, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 1, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open_dial_failed", "at": 2, "peer": 1, "channel": "protocol:0"},
+                {"op": "open", "at": 3, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "connected", "at": 4, "peer": 1, "channel": "protocol:0", "conn": 10},
+                {"op": "open", "at": 5, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open_failed", "at": 6, "peer": 1, "channel": "protocol:0",
+                 "generation": 1},
+                {"op": "open", "at": 7, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                // Other pairs: their own verdicts.
+                {"op": "open", "at": 8, "peer": 1, "path": "protocol", "channel": "protocol:1"},
+                {"op": "open", "at": 8, "peer": 2, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 8, "peer": 3, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 8, "peer": 3, "path": "protocol", "channel": "protocol:0"},
+                // actor opens end with dialed / join_sent; a failed dialed leaves them.
+                {"op": "open", "at": 9, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "dialed", "at": 10, "peer": 2, "conn": null},
+                {"op": "open", "at": 11, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "dialed", "at": 12, "peer": 2, "conn": 20},
+                {"op": "disconnect", "at": 13, "peer": 2, "channel": "actor"},
+                {"op": "open", "at": 14, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "join_sent", "at": 15, "peer": 2, "conn": 21},
+                {"op": "open_dial_failed", "at": 16, "peer": 2, "channel": "actor"},
+                {"op": "open", "at": 17, "peer": 2, "path": "actor", "channel": "actor"},
+                // close empties opening.
+                {"op": "close", "at": 18},
+                {"op": "open", "at": 19, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 20, "peer": 1, "path": "protocol", "channel": "protocol:0"}
+            ],
+            "steps": [
+                step(json!("dial"), &[], N),
+                step(json!("wait"), &[], N),
+                step(N, &[], N),
+                step(json!("dial"), &[], N),
+                step(json!("gen:1"), &[], N),
+                step(json!("cached:1:10"), &[], N),
+                step(json!("dial"), &[], N),
+                step(json!("wait"), &[], N),
+                step(json!("dial"), &[], N),
+                step(json!("dial"), &[], N),
+                step(json!("refused"), &[], N),
+                step(json!("refused"), &[], N),
+                step(json!("dial"), &[], N),
+                step(N, &[], N),
+                step(json!("wait"), &[], N),
+                step(json!("gen:2"), &[], N),
+                step(N, &["close:20:0"], N),
+                step(json!("dial"), &[], N),
+                step(json!("gen:3"), &[], N),
+                step(N, &[], N),
+                step(json!("cached:3:21"), &[], N),
+                step(N, &["close:21:0"], N),
+                step(json!("dial"), &[], N),
+                step(json!("wait"), &[], N)
+            ],
+            "end": {
+                "drops": {},
+                "refusals": {"protocol/outbound": 2},
+                "counters": counters(0, 0, 1, 0, 0, 0),
                 "cache": [],
                 "joins": {}
             }
@@ -2548,6 +2681,8 @@ mod tests {
                     14 if next(2) == 0 => json!({"op": "open", "at": at, "peer": peer,
                                  "path": paths[next(7) as usize],
                                  "channel": channels[next(6) as usize]}),
+                    14 if next(3) == 0 => json!({"op": "open_dial_failed", "at": at,
+                                 "peer": peer, "channel": channels[next(6) as usize]}),
                     14 => json!({"op": "open_failed", "at": at, "peer": peer,
                                  "channel": channels[next(6) as usize], "generation": next(4)}),
                     15 => json!({"op": "egress_full", "at": at, "frames": next(4)}),

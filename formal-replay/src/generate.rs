@@ -923,6 +923,8 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                         "flow": driver_flow(flow)})
                 }
                 26 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
+                27 => json!({"op": "open_dial_failed", "at": at, "peer": peer,
+                    "channel": channel}),
                 _ => json!({"op": "timeout", "at": at}),
             }
         })

@@ -472,6 +472,11 @@ pub enum DriverOp {
         channel: String,
         generation: u64,
     },
+    OpenDialFailed {
+        at: u64,
+        peer: u8,
+        channel: String,
+    },
     WriteFailed {
         at: u64,
         peer: u8,
@@ -571,6 +576,7 @@ impl DriverOp {
             | Self::Stopped { at, .. }
             | Self::Open { at, .. }
             | Self::OpenFailed { at, .. }
+            | Self::OpenDialFailed { at, .. }
             | Self::Idle { at, .. }
             | Self::Dialed { at, .. }
             | Self::Join { at, .. }

@@ -181,7 +181,15 @@ fn driver_op() -> impl Strategy<Value = Value> {
         2 => (peer.clone(), alpn, conn.clone()).prop_map(|(p, a, c)| json!({"op": "accept", "peer": p, "alpn": a, "conn": c})),
         1 => (peer.clone(), channel.clone(), conn.clone()).prop_map(|(p, ch, c)| json!({"op": "connected", "peer": p, "channel": ch, "conn": c})),
         1 => (peer.clone(), channel.clone(), generation.clone()).prop_map(|(p, ch, g)| json!({"op": "closed", "peer": p, "channel": ch, "generation": g})),
-        1 => (peer.clone(), channel).prop_map(|(p, ch)| json!({"op": "disconnect", "peer": p, "channel": ch})),
+        1 => (peer.clone(), channel.clone()).prop_map(|(p, ch)| json!({"op": "disconnect", "peer": p, "channel": ch})),
+        1 => (peer.clone(), channel.clone()).prop_map(|(p, ch)| json!({"op": "open_dial_failed", "peer": p, "channel": ch})),
+        // Opens over few peers and channels, so that waits for a dial in flight are common.
+        2 => (0u8..2, prop::sample::select(vec!["telemetry", "switch"]), prop::sample::select(vec!["telemetry", "switch", "actor"]))
+            .prop_map(|(p, ch, pa)| json!({"op": "open", "peer": p, "path": pa, "channel": ch})),
+        1 => (0u8..2, prop::sample::select(vec!["telemetry", "switch"]), 1u64..6)
+            .prop_map(|(p, ch, g)| json!({"op": "open_failed", "peer": p, "channel": ch, "generation": g})),
+        1 => (0u8..2, prop::sample::select(vec!["telemetry", "switch"]), 0u64..20)
+            .prop_map(|(p, ch, c)| json!({"op": "connected", "peer": p, "channel": ch, "conn": c})),
         1 => (peer.clone(), path, direction).prop_map(|(p, pa, d)| json!({"op": "admit", "peer": p, "path": pa, "direction": d})),
         3 => peer.clone().prop_map(|p| json!({"op": "send", "peer": p})),
         2 => (peer.clone(), 0u64..5).prop_map(|(p, f)| json!({"op": "batch", "peer": p, "frames": f})),

@@ -176,3 +176,60 @@ async fn a_switch_stops_streams_its_host_opens_as_the_machine_says() {
     engine.close().await;
     raw.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_opens_to_one_peer_share_one_dial() {
+    let host = Node::builder()
+        .switch_host()
+        .bind()
+        .await
+        .expect("bind host");
+    let engine = Node::builder().bind().await.expect("bind engine");
+    let mut accepted = host.switch_connections().expect("switch host");
+    // The first asks the machine and dials; the second finds that dial in flight, waits for
+    // it, and opens its stream on the connection it made.
+    let (one, two) = tokio::join!(
+        engine.dial_switch_host(host.endpoint_addr()),
+        engine.dial_switch_host(host.endpoint_addr()),
+    );
+    let mut streams = [one.expect("first"), two.expect("second")];
+    // Both streams reach the host (each connection is accepted before its streams are).
+    for stream in &mut streams {
+        stream.write_all(b"x").await.expect("write");
+        stream.flush().await.expect("flush");
+    }
+    for _ in 0..2 {
+        accepted.recv().await.expect("a switch stream");
+    }
+    assert_eq!(host.snapshot().accepted, 1, "one dial for both");
+    assert_eq!(cached(&engine, Channel::Switch).len(), 1);
+    engine.close().await;
+    host.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_dial_lets_the_next_open_dial() {
+    let host = Node::builder()
+        .switch_host()
+        .bind()
+        .await
+        .expect("bind host");
+    let engine = Node::builder().bind().await.expect("bind engine");
+    let _accepted = host.switch_connections().expect("switch host");
+    // Polled once (the machine ordered the dial, which is now in flight), then dropped.
+    let mut abandoned = Box::pin(engine.dial_switch_host(host.endpoint_addr()));
+    tokio::select! {
+        biased;
+        _ = &mut abandoned => panic!("a QUIC handshake does not finish in one poll"),
+        () = std::future::ready(()) => {}
+    }
+    drop(abandoned);
+    // Had the dial's end not been reported, this open would wait for it forever.
+    engine
+        .dial_switch_host(host.endpoint_addr())
+        .await
+        .expect("dials afresh");
+    assert_eq!(cached(&engine, Channel::Switch).len(), 1);
+    engine.close().await;
+    host.close().await;
+}

@@ -180,8 +180,12 @@ struct Writer {
 pub enum Open<C> {
     /// Open it on this cached connection; a failure goes to [`Driver::handle_open_failed`].
     Cached(Generation, C),
-    /// Dial the peer on the channel's ALPN and open it there.
+    /// Dial the peer on the channel's ALPN and open it there; report the dial's end with
+    /// [`Driver::handle_connected`] or [`Driver::handle_open_dial_failed`].
     Dial,
+    /// Another open's dial to the peer on this channel is in flight: ask again once it ended
+    /// (the machine's state moved), so that concurrent opens share one connection.
+    Wait,
 }
 
 /// What a malformed inbound stream gets.
@@ -340,6 +344,8 @@ pub struct Driver<C> {
     subscriptions: Subscriptions,
     cache: ConnectionCache<(NodeId, Channel), C>,
     dials: BTreeMap<NodeId, DialState>,
+    /// (peer, channel) pairs whose dial for an open is in flight (at most one each).
+    opening: BTreeSet<(NodeId, Channel)>,
     joins: BTreeMap<NodeId, JoinState>,
     /// Writers that reported: when each went idle, and whether its last batch carried SWIM.
     writers: BTreeMap<NodeId, Writer>,
@@ -363,6 +369,7 @@ impl<C: Clone> Driver<C> {
             subscriptions: Subscriptions::default(),
             cache: ConnectionCache::new(),
             dials: BTreeMap::new(),
+            opening: BTreeSet::new(),
             joins: BTreeMap::new(),
             writers: BTreeMap::new(),
             timers: BTreeSet::new(),
@@ -444,6 +451,9 @@ impl<C: Clone> Driver<C> {
         channel: Channel,
         conn: C,
     ) -> Option<Generation> {
+        if self.opening.remove(&(peer, channel)) {
+            self.bump();
+        }
         if self.closed {
             self.actions.push_back(Action::Close {
                 conn,
@@ -489,15 +499,31 @@ impl<C: Clone> Driver<C> {
         channel: Channel,
     ) -> Result<Open<C>, Refused> {
         self.handle_admit(now, &peer, path, Direction::Outbound)?;
-        Ok(match self.connection(&peer, channel) {
+        Ok(self.open_on(peer, channel))
+    }
+
+    /// Where an open to `peer` on `channel` goes: the cached connection, a dial (now in
+    /// flight), or a wait for the dial in flight.
+    fn open_on(&mut self, peer: NodeId, channel: Channel) -> Open<C> {
+        match self.connection(&peer, channel) {
             Some((generation, conn)) => Open::Cached(generation, conn),
-            None => Open::Dial,
-        })
+            None if self.opening.insert((peer, channel)) => Open::Dial,
+            None => Open::Wait,
+        }
+    }
+
+    /// The dial an [`Open::Dial`] ordered failed (or was abandoned): opens waiting for it ask
+    /// again, and the next one dials.
+    pub fn handle_open_dial_failed(&mut self, _now: Time, peer: NodeId, channel: Channel) {
+        if self.opening.remove(&(peer, channel)) {
+            self.bump();
+        }
     }
 
     /// Opening a stream on the cached connection of `generation` failed: the connection is
-    /// dead. That generation is evicted (a newer one stays) and the stream goes on a fresh
-    /// connection, dialed once: a failure there is the caller's error.
+    /// dead. That generation is evicted (a newer one stays) and the stream goes where an open
+    /// would now go: a newer cached connection, a fresh dial (once: a failure there is the
+    /// caller's error), or a wait for another open's dial.
     pub fn handle_open_failed(
         &mut self,
         now: Time,
@@ -506,7 +532,7 @@ impl<C: Clone> Driver<C> {
         generation: Generation,
     ) -> Open<C> {
         self.handle_connection_closed(now, peer, channel, generation);
-        Open::Dial
+        self.open_on(peer, channel)
     }
 
     /// The application asked to close the connection to `peer` on `channel`.
@@ -935,6 +961,7 @@ impl<C: Clone> Driver<C> {
         self.closed = true;
         self.timers.clear();
         self.dials.clear();
+        self.opening.clear();
         for (_, entry) in self.cache.take_all() {
             self.actions.push_back(Action::Close {
                 conn: entry.conn,
@@ -1233,6 +1260,46 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_opens_share_one_dial() {
+        let mut d = driver();
+        let channel = Channel::Telemetry;
+        let open =
+            |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Telemetry, channel);
+        assert_eq!(open(&mut d), Ok(Open::Dial));
+        assert_eq!(
+            open(&mut d),
+            Ok(Open::Wait),
+            "the first open's dial is in flight"
+        );
+        // It failed: the next open dials; waiting ones see the state move.
+        let version = d.version();
+        d.handle_open_dial_failed(at(1), PEER, channel);
+        assert_ne!(d.version(), version);
+        assert_eq!(open(&mut d), Ok(Open::Dial));
+        let generation = d
+            .handle_connected(at(2), PEER, channel, "one")
+            .expect("cached");
+        assert_eq!(open(&mut d), Ok(Open::Cached(generation, "one")));
+        // Its connection is dead: one open dials again, the others wait for it.
+        assert_eq!(
+            d.handle_open_failed(at(3), PEER, channel, generation),
+            Open::Dial
+        );
+        assert_eq!(open(&mut d), Ok(Open::Wait));
+        // Another channel, or another peer, has its own dial.
+        assert_eq!(
+            d.handle_open(at(3), PEER, Path::Protocol, Channel::Protocol(0)),
+            Ok(Open::Dial)
+        );
+        d.handle_close(at(4));
+        assert_eq!(
+            open(&mut d),
+            Ok(Open::Dial),
+            "closing forgets dials in flight"
+        );
+    }
+
+    #[test]
     fn switch_and_substrate_connections_are_cached_and_evicted_by_generation() {
         let mut d = Driver::new(Config {
             auth: PeerAuth::allow_list([PEER]),
@@ -1382,7 +1449,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_open_evicts_its_generation_only_and_dials_once() {
+    fn a_failed_open_evicts_its_generation_only_and_dials_at_most_once() {
         let mut d = driver();
         let channel = Channel::Protocol(3);
         let old = d
@@ -1395,10 +1462,12 @@ mod tests {
         );
         assert_eq!(
             d.handle_open(at(2), PEER, Path::Protocol, channel),
-            Ok(Open::Dial)
+            Ok(Open::Wait),
+            "the failed open's dial is in flight"
         );
 
-        // A failure seen on an older generation leaves the newer connection cached.
+        // A failure seen on an older generation leaves the newer connection cached, and the
+        // stream goes there instead.
         let stale = d
             .handle_connected(at(3), PEER, channel, "a")
             .expect("cached");
@@ -1408,7 +1477,7 @@ mod tests {
         assert_ne!(stale, fresh);
         assert_eq!(
             d.handle_open_failed(at(5), PEER, channel, stale),
-            Open::Dial
+            Open::Cached(fresh, "b")
         );
         assert_eq!(
             d.handle_open(at(6), PEER, Path::Protocol, channel),

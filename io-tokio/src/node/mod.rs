@@ -709,6 +709,25 @@ impl WriterWake {
     }
 }
 
+/// A dial an [`Open::Dial`] ordered: unless it connected, its end is reported when it is
+/// dropped (failed, or its caller went away), so the machine lets the next open dial.
+struct OpenDial {
+    inner: Arc<Inner>,
+    peer: NodeId,
+    channel: Channel,
+    ended: bool,
+}
+
+impl Drop for OpenDial {
+    fn drop(&mut self) {
+        if !self.ended {
+            let (peer, channel) = (self.peer, self.channel);
+            self.inner
+                .drive(|driver, now| driver.handle_open_dial_failed(now, peer, channel));
+        }
+    }
+}
+
 /// Why a stream reader cannot go on.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Unreadable {
@@ -964,25 +983,18 @@ impl Node {
         let peer = *addr.id.as_bytes();
         let open = self
             .inner
-            .drive(|driver, now| driver.handle_open(now, peer, Path::Actor, Channel::Actor))?;
+            .open_verdict(peer, Path::Actor, Channel::Actor)
+            .await?;
         if matches!(open, Open::Cached(..)) {
             return Ok(());
         }
         let addr = self.inner.normalized(addr);
         self.inner.remember(&addr);
-        let conn = self
+        let (generation, conn) = self
             .inner
-            .endpoint
-            .connect(addr, &self.inner.actor_alpn)
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))?;
-        let generation = self
-            .inner
-            .drive(|driver, now| driver.handle_connected(now, peer, Channel::Actor, conn.clone()));
-        if generation.is_none() {
-            return Err(NodeError::Closed);
-        }
-        self.inner.adopt(peer, conn, generation);
+            .dial_cached(addr, &self.inner.actor_alpn, Channel::Actor)
+            .await?;
+        self.inner.adopt(peer, conn, Some(generation));
         Ok(())
     }
 
@@ -1647,7 +1659,8 @@ impl Inner {
 
     /// A new stream to `peer` on `channel` where the machine says (the allow-list for `path`
     /// first): `open` on the cached connection; a dead one is evicted (that generation only)
-    /// and `None` tells the caller to dial a fresh connection and open it there.
+    /// and `None` tells the caller to dial a fresh connection ([`Inner::dial_cached`]) and
+    /// open it there. While another open's dial to the peer is in flight, this waits for it.
     async fn open_cached<S, E, F>(
         self: &Arc<Self>,
         peer: NodeId,
@@ -1658,22 +1671,43 @@ impl Inner {
     where
         F: std::future::Future<Output = Result<S, E>>,
     {
-        let mut verdict = self.drive(|driver, now| driver.handle_open(now, peer, path, channel))?;
-        while let Open::Cached(generation, conn) = verdict {
-            match open(conn).await {
-                Ok(stream) => return Ok(Some(stream)),
-                Err(_) => {
-                    verdict = self.drive(|driver, now| {
+        let mut verdict = self.open_verdict(peer, path, channel).await?;
+        loop {
+            verdict = match verdict {
+                Open::Cached(generation, conn) => match open(conn).await {
+                    Ok(stream) => return Ok(Some(stream)),
+                    Err(_) => self.drive(|driver, now| {
                         driver.handle_open_failed(now, peer, channel, generation)
-                    });
-                }
-            }
+                    }),
+                },
+                Open::Dial => return Ok(None),
+                Open::Wait => self.open_verdict(peer, path, channel).await?,
+            };
         }
-        Ok(None)
     }
 
-    /// Dials `addr` on `alpn` and caches the connection under `channel` (admission was
-    /// asked first, by [`Inner::open_cached`]): its generation and the connection.
+    /// The machine's verdict on an open to `peer` on `channel` (the allow-list for `path`
+    /// first): the cached connection or a dial, never [`Open::Wait`]: while another open's
+    /// dial is in flight, it asks again each time the machine's state moves.
+    async fn open_verdict(
+        self: &Arc<Self>,
+        peer: NodeId,
+        path: Path,
+        channel: Channel,
+    ) -> Result<Open<Connection>, NodeError> {
+        let mut changes = self.gate.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            match self.drive(|driver, now| driver.handle_open(now, peer, path, channel))? {
+                Open::Wait => changes.changed().await.map_err(|_| NodeError::Closed)?,
+                verdict => return Ok(verdict),
+            }
+        }
+    }
+
+    /// Dials `addr` on `alpn`, as the machine's [`Open::Dial`] ordered, and caches the
+    /// connection under `channel`: its generation and the connection. A failed (or dropped)
+    /// dial is reported, so opens waiting for it go on.
     async fn dial_cached(
         self: &Arc<Self>,
         addr: EndpointAddr,
@@ -1681,11 +1715,18 @@ impl Inner {
         channel: Channel,
     ) -> Result<(Generation, Connection), NodeError> {
         let peer = *addr.id.as_bytes();
+        let mut dial = OpenDial {
+            inner: self.clone(),
+            peer,
+            channel,
+            ended: false,
+        };
         let conn = self
             .endpoint
             .connect(addr, alpn)
             .await
             .map_err(|error| NodeError::Connect(error.into()))?;
+        dial.ended = true;
         let generation = self
             .drive(|driver, now| driver.handle_connected(now, peer, channel, conn.clone()))
             .ok_or(NodeError::Closed)?;
