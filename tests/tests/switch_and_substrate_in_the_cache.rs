@@ -3,7 +3,7 @@
 //! stream whichever side dialed it, and evicted by generation when it ends.
 
 use tether::iroh::endpoint::VarInt;
-use tether::node::{Node, SWITCH_ALPN};
+use tether::node::{Node, SwitchConnections, SWITCH_ALPN};
 use tether::substrate::{Link, Transport};
 use tether_core::driver::machine::{Channel, STOP_UNREAD};
 use tether_core::substrate::PeerId;
@@ -19,6 +19,18 @@ fn cached(node: &Node, channel: Channel) -> Vec<(String, u64)> {
         .filter(|(_, on, _)| *on == channel)
         .map(|(peer, _, generation)| (peer, generation))
         .collect()
+}
+
+/// A switch host and an engine node (no host) that dials it; the host's switch streams.
+async fn host_and_engine() -> (Node, Node, SwitchConnections) {
+    let host = Node::builder()
+        .switch_host()
+        .bind()
+        .await
+        .expect("bind host");
+    let engine = Node::builder().bind().await.expect("bind engine");
+    let accepted = host.switch_connections().expect("switch host");
+    (host, engine, accepted)
 }
 
 fn hex(node: &Node) -> String {
@@ -90,13 +102,7 @@ async fn substrate_links_share_one_connection_whichever_side_dialed_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switch_streams_share_one_connection_to_their_host() {
-    let host = Node::builder()
-        .switch_host()
-        .bind()
-        .await
-        .expect("bind host");
-    let engine = Node::builder().bind().await.expect("bind engine");
-    let mut accepted = host.switch_connections().expect("switch host");
+    let (host, engine, mut accepted) = host_and_engine().await;
 
     let mut streams = Vec::new();
     for word in [&b"first"[..], b"second"] {
@@ -179,13 +185,7 @@ async fn a_switch_stops_streams_its_host_opens_as_the_machine_says() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_opens_to_one_peer_share_one_dial() {
-    let host = Node::builder()
-        .switch_host()
-        .bind()
-        .await
-        .expect("bind host");
-    let engine = Node::builder().bind().await.expect("bind engine");
-    let mut accepted = host.switch_connections().expect("switch host");
+    let (host, engine, mut accepted) = host_and_engine().await;
     // The first asks the machine and dials; the second finds that dial in flight, waits for
     // it, and opens its stream on the connection it made.
     let (one, two) = tokio::join!(
@@ -209,13 +209,7 @@ async fn concurrent_opens_to_one_peer_share_one_dial() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_dial_lets_the_next_open_dial() {
-    let host = Node::builder()
-        .switch_host()
-        .bind()
-        .await
-        .expect("bind host");
-    let engine = Node::builder().bind().await.expect("bind engine");
-    let _accepted = host.switch_connections().expect("switch host");
+    let (host, engine, _accepted) = host_and_engine().await;
     // Polled once (the machine ordered the dial, which is now in flight), then dropped.
     let mut abandoned = Box::pin(engine.dial_switch_host(host.endpoint_addr()));
     tokio::select! {
