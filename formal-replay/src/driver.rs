@@ -148,7 +148,7 @@ fn verdict(verdict: StreamVerdict) -> String {
     }
 }
 
-/// The observation of where a stream goes: `cached:<generation>:<conn>` or `dial`.
+/// The observation of where a stream goes: `cached:<generation>:<conn>`, `dial` or `wait`.
 fn opened(open: Open<u64>) -> String {
     match open {
         Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),

@@ -191,7 +191,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// One case per line, so scripts diff well.
 /// Reads `file`, completes each case with the model from its inputs, writes it back.
 fn refill(file: &std::path::Path) -> Result<usize, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -205,6 +204,7 @@ fn refill(file: &std::path::Path) -> Result<usize, String> {
     Ok(script.cases.len())
 }
 
+/// One case per line, so scripts diff well.
 fn render(script: &tether_formal_replay::script::ScriptFile) -> String {
     let mut text = format!(
         "{{\"section\": {}, \"cases\": [\n",

@@ -217,12 +217,16 @@ async fn an_abandoned_dial_lets_the_next_open_dial() {
         _ = &mut abandoned => panic!("a QUIC handshake does not finish in one poll"),
         () = std::future::ready(()) => {}
     }
+    // A second open finds that dial in flight and waits for it.
+    let mut waiting = Box::pin(engine.dial_switch_host(host.endpoint_addr()));
+    tokio::select! {
+        biased;
+        _ = &mut waiting => panic!("it waits for the dial in flight"),
+        () = std::future::ready(()) => {}
+    }
     drop(abandoned);
-    // Had the dial's end not been reported, this open would wait for it forever.
-    engine
-        .dial_switch_host(host.endpoint_addr())
-        .await
-        .expect("dials afresh");
+    // Had the abandoned dial's end not been reported, this open would wait forever.
+    waiting.await.expect("dials afresh");
     assert_eq!(cached(&engine, Channel::Switch).len(), 1);
     engine.close().await;
     host.close().await;

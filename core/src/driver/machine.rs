@@ -399,8 +399,8 @@ impl<C: Clone> Driver<C> {
     // ----------------------------------------------------------------------------------
     // Inputs
 
-    /// The allow-list check of `path` (a path with no other input here: a telemetry
-    /// publish, a switch dial, a substrate link, a protocol stream); counted when refused.
+    /// The allow-list check of `path` alone (a path whose other decisions are not the
+    /// machine's: the substrate's peer book); counted when refused.
     pub fn handle_admit(
         &mut self,
         _now: Time,
@@ -441,9 +441,10 @@ impl<C: Clone> Driver<C> {
         }
     }
 
-    /// An outbound connection to `peer` on `channel` was established (a `connect`, a
-    /// protocol dial, a telemetry publish): it is cached under the returned generation.
-    /// Admission was asked before dialing.
+    /// An outbound connection to `peer` on `channel` was established (a `connect`, or the
+    /// dial an [`Open::Dial`] ordered for a protocol, telemetry, switch or substrate stream):
+    /// it is cached under the returned generation, and an open's dial in flight for the pair
+    /// ends. Admission was asked before dialing.
     pub fn handle_connected(
         &mut self,
         _now: Time,
@@ -993,7 +994,8 @@ impl<C: Clone> Driver<C> {
         self.counters
     }
 
-    /// Bumped whenever connection state moves (cache, dials, joins, drops, refusals).
+    /// Bumped whenever connection state moves (cache, dials, an open's dial ending, joins,
+    /// drops, refusals): the shell waits on it (an [`Open::Wait`] asks again then).
     pub fn version(&self) -> u64 {
         self.version
     }

@@ -227,7 +227,9 @@ impl Role {
 /// What the connection gives the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Channel {
-    /// The connection's id (distinct per connection).
+    /// The link's id: both peers' ids, the link's dialer first (over iroh, links opened the
+    /// same way on one QUIC connection share it; each handshake's fresh nonces tell them
+    /// apart).
     pub conn_id: Vec<u8>,
     /// Bytes both ends derive from the secure channel (TLS keying material); used by
     /// `transport-identity`.

@@ -46,12 +46,14 @@ pub use protocol::{
 };
 pub use substrate_link::{peer_id_of, IrohTransport, QuicStream, SUBSTRATE_ALPN};
 
-/// The ALPN of request-switch connections: a switch dials the hosts (masters) it attaches and
-/// opens one bidirectional stream, on which it writes the first HELLO.
+/// The ALPN of request-switch connections: a switch opens one bidirectional stream to each
+/// host (master) it attaches, on the connection cached for that host (dialed when there is
+/// none), and writes the first HELLO on it.
 pub const SWITCH_ALPN: &[u8] = b"tether/switch/1";
 
-/// Switch connections a host node accepted: the dialling switch's node id (hex) and the stream
-/// to serve (`tether::switch::host::Host::serve`).
+/// Switch streams a host node accepted (each is one switch-to-host connection of the switch
+/// protocol; a switch node's streams share the QUIC connection cached for it): the dialling
+/// switch's node id (hex) and the stream to serve (`tether::switch::host::Host::serve`).
 pub type SwitchConnections = tokio::sync::mpsc::Receiver<(String, QuicStream)>;
 pub use telemetry::{
     TelemetryFault, TelemetryIngress, TelemetrySource, TELEMETRY_PUBLISHER_FRAMES,
@@ -1775,7 +1777,12 @@ impl Inner {
         let inner = self.clone();
         self.spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
-                inner.stream_opened(peer, channel, &conn, send, recv).await;
+                // Handed over in a task of its own: a full queue holds up that stream, not
+                // the next one, nor the report of the connection's end.
+                let (opened, conn) = (inner.clone(), conn.clone());
+                inner.spawn(async move {
+                    opened.stream_opened(peer, channel, &conn, send, recv).await;
+                });
             }
             inner.drive(|driver, now| {
                 driver.handle_connection_closed(now, peer, channel, generation)
@@ -1795,14 +1802,18 @@ impl Inner {
         match (channel, &self.switch_queue, &self.substrate_queue) {
             (Channel::Switch, Some(queue), _) => {
                 let stream = QuicStream::new(conn.clone(), send, recv);
-                let _ = queue.send((hex(&peer), stream)).await;
-                return;
+                match queue.send((hex(&peer), stream)).await {
+                    Ok(()) => return,
+                    // The host stopped taking switch streams.
+                    Err(refused) => recv = (refused.0).1.into_recv(),
+                }
             }
             (Channel::Substrate, _, Some(queue)) => {
                 let local = peer_id_of(&self.endpoint.id());
                 let remote = peer_id_of(&conn.remote_id());
                 match substrate_link::link(conn, send, recv, &remote, &local) {
                     Ok(link) => {
+                        // A stopped substrate drops the link (its halves end themselves).
                         let _ = queue.send((remote, link)).await;
                     }
                     Err(error) => debug!(%error, "substrate link not established"),
@@ -1811,7 +1822,8 @@ impl Inner {
             }
             _ => {}
         }
-        // Nothing here takes streams on this channel (a switch that is no host).
+        // Nothing here takes streams on this channel (a switch that is no host, or one whose
+        // host stopped taking them): the machine says how to stop it.
         self.judge(peer, channel)
             .stop(&mut recv, Unreadable::Unread);
     }

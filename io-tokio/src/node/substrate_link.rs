@@ -169,9 +169,9 @@ impl Transport for IrohTransport {
 }
 
 /// One bidirectional QUIC stream as a byte stream, on a connection the node caches. Dropping
-/// it finishes what it sent and stops what it did not read; the connection stays for the next
-/// stream (the node closes it, or evicts it once it dies). Substrate links and switch
-/// connections over iroh are these.
+/// it finishes what it sent and stops what it did not read (the QUIC halves' own drops); the
+/// connection stays for the next stream (the node closes it, or evicts it once it dies).
+/// Substrate links and switch connections over iroh are these.
 pub struct QuicStream {
     conn: Connection,
     send: SendStream,
@@ -190,12 +190,10 @@ impl QuicStream {
     pub(super) fn new(conn: Connection, send: SendStream, recv: RecvStream) -> Self {
         Self { conn, send, recv }
     }
-}
 
-impl Drop for QuicStream {
-    fn drop(&mut self) {
-        // Unread data is stopped by the receive half's own drop.
-        let _ = self.send.finish();
+    /// The receive half (the rest is dropped: the send half finishes).
+    pub(super) fn into_recv(self) -> RecvStream {
+        self.recv
     }
 }
 
