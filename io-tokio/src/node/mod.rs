@@ -1315,16 +1315,19 @@ impl Node {
         // One connection per peer and protocol (either side may have dialed it): the machine
         // says which carries the stream, and what follows a dead one.
         let channel = Channel::Protocol(index);
-        let cached = self
+        let (mut send, recv) = self
             .inner
-            .open_cached(peer, Path::Protocol, channel, |conn| async move {
-                conn.open_bi().await
-            })
+            .open_stream_to(
+                to,
+                Path::Protocol,
+                channel,
+                &adapter.binding.wire_alpn,
+                |conn| async move { conn.open_bi().await },
+                |inner, generation, conn| {
+                    inner.serve_protocol(adapter.clone(), index, generation, peer, conn);
+                },
+            )
             .await?;
-        let (mut send, recv) = match cached {
-            Some(pair) => pair,
-            None => self.dial_protocol(&adapter, index, to, peer).await?,
-        };
         send.write_all(&protocol_stream_id.to_be_bytes())
             .await
             .map_err(|error| NodeError::Connect(error.into()))?;
@@ -1334,27 +1337,6 @@ impl Node {
             inner.spawn(task)
         });
         Ok(stream)
-    }
-
-    /// Dials `peer` under the adapter's ALPN, caches and serves the connection, and opens
-    /// one stream on it.
-    async fn dial_protocol(
-        &self,
-        adapter: &Arc<protocol::Adapter>,
-        index: u16,
-        to: EndpointAddr,
-        peer: NodeId,
-    ) -> Result<(SendStream, RecvStream), NodeError> {
-        let channel = Channel::Protocol(index);
-        let (generation, conn) = self
-            .inner
-            .dial_cached(to, &adapter.binding.wire_alpn, channel)
-            .await?;
-        self.inner
-            .serve_protocol(adapter.clone(), index, generation, peer, conn.clone());
-        conn.open_bi()
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))
     }
 
     /// Switch connections accepted by a node built with [`NodeBuilder::switch_host`]; taken
@@ -1637,55 +1619,56 @@ impl Inner {
         events: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
     ) -> Result<(), NodeError> {
         let peer = *to.id.as_bytes();
-        let cached = self
-            .open_cached(
-                peer,
+        let send = self
+            .open_stream_to(
+                to,
                 Path::Telemetry,
                 Channel::Telemetry,
+                &self.telemetry_alpn,
                 |conn| async move { conn.open_uni().await },
+                |inner, generation, conn| inner.serve_telemetry(peer, generation, conn),
             )
             .await?;
-        if let Some(send) = cached {
-            return telemetry::publish(send, header, events).await;
-        }
-        let (generation, conn) = self
-            .dial_cached(to, &self.telemetry_alpn, Channel::Telemetry)
-            .await?;
-        self.serve_telemetry(peer, generation, conn.clone());
-        let send = conn
-            .open_uni()
-            .await
-            .map_err(|error| NodeError::Stream(error.into()))?;
         telemetry::publish(send, header, events).await
     }
 
-    /// A new stream to `peer` on `channel` where the machine says (the allow-list for `path`
-    /// first): `open` on the cached connection; a dead one is evicted (that generation only)
-    /// and `None` tells the caller to dial a fresh connection ([`Inner::dial_cached`]) and
-    /// open it there. While another open's dial to the peer is in flight, this waits for it.
-    async fn open_cached<S, E, F>(
+    /// A new stream to `addr` on `channel` where the machine says (the allow-list for `path`
+    /// first): `open` on the cached connection, whichever side dialed it (a dead one is
+    /// evicted, that generation only); with none, on a fresh connection dialed on `alpn`
+    /// ([`Inner::dial_cached`]), which `serve` then serves as an accepted one is. While
+    /// another open's dial to the peer is in flight, this waits for it.
+    async fn open_stream_to<S, E, F>(
         self: &Arc<Self>,
-        peer: NodeId,
+        addr: EndpointAddr,
         path: Path,
         channel: Channel,
+        alpn: &[u8],
         open: impl Fn(Connection) -> F,
-    ) -> Result<Option<S>, NodeError>
+        serve: impl FnOnce(&Arc<Self>, Generation, Connection),
+    ) -> Result<S, NodeError>
     where
         F: std::future::Future<Output = Result<S, E>>,
+        E: Into<BoxError>,
     {
+        let peer = *addr.id.as_bytes();
         let mut verdict = self.open_verdict(peer, path, channel).await?;
         loop {
             verdict = match verdict {
                 Open::Cached(generation, conn) => match open(conn).await {
-                    Ok(stream) => return Ok(Some(stream)),
+                    Ok(stream) => return Ok(stream),
                     Err(_) => self.drive(|driver, now| {
                         driver.handle_open_failed(now, peer, channel, generation)
                     }),
                 },
-                Open::Dial => return Ok(None),
+                Open::Dial => break,
                 Open::Wait => self.open_verdict(peer, path, channel).await?,
             };
         }
+        let (generation, conn) = self.dial_cached(addr, alpn, channel).await?;
+        serve(self, generation, conn.clone());
+        open(conn)
+            .await
+            .map_err(|error| NodeError::Connect(error.into()))
     }
 
     /// The machine's verdict on an open to `peer` on `channel` (the allow-list for `path`
@@ -1745,22 +1728,18 @@ impl Inner {
         alpn: &[u8],
     ) -> Result<(Connection, SendStream, RecvStream), NodeError> {
         let peer = *addr.id.as_bytes();
-        let cached = self
-            .open_cached(peer, channel.path(), channel, |conn| async move {
+        self.open_stream_to(
+            addr,
+            channel.path(),
+            channel,
+            alpn,
+            |conn| async move {
                 let (send, recv) = conn.open_bi().await?;
                 Ok::<_, iroh::endpoint::ConnectionError>((conn, send, recv))
-            })
-            .await?;
-        if let Some(opened) = cached {
-            return Ok(opened);
-        }
-        let (generation, conn) = self.dial_cached(addr, alpn, channel).await?;
-        self.serve_bi(peer, channel, generation, conn.clone());
-        let (send, recv) = conn
-            .open_bi()
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))?;
-        Ok((conn, send, recv))
+            },
+            |inner, generation, conn| inner.serve_bi(peer, channel, generation, conn),
+        )
+        .await
     }
 
     /// Serves a cached switch or substrate connection (accepted or dialed): each stream the
