@@ -332,6 +332,11 @@ pub const LOCAL_CLAIMS_MAX: usize = 4_096;
 /// Bytes of a telemetry stream name in a subscription control record.
 pub const TELEMETRY_STREAM_NAME_BYTES_MAX: usize = 128;
 
+/// Failed dials a node remembers for the opens that waited on them (per peer and channel),
+/// so that each waiter hears the failure instead of dialing again in turn; past it the
+/// oldest failure is forgotten and its remaining waiters dial afresh.
+pub const FAILED_OPENS_MAX: usize = 256;
+
 /// Telemetry subscriptions a source node serves at once (each a publisher and a connection);
 /// past it a subscribe is refused (counted).
 pub const TELEMETRY_SUBSCRIPTIONS_MAX: usize = 256;

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tether_core::driver::machine::RegisterError;
 use tether_core::driver::schedule::JoinPhase;
 use tether_core::driver::{
-    Action, Alpns, Channel, ControlVerdict, Direction, Dispatch, Driver, DriverConfig, Open, Path,
-    PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
+    Action, Alpns, Channel, ControlVerdict, DialEnd, DialTicket, Direction, Dispatch, Driver,
+    DriverConfig, Open, Path, PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::time::Time;
 
@@ -39,6 +39,7 @@ pub fn config(allow: Option<&[u8]>) -> DriverConfig {
         join_attempt_timeout: Duration::from_millis(10_000),
         join_delay_divisor: 1,
         valid_peer: |peer| peer[0] < 250,
+        failed_opens_max: 2,
     }
 }
 
@@ -148,13 +149,27 @@ fn verdict(verdict: StreamVerdict) -> String {
     }
 }
 
-/// The observation of where a stream goes: `cached:<generation>:<conn>`, `dial` or `wait`.
+/// The observation of where a stream goes: `cached:<generation>:<conn>`, `dial:<ticket>`,
+/// `wait:<ticket>`, `failed` or `closed`.
 fn opened(open: Open<u64>) -> String {
     match open {
         Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),
-        Open::Dial => "dial".to_owned(),
-        Open::Wait => "wait".to_owned(),
+        Open::Dial(ticket) => format!("dial:{}", ticket.get()),
+        Open::Wait(ticket) => format!("wait:{}", ticket.get()),
+        Open::Failed => "failed".to_owned(),
+        Open::Closed => "closed".to_owned(),
     }
+}
+
+/// Opens' dials as `end` lists them: (peer, channel, ticket, waiters).
+fn dials(
+    dials: impl Iterator<Item = ([u8; 32], Channel, DialTicket, u64)>,
+) -> Vec<(u8, String, u64, u64)> {
+    dials
+        .map(|(peer, channel, ticket, waiters)| {
+            (peer[0], channel_name(channel), ticket.get(), waiters)
+        })
+        .collect()
 }
 
 /// Replays `case` on core's machine.
@@ -280,12 +295,36 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel(name)?,
                 generation_of(*g)?,
             ))),
+            DriverOp::OpenWaited {
+                peer,
+                channel: name,
+                ticket,
+                ..
+            } => Some(opened(driver.handle_open_waited(
+                now,
+                id(*peer),
+                channel(name)?,
+                DialTicket::from(*ticket),
+            ))),
             DriverOp::OpenDialFailed {
                 peer,
                 channel: name,
+                ticket,
+                abandoned,
                 ..
             } => {
-                driver.handle_open_dial_failed(now, id(*peer), channel(name)?);
+                let end = if *abandoned {
+                    DialEnd::Abandoned
+                } else {
+                    DialEnd::Failed
+                };
+                driver.handle_open_dial_failed(
+                    now,
+                    id(*peer),
+                    channel(name)?,
+                    DialTicket::from(*ticket),
+                    end,
+                );
                 None
             }
             DriverOp::WriteFailed {
@@ -472,6 +511,8 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
             .filter(|(_, n)| **n > 0)
             .map(|(verdict, n)| (control_name(*verdict).to_owned(), *n))
             .collect(),
+        opening: dials(driver.opening()),
+        failed_opens: dials(driver.failed_opens()),
     }
 }
 

@@ -14,8 +14,9 @@
 //!   that *is* hex but does not decode as a control record is not malformed input: it is the
 //!   `malformed` verdict);
 //! - an `at` smaller than the previous op's;
-//! - a generation past `u64::MAX`, a timer due past `u64::MAX` ms, or a drop, refusal,
-//!   control verdict or counter past `u64::MAX` (none is representable in a script);
+//! - a generation or a ticket past `u64::MAX`, a timer due past `u64::MAX` ms, or a drop,
+//!   refusal, control verdict, waiters count or counter past `u64::MAX` (none is
+//!   representable in a script);
 //! - `steps` not one per op.
 //!
 //! Readings chosen where the document leaves room:
@@ -33,13 +34,50 @@
 //!   announces to nobody).
 //! - `end.subscriptions` sorts streams and flows as strings, byte by byte (for the flow's
 //!   lowercase hex that is also the order of its bytes).
-//! - Opening is not observable in `end`; only `open`'s and `open_failed`'s verdicts show it.
-//!   A refused `open` leaves it alone; `open` and `open_failed` after `close` still give
-//!   their verdict (neither rule mentions closed), so an uncached pair becomes opening again
-//!   and answers `dial`; `open_dial_failed` of a pair that is not opening changes nothing.
-//!   Only `connected` (and `dialed`/`join_sent`, handled as `connected` on `actor`),
-//!   `open_dial_failed` and `close` take pairs out of opening: a `closed`, `disconnect`, or
-//!   a `dialed` failure does not.
+//! - A refused `open` counts its refusal, answers `refused` and changes nothing else: it is
+//!   not a waiter, orders no dial and takes no ticket. Admission comes before the verdict
+//!   (and so before the verdict's closed check): after `close` an `open` from a peer off
+//!   the allow-list still answers `refused` and counts the refusal; an admitted one answers
+//!   `closed`. `open_waited` and `open_failed` have no admission at all (the document says
+//!   so for both), so they never count a refusal, also when they fall back to the verdict.
+//! - "The first dial an open orders gets ticket 1": a dial ordered by the verdict given to
+//!   `open_failed` or to `open_waited`'s fallback is an open's dial too and takes the next
+//!   ticket from the same counter. `open` does not check the peer's validity (its rule does
+//!   not say so), so an invalid peer's pair is opening like any other.
+//! - The opener that orders a dial is not one of its waiters ("0 waiters"); only a `wait`
+//!   verdict (of `open`, of `open_failed`, or of `open_waited`'s fallback) adds one.
+//!   `open_waited` of a dial still in flight ("nothing changes") does not add another: that
+//!   open was counted when it was first told to wait.
+//! - `open_waited`'s fallback "the verdict of `open`" is the whole verdict, with its effects:
+//!   a pair opening under another ticket counts one more waiter and answers that ticket's
+//!   `wait:`, a pair neither cached nor opening becomes opening with the next ticket (so the
+//!   first waiter of an abandoned dial, or of an evicted or replaced failed-opens entry,
+//!   dials, and the ones after it wait for that dial). A ticket never issued (0 included) or
+//!   long gone is not malformed input: it just matches nothing and falls back the same way.
+//! - The failed-opens check of `open_waited` comes before the opening check, as written: a
+//!   waiter of a failed dial hears `failed` even when a later `open` has meanwhile put the
+//!   pair back into opening under a new ticket. Conversely the verdict never looks at failed
+//!   opens: a fresh `open` of a pair with a failed-opens entry dials (or waits, or takes the
+//!   cached connection) and the entry stays for its own waiters.
+//! - `open_dial_failed`'s "the entry with the smallest ticket goes" is taken over all entries
+//!   after the insert, the new one included: when an older dial fails after newer ones, the
+//!   new entry itself is the oldest ticket and is the one dropped. Tickets come from one
+//!   counter and each dial has its own, so the smallest is unique. An entry replaced for its
+//!   pair, or dropped by the cap, is simply gone: its remaining waiters fall to the verdict.
+//!   A failed dial with 0 waiters and an abandoned dial (any waiters) only leave opening.
+//! - `open_dial_failed` counts nothing (`dial_failures` belongs to `dialed`), and its result
+//!   is `null` also when nothing changes; its `ticket` is compared as a number, a mismatch
+//!   (stale, future or never issued) is the "nothing changes" branch, not an error.
+//! - `connected` takes the pair out of opening and failed opens before its closed check (the
+//!   rule states both before "If closed"); after `close` both are empty anyway and nothing
+//!   can put a pair back (every verdict then answers `closed`). `open_failed` after `close`
+//!   does its `closed` part (nothing is cached then) and answers `closed`.
+//! - Only `connected` (and `dialed` connected / `join_sent`, handled as `connected` on
+//!   `actor`), `open_dial_failed` and `close` take pairs out of opening; only `connected`,
+//!   `open_waited` (its last waiter), a replacement or the cap in `open_dial_failed`, and
+//!   `close` take them out of failed opens: a `closed`, `disconnect` or failed `dialed` does
+//!   neither. `close` does not reset the ticket counter (its rule does not name it, and no
+//!   ticket is handed out after it).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -56,6 +94,8 @@ const JOIN_DELAY_DIVISOR: u64 = 1;
 const DIAL_ATTEMPTS: u32 = 3;
 /// Join: "up to 5 attempts per seed".
 const JOIN_ATTEMPTS: u32 = 5;
+/// "failed opens kept 2".
+const FAILED_OPENS_KEPT: usize = 2;
 
 /// "a peer `n` (0–255) names a valid key iff `n < 250`".
 fn peer_is_valid(peer: u8) -> bool {
@@ -365,6 +405,16 @@ struct Entry {
     generation: u64,
 }
 
+/// An open's dial in flight (in opening) or one that failed while opens waited for it (in
+/// failed opens): "the dial's *ticket* and its *waiters*". In opening, the waiters are "the
+/// number of opens told to wait for it"; in failed opens, "how many of those waiters have not
+/// asked again yet".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ticketed {
+    ticket: u64,
+    waiters: u64,
+}
+
 /// A dial of one peer (absent from the map: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dial {
@@ -439,9 +489,17 @@ struct Machine {
     last_generation: u64,
     /// Dials by peer.
     dials: BTreeMap<u8, Dial>,
-    /// "**Opening**: the set of (peer, channel) pairs whose dial for an `open` is in flight
-    /// (so that concurrent opens share one connection)."
-    opening: BTreeSet<(u8, Channel)>,
+    /// "**Opening**: per (peer, channel) whose dial for an `open` is in flight (so that
+    /// concurrent opens share one connection): the dial's *ticket* and its *waiters*, the
+    /// number of opens told to wait for it." Iteration order is `end.opening`'s.
+    opening: BTreeMap<(u8, Channel), Ticketed>,
+    /// "**Failed opens**: per (peer, channel): the ticket of a dial that failed while opens
+    /// waited for it, and how many of those waiters have not asked again yet. At most 2
+    /// entries." Iteration order is `end.failed_opens`'.
+    failed_opens: BTreeMap<(u8, Channel), Ticketed>,
+    /// "**Tickets**: one counter for the whole machine; the first dial an open orders gets
+    /// ticket 1, each later one the next integer." The last ticket handed out (0: none yet).
+    last_ticket: u64,
     /// Joins by seed.
     joins: BTreeMap<u8, Join>,
     /// Writers by peer.
@@ -493,7 +551,9 @@ impl Machine {
             cache: BTreeMap::new(),
             last_generation: 0,
             dials: BTreeMap::new(),
-            opening: BTreeSet::new(),
+            opening: BTreeMap::new(),
+            failed_opens: BTreeMap::new(),
+            last_ticket: 0,
             joins: BTreeMap::new(),
             writers: BTreeMap::new(),
             writer_swim: BTreeMap::new(),
@@ -605,19 +665,22 @@ impl Machine {
     }
 
     /// `connected peer, channel, conn`: an outbound connection was established. (peer,
-    /// channel) leaves opening. If closed, queue `close:<conn>:0`, result `null`. Otherwise
-    /// cache it; result `"gen:<generation>"`.
+    /// channel) leaves opening (whatever its ticket) and failed opens (its waiters take the
+    /// new connection). If closed, queue `close:<conn>:0`, result `null`. Otherwise cache
+    /// it; result `"gen:<generation>"`.
     ///
     /// `dialed` (connected) and `join_sent` are handled as `connected` on `actor`, so they
-    /// too make (peer, `actor`) leave opening.
+    /// too make (peer, `actor`) leave opening and failed opens.
     fn connected(
         &mut self,
         peer: u8,
         channel: Channel,
         conn: u64,
     ) -> Result<Option<String>, String> {
-        // (peer, channel) leaves opening (before the closed check: it leaves either way).
+        // (peer, channel) leaves opening (whatever its ticket) and failed opens (before the
+        // closed check: it leaves either way).
         self.opening.remove(&(peer, channel));
+        self.failed_opens.remove(&(peer, channel));
         if self.closed {
             self.actions.push(format!("close:{conn}:0"));
             return Ok(None);
@@ -646,42 +709,133 @@ impl Machine {
         }
     }
 
-    /// The **verdict** of `open` (also `open_failed`'s result): "if (peer, channel) is
-    /// cached, result `"cached:<generation>:<conn>"`; else if (peer, channel) is opening,
-    /// result `"wait"` (the application asks again once that dial ended); else (peer,
-    /// channel) becomes opening, result `"dial"`."
-    fn verdict(&mut self, peer: u8, channel: Channel) -> String {
-        if let Some(entry) = self.cache.get(&(peer, channel)) {
-            format!("cached:{}:{}", entry.generation, entry.conn)
-        } else if self.opening.contains(&(peer, channel)) {
-            "wait".to_string()
-        } else {
-            self.opening.insert((peer, channel));
-            "dial".to_string()
+    /// The **verdict** of `open` (also `open_failed`'s result and `open_waited`'s fallback):
+    /// "if closed, result `"closed"`; else if (peer, channel) is cached, result
+    /// `"cached:<generation>:<conn>"`; else if (peer, channel) is opening, its waiters += 1,
+    /// result `"wait:<ticket>"` with the ticket of that dial (the application asks again with
+    /// `open_waited` once the machine's state moved); else (peer, channel) becomes opening
+    /// with the next ticket and 0 waiters, result `"dial:<ticket>"`."
+    fn verdict(&mut self, peer: u8, channel: Channel) -> Result<String, String> {
+        // if closed, result "closed"
+        if self.closed {
+            return Ok("closed".to_string());
         }
+        // else if (peer, channel) is cached, result "cached:<generation>:<conn>"
+        if let Some(entry) = self.cache.get(&(peer, channel)) {
+            return Ok(format!("cached:{}:{}", entry.generation, entry.conn));
+        }
+        // else if (peer, channel) is opening, its waiters += 1, result "wait:<ticket>" with
+        // the ticket of that dial
+        if let Some(open) = self.opening.get_mut(&(peer, channel)) {
+            add(&mut open.waiters, 1, "an opening's waiters")?;
+            return Ok(format!("wait:{}", open.ticket));
+        }
+        // else (peer, channel) becomes opening with the next ticket and 0 waiters, result
+        // "dial:<ticket>"
+        let ticket = self
+            .last_ticket
+            .checked_add(1)
+            .ok_or_else(|| "the ticket counter would overflow u64".to_string())?;
+        self.last_ticket = ticket;
+        self.opening
+            .insert((peer, channel), Ticketed { ticket, waiters: 0 });
+        Ok(format!("dial:{ticket}"))
     }
 
     /// `open peer, path, channel`: "Admit on `path`, outbound; if refused, result
-    /// `"refused"`. Otherwise its **verdict**".
+    /// `"refused"`. Otherwise its **verdict**". A refused open changes nothing else (it is no
+    /// waiter and orders no dial), closed or not.
     fn open(&mut self, peer: u8, path: Path, channel: Channel) -> Result<Option<String>, String> {
         if !self.admit(peer, path, Direction::Outbound)? {
             return Ok(Some("refused".to_string()));
         }
-        Ok(Some(self.verdict(peer, channel)))
+        Ok(Some(self.verdict(peer, channel)?))
+    }
+
+    /// `open_waited peer, channel, ticket`: an open told `wait:<ticket>` asks again (no
+    /// admission).
+    fn open_waited(
+        &mut self,
+        peer: u8,
+        channel: Channel,
+        ticket: u64,
+    ) -> Result<Option<String>, String> {
+        // If closed, result "closed".
+        if self.closed {
+            return Ok(Some("closed".to_string()));
+        }
+        // If failed opens hold (peer, channel) with this ticket: that dial failed while this
+        // open waited for it; its waiters −= 1 (the entry goes at 0); result "failed".
+        if let Some(failed) = self.failed_opens.get_mut(&(peer, channel)) {
+            if failed.ticket == ticket {
+                // An entry is only ever held with waiters > 0 (it goes at 0), so this never
+                // goes below 0; checked anyway.
+                failed.waiters = failed
+                    .waiters
+                    .checked_sub(1)
+                    .ok_or_else(|| "a failed open's waiters would go below 0".to_string())?;
+                if failed.waiters == 0 {
+                    self.failed_opens.remove(&(peer, channel));
+                }
+                return Ok(Some("failed".to_string()));
+            }
+        }
+        // Else if (peer, channel) is opening with this ticket (the dial is still in flight),
+        // result "wait:<ticket>" and nothing changes.
+        if let Some(open) = self.opening.get(&(peer, channel)) {
+            if open.ticket == ticket {
+                return Ok(Some(format!("wait:{ticket}")));
+            }
+        }
+        // Otherwise the verdict of `open`.
+        Ok(Some(self.verdict(peer, channel)?))
     }
 
     /// `open_failed peer, channel, generation`: "as `closed` (the entry goes if it has this
     /// generation), then the result is the verdict of `open` (no admission)". The verdict is
-    /// `cached:` when the entry stays (another generation) or `wait` when the pair is opening.
-    fn open_failed(&mut self, peer: u8, channel: Channel, generation: u64) -> Option<String> {
+    /// `closed` after `close`, `cached:` when the entry stays (another generation), `wait:`
+    /// (one more waiter) when the pair is opening, else `dial:` with the next ticket.
+    fn open_failed(
+        &mut self,
+        peer: u8,
+        channel: Channel,
+        generation: u64,
+    ) -> Result<Option<String>, String> {
         self.closed_conn(peer, channel, generation);
-        Some(self.verdict(peer, channel))
+        Ok(Some(self.verdict(peer, channel)?))
     }
 
-    /// `open_dial_failed peer, channel`: "the dial an `open` ordered failed or was
-    /// abandoned: (peer, channel) leaves opening." Result `null`.
-    fn open_dial_failed(&mut self, peer: u8, channel: Channel) {
+    /// `open_dial_failed peer, channel, ticket, abandoned`: the dial an `open` ordered with
+    /// this ticket failed (`abandoned` false) or its caller went away (`abandoned` true).
+    /// Result `null`.
+    fn open_dial_failed(&mut self, peer: u8, channel: Channel, ticket: u64, abandoned: bool) {
+        // Unless (peer, channel) is opening with this ticket, nothing changes (a later dial
+        // is not ended by an earlier one's report).
+        let open = match self.opening.get(&(peer, channel)) {
+            Some(&open) if open.ticket == ticket => open,
+            _ => return,
+        };
+        // Otherwise it leaves opening;
         self.opening.remove(&(peer, channel));
+        // then, if the dial failed and its waiters are more than 0, failed opens of (peer,
+        // channel) become (ticket, waiters), replacing any entry there;
+        if !abandoned && open.waiters > 0 {
+            self.failed_opens.insert((peer, channel), open);
+            // if that makes more than 2 entries, the entry with the smallest ticket goes (its
+            // waiters, when they ask again, get the verdict of `open`).
+            if self.failed_opens.len() > FAILED_OPENS_KEPT {
+                let oldest = self
+                    .failed_opens
+                    .iter()
+                    .min_by_key(|(_, failed)| failed.ticket)
+                    .map(|(&key, _)| key);
+                if let Some(key) = oldest {
+                    self.failed_opens.remove(&key);
+                }
+            }
+        }
+        // An abandoned dial's waiters ask again and the first of them dials: nothing to do
+        // here; `open_waited` finds neither entry and gives the verdict of `open`.
     }
 
     /// `send peer`.
@@ -1091,14 +1245,15 @@ impl Machine {
         Ok(())
     }
 
-    /// `close`: closed; every timer is cancelled; every dial ends; opening becomes empty;
-    /// every cache entry is removed, queuing `close:<conn>:0` in cache order; every join is
-    /// done (phases unchanged); every writer is forgotten.
+    /// `close`: closed; every timer is cancelled; every dial ends; opening and failed opens
+    /// become empty; every cache entry is removed, queuing `close:<conn>:0` in cache order;
+    /// every join is done (phases unchanged); every writer is forgotten.
     fn close(&mut self) {
         self.closed = true;
         // Timers live in the dials, joins and writers below; ending those cancels them.
         self.dials.clear();
         self.opening.clear();
+        self.failed_opens.clear();
         let entries: Vec<Entry> = self.cache.values().copied().collect();
         self.cache.clear();
         for entry in entries {
@@ -1171,11 +1326,26 @@ impl Machine {
                 ..
             } => {
                 let channel = Channel::parse(channel)?;
-                self.open_failed(*peer, channel, *generation)
+                self.open_failed(*peer, channel, *generation)?
             }
-            DriverOp::OpenDialFailed { peer, channel, .. } => {
+            DriverOp::OpenWaited {
+                peer,
+                channel,
+                ticket,
+                ..
+            } => {
                 let channel = Channel::parse(channel)?;
-                self.open_dial_failed(*peer, channel);
+                self.open_waited(*peer, channel, *ticket)?
+            }
+            DriverOp::OpenDialFailed {
+                peer,
+                channel,
+                ticket,
+                abandoned,
+                ..
+            } => {
+                let channel = Channel::parse(channel)?;
+                self.open_dial_failed(*peer, channel, *ticket, *abandoned);
                 None
             }
             DriverOp::Batch {
@@ -1314,7 +1484,22 @@ impl Machine {
                 .filter(|(_, &count)| count > 0)
                 .map(|(verdict, &count)| (verdict.clone(), count))
                 .collect(),
+            // "the opens' dials in flight, sorted by (peer, channel)"
+            opening: Self::ticketed(&self.opening),
+            // "the failed dials whose waiters have not all heard it, sorted by (peer,
+            // channel)"
+            failed_opens: Self::ticketed(&self.failed_opens),
         }
+    }
+
+    /// `[[peer, channel, ticket, waiters], ...]` of an opening or failed-opens map, sorted
+    /// by (peer, channel) with channels in cache order (the map's own order).
+    fn ticketed(map: &BTreeMap<(u8, Channel), Ticketed>) -> Vec<(u8, String, u64, u64)> {
+        map.iter()
+            .map(|(&(peer, channel), open)| {
+                (peer, channel.name().to_string(), open.ticket, open.waiters)
+            })
+            .collect()
     }
 }
 
@@ -1362,7 +1547,8 @@ mod tests {
     /// Parses `case` (expected steps and end written by hand from the document), runs the
     /// model, and reports the first divergence.
     fn check(mut case: serde_json::Value) {
-        // Cases that predate claims and telemetry leave those `end` keys out: they are empty.
+        // Cases that predate claims, telemetry and the opens' tickets leave those `end` keys
+        // out: they are empty.
         if let Some(end) = case
             .get_mut("end")
             .and_then(serde_json::Value::as_object_mut)
@@ -1370,6 +1556,8 @@ mod tests {
             end.entry("claims").or_insert_with(|| json!([]));
             end.entry("subscriptions").or_insert_with(|| json!([]));
             end.entry("controls").or_insert_with(|| json!({}));
+            end.entry("opening").or_insert_with(|| json!([]));
+            end.entry("failed_opens").or_insert_with(|| json!([]));
         }
         let case: DriverCase = serde_json::from_value(case).expect("the hand case parses");
         let got = run_case(&case).expect("the hand case is well formed");
@@ -1680,10 +1868,11 @@ mod tests {
         }));
     }
 
-    /// open: refused off the list (counted), dial with no connection, the cached one on its
-    /// channel; open_failed evicts that generation only, then gives open's verdict: the
-    /// newer entry when its generation was replaced, dial when the entry went, and a second
-    /// open of that pair then waits for the dial.
+    /// open: refused off the list (counted), `dial:<ticket>` with no connection, the cached
+    /// one on its channel; open_failed evicts that generation only, then gives open's
+    /// verdict: the newer entry when its generation was replaced, `dial:` with the next ticket
+    /// when the entry went, and a second open of that pair then waits for that dial (one
+    /// waiter); the dial still in flight on `actor` stays in opening with no waiter.
     #[test]
     fn open_goes_on_the_cached_connection_or_dials() {
         check(json!({
@@ -1704,35 +1893,38 @@ mod tests {
             ],
             "steps": [
                 step(json!("refused"), &[], N),
-                step(json!("dial"), &[], N),
+                step(json!("dial:1"), &[], N),
                 step(json!("gen:1"), &[], N),
                 step(json!("cached:1:10"), &[], N),
-                step(json!("dial"), &[], N),
+                step(json!("dial:2"), &[], N),
                 step(json!("gen:2"), &[], N),
                 step(json!("cached:2:11"), &[], N),
                 step(json!("cached:2:11"), &[], N),
-                step(json!("dial"), &[], N),
-                step(json!("wait"), &[], N)
+                step(json!("dial:3"), &[], N),
+                step(json!("wait:3"), &[], N)
             ],
             "end": {
                 "drops": {},
                 "refusals": {"protocol/outbound": 1},
                 "counters": counters(0, 0, 0, 0, 0, 0),
                 "cache": [],
-                "joins": {}
+                "joins": {},
+                "opening": [[1, "actor", 2, 0], [1, "protocol:0", 3, 1]],
+                "failed_opens": []
             }
         }));
     }
 
-    /// Opening: concurrent opens of one (peer, channel) share one dial. open → dial, a second
-    /// open → wait; open_dial_failed ends it, so the next open dials again; connected ends it
-    /// too (gen), then open → cached; open_failed on that entry removes it and dials (the
-    /// pair is opening again), so an open waits; close empties opening, so an open after it
-    /// dials. Other channels and peers are opened on their own; `dialed` and `join_sent`
-    /// (connected on `actor`) end an `actor` open, a failed `dialed` does not (nor does an
+    /// Opening: concurrent opens of one (peer, channel) share one dial. open → dial:1, a
+    /// second open → wait:1; that dial fails with its waiter, so failed opens hold it, but a
+    /// fresh open does not look there and dials again (dial:2); connected ends that dial and
+    /// the failed entry too (gen), then open → cached; open_failed on that entry removes it
+    /// and dials (the pair is opening again), so an open waits. Other channels and peers are
+    /// opened on their own, each with the next ticket; `dialed` and `join_sent` (connected on
+    /// `actor`) end an `actor` open, a failed `dialed` does not (nor does an
     /// `open_dial_failed` of a pair that is not opening change anything); an open off the
-    /// allow-list is refused every time, before any verdict; after close a pair can become
-    /// opening again.
+    /// allow-list is refused every time, before any verdict; close empties opening, and
+    /// opens after it answer `closed`.
     #[test]
     fn concurrent_opens_share_one_dial() {
         check(json!({
@@ -1740,7 +1932,8 @@ mod tests {
             "ops": [
                 {"op": "open", "at": 0, "peer": 1, "path": "protocol", "channel": "protocol:0"},
                 {"op": "open", "at": 1, "peer": 1, "path": "protocol", "channel": "protocol:0"},
-                {"op": "open_dial_failed", "at": 2, "peer": 1, "channel": "protocol:0"},
+                {"op": "open_dial_failed", "at": 2, "peer": 1, "channel": "protocol:0",
+                 "ticket": 1, "abandoned": false},
                 {"op": "open", "at": 3, "peer": 1, "path": "protocol", "channel": "protocol:0"},
                 {"op": "connected", "at": 4, "peer": 1, "channel": "protocol:0", "conn": 10},
                 {"op": "open", "at": 5, "peer": 1, "path": "protocol", "channel": "protocol:0"},
@@ -1760,47 +1953,575 @@ mod tests {
                 {"op": "disconnect", "at": 13, "peer": 2, "channel": "actor"},
                 {"op": "open", "at": 14, "peer": 2, "path": "actor", "channel": "actor"},
                 {"op": "join_sent", "at": 15, "peer": 2, "conn": 21},
-                {"op": "open_dial_failed", "at": 16, "peer": 2, "channel": "actor"},
+                {"op": "open_dial_failed", "at": 16, "peer": 2, "channel": "actor",
+                 "ticket": 7, "abandoned": false},
                 {"op": "open", "at": 17, "peer": 2, "path": "actor", "channel": "actor"},
-                // close empties opening.
+                // close empties opening; opens after it answer closed.
                 {"op": "close", "at": 18},
                 {"op": "open", "at": 19, "peer": 1, "path": "protocol", "channel": "protocol:0"},
                 {"op": "open", "at": 20, "peer": 1, "path": "protocol", "channel": "protocol:0"}
             ],
             "steps": [
-                step(json!("dial"), &[], N),
-                step(json!("wait"), &[], N),
+                step(json!("dial:1"), &[], N),
+                step(json!("wait:1"), &[], N),
                 step(N, &[], N),
-                step(json!("dial"), &[], N),
+                step(json!("dial:2"), &[], N),
                 step(json!("gen:1"), &[], N),
                 step(json!("cached:1:10"), &[], N),
-                step(json!("dial"), &[], N),
-                step(json!("wait"), &[], N),
-                step(json!("dial"), &[], N),
-                step(json!("dial"), &[], N),
+                step(json!("dial:3"), &[], N),
+                step(json!("wait:3"), &[], N),
+                step(json!("dial:4"), &[], N),
+                step(json!("dial:5"), &[], N),
                 step(json!("refused"), &[], N),
                 step(json!("refused"), &[], N),
-                step(json!("dial"), &[], N),
+                step(json!("dial:6"), &[], N),
                 step(N, &[], N),
-                step(json!("wait"), &[], N),
+                step(json!("wait:6"), &[], N),
                 step(json!("gen:2"), &[], N),
                 step(N, &["close:20:0"], N),
-                step(json!("dial"), &[], N),
+                step(json!("dial:7"), &[], N),
                 step(json!("gen:3"), &[], N),
                 step(N, &[], N),
                 step(json!("cached:3:21"), &[], N),
                 step(N, &["close:21:0"], N),
-                step(json!("dial"), &[], N),
-                step(json!("wait"), &[], N)
+                step(json!("closed"), &[], N),
+                step(json!("closed"), &[], N)
             ],
             "end": {
                 "drops": {},
                 "refusals": {"protocol/outbound": 2},
                 "counters": counters(0, 0, 1, 0, 0, 0),
                 "cache": [],
-                "joins": {}
+                "joins": {},
+                "opening": [],
+                "failed_opens": []
             }
         }));
+    }
+
+    /// The end of a case with no cache, joins, drops or counters: only its opens' state and
+    /// refusals.
+    fn opens_end(
+        refusals: serde_json::Value,
+        opening: serde_json::Value,
+        failed_opens: serde_json::Value,
+    ) -> serde_json::Value {
+        json!({"drops": {}, "refusals": refusals, "counters": counters(0, 0, 0, 0, 0, 0),
+               "cache": [], "joins": {}, "opening": opening, "failed_opens": failed_opens})
+    }
+
+    /// Checks the case made of the first `n` ops and steps with `end` (the state after op
+    /// `n` − 1), so a hand case can show the state half way through.
+    fn check_prefix(
+        allow: serde_json::Value,
+        ops: &[serde_json::Value],
+        steps: &[serde_json::Value],
+        n: usize,
+        end: serde_json::Value,
+    ) {
+        check(json!({"allow": allow, "ops": ops[..n], "steps": steps[..n], "end": end}));
+    }
+
+    /// (a) Two opens wait on one dial (a re-ask while it is in flight answers `wait:1` and
+    /// changes nothing); the dial fails, so failed opens hold (ticket 1, 2 waiters); each
+    /// waiter's `open_waited` answers `failed`, and the entry goes after the second. A fresh
+    /// open in between dials (the verdict does not look at failed opens) and the second
+    /// waiter still hears `failed` (failed opens are looked at first); a third ask of ticket
+    /// 1, after the entry went, gets the verdict: one more waiter of dial 2.
+    #[test]
+    fn waiters_of_a_failed_dial_hear_failed() {
+        let ops = [
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 1, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 2, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open_waited", "at": 3, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open_dial_failed", "at": 4, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open_waited", "at": 5, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open", "at": 6, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open_waited", "at": 7, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open_waited", "at": 8, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+        ];
+        let steps = [
+            step(json!("dial:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(N, &[], N),
+            step(json!("failed"), &[], N),
+            step(json!("dial:2"), &[], N),
+            step(json!("failed"), &[], N),
+            step(json!("wait:2"), &[], N),
+        ];
+        // Both waiters counted, the re-ask not.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            4,
+            opens_end(json!({}), json!([[1, "protocol:0", 1, 2]]), json!([])),
+        );
+        // The dial failed: it left opening for failed opens, with its 2 waiters.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            5,
+            opens_end(json!({}), json!([]), json!([[1, "protocol:0", 1, 2]])),
+        );
+        // One waiter heard it.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            6,
+            opens_end(json!({}), json!([]), json!([[1, "protocol:0", 1, 1]])),
+        );
+        // A fresh open dials; the failed entry stays.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            7,
+            opens_end(
+                json!({}),
+                json!([[1, "protocol:0", 2, 0]]),
+                json!([[1, "protocol:0", 1, 1]]),
+            ),
+        );
+        // The second waiter heard it: the entry went. The third ask waits for dial 2.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            8,
+            opens_end(json!({}), json!([[1, "protocol:0", 2, 0]]), json!([])),
+        );
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            9,
+            opens_end(json!({}), json!([[1, "protocol:0", 2, 1]]), json!([])),
+        );
+    }
+
+    /// (b) An abandoned dial leaves opening without a failed entry, whatever its waiters: the
+    /// first waiter that asks again dials with the next ticket, the next one waits for that
+    /// dial (one waiter), and asking again with the new ticket while it is in flight changes
+    /// nothing. A dial that fails with 0 waiters only leaves opening too.
+    #[test]
+    fn an_abandoned_dials_waiters_dial_again() {
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "open", "at": 0, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "open", "at": 1, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "open", "at": 2, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "open_dial_failed", "at": 3, "peer": 2, "channel": "actor",
+                 "ticket": 1, "abandoned": true},
+                {"op": "open_waited", "at": 4, "peer": 2, "channel": "actor", "ticket": 1},
+                {"op": "open_waited", "at": 5, "peer": 2, "channel": "actor", "ticket": 1},
+                {"op": "open_waited", "at": 6, "peer": 2, "channel": "actor", "ticket": 2},
+                {"op": "open", "at": 7, "peer": 3, "path": "protocol", "channel": "protocol:1"},
+                {"op": "open_dial_failed", "at": 8, "peer": 3, "channel": "protocol:1",
+                 "ticket": 3, "abandoned": false}
+            ],
+            "steps": [
+                step(json!("dial:1"), &[], N),
+                step(json!("wait:1"), &[], N),
+                step(json!("wait:1"), &[], N),
+                step(N, &[], N),
+                step(json!("dial:2"), &[], N),
+                step(json!("wait:2"), &[], N),
+                step(json!("wait:2"), &[], N),
+                step(json!("dial:3"), &[], N),
+                step(N, &[], N)
+            ],
+            "end": opens_end(json!({}), json!([[2, "actor", 2, 1]]), json!([]))
+        }));
+    }
+
+    /// (c) An `open_dial_failed` whose ticket is not the pair's dial in flight changes
+    /// nothing: an earlier dial's ticket (stale), one not issued yet, and a pair that is not
+    /// opening at all. The dial in flight then fails for real: its entry replaces the older
+    /// failed entry of the pair, whose waiter then gets the verdict (a new dial).
+    #[test]
+    fn a_stale_dial_report_changes_nothing() {
+        let ops = [
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open_dial_failed", "at": 1, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open", "at": 2, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 2, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            // Stale (ticket 1 is dial 2's predecessor), not issued yet, and another pair.
+            json!({"op": "open_dial_failed", "at": 3, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open_dial_failed", "at": 3, "peer": 1, "channel": "protocol:0",
+                   "ticket": 3, "abandoned": true}),
+            json!({"op": "open_dial_failed", "at": 3, "peer": 1, "channel": "protocol:1",
+                   "ticket": 2, "abandoned": false}),
+            json!({"op": "open_waited", "at": 4, "peer": 1, "channel": "protocol:0",
+                   "ticket": 2}),
+            // Dial 2 fails: its entry replaces dial 1's.
+            json!({"op": "open_dial_failed", "at": 5, "peer": 1, "channel": "protocol:0",
+                   "ticket": 2, "abandoned": false}),
+            json!({"op": "open_waited", "at": 6, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open_waited", "at": 7, "peer": 1, "channel": "protocol:0",
+                   "ticket": 2}),
+        ];
+        let steps = [
+            step(json!("dial:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(N, &[], N),
+            step(json!("dial:2"), &[], N),
+            step(json!("wait:2"), &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(json!("wait:2"), &[], N),
+            step(N, &[], N),
+            step(json!("dial:3"), &[], N),
+            step(json!("failed"), &[], N),
+        ];
+        // Before the stale reports and after them: the same state.
+        for n in [5, 9] {
+            check_prefix(
+                json!(null),
+                &ops,
+                &steps,
+                n,
+                opens_end(
+                    json!({}),
+                    json!([[1, "protocol:0", 2, 1]]),
+                    json!([[1, "protocol:0", 1, 1]]),
+                ),
+            );
+        }
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            10,
+            opens_end(json!({}), json!([]), json!([[1, "protocol:0", 2, 1]])),
+        );
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            12,
+            opens_end(json!({}), json!([[1, "protocol:0", 3, 0]]), json!([])),
+        );
+    }
+
+    /// (d) Three pairs' dials fail with waiters: failed opens keep 2 entries, and the one
+    /// with the smallest ticket goes. Its waiter then gets the verdict of `open` (it dials
+    /// with the next ticket) while the others' waiters hear `failed`. When the oldest dial is
+    /// the last to fail, its own new entry is the smallest ticket and goes at once.
+    #[test]
+    fn failed_opens_keep_the_two_newest_tickets() {
+        let ops = [
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:1"}),
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:1"}),
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:1"}),
+            json!({"op": "open", "at": 0, "peer": 2, "path": "actor", "channel": "actor"}),
+            json!({"op": "open", "at": 0, "peer": 2, "path": "actor", "channel": "actor"}),
+            json!({"op": "open_dial_failed", "at": 1, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open_dial_failed", "at": 2, "peer": 1, "channel": "protocol:1",
+                   "ticket": 2, "abandoned": false}),
+            json!({"op": "open_dial_failed", "at": 3, "peer": 2, "channel": "actor",
+                   "ticket": 3, "abandoned": false}),
+            json!({"op": "open_waited", "at": 4, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open_waited", "at": 5, "peer": 1, "channel": "protocol:1",
+                   "ticket": 2}),
+            json!({"op": "open_waited", "at": 6, "peer": 2, "channel": "actor", "ticket": 3}),
+        ];
+        let steps = [
+            step(json!("dial:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(json!("dial:2"), &[], N),
+            step(json!("wait:2"), &[], N),
+            step(json!("wait:2"), &[], N),
+            step(json!("dial:3"), &[], N),
+            step(json!("wait:3"), &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(json!("dial:4"), &[], N),
+            step(json!("failed"), &[], N),
+            step(json!("failed"), &[], N),
+        ];
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            9,
+            opens_end(
+                json!({}),
+                json!([[2, "actor", 3, 1]]),
+                json!([[1, "protocol:0", 1, 1], [1, "protocol:1", 2, 2]]),
+            ),
+        );
+        // The third entry pushes out ticket 1.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            10,
+            opens_end(
+                json!({}),
+                json!([]),
+                json!([[1, "protocol:1", 2, 2], [2, "actor", 3, 1]]),
+            ),
+        );
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            13,
+            opens_end(
+                json!({}),
+                json!([[1, "protocol:0", 4, 0]]),
+                json!([[1, "protocol:1", 2, 1]]),
+            ),
+        );
+        // The oldest dial fails last: its own entry is the one that goes.
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "open", "at": 0, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 0, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 0, "peer": 1, "path": "protocol", "channel": "protocol:1"},
+                {"op": "open", "at": 0, "peer": 1, "path": "protocol", "channel": "protocol:1"},
+                {"op": "open", "at": 0, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "open", "at": 0, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "open_dial_failed", "at": 1, "peer": 1, "channel": "protocol:1",
+                 "ticket": 2, "abandoned": false},
+                {"op": "open_dial_failed", "at": 2, "peer": 2, "channel": "actor",
+                 "ticket": 3, "abandoned": false},
+                {"op": "open_dial_failed", "at": 3, "peer": 1, "channel": "protocol:0",
+                 "ticket": 1, "abandoned": false},
+                {"op": "open_waited", "at": 4, "peer": 1, "channel": "protocol:0",
+                 "ticket": 1}
+            ],
+            "steps": [
+                step(json!("dial:1"), &[], N),
+                step(json!("wait:1"), &[], N),
+                step(json!("dial:2"), &[], N),
+                step(json!("wait:2"), &[], N),
+                step(json!("dial:3"), &[], N),
+                step(json!("wait:3"), &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(json!("dial:4"), &[], N)
+            ],
+            "end": opens_end(
+                json!({}),
+                json!([[1, "protocol:0", 4, 0]]),
+                json!([[1, "protocol:1", 2, 1], [2, "actor", 3, 1]])
+            )
+        }));
+    }
+
+    /// (e) `connected` clears the pair's failed-opens entry (its waiters take the new
+    /// connection: they get `cached:`), and its dial in flight whatever the ticket; a
+    /// connection on another channel of the peer clears nothing; `dialed` (connected) and
+    /// `join_sent` do the same on `actor`.
+    #[test]
+    fn connected_clears_a_failed_open() {
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "open", "at": 0, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 1, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open_dial_failed", "at": 2, "peer": 1, "channel": "protocol:0",
+                 "ticket": 1, "abandoned": false},
+                {"op": "open", "at": 3, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "open", "at": 4, "peer": 1, "path": "protocol", "channel": "protocol:0"},
+                {"op": "connected", "at": 5, "peer": 1, "channel": "protocol:1", "conn": 11},
+                {"op": "connected", "at": 6, "peer": 1, "channel": "protocol:0", "conn": 10},
+                {"op": "open_waited", "at": 7, "peer": 1, "channel": "protocol:0", "ticket": 1},
+                {"op": "open_waited", "at": 8, "peer": 1, "channel": "protocol:0", "ticket": 2},
+                {"op": "open", "at": 9, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "open", "at": 10, "peer": 2, "path": "actor", "channel": "actor"},
+                {"op": "open_dial_failed", "at": 11, "peer": 2, "channel": "actor",
+                 "ticket": 3, "abandoned": false},
+                {"op": "dialed", "at": 12, "peer": 2, "conn": 20},
+                {"op": "open_waited", "at": 13, "peer": 2, "channel": "actor", "ticket": 3},
+                {"op": "open", "at": 14, "peer": 3, "path": "actor", "channel": "actor"},
+                {"op": "open", "at": 15, "peer": 3, "path": "actor", "channel": "actor"},
+                {"op": "open_dial_failed", "at": 16, "peer": 3, "channel": "actor",
+                 "ticket": 4, "abandoned": false},
+                {"op": "open", "at": 17, "peer": 3, "path": "actor", "channel": "actor"},
+                {"op": "join_sent", "at": 18, "peer": 3, "conn": 30}
+            ],
+            "steps": [
+                step(json!("dial:1"), &[], N),
+                step(json!("wait:1"), &[], N),
+                step(N, &[], N),
+                step(json!("dial:2"), &[], N),
+                step(json!("wait:2"), &[], N),
+                step(json!("gen:1"), &[], N),
+                step(json!("gen:2"), &[], N),
+                step(json!("cached:2:10"), &[], N),
+                step(json!("cached:2:10"), &[], N),
+                step(json!("dial:3"), &[], N),
+                step(json!("wait:3"), &[], N),
+                step(N, &[], N),
+                step(json!("gen:3"), &[], N),
+                step(json!("cached:3:20"), &[], N),
+                step(json!("dial:4"), &[], N),
+                step(json!("wait:4"), &[], N),
+                step(N, &[], N),
+                step(json!("dial:5"), &[], N),
+                step(json!("gen:4"), &[], N)
+            ],
+            "end": {
+                "drops": {},
+                "refusals": {},
+                "counters": counters(0, 0, 0, 0, 0, 0),
+                "cache": [[1, "protocol:0", 2], [1, "protocol:1", 1], [2, "actor", 3],
+                          [3, "actor", 4]],
+                "joins": {},
+                "opening": [],
+                "failed_opens": []
+            }
+        }));
+    }
+
+    /// (f) After `close`, `open` (admitted), `open_waited` (of a dial in flight before and of
+    /// one that failed before) and `open_failed` answer `closed`; an `open` off the
+    /// allow-list still answers `refused` (admission first) and counts it; close emptied
+    /// opening and failed opens, an `open_dial_failed` then changes nothing, and nothing
+    /// puts a pair back.
+    #[test]
+    fn opens_after_close_answer_closed() {
+        let ops = [
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 1, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open_dial_failed", "at": 2, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open", "at": 3, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 4, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "accept", "at": 5, "peer": 1, "alpn": "p1", "conn": 7}),
+            json!({"op": "close", "at": 6}),
+            json!({"op": "open", "at": 7, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 8, "peer": 2, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open_waited", "at": 9, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open_waited", "at": 10, "peer": 1, "channel": "protocol:0",
+                   "ticket": 2}),
+            json!({"op": "open_failed", "at": 11, "peer": 1, "channel": "protocol:1",
+                   "generation": 1}),
+            json!({"op": "open_failed", "at": 12, "peer": 1, "channel": "protocol:0",
+                   "generation": 1}),
+            json!({"op": "open_dial_failed", "at": 13, "peer": 1, "channel": "protocol:0",
+                   "ticket": 2, "abandoned": false}),
+            json!({"op": "connected", "at": 14, "peer": 1, "channel": "protocol:0",
+                   "conn": 8}),
+            json!({"op": "open", "at": 15, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+        ];
+        let steps = [
+            step(json!("dial:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(N, &[], N),
+            step(json!("dial:2"), &[], N),
+            step(json!("wait:2"), &[], N),
+            step(json!("protocol:1:1"), &[], N),
+            step(N, &["close:7:0"], N),
+            step(json!("closed"), &[], N),
+            step(json!("refused"), &[], N),
+            step(json!("closed"), &[], N),
+            step(json!("closed"), &[], N),
+            step(json!("closed"), &[], N),
+            step(json!("closed"), &[], N),
+            step(N, &[], N),
+            step(N, &["close:8:0"], N),
+            step(json!("closed"), &[], N),
+        ];
+        let allow = json!([1]);
+        check_prefix(
+            allow.clone(),
+            &ops,
+            &steps,
+            6,
+            json!({"drops": {}, "refusals": {}, "counters": counters(1, 0, 0, 0, 0, 0),
+                   "cache": [[1, "protocol:1", 1]], "joins": {},
+                   "opening": [[1, "protocol:0", 2, 1]],
+                   "failed_opens": [[1, "protocol:0", 1, 1]]}),
+        );
+        check_prefix(
+            allow,
+            &ops,
+            &steps,
+            16,
+            json!({"drops": {}, "refusals": {"protocol/outbound": 1},
+                   "counters": counters(1, 0, 0, 0, 0, 0), "cache": [], "joins": {},
+                   "opening": [], "failed_opens": []}),
+        );
+    }
+
+    /// The ticket counter and a dial's waiters are checked sums: past `u64::MAX` is an `Err`,
+    /// not a wrap.
+    #[test]
+    fn ticket_and_waiters_overflow_are_errors() {
+        let open = |channel: &str| DriverOp::Open {
+            at: 0,
+            peer: 1,
+            path: "protocol".to_string(),
+            channel: channel.to_string(),
+        };
+        let mut machine = Machine::new(None);
+        machine.last_ticket = u64::MAX - 1;
+        let step = machine
+            .apply(&open("protocol:0"))
+            .expect("the last ticket is fine");
+        assert_eq!(step.result, Some(format!("dial:{}", u64::MAX)));
+        assert!(machine.apply(&open("protocol:1")).is_err());
+        let mut machine = Machine::new(None);
+        machine.opening.insert(
+            (1, Channel::Protocol0),
+            Ticketed {
+                ticket: 1,
+                waiters: u64::MAX - 1,
+            },
+        );
+        let step = machine
+            .apply(&open("protocol:0"))
+            .expect("the last waiter is fine");
+        assert_eq!(step.result, Some("wait:1".to_string()));
+        assert!(machine.apply(&open("protocol:0")).is_err());
     }
 
     /// Idle writers retire 1,000 ms after going idle; a batch cancels the idle timer; a
@@ -2059,11 +2780,11 @@ mod tests {
                 step(json!("cached:4:13"), &[], json!(1000)),
                 step(N, &[], json!(1000)),
                 step(N, &[], json!(1000)),
-                step(json!("dial"), &[], json!(1000)),
+                step(json!("dial:1"), &[], json!(1000)),
                 step(json!("gen:5"), &[], json!(1000)),
                 step(json!("stop:1"), &[], json!(1000)),
                 step(json!("stop:2"), &[], json!(1000)),
-                step(json!("dial"), &[], json!(1000)),
+                step(json!("dial:2"), &[], json!(1000)),
                 step(N, &["close:14:0"], json!(1000)),
                 step(json!("substrate:6"), &[], json!(1000)),
                 step(json!("switch:7"), &[], json!(1000)),
@@ -2077,7 +2798,9 @@ mod tests {
                 "counters": counters(9, 0, 0, 0, 0, 0),
                 "cache": [[1, "actor", 10], [2, "actor", 9], [2, "protocol:1", 8],
                           [2, "switch", 7], [2, "substrate", 6]],
-                "joins": {}
+                "joins": {},
+                "opening": [[0, "substrate", 2, 0], [1, "substrate", 1, 0]],
+                "failed_opens": []
             }
         }));
     }
@@ -2505,7 +3228,7 @@ mod tests {
             "steps": steps,
             "end": {"drops": {}, "refusals": {}, "counters": counters(0, 0, 0, 0, 0, 0),
                     "cache": [], "joins": {}, "claims": [], "subscriptions": [],
-                    "controls": {}}
+                    "controls": {}, "opening": [], "failed_opens": []}
         }))
         .expect("parses")
     }
@@ -2547,6 +3270,11 @@ mod tests {
             // Drops egress_full past u64::MAX.
             json!([{"op": "egress_full", "at": 0, "frames": u64::MAX},
                    {"op": "egress_full", "at": 0, "frames": 1}]),
+            // The opens' ops name a channel too.
+            json!([{"op": "open_waited", "at": 0, "peer": 1, "channel": "protocol:2",
+                    "ticket": 1}]),
+            json!([{"op": "open_dial_failed", "at": 0, "peer": 1, "channel": "Actor",
+                    "ticket": 1, "abandoned": false}]),
         ];
         for ops in bad {
             let case = case_with(ops.clone());
@@ -2569,9 +3297,16 @@ mod tests {
             {"op": "stream", "at": u64::MAX, "name": ""},
             {"op": "ended", "at": u64::MAX, "peer": 1, "name": "", "flow": flow(255)},
             {"op": "register", "at": u64::MAX, "actor": 255, "generation": u64::MAX,
-             "forged": false}
+             "forged": false},
+            // A ticket never issued (0, u64::MAX) matches nothing: the verdict, and nothing.
+            {"op": "open_waited", "at": u64::MAX, "peer": 1, "channel": "actor", "ticket": 0},
+            {"op": "open_dial_failed", "at": u64::MAX, "peer": 1, "channel": "actor",
+             "ticket": u64::MAX, "abandoned": false}
         ]));
         let got = run_case(&fine).expect("well formed");
+        assert_eq!(got.steps[8].result.as_deref(), Some("dial:1"));
+        assert_eq!(got.steps[9].result, None);
+        assert_eq!(got.end.opening, vec![(1, "actor".to_string(), 1, 0)]);
         assert_eq!(got.steps[0].result.as_deref(), Some("no_adapter"));
         assert_eq!(got.steps[2].timeout, Some(u64::MAX));
         assert_eq!(got.steps[3].actions, vec!["retire:1".to_string()]);
@@ -2639,78 +3374,154 @@ mod tests {
         let streams = ["s0", "s1", ""];
         // Control record names: two streams, an empty one (n = 0) and a non-UTF-8 one.
         let names: [&[u8]; 4] = [b"s0", b"s1", b"", &[0xff]];
+        // What the walks reached, so that the opens' rules are exercised and not just parsed:
+        // `wait:` and `failed` answers, and failed dials that pushed an entry out of failed
+        // opens (the cap of 2).
+        let (mut waits, mut failed, mut evicted) = (0u32, 0u32, 0u32);
         for _ in 0..500 {
             let peers = [0u8, 1, 2, 249, 250, 255];
             let mut at: u64 = 0;
             let mut ops = Vec::new();
-            for _ in 0..next(40) {
-                at += next(3) * next(3_000);
-                let peer = peers[next(6) as usize];
-                let op = match next(23) {
-                    0 => json!({"op": "accept", "at": at, "peer": peer,
-                                "alpn": alpns[next(7) as usize], "conn": next(5)}),
-                    1 => json!({"op": "connected", "at": at, "peer": peer,
-                                "channel": channels[next(6) as usize], "conn": next(5)}),
-                    2 => json!({"op": "closed", "at": at, "peer": peer,
-                                "channel": channels[next(6) as usize], "generation": next(6)}),
-                    3 => json!({"op": "disconnect", "at": at, "peer": peer,
-                                "channel": channels[next(6) as usize]}),
-                    4 => json!({"op": "admit", "at": at, "peer": peer,
-                                "path": paths[next(7) as usize], "direction": "outbound"}),
-                    5 => json!({"op": "send", "at": at, "peer": peer}),
-                    6 => json!({"op": "batch", "at": at, "peer": peer, "frames": next(4),
-                                "swim": next(2) == 0, "stream": next(4)}),
-                    7 => json!({"op": "write_failed", "at": at, "peer": peer,
-                                "generation": next(6), "frames": next(4), "swim": next(2) == 0}),
-                    8 => json!({"op": "idle", "at": at, "peer": peer}),
-                    9 => json!({"op": "dialed", "at": at, "peer": peer,
-                                "conn": if next(2) == 0 { json!(null) } else { json!(next(5)) }}),
-                    10 => json!({"op": "join", "at": at, "peer": peer, "relay": false,
-                                 "direct": 0}),
-                    11 => json!({"op": "join_connected", "at": at, "peer": peer}),
-                    12 => json!({"op": "join_sent", "at": at, "peer": peer, "conn": next(5)}),
-                    13 => json!({"op": "join_failed", "at": at, "peer": peer}),
-                    14 if next(2) == 0 => {
-                        json!({"op": "fault", "at": at, "peer": peer, "fatal": next(2) == 0,
-                               "channel": channels[next(6) as usize]})
+            if next(3) == 0 {
+                // A walk about opens: several opens of three pairs (admitted by both allows
+                // below), then a report of each pair's dial, then mostly their waiters asking
+                // again, among fresh opens, stale reports, connections and a rare close.
+                let pairs: [(u8, &str, &str); 3] = [
+                    (1, "protocol", "protocol:0"),
+                    (1, "protocol", "protocol:1"),
+                    (250, "actor", "actor"),
+                ];
+                // The ticket of each pair's first dial: one counter, in the order the pairs
+                // are first opened (0: never opened, a ticket that matches nothing).
+                let mut tickets = [0u64; 3];
+                let mut issued = 0u64;
+                for _ in 0..3 + next(10) {
+                    let index = next(3) as usize;
+                    let (peer, path, channel) = pairs[index];
+                    if tickets[index] == 0 {
+                        issued += 1;
+                        tickets[index] = issued;
                     }
-                    14 if next(3) == 0 => json!({"op": "unread", "at": at, "peer": peer,
-                                 "channel": channels[next(6) as usize]}),
-                    14 if next(2) == 0 => json!({"op": "stopped", "at": at, "peer": peer,
-                                 "generation": next(4)}),
-                    14 if next(2) == 0 => json!({"op": "open", "at": at, "peer": peer,
-                                 "path": paths[next(7) as usize],
-                                 "channel": channels[next(6) as usize]}),
-                    14 if next(3) == 0 => json!({"op": "open_dial_failed", "at": at,
-                                 "peer": peer, "channel": channels[next(6) as usize]}),
-                    14 => json!({"op": "open_failed", "at": at, "peer": peer,
-                                 "channel": channels[next(6) as usize], "generation": next(4)}),
-                    15 => json!({"op": "egress_full", "at": at, "frames": next(4)}),
-                    16 => json!({"op": "register", "at": at, "actor": next(5),
-                                 "generation": next(5), "forged": next(10) == 0}),
-                    17 => json!({"op": "stream", "at": at, "name": streams[next(3) as usize]}),
-                    18 | 19 => {
-                        // Mostly subscribe / unsubscribe; ops 0 and 3; sometimes cut short
-                        // or one byte too long.
-                        let mut bytes = vec![[1u8, 2, 1, 2, 0, 3][next(6) as usize]];
-                        bytes.extend_from_slice(&[next(3) as u8; FLOW_BYTES]);
-                        let name = names[next(4) as usize];
-                        bytes.push(name.len() as u8);
-                        bytes.extend_from_slice(name);
-                        match next(6) {
-                            0 => bytes.truncate(next(bytes.len() as u64 + 1) as usize),
-                            1 => bytes.push(0),
-                            _ => {}
+                    ops.push(json!({"op": "open", "at": at, "peer": peer, "path": path,
+                                    "channel": channel}));
+                }
+                let first = next(3) as usize;
+                for offset in 0..3 {
+                    at += next(50);
+                    let index = (first + offset) % 3;
+                    let (peer, _, channel) = pairs[index];
+                    // Mostly the dial's own ticket; sometimes another small one.
+                    let ticket = if next(4) == 0 {
+                        next(6) + 1
+                    } else {
+                        tickets[index]
+                    };
+                    ops.push(json!({"op": "open_dial_failed", "at": at, "peer": peer,
+                                    "channel": channel, "ticket": ticket,
+                                    "abandoned": next(3) == 0}));
+                }
+                for _ in 0..2 + next(12) {
+                    at += next(50);
+                    let index = next(3) as usize;
+                    let (peer, path, channel) = pairs[index];
+                    let op = match next(12) {
+                        0..=6 => {
+                            let ticket = if next(3) == 0 {
+                                next(6) + 1
+                            } else {
+                                tickets[index]
+                            };
+                            json!({"op": "open_waited", "at": at, "peer": peer,
+                                   "channel": channel, "ticket": ticket})
                         }
-                        json!({"op": "control", "at": at, "peer": peer, "payload": hex(&bytes)})
-                    }
-                    20 => json!({"op": "ended", "at": at, "peer": peer,
-                                 "name": streams[next(3) as usize],
-                                 "flow": flow(next(3) as u8)}),
-                    21 => json!({"op": "timeout", "at": at}),
-                    _ => json!({"op": "close", "at": at}),
-                };
-                ops.push(op);
+                        7 | 8 => json!({"op": "open", "at": at, "peer": peer, "path": path,
+                                        "channel": channel}),
+                        9 => json!({"op": "open_dial_failed", "at": at, "peer": peer,
+                                    "channel": channel, "ticket": next(6) + 1,
+                                    "abandoned": next(3) == 0}),
+                        10 => json!({"op": "connected", "at": at, "peer": peer,
+                                     "channel": channel, "conn": next(5)}),
+                        _ if next(4) == 0 => json!({"op": "close", "at": at}),
+                        _ => json!({"op": "open_failed", "at": at, "peer": peer,
+                                    "channel": channel, "generation": next(3)}),
+                    };
+                    ops.push(op);
+                }
+            } else {
+                for _ in 0..next(40) {
+                    at += next(3) * next(3_000);
+                    let peer = peers[next(6) as usize];
+                    let op = match next(23) {
+                        0 => json!({"op": "accept", "at": at, "peer": peer,
+                                    "alpn": alpns[next(7) as usize], "conn": next(5)}),
+                        1 => json!({"op": "connected", "at": at, "peer": peer,
+                                    "channel": channels[next(6) as usize], "conn": next(5)}),
+                        2 => json!({"op": "closed", "at": at, "peer": peer,
+                                    "channel": channels[next(6) as usize], "generation": next(6)}),
+                        3 => json!({"op": "disconnect", "at": at, "peer": peer,
+                                    "channel": channels[next(6) as usize]}),
+                        4 => json!({"op": "admit", "at": at, "peer": peer,
+                                    "path": paths[next(7) as usize], "direction": "outbound"}),
+                        5 => json!({"op": "send", "at": at, "peer": peer}),
+                        6 => json!({"op": "batch", "at": at, "peer": peer, "frames": next(4),
+                                    "swim": next(2) == 0, "stream": next(4)}),
+                        7 => json!({"op": "write_failed", "at": at, "peer": peer,
+                                    "generation": next(6), "frames": next(4),
+                                    "swim": next(2) == 0}),
+                        8 => json!({"op": "idle", "at": at, "peer": peer}),
+                        9 => json!({"op": "dialed", "at": at, "peer": peer,
+                                    "conn": (next(2) != 0).then(|| next(5))}),
+                        10 => json!({"op": "join", "at": at, "peer": peer, "relay": false,
+                                     "direct": 0}),
+                        11 => json!({"op": "join_connected", "at": at, "peer": peer}),
+                        12 => json!({"op": "join_sent", "at": at, "peer": peer, "conn": next(5)}),
+                        13 => json!({"op": "join_failed", "at": at, "peer": peer}),
+                        14 if next(2) == 0 => {
+                            json!({"op": "fault", "at": at, "peer": peer, "fatal": next(2) == 0,
+                                   "channel": channels[next(6) as usize]})
+                        }
+                        14 if next(3) == 0 => json!({"op": "unread", "at": at, "peer": peer,
+                                     "channel": channels[next(6) as usize]}),
+                        14 if next(2) == 0 => json!({"op": "stopped", "at": at, "peer": peer,
+                                     "generation": next(4)}),
+                        14 if next(2) == 0 => json!({"op": "open", "at": at, "peer": peer,
+                                     "path": paths[next(7) as usize],
+                                     "channel": channels[next(6) as usize]}),
+                        14 if next(3) == 0 => json!({"op": "open_dial_failed", "at": at,
+                                     "peer": peer, "channel": channels[next(6) as usize],
+                                     "ticket": next(4) + 1, "abandoned": next(3) == 0}),
+                        14 if next(2) == 0 => json!({"op": "open_waited", "at": at,
+                                     "peer": peer, "channel": channels[next(6) as usize],
+                                     "ticket": next(4) + 1}),
+                        14 => json!({"op": "open_failed", "at": at, "peer": peer,
+                                     "channel": channels[next(6) as usize], "generation": next(4)}),
+                        15 => json!({"op": "egress_full", "at": at, "frames": next(4)}),
+                        16 => json!({"op": "register", "at": at, "actor": next(5),
+                                     "generation": next(5), "forged": next(10) == 0}),
+                        17 => json!({"op": "stream", "at": at, "name": streams[next(3) as usize]}),
+                        18 | 19 => {
+                            // Mostly subscribe / unsubscribe; ops 0 and 3; sometimes cut short
+                            // or one byte too long.
+                            let mut bytes = vec![[1u8, 2, 1, 2, 0, 3][next(6) as usize]];
+                            bytes.extend_from_slice(&[next(3) as u8; FLOW_BYTES]);
+                            let name = names[next(4) as usize];
+                            bytes.push(name.len() as u8);
+                            bytes.extend_from_slice(name);
+                            match next(6) {
+                                0 => bytes.truncate(next(bytes.len() as u64 + 1) as usize),
+                                1 => bytes.push(0),
+                                _ => {}
+                            }
+                            json!({"op": "control", "at": at, "peer": peer, "payload": hex(&bytes)})
+                        }
+                        20 => json!({"op": "ended", "at": at, "peer": peer,
+                                     "name": streams[next(3) as usize],
+                                     "flow": flow(next(3) as u8)}),
+                        21 => json!({"op": "timeout", "at": at}),
+                        _ => json!({"op": "close", "at": at}),
+                    };
+                    ops.push(op);
+                }
             }
             let allow = if next(2) == 0 {
                 json!(null)
@@ -2721,7 +3532,47 @@ mod tests {
             case.allow = serde_json::from_value(allow).expect("allow");
             let got = run_case(&case).expect("well formed");
             assert_eq!(got.steps.len(), case.ops.len());
+            for step in &got.steps {
+                match step.result.as_deref() {
+                    Some("failed") => failed += 1,
+                    Some(result) if result.starts_with("wait:") => waits += 1,
+                    _ => {}
+                }
+            }
+            // The same walk on a machine we can look into: failed opens never hold more than
+            // 2 entries, and a failed dial with waiters that adds a third pushes one out.
+            let mut machine = Machine::new(case.allow.clone());
+            for op in &case.ops {
+                let inserts = match op {
+                    DriverOp::OpenDialFailed {
+                        peer,
+                        channel,
+                        ticket,
+                        abandoned,
+                        ..
+                    } => {
+                        let key = (*peer, Channel::parse(channel).expect("a channel"));
+                        !*abandoned
+                            && !machine.failed_opens.contains_key(&key)
+                            && machine
+                                .opening
+                                .get(&key)
+                                .is_some_and(|open| open.ticket == *ticket && open.waiters > 0)
+                    }
+                    _ => false,
+                };
+                let full = machine.failed_opens.len() == FAILED_OPENS_KEPT;
+                machine.apply(op).expect("well formed");
+                assert!(machine.failed_opens.len() <= FAILED_OPENS_KEPT);
+                if inserts && full {
+                    evicted += 1;
+                }
+            }
         }
+        assert!(
+            waits > 0 && failed > 0 && evicted > 0,
+            "the walks reached {waits} waits, {failed} failed, {evicted} evictions"
+        );
         // Extreme values: errors are fine, panics are not.
         let extreme = case_with(json!([
             {"op": "batch", "at": u64::MAX, "peer": 255, "frames": u64::MAX},

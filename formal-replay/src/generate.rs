@@ -9,6 +9,7 @@
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model;
 use crate::replay::{complete_with_model, known_section};
@@ -736,7 +737,7 @@ pub fn driver_case(allow: Value, ops: Vec<Value>) -> Value {
     let end = json!({"drops": {}, "refusals": {}, "counters": {"accepted": 0,
         "dials_started": 0, "dial_failures": 0, "evictions": 0, "stale_failures": 0,
         "writers_retired": 0}, "cache": [], "joins": {}, "claims": [], "subscriptions": [],
-        "controls": {}});
+        "controls": {}, "opening": [], "failed_opens": []});
     json!({"allow": allow, "ops": ops, "steps": steps, "end": end})
 }
 
@@ -813,19 +814,106 @@ fn driver_control(rng: &mut Xoshiro256PlusPlus) -> String {
     }
 }
 
+/// What a walk focused on opens guesses of the machine's opens, to draw tickets that are
+/// live: the last ticket given, and per (peer, channel) the dial guessed in flight and whether
+/// a connection is guessed cached (a guess: generations are not followed).
+#[derive(Default)]
+struct OpenGuess {
+    tickets: u64,
+    in_flight: BTreeMap<(u8, &'static str), (u64, u64)>,
+    cached: BTreeSet<(u8, &'static str)>,
+    /// Dials guessed failed with waiters: (pair, ticket).
+    failed: Vec<((u8, &'static str), u64)>,
+}
+
+/// An op of a walk focused on opens: peers 0–1, the telemetry and switch channels, tickets
+/// mostly the one guessed in flight for the pair.
+fn driver_open_op(
+    rng: &mut Xoshiro256PlusPlus,
+    at: u64,
+    conn: u64,
+    guess: &mut OpenGuess,
+) -> Value {
+    let peer = rng.random_range(0..2u8);
+    let channel = ["telemetry", "switch"][rng.random_range(0..2)];
+    let pair = (peer, channel);
+    let ticket = match guess.in_flight.get(&pair) {
+        Some((ticket, _)) if rng.random_range(0..5) > 0 => *ticket,
+        _ => guess.tickets.saturating_sub(rng.random_range(0..3)).max(1),
+    };
+    match rng.random_range(0..20) {
+        0..=6 => {
+            if let Some((_, waiters)) = guess.in_flight.get_mut(&pair) {
+                *waiters += 1;
+            } else if !guess.cached.contains(&pair) {
+                guess.tickets += 1;
+                guess.in_flight.insert(pair, (guess.tickets, 0));
+            }
+            json!({"op": "open", "at": at, "peer": peer, "path": channel, "channel": channel})
+        }
+        7..=11 => {
+            // Mostly a waiter of a dial guessed failed.
+            let ((peer, channel), ticket) = match guess.failed.pop() {
+                Some(failed) if rng.random_range(0..4) > 0 => failed,
+                _ => (pair, ticket),
+            };
+            json!({"op": "open_waited", "at": at, "peer": peer, "channel": channel,
+                "ticket": ticket})
+        }
+        12..=15 => {
+            let abandoned = rng.random_range(0..4) == 0;
+            if let Some((live, waiters)) = guess.in_flight.get(&pair).copied() {
+                if live == ticket {
+                    guess.in_flight.remove(&pair);
+                    if !abandoned {
+                        for _ in 0..waiters {
+                            guess.failed.push((pair, ticket));
+                        }
+                    }
+                }
+            }
+            json!({"op": "open_dial_failed", "at": at, "peer": peer, "channel": channel,
+                "ticket": ticket, "abandoned": abandoned})
+        }
+        16..=17 => {
+            guess.in_flight.remove(&pair);
+            guess.cached.insert(pair);
+            json!({"op": "connected", "at": at, "peer": peer, "channel": channel,
+                "conn": conn})
+        }
+        18 => {
+            guess.cached.remove(&pair);
+            json!({"op": "open_failed", "at": at, "peer": peer, "channel": channel,
+                "generation": rng.random_range(1..4u64)})
+        }
+        _ => {
+            guess.cached.remove(&pair);
+            json!({"op": "closed", "at": at, "peer": peer, "channel": channel,
+                "generation": rng.random_range(1..4u64)})
+        }
+    }
+}
+
 /// A random driver trace: peers 0–3 and 250 (invalid), every op, time moving by up to 3 s
 /// (past dial backoffs, idle timeouts and some join waits), `timeout` often; generations and
 /// connections from small ranges so that current, replaced and unknown ones all occur; host
 /// claims of actors 0–3 at generations 1–4 (10% forged); telemetry streams, controls and
-/// ended publishers over [`DRIVER_STREAMS`] and [`DRIVER_FLOWS`].
+/// ended publishers over [`DRIVER_STREAMS`] and [`DRIVER_FLOWS`]. A quarter of the walks
+/// mostly open streams to two peers on two channels, so that opens wait on a dial, its end
+/// is reported under a live ticket, and waiters hear a failure.
 fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
     let mut at = 0u64;
     let mut conn = 0u64;
     let mut subscribed: Option<(u8, &str, u8)> = None;
+    let focused = rng.random_bool(0.25);
+    let mut guess = OpenGuess::default();
     (0..len)
         .map(|index| {
             at += [0, 0, 100, 250, 700, 1_100, 3_000][rng.random_range(0..7)];
             conn += 1;
+            if focused && rng.random_bool(0.7) {
+                return driver_open_op(rng, at, conn, &mut guess);
+            }
             let peer = DRIVER_PEERS[rng.random_range(0..DRIVER_PEERS.len())];
             let generation = rng.random_range(1..8u64);
             let channel = DRIVER_CHANNELS[rng.random_range(0..DRIVER_CHANNELS.len())];
@@ -924,7 +1012,10 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                 }
                 26 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
                 27 => json!({"op": "open_dial_failed", "at": at, "peer": peer,
-                    "channel": channel}),
+                    "channel": channel, "ticket": rng.random_range(1..5u64),
+                    "abandoned": rng.random_range(0..3) == 0}),
+                28 => json!({"op": "open_waited", "at": at, "peer": peer,
+                    "channel": channel, "ticket": rng.random_range(1..5u64)}),
                 _ => json!({"op": "timeout", "at": at}),
             }
         })

@@ -472,10 +472,18 @@ pub enum DriverOp {
         channel: String,
         generation: u64,
     },
+    OpenWaited {
+        at: u64,
+        peer: u8,
+        channel: String,
+        ticket: u64,
+    },
     OpenDialFailed {
         at: u64,
         peer: u8,
         channel: String,
+        ticket: u64,
+        abandoned: bool,
     },
     WriteFailed {
         at: u64,
@@ -576,6 +584,7 @@ impl DriverOp {
             | Self::Stopped { at, .. }
             | Self::Open { at, .. }
             | Self::OpenFailed { at, .. }
+            | Self::OpenWaited { at, .. }
             | Self::OpenDialFailed { at, .. }
             | Self::Idle { at, .. }
             | Self::Dialed { at, .. }
@@ -637,6 +646,12 @@ pub struct DriverEnd {
     pub subscriptions: Vec<(u8, String, String)>,
     /// Control verdicts above 0, by name.
     pub controls: std::collections::BTreeMap<String, u64>,
+    /// The opens' dials in flight: (peer, channel, ticket, waiters), sorted by peer then
+    /// channel.
+    pub opening: Vec<(u8, String, u64, u64)>,
+    /// Failed dials whose waiters have not all heard it: (peer, channel, ticket, waiters),
+    /// sorted by peer then channel.
+    pub failed_opens: Vec<(u8, String, u64, u64)>,
 }
 
 /// A driver case.

@@ -3,7 +3,7 @@
 //! stream whichever side dialed it, and evicted by generation when it ends.
 
 use tether::iroh::endpoint::VarInt;
-use tether::node::{Node, SwitchConnections, SWITCH_ALPN};
+use tether::node::{Node, NodeError, SwitchConnections, WaitedDialFailed, SWITCH_ALPN};
 use tether::substrate::{Link, Transport};
 use tether_core::driver::machine::{Channel, STOP_UNREAD};
 use tether_core::substrate::PeerId;
@@ -230,4 +230,49 @@ async fn an_abandoned_dial_lets_the_next_open_dial() {
     assert_eq!(cached(&engine, Channel::Switch).len(), 1);
     engine.close().await;
     host.close().await;
+}
+
+/// The error of an open that must fail (there is no switch host at the address).
+fn refused<S>(opened: Result<S, NodeError>) -> NodeError {
+    match opened {
+        Ok(_) => panic!("a stream was opened to a node that hosts no switch"),
+        Err(error) => error,
+    }
+}
+
+/// Whether `error` is an open's that waited on a dial which failed.
+fn waited_on_a_failed_dial(error: &NodeError) -> bool {
+    let NodeError::Connect(source) = error else {
+        return false;
+    };
+    source.downcast_ref::<WaitedDialFailed>().is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opens_waiting_on_a_dial_that_fails_fail_with_it() {
+    // This node hosts no switch: a handshake on the switch ALPN fails.
+    let not_a_host = Node::builder().bind().await.expect("bind");
+    let engine = Node::builder().bind().await.expect("bind engine");
+    let addr = not_a_host.endpoint_addr();
+    // The first open dials; the other two find that dial in flight and wait on it (a QUIC
+    // handshake cannot end within the first poll of all three).
+    let (one, two, three) = tokio::join!(
+        engine.dial_switch_host(addr.clone()),
+        engine.dial_switch_host(addr.clone()),
+        engine.dial_switch_host(addr.clone()),
+    );
+    let errors = [one, two, three].map(refused);
+    let shared: Vec<bool> = errors.iter().map(waited_on_a_failed_dial).collect();
+    assert_eq!(
+        shared,
+        [false, true, true],
+        "the dialer fails as its dial did; its waiters hear that failure instead of dialing in \
+         turn: {errors:?}"
+    );
+    // Nothing of it stays: the next open dials again.
+    let again = refused(engine.dial_switch_host(addr).await);
+    assert!(!waited_on_a_failed_dial(&again), "{again:?}");
+    assert!(cached(&engine, Channel::Switch).is_empty());
+    engine.close().await;
+    not_a_host.close().await;
 }

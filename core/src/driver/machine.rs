@@ -20,6 +20,7 @@
 //! each time it runs dry ([`Driver::handle_writer_idle`]). A queue the shell keeps because a
 //! frame raced the retirement reports again when it drains.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ use super::schedule::{
     dial_retry_after, Join, JoinNext, JoinStatus, DIAL_ATTEMPT_TIMEOUT, JOIN_ATTEMPT_TIMEOUT,
 };
 use super::subscriptions::{ControlVerdict, Subscription, Subscriptions, TELEMETRY_CONTROL_TAG};
-use crate::limits::{EGRESS_IDLE_TEARDOWN_MS_DEFAULT, LOCAL_CLAIMS_MAX};
+use crate::limits::{EGRESS_IDLE_TEARDOWN_MS_DEFAULT, FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX};
 use crate::time::Time;
 
 /// Close code of a connection refused by the allow-list.
@@ -108,6 +109,8 @@ pub struct Config {
     pub join_delay_divisor: u32,
     /// Whether a peer id names a valid key (the shell's curve check; a pure function).
     pub valid_peer: fn(&NodeId) -> bool,
+    /// Most failed dials remembered for their waiting opens ([`FAILED_OPENS_MAX`]).
+    pub failed_opens_max: usize,
 }
 
 impl Default for Config {
@@ -120,6 +123,7 @@ impl Default for Config {
             join_attempt_timeout: JOIN_ATTEMPT_TIMEOUT,
             join_delay_divisor: 1,
             valid_peer: |_| true,
+            failed_opens_max: FAILED_OPENS_MAX,
         }
     }
 }
@@ -174,6 +178,34 @@ struct Writer {
     swim: bool,
 }
 
+/// Names the dial an open ordered, for the opens that wait on it and for its end's report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DialTicket(u64);
+
+impl DialTicket {
+    /// The ticket's number (the first dial an open orders is 1).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl From<u64> for DialTicket {
+    /// The ticket numbered `n` (a replay names tickets by number).
+    fn from(n: u64) -> Self {
+        Self(n)
+    }
+}
+
+/// How the dial an [`Open::Dial`] ordered ended, when it did not connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DialEnd {
+    /// The dial failed: the opens waiting on it fail too ([`Open::Failed`]).
+    Failed,
+    /// Its caller went away before it ended: the opens waiting on it ask again, and the first
+    /// of them dials.
+    Abandoned,
+}
+
 /// Where a stream to a peer goes: on the cached connection, or on a fresh one the shell dials
 /// (and reports with [`Driver::handle_connected`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,11 +213,16 @@ pub enum Open<C> {
     /// Open it on this cached connection; a failure goes to [`Driver::handle_open_failed`].
     Cached(Generation, C),
     /// Dial the peer on the channel's ALPN and open it there; report the dial's end with
-    /// [`Driver::handle_connected`] or [`Driver::handle_open_dial_failed`].
-    Dial,
-    /// Another open's dial to the peer on this channel is in flight: ask again once it ended
-    /// (the machine's state moved), so that concurrent opens share one connection.
-    Wait,
+    /// [`Driver::handle_connected`] or [`Driver::handle_open_dial_failed`] with this ticket.
+    Dial(DialTicket),
+    /// Another open's dial to the peer on this channel is in flight: ask again with
+    /// [`Driver::handle_open_waited`] once the machine's state moved, so that concurrent
+    /// opens share one connection (or one failure).
+    Wait(DialTicket),
+    /// The dial this open waited on failed: the open fails as that dial did.
+    Failed,
+    /// The node is closing: nothing opens.
+    Closed,
 }
 
 /// What a malformed inbound stream gets.
@@ -289,6 +326,13 @@ pub struct Counters {
     pub writers_retired: u64,
 }
 
+/// A dial an open ordered, and how many opens wait on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Opening {
+    ticket: DialTicket,
+    waiters: u64,
+}
+
 /// A dial in progress: an attempt in flight, or waiting to start one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DialState {
@@ -344,8 +388,13 @@ pub struct Driver<C> {
     subscriptions: Subscriptions,
     cache: ConnectionCache<(NodeId, Channel), C>,
     dials: BTreeMap<NodeId, DialState>,
-    /// (peer, channel) pairs whose dial for an open is in flight (at most one each).
-    opening: BTreeSet<(NodeId, Channel)>,
+    /// Dials for opens in flight (at most one per peer and channel), with their waiters.
+    opening: BTreeMap<(NodeId, Channel), Opening>,
+    /// Dials for opens that failed while opens waited on them, with the waiters that have not
+    /// asked again yet (at most [`Config::failed_opens_max`]).
+    failed_opens: BTreeMap<(NodeId, Channel), Opening>,
+    /// The last ticket given to a dial.
+    tickets: u64,
     joins: BTreeMap<NodeId, JoinState>,
     /// Writers that reported: when each went idle, and whether its last batch carried SWIM.
     writers: BTreeMap<NodeId, Writer>,
@@ -369,7 +418,9 @@ impl<C: Clone> Driver<C> {
             subscriptions: Subscriptions::default(),
             cache: ConnectionCache::new(),
             dials: BTreeMap::new(),
-            opening: BTreeSet::new(),
+            opening: BTreeMap::new(),
+            failed_opens: BTreeMap::new(),
+            tickets: 0,
             joins: BTreeMap::new(),
             writers: BTreeMap::new(),
             timers: BTreeSet::new(),
@@ -452,7 +503,8 @@ impl<C: Clone> Driver<C> {
         channel: Channel,
         conn: C,
     ) -> Option<Generation> {
-        if self.opening.remove(&(peer, channel)) {
+        let opened = self.opening.remove(&(peer, channel)).is_some();
+        if opened | self.failed_opens.remove(&(peer, channel)).is_some() {
             self.bump();
         }
         if self.closed {
@@ -503,22 +555,93 @@ impl<C: Clone> Driver<C> {
         Ok(self.open_on(peer, channel))
     }
 
-    /// Where an open to `peer` on `channel` goes: the cached connection, a dial (now in
-    /// flight), or a wait for the dial in flight.
-    fn open_on(&mut self, peer: NodeId, channel: Channel) -> Open<C> {
-        match self.connection(&peer, channel) {
-            Some((generation, conn)) => Open::Cached(generation, conn),
-            None if self.opening.insert((peer, channel)) => Open::Dial,
-            None => Open::Wait,
+    /// An open told [`Open::Wait`] with `ticket` asks again (the machine's state moved): it
+    /// fails if that dial failed, waits on if it is still in flight, and otherwise goes where
+    /// an open would now go.
+    pub fn handle_open_waited(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        channel: Channel,
+        ticket: DialTicket,
+    ) -> Open<C> {
+        if self.closed {
+            return Open::Closed;
+        }
+        let key = (peer, channel);
+        if let Some(failed) = self.failed_opens.get_mut(&key) {
+            if failed.ticket == ticket {
+                failed.waiters = failed.waiters.saturating_sub(1);
+                if failed.waiters == 0 {
+                    self.failed_opens.remove(&key);
+                }
+                return Open::Failed;
+            }
+        }
+        match self.opening.get(&key) {
+            Some(opening) if opening.ticket == ticket => Open::Wait(ticket),
+            _ => self.open_on(peer, channel),
         }
     }
 
-    /// The dial an [`Open::Dial`] ordered failed (or was abandoned): opens waiting for it ask
-    /// again, and the next one dials.
-    pub fn handle_open_dial_failed(&mut self, _now: Time, peer: NodeId, channel: Channel) {
-        if self.opening.remove(&(peer, channel)) {
-            self.bump();
+    /// Where an open to `peer` on `channel` goes: nowhere once closed, the cached connection,
+    /// a dial (now in flight, under a new ticket), or a wait on the dial in flight.
+    fn open_on(&mut self, peer: NodeId, channel: Channel) -> Open<C> {
+        if self.closed {
+            return Open::Closed;
         }
+        if let Some((generation, conn)) = self.connection(&peer, channel) {
+            return Open::Cached(generation, conn);
+        }
+        match self.opening.entry((peer, channel)) {
+            Entry::Occupied(mut opening) => {
+                let opening = opening.get_mut();
+                opening.waiters = opening.waiters.saturating_add(1);
+                Open::Wait(opening.ticket)
+            }
+            Entry::Vacant(vacant) => {
+                self.tickets += 1;
+                let ticket = DialTicket(self.tickets);
+                vacant.insert(Opening { ticket, waiters: 0 });
+                Open::Dial(ticket)
+            }
+        }
+    }
+
+    /// The dial an [`Open::Dial`] ordered under `ticket` did not connect. A failure is kept
+    /// for the opens that waited on it (each hears it once, from
+    /// [`Driver::handle_open_waited`]); after an abandoned dial they ask again and the first
+    /// dials. A ticket that is no longer the pair's dial in flight changes nothing.
+    pub fn handle_open_dial_failed(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        channel: Channel,
+        ticket: DialTicket,
+        end: DialEnd,
+    ) {
+        let key = (peer, channel);
+        let Some(opening) = self.opening.get(&key).copied() else {
+            return;
+        };
+        if opening.ticket != ticket {
+            return;
+        }
+        self.opening.remove(&key);
+        if end == DialEnd::Failed && opening.waiters > 0 {
+            self.failed_opens.insert(key, opening);
+            if self.failed_opens.len() > self.config.failed_opens_max {
+                let oldest = self
+                    .failed_opens
+                    .iter()
+                    .min_by_key(|(_, failed)| failed.ticket)
+                    .map(|(key, _)| *key);
+                if let Some(oldest) = oldest {
+                    self.failed_opens.remove(&oldest);
+                }
+            }
+        }
+        self.bump();
     }
 
     /// Opening a stream on the cached connection of `generation` failed: the connection is
@@ -963,6 +1086,7 @@ impl<C: Clone> Driver<C> {
         self.timers.clear();
         self.dials.clear();
         self.opening.clear();
+        self.failed_opens.clear();
         for (_, entry) in self.cache.take_all() {
             self.actions.push_back(Action::Close {
                 conn: entry.conn,
@@ -1062,6 +1186,21 @@ impl<C: Clone> Driver<C> {
     /// Received claims by verdict.
     pub fn claim_verdicts(&self) -> &BTreeMap<ClaimVerdict, u64> {
         self.directory.verdicts()
+    }
+
+    /// The opens' dials in flight: peer, channel, ticket and the opens waiting on it.
+    pub fn opening(&self) -> impl Iterator<Item = (NodeId, Channel, DialTicket, u64)> + '_ {
+        self.opening
+            .iter()
+            .map(|((peer, channel), opening)| (*peer, *channel, opening.ticket, opening.waiters))
+    }
+
+    /// Failed dials whose waiting opens have not all heard it: peer, channel, ticket and the
+    /// waiters still to ask.
+    pub fn failed_opens(&self) -> impl Iterator<Item = (NodeId, Channel, DialTicket, u64)> + '_ {
+        self.failed_opens
+            .iter()
+            .map(|((peer, channel), failed)| (*peer, *channel, failed.ticket, failed.waiters))
     }
 
     /// Whether the node is closed.
@@ -1212,7 +1351,7 @@ mod tests {
         let channel = Channel::Protocol(0);
         assert_eq!(
             d.handle_open(at(0), PEER, Path::Protocol, channel),
-            Ok(Open::Dial)
+            Ok(Open::Dial(DialTicket(1)))
         );
         let generation = d
             .handle_connected(at(0), PEER, channel, "first")
@@ -1224,7 +1363,7 @@ mod tests {
         // Another channel to the same peer has its own connection.
         assert_eq!(
             d.handle_open(at(0), PEER, Path::Actor, Channel::Actor),
-            Ok(Open::Dial)
+            Ok(Open::Dial(DialTicket(2)))
         );
     }
 
@@ -1267,17 +1406,27 @@ mod tests {
         let channel = Channel::Telemetry;
         let open =
             |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Telemetry, channel);
-        assert_eq!(open(&mut d), Ok(Open::Dial));
+        let first = DialTicket(1);
+        assert_eq!(open(&mut d), Ok(Open::Dial(first)));
         assert_eq!(
             open(&mut d),
-            Ok(Open::Wait),
+            Ok(Open::Wait(first)),
             "the first open's dial is in flight"
         );
-        // It failed: the next open dials; waiting ones see the state move.
+        // Its caller went away: the waiter asks again and dials itself.
         let version = d.version();
-        d.handle_open_dial_failed(at(1), PEER, channel);
+        d.handle_open_dial_failed(at(1), PEER, channel, first, DialEnd::Abandoned);
         assert_ne!(d.version(), version);
-        assert_eq!(open(&mut d), Ok(Open::Dial));
+        let second = DialTicket(2);
+        assert_eq!(
+            d.handle_open_waited(at(1), PEER, channel, first),
+            Open::Dial(second)
+        );
+        assert_eq!(
+            d.handle_open_waited(at(1), PEER, channel, second),
+            Open::Wait(second),
+            "asked again while its dial is in flight, it waits on"
+        );
         let generation = d
             .handle_connected(at(2), PEER, channel, "one")
             .expect("cached");
@@ -1285,20 +1434,98 @@ mod tests {
         // Its connection is dead: one open dials again, the others wait for it.
         assert_eq!(
             d.handle_open_failed(at(3), PEER, channel, generation),
-            Open::Dial
+            Open::Dial(DialTicket(3))
         );
-        assert_eq!(open(&mut d), Ok(Open::Wait));
+        assert_eq!(open(&mut d), Ok(Open::Wait(DialTicket(3))));
         // Another channel, or another peer, has its own dial.
         assert_eq!(
             d.handle_open(at(3), PEER, Path::Protocol, Channel::Protocol(0)),
-            Ok(Open::Dial)
+            Ok(Open::Dial(DialTicket(4)))
         );
         d.handle_close(at(4));
+        assert_eq!(open(&mut d), Ok(Open::Closed), "nothing opens once closed");
         assert_eq!(
-            open(&mut d),
-            Ok(Open::Dial),
-            "closing forgets dials in flight"
+            d.handle_open_waited(at(4), PEER, channel, DialTicket(3)),
+            Open::Closed
         );
+        assert_eq!(d.opening().count(), 0, "closing forgets dials in flight");
+    }
+
+    #[test]
+    fn a_failed_dial_fails_each_open_that_waited_on_it_once() {
+        let mut d = driver();
+        let channel = Channel::Switch;
+        let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Switch, channel);
+        let ticket = DialTicket(1);
+        assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+        assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+        assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+        // A stale report (another ticket) ends nothing.
+        d.handle_open_dial_failed(at(1), PEER, channel, DialTicket(7), DialEnd::Failed);
+        assert_eq!(
+            d.opening().collect::<Vec<_>>(),
+            [(PEER, channel, ticket, 2)]
+        );
+
+        d.handle_open_dial_failed(at(2), PEER, channel, ticket, DialEnd::Failed);
+        assert_eq!(d.opening().count(), 0);
+        assert_eq!(
+            d.failed_opens().collect::<Vec<_>>(),
+            [(PEER, channel, ticket, 2)]
+        );
+        // Each waiter hears the failure once, and then nothing of it is left.
+        assert_eq!(
+            d.handle_open_waited(at(3), PEER, channel, ticket),
+            Open::Failed
+        );
+        assert_eq!(
+            d.handle_open_waited(at(3), PEER, channel, ticket),
+            Open::Failed
+        );
+        assert_eq!(d.failed_opens().count(), 0);
+        // A new open dials afresh.
+        assert_eq!(open(&mut d), Ok(Open::Dial(DialTicket(2))));
+        // A failed dial nobody waited on is not remembered.
+        d.handle_open_dial_failed(at(4), PEER, channel, DialTicket(2), DialEnd::Failed);
+        assert_eq!(d.failed_opens().count(), 0);
+    }
+
+    #[test]
+    fn failed_opens_are_bounded_and_a_connection_clears_them() {
+        let mut d: Driver<&'static str> = Driver::new(Config {
+            failed_opens_max: 2,
+            ..Config::default()
+        });
+        let peers = [[1u8; 32], [2; 32], [3; 32]];
+        let channel = Channel::Protocol(0);
+        for (n, peer) in peers.iter().enumerate() {
+            let ticket = DialTicket(n as u64 + 1);
+            assert_eq!(
+                d.handle_open(at(0), *peer, Path::Protocol, channel),
+                Ok(Open::Dial(ticket))
+            );
+            assert_eq!(
+                d.handle_open(at(0), *peer, Path::Protocol, channel),
+                Ok(Open::Wait(ticket))
+            );
+            d.handle_open_dial_failed(at(1), *peer, channel, ticket, DialEnd::Failed);
+        }
+        // The oldest failure was forgotten: its waiter dials afresh.
+        let kept: Vec<_> = d.failed_opens().map(|(peer, ..)| peer).collect();
+        assert_eq!(kept, [peers[1], peers[2]]);
+        assert_eq!(
+            d.handle_open_waited(at(2), peers[0], channel, DialTicket(1)),
+            Open::Dial(DialTicket(4))
+        );
+        // A connection to a peer clears its failure: the waiter takes the connection.
+        let generation = d
+            .handle_connected(at(3), peers[1], channel, "up")
+            .expect("cached");
+        assert_eq!(
+            d.handle_open_waited(at(3), peers[1], channel, DialTicket(2)),
+            Open::Cached(generation, "up")
+        );
+        assert_eq!(d.failed_opens().count(), 1);
     }
 
     #[test]
@@ -1330,10 +1557,10 @@ mod tests {
                 Ok(Open::Cached(accepted, "accepted"))
             );
             // It dies: a fresh one is dialed and cached; the old one's close report is stale.
-            assert_eq!(
+            assert!(matches!(
                 d.handle_open_failed(at(2), PEER, channel, accepted),
-                Open::Dial
-            );
+                Open::Dial(_)
+            ));
             let dialed = d
                 .handle_connected(at(3), PEER, channel, "dialed")
                 .expect("cached");
@@ -1457,14 +1684,17 @@ mod tests {
         let old = d
             .handle_connected(at(0), PEER, channel, "old")
             .expect("cached");
-        assert_eq!(d.handle_open_failed(at(1), PEER, channel, old), Open::Dial);
+        assert_eq!(
+            d.handle_open_failed(at(1), PEER, channel, old),
+            Open::Dial(DialTicket(1))
+        );
         assert!(
             d.connection(&PEER, channel).is_none(),
             "the dead one is gone"
         );
         assert_eq!(
             d.handle_open(at(2), PEER, Path::Protocol, channel),
-            Ok(Open::Wait),
+            Ok(Open::Wait(DialTicket(1))),
             "the failed open's dial is in flight"
         );
 

@@ -19,8 +19,8 @@ pub use book::PeerBook;
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
 pub use directory::{ClaimVerdict, Directory, HostClaim, HOST_CLAIM_TAG};
 pub use machine::{
-    Action, Alpns, Batch, Channel, Config as DriverConfig, Dispatch, Driver, Open, Send,
-    StreamVerdict,
+    Action, Alpns, Batch, Channel, Config as DriverConfig, DialEnd, DialTicket, Dispatch, Driver,
+    Open, Send, StreamVerdict,
 };
 pub use relay::RelayHints;
 pub use routing::{

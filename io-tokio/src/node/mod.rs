@@ -68,10 +68,10 @@ use tether_core::channel::{HybridChannel, Sender};
 pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED};
 pub use tether_core::driver::Channel;
 use tether_core::driver::{
-    Action, ActorAddr, Alpns, ClaimVerdict, Control, ControlVerdict, Direction, Dispatch, Driver,
-    DriverConfig, DropReason, Drops, Generation, HostClaim, Inbound, JoinStatus, NodeId, Open,
-    Path, PeerAuth, PeerBook, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict,
-    StreamVerdict, HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
+    Action, ActorAddr, Alpns, ClaimVerdict, Control, ControlVerdict, DialEnd, DialTicket,
+    Direction, Dispatch, Driver, DriverConfig, DropReason, Drops, Generation, HostClaim, Inbound,
+    JoinStatus, NodeId, Open, Path, PeerAuth, PeerBook, Refusals, Refused, RouteMemo, Routes,
+    Send as SendVerdict, StreamVerdict, HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, ADDRESS_BOOK_PEERS_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
@@ -170,6 +170,14 @@ pub enum NodeError {
     #[error("host claim not registered")]
     Register(#[source] tether_core::driver::machine::RegisterError),
 }
+
+/// The source of a [`NodeError::Connect`] for an open that found another open's dial to the
+/// same peer (on the same ALPN) in flight and waited on it, and that dial failed: concurrent
+/// opens share one dial and its failure, rather than each dialing an unreachable peer in turn.
+/// The next open dials afresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the dial this open waited on (another open's, to the same peer) failed")]
+pub struct WaitedDialFailed;
 
 impl From<Refused> for NodeError {
     fn from(_: Refused) -> Self {
@@ -528,6 +536,7 @@ impl NodeBuilder {
             join_attempt_timeout: self.join_policy.attempt_timeout,
             join_delay_divisor: self.join_policy.delay_divisor,
             valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
+            failed_opens_max: tether_core::limits::FAILED_OPENS_MAX,
         }));
         let substrate_peers = substrate_link::SubstratePeers::default();
         let (switch_queue, switch_connections) = if self.switch_host {
@@ -711,23 +720,35 @@ impl WriterWake {
     }
 }
 
-/// A dial an [`Open::Dial`] ordered: unless it connected, its end is reported when it is
-/// dropped (failed, or its caller went away), so the machine lets the next open dial.
+/// A dial an [`Open::Dial`] ordered under `ticket`: unless it connected, its end is reported
+/// when it is dropped: failed (the opens waiting on it fail as well), or abandoned because its
+/// caller went away (the next open dials).
 struct OpenDial {
     inner: Arc<Inner>,
     peer: NodeId,
     channel: Channel,
-    ended: bool,
+    ticket: DialTicket,
+    /// How it ended, unless it connected.
+    end: Option<DialEnd>,
 }
 
 impl Drop for OpenDial {
     fn drop(&mut self) {
-        if !self.ended {
-            let (peer, channel) = (self.peer, self.channel);
-            self.inner
-                .drive(|driver, now| driver.handle_open_dial_failed(now, peer, channel));
+        if let Some(end) = self.end {
+            let (peer, channel, ticket) = (self.peer, self.channel, self.ticket);
+            self.inner.drive(|driver, now| {
+                driver.handle_open_dial_failed(now, peer, channel, ticket, end)
+            });
         }
     }
+}
+
+/// Where the machine placed an open once it stopped waiting.
+enum Placed {
+    /// On this cached connection.
+    Cached(Generation, Connection),
+    /// On a connection this open dials under the ticket.
+    Dial(DialTicket),
 }
 
 /// Why a stream reader cannot go on.
@@ -983,18 +1004,19 @@ impl Node {
     /// keeps it (nothing is dialed; [`Node::disconnect`] first to replace it).
     pub async fn connect(&self, addr: EndpointAddr) -> Result<(), NodeError> {
         let peer = *addr.id.as_bytes();
-        let open = self
+        let ticket = match self
             .inner
             .open_verdict(peer, Path::Actor, Channel::Actor)
-            .await?;
-        if matches!(open, Open::Cached(..)) {
-            return Ok(());
-        }
+            .await?
+        {
+            Placed::Cached(..) => return Ok(()),
+            Placed::Dial(ticket) => ticket,
+        };
         let addr = self.inner.normalized(addr);
         self.inner.remember(&addr);
         let (generation, conn) = self
             .inner
-            .dial_cached(addr, &self.inner.actor_alpn, Channel::Actor)
+            .dial_cached(addr, &self.inner.actor_alpn, Channel::Actor, ticket)
             .await?;
         self.inner.adopt(peer, conn, Some(generation));
         Ok(())
@@ -1651,67 +1673,91 @@ impl Inner {
         E: Into<BoxError>,
     {
         let peer = *addr.id.as_bytes();
-        let mut verdict = self.open_verdict(peer, path, channel).await?;
-        loop {
-            verdict = match verdict {
-                Open::Cached(generation, conn) => match open(conn).await {
+        let mut changes = self.gate.changes.subscribe();
+        let mut verdict = self.drive(|driver, now| driver.handle_open(now, peer, path, channel))?;
+        let ticket = loop {
+            verdict = match self.settle(peer, channel, verdict, &mut changes).await? {
+                Placed::Cached(generation, conn) => match open(conn).await {
                     Ok(stream) => return Ok(stream),
                     Err(_) => self.drive(|driver, now| {
                         driver.handle_open_failed(now, peer, channel, generation)
                     }),
                 },
-                Open::Dial => break,
-                Open::Wait => self.open_verdict(peer, path, channel).await?,
+                Placed::Dial(ticket) => break ticket,
             };
-        }
-        let (generation, conn) = self.dial_cached(addr, alpn, channel).await?;
+        };
+        let (generation, conn) = self.dial_cached(addr, alpn, channel, ticket).await?;
         serve(self, generation, conn.clone());
         open(conn)
             .await
             .map_err(|error| NodeError::Connect(error.into()))
     }
 
-    /// The machine's verdict on an open to `peer` on `channel` (the allow-list for `path`
-    /// first): the cached connection or a dial, never [`Open::Wait`]: while another open's
-    /// dial is in flight, it asks again each time the machine's state moves.
+    /// Where the machine places an open to `peer` on `channel` (the allow-list for `path`
+    /// first): the cached connection or a dial; while another open's dial is in flight, it
+    /// waits for that dial ([`Inner::settle`]).
     async fn open_verdict(
         self: &Arc<Self>,
         peer: NodeId,
         path: Path,
         channel: Channel,
-    ) -> Result<Open<Connection>, NodeError> {
+    ) -> Result<Placed, NodeError> {
         let mut changes = self.gate.changes.subscribe();
+        let verdict = self.drive(|driver, now| driver.handle_open(now, peer, path, channel))?;
+        self.settle(peer, channel, verdict, &mut changes).await
+    }
+
+    /// Follows an open's `verdict` until the machine places it: each [`Open::Wait`] asks
+    /// again once the machine's state moved (`changes`, subscribed before the verdict was
+    /// asked, so no move is missed); a failed dial it waited on, or the node closing, is its
+    /// error.
+    async fn settle(
+        self: &Arc<Self>,
+        peer: NodeId,
+        channel: Channel,
+        mut verdict: Open<Connection>,
+        changes: &mut watch::Receiver<u64>,
+    ) -> Result<Placed, NodeError> {
         loop {
-            changes.borrow_and_update();
-            match self.drive(|driver, now| driver.handle_open(now, peer, path, channel))? {
-                Open::Wait => changes.changed().await.map_err(|_| NodeError::Closed)?,
-                verdict => return Ok(verdict),
-            }
+            verdict = match verdict {
+                Open::Cached(generation, conn) => return Ok(Placed::Cached(generation, conn)),
+                Open::Dial(ticket) => return Ok(Placed::Dial(ticket)),
+                Open::Failed => return Err(NodeError::Connect(Box::new(WaitedDialFailed))),
+                Open::Closed => return Err(NodeError::Closed),
+                Open::Wait(ticket) => {
+                    changes.changed().await.map_err(|_| NodeError::Closed)?;
+                    self.drive(|driver, now| driver.handle_open_waited(now, peer, channel, ticket))
+                }
+            };
         }
     }
 
-    /// Dials `addr` on `alpn`, as the machine's [`Open::Dial`] ordered, and caches the
-    /// connection under `channel`: its generation and the connection. A failed (or dropped)
-    /// dial is reported, so opens waiting for it go on.
+    /// Dials `addr` on `alpn`, as the machine's [`Open::Dial`] ordered under `ticket`, and
+    /// caches the connection under `channel`: its generation and the connection. A failed or
+    /// dropped dial is reported, so the opens waiting on it go on.
     async fn dial_cached(
         self: &Arc<Self>,
         addr: EndpointAddr,
         alpn: &[u8],
         channel: Channel,
+        ticket: DialTicket,
     ) -> Result<(Generation, Connection), NodeError> {
         let peer = *addr.id.as_bytes();
         let mut dial = OpenDial {
             inner: self.clone(),
             peer,
             channel,
-            ended: false,
+            ticket,
+            end: Some(DialEnd::Abandoned),
         };
-        let conn = self
-            .endpoint
-            .connect(addr, alpn)
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))?;
-        dial.ended = true;
+        let conn = match self.endpoint.connect(addr, alpn).await {
+            Ok(conn) => conn,
+            Err(error) => {
+                dial.end = Some(DialEnd::Failed);
+                return Err(NodeError::Connect(error.into()));
+            }
+        };
+        dial.end = None;
         let generation = self
             .drive(|driver, now| driver.handle_connected(now, peer, channel, conn.clone()))
             .ok_or(NodeError::Closed)?;
