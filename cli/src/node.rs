@@ -449,8 +449,6 @@ struct Router {
 /// Why a routed request failed.
 #[derive(Debug, thiserror::Error)]
 enum RouteError {
-    #[error("cannot reach the peer's switch host: {0}")]
-    Dial(#[from] NodeError),
     #[error(transparent)]
     Switch(#[from] SwitchError),
 }
@@ -465,8 +463,9 @@ impl Router {
         {
             let _one_dial = self.attach.lock().await;
             if self.switch.slot_accepts_attach(PEER_SLOT).await {
-                let stream = node.dial_switch_host(host).await?;
-                self.switch.add_master(PEER_SLOT, stream).await?;
+                // Over the node's one cached connection to the host; a cut for silence
+                // evicts it, so the next attach dials afresh.
+                self.switch.connect_iroh(PEER_SLOT, node, host).await?;
             }
         }
         let call = self.switch.request(UPPER).await?;

@@ -295,6 +295,15 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel(name)?,
                 generation_of(*g)?,
             ))),
+            DriverOp::Unresponsive {
+                peer,
+                channel: name,
+                generation: g,
+                ..
+            } => {
+                driver.handle_unresponsive(now, id(*peer), channel(name)?, generation_of(*g)?);
+                None
+            }
             DriverOp::OpenWaited {
                 peer,
                 channel: name,

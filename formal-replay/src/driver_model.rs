@@ -75,9 +75,21 @@
 //! - Only `connected` (and `dialed` connected / `join_sent`, handled as `connected` on
 //!   `actor`), `open_dial_failed` and `close` take pairs out of opening; only `connected`,
 //!   `open_waited` (its last waiter), a replacement or the cap in `open_dial_failed`, and
-//!   `close` take them out of failed opens: a `closed`, `disconnect` or failed `dialed` does
-//!   neither. `close` does not reset the ticket counter (its rule does not name it, and no
-//!   ticket is handed out after it).
+//!   `close` take them out of failed opens: a `closed`, `disconnect`, `unresponsive` or failed
+//!   `dialed` does neither. `close` does not reset the ticket counter (its rule does not name
+//!   it, and no ticket is handed out after it).
+//! - A generation named by an op (`closed`, `open_failed`, `write_failed`, `stopped`,
+//!   `unresponsive`) is compared as a number with the cached entry's: the document says such a
+//!   generation "is ≥ 1 and may be one never issued", and since generations start at 1, a 0
+//!   is read as one more generation never issued. It matches no entry (the "otherwise" branch
+//!   of each rule), it is not an error.
+//! - `unresponsive` does exactly what its rule lists: the entry goes, `evictions` += 1 and
+//!   `close:<conn>:408` is queued with the entry's connection; nothing else. On any channel,
+//!   `actor` included, it dials nobody (unlike `write_failed`, its rule does not say to dial),
+//!   kicks no writer and leaves writers, opening and failed opens alone. A generation that
+//!   does not match (a newer connection, another channel's, none cached) counts nothing
+//!   (`stale_failures` belongs to `write_failed` and `stopped`). It does not look at closed:
+//!   after `close` nothing is cached, so it always does nothing then. Result `null`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -709,6 +721,30 @@ impl Machine {
         }
     }
 
+    /// `unresponsive peer, channel, generation`: what ran over that connection stopped
+    /// answering (a liveness cut, such as a switch master's unechoed heartbeat). If the cache
+    /// entry of (peer, channel) has this generation: remove it, `evictions` += 1, queue
+    /// `close:<conn>:408`. Otherwise nothing (a newer connection stays).
+    ///
+    /// No dial, on any channel (the rule does not say to dial), and no `stale_failures`.
+    fn unresponsive(&mut self, peer: u8, channel: Channel, generation: u64) -> Result<(), String> {
+        // If the cache entry of (peer, channel) has this generation:
+        let current = match self.cache.get(&(peer, channel)) {
+            Some(&entry) if entry.generation == generation => Some(entry),
+            _ => None,
+        };
+        if let Some(entry) = current {
+            // remove it,
+            self.cache.remove(&(peer, channel));
+            // `evictions` += 1,
+            add(&mut self.counters.evictions, 1, "evictions")?;
+            // queue `close:<conn>:408`.
+            self.actions.push(format!("close:{}:408", entry.conn));
+        }
+        // Otherwise nothing (a newer connection stays).
+        Ok(())
+    }
+
     /// The **verdict** of `open` (also `open_failed`'s result and `open_waited`'s fallback):
     /// "if closed, result `"closed"`; else if (peer, channel) is cached, result
     /// `"cached:<generation>:<conn>"`; else if (peer, channel) is opening, its waiters += 1,
@@ -1295,6 +1331,16 @@ impl Machine {
             DriverOp::Disconnect { peer, channel, .. } => {
                 let channel = Channel::parse(channel)?;
                 self.disconnect(*peer, channel);
+                None
+            }
+            DriverOp::Unresponsive {
+                peer,
+                channel,
+                generation,
+                ..
+            } => {
+                let channel = Channel::parse(channel)?;
+                self.unresponsive(*peer, channel, *generation)?;
                 None
             }
             DriverOp::Admit {
@@ -2805,6 +2851,93 @@ mod tests {
         }));
     }
 
+    /// `unresponsive`: a liveness cut of an older connection (generation 1, replaced by 2 on
+    /// the same pair) changes nothing; of the current one removes it, counts an eviction and
+    /// closes it with code 408; a second report of it changes nothing. On `actor` it is evicted
+    /// like any other channel and no dial is queued (the next `send` dials). Generation 0,
+    /// another channel's pair and anything after `close` match nothing; an unknown channel is
+    /// an `Err`; `evictions` past `u64::MAX` is an `Err`.
+    #[test]
+    fn unresponsive_evicts_only_the_current_connection() {
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "connected", "at": 0, "peer": 1, "channel": "switch", "conn": 10},
+                {"op": "connected", "at": 1, "peer": 1, "channel": "switch", "conn": 11},
+                {"op": "unresponsive", "at": 2, "peer": 1, "channel": "switch",
+                 "generation": 1},
+                {"op": "unresponsive", "at": 3, "peer": 1, "channel": "switch",
+                 "generation": 2},
+                {"op": "unresponsive", "at": 4, "peer": 1, "channel": "switch",
+                 "generation": 2},
+                {"op": "accept", "at": 5, "peer": 2, "alpn": "a", "conn": 12},
+                {"op": "unresponsive", "at": 6, "peer": 2, "channel": "actor",
+                 "generation": 0},
+                {"op": "unresponsive", "at": 6, "peer": 2, "channel": "telemetry",
+                 "generation": 3},
+                {"op": "unresponsive", "at": 7, "peer": 2, "channel": "actor",
+                 "generation": 3},
+                {"op": "send", "at": 8, "peer": 2},
+                {"op": "connected", "at": 9, "peer": 1, "channel": "protocol:1", "conn": 13},
+                {"op": "close", "at": 10},
+                {"op": "unresponsive", "at": 11, "peer": 1, "channel": "protocol:1",
+                 "generation": 4}
+            ],
+            "steps": [
+                step(json!("gen:1"), &[], N),
+                step(json!("gen:2"), &[], N),
+                // Generation 1 is not the entry's (2): a newer connection stays.
+                step(N, &[], N),
+                // The entry's generation: removed, evictions 1, close with 408.
+                step(N, &["close:11:408"], N),
+                // Nothing cached on (1, switch) any more.
+                step(N, &[], N),
+                step(json!("actor:3"), &[], N),
+                // Generation 0 matches nothing; (2, telemetry) is not cached.
+                step(N, &[], N),
+                step(N, &[], N),
+                // Evicted like any other channel: no dial.
+                step(N, &["close:12:408"], N),
+                // (2, actor) is gone: send dials and drops cache_miss.
+                step(json!("drop:cache_miss"), &["dial:2:1"], N),
+                step(json!("gen:4"), &[], N),
+                // close ends the dial and closes (1, protocol:1) with 0.
+                step(N, &["close:13:0"], N),
+                step(N, &[], N)
+            ],
+            "end": {
+                "drops": {"cache_miss": 1},
+                "refusals": {},
+                "counters": counters(1, 1, 0, 2, 0, 0),
+                "cache": [],
+                "joins": {}
+            }
+        }));
+        // An unknown channel is undefined input.
+        for channel in ["Switch", "protocol:2", ""] {
+            let case = case_with(json!([{"op": "unresponsive", "at": 0, "peer": 1,
+                                         "channel": channel, "generation": 1}]));
+            assert!(run_case(&case).is_err(), "{channel:?} should be malformed");
+        }
+        // evictions past u64::MAX.
+        let mut machine = Machine::new(None);
+        machine.counters.evictions = u64::MAX;
+        let connected = DriverOp::Connected {
+            at: 0,
+            peer: 1,
+            channel: "switch".to_string(),
+            conn: 1,
+        };
+        machine.apply(&connected).expect("well formed");
+        let unresponsive = DriverOp::Unresponsive {
+            at: 0,
+            peer: 1,
+            channel: "switch".to_string(),
+            generation: 1,
+        };
+        assert!(machine.apply(&unresponsive).is_err());
+    }
+
     /// One timeout fires timers of every kind in (due, kind, peer) order: an idle writer due
     /// earlier first, then at equal due times dials (by peer), the join, the idle writer.
     #[test]
@@ -3275,6 +3408,8 @@ mod tests {
                     "ticket": 1}]),
             json!([{"op": "open_dial_failed", "at": 0, "peer": 1, "channel": "Actor",
                     "ticket": 1, "abandoned": false}]),
+            json!([{"op": "unresponsive", "at": 0, "peer": 1, "channel": "Switch",
+                    "generation": 1}]),
         ];
         for ops in bad {
             let case = case_with(ops.clone());
@@ -3451,7 +3586,7 @@ mod tests {
                 for _ in 0..next(40) {
                     at += next(3) * next(3_000);
                     let peer = peers[next(6) as usize];
-                    let op = match next(23) {
+                    let op = match next(24) {
                         0 => json!({"op": "accept", "at": at, "peer": peer,
                                     "alpn": alpns[next(7) as usize], "conn": next(5)}),
                         1 => json!({"op": "connected", "at": at, "peer": peer,
@@ -3518,6 +3653,11 @@ mod tests {
                                      "name": streams[next(3) as usize],
                                      "flow": flow(next(3) as u8)}),
                         21 => json!({"op": "timeout", "at": at}),
+                        // As often as `closed`, generations from the same small range (0
+                        // included: it matches nothing), so it often names the current one.
+                        22 => json!({"op": "unresponsive", "at": at, "peer": peer,
+                                     "channel": channels[next(6) as usize],
+                                     "generation": next(6)}),
                         _ => json!({"op": "close", "at": at}),
                     };
                     ops.push(op);

@@ -921,7 +921,7 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
             if index == 0 && rng.random_bool(0.5) {
                 return json!({"op": "stream", "at": at, "name": DRIVER_STREAMS[0]});
             }
-            match rng.random_range(0..30) {
+            match rng.random_range(0..31) {
                 0..=1 => json!({"op": "accept", "at": at, "peer": peer,
                     "alpn": DRIVER_ALPNS[rng.random_range(0..DRIVER_ALPNS.len())], "conn": conn}),
                 2 => json!({"op": "connected", "at": at, "peer": peer, "channel": channel,
@@ -1014,6 +1014,8 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                 27 => json!({"op": "open_dial_failed", "at": at, "peer": peer,
                     "channel": channel, "ticket": rng.random_range(1..5u64),
                     "abandoned": rng.random_range(0..3) == 0}),
+                29 => json!({"op": "unresponsive", "at": at, "peer": peer,
+                    "channel": channel, "generation": generation}),
                 28 => json!({"op": "open_waited", "at": at, "peer": peer,
                     "channel": channel, "ticket": rng.random_range(1..5u64)}),
                 _ => json!({"op": "timeout", "at": at}),

@@ -472,6 +472,12 @@ pub enum DriverOp {
         channel: String,
         generation: u64,
     },
+    Unresponsive {
+        at: u64,
+        peer: u8,
+        channel: String,
+        generation: u64,
+    },
     OpenWaited {
         at: u64,
         peer: u8,
@@ -584,6 +590,7 @@ impl DriverOp {
             | Self::Stopped { at, .. }
             | Self::Open { at, .. }
             | Self::OpenFailed { at, .. }
+            | Self::Unresponsive { at, .. }
             | Self::OpenWaited { at, .. }
             | Self::OpenDialFailed { at, .. }
             | Self::Idle { at, .. }

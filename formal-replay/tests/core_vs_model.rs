@@ -182,6 +182,7 @@ fn driver_op() -> impl Strategy<Value = Value> {
         1 => (peer.clone(), channel.clone(), conn.clone()).prop_map(|(p, ch, c)| json!({"op": "connected", "peer": p, "channel": ch, "conn": c})),
         1 => (peer.clone(), channel.clone(), generation.clone()).prop_map(|(p, ch, g)| json!({"op": "closed", "peer": p, "channel": ch, "generation": g})),
         1 => (peer.clone(), channel.clone()).prop_map(|(p, ch)| json!({"op": "disconnect", "peer": p, "channel": ch})),
+        1 => (peer.clone(), channel.clone(), generation.clone()).prop_map(|(p, ch, g)| json!({"op": "unresponsive", "peer": p, "channel": ch, "generation": g})),
         // Dial ends and waiters asking again over the same few pairs the opens use, with
         // tickets small enough to match the dials in flight.
         1 => (0u8..2, prop::sample::select(vec!["telemetry", "switch"]), 1u64..5, any::<bool>())

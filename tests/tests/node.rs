@@ -284,6 +284,31 @@ async fn connect_keeps_a_cached_connection_until_it_is_disconnected() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_connects_share_one_dial() {
+    let a = node().await;
+    let b = node().await;
+    let b_key = hex(&b.node.node_id());
+    // The first asks the machine and dials; the other two find that dial in flight, wait
+    // for it, and return once it cached its connection.
+    let (one, two, three) = tokio::join!(
+        a.node.connect(b.node.endpoint_addr()),
+        a.node.connect(b.node.endpoint_addr()),
+        a.node.connect(b.node.endpoint_addr()),
+    );
+    for connected in [one, two, three] {
+        connected.expect("connect");
+    }
+    // The node's first and only cached connection: had each connect dialed, three would
+    // have been cached one after another (generations 1, 2, 3), each replacing the last.
+    let snapshot = a.node.snapshot();
+    assert_eq!(snapshot.cache[&b_key], 1, "one dial for all three");
+    assert_eq!(snapshot.connections.len(), 1);
+    for n in [a, b] {
+        n.node.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_is_replaced_under_a_new_generation() {
     let a = node().await;
     let mut b = node().await;

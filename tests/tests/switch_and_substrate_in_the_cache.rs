@@ -2,12 +2,20 @@
 //! telemetry and protocol connections: one connection per peer and ALPN, reused by every
 //! stream whichever side dialed it, and evicted by generation when it ends.
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 use tether::iroh::endpoint::VarInt;
 use tether::node::{Node, NodeError, SwitchConnections, WaitedDialFailed, SWITCH_ALPN};
 use tether::substrate::{Link, Transport};
 use tether_core::driver::machine::{Channel, STOP_UNREAD};
 use tether_core::substrate::PeerId;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use tether::switch::host::Host;
+use tether::switch::Switch;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 mod support;
 
@@ -275,4 +283,112 @@ async fn opens_waiting_on_a_dial_that_fails_fail_with_it() {
     assert!(cached(&engine, Channel::Switch).is_empty());
     engine.close().await;
     not_a_host.close().await;
+}
+
+/// A stream whose reads stop for good once `frozen` is set: a peer that went silent.
+struct Freezable<S> {
+    inner: S,
+    frozen: Arc<AtomicBool>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Freezable<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.frozen.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Freezable<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+const ECHO: &str = "cap:in=media:text;out=media:echo";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_cut_for_silence_takes_its_connection_with_it() {
+    let (host, engine, mut accepted) = host_and_engine().await;
+    // The host serves each switch stream; the first one's reads can be frozen.
+    let frozen = Arc::new(AtomicBool::new(false));
+    let first = frozen.clone();
+    tokio::spawn(async move {
+        let mut flags = vec![first];
+        while let Some((_, stream)) = accepted.recv().await {
+            let frozen = flags.pop().unwrap_or_default();
+            let master = Host::new("echo").handler(ECHO, |mut request| async move {
+                let input = request.read_all().await;
+                let _ = request.respond("out", "media:text", [input]).await;
+                let _ = request.end().await;
+            });
+            tokio::spawn(master.serve(Freezable {
+                inner: stream,
+                frozen,
+            }));
+        }
+    });
+    let switch = Switch::builder()
+        .heartbeat(Duration::from_millis(50), Duration::from_millis(200))
+        .start();
+    switch
+        .connect_iroh("echo", &engine, host.endpoint_addr())
+        .await
+        .expect("verified over iroh");
+    let [(_, generation)] = cached(&engine, Channel::Switch)[..] else {
+        panic!("one switch connection");
+    };
+
+    // The master goes silent: the request it was given ends when the switch cuts it for an
+    // unechoed heartbeat, and the cut evicts the connection under it (closed with 408).
+    frozen.store(true, Ordering::Release);
+    let call = switch.request(ECHO).await.expect("routed");
+    let answer = call.collect().await;
+    assert!(answer.is_err(), "a silent master answers nothing");
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(
+        stats.switch.cuts.get("heartbeat_timeout"),
+        Some(&1),
+        "{:?}",
+        stats.switch.cuts
+    );
+    assert!(
+        cached(&engine, Channel::Switch).is_empty(),
+        "the connection under the cut master was evicted"
+    );
+
+    // Reattaching dials a fresh connection instead of opening a stream behind the silent one.
+    switch
+        .connect_iroh("echo", &engine, host.endpoint_addr())
+        .await
+        .expect("reattached");
+    let [(_, fresh)] = cached(&engine, Channel::Switch)[..] else {
+        panic!("one switch connection");
+    };
+    assert!(fresh > generation);
+    assert_eq!(host.snapshot().accepted, 2, "a second connection");
+    let call = switch.request(ECHO).await.expect("routed");
+    call.send_stream("in", "media:text", [b"hi".to_vec()])
+        .await
+        .expect("input");
+    call.finish().await.expect("input ends");
+    assert_eq!(call.collect().await.expect("answered"), b"hi");
+    switch.close().await;
+    engine.close().await;
+    host.close().await;
 }

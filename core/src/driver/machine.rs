@@ -40,6 +40,9 @@ use crate::time::Time;
 pub const CLOSE_UNAUTHORIZED: u32 = 403;
 /// Close code of a connection closed on shutdown, by `disconnect`, or for lack of an adapter.
 pub const CLOSE_SHUTDOWN: u32 = 0;
+/// Close code of a connection evicted because what ran over it stopped answering (a switch
+/// master whose heartbeat went unechoed, or that stopped reading): HTTP's "request timeout".
+pub const CLOSE_UNRESPONSIVE: u32 = 408;
 /// Stop code of a stream dropped as malformed.
 pub const STOP_MALFORMED: u32 = 1;
 /// Stop code of an inbound stream whose local consumer went away (nothing reads it); not 0,
@@ -318,7 +321,7 @@ pub struct Counters {
     pub dials_started: u64,
     /// Dial attempts that failed.
     pub dial_failures: u64,
-    /// Current generations evicted after a write failure.
+    /// Current generations evicted after a write failure or a liveness cut.
     pub evictions: u64,
     /// Failures reported for a generation already replaced.
     pub stale_failures: u64,
@@ -538,6 +541,34 @@ impl<C: Clone> Driver<C> {
     ) {
         if self.cache.fail(&(peer, channel), generation) == Eviction::Evicted {
             self.bump();
+        }
+    }
+
+    /// What ran over the connection of `generation` to `peer` on `channel` stopped answering
+    /// (a liveness cut): if that generation is still cached it is evicted and closed with
+    /// [`CLOSE_UNRESPONSIVE`], so that the next stream dials afresh instead of queueing
+    /// behind a peer that no longer reads (and its stream credit). A newer connection stays.
+    pub fn handle_unresponsive(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        channel: Channel,
+        generation: Generation,
+    ) {
+        let key = (peer, channel);
+        if self
+            .cache
+            .peek(&key)
+            .is_some_and(|entry| entry.generation == generation)
+        {
+            if let Some(entry) = self.cache.remove(&key) {
+                self.counters.evictions += 1;
+                self.actions.push_back(Action::Close {
+                    conn: entry.conn,
+                    code: CLOSE_UNRESPONSIVE,
+                });
+                self.bump();
+            }
         }
     }
 
@@ -1488,6 +1519,37 @@ mod tests {
         // A failed dial nobody waited on is not remembered.
         d.handle_open_dial_failed(at(4), PEER, channel, DialTicket(2), DialEnd::Failed);
         assert_eq!(d.failed_opens().count(), 0);
+    }
+
+    #[test]
+    fn a_liveness_cut_evicts_and_closes_its_generation_only() {
+        let mut d = driver();
+        let channel = Channel::Switch;
+        let old = d
+            .handle_connected(at(0), PEER, channel, "old")
+            .expect("cached");
+        let new = d
+            .handle_connected(at(1), PEER, channel, "new")
+            .expect("cached");
+        // A cut on the replaced generation leaves the newer connection alone.
+        d.handle_unresponsive(at(2), PEER, channel, old);
+        assert_eq!(d.connection(&PEER, channel), Some((new, "new")));
+        assert!(d.poll_action().is_none());
+        d.handle_unresponsive(at(3), PEER, channel, new);
+        assert_eq!(d.connection(&PEER, channel), None);
+        assert_eq!(
+            d.poll_action(),
+            Some(Action::Close {
+                conn: "new",
+                code: CLOSE_UNRESPONSIVE
+            })
+        );
+        assert_eq!(d.counters().evictions, 1);
+        // The next open dials afresh.
+        assert!(matches!(
+            d.handle_open(at(4), PEER, Path::Switch, channel),
+            Ok(Open::Dial(_))
+        ));
     }
 
     #[test]

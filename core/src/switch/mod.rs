@@ -142,6 +142,17 @@ pub enum CutReason {
     Backlogged,
 }
 
+impl CutReason {
+    /// Whether the cut says the connection under the master's stream is suspect, not just the
+    /// stream: the master went silent (its heartbeat was not echoed) or stopped reading. The
+    /// transport should then drop that connection rather than open the next stream on it
+    /// behind a peer that no longer answers. A handshake failure, a protocol violation or
+    /// undecodable bytes are the stream's fault; a closed connection is gone already.
+    pub fn implicates_connection(&self) -> bool {
+        matches!(self, Self::HeartbeatTimeout | Self::Backlogged)
+    }
+}
+
 /// How a peer broke the protocol.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

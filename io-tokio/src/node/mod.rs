@@ -65,7 +65,7 @@ use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
 use iroh::{Endpoint, EndpointAddr, PublicKey, SecretKey};
 pub use iroh::{RelayMode, RelayUrl};
 use tether_core::channel::{HybridChannel, Sender};
-pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED};
+pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED, CLOSE_UNRESPONSIVE};
 pub use tether_core::driver::Channel;
 use tether_core::driver::{
     Action, ActorAddr, Alpns, ClaimVerdict, Control, ControlVerdict, DialEnd, DialTicket,
@@ -743,6 +743,39 @@ impl Drop for OpenDial {
     }
 }
 
+/// Reports the connection a stream was opened on unresponsive: what ran over it stopped
+/// answering (a switch master whose heartbeat went unechoed, or that stopped reading). The
+/// node's machine evicts that connection (that generation only: a newer one stays) and closes
+/// it with [`CLOSE_UNRESPONSIVE`], so the next stream to the peer dials afresh rather than
+/// queueing behind a peer that no longer reads. [`crate::switch::Switch::connect_iroh`] uses
+/// it on every cut of that kind; it does nothing once the node is gone.
+#[derive(Clone)]
+pub struct ConnectionCut {
+    inner: std::sync::Weak<Inner>,
+    peer: NodeId,
+    channel: Channel,
+    generation: Generation,
+}
+
+impl std::fmt::Debug for ConnectionCut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionCut")
+            .field("channel", &self.channel)
+            .field("generation", &self.generation.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectionCut {
+    /// Reports the connection unresponsive (see the type).
+    pub fn unresponsive(&self) {
+        if let Some(inner) = self.inner.upgrade() {
+            let (peer, channel, generation) = (self.peer, self.channel, self.generation);
+            inner.drive(|driver, now| driver.handle_unresponsive(now, peer, channel, generation));
+        }
+    }
+}
+
 /// Where the machine placed an open once it stopped waiting.
 enum Placed {
     /// On this cached connection.
@@ -1344,7 +1377,7 @@ impl Node {
                 Path::Protocol,
                 channel,
                 &adapter.binding.wire_alpn,
-                |conn| async move { conn.open_bi().await },
+                |_, conn| async move { conn.open_bi().await },
                 |inner, generation, conn| {
                     inner.serve_protocol(adapter.clone(), index, generation, peer, conn);
                 },
@@ -1376,11 +1409,11 @@ impl Node {
     /// peer (dialed when there is none, or when the cached one is dead). Refused before
     /// dialling when the peer is not on the allow-list.
     pub async fn dial_switch_host(&self, addr: EndpointAddr) -> Result<QuicStream, NodeError> {
-        let (conn, send, recv) = self
+        let (conn, send, recv, cut) = self
             .inner
             .open_bi_cached(addr, Channel::Switch, SWITCH_ALPN)
             .await?;
-        Ok(QuicStream::new(conn, send, recv))
+        Ok(QuicStream::new(conn, send, recv).with_cut(cut))
     }
 
     /// The substrate transport of a node built with [`NodeBuilder::substrate`]; taken once.
@@ -1647,7 +1680,7 @@ impl Inner {
                 Path::Telemetry,
                 Channel::Telemetry,
                 &self.telemetry_alpn,
-                |conn| async move { conn.open_uni().await },
+                |_, conn| async move { conn.open_uni().await },
                 |inner, generation, conn| inner.serve_telemetry(peer, generation, conn),
             )
             .await?;
@@ -1665,7 +1698,7 @@ impl Inner {
         path: Path,
         channel: Channel,
         alpn: &[u8],
-        open: impl Fn(Connection) -> F,
+        open: impl Fn(Generation, Connection) -> F,
         serve: impl FnOnce(&Arc<Self>, Generation, Connection),
     ) -> Result<S, NodeError>
     where
@@ -1677,7 +1710,7 @@ impl Inner {
         let mut verdict = self.drive(|driver, now| driver.handle_open(now, peer, path, channel))?;
         let ticket = loop {
             verdict = match self.settle(peer, channel, verdict, &mut changes).await? {
-                Placed::Cached(generation, conn) => match open(conn).await {
+                Placed::Cached(generation, conn) => match open(generation, conn).await {
                     Ok(stream) => return Ok(stream),
                     Err(_) => self.drive(|driver, now| {
                         driver.handle_open_failed(now, peer, channel, generation)
@@ -1688,7 +1721,7 @@ impl Inner {
         };
         let (generation, conn) = self.dial_cached(addr, alpn, channel, ticket).await?;
         serve(self, generation, conn.clone());
-        open(conn)
+        open(generation, conn)
             .await
             .map_err(|error| NodeError::Connect(error.into()))
     }
@@ -1766,22 +1799,29 @@ impl Inner {
 
     /// A bidirectional stream to `addr` on the connection cached for `channel` (the
     /// switch's or the substrate's), whichever side dialed it; with none (or a dead one), a
-    /// fresh connection is dialed on `alpn`, cached, and served as an accepted one is.
+    /// fresh connection is dialed on `alpn`, cached, and served as an accepted one is. With
+    /// it, the handle that reports that connection unresponsive.
     pub(super) async fn open_bi_cached(
         self: &Arc<Self>,
         addr: EndpointAddr,
         channel: Channel,
         alpn: &[u8],
-    ) -> Result<(Connection, SendStream, RecvStream), NodeError> {
+    ) -> Result<(Connection, SendStream, RecvStream, ConnectionCut), NodeError> {
         let peer = *addr.id.as_bytes();
         self.open_stream_to(
             addr,
             channel.path(),
             channel,
             alpn,
-            |conn| async move {
+            |generation, conn| async move {
                 let (send, recv) = conn.open_bi().await?;
-                Ok::<_, iroh::endpoint::ConnectionError>((conn, send, recv))
+                let cut = ConnectionCut {
+                    inner: Arc::downgrade(self),
+                    peer,
+                    channel,
+                    generation,
+                };
+                Ok::<_, iroh::endpoint::ConnectionError>((conn, send, recv, cut))
             },
             |inner, generation, conn| inner.serve_bi(peer, channel, generation, conn),
         )

@@ -155,7 +155,7 @@ impl Transport for IrohTransport {
                 .node
                 .upgrade()
                 .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "node dropped"))?;
-            let (conn, send, recv) = node
+            let (conn, send, recv, _) = node
                 .open_bi_cached(addr, DriverChannel::Substrate, SUBSTRATE_ALPN)
                 .await
                 .map_err(io::Error::other)?;
@@ -176,6 +176,8 @@ pub struct QuicStream {
     conn: Connection,
     send: SendStream,
     recv: RecvStream,
+    /// Reports `conn` unresponsive (streams this node opened).
+    cut: Option<super::ConnectionCut>,
 }
 
 impl std::fmt::Debug for QuicStream {
@@ -188,7 +190,23 @@ impl std::fmt::Debug for QuicStream {
 
 impl QuicStream {
     pub(super) fn new(conn: Connection, send: SendStream, recv: RecvStream) -> Self {
-        Self { conn, send, recv }
+        Self {
+            conn,
+            send,
+            recv,
+            cut: None,
+        }
+    }
+
+    pub(super) fn with_cut(mut self, cut: super::ConnectionCut) -> Self {
+        self.cut = Some(cut);
+        self
+    }
+
+    /// The handle that reports the connection under this stream unresponsive (evicted and
+    /// closed, so the next stream dials afresh); `None` for a stream the peer opened.
+    pub fn connection_cut(&self) -> Option<super::ConnectionCut> {
+        self.cut.clone()
     }
 
     /// The receive half (the rest is dropped: the send half finishes).

@@ -85,6 +85,8 @@ pub enum SwitchError {
 }
 
 type Reply<T> = oneshot::Sender<T>;
+/// Called when a master is cut for a reason that implicates its connection.
+type Unresponsive = Box<dyn FnOnce() + Send>;
 /// Who waits for a write's outcome (no one for a [`Switch::call`]'s input frames).
 type WriteReply = Option<Reply<Result<(), SwitchError>>>;
 
@@ -93,6 +95,7 @@ enum Command {
         id: String,
         reader: Box<dyn AsyncRead + Send + Unpin>,
         writer: Box<dyn AsyncWrite + Send + Unpin>,
+        unresponsive: Option<Unresponsive>,
         reply: Reply<Result<(), SwitchError>>,
     },
     SlotAccepts(String, Reply<bool>),
@@ -138,6 +141,18 @@ impl SwitchBuilder {
     /// The policy pushed to every master before anything else.
     pub fn policy(mut self, policy: impl Into<Bytes>) -> Self {
         self.config.policy = policy.into();
+        self
+    }
+
+    /// How often each master is sent a heartbeat, and how long it has to echo it before it
+    /// is cut off (defaults: `SWITCH_HEARTBEAT_INTERVAL_MS`, `SWITCH_HEARTBEAT_TIMEOUT_MS`).
+    pub fn heartbeat(
+        mut self,
+        interval: std::time::Duration,
+        timeout: std::time::Duration,
+    ) -> Self {
+        self.config.heartbeat_interval = interval;
+        self.config.heartbeat_timeout = timeout;
         self
     }
 
@@ -200,14 +215,51 @@ impl Switch {
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
+        self.attach(id, stream, None).await
+    }
+
+    /// Attaches `stream`; `unresponsive` is called if the master is cut for a reason that
+    /// implicates the connection under it ([`CutReason::implicates_connection`]).
+    async fn attach<S>(
+        &self,
+        id: &str,
+        stream: S,
+        unresponsive: Option<Unresponsive>,
+    ) -> Result<(), SwitchError>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
         let (reader, writer) = tokio::io::split(stream);
         self.ask(|reply| Command::Attach {
             id: id.to_owned(),
             reader: Box::new(reader),
             writer: Box::new(writer),
+            unresponsive,
             reply,
         })
         .await?
+    }
+
+    /// Opens a stream to the switch host at `addr` over `node` (its one cached connection
+    /// to that peer, [`crate::node::Node::dial_switch_host`]) and attaches it as `id`. A cut
+    /// that implicates the connection (the master went silent or stopped reading) reports
+    /// it unresponsive: the node evicts and closes it, so reattaching dials afresh instead of
+    /// opening another stream behind a peer that no longer answers.
+    #[cfg(feature = "iroh")]
+    pub async fn connect_iroh(
+        &self,
+        id: &str,
+        node: &crate::node::Node,
+        addr: iroh::EndpointAddr,
+    ) -> Result<(), SwitchError> {
+        let stream = node
+            .dial_switch_host(addr)
+            .await
+            .map_err(|error| SwitchError::Connect(error.to_string()))?;
+        let unresponsive = stream
+            .connection_cut()
+            .map(|cut| Box::new(move || cut.unresponsive()) as Unresponsive);
+        self.attach(id, stream, unresponsive).await
     }
 
     /// Connects to a master listening on the Unix socket `path` and attaches it as `id`.
@@ -506,6 +558,8 @@ struct MasterIo {
     /// At most [`SWITCH_WRITER_FRAMES_MAX`] frames queued: a master that stops reading is cut
     /// off.
     writer: FrameWriter<Box<dyn AsyncWrite + Send + Unpin>>,
+    /// Told when the master is cut for a reason that implicates its connection.
+    unresponsive: Option<Unresponsive>,
 }
 
 /// Writes what every master's socket takes now; the first connection whose write failed.
@@ -602,6 +656,7 @@ impl Task {
                 id,
                 reader,
                 writer,
+                unresponsive,
                 reply,
             } => match self.machine.attach(now, &id) {
                 Ok(conn) => {
@@ -611,6 +666,7 @@ impl Task {
                         MasterIo {
                             conn,
                             writer: FrameWriter::new(writer, SWITCH_WRITER_FRAMES_MAX),
+                            unresponsive,
                         },
                     );
                     self.attaching.insert(conn, reply);
@@ -876,13 +932,20 @@ impl Task {
     }
 
     /// The machine let go of `conn`: its reader stops and its writer closes the stream.
+    /// A cut that implicates the connection under the stream is reported to its transport.
     fn detach(&mut self, conn: ConnId, reason: &CutReason) {
         if self
             .masters
             .get(&conn.slot)
             .is_some_and(|io| io.conn == conn)
         {
-            self.masters.remove(&conn.slot);
+            let unresponsive = self
+                .masters
+                .remove(&conn.slot)
+                .and_then(|io| io.unresponsive);
+            if let Some(unresponsive) = unresponsive.filter(|_| reason.implicates_connection()) {
+                unresponsive();
+            }
         }
         self.readers.remove(&conn);
         if let Some(reply) = self.attaching.remove(&conn) {
