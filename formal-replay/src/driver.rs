@@ -40,6 +40,7 @@ pub fn config(allow: Option<&[u8]>) -> DriverConfig {
         join_delay_divisor: 1,
         valid_peer: |peer| peer[0] < 250,
         failed_opens_max: 2,
+        relay_hint_peers_max: 3,
     }
 }
 
@@ -158,6 +159,21 @@ fn opened(open: Open<u64>) -> String {
         Open::Wait(ticket) => format!("wait:{}", ticket.get()),
         Open::Failed => "failed".to_owned(),
         Open::Closed => "closed".to_owned(),
+    }
+}
+
+/// `relays` if each is a relay string as §2 defines it.
+fn checked_relays(relays: &[String]) -> Result<&[String], String> {
+    let valid = |relay: &String| {
+        !relay.is_empty()
+            && relay.len() <= 64
+            && relay
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b":/.-".contains(&b))
+    };
+    match relays.iter().find(|relay| !valid(relay)) {
+        Some(bad) => Err(format!("not a relay string: {bad:?}")),
+        None => Ok(relays),
     }
 }
 
@@ -295,6 +311,15 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel(name)?,
                 generation_of(*g)?,
             ))),
+            DriverOp::RelaysSeen { peer, relays, .. } => {
+                driver.handle_relays_seen(now, id(*peer), checked_relays(relays)?.to_vec());
+                None
+            }
+            DriverOp::RelaysFor { peer, given, .. } => Some(
+                driver
+                    .relays_for(&id(*peer), checked_relays(given)?)
+                    .join(","),
+            ),
             DriverOp::Unresponsive {
                 peer,
                 channel: name,
@@ -315,6 +340,20 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel(name)?,
                 DialTicket::from(*ticket),
             ))),
+            DriverOp::OpenWaitAbandoned {
+                peer,
+                channel: name,
+                ticket,
+                ..
+            } => {
+                driver.handle_open_wait_abandoned(
+                    now,
+                    id(*peer),
+                    channel(name)?,
+                    DialTicket::from(*ticket),
+                );
+                None
+            }
             DriverOp::OpenDialFailed {
                 peer,
                 channel: name,
@@ -522,6 +561,10 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
             .collect(),
         opening: dials(driver.opening()),
         failed_opens: dials(driver.failed_opens()),
+        relays: driver
+            .relay_hints()
+            .map(|(peer, relays)| (peer[0], relays.to_vec()))
+            .collect(),
     }
 }
 

@@ -13,10 +13,14 @@
 //!   document writes both "in lowercase hex", so an uppercase digit is malformed too (a payload
 //!   that *is* hex but does not decode as a control record is not malformed input: it is the
 //!   `malformed` verdict);
+//! - a relay string (any entry of `relays_seen`'s `relays` or of `relays_for`'s `given`) that
+//!   is not "a non-empty string of at most 64 characters from `a`–`z`, `0`–`9`, `:`, `/`,
+//!   `.`, `-`": empty, longer than 64 characters, or with any other character (an uppercase
+//!   letter, a space, `_`, a non-ASCII character); checked before the op changes anything;
 //! - an `at` smaller than the previous op's;
-//! - a generation or a ticket past `u64::MAX`, a timer due past `u64::MAX` ms, or a drop,
-//!   refusal, control verdict, waiters count or counter past `u64::MAX` (none is
-//!   representable in a script);
+//! - a generation or a ticket past `u64::MAX`, a timer due past `u64::MAX` ms, a relay-hint
+//!   record count past `u64::MAX`, or a drop, refusal, control verdict, waiters count or
+//!   counter past `u64::MAX` (none is representable in a script);
 //! - `steps` not one per op.
 //!
 //! Readings chosen where the document leaves room:
@@ -54,30 +58,58 @@
 //!   first waiter of an abandoned dial, or of an evicted or replaced failed-opens entry,
 //!   dials, and the ones after it wait for that dial). A ticket never issued (0 included) or
 //!   long gone is not malformed input: it just matches nothing and falls back the same way.
-//! - The failed-opens check of `open_waited` comes before the opening check, as written: a
-//!   waiter of a failed dial hears `failed` even when a later `open` has meanwhile put the
-//!   pair back into opening under a new ticket. Conversely the verdict never looks at failed
-//!   opens: a fresh `open` of a pair with a failed-opens entry dials (or waits, or takes the
-//!   cached connection) and the entry stays for its own waiters.
+//! - `open_waited` looks, in order, at closed, the cache, failed opens (this ticket), opening
+//!   (this ticket), then falls back to the verdict, as written. A cached pair answers
+//!   `cached:` whatever the ticket (stale, never issued, another dial's), after forgetting a
+//!   waiter of that ticket (which does nothing when the ticket matches neither the pair's
+//!   opening nor its failed-opens entry). So a pair cached by an `accept` while its dial is
+//!   still in flight stays opening (only `connected` ends the dial), and each waiter that
+//!   asks again takes one off its waiters. The failed-opens check comes before the opening
+//!   check: a waiter of a failed dial hears `failed` even when a later `open` has meanwhile
+//!   put the pair back into opening under a new ticket. Conversely the verdict never looks
+//!   at failed opens: a fresh `open` of a pair with a failed-opens entry dials (or waits) and
+//!   the entry stays for its own waiters.
+//! - "**Forget a waiter**" is one rule for `open_waited` (cached and failed branches) and
+//!   `open_wait_abandoned`: the opening with that ticket first, else the failed-opens entry
+//!   with that ticket, else nothing; "not below 0" is a floor at 0, not an error. An opening
+//!   pair stays opening at 0 waiters (its dial is still in flight, and a later failure of it
+//!   then keeps no entry: "waiters are more than 0"); only a failed-opens entry "goes at 0".
+//!   The opening's ticket and the failed entry's are never equal (a failed entry's dial has
+//!   left opening, and a new dial takes a new ticket), so at most one of them can match.
+//! - `open_wait_abandoned` has no admission and no closed check (its rule names neither;
+//!   after `close` opening and failed opens are empty, so it finds nothing). Its ticket is
+//!   compared as a number; a stale, future or never-issued ticket (0 included) is the
+//!   "otherwise nothing" branch, not an error. Result `null`, no action.
 //! - `open_dial_failed`'s "the entry with the smallest ticket goes" is taken over all entries
 //!   after the insert, the new one included: when an older dial fails after newer ones, the
 //!   new entry itself is the oldest ticket and is the one dropped. Tickets come from one
 //!   counter and each dial has its own, so the smallest is unique. An entry replaced for its
 //!   pair, or dropped by the cap, is simply gone: its remaining waiters fall to the verdict.
-//!   A failed dial with 0 waiters and an abandoned dial (any waiters) only leave opening.
+//!   A failed dial with 0 waiters, a failed dial of a pair that is cached (an `accept` came
+//!   while it was in flight), and an abandoned dial (any waiters) only leave opening. "Not
+//!   cached" is looked at after the dial left opening; a cached pair's old failed-opens entry
+//!   cannot exist (caching removed it), so nothing else changes.
 //! - `open_dial_failed` counts nothing (`dial_failures` belongs to `dialed`), and its result
 //!   is `null` also when nothing changes; its `ticket` is compared as a number, a mismatch
 //!   (stale, future or never issued) is the "nothing changes" branch, not an error.
-//! - `connected` takes the pair out of opening and failed opens before its closed check (the
-//!   rule states both before "If closed"); after `close` both are empty anyway and nothing
-//!   can put a pair back (every verdict then answers `closed`). `open_failed` after `close`
-//!   does its `closed` part (nothing is cached then) and answers `closed`.
+//! - `connected` takes the pair out of opening before its closed check (the rule states it
+//!   before "If closed"); failed opens are left to the Cache step, which clears the pair on
+//!   every insert (after `close` nothing is cached, and failed opens are empty anyway). After
+//!   `close` nothing can put a pair back into either (every verdict then answers `closed`).
+//!   `open_failed` after `close` does its `closed` part (nothing is cached then) and answers
+//!   `closed`.
+//! - The Cache step's "(peer, channel) leaves failed opens" is the same for every insert:
+//!   `accept` on a caching path (actor, telemetry, protocol, switch, substrate; not an
+//!   unknown ALPN, nor a refused or closed `accept`), `connected`, `dialed` connected and
+//!   `join_sent`. "Its waiters take this connection" is explanation: nothing counts them;
+//!   when they ask again they hear `cached:` and forget nothing (their ticket matches no
+//!   entry any more). The Cache step does not touch opening.
 //! - Only `connected` (and `dialed` connected / `join_sent`, handled as `connected` on
-//!   `actor`), `open_dial_failed` and `close` take pairs out of opening; only `connected`,
-//!   `open_waited` (its last waiter), a replacement or the cap in `open_dial_failed`, and
-//!   `close` take them out of failed opens: a `closed`, `disconnect`, `unresponsive` or failed
-//!   `dialed` does neither. `close` does not reset the ticket counter (its rule does not name
-//!   it, and no ticket is handed out after it).
+//!   `actor`), `open_dial_failed` and `close` take pairs out of opening; only a cache insert,
+//!   forgetting the last waiter (`open_waited` or `open_wait_abandoned`), a replacement or the
+//!   cap in `open_dial_failed`, and `close` take them out of failed opens: a `closed`,
+//!   `disconnect`, `unresponsive` or failed `dialed` does neither. `close` does not reset the
+//!   ticket counter (its rule does not name it, and no ticket is handed out after it).
 //! - A generation named by an op (`closed`, `open_failed`, `write_failed`, `stopped`,
 //!   `unresponsive`) is compared as a number with the cached entry's: the document says such a
 //!   generation "is ≥ 1 and may be one never issued", and since generations start at 1, a 0
@@ -90,6 +122,23 @@
 //!   does not match (a newer connection, another channel's, none cached) counts nothing
 //!   (`stale_failures` belongs to `write_failed` and `stopped`). It does not look at closed:
 //!   after `close` nothing is cached, so it always does nothing then. Result `null`.
+//! - `relays_seen` and `relays_for` do exactly what their rules list: no admission (no
+//!   refusal is counted, also for a peer off the allow-list), no look at closed, no validity
+//!   check of the peer (a peer ≥ 250 has a hint like any other), no action, no timer.
+//!   `close` leaves the relay hints alone (its rule does not name them), so hints recorded
+//!   before it are still returned, and `relays_seen` still records after it.
+//! - A hint is the list as seen, in its order and with any repeats (`["r", "r"]` is a hint of
+//!   two relays, answered `"r,r"`): the document defines no normalising. Re-recording a peer
+//!   with the very same relays still makes it the newest.
+//! - "The peer recorded longest ago" is by the last record of each peer: every non-empty
+//!   `relays_seen` stamps its peer with the next number of one counter, and the smallest stamp
+//!   goes. `relays_for` records nothing, so asking for a peer's hint does not make it newer.
+//!   A record adds at most one peer, so at most one peer loses its hint; re-recording a peer
+//!   that has a hint never forgets anyone. An empty `relays_seen` neither records nor evicts.
+//! - `relays_for` always answers a string: the joined relays, or `""` when `given` is empty
+//!   and the peer has no hint (never `null`).
+//! - "At most 64 characters" counts characters; every allowed character is ASCII, so for a
+//!   valid relay that is also its length in bytes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -108,6 +157,8 @@ const DIAL_ATTEMPTS: u32 = 3;
 const JOIN_ATTEMPTS: u32 = 5;
 /// "failed opens kept 2".
 const FAILED_OPENS_KEPT: usize = 2;
+/// "relay hints kept 3 peers".
+const RELAY_HINTS_KEPT: usize = 3;
 
 /// "a peer `n` (0–255) names a valid key iff `n < 250`".
 fn peer_is_valid(peer: u8) -> bool {
@@ -307,6 +358,39 @@ impl Verdict {
     }
 }
 
+/// A relay: "a non-empty string of at most 64 characters".
+const RELAY_MAX_CHARS: usize = 64;
+
+/// §2: "A **relay** is a non-empty string of at most 64 characters from `a`–`z`, `0`–`9`,
+/// `:`, `/`, `.`, `-` (a URL-like name; any other string is malformed input)." Anything else
+/// is an `Err` naming `what`.
+fn check_relay(text: &str, what: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err(format!("{what}: a relay is a non-empty string, not \"\""));
+    }
+    let chars = text.chars().count();
+    if chars > RELAY_MAX_CHARS {
+        return Err(format!(
+            "{what}: relay {text:?} has {chars} characters, more than {RELAY_MAX_CHARS}"
+        ));
+    }
+    let allowed = |c: char| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, ':' | '/' | '.' | '-')
+    };
+    if let Some(bad) = text.chars().find(|&c| !allowed(c)) {
+        return Err(format!(
+            "{what}: relay {text:?} has {bad:?}, not one of a-z, 0-9, ':', '/', '.', '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// Every string of a list of relays (`relays_seen`'s `relays`, `relays_for`'s `given`) must be
+/// a relay; an empty list is fine.
+fn check_relays(relays: &[String], what: &str) -> Result<(), String> {
+    relays.iter().try_for_each(|relay| check_relay(relay, what))
+}
+
 // -------------------------------------------------------------------------------------------
 // Claims, streams and control records (§2, §4 `register`, `control`, `ended`)
 
@@ -427,6 +511,14 @@ struct Ticketed {
     waiters: u64,
 }
 
+/// A peer's relay hint: "the relays last seen in an address of it (a list of strings)", and
+/// when it was recorded (the stamp of its record; a larger stamp is newer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Hint {
+    relays: Vec<String>,
+    recorded: u64,
+}
+
 /// A dial of one peer (absent from the map: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dial {
@@ -512,6 +604,14 @@ struct Machine {
     /// "**Tickets**: one counter for the whole machine; the first dial an open orders gets
     /// ticket 1, each later one the next integer." The last ticket handed out (0: none yet).
     last_ticket: u64,
+    /// "**Relay hints**: per peer, the relays last seen in an address of it (a list of
+    /// strings), for at most 3 peers. Each record makes its peer the newest; when a record
+    /// makes more than 3 peers, the peer recorded longest ago is forgotten." Iteration order
+    /// (by peer) is `end.relays`'; the newest is the largest `recorded`.
+    relay_hints: BTreeMap<u8, Hint>,
+    /// The stamp of the last relay-hint record (0: none yet): one counter, each record the
+    /// next integer, so "recorded longest ago" is the smallest stamp held.
+    last_relay_record: u64,
     /// Joins by seed.
     joins: BTreeMap<u8, Join>,
     /// Writers by peer.
@@ -566,6 +666,8 @@ impl Machine {
             opening: BTreeMap::new(),
             failed_opens: BTreeMap::new(),
             last_ticket: 0,
+            relay_hints: BTreeMap::new(),
+            last_relay_record: 0,
             joins: BTreeMap::new(),
             writers: BTreeMap::new(),
             writer_swim: BTreeMap::new(),
@@ -619,10 +721,15 @@ impl Machine {
 
     /// "**Cache** *conn* for *peer* on *channel*": insert it under the next generation; if
     /// the channel is `actor` and the peer has a writer (busy or idle), queue `kick:<peer>`;
-    /// then, if the channel is `actor`, queue `announce:<peer>:<actor>:<generation>` for every
-    /// claim, by actor (a new connection learns this node's actors). The generation in an
-    /// announce is the claim's, not the connection's. Caching on any other channel (`switch`
-    /// and `substrate` included) queues nothing. Returns the generation.
+    /// (peer, channel) leaves failed opens (its waiters take this connection); then, if the
+    /// channel is `actor`, queue `announce:<peer>:<actor>:<generation>` for every claim, by
+    /// actor (a new connection learns this node's actors). The generation in an announce is
+    /// the claim's, not the connection's. Caching on any other channel (`switch` and
+    /// `substrate` included) queues nothing. Returns the generation.
+    ///
+    /// Every insert goes through here (`accept` on a caching path, `connected`, `dialed`
+    /// connected, `join_sent`), so every one clears the pair's failed-opens entry. Opening is
+    /// not touched: only `connected` (and what is handled as it) ends the pair's dial.
     fn cache_insert(&mut self, conn: u64, peer: u8, channel: Channel) -> Result<u64, String> {
         let generation = self
             .last_generation
@@ -634,6 +741,8 @@ impl Machine {
         if channel == Channel::Actor && self.writers.contains_key(&peer) {
             self.actions.push(format!("kick:{peer}"));
         }
+        // (peer, channel) leaves failed opens (its waiters take this connection);
+        self.failed_opens.remove(&(peer, channel));
         if channel == Channel::Actor {
             // `claims` iterates by actor.
             for (&actor, &claim) in &self.claims {
@@ -677,22 +786,23 @@ impl Machine {
     }
 
     /// `connected peer, channel, conn`: an outbound connection was established. (peer,
-    /// channel) leaves opening (whatever its ticket) and failed opens (its waiters take the
-    /// new connection). If closed, queue `close:<conn>:0`, result `null`. Otherwise cache
-    /// it; result `"gen:<generation>"`.
+    /// channel) leaves opening (whatever its ticket: its waiters take the new connection). If
+    /// closed, queue `close:<conn>:0`, result `null`. Otherwise cache it; result
+    /// `"gen:<generation>"`.
     ///
-    /// `dialed` (connected) and `join_sent` are handled as `connected` on `actor`, so they
-    /// too make (peer, `actor`) leave opening and failed opens.
+    /// Failed opens are the Cache step's (it clears the pair when it caches); when closed
+    /// nothing is cached and failed opens are empty anyway. `dialed` (connected) and
+    /// `join_sent` are handled as `connected` on `actor`, so they too make (peer, `actor`)
+    /// leave opening (and, caching, failed opens).
     fn connected(
         &mut self,
         peer: u8,
         channel: Channel,
         conn: u64,
     ) -> Result<Option<String>, String> {
-        // (peer, channel) leaves opening (whatever its ticket) and failed opens (before the
-        // closed check: it leaves either way).
+        // (peer, channel) leaves opening (whatever its ticket: its waiters take the new
+        // connection), before the closed check: it leaves either way.
         self.opening.remove(&(peer, channel));
-        self.failed_opens.remove(&(peer, channel));
         if self.closed {
             self.actions.push(format!("close:{conn}:0"));
             return Ok(None);
@@ -788,6 +898,34 @@ impl Machine {
         Ok(Some(self.verdict(peer, channel)?))
     }
 
+    /// "**Forget a waiter** of ticket *t*" for (peer, channel): "if (peer, channel) is opening
+    /// with ticket *t*, its waiters −= 1 (not below 0); else if failed opens hold (peer,
+    /// channel) with ticket *t*, its waiters −= 1 (not below 0) and the entry goes at 0;
+    /// otherwise nothing."
+    ///
+    /// An opening pair stays opening at 0 waiters (its dial is still in flight; only the
+    /// failed-opens entry "goes at 0").
+    fn forget_a_waiter(&mut self, peer: u8, channel: Channel, ticket: u64) {
+        // if (peer, channel) is opening with ticket t, its waiters −= 1 (not below 0);
+        if let Some(open) = self.opening.get_mut(&(peer, channel)) {
+            if open.ticket == ticket {
+                open.waiters = open.waiters.saturating_sub(1);
+                return;
+            }
+        }
+        // else if failed opens hold (peer, channel) with ticket t, its waiters −= 1 (not
+        // below 0) and the entry goes at 0;
+        if let Some(failed) = self.failed_opens.get_mut(&(peer, channel)) {
+            if failed.ticket == ticket {
+                failed.waiters = failed.waiters.saturating_sub(1);
+                if failed.waiters == 0 {
+                    self.failed_opens.remove(&(peer, channel));
+                }
+            }
+        }
+        // otherwise nothing.
+    }
+
     /// `open_waited peer, channel, ticket`: an open told `wait:<ticket>` asks again (no
     /// admission).
     fn open_waited(
@@ -800,21 +938,21 @@ impl Machine {
         if self.closed {
             return Ok(Some("closed".to_string()));
         }
-        // If failed opens hold (peer, channel) with this ticket: that dial failed while this
-        // open waited for it; its waiters −= 1 (the entry goes at 0); result "failed".
-        if let Some(failed) = self.failed_opens.get_mut(&(peer, channel)) {
-            if failed.ticket == ticket {
-                // An entry is only ever held with waiters > 0 (it goes at 0), so this never
-                // goes below 0; checked anyway.
-                failed.waiters = failed
-                    .waiters
-                    .checked_sub(1)
-                    .ok_or_else(|| "a failed open's waiters would go below 0".to_string())?;
-                if failed.waiters == 0 {
-                    self.failed_opens.remove(&(peer, channel));
-                }
-                return Ok(Some("failed".to_string()));
-            }
+        // Else if (peer, channel) is cached (a connection came meanwhile, whichever side made
+        // it): forget a waiter of the ticket, result "cached:<generation>:<conn>".
+        if let Some(&entry) = self.cache.get(&(peer, channel)) {
+            self.forget_a_waiter(peer, channel, ticket);
+            return Ok(Some(format!("cached:{}:{}", entry.generation, entry.conn)));
+        }
+        // Else if failed opens hold (peer, channel) with this ticket (that dial failed while
+        // this open waited for it): forget a waiter of the ticket, result "failed".
+        let failed_here = self
+            .failed_opens
+            .get(&(peer, channel))
+            .is_some_and(|failed| failed.ticket == ticket);
+        if failed_here {
+            self.forget_a_waiter(peer, channel, ticket);
+            return Ok(Some("failed".to_string()));
         }
         // Else if (peer, channel) is opening with this ticket (the dial is still in flight),
         // result "wait:<ticket>" and nothing changes.
@@ -825,6 +963,14 @@ impl Machine {
         }
         // Otherwise the verdict of `open`.
         Ok(Some(self.verdict(peer, channel)?))
+    }
+
+    /// `open_wait_abandoned peer, channel, ticket`: an open told `wait:<ticket>` went away
+    /// before it was placed: forget a waiter of the ticket. Result `null`. No admission and no
+    /// closed check (its rule names neither; after `close` opening and failed opens are empty,
+    /// so there is nothing to forget).
+    fn open_wait_abandoned(&mut self, peer: u8, channel: Channel, ticket: u64) {
+        self.forget_a_waiter(peer, channel, ticket);
     }
 
     /// `open_failed peer, channel, generation`: "as `closed` (the entry goes if it has this
@@ -853,9 +999,10 @@ impl Machine {
         };
         // Otherwise it leaves opening;
         self.opening.remove(&(peer, channel));
-        // then, if the dial failed and its waiters are more than 0, failed opens of (peer,
+        // then, if the dial failed, its waiters are more than 0 and (peer, channel) is not
+        // cached (had a connection come, its waiters take it), failed opens of (peer,
         // channel) become (ticket, waiters), replacing any entry there;
-        if !abandoned && open.waiters > 0 {
+        if !abandoned && open.waiters > 0 && !self.cache.contains_key(&(peer, channel)) {
             self.failed_opens.insert((peer, channel), open);
             // if that makes more than 2 entries, the entry with the smallest ticket goes (its
             // waiters, when they ask again, get the verdict of `open`).
@@ -871,7 +1018,9 @@ impl Machine {
             }
         }
         // An abandoned dial's waiters ask again and the first of them dials: nothing to do
-        // here; `open_waited` finds neither entry and gives the verdict of `open`.
+        // here; `open_waited` finds neither entry and gives the verdict of `open`. The
+        // waiters of a failed dial of a cached pair ask again and hear `cached:` (the cache
+        // is looked at first).
     }
 
     /// `send peer`.
@@ -1013,6 +1162,62 @@ impl Machine {
                 Ok(None)
             }
         }
+    }
+
+    /// `relays_seen peer, relays`: an address of the peer carried `relays` (a list of relay
+    /// strings). Result `null`.
+    fn relays_seen(&mut self, peer: u8, relays: &[String]) -> Result<(), String> {
+        // (a list of relay strings): any other string is malformed input.
+        check_relays(relays, "relays_seen")?;
+        // An empty list changes nothing (it is no hint).
+        if relays.is_empty() {
+            return Ok(());
+        }
+        // Otherwise the peer's hint becomes `relays` and the peer the newest (a hint it had
+        // is replaced);
+        let recorded = self
+            .last_relay_record
+            .checked_add(1)
+            .ok_or_else(|| "the relay-hint record counter would overflow u64".to_string())?;
+        self.last_relay_record = recorded;
+        self.relay_hints.insert(
+            peer,
+            Hint {
+                relays: relays.to_vec(),
+                recorded,
+            },
+        );
+        // then, if more than 3 peers have hints, the peer recorded longest ago loses its
+        // hint. (One record adds at most one peer, so at most one goes; the newest, just
+        // recorded, is never the one.)
+        if self.relay_hints.len() > RELAY_HINTS_KEPT {
+            let oldest = self
+                .relay_hints
+                .iter()
+                .min_by_key(|(_, hint)| hint.recorded)
+                .map(|(&peer, _)| peer);
+            if let Some(oldest) = oldest {
+                self.relay_hints.remove(&oldest);
+            }
+        }
+        Ok(())
+    }
+
+    /// `relays_for peer, given`: the relays to reach the peer by, for an address of it that
+    /// carries `given`. Nothing changes.
+    fn relays_for(&self, peer: u8, given: &[String]) -> Result<Option<String>, String> {
+        check_relays(given, "relays_for")?;
+        // `given` when it is not empty, else the peer's hint (none: empty).
+        let relays: &[String] = if !given.is_empty() {
+            given
+        } else {
+            match self.relay_hints.get(&peer) {
+                Some(hint) => hint.relays.as_slice(),
+                None => &[],
+            }
+        };
+        // The result is those relays joined by `,` (the empty string when there are none).
+        Ok(Some(relays.join(",")))
     }
 
     /// `join peer, relay, direct`.
@@ -1383,6 +1588,16 @@ impl Machine {
                 let channel = Channel::parse(channel)?;
                 self.open_waited(*peer, channel, *ticket)?
             }
+            DriverOp::OpenWaitAbandoned {
+                peer,
+                channel,
+                ticket,
+                ..
+            } => {
+                let channel = Channel::parse(channel)?;
+                self.open_wait_abandoned(*peer, channel, *ticket);
+                None
+            }
             DriverOp::OpenDialFailed {
                 peer,
                 channel,
@@ -1425,6 +1640,11 @@ impl Machine {
                 None
             }
             DriverOp::Dialed { at, peer, conn } => self.dialed(*peer, *conn, *at)?,
+            DriverOp::RelaysSeen { peer, relays, .. } => {
+                self.relays_seen(*peer, relays)?;
+                None
+            }
+            DriverOp::RelaysFor { peer, given, .. } => self.relays_for(*peer, given)?,
             // `relay` and `direct` are hints the machine records but no observation shows.
             DriverOp::Join { peer, .. } => self.join(*peer)?,
             DriverOp::JoinConnected { peer, .. } => {
@@ -1535,6 +1755,12 @@ impl Machine {
             // "the failed dials whose waiters have not all heard it, sorted by (peer,
             // channel)"
             failed_opens: Self::ticketed(&self.failed_opens),
+            // "each peer's relay hint, sorted by peer"
+            relays: self
+                .relay_hints
+                .iter()
+                .map(|(&peer, hint)| (peer, hint.relays.clone()))
+                .collect(),
         }
     }
 
@@ -1593,8 +1819,8 @@ mod tests {
     /// Parses `case` (expected steps and end written by hand from the document), runs the
     /// model, and reports the first divergence.
     fn check(mut case: serde_json::Value) {
-        // Cases that predate claims, telemetry and the opens' tickets leave those `end` keys
-        // out: they are empty.
+        // Cases that predate claims, telemetry, the opens' tickets and relay hints leave those
+        // `end` keys out: they are empty.
         if let Some(end) = case
             .get_mut("end")
             .and_then(serde_json::Value::as_object_mut)
@@ -1604,6 +1830,7 @@ mod tests {
             end.entry("controls").or_insert_with(|| json!({}));
             end.entry("opening").or_insert_with(|| json!([]));
             end.entry("failed_opens").or_insert_with(|| json!([]));
+            end.entry("relays").or_insert_with(|| json!([]));
         }
         let case: DriverCase = serde_json::from_value(case).expect("the hand case parses");
         let got = run_case(&case).expect("the hand case is well formed");
@@ -2053,7 +2280,8 @@ mod tests {
         failed_opens: serde_json::Value,
     ) -> serde_json::Value {
         json!({"drops": {}, "refusals": refusals, "counters": counters(0, 0, 0, 0, 0, 0),
-               "cache": [], "joins": {}, "opening": opening, "failed_opens": failed_opens})
+               "cache": [], "joins": {}, "opening": opening, "failed_opens": failed_opens,
+               "relays": []})
     }
 
     /// Checks the case made of the first `n` ops and steps with `end` (the state after op
@@ -2393,9 +2621,9 @@ mod tests {
         }));
     }
 
-    /// (e) `connected` clears the pair's failed-opens entry (its waiters take the new
-    /// connection: they get `cached:`), and its dial in flight whatever the ticket; a
-    /// connection on another channel of the peer clears nothing; `dialed` (connected) and
+    /// (e) `connected` clears the pair's failed-opens entry (its Cache step does: the waiters
+    /// take the new connection and get `cached:`), and its dial in flight whatever the ticket;
+    /// a connection on another channel of the peer clears nothing; `dialed` (connected) and
     /// `join_sent` do the same on `actor`.
     #[test]
     fn connected_clears_a_failed_open() {
@@ -2535,6 +2763,449 @@ mod tests {
             json!({"drops": {}, "refusals": {"protocol/outbound": 1},
                    "counters": counters(1, 0, 0, 0, 0, 0), "cache": [], "joins": {},
                    "opening": [], "failed_opens": []}),
+        );
+    }
+
+    /// The end of an opens case that also accepted connections: `accepted` and the cache.
+    fn opens_cached_end(
+        accepted: u64,
+        cache: serde_json::Value,
+        opening: serde_json::Value,
+        failed_opens: serde_json::Value,
+    ) -> serde_json::Value {
+        json!({"drops": {}, "refusals": {}, "counters": counters(accepted, 0, 0, 0, 0, 0),
+               "cache": cache, "joins": {}, "opening": opening, "failed_opens": failed_opens,
+               "relays": []})
+    }
+
+    /// (g) An `accept` caches a pair while its open's dial is in flight (`t` on telemetry,
+    /// `s` on switch): the pair stays opening (only `connected` ends the dial), and a waiter
+    /// that asks again hears `cached:<generation>:<conn>` and is forgotten (waiters −= 1). The
+    /// dial then fails with a waiter left, but the pair is cached: no failed-opens entry, and
+    /// the last waiter hears `cached:` too (its ticket matches nothing any more). On switch
+    /// both waiters' asks come while the dial is in flight: the second forgets nothing below
+    /// 0, the pair stays opening with 0 waiters, and `connected` then ends the dial and
+    /// replaces the accepted entry.
+    #[test]
+    fn a_waiter_takes_an_accepted_connection() {
+        let ops = [
+            json!({"op": "open", "at": 0, "peer": 1, "path": "telemetry",
+                   "channel": "telemetry"}),
+            json!({"op": "open", "at": 1, "peer": 1, "path": "telemetry",
+                   "channel": "telemetry"}),
+            json!({"op": "open", "at": 2, "peer": 1, "path": "telemetry",
+                   "channel": "telemetry"}),
+            json!({"op": "open", "at": 3, "peer": 2, "path": "switch", "channel": "switch"}),
+            json!({"op": "open", "at": 4, "peer": 2, "path": "switch", "channel": "switch"}),
+            json!({"op": "accept", "at": 5, "peer": 1, "alpn": "t", "conn": 10}),
+            json!({"op": "accept", "at": 6, "peer": 2, "alpn": "s", "conn": 20}),
+            json!({"op": "open_waited", "at": 7, "peer": 1, "channel": "telemetry",
+                   "ticket": 1}),
+            json!({"op": "open_dial_failed", "at": 8, "peer": 1, "channel": "telemetry",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open_waited", "at": 9, "peer": 1, "channel": "telemetry",
+                   "ticket": 1}),
+            json!({"op": "open_waited", "at": 10, "peer": 2, "channel": "switch",
+                   "ticket": 2}),
+            json!({"op": "open_waited", "at": 11, "peer": 2, "channel": "switch",
+                   "ticket": 2}),
+            json!({"op": "connected", "at": 12, "peer": 2, "channel": "switch", "conn": 21}),
+            json!({"op": "open_waited", "at": 13, "peer": 2, "channel": "switch",
+                   "ticket": 2}),
+        ];
+        let steps = [
+            step(json!("dial:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(json!("dial:2"), &[], N),
+            step(json!("wait:2"), &[], N),
+            step(json!("telemetry:1"), &[], N),
+            step(json!("switch:2"), &[], N),
+            step(json!("cached:1:10"), &[], N),
+            step(N, &[], N),
+            step(json!("cached:1:10"), &[], N),
+            step(json!("cached:2:20"), &[], N),
+            step(json!("cached:2:20"), &[], N),
+            step(json!("gen:3"), &[], N),
+            step(json!("cached:3:21"), &[], N),
+        ];
+        let accepted = json!([[1, "telemetry", 1], [2, "switch", 2]]);
+        // Both accepted while their dials are in flight: both pairs still opening.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            7,
+            opens_cached_end(
+                2,
+                accepted.clone(),
+                json!([[1, "telemetry", 1, 2], [2, "switch", 2, 1]]),
+                json!([]),
+            ),
+        );
+        // One telemetry waiter took the connection.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            8,
+            opens_cached_end(
+                2,
+                accepted.clone(),
+                json!([[1, "telemetry", 1, 1], [2, "switch", 2, 1]]),
+                json!([]),
+            ),
+        );
+        // The telemetry dial failed with a waiter left, but the pair is cached: no entry.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            9,
+            opens_cached_end(2, accepted.clone(), json!([[2, "switch", 2, 1]]), json!([])),
+        );
+        // Two asks of the switch dial's one waiter: 1 → 0 → 0, still opening.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            12,
+            opens_cached_end(2, accepted, json!([[2, "switch", 2, 0]]), json!([])),
+        );
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            14,
+            opens_cached_end(
+                2,
+                json!([[1, "telemetry", 1], [2, "switch", 3]]),
+                json!([]),
+                json!([]),
+            ),
+        );
+    }
+
+    /// (h) `open_wait_abandoned` forgets a waiter of a dial in flight (3 → 2); the dial fails
+    /// and failed opens keep the 2 that remain; one hears `failed` (2 → 1), and abandoning
+    /// the last one removes the entry, so asking with that ticket again gets the verdict (a
+    /// new dial). Its result is always `null`, with no action.
+    #[test]
+    fn abandoned_waiters_are_forgotten() {
+        let ops = [
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 1, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 2, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 3, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open_wait_abandoned", "at": 4, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open_dial_failed", "at": 5, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open_waited", "at": 6, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open_wait_abandoned", "at": 7, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+            json!({"op": "open_waited", "at": 8, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1}),
+        ];
+        let steps = [
+            step(json!("dial:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(json!("failed"), &[], N),
+            step(N, &[], N),
+            step(json!("dial:2"), &[], N),
+        ];
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            4,
+            opens_end(json!({}), json!([[1, "protocol:0", 1, 3]]), json!([])),
+        );
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            5,
+            opens_end(json!({}), json!([[1, "protocol:0", 1, 2]]), json!([])),
+        );
+        // The dial failed with the 2 remaining waiters.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            6,
+            opens_end(json!({}), json!([]), json!([[1, "protocol:0", 1, 2]])),
+        );
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            7,
+            opens_end(json!({}), json!([]), json!([[1, "protocol:0", 1, 1]])),
+        );
+        // The last waiter went away: the entry goes at 0.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            8,
+            opens_end(json!({}), json!([]), json!([])),
+        );
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            9,
+            opens_end(json!({}), json!([[1, "protocol:0", 2, 0]]), json!([])),
+        );
+    }
+
+    /// (i) An `accept` on a pair with a failed-opens entry removes the entry (its Cache step);
+    /// the entry's waiter asking again hears `cached:`. An `accept` on another channel of the
+    /// peer, or on an unknown ALPN (no cache insert, though `accepted` counts it), leaves the
+    /// entry alone. On `actor` the same (no writer and no claim: no action).
+    #[test]
+    fn an_accept_clears_a_failed_open() {
+        let ops = [
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:1"}),
+            json!({"op": "open", "at": 1, "peer": 1, "path": "protocol",
+                   "channel": "protocol:1"}),
+            json!({"op": "open", "at": 2, "peer": 1, "path": "protocol",
+                   "channel": "protocol:1"}),
+            json!({"op": "open_dial_failed", "at": 3, "peer": 1, "channel": "protocol:1",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open_waited", "at": 4, "peer": 1, "channel": "protocol:1",
+                   "ticket": 1}),
+            json!({"op": "open", "at": 5, "peer": 2, "path": "actor", "channel": "actor"}),
+            json!({"op": "open", "at": 6, "peer": 2, "path": "actor", "channel": "actor"}),
+            json!({"op": "open_dial_failed", "at": 7, "peer": 2, "channel": "actor",
+                   "ticket": 2, "abandoned": false}),
+            json!({"op": "accept", "at": 8, "peer": 1, "alpn": "p0", "conn": 9}),
+            json!({"op": "accept", "at": 9, "peer": 2, "alpn": "zz", "conn": 19}),
+            json!({"op": "accept", "at": 10, "peer": 1, "alpn": "p1", "conn": 10}),
+            json!({"op": "open_waited", "at": 11, "peer": 1, "channel": "protocol:1",
+                   "ticket": 1}),
+            json!({"op": "accept", "at": 12, "peer": 2, "alpn": "a", "conn": 20}),
+            json!({"op": "open_waited", "at": 13, "peer": 2, "channel": "actor", "ticket": 2}),
+        ];
+        let steps = [
+            step(json!("dial:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(N, &[], N),
+            step(json!("failed"), &[], N),
+            step(json!("dial:2"), &[], N),
+            step(json!("wait:2"), &[], N),
+            step(N, &[], N),
+            step(json!("protocol:0:1"), &[], N),
+            step(json!("no_adapter"), &[], N),
+            step(json!("protocol:1:2"), &[], N),
+            step(json!("cached:2:10"), &[], N),
+            step(json!("actor:3"), &[], N),
+            step(json!("cached:3:20"), &[], N),
+        ];
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            8,
+            opens_end(
+                json!({}),
+                json!([]),
+                json!([[1, "protocol:1", 1, 1], [2, "actor", 2, 1]]),
+            ),
+        );
+        // Another channel of the peer and an unknown ALPN: both entries stay.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            10,
+            opens_cached_end(
+                2,
+                json!([[1, "protocol:0", 1]]),
+                json!([]),
+                json!([[1, "protocol:1", 1, 1], [2, "actor", 2, 1]]),
+            ),
+        );
+        // Cached on protocol:1: its entry went.
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            11,
+            opens_cached_end(
+                3,
+                json!([[1, "protocol:0", 1], [1, "protocol:1", 2]]),
+                json!([]),
+                json!([[2, "actor", 2, 1]]),
+            ),
+        );
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            14,
+            opens_cached_end(
+                4,
+                json!([[1, "protocol:0", 1], [1, "protocol:1", 2], [2, "actor", 3]]),
+                json!([]),
+                json!([]),
+            ),
+        );
+    }
+
+    /// (j) Forgetting a waiter with a ticket that matches nothing changes nothing: a ticket
+    /// not issued yet, 0, the pair's other (failed) dial's ticket when asked of another pair
+    /// or peer, and a dial's ticket after it ended. Forgetting never goes below 0: the dial in
+    /// flight stays opening at 0 waiters (and `open_waited` of it still answers `wait:`), and
+    /// when it fails with 0 waiters it keeps no entry, while the pair's older failed entry
+    /// stays for its own waiter until that one is abandoned. After `close` it finds nothing.
+    #[test]
+    fn forgetting_a_stale_ticket_changes_nothing() {
+        let abandon = |at: u64, peer: u8, channel: &str, ticket: u64| {
+            json!({"op": "open_wait_abandoned", "at": at, "peer": peer, "channel": channel,
+                   "ticket": ticket})
+        };
+        let ops = [
+            json!({"op": "open", "at": 0, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 1, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open_dial_failed", "at": 2, "peer": 1, "channel": "protocol:0",
+                   "ticket": 1, "abandoned": false}),
+            json!({"op": "open", "at": 3, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            json!({"op": "open", "at": 4, "peer": 1, "path": "protocol",
+                   "channel": "protocol:0"}),
+            abandon(5, 1, "protocol:0", 3),
+            abandon(6, 1, "protocol:0", 0),
+            abandon(7, 1, "protocol:1", 2),
+            abandon(8, 2, "protocol:0", 1),
+            abandon(9, 1, "protocol:0", 2),
+            abandon(10, 1, "protocol:0", 2),
+            json!({"op": "open_waited", "at": 11, "peer": 1, "channel": "protocol:0",
+                   "ticket": 2}),
+            json!({"op": "open_dial_failed", "at": 12, "peer": 1, "channel": "protocol:0",
+                   "ticket": 2, "abandoned": false}),
+            abandon(13, 1, "protocol:0", 2),
+            abandon(14, 1, "protocol:0", 1),
+            abandon(15, 1, "protocol:0", 1),
+            json!({"op": "close", "at": 16}),
+            abandon(17, 1, "protocol:0", 1),
+        ];
+        let steps = [
+            step(json!("dial:1"), &[], N),
+            step(json!("wait:1"), &[], N),
+            step(N, &[], N),
+            step(json!("dial:2"), &[], N),
+            step(json!("wait:2"), &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(json!("wait:2"), &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+        ];
+        // Before and after the abandons that match nothing: the same state.
+        for n in [5, 9] {
+            check_prefix(
+                json!(null),
+                &ops,
+                &steps,
+                n,
+                opens_end(
+                    json!({}),
+                    json!([[1, "protocol:0", 2, 1]]),
+                    json!([[1, "protocol:0", 1, 1]]),
+                ),
+            );
+        }
+        // 1 → 0 → 0: still opening; the older failed entry untouched.
+        for n in [10, 11, 12] {
+            check_prefix(
+                json!(null),
+                &ops,
+                &steps,
+                n,
+                opens_end(
+                    json!({}),
+                    json!([[1, "protocol:0", 2, 0]]),
+                    json!([[1, "protocol:0", 1, 1]]),
+                ),
+            );
+        }
+        // Dial 2 failed with 0 waiters: no entry of its own, and a stale abandon of it does
+        // nothing; the older entry stays.
+        for n in [13, 14] {
+            check_prefix(
+                json!(null),
+                &ops,
+                &steps,
+                n,
+                opens_end(json!({}), json!([]), json!([[1, "protocol:0", 1, 1]])),
+            );
+        }
+        check_prefix(
+            json!(null),
+            &ops,
+            &steps,
+            18,
+            opens_end(json!({}), json!([]), json!([])),
+        );
+        // A failed entry held at 0 waiters (no op makes one; set directly) goes when a waiter
+        // of it is forgotten, without an error; an opening at 0 stays at 0 and stays opening.
+        let mut machine = Machine::new(None);
+        machine.failed_opens.insert(
+            (1, Channel::Switch),
+            Ticketed {
+                ticket: 4,
+                waiters: 0,
+            },
+        );
+        machine.opening.insert(
+            (1, Channel::Telemetry),
+            Ticketed {
+                ticket: 5,
+                waiters: 0,
+            },
+        );
+        for (channel, ticket) in [("switch", 4), ("telemetry", 5)] {
+            let step = machine
+                .apply(&DriverOp::OpenWaitAbandoned {
+                    at: 0,
+                    peer: 1,
+                    channel: channel.to_string(),
+                    ticket,
+                })
+                .expect("well formed");
+            assert_eq!(step.result, None);
+            assert!(step.actions.is_empty());
+        }
+        assert!(machine.failed_opens.is_empty());
+        assert_eq!(
+            machine.opening.get(&(1, Channel::Telemetry)),
+            Some(&Ticketed {
+                ticket: 5,
+                waiters: 0
+            })
         );
     }
 
@@ -3361,7 +4032,7 @@ mod tests {
             "steps": steps,
             "end": {"drops": {}, "refusals": {}, "counters": counters(0, 0, 0, 0, 0, 0),
                     "cache": [], "joins": {}, "claims": [], "subscriptions": [],
-                    "controls": {}, "opening": [], "failed_opens": []}
+                    "controls": {}, "opening": [], "failed_opens": [], "relays": []}
         }))
         .expect("parses")
     }
@@ -3408,6 +4079,8 @@ mod tests {
                     "ticket": 1}]),
             json!([{"op": "open_dial_failed", "at": 0, "peer": 1, "channel": "Actor",
                     "ticket": 1, "abandoned": false}]),
+            json!([{"op": "open_wait_abandoned", "at": 0, "peer": 1, "channel": "switch:0",
+                    "ticket": 1}]),
             json!([{"op": "unresponsive", "at": 0, "peer": 1, "channel": "Switch",
                     "generation": 1}]),
         ];
@@ -3453,6 +4126,200 @@ mod tests {
                 .collect::<BTreeMap<String, u64>>()
         );
         assert_eq!(got.end.claims, vec![(255, u64::MAX)]);
+    }
+
+    /// The end of a case that only records and asks for relay hints.
+    fn relays_end(relays: serde_json::Value) -> serde_json::Value {
+        json!({"drops": {}, "refusals": {}, "counters": counters(0, 0, 0, 0, 0, 0),
+               "cache": [], "joins": {}, "relays": relays})
+    }
+
+    /// Relay hints, by hand from §3 and §4: an empty `relays_seen` records nothing; a hint is
+    /// the answer when `given` is empty, `given` when it is not; re-recording a peer replaces
+    /// its hint and makes it the newest; a fourth peer forgets the peer recorded longest ago
+    /// (by its last record: re-records count, `relays_for` does not); `end.relays` is sorted
+    /// by peer, not by record. Then every malformed relay string, in either op, is an `Err`.
+    #[test]
+    fn relay_hints_recorded_replaced_and_forgotten() {
+        let r1 = "https://relay-1.example:443";
+        let ops = [
+            // 0, 1: an empty list is no hint; no hint and no `given` answer "".
+            json!({"op": "relays_seen", "at": 0, "peer": 1, "relays": []}),
+            json!({"op": "relays_for", "at": 1, "peer": 1, "given": []}),
+            // 2–4: peer 1's hint is the answer for an empty `given`; a non-empty `given` wins.
+            json!({"op": "relays_seen", "at": 2, "peer": 1, "relays": [r1]}),
+            json!({"op": "relays_for", "at": 3, "peer": 1, "given": []}),
+            json!({"op": "relays_for", "at": 4, "peer": 1,
+                   "given": ["r9.example", "r8.example"]}),
+            // 5–8: peers 2 and 3, then peer 1 again: its hint is replaced and it is the newest
+            // (records oldest first: 2, 3, 1).
+            json!({"op": "relays_seen", "at": 5, "peer": 2,
+                   "relays": ["r2a.example", "r2b.example"]}),
+            json!({"op": "relays_seen", "at": 6, "peer": 3, "relays": ["r3.example"]}),
+            json!({"op": "relays_seen", "at": 7, "peer": 1,
+                   "relays": ["r1b.example", "r1c.example"]}),
+            json!({"op": "relays_for", "at": 8, "peer": 1, "given": []}),
+            // 9–12: a fourth peer: peer 2, recorded longest ago, is forgotten (not peer 1,
+            // whose first record is older but who was recorded again). Peer 2 then answers ""
+            // for an empty `given`, and `given` for a non-empty one. (Records: 3, 1, 4.)
+            json!({"op": "relays_seen", "at": 9, "peer": 4, "relays": ["r4.example"]}),
+            json!({"op": "relays_for", "at": 10, "peer": 2, "given": []}),
+            json!({"op": "relays_for", "at": 11, "peer": 2, "given": ["r2x.example"]}),
+            json!({"op": "relays_for", "at": 12, "peer": 1, "given": []}),
+            // 13–16: an empty record of a fifth peer forgets nobody; asking for peer 3 does
+            // not make it newer, so peer 255 forgets it. (Records: 1, 4, 255.)
+            json!({"op": "relays_seen", "at": 13, "peer": 0, "relays": []}),
+            json!({"op": "relays_for", "at": 14, "peer": 3, "given": []}),
+            json!({"op": "relays_seen", "at": 15, "peer": 255, "relays": ["r255.example"]}),
+            json!({"op": "relays_for", "at": 16, "peer": 3, "given": []}),
+            // 17–19: re-recording peer 4 (3 peers: nobody forgotten) makes it newer than
+            // 255, so the next new peer forgets peer 1. (Records: 255, 4, 2.)
+            json!({"op": "relays_seen", "at": 17, "peer": 4, "relays": ["r4b.example"]}),
+            json!({"op": "relays_seen", "at": 18, "peer": 2, "relays": ["r2c.example"]}),
+            json!({"op": "relays_for", "at": 19, "peer": 1, "given": []}),
+        ];
+        let steps = [
+            step(N, &[], N),
+            step(json!(""), &[], N),
+            step(N, &[], N),
+            step(json!(r1), &[], N),
+            step(json!("r9.example,r8.example"), &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(json!("r1b.example,r1c.example"), &[], N),
+            step(N, &[], N),
+            step(json!(""), &[], N),
+            step(json!("r2x.example"), &[], N),
+            step(json!("r1b.example,r1c.example"), &[], N),
+            step(N, &[], N),
+            step(json!("r3.example"), &[], N),
+            step(N, &[], N),
+            step(json!(""), &[], N),
+            step(N, &[], N),
+            step(N, &[], N),
+            step(json!(""), &[], N),
+        ];
+        let allow = json!(null);
+        // After op 1: no hint.
+        check_prefix(allow.clone(), &ops, &steps, 2, relays_end(json!([])));
+        // After op 8: three peers, by peer (the records were 2, 3, 1).
+        check_prefix(
+            allow.clone(),
+            &ops,
+            &steps,
+            9,
+            relays_end(json!([
+                [1, ["r1b.example", "r1c.example"]],
+                [2, ["r2a.example", "r2b.example"]],
+                [3, ["r3.example"]]
+            ])),
+        );
+        // After op 12: peer 2 forgotten.
+        check_prefix(
+            allow.clone(),
+            &ops,
+            &steps,
+            13,
+            relays_end(json!([
+                [1, ["r1b.example", "r1c.example"]],
+                [3, ["r3.example"]],
+                [4, ["r4.example"]]
+            ])),
+        );
+        // After op 16: peer 3 forgotten.
+        check_prefix(
+            allow.clone(),
+            &ops,
+            &steps,
+            17,
+            relays_end(json!([
+                [1, ["r1b.example", "r1c.example"]],
+                [4, ["r4.example"]],
+                [255, ["r255.example"]]
+            ])),
+        );
+        // The whole case: peer 1 forgotten.
+        check_prefix(
+            allow,
+            &ops,
+            &steps,
+            ops.len(),
+            relays_end(json!([
+                [2, ["r2c.example"]],
+                [4, ["r4b.example"]],
+                [255, ["r255.example"]]
+            ])),
+        );
+
+        // Malformed relay strings: an uppercase letter, a space, the empty string, 65
+        // characters, a character outside the set, a non-ASCII one; alone or after a valid
+        // relay, in `relays_seen`'s `relays` and in `relays_for`'s `given` (also when the
+        // peer has a hint).
+        let long = "a".repeat(65);
+        let bad = [
+            "R1.example",
+            "r1 example",
+            "",
+            long.as_str(),
+            "r1_example",
+            "é",
+        ];
+        for relay in bad {
+            for list in [json!([relay]), json!(["r1.example", relay])] {
+                for ops in [
+                    json!([{"op": "relays_seen", "at": 0, "peer": 1, "relays": list}]),
+                    json!([{"op": "relays_for", "at": 0, "peer": 1, "given": list}]),
+                    json!([{"op": "relays_seen", "at": 0, "peer": 1, "relays": ["r1.example"]},
+                           {"op": "relays_for", "at": 1, "peer": 1, "given": list}]),
+                ] {
+                    let case = case_with(ops.clone());
+                    assert!(run_case(&case).is_err(), "{ops} should be malformed");
+                }
+            }
+        }
+        // Every allowed character, and exactly 64 characters, are fine.
+        let all = "abcdefghijklmnopqrstuvwxyz0123456789:/.-";
+        let longest = "a".repeat(64);
+        let fine = case_with(json!([
+            {"op": "relays_seen", "at": 0, "peer": 1, "relays": [all, longest]},
+            {"op": "relays_for", "at": 1, "peer": 1, "given": []},
+            {"op": "relays_for", "at": 2, "peer": 2, "given": [longest, all]}
+        ]));
+        let got = run_case(&fine).expect("well formed");
+        assert_eq!(got.steps[1].result, Some(format!("{all},{longest}")));
+        assert_eq!(got.steps[2].result, Some(format!("{longest},{all}")));
+        assert_eq!(
+            got.end.relays,
+            vec![(1, vec![all.to_string(), longest.clone()])]
+        );
+    }
+
+    /// Readings (module doc): the relay ops have no admission (a peer off the allow-list
+    /// records and asks, no refusal), and `close` leaves the hints (its rule does not name
+    /// them); a hint keeps its order and repeats.
+    #[test]
+    fn relay_hints_ignore_admission_and_close() {
+        check(json!({
+            "allow": [1],
+            "ops": [
+                {"op": "relays_seen", "at": 0, "peer": 2, "relays": ["r2.example"]},
+                {"op": "close", "at": 1},
+                {"op": "relays_seen", "at": 2, "peer": 251,
+                 "relays": ["r.example", "q.example", "r.example"]},
+                {"op": "relays_for", "at": 3, "peer": 2, "given": []},
+                {"op": "relays_for", "at": 4, "peer": 251, "given": []}
+            ],
+            "steps": [
+                step(N, &[], N),
+                step(N, &[], N),
+                step(N, &[], N),
+                step(json!("r2.example"), &[], N),
+                step(json!("r.example,q.example,r.example"), &[], N)
+            ],
+            "end": relays_end(json!([[2, ["r2.example"]],
+                                     [251, ["r.example", "q.example", "r.example"]]]))
+        }));
     }
 
     #[test]
@@ -3509,30 +4376,48 @@ mod tests {
         let streams = ["s0", "s1", ""];
         // Control record names: two streams, an empty one (n = 0) and a non-UTF-8 one.
         let names: [&[u8]; 4] = [b"s0", b"s1", b"", &[0xff]];
+        // Relay strings, all valid: a walk's `relays_seen` and `relays_for` lists are 0–2 of
+        // them.
+        let relay_names = [
+            "https://relay-1.example:443",
+            "r2.example",
+            "quic://10.0.0.3/x",
+        ];
         // What the walks reached, so that the opens' rules are exercised and not just parsed:
         // `wait:` and `failed` answers, and failed dials that pushed an entry out of failed
         // opens (the cap of 2).
         let (mut waits, mut failed, mut evicted) = (0u32, 0u32, 0u32);
+        // ... and relay hints that forgot a peer (the cap of 3; the walk draws from 6 peers).
+        let mut forgotten = 0u32;
+        // ... and the waiters' side of caching: a waiter of a dial in flight that heard
+        // `cached:` and was forgotten, an `open_wait_abandoned` that forgot a waiter, a failed
+        // dial with waiters kept out of failed opens because its pair was cached, and an
+        // `accept` that took a pair out of failed opens.
+        let (mut took_cached, mut abandons, mut kept_out, mut cleared) = (0u32, 0u32, 0u32, 0u32);
         for _ in 0..500 {
             let peers = [0u8, 1, 2, 249, 250, 255];
             let mut at: u64 = 0;
             let mut ops = Vec::new();
             if next(3) == 0 {
-                // A walk about opens: several opens of three pairs (admitted by both allows
-                // below), then a report of each pair's dial, then mostly their waiters asking
-                // again, among fresh opens, stale reports, connections and a rare close.
-                let pairs: [(u8, &str, &str); 3] = [
-                    (1, "protocol", "protocol:0"),
-                    (1, "protocol", "protocol:1"),
-                    (250, "actor", "actor"),
+                // A walk about opens: several opens of five pairs (admitted by both allows
+                // below), then a report of each pair's dial (sometimes after an `accept` of
+                // the pair on its ALPN while that dial is in flight, or a waiter asking again
+                // or going away), then mostly their waiters asking again or going away, among
+                // fresh opens, accepts, stale reports, connections and a rare close.
+                let pairs: [(u8, &str, &str, &str); 5] = [
+                    (1, "protocol", "protocol:0", "p0"),
+                    (1, "protocol", "protocol:1", "p1"),
+                    (250, "actor", "actor", "a"),
+                    (1, "telemetry", "telemetry", "t"),
+                    (250, "switch", "switch", "s"),
                 ];
                 // The ticket of each pair's first dial: one counter, in the order the pairs
                 // are first opened (0: never opened, a ticket that matches nothing).
-                let mut tickets = [0u64; 3];
+                let mut tickets = [0u64; 5];
                 let mut issued = 0u64;
-                for _ in 0..3 + next(10) {
-                    let index = next(3) as usize;
-                    let (peer, path, channel) = pairs[index];
+                for _ in 0..4 + next(14) {
+                    let index = next(5) as usize;
+                    let (peer, path, channel, _) = pairs[index];
                     if tickets[index] == 0 {
                         issued += 1;
                         tickets[index] = issued;
@@ -3540,42 +4425,64 @@ mod tests {
                     ops.push(json!({"op": "open", "at": at, "peer": peer, "path": path,
                                     "channel": channel}));
                 }
-                let first = next(3) as usize;
-                for offset in 0..3 {
-                    at += next(50);
-                    let index = (first + offset) % 3;
-                    let (peer, _, channel) = pairs[index];
-                    // Mostly the dial's own ticket; sometimes another small one.
-                    let ticket = if next(4) == 0 {
-                        next(6) + 1
+                // Mostly the pair's first dial's ticket (`own`); one time in `odds` another
+                // small one (0–7: 0 and unissued ones match nothing, others may be a later
+                // dial's).
+                fn ticket_of(next: &mut impl FnMut(u64) -> u64, own: u64, odds: u64) -> u64 {
+                    if next(odds) == 0 {
+                        next(8)
                     } else {
-                        tickets[index]
-                    };
+                        own
+                    }
+                }
+                let first = next(5) as usize;
+                for offset in 0..5 {
+                    at += next(50);
+                    let index = (first + offset) % 5;
+                    let (peer, _, channel, alpn) = pairs[index];
+                    let own = tickets[index];
+                    // While the dial is in flight: a connection accepted on the pair's ALPN,
+                    // then maybe a waiter asking again (it hears `cached:`) or going away.
+                    if next(3) == 0 {
+                        ops.push(json!({"op": "accept", "at": at, "peer": peer, "alpn": alpn,
+                                        "conn": next(5)}));
+                    }
+                    match next(4) {
+                        0 => ops.push(json!({"op": "open_waited", "at": at, "peer": peer,
+                                             "channel": channel,
+                                             "ticket": ticket_of(&mut next, own, 4)})),
+                        1 => ops.push(json!({"op": "open_wait_abandoned", "at": at,
+                                             "peer": peer, "channel": channel,
+                                             "ticket": ticket_of(&mut next, own, 4)})),
+                        _ => {}
+                    }
                     ops.push(json!({"op": "open_dial_failed", "at": at, "peer": peer,
-                                    "channel": channel, "ticket": ticket,
+                                    "channel": channel, "ticket": ticket_of(&mut next, own, 4),
                                     "abandoned": next(3) == 0}));
                 }
-                for _ in 0..2 + next(12) {
+                for _ in 0..2 + next(14) {
                     at += next(50);
-                    let index = next(3) as usize;
-                    let (peer, path, channel) = pairs[index];
-                    let op = match next(12) {
-                        0..=6 => {
-                            let ticket = if next(3) == 0 {
-                                next(6) + 1
-                            } else {
-                                tickets[index]
-                            };
-                            json!({"op": "open_waited", "at": at, "peer": peer,
-                                   "channel": channel, "ticket": ticket})
-                        }
-                        7 | 8 => json!({"op": "open", "at": at, "peer": peer, "path": path,
+                    let index = next(5) as usize;
+                    let (peer, path, channel, alpn) = pairs[index];
+                    let own = tickets[index];
+                    let op = match next(14) {
+                        0..=5 => json!({"op": "open_waited", "at": at, "peer": peer,
+                                        "channel": channel,
+                                        "ticket": ticket_of(&mut next, own, 3)}),
+                        6 | 7 => json!({"op": "open_wait_abandoned", "at": at, "peer": peer,
+                                        "channel": channel,
+                                        "ticket": ticket_of(&mut next, own, 3)}),
+                        8 | 9 => json!({"op": "open", "at": at, "peer": peer, "path": path,
                                         "channel": channel}),
-                        9 => json!({"op": "open_dial_failed", "at": at, "peer": peer,
-                                    "channel": channel, "ticket": next(6) + 1,
-                                    "abandoned": next(3) == 0}),
-                        10 => json!({"op": "connected", "at": at, "peer": peer,
-                                     "channel": channel, "conn": next(5)}),
+                        10 => json!({"op": "open_dial_failed", "at": at, "peer": peer,
+                                     "channel": channel, "ticket": ticket_of(&mut next, own, 2),
+                                     "abandoned": next(3) == 0}),
+                        11 => json!({"op": "accept", "at": at, "peer": peer, "alpn": alpn,
+                                     "conn": next(5)}),
+                        12 if next(2) == 0 => json!({"op": "connected", "at": at,
+                                     "peer": peer, "channel": channel, "conn": next(5)}),
+                        12 => json!({"op": "closed", "at": at, "peer": peer,
+                                     "channel": channel, "generation": next(4)}),
                         _ if next(4) == 0 => json!({"op": "close", "at": at}),
                         _ => json!({"op": "open_failed", "at": at, "peer": peer,
                                     "channel": channel, "generation": next(3)}),
@@ -3586,7 +4493,7 @@ mod tests {
                 for _ in 0..next(40) {
                     at += next(3) * next(3_000);
                     let peer = peers[next(6) as usize];
-                    let op = match next(24) {
+                    let op = match next(28) {
                         0 => json!({"op": "accept", "at": at, "peer": peer,
                                     "alpn": alpns[next(7) as usize], "conn": next(5)}),
                         1 => json!({"op": "connected", "at": at, "peer": peer,
@@ -3628,6 +4535,9 @@ mod tests {
                         14 if next(2) == 0 => json!({"op": "open_waited", "at": at,
                                      "peer": peer, "channel": channels[next(6) as usize],
                                      "ticket": next(4) + 1}),
+                        14 if next(2) == 0 => json!({"op": "open_wait_abandoned", "at": at,
+                                     "peer": peer, "channel": channels[next(6) as usize],
+                                     "ticket": next(4) + 1}),
                         14 => json!({"op": "open_failed", "at": at, "peer": peer,
                                      "channel": channels[next(6) as usize], "generation": next(4)}),
                         15 => json!({"op": "egress_full", "at": at, "frames": next(4)}),
@@ -3658,6 +4568,22 @@ mod tests {
                         22 => json!({"op": "unresponsive", "at": at, "peer": peer,
                                      "channel": channels[next(6) as usize],
                                      "generation": next(6)}),
+                        // Three arms for `relays_seen`, so that a walk often records more than
+                        // 3 peers and the oldest is forgotten; lists of 0–2 relays (0: no
+                        // hint), repeats possible.
+                        23..=25 => {
+                            let relays: Vec<&str> = (0..next(3))
+                                .map(|_| relay_names[next(3) as usize])
+                                .collect();
+                            json!({"op": "relays_seen", "at": at, "peer": peer,
+                                   "relays": relays})
+                        }
+                        26 => {
+                            let given: Vec<&str> = (0..next(3))
+                                .map(|_| relay_names[next(3) as usize])
+                                .collect();
+                            json!({"op": "relays_for", "at": at, "peer": peer, "given": given})
+                        }
                         _ => json!({"op": "close", "at": at}),
                     };
                     ops.push(op);
@@ -3680,10 +4606,12 @@ mod tests {
                 }
             }
             // The same walk on a machine we can look into: failed opens never hold more than
-            // 2 entries, and a failed dial with waiters that adds a third pushes one out.
+            // 2 entries, and a failed dial with waiters that adds a third pushes one out;
+            // failed opens never hold a cached pair or an entry at 0 waiters.
             let mut machine = Machine::new(case.allow.clone());
             for op in &case.ops {
-                let inserts = match op {
+                // A failed dial of the pair in flight with waiters (it leaves opening).
+                let fails_with_waiters = match op {
                     DriverOp::OpenDialFailed {
                         peer,
                         channel,
@@ -3692,26 +4620,153 @@ mod tests {
                         ..
                     } => {
                         let key = (*peer, Channel::parse(channel).expect("a channel"));
-                        !*abandoned
-                            && !machine.failed_opens.contains_key(&key)
+                        (!*abandoned
                             && machine
                                 .opening
                                 .get(&key)
-                                .is_some_and(|open| open.ticket == *ticket && open.waiters > 0)
+                                .is_some_and(|open| open.ticket == *ticket && open.waiters > 0))
+                        .then_some(key)
+                    }
+                    _ => None,
+                };
+                // ... that adds an entry to failed opens (the pair is not cached and has none).
+                let inserts = fails_with_waiters.is_some_and(|key| {
+                    !machine.cache.contains_key(&key) && !machine.failed_opens.contains_key(&key)
+                });
+                let full = machine.failed_opens.len() == FAILED_OPENS_KEPT;
+                let opening_before = machine.opening.clone();
+                let failed_before = machine.failed_opens.clone();
+                let cache_before = machine.cache.clone();
+                // A non-empty record of a peer without a hint while 3 peers have one.
+                let forgets = match op {
+                    DriverOp::RelaysSeen { peer, relays, .. } => {
+                        !relays.is_empty()
+                            && !machine.relay_hints.contains_key(peer)
+                            && machine.relay_hints.len() == RELAY_HINTS_KEPT
                     }
                     _ => false,
                 };
-                let full = machine.failed_opens.len() == FAILED_OPENS_KEPT;
-                machine.apply(op).expect("well formed");
+                let before = machine.relay_hints.clone();
+                let observed = machine.apply(op).expect("well formed");
                 assert!(machine.failed_opens.len() <= FAILED_OPENS_KEPT);
+                assert!(machine.relay_hints.len() <= RELAY_HINTS_KEPT);
+                for (key, entry) in &machine.failed_opens {
+                    assert!(
+                        !machine.cache.contains_key(key),
+                        "{key:?} failed and cached"
+                    );
+                    assert!(entry.waiters > 0, "{key:?} held at 0 waiters");
+                }
                 if inserts && full {
                     evicted += 1;
+                }
+                // A failed dial with waiters of a cached pair keeps no entry.
+                if let Some(key) = fails_with_waiters {
+                    if cache_before.contains_key(&key) {
+                        assert!(!machine.failed_opens.contains_key(&key));
+                        kept_out += 1;
+                    }
+                }
+                // Waiters of all opening and failed-opens entries.
+                let waiters =
+                    |opening: &BTreeMap<(u8, Channel), Ticketed>,
+                     failed: &BTreeMap<(u8, Channel), Ticketed>| {
+                        opening
+                            .values()
+                            .chain(failed.values())
+                            .map(|entry| entry.waiters)
+                            .sum::<u64>()
+                    };
+                match op {
+                    // Forgetting: at most one waiter, the cache and opening's pairs untouched,
+                    // no answer and no action.
+                    DriverOp::OpenWaitAbandoned { .. } => {
+                        assert_eq!(observed.result, None);
+                        assert!(observed.actions.is_empty());
+                        assert_eq!(machine.cache, cache_before);
+                        assert!(machine.opening.keys().eq(opening_before.keys()));
+                        let (was, is) = (
+                            waiters(&opening_before, &failed_before),
+                            waiters(&machine.opening, &machine.failed_opens),
+                        );
+                        assert!(is == was || is + 1 == was, "{was} waiters became {is}");
+                        if is < was {
+                            abandons += 1;
+                        }
+                    }
+                    // A waiter of a dial in flight that hears `cached:` is forgotten.
+                    DriverOp::OpenWaited {
+                        peer,
+                        channel,
+                        ticket,
+                        ..
+                    } => {
+                        let key = (*peer, Channel::parse(channel).expect("a channel"));
+                        let in_flight = opening_before
+                            .get(&key)
+                            .filter(|open| open.ticket == *ticket && open.waiters > 0);
+                        let cached = observed
+                            .result
+                            .as_deref()
+                            .is_some_and(|result| result.starts_with("cached:"));
+                        if let (Some(open), true) = (in_flight, cached) {
+                            assert_eq!(
+                                machine.opening.get(&key).map(|now| now.waiters + 1),
+                                Some(open.waiters)
+                            );
+                            took_cached += 1;
+                        }
+                    }
+                    // An accept that cached a pair with a failed-opens entry took it out.
+                    DriverOp::Accept { peer, .. } => {
+                        let took_out = failed_before.keys().any(|key| {
+                            key.0 == *peer
+                                && machine.cache.get(key) != cache_before.get(key)
+                                && !machine.failed_opens.contains_key(key)
+                        });
+                        if took_out {
+                            cleared += 1;
+                        }
+                    }
+                    _ => {}
+                }
+                match op {
+                    // The peer recorded longest ago is the one forgotten.
+                    DriverOp::RelaysSeen { peer, relays, .. } if forgets => {
+                        let oldest = before
+                            .iter()
+                            .min_by_key(|(_, hint)| hint.recorded)
+                            .map(|(&peer, _)| peer)
+                            .expect("3 hints");
+                        assert!(!machine.relay_hints.contains_key(&oldest));
+                        assert_eq!(
+                            machine.relay_hints.get(peer).map(|hint| &hint.relays),
+                            Some(relays)
+                        );
+                        forgotten += 1;
+                    }
+                    // `relays_for` changes nothing.
+                    DriverOp::RelaysFor { .. } => {
+                        assert_eq!(machine.relay_hints, before);
+                        assert!(observed.result.is_some());
+                    }
+                    _ => {}
                 }
             }
         }
         assert!(
-            waits > 0 && failed > 0 && evicted > 0,
-            "the walks reached {waits} waits, {failed} failed, {evicted} evictions"
+            waits > 0
+                && failed > 0
+                && evicted > 0
+                && forgotten > 0
+                && took_cached > 0
+                && abandons > 0
+                && kept_out > 0
+                && cleared > 0,
+            "the walks reached {waits} waits, {failed} failed, {evicted} evictions, \
+             {forgotten} forgotten relay hints, {took_cached} waiters that took a cached \
+             connection, {abandons} abandoned waiters, {kept_out} failed dials of cached \
+             pairs, {cleared} failed opens cleared by an accept"
         );
         // Extreme values: errors are fine, panics are not.
         let extreme = case_with(json!([

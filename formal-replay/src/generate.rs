@@ -737,7 +737,7 @@ pub fn driver_case(allow: Value, ops: Vec<Value>) -> Value {
     let end = json!({"drops": {}, "refusals": {}, "counters": {"accepted": 0,
         "dials_started": 0, "dial_failures": 0, "evictions": 0, "stale_failures": 0,
         "writers_retired": 0}, "cache": [], "joins": {}, "claims": [], "subscriptions": [],
-        "controls": {}, "opening": [], "failed_opens": []});
+        "controls": {}, "opening": [], "failed_opens": [], "relays": []});
     json!({"allow": allow, "ops": ops, "steps": steps, "end": end})
 }
 
@@ -826,6 +826,19 @@ struct OpenGuess {
     failed: Vec<((u8, &'static str), u64)>,
 }
 
+/// A relay list for the relay ops: none half the time, else one or two of three relays.
+fn driver_relays(rng: &mut Xoshiro256PlusPlus) -> Vec<&'static str> {
+    const RELAYS: [&str; 3] = ["https://r1.example/", "https://r2.example/", "r3"];
+    match rng.random_range(0..4) {
+        0 | 1 => Vec::new(),
+        2 => vec![RELAYS[rng.random_range(0..3)]],
+        _ => vec![
+            RELAYS[rng.random_range(0..3)],
+            RELAYS[rng.random_range(0..3)],
+        ],
+    }
+}
+
 /// An op of a walk focused on opens: peers 0–1, the telemetry and switch channels, tickets
 /// mostly the one guessed in flight for the pair.
 fn driver_open_op(
@@ -851,6 +864,8 @@ fn driver_open_op(
             }
             json!({"op": "open", "at": at, "peer": peer, "path": channel, "channel": channel})
         }
+        7 if rng.random_range(0..3) == 0 => json!({"op": "open_wait_abandoned", "at": at,
+            "peer": peer, "channel": channel, "ticket": ticket}),
         7..=11 => {
             // Mostly a waiter of a dial guessed failed.
             let ((peer, channel), ticket) = match guess.failed.pop() {
@@ -921,7 +936,7 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
             if index == 0 && rng.random_bool(0.5) {
                 return json!({"op": "stream", "at": at, "name": DRIVER_STREAMS[0]});
             }
-            match rng.random_range(0..31) {
+            match rng.random_range(0..33) {
                 0..=1 => json!({"op": "accept", "at": at, "peer": peer,
                     "alpn": DRIVER_ALPNS[rng.random_range(0..DRIVER_ALPNS.len())], "conn": conn}),
                 2 => json!({"op": "connected", "at": at, "peer": peer, "channel": channel,
@@ -1014,6 +1029,10 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                 27 => json!({"op": "open_dial_failed", "at": at, "peer": peer,
                     "channel": channel, "ticket": rng.random_range(1..5u64),
                     "abandoned": rng.random_range(0..3) == 0}),
+                30 => json!({"op": "relays_seen", "at": at, "peer": peer,
+                    "relays": driver_relays(rng)}),
+                31 => json!({"op": "relays_for", "at": at, "peer": peer,
+                    "given": driver_relays(rng)}),
                 29 => json!({"op": "unresponsive", "at": at, "peer": peer,
                     "channel": channel, "generation": generation}),
                 28 => json!({"op": "open_waited", "at": at, "peer": peer,

@@ -472,6 +472,16 @@ pub enum DriverOp {
         channel: String,
         generation: u64,
     },
+    RelaysSeen {
+        at: u64,
+        peer: u8,
+        relays: Vec<String>,
+    },
+    RelaysFor {
+        at: u64,
+        peer: u8,
+        given: Vec<String>,
+    },
     Unresponsive {
         at: u64,
         peer: u8,
@@ -479,6 +489,12 @@ pub enum DriverOp {
         generation: u64,
     },
     OpenWaited {
+        at: u64,
+        peer: u8,
+        channel: String,
+        ticket: u64,
+    },
+    OpenWaitAbandoned {
         at: u64,
         peer: u8,
         channel: String,
@@ -590,8 +606,11 @@ impl DriverOp {
             | Self::Stopped { at, .. }
             | Self::Open { at, .. }
             | Self::OpenFailed { at, .. }
+            | Self::RelaysSeen { at, .. }
+            | Self::RelaysFor { at, .. }
             | Self::Unresponsive { at, .. }
             | Self::OpenWaited { at, .. }
+            | Self::OpenWaitAbandoned { at, .. }
             | Self::OpenDialFailed { at, .. }
             | Self::Idle { at, .. }
             | Self::Dialed { at, .. }
@@ -659,6 +678,8 @@ pub struct DriverEnd {
     /// Failed dials whose waiters have not all heard it: (peer, channel, ticket, waiters),
     /// sorted by peer then channel.
     pub failed_opens: Vec<(u8, String, u64, u64)>,
+    /// Each peer's relay hint, sorted by peer.
+    pub relays: Vec<(u8, Vec<String>)>,
 }
 
 /// A driver case.

@@ -183,12 +183,22 @@ fn driver_op() -> impl Strategy<Value = Value> {
         1 => (peer.clone(), channel.clone(), generation.clone()).prop_map(|(p, ch, g)| json!({"op": "closed", "peer": p, "channel": ch, "generation": g})),
         1 => (peer.clone(), channel.clone()).prop_map(|(p, ch)| json!({"op": "disconnect", "peer": p, "channel": ch})),
         1 => (peer.clone(), channel.clone(), generation.clone()).prop_map(|(p, ch, g)| json!({"op": "unresponsive", "peer": p, "channel": ch, "generation": g})),
+        // Relay hints over more peers than the 3 kept, so the oldest is forgotten.
+        1 => (peer.clone(), prop::collection::vec(prop::sample::select(vec!["r1", "r2", "https://r3.example/"]), 0..3))
+            .prop_map(|(p, r)| json!({"op": "relays_seen", "peer": p, "relays": r})),
+        1 => (peer.clone(), prop::collection::vec(prop::sample::select(vec!["r1", "r4"]), 0..2))
+            .prop_map(|(p, g)| json!({"op": "relays_for", "peer": p, "given": g})),
         // Dial ends and waiters asking again over the same few pairs the opens use, with
         // tickets small enough to match the dials in flight.
         1 => (0u8..2, prop::sample::select(vec!["telemetry", "switch"]), 1u64..5, any::<bool>())
             .prop_map(|(p, ch, t, a)| json!({"op": "open_dial_failed", "peer": p, "channel": ch, "ticket": t, "abandoned": a})),
         1 => (0u8..2, prop::sample::select(vec!["telemetry", "switch"]), 1u64..5)
             .prop_map(|(p, ch, t)| json!({"op": "open_waited", "peer": p, "channel": ch, "ticket": t})),
+        1 => (0u8..2, prop::sample::select(vec!["telemetry", "switch"]), 1u64..5)
+            .prop_map(|(p, ch, t)| json!({"op": "open_wait_abandoned", "peer": p, "channel": ch, "ticket": t})),
+        // A connection from the peer while an open's dial is in flight.
+        1 => (0u8..2, prop::sample::select(vec!["t", "s"]), 0u64..20)
+            .prop_map(|(p, a, c)| json!({"op": "accept", "peer": p, "alpn": a, "conn": c})),
         // Opens over few peers and channels, so that waits for a dial in flight are common.
         2 => (0u8..2, prop::sample::select(vec!["telemetry", "switch"]), prop::sample::select(vec!["telemetry", "switch", "actor"]))
             .prop_map(|(p, ch, pa)| json!({"op": "open", "peer": p, "path": pa, "channel": ch})),

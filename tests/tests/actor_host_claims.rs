@@ -141,6 +141,18 @@ async fn send_to_actor_refuses_a_host_off_the_allow_list() {
     let stranger = [9; 32];
     let claim = HostClaim::sign(&stranger, ACTOR, 1);
     a.connect(b.endpoint_addr()).await.expect("connect b");
+    // `connect` returns once a's side of the handshake is done; b caches the connection when
+    // it accepts it, which may come later. Sent before then, b's frame would miss its cache
+    // (dropped, counted) and the claim never arrive.
+    let a_key: String = a
+        .node_id()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    let mut changes = b.changes();
+    while !b.snapshot().cache.contains_key(&a_key) {
+        changes.changed().await.expect("alive");
+    }
     b.send(OutFrame {
         to: a.node_id(),
         dest: a.node_id(),

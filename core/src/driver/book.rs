@@ -51,6 +51,11 @@ impl<V> PeerBook<V> {
         self.by_peer.get(peer).map(|(_, value)| value)
     }
 
+    /// Each peer recorded and its value, by peer.
+    pub fn iter(&self) -> impl Iterator<Item = (&NodeId, &V)> {
+        self.by_peer.iter().map(|(peer, (_, value))| (peer, value))
+    }
+
     /// Peers recorded.
     pub fn len(&self) -> usize {
         self.by_peer.len()

@@ -6,10 +6,13 @@
 //!
 //! Every outcome is explained or flagged (see [`run_ops`]).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use super::machine::{Action, Alpns, Batch, Channel, Config, Dispatch, Driver, Send};
+use super::admission::Path;
+use super::machine::{
+    Action, Alpns, Batch, Channel, Config, DialEnd, DialTicket, Dispatch, Driver, Open, Send,
+};
 use super::routing::{DropReason, NodeId, PeerAuth};
 use super::schedule::{DIAL_ATTEMPTS, JOIN_ATTEMPTS};
 use crate::time::Time;
@@ -27,6 +30,7 @@ const BATCH_MAX: usize = 3;
 /// The idle period.
 const IDLE: Duration = Duration::from_millis(500);
 const ACTOR: &[u8] = b"actor";
+const SWITCH: &[u8] = b"switch";
 
 fn id(node: usize) -> NodeId {
     [node as u8 + 1; 32]
@@ -88,6 +92,33 @@ struct Sim {
     closed: bool,
 }
 
+/// An open waiting on the dial `ticket`; `version` the machine's when it was told to wait.
+#[derive(Debug, Clone, Copy)]
+struct Waiter {
+    node: usize,
+    peer: NodeId,
+    ticket: DialTicket,
+    version: u64,
+}
+
+/// Opens of switch streams: in progress and counted.
+#[derive(Debug, Default)]
+struct Opens {
+    /// Dials opens ordered, in flight: (node, peer, ticket).
+    dials: Vec<(usize, NodeId, DialTicket)>,
+    waiters: Vec<Waiter>,
+    /// Dials that failed: (node, ticket).
+    failed: BTreeSet<(usize, DialTicket)>,
+    asked: u64,
+    placed: u64,
+    waits: u64,
+    failed_waiters: u64,
+    dials_failed: u64,
+    abandoned: u64,
+    abandoned_waits: u64,
+    dead_cached: u64,
+}
+
 /// The world.
 struct World {
     sims: Vec<Sim>,
@@ -99,9 +130,11 @@ struct World {
     joins: Vec<(usize, NodeId, u32)>,
     writes: Vec<Write>,
     /// Close reports not yet delivered: (node, peer, channel, generation).
-    closes: VecDeque<(usize, NodeId, super::Generation)>,
-    /// Which (node, conn) pairs cached which generation (for close reports).
-    cached: Vec<(usize, u64, NodeId, super::Generation)>,
+    closes: VecDeque<(usize, NodeId, Channel, super::Generation)>,
+    /// Which (node, conn) pairs cached which generation on which channel (for close reports).
+    cached: Vec<(usize, u64, NodeId, Channel, super::Generation)>,
+    /// Opens of switch streams in progress, and what became of them.
+    opens: Opens,
     /// A SWIM write failure is being reported now: the feedback it may produce.
     expect_send_failed: Option<(usize, NodeId)>,
 }
@@ -111,6 +144,7 @@ fn config(auth: PeerAuth) -> Config {
         auth,
         alpns: Alpns {
             actor: ACTOR.to_vec(),
+            switch: Some(SWITCH.to_vec()),
             ..Alpns::default()
         },
         idle_peer_timeout: IDLE,
@@ -160,6 +194,7 @@ impl World {
             writes: Vec::new(),
             closes: VecDeque::new(),
             cached: Vec::new(),
+            opens: Opens::default(),
             expect_send_failed: None,
         }
     }
@@ -229,15 +264,27 @@ impl World {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.alive = false;
         }
-        for (node, _, peer, generation) in self.cached.iter().filter(|(_, c, _, _)| *c == conn) {
-            self.closes.push_back((*node, *peer, *generation));
+        for (node, _, peer, channel, generation) in
+            self.cached.iter().filter(|(_, c, _, _, _)| *c == conn)
+        {
+            self.closes.push_back((*node, *peer, *channel, *generation));
         }
-        self.cached.retain(|(_, c, _, _)| *c != conn);
+        self.cached.retain(|(_, c, _, _, _)| *c != conn);
     }
 
     /// Node `from` reaches `peer` over a new connection: the peer must admit it (on the actor
     /// ALPN). `None` when it does not answer or refuses.
     fn connect(&mut self, from: usize, peer: NodeId) -> Result<Option<u64>, String> {
+        self.connect_on(from, peer, Channel::Actor)
+    }
+
+    /// As [`World::connect`], on the actor or the switch ALPN.
+    fn connect_on(
+        &mut self,
+        from: usize,
+        peer: NodeId,
+        channel: Channel,
+    ) -> Result<Option<u64>, String> {
         let Some(to) = index_of(&peer) else {
             return Ok(None);
         };
@@ -247,11 +294,19 @@ impl World {
         let conn = self.next_conn;
         self.next_conn += 1;
         let now = self.time();
-        match self.sims[to]
-            .driver
-            .handle_accepted(now, id(from), ACTOR, conn)
-        {
-            Dispatch::Actor(generation) => {
+        let alpn = if channel == Channel::Switch {
+            SWITCH
+        } else {
+            ACTOR
+        };
+        match (
+            channel,
+            self.sims[to]
+                .driver
+                .handle_accepted(now, id(from), alpn, conn),
+        ) {
+            (Channel::Actor, Dispatch::Actor(generation))
+            | (Channel::Switch, Dispatch::Switch(generation)) => {
                 if !self.auths[to].permits(&id(from)) {
                     return Err(format!("node {to} admitted {from}, who is off its list"));
                 }
@@ -262,32 +317,318 @@ impl World {
                         alive: true,
                     },
                 );
-                self.cached.push((to, conn, id(from), generation));
+                self.cached.push((to, conn, id(from), channel, generation));
                 self.actions(to)?;
                 Ok(Some(conn))
             }
-            Dispatch::Refused(_) | Dispatch::NoAdapter => {
+            (_, Dispatch::Refused(_) | Dispatch::NoAdapter) => {
                 self.actions(to)?;
                 Ok(None)
             }
-            other => Err(format!("actor ALPN dispatched as {other:?}")),
+            (channel, other) => Err(format!("{channel:?} ALPN dispatched as {other:?}")),
         }
     }
 
-    /// Records what node `n` cached for `peer` on `conn`.
+    /// Node `n` opens a switch stream to `peer`: the allow-list, then where the machine
+    /// places it.
+    fn open(&mut self, n: usize, peer: NodeId) -> Result<(), String> {
+        if self.sims[n].closed {
+            return Ok(());
+        }
+        let now = self.time();
+        let verdict = self.sims[n]
+            .driver
+            .handle_open(now, peer, Path::Switch, Channel::Switch);
+        let permitted = self.auths[n].permits(&peer);
+        match verdict {
+            Ok(_) if !permitted => Err(format!("node {n} opened to {}, off its list", peer[0])),
+            Err(_) if permitted => Err(format!("node {n} refused an open to {}", peer[0])),
+            Err(_) => self.actions(n),
+            Ok(verdict) => {
+                self.opens.asked += 1;
+                self.place(n, peer, verdict, None)
+            }
+        }
+    }
+
+    /// Follows an open's `verdict` (`waited`: the dial it waited on and asked again about),
+    /// checking each: a stream goes on a live cached connection (a dead one is reported and
+    /// the machine asked again); a dial is the only one in flight for the pair; a wait is on
+    /// the dial in flight; a failure follows a failed dial the open waited on.
+    fn place(
+        &mut self,
+        n: usize,
+        peer: NodeId,
+        mut verdict: Open<u64>,
+        waited: Option<DialTicket>,
+    ) -> Result<(), String> {
+        let now = self.time();
+        loop {
+            verdict = match verdict {
+                Open::Cached(generation, conn) => {
+                    if self.conns.get(&conn).is_some_and(|c| c.alive) {
+                        self.opens.placed += 1;
+                        break;
+                    }
+                    self.opens.dead_cached += 1;
+                    self.sims[n]
+                        .driver
+                        .handle_open_failed(now, peer, Channel::Switch, generation)
+                }
+                Open::Dial(ticket) => {
+                    if self
+                        .opens
+                        .dials
+                        .iter()
+                        .any(|(m, p, _)| *m == n && *p == peer)
+                    {
+                        return Err(format!("node {n}: a second open dial to {}", peer[0]));
+                    }
+                    self.opens.dials.push((n, peer, ticket));
+                    break;
+                }
+                Open::Wait(ticket) => {
+                    if !self.opens.dials.contains(&(n, peer, ticket)) {
+                        return Err(format!(
+                            "node {n}: an open to {} waits on dial {} not in flight",
+                            peer[0],
+                            ticket.get()
+                        ));
+                    }
+                    self.opens.waits += 1;
+                    let version = self.sims[n].driver.version();
+                    self.opens.waiters.push(Waiter {
+                        node: n,
+                        peer,
+                        ticket,
+                        version,
+                    });
+                    break;
+                }
+                Open::Failed => {
+                    if !waited.is_some_and(|ticket| self.opens.failed.contains(&(n, ticket))) {
+                        return Err(format!(
+                            "node {n}: an open to {} failed, waiting on {waited:?}, which did \
+                             not fail",
+                            peer[0]
+                        ));
+                    }
+                    self.opens.failed_waiters += 1;
+                    break;
+                }
+                Open::Closed => {
+                    if !self.sims[n].closed {
+                        return Err(format!("node {n}: an open answered closed"));
+                    }
+                    break;
+                }
+            };
+        }
+        self.actions(n)
+    }
+
+    /// The dial an open ordered ends: connected (when the peer answers and `outcome` says
+    /// so), failed, or abandoned by its caller.
+    fn complete_open_dial(&mut self, pick: usize, outcome: u8) -> Result<(), String> {
+        if self.opens.dials.is_empty() {
+            return Ok(());
+        }
+        let (n, peer, ticket) = self.opens.dials.remove(pick % self.opens.dials.len());
+        let now = self.time();
+        if outcome % 4 == 3 {
+            self.opens.abandoned += 1;
+            self.sims[n].driver.handle_open_dial_failed(
+                now,
+                peer,
+                Channel::Switch,
+                ticket,
+                DialEnd::Abandoned,
+            );
+            return self.actions(n);
+        }
+        let conn = if outcome % 4 < 2 {
+            self.connect_on(n, peer, Channel::Switch)?
+        } else {
+            None
+        };
+        match conn {
+            Some(conn) => {
+                let generation =
+                    self.sims[n]
+                        .driver
+                        .handle_connected(now, peer, Channel::Switch, conn);
+                self.cached_by(n, conn, peer, Channel::Switch, generation);
+                self.opens.placed += 1;
+            }
+            None => {
+                self.opens.dials_failed += 1;
+                self.opens.failed.insert((n, ticket));
+                self.sims[n].driver.handle_open_dial_failed(
+                    now,
+                    peer,
+                    Channel::Switch,
+                    ticket,
+                    DialEnd::Failed,
+                );
+            }
+        }
+        self.actions(n)
+    }
+
+    /// Waiters whose machine's state moved since they were told to wait (the shell's watch
+    /// wakes those).
+    fn woken(&self) -> Vec<usize> {
+        (0..self.opens.waiters.len())
+            .filter(|i| {
+                let waiter = &self.opens.waiters[*i];
+                self.sims[waiter.node].driver.version() != waiter.version
+            })
+            .collect()
+    }
+
+    /// A woken waiter asks again (`pick` among the woken).
+    fn wake(&mut self, pick: usize) -> Result<(), String> {
+        let woken = self.woken();
+        if woken.is_empty() {
+            return Ok(());
+        }
+        let waiter = self.opens.waiters.remove(woken[pick % woken.len()]);
+        let now = self.time();
+        let verdict = self.sims[waiter.node].driver.handle_open_waited(
+            now,
+            waiter.peer,
+            Channel::Switch,
+            waiter.ticket,
+        );
+        self.place(waiter.node, waiter.peer, verdict, Some(waiter.ticket))
+    }
+
+    /// A waiter's caller goes away.
+    fn abandon_wait(&mut self, pick: usize) -> Result<(), String> {
+        if self.opens.waiters.is_empty() {
+            return Ok(());
+        }
+        let waiter = self.opens.waiters.remove(pick % self.opens.waiters.len());
+        let now = self.time();
+        self.opens.abandoned_waits += 1;
+        self.sims[waiter.node].driver.handle_open_wait_abandoned(
+            now,
+            waiter.peer,
+            Channel::Switch,
+            waiter.ticket,
+        );
+        self.actions(waiter.node)
+    }
+
+    /// An open op of the schedule, chosen by `a`, on node `n`.
+    fn open_op(&mut self, n: usize, a: u8, b: u8, peers: &[NodeId]) -> Result<(), String> {
+        match a % 8 {
+            0..=2 => self.open(n, peers[usize::from(b) % peers.len()]),
+            3 | 4 => self.complete_open_dial(usize::from(b), b >> 4),
+            5 | 6 => self.wake(usize::from(b)),
+            _ => self.abandon_wait(usize::from(b)),
+        }
+    }
+
+    /// Accounting of opens: the machine's dials in flight for opens are the world's, each
+    /// counting exactly the world's opens waiting on it; a failure kept for waiters counts
+    /// exactly those that have not asked again.
+    fn check_opens(&self) -> Result<(), String> {
+        for (n, sim) in self.sims.iter().enumerate() {
+            if sim.closed {
+                continue;
+            }
+            let waiting = |peer: NodeId, ticket: DialTicket| {
+                self.opens
+                    .waiters
+                    .iter()
+                    .filter(|w| w.node == n && w.peer == peer && w.ticket == ticket)
+                    .count() as u64
+            };
+            let opening: Vec<(NodeId, DialTicket, u64)> = sim
+                .driver
+                .opening()
+                .map(|(peer, _, ticket, waiters)| (peer, ticket, waiters))
+                .collect();
+            let mut world: Vec<(NodeId, DialTicket, u64)> = self
+                .opens
+                .dials
+                .iter()
+                .filter(|(m, _, _)| *m == n)
+                .map(|(_, peer, ticket)| (*peer, *ticket, waiting(*peer, *ticket)))
+                .collect();
+            world.sort();
+            if opening != world {
+                return Err(format!(
+                    "node {n}: the machine's open dials {opening:?} are not the world's {world:?}"
+                ));
+            }
+            for (peer, _, ticket, waiters) in sim.driver.failed_opens() {
+                if waiters != waiting(peer, ticket) || waiters == 0 {
+                    return Err(format!(
+                        "node {n}: failed dial {} to {} keeps {waiters} waiters, the world has {}",
+                        ticket.get(),
+                        peer[0],
+                        waiting(peer, ticket)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends every open: dials complete (connected where the peer answers), woken waiters ask
+    /// again, until none is left. An open still waiting then was never woken (a lost wake-up);
+    /// a dial or failure the machine still keeps is state left behind.
+    fn settle_opens(&mut self) -> Result<(), String> {
+        for _round in 0..64 {
+            while !self.closes.is_empty() {
+                self.report_close()?;
+            }
+            if !self.opens.dials.is_empty() {
+                self.complete_open_dial(0, 0)?;
+            } else if !self.woken().is_empty() {
+                self.wake(0)?;
+            } else {
+                break;
+            }
+            self.check_opens()?;
+        }
+        if let Some(waiter) = self.opens.waiters.first() {
+            return Err(format!(
+                "node {}: an open to {} waits on dial {} and is never woken",
+                waiter.node,
+                waiter.peer[0],
+                waiter.ticket.get()
+            ));
+        }
+        for (n, sim) in self.sims.iter().enumerate() {
+            if sim.driver.opening().count() > 0 || sim.driver.failed_opens().count() > 0 {
+                return Err(format!(
+                    "node {n}: opens settled, state left: {:?} {:?}",
+                    sim.driver.opening().collect::<Vec<_>>(),
+                    sim.driver.failed_opens().collect::<Vec<_>>()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records what node `n` cached for `peer` on `conn` (on `channel`).
     fn cached_by(
         &mut self,
         n: usize,
         conn: u64,
         peer: NodeId,
+        channel: Channel,
         generation: Option<super::Generation>,
     ) {
         match generation {
             Some(generation) if self.conns.get(&conn).is_some_and(|c| c.alive) => {
-                self.cached.push((n, conn, peer, generation));
+                self.cached.push((n, conn, peer, channel, generation));
             }
             // Cached a connection that already died: its close report is due.
-            Some(generation) => self.closes.push_back((n, peer, generation)),
+            Some(generation) => self.closes.push_back((n, peer, channel, generation)),
             None => {}
         }
     }
@@ -530,7 +871,7 @@ impl World {
         let result = conn.ok_or_else(|| "no answer".to_owned());
         let generation = self.sims[n].driver.handle_dialed(now, peer, result);
         if let Some(conn) = conn {
-            self.cached_by(n, conn, peer, generation);
+            self.cached_by(n, conn, peer, Channel::Actor, generation);
         }
         self.actions(n)
     }
@@ -550,7 +891,7 @@ impl World {
             Some(conn) => {
                 self.sims[n].driver.handle_join_connected(now, peer);
                 let generation = self.sims[n].driver.handle_join_sent(now, peer, conn);
-                self.cached_by(n, conn, peer, generation);
+                self.cached_by(n, conn, peer, Channel::Actor, generation);
             }
             None => self.sims[n]
                 .driver
@@ -560,16 +901,16 @@ impl World {
     }
 
     fn report_close(&mut self) -> Result<(), String> {
-        let Some((n, peer, generation)) = self.closes.pop_front() else {
+        let Some((n, peer, channel, generation)) = self.closes.pop_front() else {
             return Ok(());
         };
         let now = self.time();
         self.sims[n]
             .driver
-            .handle_connection_closed(now, peer, Channel::Actor, generation);
+            .handle_connection_closed(now, peer, channel, generation);
         if self.sims[n]
             .driver
-            .connection(&peer, Channel::Actor)
+            .connection(&peer, channel)
             .map(|(g, _)| g)
             == Some(generation)
         {
@@ -606,6 +947,7 @@ impl World {
 
     /// Laws that hold after every op.
     fn check(&self) -> Result<(), String> {
+        self.check_opens()?;
         for (n, sim) in self.sims.iter().enumerate() {
             // Admission: nothing cached for a peer off the list.
             for (peer, _, _) in sim.driver.connections() {
@@ -773,6 +1115,18 @@ pub struct Report {
     pub streams_kept: u64,
     /// Idle streams the peer stopped.
     pub stream_stops: u64,
+    /// Switch streams placed on a connection (cached, or dialed for them).
+    pub opens_placed: u64,
+    /// Opens told to wait on another open's dial.
+    pub open_waits: u64,
+    /// Waiting opens that failed with the dial they waited on.
+    pub open_waiters_failed: u64,
+    /// Dials for opens abandoned by their caller.
+    pub open_dials_abandoned: u64,
+    /// Waiting opens whose caller went away.
+    pub open_waits_abandoned: u64,
+    /// Opens that found their cached connection dead.
+    pub opens_on_dead_connections: u64,
 }
 
 /// Runs the world on `data` (each op a byte, arguments from the following bytes).
@@ -793,7 +1147,10 @@ pub struct Report {
 /// before it opened.
 pub fn run_ops(data: &[u8]) -> Result<Report, String> {
     let mut bytes = data.iter().copied();
-    let mut world = World::new(bytes.next().unwrap_or(0));
+    let shape = bytes.next().unwrap_or(0);
+    let mut world = World::new(shape);
+    // Half the shapes open switch streams more often.
+    let open_mode = shape & 2 == 2;
     let peers = [id(0), id(1), id(2), STRANGER, INVALID];
     while let Some(op) = bytes.next() {
         let mut arg = || bytes.next().unwrap_or(0);
@@ -842,6 +1199,10 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
                     .handle_disconnect(now, peer, Channel::Actor);
                 world.actions(n)?;
             }
+            12 if open_mode => {
+                let (a, b) = (arg(), arg());
+                world.open_op(n, a, b, &peers)?;
+            }
             12 => {
                 let fatal = arg() & 1 == 1;
                 world.sims[n]
@@ -861,8 +1222,12 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
                 }
             }
             _ => {
-                // Rarely: a node closes for good.
-                if arg() == 0xff {
+                // Rarely: a node closes for good; otherwise an open op.
+                let a = arg();
+                if a != 0xff {
+                    let b = arg();
+                    world.open_op(n, a, b, &peers)?;
+                } else {
                     world.sims[n].driver.handle_close(now);
                     world.sims[n].closed = true;
                     world.actions(n)?;
@@ -875,11 +1240,15 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
                     world.writes.retain(|w| w.node != n);
                     world.sims[n].writers.clear();
                     world.sims[n].sent -= queued + in_flight;
+                    // Its opens go with it (the machine forgot their dials when it closed).
+                    world.opens.dials.retain(|(m, _, _)| *m != n);
+                    world.opens.waiters.retain(|w| w.node != n);
                 }
             }
         }
         world.check()?;
     }
+    world.settle_opens()?;
     world.heal_and_check_liveness()?;
     let mut report = Report::default();
     for sim in &world.sims {
@@ -892,6 +1261,12 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         report.streams_kept += sim.streams_kept;
         report.stream_stops += sim.stream_stops;
         report.retired += counters.writers_retired;
+        report.opens_placed = world.opens.placed;
+        report.open_waits = world.opens.waits;
+        report.open_waiters_failed = world.opens.failed_waiters;
+        report.open_dials_abandoned = world.opens.abandoned;
+        report.open_waits_abandoned = world.opens.abandoned_waits;
+        report.opens_on_dead_connections = world.opens.dead_cached;
         report.joins_sent += sim
             .driver
             .join_statuses()
@@ -970,6 +1345,12 @@ mod tests {
             total.streams_opened += report.streams_opened;
             total.streams_kept += report.streams_kept;
             total.stream_stops += report.stream_stops;
+            total.opens_placed += report.opens_placed;
+            total.open_waits += report.open_waits;
+            total.open_waiters_failed += report.open_waiters_failed;
+            total.open_dials_abandoned += report.open_dials_abandoned;
+            total.open_waits_abandoned += report.open_waits_abandoned;
+            total.opens_on_dead_connections += report.opens_on_dead_connections;
         }
         eprintln!("{total:?}");
         assert!(total.delivered > 1_000, "{total:?}");
@@ -981,5 +1362,11 @@ mod tests {
         assert!(total.streams_opened > 100, "{total:?}");
         assert!(total.streams_kept > 100, "{total:?}");
         assert!(total.stream_stops > 10, "{total:?}");
+        assert!(total.opens_placed > 100, "{total:?}");
+        assert!(total.open_waits > 50, "{total:?}");
+        assert!(total.open_waiters_failed > 10, "{total:?}");
+        assert!(total.open_dials_abandoned > 10, "{total:?}");
+        assert!(total.open_waits_abandoned > 10, "{total:?}");
+        assert!(total.opens_on_dead_connections > 10, "{total:?}");
     }
 }

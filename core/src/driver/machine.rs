@@ -33,7 +33,9 @@ use super::schedule::{
     dial_retry_after, Join, JoinNext, JoinStatus, DIAL_ATTEMPT_TIMEOUT, JOIN_ATTEMPT_TIMEOUT,
 };
 use super::subscriptions::{ControlVerdict, Subscription, Subscriptions, TELEMETRY_CONTROL_TAG};
-use crate::limits::{EGRESS_IDLE_TEARDOWN_MS_DEFAULT, FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX};
+use crate::limits::{
+    EGRESS_IDLE_TEARDOWN_MS_DEFAULT, FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX, RELAY_HINT_PEERS_MAX,
+};
 use crate::time::Time;
 
 /// Close code of a connection refused by the allow-list.
@@ -41,7 +43,7 @@ pub const CLOSE_UNAUTHORIZED: u32 = 403;
 /// Close code of a connection closed on shutdown, by `disconnect`, or for lack of an adapter.
 pub const CLOSE_SHUTDOWN: u32 = 0;
 /// Close code of a connection evicted because what ran over it stopped answering (a switch
-/// master whose heartbeat went unechoed, or that stopped reading): HTTP's "request timeout".
+/// master whose heartbeat went unechoed): HTTP's "request timeout".
 pub const CLOSE_UNRESPONSIVE: u32 = 408;
 /// Stop code of a stream dropped as malformed.
 pub const STOP_MALFORMED: u32 = 1;
@@ -114,6 +116,8 @@ pub struct Config {
     pub valid_peer: fn(&NodeId) -> bool,
     /// Most failed dials remembered for their waiting opens ([`FAILED_OPENS_MAX`]).
     pub failed_opens_max: usize,
+    /// Most peers whose relays are remembered ([`RELAY_HINT_PEERS_MAX`]).
+    pub relay_hint_peers_max: usize,
 }
 
 impl Default for Config {
@@ -127,6 +131,7 @@ impl Default for Config {
             join_delay_divisor: 1,
             valid_peer: |_| true,
             failed_opens_max: FAILED_OPENS_MAX,
+            relay_hint_peers_max: RELAY_HINT_PEERS_MAX,
         }
     }
 }
@@ -222,7 +227,8 @@ pub enum Open<C> {
     /// [`Driver::handle_open_waited`] once the machine's state moved, so that concurrent
     /// opens share one connection (or one failure).
     Wait(DialTicket),
-    /// The dial this open waited on failed: the open fails as that dial did.
+    /// The dial this open waited on failed: the open fails with it (the shell reports that
+    /// it waited on a dial that failed; the dial's own error went to its caller).
     Failed,
     /// The node is closing: nothing opens.
     Closed,
@@ -414,6 +420,7 @@ pub struct Driver<C> {
 impl<C: Clone> Driver<C> {
     /// A driver with `config`.
     pub fn new(config: Config) -> Self {
+        let relay_hints = RelayHints::with_bound(config.relay_hint_peers_max);
         Self {
             config,
             directory: Directory::default(),
@@ -427,7 +434,7 @@ impl<C: Clone> Driver<C> {
             joins: BTreeMap::new(),
             writers: BTreeMap::new(),
             timers: BTreeSet::new(),
-            relay_hints: RelayHints::default(),
+            relay_hints,
             actions: VecDeque::new(),
             drops: Drops::default(),
             refusals: Refusals::default(),
@@ -498,7 +505,8 @@ impl<C: Clone> Driver<C> {
     /// An outbound connection to `peer` on `channel` was established (a `connect`, or the
     /// dial an [`Open::Dial`] ordered for a protocol, telemetry, switch or substrate stream):
     /// it is cached under the returned generation, and an open's dial in flight for the pair
-    /// ends. Admission was asked before dialing.
+    /// ends (whatever its ticket: its waiters take this connection), and a failure kept for
+    /// the pair's waiters goes. Admission was asked before dialing.
     pub fn handle_connected(
         &mut self,
         _now: Time,
@@ -506,8 +514,7 @@ impl<C: Clone> Driver<C> {
         channel: Channel,
         conn: C,
     ) -> Option<Generation> {
-        let opened = self.opening.remove(&(peer, channel)).is_some();
-        if opened | self.failed_opens.remove(&(peer, channel)).is_some() {
+        if self.opening.remove(&(peer, channel)).is_some() {
             self.bump();
         }
         if self.closed {
@@ -587,8 +594,8 @@ impl<C: Clone> Driver<C> {
     }
 
     /// An open told [`Open::Wait`] with `ticket` asks again (the machine's state moved): it
-    /// fails if that dial failed, waits on if it is still in flight, and otherwise goes where
-    /// an open would now go.
+    /// takes a connection cached meanwhile, fails if that dial failed, waits on if it is still
+    /// in flight, and otherwise goes where an open would now go.
     pub fn handle_open_waited(
         &mut self,
         _now: Time,
@@ -600,18 +607,52 @@ impl<C: Clone> Driver<C> {
             return Open::Closed;
         }
         let key = (peer, channel);
+        if let Some((generation, conn)) = self.connection(&peer, channel) {
+            self.forget_waiter(key, ticket);
+            return Open::Cached(generation, conn);
+        }
+        if self
+            .failed_opens
+            .get(&key)
+            .is_some_and(|failed| failed.ticket == ticket)
+        {
+            self.forget_waiter(key, ticket);
+            return Open::Failed;
+        }
+        match self.opening.get(&key) {
+            Some(opening) if opening.ticket == ticket => Open::Wait(ticket),
+            _ => self.open_on(peer, channel),
+        }
+    }
+
+    /// An open told [`Open::Wait`] with `ticket` went away before it was placed (its caller
+    /// dropped it): it no longer counts among the dial's waiters.
+    pub fn handle_open_wait_abandoned(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        channel: Channel,
+        ticket: DialTicket,
+    ) {
+        self.forget_waiter((peer, channel), ticket);
+    }
+
+    /// One waiter of the dial `ticket` to the pair is done with it: taken off the dial in
+    /// flight, or off its kept failure (which goes with its last waiter).
+    fn forget_waiter(&mut self, key: (NodeId, Channel), ticket: DialTicket) {
+        if let Some(opening) = self.opening.get_mut(&key) {
+            if opening.ticket == ticket {
+                opening.waiters = opening.waiters.saturating_sub(1);
+                return;
+            }
+        }
         if let Some(failed) = self.failed_opens.get_mut(&key) {
             if failed.ticket == ticket {
                 failed.waiters = failed.waiters.saturating_sub(1);
                 if failed.waiters == 0 {
                     self.failed_opens.remove(&key);
                 }
-                return Open::Failed;
             }
-        }
-        match self.opening.get(&key) {
-            Some(opening) if opening.ticket == ticket => Open::Wait(ticket),
-            _ => self.open_on(peer, channel),
         }
     }
 
@@ -640,9 +681,10 @@ impl<C: Clone> Driver<C> {
     }
 
     /// The dial an [`Open::Dial`] ordered under `ticket` did not connect. A failure is kept
-    /// for the opens that waited on it (each hears it once, from
-    /// [`Driver::handle_open_waited`]); after an abandoned dial they ask again and the first
-    /// dials. A ticket that is no longer the pair's dial in flight changes nothing.
+    /// for the opens that wait on it (each hears it once, from
+    /// [`Driver::handle_open_waited`]), unless the pair has a connection by now (they take
+    /// it); after an abandoned dial they ask again and the first dials. A ticket that is no
+    /// longer the pair's dial in flight changes nothing.
     pub fn handle_open_dial_failed(
         &mut self,
         _now: Time,
@@ -659,7 +701,8 @@ impl<C: Clone> Driver<C> {
             return;
         }
         self.opening.remove(&key);
-        if end == DialEnd::Failed && opening.waiters > 0 {
+        let cached = self.cache.peek(&key).is_some();
+        if end == DialEnd::Failed && opening.waiters > 0 && !cached {
             self.failed_opens.insert(key, opening);
             if self.failed_opens.len() > self.config.failed_opens_max {
                 let oldest = self
@@ -1184,6 +1227,11 @@ impl<C: Clone> Driver<C> {
         self.relay_hints.normalize(peer, given)
     }
 
+    /// Every peer with a relay hint and the relays last seen for it, by peer.
+    pub fn relay_hints(&self) -> impl Iterator<Item = (&NodeId, &[String])> {
+        self.relay_hints.iter()
+    }
+
     /// Actors in the route view.
     pub fn directory_route_count(&self) -> usize {
         self.directory.route_count()
@@ -1271,8 +1319,11 @@ impl<C: Clone> Driver<C> {
         }
     }
 
+    /// Caches `conn` for the pair under a new generation; a failure kept for the pair's
+    /// waiters goes (they take this connection).
     fn insert(&mut self, peer: NodeId, channel: Channel, conn: C) -> Generation {
         self.bump();
+        self.failed_opens.remove(&(peer, channel));
         self.cache.insert((peer, channel), conn)
     }
 
@@ -1550,6 +1601,69 @@ mod tests {
             d.handle_open(at(4), PEER, Path::Switch, channel),
             Ok(Open::Dial(_))
         ));
+    }
+
+    #[test]
+    fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhile() {
+        let mut d = Driver::new(Config {
+            alpns: Alpns {
+                switch: Some(b"s".to_vec()),
+                ..Alpns::default()
+            },
+            ..Config::default()
+        });
+        let channel = Channel::Switch;
+        let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Switch, channel);
+        let ticket = DialTicket(1);
+        assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+        for _ in 0..3 {
+            assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+        }
+        // One waiter goes away; a stale ticket's report changes nothing.
+        d.handle_open_wait_abandoned(at(1), PEER, channel, ticket);
+        d.handle_open_wait_abandoned(at(1), PEER, channel, DialTicket(9));
+        assert_eq!(
+            d.opening().collect::<Vec<_>>(),
+            [(PEER, channel, ticket, 2)]
+        );
+        // The peer dials us meanwhile: a waiter asking again takes that connection.
+        let Dispatch::Switch(generation) = d.handle_accepted(at(2), PEER, b"s", "theirs") else {
+            panic!("cached");
+        };
+        assert_eq!(
+            d.handle_open_waited(at(3), PEER, channel, ticket),
+            Open::Cached(generation, "theirs")
+        );
+        assert_eq!(
+            d.opening().collect::<Vec<_>>(),
+            [(PEER, channel, ticket, 1)]
+        );
+        // Our dial fails: with a connection there, no failure is kept for the last waiter.
+        d.handle_open_dial_failed(at(4), PEER, channel, ticket, DialEnd::Failed);
+        assert_eq!(d.failed_opens().count(), 0);
+        assert_eq!(
+            d.handle_open_waited(at(5), PEER, channel, ticket),
+            Open::Cached(generation, "theirs")
+        );
+
+        // A failure kept for two waiters: one leaves, the other hears it, nothing stays.
+        d.handle_connection_closed(at(6), PEER, channel, generation);
+        let ticket = DialTicket(2);
+        assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+        assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+        assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+        d.handle_open_dial_failed(at(7), PEER, channel, ticket, DialEnd::Failed);
+        d.handle_open_wait_abandoned(at(8), PEER, channel, ticket);
+        assert_eq!(
+            d.failed_opens().collect::<Vec<_>>(),
+            [(PEER, channel, ticket, 1)]
+        );
+        assert_eq!(
+            d.handle_open_waited(at(9), PEER, channel, ticket),
+            Open::Failed
+        );
+        assert_eq!(d.failed_opens().count(), 0);
+        assert_eq!(d.opening().count(), 0);
     }
 
     #[test]

@@ -15,13 +15,25 @@ pub struct RelayHints {
 
 impl Default for RelayHints {
     fn default() -> Self {
-        Self {
-            book: PeerBook::new(RELAY_HINT_PEERS_MAX),
-        }
+        Self::with_bound(RELAY_HINT_PEERS_MAX)
     }
 }
 
 impl RelayHints {
+    /// Hints for at most `peers` peers.
+    pub fn with_bound(peers: usize) -> Self {
+        Self {
+            book: PeerBook::new(peers),
+        }
+    }
+
+    /// Each peer with a hint and its relays, by peer.
+    pub fn iter(&self) -> impl Iterator<Item = (&NodeId, &[String])> {
+        self.book
+            .iter()
+            .map(|(peer, relays)| (peer, relays.as_slice()))
+    }
+
     /// Records `relays` for `peer` (an empty list records nothing: it is no hint).
     pub fn record(&mut self, peer: NodeId, relays: Vec<String>) {
         if !relays.is_empty() {

@@ -144,12 +144,14 @@ pub enum CutReason {
 
 impl CutReason {
     /// Whether the cut says the connection under the master's stream is suspect, not just the
-    /// stream: the master went silent (its heartbeat was not echoed) or stopped reading. The
-    /// transport should then drop that connection rather than open the next stream on it
-    /// behind a peer that no longer answers. A handshake failure, a protocol violation or
-    /// undecodable bytes are the stream's fault; a closed connection is gone already.
+    /// stream: the master went silent (its heartbeat was not echoed), which from this side
+    /// cannot be told from a dead or hung peer. The transport should then drop that
+    /// connection rather than open the next stream on it behind a peer that no longer
+    /// answers. A master that stops reading (`Backlogged`) is its stream's fault where each
+    /// stream has its own flow control, as on QUIC; a handshake failure, a protocol violation
+    /// or undecodable bytes are the stream's fault too; a closed connection is gone already.
     pub fn implicates_connection(&self) -> bool {
-        matches!(self, Self::HeartbeatTimeout | Self::Backlogged)
+        matches!(self, Self::HeartbeatTimeout)
     }
 }
 

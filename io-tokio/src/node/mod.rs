@@ -537,6 +537,7 @@ impl NodeBuilder {
             join_delay_divisor: self.join_policy.delay_divisor,
             valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
             failed_opens_max: tether_core::limits::FAILED_OPENS_MAX,
+            relay_hint_peers_max: tether_core::limits::RELAY_HINT_PEERS_MAX,
         }));
         let substrate_peers = substrate_link::SubstratePeers::default();
         let (switch_queue, switch_connections) = if self.switch_host {
@@ -744,7 +745,7 @@ impl Drop for OpenDial {
 }
 
 /// Reports the connection a stream was opened on unresponsive: what ran over it stopped
-/// answering (a switch master whose heartbeat went unechoed, or that stopped reading). The
+/// answering (a switch master whose heartbeat went unechoed). The
 /// node's machine evicts that connection (that generation only: a newer one stays) and closes
 /// it with [`CLOSE_UNRESPONSIVE`], so the next stream to the peer dials afresh rather than
 /// queueing behind a peer that no longer reads. [`crate::switch::Switch::connect_iroh`] uses
@@ -772,6 +773,25 @@ impl ConnectionCut {
         if let Some(inner) = self.inner.upgrade() {
             let (peer, channel, generation) = (self.peer, self.channel, self.generation);
             inner.drive(|driver, now| driver.handle_unresponsive(now, peer, channel, generation));
+        }
+    }
+}
+
+/// An open waiting on the dial `ticket` (when set): dropped then, it reports that it went
+/// away, so the dial's waiters are counted right.
+struct OpenWait {
+    inner: Arc<Inner>,
+    peer: NodeId,
+    channel: Channel,
+    ticket: Option<DialTicket>,
+}
+
+impl Drop for OpenWait {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket {
+            let (peer, channel) = (self.peer, self.channel);
+            self.inner
+                .drive(|driver, now| driver.handle_open_wait_abandoned(now, peer, channel, ticket));
         }
     }
 }
@@ -1404,10 +1424,13 @@ impl Node {
             .take()
     }
 
-    /// A stream to the host node at `addr` for a request switch ([`SWITCH_ALPN`]): give it to
-    /// `tether::switch::Switch::add_master`. It rides the switch connection cached for the
-    /// peer (dialed when there is none, or when the cached one is dead). Refused before
-    /// dialling when the peer is not on the allow-list.
+    /// A stream to the host node at `addr` for a request switch ([`SWITCH_ALPN`]). It rides
+    /// the switch connection cached for the peer (dialed when there is none, or when the
+    /// cached one is dead). Refused before dialling when the peer is not on the allow-list.
+    /// [`crate::switch::Switch::connect_iroh`] dials with it and also evicts the connection
+    /// when its master is cut for silence; given to `Switch::add_master` instead, the
+    /// connection is evicted only once it dies (report a cut with
+    /// [`QuicStream::connection_cut`]).
     pub async fn dial_switch_host(&self, addr: EndpointAddr) -> Result<QuicStream, NodeError> {
         let (conn, send, recv, cut) = self
             .inner
@@ -1751,13 +1774,22 @@ impl Inner {
         mut verdict: Open<Connection>,
         changes: &mut watch::Receiver<u64>,
     ) -> Result<Placed, NodeError> {
+        // Dropped while waiting on a dial, the open reports it went away.
+        let mut waiting = OpenWait {
+            inner: self.clone(),
+            peer,
+            channel,
+            ticket: None,
+        };
         loop {
+            waiting.ticket = None;
             verdict = match verdict {
                 Open::Cached(generation, conn) => return Ok(Placed::Cached(generation, conn)),
                 Open::Dial(ticket) => return Ok(Placed::Dial(ticket)),
                 Open::Failed => return Err(NodeError::Connect(Box::new(WaitedDialFailed))),
                 Open::Closed => return Err(NodeError::Closed),
                 Open::Wait(ticket) => {
+                    waiting.ticket = Some(ticket);
                     changes.changed().await.map_err(|_| NodeError::Closed)?;
                     self.drive(|driver, now| driver.handle_open_waited(now, peer, channel, ticket))
                 }

@@ -242,7 +242,7 @@ impl Switch {
 
     /// Opens a stream to the switch host at `addr` over `node` (its one cached connection
     /// to that peer, [`crate::node::Node::dial_switch_host`]) and attaches it as `id`. A cut
-    /// that implicates the connection (the master went silent or stopped reading) reports
+    /// that implicates the connection (the master went silent: its heartbeat was not echoed) reports
     /// it unresponsive: the node evicts and closes it, so reattaching dials afresh instead of
     /// opening another stream behind a peer that no longer answers.
     #[cfg(feature = "iroh")]
