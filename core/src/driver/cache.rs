@@ -93,13 +93,18 @@ impl<P: Ord + Clone, C> ConnectionCache<P, C> {
 
     /// A write on `peer`'s connection of `generation` failed.
     pub fn fail(&mut self, peer: &P, generation: Generation) -> Eviction {
-        match self.entries.get(peer) {
-            Some(entry) if entry.generation == generation => {
-                self.entries.remove(peer);
-                Eviction::Evicted
-            }
-            _ => Eviction::Stale,
+        match self.evict(peer, generation) {
+            Some(_) => Eviction::Evicted,
+            None => Eviction::Stale,
         }
+    }
+
+    /// Removes `peer`'s entry if it has `generation` (a newer one stays): the entry removed.
+    pub fn evict(&mut self, peer: &P, generation: Generation) -> Option<Entry<C>> {
+        if self.entries.get(peer)?.generation != generation {
+            return None;
+        }
+        self.entries.remove(peer)
     }
 
     /// Removes `peer`'s entry whatever its generation (e.g. the peer is no longer allowed).

@@ -562,20 +562,13 @@ impl<C: Clone> Driver<C> {
         channel: Channel,
         generation: Generation,
     ) {
-        let key = (peer, channel);
-        if self
-            .cache
-            .peek(&key)
-            .is_some_and(|entry| entry.generation == generation)
-        {
-            if let Some(entry) = self.cache.remove(&key) {
-                self.counters.evictions += 1;
-                self.actions.push_back(Action::Close {
-                    conn: entry.conn,
-                    code: CLOSE_UNRESPONSIVE,
-                });
-                self.bump();
-            }
+        if let Some(entry) = self.cache.evict(&(peer, channel), generation) {
+            self.counters.evictions += 1;
+            self.actions.push_back(Action::Close {
+                conn: entry.conn,
+                code: CLOSE_UNRESPONSIVE,
+            });
+            self.bump();
         }
     }
 
@@ -694,13 +687,12 @@ impl<C: Clone> Driver<C> {
         end: DialEnd,
     ) {
         let key = (peer, channel);
-        let Some(opening) = self.opening.get(&key).copied() else {
-            return;
-        };
-        if opening.ticket != ticket {
+        if self.opening.get(&key).map(|opening| opening.ticket) != Some(ticket) {
             return;
         }
-        self.opening.remove(&key);
+        let Some(opening) = self.opening.remove(&key) else {
+            return;
+        };
         let cached = self.cache.peek(&key).is_some();
         if end == DialEnd::Failed && opening.waiters > 0 && !cached {
             self.failed_opens.insert(key, opening);

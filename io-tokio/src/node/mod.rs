@@ -1729,15 +1729,17 @@ impl Inner {
         E: Into<BoxError>,
     {
         let peer = *addr.id.as_bytes();
-        let mut changes = self.gate.changes.subscribe();
-        let mut verdict = self.drive(|driver, now| driver.handle_open(now, peer, path, channel))?;
+        let mut placed = self.open_verdict(peer, path, channel).await?;
         let ticket = loop {
-            verdict = match self.settle(peer, channel, verdict, &mut changes).await? {
+            placed = match placed {
                 Placed::Cached(generation, conn) => match open(generation, conn).await {
                     Ok(stream) => return Ok(stream),
-                    Err(_) => self.drive(|driver, now| {
-                        driver.handle_open_failed(now, peer, channel, generation)
-                    }),
+                    Err(_) => {
+                        self.place(peer, channel, |driver, now| {
+                            Ok(driver.handle_open_failed(now, peer, channel, generation))
+                        })
+                        .await?
+                    }
                 },
                 Placed::Dial(ticket) => break ticket,
             };
@@ -1751,29 +1753,31 @@ impl Inner {
 
     /// Where the machine places an open to `peer` on `channel` (the allow-list for `path`
     /// first): the cached connection or a dial; while another open's dial is in flight, it
-    /// waits for that dial ([`Inner::settle`]).
+    /// waits for that dial ([`Inner::place`]).
     async fn open_verdict(
         self: &Arc<Self>,
         peer: NodeId,
         path: Path,
         channel: Channel,
     ) -> Result<Placed, NodeError> {
-        let mut changes = self.gate.changes.subscribe();
-        let verdict = self.drive(|driver, now| driver.handle_open(now, peer, path, channel))?;
-        self.settle(peer, channel, verdict, &mut changes).await
+        self.place(peer, channel, |driver, now| {
+            driver.handle_open(now, peer, path, channel)
+        })
+        .await
     }
 
-    /// Follows an open's `verdict` until the machine places it: each [`Open::Wait`] asks
-    /// again once the machine's state moved (`changes`, subscribed before the verdict was
-    /// asked, so no move is missed); a failed dial it waited on, or the node closing, is its
-    /// error.
-    async fn settle(
+    /// Asks the machine where an open to `peer` on `channel` goes (`ask`: the first question)
+    /// and follows its answer until the open is placed: each [`Open::Wait`] asks again once
+    /// the machine's state moved (watched from before `ask`, so no move is missed); a failed
+    /// dial it waited on, or the node closing, is its error.
+    async fn place(
         self: &Arc<Self>,
         peer: NodeId,
         channel: Channel,
-        mut verdict: Open<Connection>,
-        changes: &mut watch::Receiver<u64>,
+        ask: impl FnOnce(&mut Driver<Connection>, Time) -> Result<Open<Connection>, Refused>,
     ) -> Result<Placed, NodeError> {
+        let mut changes = self.gate.changes.subscribe();
+        let mut verdict = self.drive(ask)?;
         // Dropped while waiting on a dial, the open reports it went away.
         let mut waiting = OpenWait {
             inner: self.clone(),
