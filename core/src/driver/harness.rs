@@ -9,7 +9,6 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use super::admission::Path;
 use super::machine::{
     Action, Alpns, Batch, Channel, Config, DialEnd, DialTicket, Dispatch, Driver, Open, Send,
 };
@@ -31,6 +30,25 @@ const BATCH_MAX: usize = 3;
 const IDLE: Duration = Duration::from_millis(500);
 const ACTOR: &[u8] = b"actor";
 const SWITCH: &[u8] = b"switch";
+const TELEMETRY: &[u8] = b"telemetry";
+const PROTOCOL: &[u8] = b"protocol";
+const SUBSTRATE: &[u8] = b"substrate";
+/// The channels opens are made on: every one a node opens streams on besides the actor plane.
+const OPEN_CHANNELS: [Channel; 4] = [
+    Channel::Switch,
+    Channel::Protocol(0),
+    Channel::Telemetry,
+    Channel::Substrate,
+];
+
+/// Whether node `n` serves `channel` inbound: node 2 collects no telemetry and node 1 runs
+/// no substrate, so opens to them there are refused (`NoAdapter`) and their dials fail.
+fn serves(n: usize, channel: Channel) -> bool {
+    !matches!(
+        (n, channel),
+        (2, Channel::Telemetry) | (1, Channel::Substrate)
+    )
+}
 
 fn id(node: usize) -> NodeId {
     [node as u8 + 1; 32]
@@ -97,26 +115,40 @@ struct Sim {
 struct Waiter {
     node: usize,
     peer: NodeId,
+    channel: Channel,
     ticket: DialTicket,
     version: u64,
 }
 
-/// Opens of switch streams: in progress and counted.
+/// Opens of streams (switch, protocol, telemetry, substrate): in progress and counted.
 #[derive(Debug, Default)]
 struct Opens {
-    /// Dials opens ordered, in flight: (node, peer, ticket).
-    dials: Vec<(usize, NodeId, DialTicket)>,
+    /// Dials opens ordered, in flight: (node, peer, channel, ticket).
+    dials: Vec<(usize, NodeId, Channel, DialTicket)>,
     waiters: Vec<Waiter>,
     /// Dials that failed: (node, ticket).
     failed: BTreeSet<(usize, DialTicket)>,
     asked: u64,
     placed: u64,
+    /// Opens placed, by channel (in the order of [`OPEN_CHANNELS`]).
+    placed_on: [u64; OPEN_CHANNELS.len()],
+    /// Connections refused for want of an adapter (a channel the peer does not serve).
+    no_adapter: u64,
     waits: u64,
     failed_waiters: u64,
     dials_failed: u64,
     abandoned: u64,
     abandoned_waits: u64,
     dead_cached: u64,
+}
+
+impl Opens {
+    fn placed(&mut self, channel: Channel) {
+        self.placed += 1;
+        if let Some(i) = OPEN_CHANNELS.iter().position(|c| *c == channel) {
+            self.placed_on[i] += 1;
+        }
+    }
 }
 
 /// The world.
@@ -133,19 +165,22 @@ struct World {
     closes: VecDeque<(usize, NodeId, Channel, super::Generation)>,
     /// Which (node, conn) pairs cached which generation on which channel (for close reports).
     cached: Vec<(usize, u64, NodeId, Channel, super::Generation)>,
-    /// Opens of switch streams in progress, and what became of them.
+    /// Opens in progress, and what became of them.
     opens: Opens,
     /// A SWIM write failure is being reported now: the feedback it may produce.
     expect_send_failed: Option<(usize, NodeId)>,
 }
 
-fn config(auth: PeerAuth) -> Config {
+fn config(n: usize, auth: PeerAuth) -> Config {
     Config {
         auth,
         alpns: Alpns {
             actor: ACTOR.to_vec(),
             switch: Some(SWITCH.to_vec()),
-            ..Alpns::default()
+            telemetry: TELEMETRY.to_vec(),
+            telemetry_collect: serves(n, Channel::Telemetry),
+            protocols: vec![PROTOCOL.to_vec()],
+            substrate: serves(n, Channel::Substrate).then(|| SUBSTRATE.to_vec()),
         },
         idle_peer_timeout: IDLE,
         join_delay_divisor: 1,
@@ -169,8 +204,9 @@ impl World {
             .collect();
         let sims = auths
             .iter()
-            .map(|auth| Sim {
-                driver: Driver::new(config(auth.clone())),
+            .enumerate()
+            .map(|(n, auth)| Sim {
+                driver: Driver::new(config(n, auth.clone())),
                 writers: BTreeMap::new(),
                 dropped: 0,
                 sent: 0,
@@ -278,7 +314,7 @@ impl World {
         self.connect_on(from, peer, Channel::Actor)
     }
 
-    /// As [`World::connect`], on the actor or the switch ALPN.
+    /// As [`World::connect`], on `channel`'s ALPN.
     fn connect_on(
         &mut self,
         from: usize,
@@ -294,19 +330,28 @@ impl World {
         let conn = self.next_conn;
         self.next_conn += 1;
         let now = self.time();
-        let alpn = if channel == Channel::Switch {
-            SWITCH
-        } else {
-            ACTOR
+        let alpn = match channel {
+            Channel::Actor => ACTOR,
+            Channel::Switch => SWITCH,
+            Channel::Telemetry => TELEMETRY,
+            Channel::Protocol(_) => PROTOCOL,
+            Channel::Substrate => SUBSTRATE,
         };
-        match (
-            channel,
-            self.sims[to]
-                .driver
-                .handle_accepted(now, id(from), alpn, conn),
-        ) {
+        let dispatch = self.sims[to]
+            .driver
+            .handle_accepted(now, id(from), alpn, conn);
+        let dispatch_is_no_adapter = dispatch == Dispatch::NoAdapter;
+        match (channel, dispatch) {
             (Channel::Actor, Dispatch::Actor(generation))
-            | (Channel::Switch, Dispatch::Switch(generation)) => {
+            | (Channel::Switch, Dispatch::Switch(generation))
+            | (Channel::Telemetry, Dispatch::Telemetry(generation))
+            | (Channel::Protocol(0), Dispatch::Protocol(0, generation))
+            | (Channel::Substrate, Dispatch::Substrate(generation)) => {
+                if !serves(to, channel) {
+                    return Err(format!(
+                        "node {to} took {channel:?}, which it does not serve"
+                    ));
+                }
                 if !self.auths[to].permits(&id(from)) {
                     return Err(format!("node {to} admitted {from}, who is off its list"));
                 }
@@ -321,7 +366,13 @@ impl World {
                 self.actions(to)?;
                 Ok(Some(conn))
             }
+            (_, Dispatch::NoAdapter) if serves(to, channel) => Err(format!(
+                "node {to} has no adapter for {channel:?}, which it serves"
+            )),
             (_, Dispatch::Refused(_) | Dispatch::NoAdapter) => {
+                if dispatch_is_no_adapter {
+                    self.opens.no_adapter += 1;
+                }
                 self.actions(to)?;
                 Ok(None)
             }
@@ -329,16 +380,16 @@ impl World {
         }
     }
 
-    /// Node `n` opens a switch stream to `peer`: the allow-list, then where the machine
-    /// places it.
-    fn open(&mut self, n: usize, peer: NodeId) -> Result<(), String> {
+    /// Node `n` opens a stream to `peer` on `channel`: the allow-list, then where the
+    /// machine places it.
+    fn open(&mut self, n: usize, peer: NodeId, channel: Channel) -> Result<(), String> {
         if self.sims[n].closed {
             return Ok(());
         }
         let now = self.time();
         let verdict = self.sims[n]
             .driver
-            .handle_open(now, peer, Path::Switch, Channel::Switch);
+            .handle_open(now, peer, channel.path(), channel);
         let permitted = self.auths[n].permits(&peer);
         match verdict {
             Ok(_) if !permitted => Err(format!("node {n} opened to {}, off its list", peer[0])),
@@ -346,7 +397,7 @@ impl World {
             Err(_) => self.actions(n),
             Ok(verdict) => {
                 self.opens.asked += 1;
-                self.place(n, peer, verdict, None)
+                self.place(n, peer, channel, verdict, None)
             }
         }
     }
@@ -359,6 +410,7 @@ impl World {
         &mut self,
         n: usize,
         peer: NodeId,
+        channel: Channel,
         mut verdict: Open<u64>,
         waited: Option<DialTicket>,
     ) -> Result<(), String> {
@@ -367,28 +419,31 @@ impl World {
             verdict = match verdict {
                 Open::Cached(generation, conn) => {
                     if self.conns.get(&conn).is_some_and(|c| c.alive) {
-                        self.opens.placed += 1;
+                        self.opens.placed(channel);
                         break;
                     }
                     self.opens.dead_cached += 1;
                     self.sims[n]
                         .driver
-                        .handle_open_failed(now, peer, Channel::Switch, generation)
+                        .handle_open_failed(now, peer, channel, generation)
                 }
                 Open::Dial(ticket) => {
                     if self
                         .opens
                         .dials
                         .iter()
-                        .any(|(m, p, _)| *m == n && *p == peer)
+                        .any(|(m, p, c, _)| (*m, *p, *c) == (n, peer, channel))
                     {
-                        return Err(format!("node {n}: a second open dial to {}", peer[0]));
+                        return Err(format!(
+                            "node {n}: a second open dial to {} on {channel:?}",
+                            peer[0]
+                        ));
                     }
-                    self.opens.dials.push((n, peer, ticket));
+                    self.opens.dials.push((n, peer, channel, ticket));
                     break;
                 }
                 Open::Wait(ticket) => {
-                    if !self.opens.dials.contains(&(n, peer, ticket)) {
+                    if !self.opens.dials.contains(&(n, peer, channel, ticket)) {
                         return Err(format!(
                             "node {n}: an open to {} waits on dial {} not in flight",
                             peer[0],
@@ -400,6 +455,7 @@ impl World {
                     self.opens.waiters.push(Waiter {
                         node: n,
                         peer,
+                        channel,
                         ticket,
                         version,
                     });
@@ -433,32 +489,31 @@ impl World {
         if self.opens.dials.is_empty() {
             return Ok(());
         }
-        let (n, peer, ticket) = self.opens.dials.remove(pick % self.opens.dials.len());
+        let (n, peer, channel, ticket) = self.opens.dials.remove(pick % self.opens.dials.len());
         let now = self.time();
         if outcome % 4 == 3 {
             self.opens.abandoned += 1;
             self.sims[n].driver.handle_open_dial_failed(
                 now,
                 peer,
-                Channel::Switch,
+                channel,
                 ticket,
                 DialEnd::Abandoned,
             );
             return self.actions(n);
         }
         let conn = if outcome % 4 < 2 {
-            self.connect_on(n, peer, Channel::Switch)?
+            self.connect_on(n, peer, channel)?
         } else {
             None
         };
         match conn {
             Some(conn) => {
-                let generation =
-                    self.sims[n]
-                        .driver
-                        .handle_connected(now, peer, Channel::Switch, conn);
-                self.cached_by(n, conn, peer, Channel::Switch, generation);
-                self.opens.placed += 1;
+                let generation = self.sims[n]
+                    .driver
+                    .handle_connected(now, peer, channel, conn);
+                self.cached_by(n, conn, peer, channel, generation);
+                self.opens.placed(channel);
             }
             None => {
                 self.opens.dials_failed += 1;
@@ -466,7 +521,7 @@ impl World {
                 self.sims[n].driver.handle_open_dial_failed(
                     now,
                     peer,
-                    Channel::Switch,
+                    channel,
                     ticket,
                     DialEnd::Failed,
                 );
@@ -497,10 +552,16 @@ impl World {
         let verdict = self.sims[waiter.node].driver.handle_open_waited(
             now,
             waiter.peer,
-            Channel::Switch,
+            waiter.channel,
             waiter.ticket,
         );
-        self.place(waiter.node, waiter.peer, verdict, Some(waiter.ticket))
+        self.place(
+            waiter.node,
+            waiter.peer,
+            waiter.channel,
+            verdict,
+            Some(waiter.ticket),
+        )
     }
 
     /// A waiter's caller goes away.
@@ -514,7 +575,7 @@ impl World {
         self.sims[waiter.node].driver.handle_open_wait_abandoned(
             now,
             waiter.peer,
-            Channel::Switch,
+            waiter.channel,
             waiter.ticket,
         );
         self.actions(waiter.node)
@@ -523,7 +584,35 @@ impl World {
     /// An open op of the schedule, chosen by `a`, on node `n`.
     fn open_op(&mut self, n: usize, a: u8, b: u8, peers: &[NodeId]) -> Result<(), String> {
         match a % 8 {
-            0..=2 => self.open(n, peers[usize::from(b) % peers.len()]),
+            0 | 1 => {
+                let channel = OPEN_CHANNELS[usize::from(a >> 3) % OPEN_CHANNELS.len()];
+                self.open(n, peers[usize::from(b) % peers.len()], channel)
+            }
+            2 if b & 0x40 != 0 => {
+                // A connection node `n` opened streams on dies, and an open comes before
+                // its close is reported.
+                let cached: Vec<(u64, NodeId, Channel)> = self
+                    .cached
+                    .iter()
+                    .filter(|(m, _, _, c, _)| *m == n && *c != Channel::Actor)
+                    .map(|(_, conn, peer, channel, _)| (*conn, *peer, *channel))
+                    .collect();
+                let Some(&(conn, peer, channel)) = cached.get(usize::from(b) % cached.len().max(1))
+                else {
+                    return Ok(());
+                };
+                self.kill(conn);
+                self.open(n, peer, channel)
+            }
+            2 => match self
+                .opens
+                .dials
+                .get(usize::from(b) % self.opens.dials.len().max(1))
+            {
+                // Another open behind a dial in flight (opens race on one pair).
+                Some(&(m, peer, channel, _)) => self.open(m, peer, channel),
+                None => self.open(n, peers[usize::from(b) % peers.len()], Channel::Switch),
+            },
             3 | 4 => self.complete_open_dial(usize::from(b), b >> 4),
             5 | 6 => self.wake(usize::from(b)),
             _ => self.abandon_wait(usize::from(b)),
@@ -538,38 +627,39 @@ impl World {
             if sim.closed {
                 continue;
             }
-            let waiting = |peer: NodeId, ticket: DialTicket| {
+            let waiting = |peer: NodeId, channel: Channel, ticket: DialTicket| {
                 self.opens
                     .waiters
                     .iter()
-                    .filter(|w| w.node == n && w.peer == peer && w.ticket == ticket)
+                    .filter(|w| (w.node, w.peer, w.channel, w.ticket) == (n, peer, channel, ticket))
                     .count() as u64
             };
-            let opening: Vec<(NodeId, DialTicket, u64)> = sim
-                .driver
-                .opening()
-                .map(|(peer, _, ticket, waiters)| (peer, ticket, waiters))
-                .collect();
-            let mut world: Vec<(NodeId, DialTicket, u64)> = self
+            let mut opening: Vec<(NodeId, Channel, DialTicket, u64)> =
+                sim.driver.opening().collect();
+            let mut world: Vec<(NodeId, Channel, DialTicket, u64)> = self
                 .opens
                 .dials
                 .iter()
-                .filter(|(m, _, _)| *m == n)
-                .map(|(_, peer, ticket)| (*peer, *ticket, waiting(*peer, *ticket)))
+                .filter(|(m, _, _, _)| *m == n)
+                .map(|(_, peer, channel, ticket)| {
+                    (*peer, *channel, *ticket, waiting(*peer, *channel, *ticket))
+                })
                 .collect();
+            opening.sort();
             world.sort();
             if opening != world {
                 return Err(format!(
                     "node {n}: the machine's open dials {opening:?} are not the world's {world:?}"
                 ));
             }
-            for (peer, _, ticket, waiters) in sim.driver.failed_opens() {
-                if waiters != waiting(peer, ticket) || waiters == 0 {
+            for (peer, channel, ticket, waiters) in sim.driver.failed_opens() {
+                if waiters != waiting(peer, channel, ticket) || waiters == 0 {
                     return Err(format!(
-                        "node {n}: failed dial {} to {} keeps {waiters} waiters, the world has {}",
+                        "node {n}: failed dial {} to {} on {channel:?} keeps {waiters} waiters, \
+                         the world has {}",
                         ticket.get(),
                         peer[0],
-                        waiting(peer, ticket)
+                        waiting(peer, channel, ticket)
                     ));
                 }
             }
@@ -1115,8 +1205,12 @@ pub struct Report {
     pub streams_kept: u64,
     /// Idle streams the peer stopped.
     pub stream_stops: u64,
-    /// Switch streams placed on a connection (cached, or dialed for them).
+    /// Streams placed on a connection (cached, or dialed for them).
     pub opens_placed: u64,
+    /// The same by channel: switch, protocol, telemetry, substrate.
+    pub opens_placed_on: [u64; 4],
+    /// Dials for opens refused by a peer that does not serve the channel.
+    pub opens_without_adapter: u64,
     /// Opens told to wait on another open's dial.
     pub open_waits: u64,
     /// Waiting opens that failed with the dial they waited on.
@@ -1140,16 +1234,25 @@ pub struct Report {
 /// connection, opens one on a new connection, and never goes back to an older generation; a
 /// stopped idle stream fails its generation as a failed write does (evicted when current,
 /// stale otherwise, its last SWIM batch reported); a closed generation never stays cached;
-/// nothing is cached for a peer off the list; every frame sent is delivered, queued, in flight, or dropped with the machine
-/// counting exactly the world's drops; frames of one sender reach a peer in order, never
-/// twice. At the end the world heals and every pair that admits each other must get a frame
-/// through, and then, once every close and dial has landed, a batch keeps the stream the batch
-/// before it opened.
+/// nothing is cached for a peer off the list; a connection is taken on exactly the channels
+/// its node serves (switch, protocol, telemetry, substrate; the others answer `NoAdapter`);
+/// every frame sent is delivered, queued, in flight, or dropped with the machine counting
+/// exactly the world's drops; frames of one sender reach a peer in order, never twice.
+///
+/// Opens of streams on every channel but the actor plane: each is placed on a live cached
+/// connection (a dead one reported and asked again), dials (the only open dial of its node,
+/// peer and channel), waits on the dial in flight, or fails with the dial it waited on; the
+/// machine's open dials and waiter counts are the world's after every op.
+///
+/// At the end every open settles (one never woken is a lost wake-up, a dial or failure the
+/// machine still keeps is state left behind); the world heals and every pair that admits each
+/// other must get a frame through, and then, once every close and dial has landed, a batch
+/// keeps the stream the batch before it opened.
 pub fn run_ops(data: &[u8]) -> Result<Report, String> {
     let mut bytes = data.iter().copied();
     let shape = bytes.next().unwrap_or(0);
     let mut world = World::new(shape);
-    // Half the shapes open switch streams more often.
+    // Half the shapes open streams more often.
     let open_mode = shape & 2 == 2;
     let peers = [id(0), id(1), id(2), STRANGER, INVALID];
     while let Some(op) = bytes.next() {
@@ -1241,7 +1344,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
                     world.sims[n].writers.clear();
                     world.sims[n].sent -= queued + in_flight;
                     // Its opens go with it (the machine forgot their dials when it closed).
-                    world.opens.dials.retain(|(m, _, _)| *m != n);
+                    world.opens.dials.retain(|(m, _, _, _)| *m != n);
                     world.opens.waiters.retain(|w| w.node != n);
                 }
             }
@@ -1262,6 +1365,8 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         report.stream_stops += sim.stream_stops;
         report.retired += counters.writers_retired;
         report.opens_placed = world.opens.placed;
+        report.opens_placed_on = world.opens.placed_on;
+        report.opens_without_adapter = world.opens.no_adapter;
         report.open_waits = world.opens.waits;
         report.open_waiters_failed = world.opens.failed_waiters;
         report.open_dials_abandoned = world.opens.abandoned;
@@ -1319,7 +1424,7 @@ mod tests {
     }
 
     /// The schedules reach the cases the laws are about: evictions, stale failures racing a
-    /// replacement, SWIM feedback, retirements and joins.
+    /// replacement, SWIM feedback, retirements, joins, and opens on every channel.
     #[test]
     fn random_schedules_reach_every_hard_case() {
         // splitmix64: a fixed stream of bytes, the same every run.
@@ -1332,7 +1437,7 @@ mod tests {
             z ^ (z >> 31)
         };
         let mut total = Report::default();
-        for _ in 0..400 {
+        for _ in 0..800 {
             let len = 50 + next() % 350;
             let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
             let report = run_ops(&data).unwrap_or_else(|law| panic!("{law}: {data:?}"));
@@ -1351,6 +1456,10 @@ mod tests {
             total.open_dials_abandoned += report.open_dials_abandoned;
             total.open_waits_abandoned += report.open_waits_abandoned;
             total.opens_on_dead_connections += report.opens_on_dead_connections;
+            for (sum, placed) in total.opens_placed_on.iter_mut().zip(report.opens_placed_on) {
+                *sum += placed;
+            }
+            total.opens_without_adapter += report.opens_without_adapter;
         }
         eprintln!("{total:?}");
         assert!(total.delivered > 1_000, "{total:?}");
@@ -1368,5 +1477,11 @@ mod tests {
         assert!(total.open_dials_abandoned > 10, "{total:?}");
         assert!(total.open_waits_abandoned > 10, "{total:?}");
         assert!(total.opens_on_dead_connections > 10, "{total:?}");
+        // Every channel opens streams; some dials meet a peer that does not serve theirs.
+        assert!(
+            total.opens_placed_on.iter().all(|placed| *placed > 50),
+            "{total:?}"
+        );
+        assert!(total.opens_without_adapter > 20, "{total:?}");
     }
 }
