@@ -20,6 +20,7 @@ use criterion::{criterion_main, Criterion, Throughput};
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
 use tether_benches::{direct_addr, loopback_endpoint, thread_cpu_ns};
 use tether_core::channel::{HybridChannel, Sender};
+use tether_core::stats::quantile;
 use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
 use tether_core::wire::StreamDecoder;
 use tokio::runtime::Runtime;
@@ -333,8 +334,7 @@ fn node(c: &mut Criterion) {
             .into_iter()
             .zip(ratios)
         {
-            ratios.sort_by(f64::total_cmp);
-            let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize] * 100.0;
+            let mut at = |q: f64| quantile(&mut ratios, q) * 100.0;
             println!(
                 "node/actor_frames/paired/{name}/{size}B: {:.1}% of raw iroh frames/s \
                  (median of {PAIRED_ROUNDS} paired rounds; p10 {:.1}%, p90 {:.1}%)",

@@ -384,15 +384,7 @@ fn verdict(books: Books) -> Summary {
         .iter()
         .filter(|name| !delivered.contains(name.as_str()))
         .count() as u64;
-    latencies.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        latencies
-            .get(((latencies.len().saturating_sub(1)) as f64 * q).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
-    summary.latency_p50_ms = at(0.5);
-    summary.latency_p99_ms = at(0.99);
+    (summary.latency_p50_ms, summary.latency_p99_ms) = tether_core::stats::p50_p99(&mut latencies);
     summary.throughput_msgs_per_s = summary.delivered as f64 / summary.seconds.max(1e-9);
     for (what, count) in [
         ("lost", summary.lost),

@@ -36,6 +36,7 @@ pub mod driver;
 pub mod limits;
 pub mod request;
 pub mod retry;
+pub mod stats;
 pub mod substrate;
 pub mod switch;
 pub mod time;

@@ -815,16 +815,7 @@ pub(crate) fn check(seen: &Seen, names: &[String], messages: u64, failed: u64) -
     }
 }
 
-pub(crate) fn percentiles(latencies: &mut [f64]) -> (f64, f64) {
-    latencies.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        latencies
-            .get(((latencies.len().saturating_sub(1)) as f64 * q).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
-    (at(0.5), at(0.99))
-}
+pub(crate) use tether_core::stats::p50_p99 as percentiles;
 
 /// The disk's bound: rows of `size` bytes inserted and committed `group` at a time (WAL,
 /// `synchronous=FULL`, as the store runs).
@@ -1014,7 +1005,7 @@ fn summarize(rounds: &[Vec<Row>]) -> Vec<Summary<'_>> {
 
 fn print_table(summaries: &[Summary<'_>], size: usize, rounds: u64) {
     let ratio = |of: Option<f64>| or_dash(of, |of| format!("{of:.2}×"));
-    println!("\n{size}-byte messages; tether syncs to disk (SQLite, fsync) before every acknowledgement\n");
+    println!("\n{size}-byte messages; tether syncs its store to disk (SQLite or the log store) before every acknowledgement\n");
     if rounds > 1 {
         println!(
             "Median of {rounds} rounds: each row is its configuration's median round, and each \
