@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use iroh::endpoint::{Connection, RecvStream, SendStream};
+use iroh::endpoint::{Connection, ReadExactError, RecvStream, SendStream};
 use tether_core::driver::NodeId;
 use tokio::sync::mpsc;
 
@@ -53,7 +53,8 @@ pub enum StreamFaultReason {
     Read,
     /// Writing to the network failed.
     Write,
-    /// The stream did not start with its 8-byte id.
+    /// The stream ended before its 8-byte id (one reset before it is not reported: it never
+    /// began).
     Framing,
 }
 
@@ -225,18 +226,25 @@ impl Adapter {
     ) {
         while let Ok((send, mut recv)) = conn.accept_bi().await {
             let mut id = [0u8; 8];
-            if recv.read_exact(&mut id).await.is_err() {
-                // No stream id: the machine names the stop, the protocol hears of the fault.
-                judge.stop(&mut recv, Unreadable::Malformed);
-                let reason = StreamFaultReason::Framing;
-                self.emit(
-                    peer,
-                    StreamEvent::StreamFault {
-                        stream_id: 0,
-                        reason,
-                    },
-                );
-                continue;
+            match recv.read_exact(&mut id).await {
+                Ok(()) => {}
+                // Reset by the peer (or the connection lost) before its id: the stream never
+                // began, and no protocol has heard of it; nothing was malformed.
+                Err(ReadExactError::ReadError(_)) => continue,
+                // Finished before its id: the machine names the stop, the protocol hears of
+                // the fault.
+                Err(ReadExactError::FinishedEarly(_)) => {
+                    judge.stop(&mut recv, Unreadable::Malformed);
+                    let reason = StreamFaultReason::Framing;
+                    self.emit(
+                        peer,
+                        StreamEvent::StreamFault {
+                            stream_id: 0,
+                            reason,
+                        },
+                    );
+                    continue;
+                }
             }
             let id = u64::from_be_bytes(id);
             let stream = self.start(peer, id, send, recv, judge.clone(), &spawn);
