@@ -1,18 +1,21 @@
 //! A deterministic world of three driver machines and the shells' I/O around them: dials,
 //! join attempts and batch writes that complete (or fail) when the schedule says, connections
 //! killed at any moment with their close reports delayed, so that write failures race
-//! generation changes. Driven by bytes ([`run_ops`]): the same bytes replay the same run, for a
-//! property test and a stateful fuzz target.
+//! generation changes; opens of streams on every channel; host claims announced over the
+//! actor connections, replayed and forged. Driven by bytes ([`run_ops`]): the same bytes
+//! replay the same run, for a property test and a stateful fuzz target.
 //!
 //! Every outcome is explained or flagged (see [`run_ops`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+use super::directory::{ClaimVerdict, HostClaim};
+use super::machine::RegisterError;
 use super::machine::{
     Action, Alpns, Batch, Channel, Config, DialEnd, DialTicket, Dispatch, Driver, Open, Send,
 };
-use super::routing::{DropReason, NodeId, PeerAuth};
+use super::routing::{ActorAddr, DropReason, NodeId, PeerAuth};
 use super::schedule::{DIAL_ATTEMPTS, JOIN_ATTEMPTS};
 use crate::time::Time;
 
@@ -48,6 +51,14 @@ fn serves(n: usize, channel: Channel) -> bool {
         (n, channel),
         (2, Channel::Telemetry) | (1, Channel::Substrate)
     )
+}
+
+/// The actors nodes claim to host (each may move between nodes).
+const ACTORS: [ActorAddr; 2] = [[0xa0; 32], [0xa1; 32]];
+
+/// Node `node`'s signing key (its claims' host is the key's public half, not [`id`]).
+fn secret(node: usize) -> [u8; 32] {
+    [node as u8 + 100; 32]
 }
 
 fn id(node: usize) -> NodeId {
@@ -151,6 +162,38 @@ impl Opens {
     }
 }
 
+/// Host claims: what each node registered and what each believes, by the directory's rule
+/// (a claim is taken when its actor has no route or an older generation).
+#[derive(Debug, Default)]
+struct Claims {
+    /// The claim each node holds for each actor it registered: (node, actor) → generation.
+    local: BTreeMap<(usize, ActorAddr), u64>,
+    /// What each node's route view must say: (node, actor) → (host, generation).
+    routes: BTreeMap<(usize, ActorAddr), (NodeId, u64)>,
+    /// Announcements in flight: (from, to, connection, claim). Those on a connection that
+    /// dies are lost (the next connection announces again).
+    pending: Vec<(usize, usize, u64, HostClaim)>,
+    /// Each node's claim host (its key's public half).
+    hosts: Vec<NodeId>,
+    registered: u64,
+    refused: u64,
+    verdicts: BTreeMap<ClaimVerdict, u64>,
+}
+
+impl Claims {
+    /// `node` takes `claim` into its route view as the directory must: the verdict.
+    fn apply(&mut self, node: usize, claim: &HostClaim) -> ClaimVerdict {
+        match self.routes.get(&(node, claim.actor)) {
+            Some((_, held)) if *held >= claim.generation => ClaimVerdict::Stale,
+            _ => {
+                self.routes
+                    .insert((node, claim.actor), (claim.host, claim.generation));
+                ClaimVerdict::Accepted
+            }
+        }
+    }
+}
+
 /// The world.
 struct World {
     sims: Vec<Sim>,
@@ -169,6 +212,7 @@ struct World {
     opens: Opens,
     /// A SWIM write failure is being reported now: the feedback it may produce.
     expect_send_failed: Option<(usize, NodeId)>,
+    claims: Claims,
 }
 
 fn config(n: usize, auth: PeerAuth) -> Config {
@@ -232,6 +276,12 @@ impl World {
             cached: Vec::new(),
             opens: Opens::default(),
             expect_send_failed: None,
+            claims: Claims {
+                hosts: (0..NODES)
+                    .map(|n| HostClaim::sign(&secret(n), ACTORS[0], 0).host)
+                    .collect(),
+                ..Claims::default()
+            },
         }
     }
 
@@ -262,8 +312,8 @@ impl World {
                     self.joins.push((n, peer, attempt));
                 }
                 // Writers are pumped by the schedule; no actor is registered here.
+                Action::Announce { peer, claim } => self.announced(n, peer, claim)?,
                 Action::KickWriter { .. }
-                | Action::Announce { .. }
                 | Action::StartPublisher { .. }
                 | Action::StopPublisher { .. } => {}
                 Action::RetireWriter { peer } => {
@@ -300,6 +350,7 @@ impl World {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.alive = false;
         }
+        self.claims.pending.retain(|(_, _, on, _)| *on != conn);
         for (node, _, peer, channel, generation) in
             self.cached.iter().filter(|(_, c, _, _, _)| *c == conn)
         {
@@ -617,6 +668,154 @@ impl World {
             5 | 6 => self.wake(usize::from(b)),
             _ => self.abandon_wait(usize::from(b)),
         }
+    }
+
+    /// Node `n` announces `claim` to `peer`: only a claim it holds (the newest it registered
+    /// for the actor), only over an actor connection it has cached.
+    fn announced(&mut self, n: usize, peer: NodeId, claim: HostClaim) -> Result<(), String> {
+        if self.claims.local.get(&(n, claim.actor)) != Some(&claim.generation)
+            || claim.host != self.claims.hosts[n]
+        {
+            return Err(format!(
+                "node {n} announced a claim it does not hold: {claim:?}"
+            ));
+        }
+        let Some((_, conn)) = self.sims[n].driver.connection(&peer, Channel::Actor) else {
+            return Err(format!(
+                "node {n} announced to {}, with no connection",
+                peer[0]
+            ));
+        };
+        if let Some(to) = index_of(&peer) {
+            self.claims.pending.push((n, to, conn, claim));
+        }
+        Ok(())
+    }
+
+    /// A claim op, chosen by `a`: node `n` registers an actor at a generation (stale ones
+    /// included), or an announcement in flight arrives (possibly again later, possibly with
+    /// a byte flipped on the way).
+    fn claim_op(&mut self, n: usize, a: u8, b: u8) -> Result<(), String> {
+        if a & 1 == 0 {
+            if self.sims[n].closed {
+                return Ok(());
+            }
+            let actor = ACTORS[usize::from(a >> 1) % ACTORS.len()];
+            let generation = u64::from(b % 6) + 1;
+            let claim = HostClaim::sign(&secret(n), actor, generation);
+            let now = self.time();
+            let result = self.sims[n].driver.handle_register(now, claim);
+            let held = self.claims.local.get(&(n, actor)).copied();
+            let expected = match held {
+                Some(held) if held >= generation => Err(RegisterError::Stale),
+                _ => Ok(()),
+            };
+            if result != expected {
+                return Err(format!(
+                    "node {n} registered {:x} at {generation} holding {held:?}: {result:?}",
+                    actor[0]
+                ));
+            }
+            if result.is_ok() {
+                self.claims.registered += 1;
+                self.claims.local.insert((n, actor), generation);
+                self.claims.apply(n, &claim);
+            } else {
+                self.claims.refused += 1;
+            }
+            return self.actions(n);
+        }
+        if self.claims.pending.is_empty() {
+            return Ok(());
+        }
+        let pick = usize::from(b) % self.claims.pending.len();
+        // A copy with a byte changed (a forger's; QUIC itself corrupts nothing) or a replay
+        // leaves the announcement in flight; otherwise it arrives.
+        let (forged, replayed) = (b & 0x80 != 0, b & 0x40 != 0);
+        let (from, to, _, claim) = if forged || replayed {
+            self.claims.pending[pick]
+        } else {
+            self.claims.pending.remove(pick)
+        };
+        self.deliver_claim(from, to, claim, forged)
+    }
+
+    /// `claim` from node `from` reaches node `to`; `flip`: one byte of it changed on the way.
+    fn deliver_claim(
+        &mut self,
+        from: usize,
+        to: usize,
+        claim: HostClaim,
+        flip: bool,
+    ) -> Result<(), String> {
+        if self.sims[to].closed {
+            return Ok(());
+        }
+        let mut bytes = claim.encode();
+        let expected = if flip {
+            let at = usize::from(claim.generation as u8 ^ bytes[70]) % bytes.len();
+            bytes[at] ^= 0x10;
+            ClaimVerdict::Forged
+        } else {
+            self.claims.apply(to, &claim)
+        };
+        let now = self.time();
+        let verdict = self.sims[to].driver.handle_claim(now, id(from), &bytes);
+        *self.claims.verdicts.entry(verdict).or_default() += 1;
+        if verdict != expected {
+            return Err(format!(
+                "node {to}: a claim from {from} ({claim:?}, flipped {flip}) judged {verdict:?}, \
+                 not {expected:?}"
+            ));
+        }
+        self.actions(to)
+    }
+
+    /// Every node's route view is what the claims it took say.
+    fn check_claims(&self) -> Result<(), String> {
+        for (n, sim) in self.sims.iter().enumerate() {
+            for actor in ACTORS {
+                let route = sim.driver.route(&actor).map(|r| (r.host, r.generation));
+                let expected = self.claims.routes.get(&(n, actor)).copied();
+                if route != expected {
+                    return Err(format!(
+                        "node {n}: route of {:x} is {route:?}, the claims say {expected:?}",
+                        actor[0]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Once healed, every announcement in flight arrives; then each node knows every actor
+    /// a peer it reaches holds, at that peer's generation or newer.
+    fn settle_claims(&mut self) -> Result<(), String> {
+        if self.sims.iter().any(|sim| sim.closed) {
+            return Ok(());
+        }
+        while let Some((from, to, _, claim)) = self.claims.pending.pop() {
+            self.deliver_claim(from, to, claim, false)?;
+        }
+        for ((holder, actor), generation) in &self.claims.local {
+            for to in 0..NODES {
+                if to == *holder
+                    || !self.auths[*holder].permits(&id(to))
+                    || !self.auths[to].permits(&id(*holder))
+                {
+                    continue;
+                }
+                let known = self.sims[to].driver.route(actor).map(|r| r.generation);
+                if known < Some(*generation) {
+                    return Err(format!(
+                        "node {to} knows {:x} at {known:?}; node {holder} holds it at \
+                         {generation} and is connected",
+                        actor[0]
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Accounting of opens: the machine's dials in flight for opens are the world's, each
@@ -1038,6 +1237,7 @@ impl World {
     /// Laws that hold after every op.
     fn check(&self) -> Result<(), String> {
         self.check_opens()?;
+        self.check_claims()?;
         for (n, sim) in self.sims.iter().enumerate() {
             // Admission: nothing cached for a peer off the list.
             for (peer, _, _) in sim.driver.connections() {
@@ -1211,6 +1411,16 @@ pub struct Report {
     pub opens_placed_on: [u64; 4],
     /// Dials for opens refused by a peer that does not serve the channel.
     pub opens_without_adapter: u64,
+    /// Host claims registered.
+    pub claims_registered: u64,
+    /// Registrations refused as stale.
+    pub claims_refused: u64,
+    /// Claims received and accepted.
+    pub claims_accepted: u64,
+    /// Claims received stale (replays, late or equal generations).
+    pub claims_stale: u64,
+    /// Claims received with a byte changed on the way.
+    pub claims_forged: u64,
     /// Opens told to wait on another open's dial.
     pub open_waits: u64,
     /// Waiting opens that failed with the dial they waited on.
@@ -1239,6 +1449,12 @@ pub struct Report {
 /// every frame sent is delivered, queued, in flight, or dropped with the machine counting
 /// exactly the world's drops; frames of one sender reach a peer in order, never twice.
 ///
+/// Host claims: a registration is refused exactly when the node holds the actor at that
+/// generation or newer; a node announces only the claims it holds, only over an actor
+/// connection it has cached (to every peer cached when it registers, and all of them on each
+/// new connection); each node's route view takes exactly the claims the directory's rule
+/// takes (forged copies never, replays as stale).
+///
 /// Opens of streams on every channel but the actor plane: each is placed on a live cached
 /// connection (a dead one reported and asked again), dials (the only open dial of its node,
 /// peer and channel), waits on the dial in flight, or fails with the dial it waited on; the
@@ -1247,7 +1463,8 @@ pub struct Report {
 /// At the end every open settles (one never woken is a lost wake-up, a dial or failure the
 /// machine still keeps is state left behind); the world heals and every pair that admits each
 /// other must get a frame through, and then, once every close and dial has landed, a batch
-/// keeps the stream the batch before it opened.
+/// keeps the stream the batch before it opened; then every announcement in flight arrives,
+/// and each node knows each actor a peer it admits holds, at that generation or newer.
 pub fn run_ops(data: &[u8]) -> Result<Report, String> {
     let mut bytes = data.iter().copied();
     let shape = bytes.next().unwrap_or(0);
@@ -1307,10 +1524,18 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
                 world.open_op(n, a, b, &peers)?;
             }
             12 => {
-                let fatal = arg() & 1 == 1;
-                world.sims[n]
-                    .driver
-                    .handle_stream_fault(now, id(0), Channel::Actor, fatal);
+                let a = arg();
+                if a & 2 == 0 {
+                    world.sims[n].driver.handle_stream_fault(
+                        now,
+                        id(0),
+                        Channel::Actor,
+                        a & 1 == 1,
+                    );
+                } else {
+                    let b = arg();
+                    world.claim_op(n, a >> 2, b)?;
+                }
             }
             13 | 14 => {
                 // One of node n's writers with a stream open.
@@ -1353,6 +1578,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
     }
     world.settle_opens()?;
     world.heal_and_check_liveness()?;
+    world.settle_claims()?;
     let mut report = Report::default();
     for sim in &world.sims {
         let counters = sim.driver.counters();
@@ -1367,6 +1593,12 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         report.opens_placed = world.opens.placed;
         report.opens_placed_on = world.opens.placed_on;
         report.opens_without_adapter = world.opens.no_adapter;
+        report.claims_registered = world.claims.registered;
+        report.claims_refused = world.claims.refused;
+        let verdicts = |verdict| world.claims.verdicts.get(&verdict).copied().unwrap_or(0);
+        report.claims_accepted = verdicts(ClaimVerdict::Accepted);
+        report.claims_stale = verdicts(ClaimVerdict::Stale);
+        report.claims_forged = verdicts(ClaimVerdict::Forged);
         report.open_waits = world.opens.waits;
         report.open_waiters_failed = world.opens.failed_waiters;
         report.open_dials_abandoned = world.opens.abandoned;
@@ -1423,6 +1655,24 @@ mod tests {
         }
     }
 
+    /// A forged copy of a claim (a byte changed) arrives while the real announcement is still
+    /// in flight: the real one must still arrive and be taken (found by the fuzz target, when
+    /// the harness let the forged copy stand in for the announcement).
+    #[test]
+    fn a_forged_copy_leaves_the_claim_it_copied_in_flight() {
+        let data = [
+            0, 29, 203, 47, 1, 142, 167, 18, 125, 45, 235, 194, 208, 198, 245, 247, 53, 82, 154,
+            183, 75, 26, 98, 255, 0, 67, 80, 93, 94, 50, 3, 0, 76, 145, 11, 48, 58, 62, 170, 165,
+            98, 228, 110, 142, 172, 37, 169, 101, 106, 241, 236, 211, 21, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 252, 252, 252,
+            252, 252, 252, 25, 163, 199, 218, 76, 149, 47, 221, 7, 140, 200, 211, 149, 175, 84,
+            198, 31, 47, 203, 158, 7, 254, 57, 127, 159, 212, 139, 33, 1, 57, 124, 105, 127, 252,
+            252, 252, 252, 252, 252, 252, 158, 157, 104, 100, 252,
+        ];
+        let report = run_ops(&data).unwrap_or_else(|law| panic!("{law}"));
+        assert!(report.claims_forged > 0, "{report:?}");
+    }
+
     /// The schedules reach the cases the laws are about: evictions, stale failures racing a
     /// replacement, SWIM feedback, retirements, joins, and opens on every channel.
     #[test]
@@ -1460,6 +1710,11 @@ mod tests {
                 *sum += placed;
             }
             total.opens_without_adapter += report.opens_without_adapter;
+            total.claims_registered += report.claims_registered;
+            total.claims_refused += report.claims_refused;
+            total.claims_accepted += report.claims_accepted;
+            total.claims_stale += report.claims_stale;
+            total.claims_forged += report.claims_forged;
         }
         eprintln!("{total:?}");
         assert!(total.delivered > 1_000, "{total:?}");
@@ -1483,5 +1738,11 @@ mod tests {
             "{total:?}"
         );
         assert!(total.opens_without_adapter > 20, "{total:?}");
+        // Claims are registered (some refused as stale) and arrive accepted, stale, forged.
+        assert!(total.claims_registered > 50, "{total:?}");
+        assert!(total.claims_refused > 10, "{total:?}");
+        assert!(total.claims_accepted > 50, "{total:?}");
+        assert!(total.claims_stale > 20, "{total:?}");
+        assert!(total.claims_forged > 10, "{total:?}");
     }
 }

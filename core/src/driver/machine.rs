@@ -1224,6 +1224,12 @@ impl<C: Clone> Driver<C> {
         self.relay_hints.iter()
     }
 
+    /// Where the route view sends `actor`'s frames: the host and generation of the newest
+    /// valid claim received (or registered here).
+    pub fn route(&self, actor: &ActorAddr) -> Option<super::directory::Route> {
+        self.directory.route(actor)
+    }
+
     /// Actors in the route view.
     pub fn directory_route_count(&self) -> usize {
         self.directory.route_count()
