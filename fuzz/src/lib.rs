@@ -257,10 +257,11 @@ pub fn host_claim(data: &[u8]) {
 /// Stateful: three transport driver machines with dials, joins and batch writes completing
 /// or failing when the input says, connections killed with delayed close reports, idle
 /// writers, disconnects, closes and time; opens of streams on every channel; host claims
-/// registered, announced, replayed and forged. Every law of
+/// registered, announced, replayed and forged; telemetry subscriptions. Every law of
 /// `tether_core::driver::harness::run_ops` must hold (admission, one dial per peer,
 /// generation-scoped eviction, SWIM feedback, frame accounting and order, opens' accounting,
-/// route views that follow the claims, liveness after healing).
+/// route views that follow the claims, publishers that follow the subscriptions, liveness
+/// after healing).
 pub fn driver(data: &[u8]) {
     if let Err(law) = tether_core::driver::harness::run_ops(data) {
         panic!("driver: {law}");
