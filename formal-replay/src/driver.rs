@@ -103,12 +103,22 @@ fn action(action: Action<u64>) -> String {
             collector,
             stream,
             flow_id,
-        } => format!("publish:{}:{stream}:{}", collector[0], hex(&flow_id)),
+            publisher,
+        } => format!(
+            "publish:{}:{stream}:{}:{publisher}",
+            collector[0],
+            hex(&flow_id)
+        ),
         Action::StopPublisher {
             collector,
             stream,
             flow_id,
-        } => format!("unpublish:{}:{stream}:{}", collector[0], hex(&flow_id)),
+            publisher,
+        } => format!(
+            "unpublish:{}:{stream}:{}:{publisher}",
+            collector[0],
+            hex(&flow_id)
+        ),
     }
 }
 
@@ -474,12 +484,16 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 None
             }
             DriverOp::Ended {
-                peer, name, flow, ..
+                peer,
+                name,
+                flow,
+                publisher,
+                ..
             } => {
                 let flow: [u8; 16] = unhex(flow)?
                     .try_into()
                     .map_err(|_| format!("flow {flow:?} is not 16 bytes"))?;
-                driver.handle_publisher_ended(now, &(id(*peer), name.clone(), flow));
+                driver.handle_publisher_ended(now, &(id(*peer), name.clone(), flow), *publisher);
                 None
             }
             DriverOp::Timeout { .. } => {

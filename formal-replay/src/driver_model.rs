@@ -18,9 +18,9 @@
 //!   `.`, `-`": empty, longer than 64 characters, or with any other character (an uppercase
 //!   letter, a space, `_`, a non-ASCII character); checked before the op changes anything;
 //! - an `at` smaller than the previous op's;
-//! - a generation or a ticket past `u64::MAX`, a timer due past `u64::MAX` ms, a relay-hint
-//!   record count past `u64::MAX`, or a drop, refusal, control verdict, waiters count or
-//!   counter past `u64::MAX` (none is representable in a script);
+//! - a generation, a ticket or a publisher number past `u64::MAX`, a timer due past
+//!   `u64::MAX` ms, a relay-hint record count past `u64::MAX`, or a drop, refusal, control
+//!   verdict, waiters count or counter past `u64::MAX` (none is representable in a script);
 //! - `steps` not one per op.
 //!
 //! Readings chosen where the document leaves room:
@@ -37,7 +37,19 @@
 //!   of their rules mentions it; after `close` no `actor` connection is cached, so `register`
 //!   announces to nobody).
 //! - `end.subscriptions` sorts streams and flows as strings, byte by byte (for the flow's
-//!   lowercase hex that is also the order of its bytes).
+//!   lowercase hex that is also the order of its bytes). It lists the live subscriptions
+//!   only, without their publisher numbers (its shape is `[collector, stream, flow]`).
+//! - The publisher counter is one for the whole machine: every `started` subscription takes
+//!   the next number (the first is 1), whatever its collector, stream or flow; the other
+//!   verdicts (`full` and `ignored` included) take none. `close` does not reset it (its rule
+//!   does not name it), so a subscription started after `close` takes the next number too.
+//! - `ended peer, name, flow, publisher` compares `publisher` as a number with the number the
+//!   live (peer, name, flow) subscription was started with. Any other number is the
+//!   "otherwise nothing changes" branch, not an error: 0 or any number never issued, the
+//!   number of an earlier subscription of the same (peer, name, flow) (stopped by an
+//!   unsubscribe, or ended, before it started again), or the number of another live
+//!   subscription; so is an `ended` of a (peer, name, flow) that is not live at all. It
+//!   counts nothing and queues nothing, before or after `close`.
 //! - A refused `open` counts its refusal, answers `refused` and changes nothing else: it is
 //!   not a waiter, orders no dial and takes no ticket. Admission comes before the verdict
 //!   (and so before the verdict's closed check): after `close` an `open` from a peer off
@@ -622,9 +634,13 @@ struct Machine {
     claims: BTreeMap<u8, u64>,
     /// "**Streams**: the names of this node's telemetry streams."
     streams: BTreeSet<String>,
-    /// "**Subscriptions**: a set of (collector, stream, flow)", the flow in lowercase hex;
-    /// iteration order is `end.subscriptions`' order.
-    subscriptions: BTreeSet<(u8, String, String)>,
+    /// "**Subscriptions**: a set of (collector, stream, flow), each with the number of the
+    /// publisher started for it", the flow in lowercase hex; the value is that publisher
+    /// number. Key order is `end.subscriptions`' order.
+    subscriptions: BTreeMap<(u8, String, String), u64>,
+    /// "The **publisher counter** starts at 0": the number of the last publisher started (0:
+    /// none yet); each `started` subscription adds 1 and takes the sum.
+    last_publisher: u64,
     /// Whether `close` happened.
     closed: bool,
     /// Drops by reason.
@@ -673,7 +689,8 @@ impl Machine {
             writer_swim: BTreeMap::new(),
             claims: BTreeMap::new(),
             streams: BTreeSet::new(),
-            subscriptions: BTreeSet::new(),
+            subscriptions: BTreeMap::new(),
+            last_publisher: 0,
             closed: false,
             drops: BTreeMap::new(),
             refusals: BTreeMap::new(),
@@ -1376,33 +1393,38 @@ impl Machine {
             None => Verdict::Malformed,
             // 3. Subscribe: if the name is not a stream of this node, `unknown_stream`; else
             //    if (peer, name, flow) is subscribed, `ignored`; else if 256 subscriptions are
-            //    live, `full`; else it is subscribed, `started`, and
-            //    `publish:<peer>:<name>:<flow>` is queued.
+            //    live, `full`; else the publisher counter += 1, and the subscription is live
+            //    with that number p: `started`, and `publish:<peer>:<name>:<flow>:<p>` is
+            //    queued.
             Some(Control::Subscribe { flow, name }) => {
                 let key = (peer, name, flow);
                 if !self.streams.contains(&key.1) {
                     Verdict::UnknownStream
-                } else if self.subscriptions.contains(&key) {
+                } else if self.subscriptions.contains_key(&key) {
                     Verdict::Ignored
                 } else if self.subscriptions.len() >= SUBSCRIPTIONS_MAX {
                     Verdict::Full
                 } else {
+                    add(&mut self.last_publisher, 1, "the publisher counter")?;
+                    let publisher = self.last_publisher;
                     self.actions
-                        .push(format!("publish:{peer}:{}:{}", key.1, key.2));
-                    self.subscriptions.insert(key);
+                        .push(format!("publish:{peer}:{}:{}:{publisher}", key.1, key.2));
+                    self.subscriptions.insert(key, publisher);
                     Verdict::Started
                 }
             }
-            // 4. Unsubscribe: if (peer, name, flow) is subscribed, it is removed, `stopped`,
-            //    and `unpublish:<peer>:<name>:<flow>` is queued; else `ignored`.
+            // 4. Unsubscribe: if (peer, name, flow) is subscribed, with publisher p, it is
+            //    removed, `stopped`, and `unpublish:<peer>:<name>:<flow>:<p>` is queued; else
+            //    `ignored`.
             Some(Control::Unsubscribe { flow, name }) => {
                 let key = (peer, name, flow);
-                if self.subscriptions.remove(&key) {
-                    self.actions
-                        .push(format!("unpublish:{peer}:{}:{}", key.1, key.2));
-                    Verdict::Stopped
-                } else {
-                    Verdict::Ignored
+                match self.subscriptions.remove(&key) {
+                    Some(publisher) => {
+                        self.actions
+                            .push(format!("unpublish:{peer}:{}:{}:{publisher}", key.1, key.2));
+                        Verdict::Stopped
+                    }
+                    None => Verdict::Ignored,
                 }
             }
         };
@@ -1412,11 +1434,17 @@ impl Machine {
         add(count, 1, &format!("controls {name}"))
     }
 
-    /// `ended peer, name, flow`: the publisher of that subscription ended on its own (the
-    /// collector went away): the subscription, if live, is removed. Result `null`.
-    fn ended(&mut self, peer: u8, name: &str, flow: &str) -> Result<(), String> {
+    /// `ended peer, name, flow, publisher`: publisher number `publisher` of that subscription
+    /// ended (its collector went away, or it was stopped): the subscription is removed if it
+    /// is live with that publisher number; otherwise nothing changes (a publisher stopped by
+    /// an unsubscribe ends after the same subscription started again under a new number,
+    /// which stays live). Result `null`.
+    fn ended(&mut self, peer: u8, name: &str, flow: &str, publisher: u64) -> Result<(), String> {
         let flow = parse_flow(flow)?;
-        self.subscriptions.remove(&(peer, name.to_string(), flow));
+        let key = (peer, name.to_string(), flow);
+        if self.subscriptions.get(&key) == Some(&publisher) {
+            self.subscriptions.remove(&key);
+        }
         Ok(())
     }
 
@@ -1684,9 +1712,13 @@ impl Machine {
                 None
             }
             DriverOp::Ended {
-                peer, name, flow, ..
+                peer,
+                name,
+                flow,
+                publisher,
+                ..
             } => {
-                self.ended(*peer, name, flow)?;
+                self.ended(*peer, name, flow, *publisher)?;
                 None
             }
             DriverOp::Timeout { at } => {
@@ -1742,7 +1774,7 @@ impl Machine {
                 .map(|(&actor, &generation)| (actor, generation))
                 .collect(),
             // "sorted by (collector, stream, flow)"
-            subscriptions: self.subscriptions.iter().cloned().collect(),
+            subscriptions: self.subscriptions.keys().cloned().collect(),
             // "every control verdict with a count above 0"
             controls: self
                 .controls
@@ -3783,11 +3815,13 @@ mod tests {
         }));
     }
 
-    /// stream and control: subscribe started, ignored (already subscribed), unknown_stream
-    /// (before the stream exists; a 128-byte name); malformed (17 bytes, op 3, n = 0, a
-    /// non-UTF-8 name, a trailing byte, n = 129); unsubscribe stopped, then ignored, and
-    /// ignored for a name that is no stream; ended removes a live subscription and ignores
-    /// one that is not; a subscription ended can start again; a control from a peer off the
+    /// stream and control: subscribe started (each with the next publisher number, 1 to 6),
+    /// ignored (already subscribed), unknown_stream (before the stream exists; a 128-byte
+    /// name); malformed (17 bytes, op 3, n = 0, a non-UTF-8 name, a trailing byte, n = 129);
+    /// unsubscribe stopped (its publisher's number), then ignored, and ignored for a name that
+    /// is no stream; ended removes a live subscription with its publisher number and ignores
+    /// one that is not live (also when it names another live subscription's publisher); a
+    /// subscription ended can start again, under a new number; a control from a peer off the
     /// allow-list (well-formed or not) changes nothing but the `telemetry/outbound` refusal
     /// count; `end.subscriptions` sorts by collector, then stream, then flow.
     #[test]
@@ -3796,12 +3830,13 @@ mod tests {
         let mut short = vec![1u8];
         short.extend_from_slice(&[0u8; FLOW_BYTES]);
         let short = hex(&short);
-        let publish_1_s0_0 = format!("publish:1:s0:{f0}");
-        let publish_1_s1_1 = format!("publish:1:s1:{f1}");
-        let publish_2_s0_2 = format!("publish:2:s0:{f2}");
-        let unpublish_1_s1_1 = format!("unpublish:1:s1:{f1}");
-        let publish_1_s1_0 = format!("publish:1:s1:{f0}");
-        let publish_1_s0_2 = format!("publish:1:s0:{f2}");
+        let publish_1_s0_0 = format!("publish:1:s0:{f0}:1");
+        let publish_1_s1_1 = format!("publish:1:s1:{f1}:2");
+        let publish_2_s0_2 = format!("publish:2:s0:{f2}:3");
+        let unpublish_1_s1_1 = format!("unpublish:1:s1:{f1}:2");
+        let publish_1_s1_0 = format!("publish:1:s1:{f0}:4");
+        let publish_1_s0_2 = format!("publish:1:s0:{f2}:5");
+        let publish_1_s0_0_again = format!("publish:1:s0:{f0}:6");
         check(json!({
             "allow": [1, 2],
             "ops": [
@@ -3825,9 +3860,10 @@ mod tests {
                 {"op": "control", "at": 14, "peer": 1, "payload": payload(2, 1, b"s1", &[])},
                 {"op": "control", "at": 15, "peer": 1, "payload": payload(2, 1, b"s1", &[])},
                 {"op": "control", "at": 16, "peer": 2, "payload": payload(2, 0, b"zz", &[])},
-                {"op": "ended", "at": 17, "peer": 1, "name": "s0", "flow": f0},
-                {"op": "ended", "at": 18, "peer": 1, "name": "s0", "flow": f0},
-                {"op": "ended", "at": 19, "peer": 2, "name": "s1", "flow": f2},
+                {"op": "ended", "at": 17, "peer": 1, "name": "s0", "flow": f0, "publisher": 1},
+                {"op": "ended", "at": 18, "peer": 1, "name": "s0", "flow": f0, "publisher": 1},
+                // Publisher 3 is live, but for (2, s0, f2): (2, s1, f2) is not live.
+                {"op": "ended", "at": 19, "peer": 2, "name": "s1", "flow": f2, "publisher": 3},
                 {"op": "control", "at": 20, "peer": 1, "payload": payload(1, 0, b"s1", &[])},
                 {"op": "control", "at": 21, "peer": 1, "payload": payload(1, 2, b"s0", &[])},
                 {"op": "control", "at": 22, "peer": 1, "payload": payload(1, 0, b"s0", &[])},
@@ -3857,7 +3893,7 @@ mod tests {
                 step(N, &[], N),
                 step(N, &[publish_1_s1_0.as_str()], N),
                 step(N, &[publish_1_s0_2.as_str()], N),
-                step(N, &[publish_1_s0_0.as_str()], N),
+                step(N, &[publish_1_s0_0_again.as_str()], N),
                 step(N, &[], N),
                 step(N, &[], N)
             ],
@@ -3876,8 +3912,9 @@ mod tests {
         }));
     }
 
-    /// 256 live subscriptions: one more is `full` (nothing queued), one already subscribed is
-    /// still `ignored`; after an unsubscribe the next one starts.
+    /// 256 live subscriptions (publishers 1 to 256): one more is `full` (nothing queued, no
+    /// number taken), one already subscribed is still `ignored`; an unsubscribe stops its own
+    /// publisher's number, and after it the next one starts as publisher 257.
     #[test]
     fn control_subscriptions_fill_up() {
         let mut ops = vec![json!({"op": "stream", "at": 0, "name": "s0"})];
@@ -3897,17 +3934,17 @@ mod tests {
         let last = got.steps.len() - 1;
         assert_eq!(
             got.steps[256].actions,
-            vec![format!("publish:255:s0:{}", flow(0))]
+            vec![format!("publish:255:s0:{}:256", flow(0))]
         );
         assert_eq!(got.steps[last - 3].actions, Vec::<String>::new());
         assert_eq!(got.steps[last - 2].actions, Vec::<String>::new());
         assert_eq!(
             got.steps[last - 1].actions,
-            vec![format!("unpublish:5:s0:{}", flow(0))]
+            vec![format!("unpublish:5:s0:{}:6", flow(0))]
         );
         assert_eq!(
             got.steps[last].actions,
-            vec![format!("publish:0:s0:{}", flow(1))]
+            vec![format!("publish:0:s0:{}:257", flow(1))]
         );
         let controls: BTreeMap<String, u64> = [
             ("started".to_string(), 257),
@@ -3927,6 +3964,66 @@ mod tests {
             .end
             .subscriptions
             .contains(&(5, "s0".to_string(), flow(0))));
+    }
+
+    /// ended names a publisher: subscribe (publisher 1), unsubscribe (`unpublish` of 1),
+    /// subscribe again (publisher 2); then the stopped publisher 1 ends, and the subscription
+    /// stays live under 2; only `ended` with publisher 2 removes it.
+    #[test]
+    fn ended_removes_only_the_live_publisher() {
+        let f0 = flow(0);
+        let publish_1 = format!("publish:1:s0:{f0}:1");
+        let unpublish_1 = format!("unpublish:1:s0:{f0}:1");
+        let publish_2 = format!("publish:1:s0:{f0}:2");
+        check(json!({
+            "allow": null,
+            "ops": [
+                {"op": "stream", "at": 0, "name": "s0"},
+                {"op": "control", "at": 1, "peer": 1, "payload": payload(1, 0, b"s0", &[])},
+                {"op": "control", "at": 2, "peer": 1, "payload": payload(2, 0, b"s0", &[])},
+                {"op": "control", "at": 3, "peer": 1, "payload": payload(1, 0, b"s0", &[])},
+                {"op": "ended", "at": 4, "peer": 1, "name": "s0", "flow": f0, "publisher": 1},
+                {"op": "ended", "at": 5, "peer": 1, "name": "s0", "flow": f0, "publisher": 2}
+            ],
+            "steps": [
+                step(N, &[], N),
+                step(N, &[publish_1.as_str()], N),
+                step(N, &[unpublish_1.as_str()], N),
+                step(N, &[publish_2.as_str()], N),
+                step(N, &[], N),
+                step(N, &[], N)
+            ],
+            "end": {
+                "drops": {},
+                "refusals": {},
+                "counters": counters(0, 0, 0, 0, 0, 0),
+                "cache": [],
+                "joins": {},
+                "subscriptions": [],
+                "controls": {"started": 2, "stopped": 1}
+            }
+        }));
+        // The same, stopped before the last op: publisher 1's end leaves it live.
+        let mut machine = Machine::new(None);
+        let ops: Vec<DriverOp> = serde_json::from_value(json!([
+            {"op": "stream", "at": 0, "name": "s0"},
+            {"op": "control", "at": 1, "peer": 1, "payload": payload(1, 0, b"s0", &[])},
+            {"op": "control", "at": 2, "peer": 1, "payload": payload(2, 0, b"s0", &[])},
+            {"op": "control", "at": 3, "peer": 1, "payload": payload(1, 0, b"s0", &[])},
+            {"op": "ended", "at": 4, "peer": 1, "name": "s0", "flow": f0, "publisher": 1}
+        ]))
+        .expect("parses");
+        for op in &ops {
+            machine.apply(op).expect("well formed");
+        }
+        assert_eq!(
+            machine.end().subscriptions,
+            vec![(1, "s0".to_string(), f0.clone())]
+        );
+        assert_eq!(
+            machine.subscriptions.get(&(1, "s0".to_string(), f0)),
+            Some(&2)
+        );
     }
 
     /// egress_full adds its frames to drops `egress_full` (0 frames alone leaves it absent),
@@ -4063,14 +4160,16 @@ mod tests {
             json!([{"op": "control", "at": 0, "peer": 1,
                     "payload": payload(1, 0xab, b"s0", &[]).to_uppercase()}]),
             json!([{"op": "control", "at": 0, "peer": 1, "payload": " 01"}]),
-            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0", "flow": "00"}]),
-            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0", "flow": ""}]),
+            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0", "flow": "00",
+                    "publisher": 1}]),
+            json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0", "flow": "",
+                    "publisher": 1}]),
             json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0",
-                    "flow": format!("{}00", flow(0))}]),
+                    "flow": format!("{}00", flow(0)), "publisher": 1}]),
             json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0",
-                    "flow": "AB".repeat(16)}]),
+                    "flow": "AB".repeat(16), "publisher": 1}]),
             json!([{"op": "ended", "at": 0, "peer": 1, "name": "s0",
-                    "flow": "0g".repeat(16)}]),
+                    "flow": "0g".repeat(16), "publisher": 1}]),
             // Drops egress_full past u64::MAX.
             json!([{"op": "egress_full", "at": 0, "frames": u64::MAX},
                    {"op": "egress_full", "at": 0, "frames": 1}]),
@@ -4099,11 +4198,14 @@ mod tests {
             {"op": "idle", "at": u64::MAX - 1000, "peer": 1},
             {"op": "timeout", "at": u64::MAX},
             // An empty payload is hex (of no bytes): the `malformed` verdict, not an error.
-            // Nor is a stream named "", an ended subscription that never was, or a claim at
-            // the largest generation.
+            // Nor is a stream named "", an ended subscription that never was (with publisher
+            // numbers never issued, 0 and the largest), or a claim at the largest generation.
             {"op": "control", "at": u64::MAX, "peer": 1, "payload": ""},
             {"op": "stream", "at": u64::MAX, "name": ""},
-            {"op": "ended", "at": u64::MAX, "peer": 1, "name": "", "flow": flow(255)},
+            {"op": "ended", "at": u64::MAX, "peer": 1, "name": "", "flow": flow(255),
+             "publisher": 0},
+            {"op": "ended", "at": u64::MAX, "peer": 1, "name": "", "flow": flow(255),
+             "publisher": u64::MAX},
             {"op": "register", "at": u64::MAX, "actor": 255, "generation": u64::MAX,
              "forged": false},
             // A ticket never issued (0, u64::MAX) matches nothing: the verdict, and nothing.
@@ -4112,13 +4214,13 @@ mod tests {
              "ticket": u64::MAX, "abandoned": false}
         ]));
         let got = run_case(&fine).expect("well formed");
-        assert_eq!(got.steps[8].result.as_deref(), Some("dial:1"));
-        assert_eq!(got.steps[9].result, None);
+        assert_eq!(got.steps[9].result.as_deref(), Some("dial:1"));
+        assert_eq!(got.steps[10].result, None);
         assert_eq!(got.end.opening, vec![(1, "actor".to_string(), 1, 0)]);
         assert_eq!(got.steps[0].result.as_deref(), Some("no_adapter"));
         assert_eq!(got.steps[2].timeout, Some(u64::MAX));
         assert_eq!(got.steps[3].actions, vec!["retire:1".to_string()]);
-        assert_eq!(got.steps[7].result.as_deref(), Some("ok"));
+        assert_eq!(got.steps[8].result.as_deref(), Some("ok"));
         assert_eq!(
             got.end.controls,
             [("malformed".to_string(), 1)]
@@ -4559,9 +4661,11 @@ mod tests {
                             }
                             json!({"op": "control", "at": at, "peer": peer, "payload": hex(&bytes)})
                         }
+                        // Publisher numbers from a small range (0 included: it matches
+                        // nothing), so that it often names a live subscription's.
                         20 => json!({"op": "ended", "at": at, "peer": peer,
                                      "name": streams[next(3) as usize],
-                                     "flow": flow(next(3) as u8)}),
+                                     "flow": flow(next(3) as u8), "publisher": next(5)}),
                         21 => json!({"op": "timeout", "at": at}),
                         // As often as `closed`, generations from the same small range (0
                         // included: it matches nothing), so it often names the current one.
@@ -4782,7 +4886,8 @@ mod tests {
              "forged": false},
             {"op": "control", "at": u64::MAX, "peer": 255, "payload": "ff".repeat(300)},
             {"op": "control", "at": u64::MAX, "peer": 255, "payload": "é"},
-            {"op": "ended", "at": u64::MAX, "peer": 255, "name": "é", "flow": "é"}
+            {"op": "ended", "at": u64::MAX, "peer": 255, "name": "é", "flow": "é",
+             "publisher": u64::MAX}
         ]));
         let _ = run_case(&extreme);
     }

@@ -920,6 +920,9 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
     let mut at = 0u64;
     let mut conn = 0u64;
     let mut subscribed: Option<(u8, &str, u8)> = None;
+    // Subscribes drawn so far: at least the number of publishers the node started, and
+    // exactly it when every one started.
+    let mut subscribes = 0u64;
     let focused = rng.random_bool(0.25);
     let mut guess = OpenGuess::default();
     (0..len)
@@ -1006,6 +1009,7 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                             let name = DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())];
                             let flow = DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())];
                             subscribed = Some((peer, name, flow));
+                            subscribes += 1;
                             driver_control_payload(1, flow, name.as_bytes())
                         }
                         _ => driver_control(rng),
@@ -1022,8 +1026,15 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                             DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())],
                         ),
                     };
+                    // The publisher: often the newest drawn (the live one, when the last
+                    // subscribe started it), otherwise an older number.
+                    let publisher = if rng.random_bool(0.6) {
+                        subscribes
+                    } else {
+                        rng.random_range(0..=subscribes)
+                    };
                     json!({"op": "ended", "at": at, "peer": peer, "name": name,
-                        "flow": driver_flow(flow)})
+                        "flow": driver_flow(flow), "publisher": publisher})
                 }
                 26 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
                 27 => json!({"op": "open_dial_failed", "at": at, "peer": peer,

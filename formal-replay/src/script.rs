@@ -582,6 +582,8 @@ pub enum DriverOp {
         name: String,
         /// 16 bytes, lowercase hex.
         flow: String,
+        /// The publisher's number.
+        publisher: u64,
     },
     Timeout {
         at: u64,

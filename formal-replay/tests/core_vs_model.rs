@@ -231,8 +231,9 @@ fn driver_op() -> impl Strategy<Value = Value> {
                 }
                 json!({"op": "control", "peer": p, "payload": payload})
             }),
-        1 => (peer, prop::sample::select(DRIVER_STREAMS.to_vec()), prop::sample::select(DRIVER_FLOWS.to_vec()))
-            .prop_map(|(p, n, f)| json!({"op": "ended", "peer": p, "name": n, "flow": driver_flow(f)})),
+        1 => (peer, prop::sample::select(DRIVER_STREAMS.to_vec()), prop::sample::select(DRIVER_FLOWS.to_vec()), 0..5u64)
+            .prop_map(|(p, n, f, publisher)| json!({"op": "ended", "peer": p, "name": n,
+                "flow": driver_flow(f), "publisher": publisher})),
         3 => Just(json!({"op": "timeout"})),
         1 => prop::bool::weighted(0.05)
             .prop_map(|close| json!({"op": if close { "close" } else { "timeout" }})),

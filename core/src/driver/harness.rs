@@ -18,7 +18,7 @@ use super::machine::{
 };
 use super::routing::{ActorAddr, DropReason, NodeId, PeerAuth};
 use super::schedule::{DIAL_ATTEMPTS, JOIN_ATTEMPTS};
-use super::subscriptions::{Control, ControlVerdict, Subscription};
+use super::subscriptions::{Control, ControlVerdict, Publisher, Subscription};
 use crate::time::Time;
 
 /// Nodes in the world.
@@ -209,11 +209,17 @@ impl Claims {
 /// stopped them, and what became of control records.
 #[derive(Debug, Default)]
 struct Publishers {
-    /// (source, subscription) of every publisher running.
-    running: BTreeSet<(usize, Subscription)>,
+    /// Every publisher running for a live subscription: (source, subscription) → its number.
+    running: BTreeMap<(usize, Subscription), Publisher>,
+    /// Publishers stopped by an unsubscribe, whose end the shell reports later.
+    stopping: Vec<(usize, Subscription, Publisher)>,
+    /// The newest publisher number each node started.
+    newest: BTreeMap<usize, Publisher>,
     started: u64,
     stopped: u64,
     ended: u64,
+    /// Stopped publishers that ended after their subscription started again.
+    late_ends: u64,
     /// Control records refused (a collector off the source's list).
     refused: u64,
     verdicts: BTreeMap<ControlVerdict, u64>,
@@ -350,6 +356,7 @@ impl World {
                     collector,
                     stream,
                     flow_id,
+                    publisher,
                 } => {
                     if !self.auths[n].permits(&collector) {
                         return Err(format!(
@@ -357,12 +364,14 @@ impl World {
                             collector[0]
                         ));
                     }
-                    if !self
-                        .publishers
-                        .running
-                        .insert((n, (collector, stream, flow_id)))
-                    {
-                        return Err(format!("node {n} started a publisher twice"));
+                    let newest = self.publishers.newest.entry(n).or_default();
+                    if publisher <= *newest {
+                        return Err(format!("node {n} started publisher {publisher} again"));
+                    }
+                    *newest = publisher;
+                    let key = (n, (collector, stream, flow_id));
+                    if self.publishers.running.insert(key, publisher).is_some() {
+                        return Err(format!("node {n} started a second publisher for one flow"));
                     }
                     self.publishers.started += 1;
                 }
@@ -370,14 +379,16 @@ impl World {
                     collector,
                     stream,
                     flow_id,
+                    publisher,
                 } => {
-                    if !self
-                        .publishers
-                        .running
-                        .remove(&(n, (collector, stream, flow_id)))
-                    {
-                        return Err(format!("node {n} stopped a publisher that is not running"));
+                    let subscription = (collector, stream, flow_id);
+                    let running = self.publishers.running.remove(&(n, subscription.clone()));
+                    if running != Some(publisher) {
+                        return Err(format!(
+                            "node {n} stopped publisher {publisher}, running: {running:?}"
+                        ));
                     }
+                    self.publishers.stopping.push((n, subscription, publisher));
                     self.publishers.stopped += 1;
                 }
                 Action::KickWriter { .. } => {}
@@ -485,6 +496,9 @@ impl World {
             (_, Dispatch::NoAdapter) if serves(to, channel) => Err(format!(
                 "node {to} has no adapter for {channel:?}, which it serves"
             )),
+            (_, Dispatch::Refused(_)) if self.auths[to].permits(&id(from)) => Err(format!(
+                "node {to} refused {from} on {channel:?}, who is on its list"
+            )),
             (_, Dispatch::Refused(_) | Dispatch::NoAdapter) => {
                 if dispatch_is_no_adapter {
                     self.opens.no_adapter += 1;
@@ -534,7 +548,24 @@ impl World {
         loop {
             verdict = match verdict {
                 Open::Cached(generation, conn) => {
-                    if self.conns.get(&conn).is_some_and(|c| c.alive) {
+                    // The pair's own connection: one between the two nodes, cached on the
+                    // channel under that generation (or, once dead, one between the two).
+                    let ends = self.conns.get(&conn).map(|c| c.ends);
+                    let between = index_of(&peer)
+                        .is_some_and(|m| ends.is_some_and(|ends| ends == [n, m] || ends == [m, n]));
+                    let cached = self.cached.iter().any(|(m, c, p, ch, g)| {
+                        (*m, *c, *p, *ch, *g) == (n, conn, peer, channel, generation)
+                    });
+                    let alive = self.conns.get(&conn).is_some_and(|c| c.alive);
+                    if !between || (alive && !cached) {
+                        return Err(format!(
+                            "node {n}: an open to {} on {channel:?} was placed on connection \
+                             {conn} (generation {}), not the pair's",
+                            peer[0],
+                            generation.get()
+                        ));
+                    }
+                    if alive {
                         self.opens.placed(channel);
                         break;
                     }
@@ -751,7 +782,9 @@ impl World {
                 peer[0]
             ));
         };
-        if let Some(to) = index_of(&peer) {
+        // Written on a connection that already died (its close not yet reported): lost.
+        let alive = self.conns.get(&conn).is_some_and(|c| c.alive);
+        if let (Some(to), true) = (index_of(&peer), alive) {
             self.claims.pending.push((n, to, conn, claim));
         }
         Ok(())
@@ -802,23 +835,26 @@ impl World {
         } else {
             self.claims.pending.remove(pick)
         };
-        self.deliver_claim(from, to, claim, forged)
+        // The byte a forger changes: anywhere in the claim.
+        let flip = forged.then(|| usize::from(a >> 1) * 9 + usize::from(b & 0x3f));
+        self.deliver_claim(from, to, claim, flip)
     }
 
-    /// `claim` from node `from` reaches node `to`; `flip`: one byte of it changed on the way.
+    /// `claim` from node `from` reaches node `to`; `flip`: the byte a forger changed in it.
     fn deliver_claim(
         &mut self,
         from: usize,
         to: usize,
         claim: HostClaim,
-        flip: bool,
+        flip: Option<usize>,
     ) -> Result<(), String> {
         if self.sims[to].closed {
             return Ok(());
         }
         let mut bytes = claim.encode();
-        let expected = if flip {
-            let at = usize::from(claim.generation as u8 ^ bytes[70]) % bytes.len();
+        let expected = if let Some(at) = flip {
+            // Any byte: actor, host, generation or signature.
+            let at = at % bytes.len();
             bytes[at] ^= 0x10;
             ClaimVerdict::Forged
         } else {
@@ -829,7 +865,7 @@ impl World {
         *self.claims.verdicts.entry(verdict).or_default() += 1;
         if verdict != expected {
             return Err(format!(
-                "node {to}: a claim from {from} ({claim:?}, flipped {flip}) judged {verdict:?}, \
+                "node {to}: a claim from {from} ({claim:?}, byte changed {flip:?}) judged {verdict:?}, \
                  not {expected:?}"
             ));
         }
@@ -841,31 +877,44 @@ impl World {
     /// now and then malformed); or a running publisher's collector subscribes again or
     /// unsubscribes; or a running publisher ends on its own.
     fn telemetry_op(&mut self, n: usize, a: u8, b: u8) -> Result<(), String> {
-        let running: Vec<(usize, Subscription)> = self.publishers.running.iter().cloned().collect();
-        let (source, from, control) = match running.get(usize::from(b) % running.len().max(1)) {
-            // A running publisher ends on its own (its collector went away).
-            Some((source, subscription)) if a & 3 == 1 => {
-                let (source, subscription) = (*source, subscription.clone());
+        if a & 3 == 1 {
+            return self.publisher_ends(usize::from(b));
+        }
+        // Subscriptions with a publisher running, or stopped and still ending.
+        let running: Vec<(usize, Subscription)> = self
+            .publishers
+            .running
+            .keys()
+            .cloned()
+            .chain(
                 self.publishers
-                    .running
-                    .remove(&(source, subscription.clone()));
-                self.publishers.ended += 1;
-                let now = self.time();
-                self.sims[source]
-                    .driver
-                    .handle_publisher_ended(now, &subscription);
-                return self.actions(source);
-            }
-            // Its collector subscribes again (a replay: nothing to do), or unsubscribes.
+                    .stopping
+                    .iter()
+                    .map(|(source, subscription, _)| (*source, subscription.clone())),
+            )
+            .collect();
+        let (source, from, control) = match running.get(usize::from(b) % running.len().max(1)) {
+            // Its collector subscribes again (a replay, or a new publisher while the stopped
+            // one still ends), or unsubscribes.
             Some((source, (collector, name, flow_id))) if a & 2 == 2 => {
-                let (name, flow_id) = (name.clone(), *flow_id);
+                let (source, name, flow_id) = (*source, name.clone(), *flow_id);
+                let from = index_of(collector).ok_or("a publisher to a collector elsewhere")?;
+                if a & 1 == 1 && a & 4 == 4 {
+                    // It toggles: unsubscribes and subscribes at once (its stopped publisher
+                    // ends after the new one started).
+                    let unsubscribe = Control::Unsubscribe {
+                        name: name.clone(),
+                        flow_id,
+                    };
+                    self.control(source, from, unsubscribe, false)?;
+                    return self.control(source, from, Control::Subscribe { name, flow_id }, false);
+                }
                 let control = if a & 1 == 0 {
                     Control::Subscribe { name, flow_id }
                 } else {
                     Control::Unsubscribe { name, flow_id }
                 };
-                let from = index_of(collector).ok_or("a publisher to a collector elsewhere")?;
-                (*source, from, control)
+                (source, from, control)
             }
             _ => {
                 let name = STREAMS[usize::from((a >> 2) & 3) % STREAMS.len()].to_owned();
@@ -878,11 +927,21 @@ impl World {
                 (usize::from(b >> 1) % NODES, n, control)
             }
         };
+        self.control(source, from, control, b & 0xc0 == 0xc0)
+    }
+
+    /// Node `from` sends `control` to node `source` (`malformed`: with a byte too many).
+    fn control(
+        &mut self,
+        source: usize,
+        from: usize,
+        control: Control,
+        malformed: bool,
+    ) -> Result<(), String> {
         if self.sims[source].closed {
             return Ok(());
         }
         let mut bytes = control.encode().ok_or("a control that does not encode")?;
-        let malformed = b & 0xc0 == 0xc0;
         if malformed {
             bytes.push(0);
         }
@@ -898,14 +957,14 @@ impl World {
                     ControlVerdict::UnknownStream
                 }
                 Control::Subscribe { name, flow_id } => {
-                    if self.publishers.running.contains(&key(name, *flow_id)) {
+                    if self.publishers.running.contains_key(&key(name, *flow_id)) {
                         ControlVerdict::Ignored
                     } else {
                         ControlVerdict::Started
                     }
                 }
                 Control::Unsubscribe { name, flow_id } => {
-                    if self.publishers.running.contains(&key(name, *flow_id)) {
+                    if self.publishers.running.contains_key(&key(name, *flow_id)) {
                         ControlVerdict::Stopped
                     } else {
                         ControlVerdict::Ignored
@@ -930,19 +989,66 @@ impl World {
         self.actions(source)
     }
 
-    /// Every node runs exactly the publishers its machine counts live.
+    /// A publisher ends (`pick` among the running and the stopped): one running ends on its
+    /// own (its collector went away); a stopped one's end is reported late, perhaps after its
+    /// subscription started again under a newer publisher, which must go on.
+    fn publisher_ends(&mut self, pick: usize) -> Result<(), String> {
+        let running = self.publishers.running.len();
+        let total = running + self.publishers.stopping.len();
+        if total == 0 {
+            return Ok(());
+        }
+        // Half the picks go to a stopped publisher when there is one.
+        let pick = if pick & 1 == 1 && running < total {
+            running + (pick >> 1) % (total - running)
+        } else {
+            pick % total
+        };
+        let (source, subscription, publisher) = if pick < running {
+            let Some(((source, subscription), publisher)) =
+                self.publishers.running.iter().nth(pick)
+            else {
+                return Ok(());
+            };
+            let ended = (*source, subscription.clone(), *publisher);
+            self.publishers.running.remove(&(ended.0, ended.1.clone()));
+            ended
+        } else {
+            let ended = self.publishers.stopping.remove(pick - running);
+            if self
+                .publishers
+                .running
+                .contains_key(&(ended.0, ended.1.clone()))
+            {
+                self.publishers.late_ends += 1;
+            }
+            ended
+        };
+        self.publishers.ended += 1;
+        let now = self.time();
+        self.sims[source]
+            .driver
+            .handle_publisher_ended(now, &subscription, publisher);
+        self.actions(source)
+    }
+
+    /// Every node's live subscriptions are exactly the publishers it runs, number for number.
     fn check_publishers(&self) -> Result<(), String> {
         for (n, sim) in self.sims.iter().enumerate() {
-            let running = self
+            if sim.closed {
+                continue;
+            }
+            let running: Vec<(&Subscription, Publisher)> = self
                 .publishers
                 .running
                 .iter()
-                .filter(|(m, _)| *m == n)
-                .count();
-            if !sim.closed && sim.driver.telemetry_subscriptions() != running {
+                .filter(|((m, _), _)| *m == n)
+                .map(|((_, subscription), publisher)| (subscription, *publisher))
+                .collect();
+            let live: Vec<(&Subscription, Publisher)> = sim.driver.publishers().collect();
+            if live != running {
                 return Err(format!(
-                    "node {n}: {} subscriptions live, {running} publishers running",
-                    sim.driver.telemetry_subscriptions()
+                    "node {n}: subscriptions live {live:?}, publishers running {running:?}"
                 ));
             }
         }
@@ -973,7 +1079,7 @@ impl World {
             return Ok(());
         }
         while let Some((from, to, _, claim)) = self.claims.pending.pop() {
-            self.deliver_claim(from, to, claim, false)?;
+            self.deliver_claim(from, to, claim, None)?;
         }
         for ((holder, actor), generation) in &self.claims.local {
             for to in 0..NODES {
@@ -1048,7 +1154,10 @@ impl World {
     /// again, until none is left. An open still waiting then was never woken (a lost wake-up);
     /// a dial or failure the machine still keeps is state left behind.
     fn settle_opens(&mut self) -> Result<(), String> {
-        for _round in 0..64 {
+        // Each round ends a dial or wakes a waiter, and a waiter dials at most once more:
+        // this bounds the rounds opens can take to settle.
+        let rounds = 4 * (self.opens.dials.len() + self.opens.waiters.len()) + 64;
+        for _round in 0..rounds {
             while !self.closes.is_empty() {
                 self.report_close()?;
             }
@@ -1604,7 +1713,7 @@ pub struct Report {
     pub publishers_started: u64,
     /// Publishers stopped by an unsubscribe.
     pub publishers_stopped: u64,
-    /// Publishers that ended on their own.
+    /// Publisher ends reported (on their own, or after a stop).
     pub publishers_ended: u64,
     /// Control records for unknown streams, already-live or absent flows, or malformed.
     pub controls_unknown: u64,
@@ -1614,6 +1723,8 @@ pub struct Report {
     pub controls_malformed: u64,
     /// Control records from collectors off the source's list.
     pub controls_refused: u64,
+    /// Stopped publishers whose end came after their subscription started again.
+    pub publishers_ended_late: u64,
     /// Opens told to wait on another open's dial.
     pub open_waits: u64,
     /// Waiting opens that failed with the dial they waited on.
@@ -1723,19 +1834,23 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
             }
             12 => {
                 let a = arg();
-                if a & 2 == 0 {
-                    world.sims[n].driver.handle_stream_fault(
-                        now,
-                        id(0),
-                        Channel::Actor,
-                        a & 1 == 1,
-                    );
-                } else if a & 4 == 0 {
-                    let b = arg();
-                    world.claim_op(n, a >> 3, b)?;
-                } else {
-                    let b = arg();
-                    world.telemetry_op(n, a >> 3, b)?;
+                match a & 3 {
+                    0 => {
+                        world.sims[n].driver.handle_stream_fault(
+                            now,
+                            id(0),
+                            Channel::Actor,
+                            a & 4 == 4,
+                        );
+                    }
+                    1 => {
+                        let b = arg();
+                        world.claim_op(n, a >> 3, b)?;
+                    }
+                    _ => {
+                        let b = arg();
+                        world.telemetry_op(n, a >> 2, b)?;
+                    }
                 }
             }
             13 | 14 => {
@@ -1815,6 +1930,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         report.controls_ignored = controls(ControlVerdict::Ignored);
         report.controls_malformed = controls(ControlVerdict::Malformed);
         report.controls_refused = world.publishers.refused;
+        report.publishers_ended_late = world.publishers.late_ends;
         report.open_waits = world.opens.waits;
         report.open_waiters_failed = world.opens.failed_waiters;
         report.open_dials_abandoned = world.opens.abandoned;
@@ -1920,6 +2036,7 @@ mod tests {
             total.controls_ignored += report.controls_ignored;
             total.controls_malformed += report.controls_malformed;
             total.controls_refused += report.controls_refused;
+            total.publishers_ended_late += report.publishers_ended_late;
         }
         eprintln!("{total:?}");
         assert!(total.delivered > 1_000, "{total:?}");
@@ -1957,5 +2074,6 @@ mod tests {
         assert!(total.controls_ignored > 10, "{total:?}");
         assert!(total.controls_malformed > 10, "{total:?}");
         assert!(total.controls_refused > 10, "{total:?}");
+        assert!(total.publishers_ended_late > 2, "{total:?}");
     }
 }

@@ -32,7 +32,9 @@ use super::routing::{resolve_egress, ActorAddr, DropReason, Drops, Egress, NodeI
 use super::schedule::{
     dial_retry_after, Join, JoinNext, JoinStatus, DIAL_ATTEMPT_TIMEOUT, JOIN_ATTEMPT_TIMEOUT,
 };
-use super::subscriptions::{ControlVerdict, Subscription, Subscriptions, TELEMETRY_CONTROL_TAG};
+use super::subscriptions::{
+    ControlVerdict, Publisher, Subscription, Subscriptions, TELEMETRY_CONTROL_TAG,
+};
 use crate::limits::{
     EGRESS_IDLE_TEARDOWN_MS_DEFAULT, FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX, RELAY_HINT_PEERS_MAX,
 };
@@ -299,8 +301,10 @@ pub enum Action<C> {
         stream: String,
         /// The flow.
         flow_id: [u8; 16],
+        /// This publisher's number (its end is reported with it).
+        publisher: Publisher,
     },
-    /// Stop that publisher (it ends its stream).
+    /// Stop that publisher (it ends its stream; its end is reported all the same).
     StopPublisher {
         /// The collector.
         collector: NodeId,
@@ -308,6 +312,8 @@ pub enum Action<C> {
         stream: String,
         /// The flow.
         flow_id: [u8; 16],
+        /// The publisher's number.
+        publisher: Publisher,
     },
     /// Close this connection with `code`.
     Close {
@@ -1038,17 +1044,19 @@ impl<C: Clone> Driver<C> {
         self.handle_admit(now, &collector, Path::Telemetry, Direction::Outbound)
             .ok()?;
         let (verdict, subscription) = self.subscriptions.apply(collector, payload);
-        if let Some((collector, stream, flow_id)) = subscription {
+        if let Some(((collector, stream, flow_id), publisher)) = subscription {
             self.actions.push_back(match verdict {
                 ControlVerdict::Started => Action::StartPublisher {
                     collector,
                     stream,
                     flow_id,
+                    publisher,
                 },
                 _ => Action::StopPublisher {
                     collector,
                     stream,
                     flow_id,
+                    publisher,
                 },
             });
         }
@@ -1056,9 +1064,16 @@ impl<C: Clone> Driver<C> {
         Some(verdict)
     }
 
-    /// A publisher ended (stopped, or its collector went away): its subscription is gone.
-    pub fn handle_publisher_ended(&mut self, _now: Time, subscription: &Subscription) {
-        if self.subscriptions.ended(subscription) {
+    /// Publisher `publisher` of `subscription` ended (stopped, or its collector went away):
+    /// the subscription is gone, unless it was stopped and started again under a newer
+    /// publisher meanwhile (which goes on).
+    pub fn handle_publisher_ended(
+        &mut self,
+        _now: Time,
+        subscription: &Subscription,
+        publisher: Publisher,
+    ) {
+        if self.subscriptions.ended(subscription, publisher) {
             self.bump();
         }
     }
@@ -1248,6 +1263,11 @@ impl<C: Clone> Driver<C> {
     /// The live telemetry subscriptions: (collector, stream, flow), in that order.
     pub fn subscriptions(&self) -> impl Iterator<Item = &Subscription> {
         self.subscriptions.iter()
+    }
+
+    /// The live telemetry subscriptions with the number of the publisher started for each.
+    pub fn publishers(&self) -> impl Iterator<Item = (&Subscription, Publisher)> {
+        self.subscriptions.publishers()
     }
 
     /// This node's own host claims, by actor.

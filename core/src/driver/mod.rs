@@ -30,4 +30,4 @@ pub use routing::{
 pub use schedule::{
     dial_retry_after, join_retry_after, DialTracker, Join, JoinNext, JoinPhase, JoinStatus,
 };
-pub use subscriptions::{Control, ControlVerdict, TELEMETRY_CONTROL_TAG};
+pub use subscriptions::{Control, ControlVerdict, Publisher, Subscription, TELEMETRY_CONTROL_TAG};

@@ -125,11 +125,18 @@ pub enum ControlVerdict {
 /// A live subscription: (collector, stream, flow).
 pub type Subscription = (NodeId, String, [u8; 16]);
 
-/// The source side's table: local streams and live subscriptions.
+/// The number of the publisher started for a subscription: one per start, from 1, so that a
+/// publisher stopped by an unsubscribe and ending after the same subscription started again
+/// is told apart from the new one.
+pub type Publisher = u64;
+
+/// The source side's table: local streams and live subscriptions, each with its publisher.
 #[derive(Debug, Clone, Default)]
 pub struct Subscriptions {
     streams: BTreeSet<String>,
-    live: BTreeSet<Subscription>,
+    live: BTreeMap<Subscription, Publisher>,
+    /// Publishers started so far.
+    publishers: Publisher,
     verdicts: BTreeMap<ControlVerdict, u64>,
 }
 
@@ -139,12 +146,13 @@ impl Subscriptions {
         self.streams.insert(name.to_owned());
     }
 
-    /// A control record from `collector`: the subscription that starts or stops, if any.
+    /// A control record from `collector`: the subscription that starts or stops, if any, and
+    /// its publisher.
     pub fn apply(
         &mut self,
         collector: NodeId,
         bytes: &[u8],
-    ) -> (ControlVerdict, Option<Subscription>) {
+    ) -> (ControlVerdict, Option<(Subscription, Publisher)>) {
         let (verdict, subscription) = match Control::decode(bytes) {
             Err(_) => (ControlVerdict::Malformed, None),
             Ok(Control::Subscribe { name, .. }) if !self.streams.contains(&name) => {
@@ -152,21 +160,21 @@ impl Subscriptions {
             }
             Ok(Control::Subscribe { name, flow_id }) => {
                 let key = (collector, name, flow_id);
-                if self.live.contains(&key) {
+                if self.live.contains_key(&key) {
                     (ControlVerdict::Ignored, None)
                 } else if self.live.len() >= TELEMETRY_SUBSCRIPTIONS_MAX {
                     (ControlVerdict::Full, None)
                 } else {
-                    self.live.insert(key.clone());
-                    (ControlVerdict::Started, Some(key))
+                    self.publishers += 1;
+                    self.live.insert(key.clone(), self.publishers);
+                    (ControlVerdict::Started, Some((key, self.publishers)))
                 }
             }
             Ok(Control::Unsubscribe { name, flow_id }) => {
                 let key = (collector, name, flow_id);
-                if self.live.remove(&key) {
-                    (ControlVerdict::Stopped, Some(key))
-                } else {
-                    (ControlVerdict::Ignored, None)
+                match self.live.remove(&key) {
+                    Some(publisher) => (ControlVerdict::Stopped, Some((key, publisher))),
+                    None => (ControlVerdict::Ignored, None),
                 }
             }
         };
@@ -174,15 +182,27 @@ impl Subscriptions {
         (verdict, subscription)
     }
 
-    /// A publisher ended on its own (the collector went away): the subscription is gone.
+    /// `publisher` of `subscription` ended: the subscription is gone if that is still its
+    /// publisher (not if it was stopped and the subscription started again meanwhile).
     /// `true` if it was live.
-    pub fn ended(&mut self, subscription: &Subscription) -> bool {
-        self.live.remove(subscription)
+    pub fn ended(&mut self, subscription: &Subscription, publisher: Publisher) -> bool {
+        if self.live.get(subscription) != Some(&publisher) {
+            return false;
+        }
+        self.live.remove(subscription);
+        true
     }
 
     /// The live subscriptions, in (collector, stream, flow) order.
     pub fn iter(&self) -> impl Iterator<Item = &Subscription> {
-        self.live.iter()
+        self.live.keys()
+    }
+
+    /// The live subscriptions with their publishers, in (collector, stream, flow) order.
+    pub fn publishers(&self) -> impl Iterator<Item = (&Subscription, Publisher)> {
+        self.live
+            .iter()
+            .map(|(subscription, publisher)| (subscription, *publisher))
     }
 
     /// Live subscriptions.
@@ -277,11 +297,44 @@ mod tests {
         assert_eq!(table.live(), 1);
         let (verdict, stopped) = table.apply([9; 32], &sub("cpu", false));
         assert_eq!(verdict, ControlVerdict::Stopped);
-        assert_eq!(stopped, Some(([9; 32], "cpu".to_owned(), [1; 16])));
+        assert_eq!(stopped, Some((([9; 32], "cpu".to_owned(), [1; 16]), 1)));
         assert_eq!(
             table.apply([9; 32], &sub("cpu", false)).0,
             ControlVerdict::Ignored
         );
+        assert_eq!(table.live(), 0);
+    }
+
+    #[test]
+    fn a_stopped_publisher_ending_late_leaves_the_subscription_started_again() {
+        let mut table = Subscriptions::default();
+        table.add_stream("cpu");
+        let control = |subscribe: bool| {
+            let (name, flow_id) = ("cpu".to_owned(), [1; 16]);
+            let control = if subscribe {
+                Control::Subscribe { name, flow_id }
+            } else {
+                Control::Unsubscribe { name, flow_id }
+            };
+            control.encode().expect("fits")
+        };
+        let key = ([9; 32], "cpu".to_owned(), [1; 16]);
+        assert_eq!(
+            table.apply([9; 32], &control(true)).1,
+            Some((key.clone(), 1))
+        );
+        assert_eq!(
+            table.apply([9; 32], &control(false)).1,
+            Some((key.clone(), 1))
+        );
+        assert_eq!(
+            table.apply([9; 32], &control(true)).1,
+            Some((key.clone(), 2))
+        );
+        // Publisher 1 (stopped) ends now: publisher 2's subscription stays.
+        assert!(!table.ended(&key, 1));
+        assert_eq!(table.publishers().collect::<Vec<_>>(), [(&key, 2)]);
+        assert!(table.ended(&key, 2));
         assert_eq!(table.live(), 0);
     }
 

@@ -70,8 +70,8 @@ pub use tether_core::driver::Channel;
 use tether_core::driver::{
     Action, ActorAddr, Alpns, ClaimVerdict, Control, ControlVerdict, DialEnd, DialTicket,
     Direction, Dispatch, Driver, DriverConfig, DropReason, Drops, Generation, HostClaim, Inbound,
-    JoinStatus, NodeId, Open, Path, PeerAuth, PeerBook, Refusals, Refused, RouteMemo, Routes,
-    Send as SendVerdict, StreamVerdict, HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
+    JoinStatus, NodeId, Open, Path, PeerAuth, PeerBook, Publisher, Refusals, Refused, RouteMemo,
+    Routes, Send as SendVerdict, StreamVerdict, HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, ADDRESS_BOOK_PEERS_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
@@ -1638,14 +1638,16 @@ impl Inner {
                 collector,
                 stream,
                 flow_id,
-            } => self.start_publisher(collector, stream, flow_id),
+                publisher,
+            } => self.start_publisher(collector, stream, flow_id, publisher),
             Action::StopPublisher {
                 collector,
                 stream,
                 flow_id,
+                publisher,
             } => {
                 if let Some(source) = self.source(&stream) {
-                    source.inner.unsubscribe(&(collector, flow_id));
+                    source.inner.unsubscribe(&(collector, flow_id), publisher);
                 }
             }
             Action::Close { conn, code } => conn.close(code.into(), b"closed"),
@@ -1662,14 +1664,20 @@ impl Inner {
 
     /// A collector subscribed to local stream `stream`: dial it on the telemetry ALPN and
     /// publish the header (with its flow), then events, until it unsubscribes or goes away.
-    fn start_publisher(self: &Arc<Self>, collector: NodeId, stream: String, flow_id: [u8; 16]) {
+    fn start_publisher(
+        self: &Arc<Self>,
+        collector: NodeId,
+        stream: String,
+        flow_id: [u8; 16],
+        publisher: Publisher,
+    ) {
         let subscription = (collector, stream, flow_id);
         let Some(source) = self.source(&subscription.1) else {
             // The machine knows only streams registered here; end it there all the same.
-            self.drive(|driver, now| driver.handle_publisher_ended(now, &subscription));
+            self.drive(|driver, now| driver.handle_publisher_ended(now, &subscription, publisher));
             return;
         };
-        let events = source.inner.subscribe((collector, flow_id));
+        let events = source.inner.subscribe((collector, flow_id), publisher);
         let mut header = source.inner.header.clone();
         header.flow_id = flow_id;
         let inner = self.clone();
@@ -1681,8 +1689,10 @@ impl Inner {
             if let Err(error) = result {
                 debug!(%error, "telemetry publisher ended");
             }
-            source.inner.unsubscribe(&(collector, flow_id));
-            inner.drive(|driver, now| driver.handle_publisher_ended(now, &subscription));
+            // Its end, stopped or on its own; the machine keeps a subscription started again
+            // under a newer publisher meanwhile.
+            source.inner.unsubscribe(&(collector, flow_id), publisher);
+            inner.drive(|driver, now| driver.handle_publisher_ended(now, &subscription, publisher));
         });
     }
 

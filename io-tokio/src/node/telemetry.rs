@@ -260,6 +260,9 @@ pub const TELEMETRY_PUBLISHER_FRAMES: usize = 1024;
 /// One subscriber of a source: its collector and flow.
 type Subscriber = (NodeId, [u8; 16]);
 
+/// A subscriber's publisher (the machine's number for it) and the queue it drains.
+type Feed = (tether_core::driver::Publisher, mpsc::Sender<TelemetryFrame>);
+
 /// A local telemetry stream collectors subscribe to over the actor plane
 /// ([`super::Node::telemetry_source`]): every frame emitted goes to every live subscriber's
 /// publisher. Cheap to clone.
@@ -270,8 +273,7 @@ pub struct TelemetrySource {
 
 pub(super) struct SourceInner {
     pub(super) header: Header,
-    subscribers:
-        std::sync::Mutex<std::collections::BTreeMap<Subscriber, mpsc::Sender<TelemetryFrame>>>,
+    subscribers: std::sync::Mutex<std::collections::BTreeMap<Subscriber, Feed>>,
     count: tokio::sync::watch::Sender<usize>,
     dropped: std::sync::atomic::AtomicU64,
 }
@@ -300,7 +302,7 @@ impl TelemetrySource {
     /// misses it (counted in [`TelemetrySource::dropped`]).
     pub fn emit(&self, frame: TelemetryFrame) {
         let subscribers = self.inner.subscribers();
-        for sender in subscribers.values() {
+        for (_, sender) in subscribers.values() {
             if sender.try_send(frame.clone()).is_err() {
                 self.inner
                     .dropped
@@ -325,28 +327,36 @@ impl TelemetrySource {
 impl SourceInner {
     fn subscribers(
         &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        std::collections::BTreeMap<Subscriber, mpsc::Sender<TelemetryFrame>>,
-    > {
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<Subscriber, Feed>> {
         self.subscribers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A new subscriber: the receiver its publisher drains.
-    pub(super) fn subscribe(&self, who: Subscriber) -> mpsc::Receiver<TelemetryFrame> {
+    /// A new subscriber, fed to publisher `publisher`: the receiver that publisher drains.
+    /// It replaces an earlier publisher of the same subscriber (one stopped, still ending).
+    pub(super) fn subscribe(
+        &self,
+        who: Subscriber,
+        publisher: tether_core::driver::Publisher,
+    ) -> mpsc::Receiver<TelemetryFrame> {
         let (tx, rx) = mpsc::channel(TELEMETRY_PUBLISHER_FRAMES);
         let mut subscribers = self.subscribers();
-        subscribers.insert(who, tx);
+        subscribers.insert(who, (publisher, tx));
         self.count.send_replace(subscribers.len());
         rx
     }
 
-    /// The subscriber leaves: its publisher's queue closes, which ends its stream.
-    pub(super) fn unsubscribe(&self, who: &Subscriber) {
+    /// Publisher `publisher` of the subscriber leaves: its queue closes, which ends its
+    /// stream. A newer publisher of the same subscriber stays.
+    pub(super) fn unsubscribe(&self, who: &Subscriber, publisher: tether_core::driver::Publisher) {
         let mut subscribers = self.subscribers();
-        subscribers.remove(who);
+        if subscribers
+            .get(who)
+            .is_some_and(|(feeding, _)| *feeding == publisher)
+        {
+            subscribers.remove(who);
+        }
         self.count.send_replace(subscribers.len());
     }
 }
