@@ -262,8 +262,11 @@ async fn opens_waiting_on_a_dial_that_fails_fail_with_it() {
     let not_a_host = Node::builder().bind().await.expect("bind");
     let engine = Node::builder().bind().await.expect("bind engine");
     let addr = not_a_host.endpoint_addr();
-    // The first open dials; the other two find that dial in flight and wait on it (a QUIC
-    // handshake cannot end within the first poll of all three).
+    // The first open dials; the other two find that dial in flight and wait on it: all three
+    // ask in join's first round, before a QUIC handshake can end. (Unless the thread is
+    // preempted between two of them for longer than the loopback handshake: the later open
+    // then finds no dial and dials itself. Seen once in CI under load, as [dial, dial,
+    // waited]; the machine's sharing is proven deterministically in core.)
     let (one, two, three) = tokio::join!(
         engine.dial_switch_host(addr.clone()),
         engine.dial_switch_host(addr.clone()),
@@ -271,9 +274,8 @@ async fn opens_waiting_on_a_dial_that_fails_fail_with_it() {
     );
     let errors = [one, two, three].map(refused);
     let shared: Vec<bool> = errors.iter().map(waited_on_a_failed_dial).collect();
-    assert_eq!(
-        shared,
-        [false, true, true],
+    assert!(
+        matches!(shared[..], [false, true, true] | [false, false, true]),
         "the dialer fails as its dial did; its waiters hear that failure instead of dialing in \
          turn: {errors:?}"
     );
