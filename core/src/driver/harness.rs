@@ -467,7 +467,6 @@ impl World {
         let dispatch = self.sims[to]
             .driver
             .handle_accepted(now, id(from), alpn, conn);
-        let dispatch_is_no_adapter = dispatch == Dispatch::NoAdapter;
         match (channel, dispatch) {
             (Channel::Actor, Dispatch::Actor(generation))
             | (Channel::Switch, Dispatch::Switch(generation))
@@ -499,8 +498,8 @@ impl World {
             (_, Dispatch::Refused(_)) if self.auths[to].permits(&id(from)) => Err(format!(
                 "node {to} refused {from} on {channel:?}, who is on its list"
             )),
-            (_, Dispatch::Refused(_) | Dispatch::NoAdapter) => {
-                if dispatch_is_no_adapter {
+            (_, dispatch @ (Dispatch::Refused(_) | Dispatch::NoAdapter)) => {
+                if dispatch == Dispatch::NoAdapter {
                     self.opens.no_adapter += 1;
                 }
                 self.actions(to)?;

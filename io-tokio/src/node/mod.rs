@@ -1641,13 +1641,10 @@ impl Inner {
                 publisher,
             } => self.start_publisher(collector, stream, flow_id, publisher),
             Action::StopPublisher {
-                collector,
-                stream,
-                flow_id,
-                publisher,
+                stream, publisher, ..
             } => {
                 if let Some(source) = self.source(&stream) {
-                    source.inner.unsubscribe(&(collector, flow_id), publisher);
+                    source.inner.unsubscribe(publisher);
                 }
             }
             Action::Close { conn, code } => conn.close(code.into(), b"closed"),
@@ -1677,7 +1674,7 @@ impl Inner {
             self.drive(|driver, now| driver.handle_publisher_ended(now, &subscription, publisher));
             return;
         };
-        let events = source.inner.subscribe((collector, flow_id), publisher);
+        let events = source.inner.subscribe(publisher);
         let mut header = source.inner.header.clone();
         header.flow_id = flow_id;
         let inner = self.clone();
@@ -1691,7 +1688,7 @@ impl Inner {
             }
             // Its end, stopped or on its own; the machine keeps a subscription started again
             // under a newer publisher meanwhile.
-            source.inner.unsubscribe(&(collector, flow_id), publisher);
+            source.inner.unsubscribe(publisher);
             inner.drive(|driver, now| driver.handle_publisher_ended(now, &subscription, publisher));
         });
     }

@@ -10,7 +10,7 @@
 use super::{NodeError, StreamJudge, Unreadable};
 use bytes::BytesMut;
 use iroh::endpoint::{Connection, RecvStream, SendStream};
-use tether_core::driver::NodeId;
+use tether_core::driver::{NodeId, Publisher};
 use tether_core::wire::telemetry::{
     encode_stream_ended, BatchWriter, ChannelDescriptor, Compression, Header, TelemetryDecoder,
     TelemetryError, TelemetryFrame, TelemetryItem,
@@ -257,11 +257,9 @@ pub(super) async fn publish(
 /// drops the frame for that subscriber (counted), so a slow collector never grows memory.
 pub const TELEMETRY_PUBLISHER_FRAMES: usize = 1024;
 
-/// One subscriber of a source: its collector and flow.
-type Subscriber = (NodeId, [u8; 16]);
-
-/// A subscriber's publisher (the machine's number for it) and the queue it drains.
-type Feed = (tether_core::driver::Publisher, mpsc::Sender<TelemetryFrame>);
+/// The queue each publisher drains, by the machine's number for the publisher (one per
+/// subscription started: a publisher stopped and still ending has its own).
+type Feeds = std::collections::BTreeMap<Publisher, mpsc::Sender<TelemetryFrame>>;
 
 /// A local telemetry stream collectors subscribe to over the actor plane
 /// ([`super::Node::telemetry_source`]): every frame emitted goes to every live subscriber's
@@ -273,7 +271,7 @@ pub struct TelemetrySource {
 
 pub(super) struct SourceInner {
     pub(super) header: Header,
-    subscribers: std::sync::Mutex<std::collections::BTreeMap<Subscriber, Feed>>,
+    subscribers: std::sync::Mutex<Feeds>,
     count: tokio::sync::watch::Sender<usize>,
     dropped: std::sync::atomic::AtomicU64,
 }
@@ -302,7 +300,7 @@ impl TelemetrySource {
     /// misses it (counted in [`TelemetrySource::dropped`]).
     pub fn emit(&self, frame: TelemetryFrame) {
         let subscribers = self.inner.subscribers();
-        for (_, sender) in subscribers.values() {
+        for sender in subscribers.values() {
             if sender.try_send(frame.clone()).is_err() {
                 self.inner
                     .dropped
@@ -325,38 +323,25 @@ impl TelemetrySource {
 }
 
 impl SourceInner {
-    fn subscribers(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<Subscriber, Feed>> {
+    fn subscribers(&self) -> std::sync::MutexGuard<'_, Feeds> {
         self.subscribers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A new subscriber, fed to publisher `publisher`: the receiver that publisher drains.
-    /// It replaces an earlier publisher of the same subscriber (one stopped, still ending).
-    pub(super) fn subscribe(
-        &self,
-        who: Subscriber,
-        publisher: tether_core::driver::Publisher,
-    ) -> mpsc::Receiver<TelemetryFrame> {
+    pub(super) fn subscribe(&self, publisher: Publisher) -> mpsc::Receiver<TelemetryFrame> {
         let (tx, rx) = mpsc::channel(TELEMETRY_PUBLISHER_FRAMES);
         let mut subscribers = self.subscribers();
-        subscribers.insert(who, (publisher, tx));
+        subscribers.insert(publisher, tx);
         self.count.send_replace(subscribers.len());
         rx
     }
 
-    /// Publisher `publisher` of the subscriber leaves: its queue closes, which ends its
-    /// stream. A newer publisher of the same subscriber stays.
-    pub(super) fn unsubscribe(&self, who: &Subscriber, publisher: tether_core::driver::Publisher) {
+    /// Publisher `publisher`'s subscriber leaves: its queue closes, which ends its stream.
+    pub(super) fn unsubscribe(&self, publisher: Publisher) {
         let mut subscribers = self.subscribers();
-        if subscribers
-            .get(who)
-            .is_some_and(|(feeding, _)| *feeding == publisher)
-        {
-            subscribers.remove(who);
-        }
+        subscribers.remove(&publisher);
         self.count.send_replace(subscribers.len());
     }
 }
