@@ -162,6 +162,8 @@ struct Opens {
     abandoned: u64,
     abandoned_waits: u64,
     dead_cached: u64,
+    /// Opens a closed node answered `Closed`.
+    closed: u64,
 }
 
 impl Opens {
@@ -188,6 +190,8 @@ struct Claims {
     hosts: Vec<NodeId>,
     registered: u64,
     refused: u64,
+    /// Registrations refused for a signature that is not the claim's.
+    unsigned: u64,
     verdicts: BTreeMap<ClaimVerdict, u64>,
 }
 
@@ -329,6 +333,14 @@ impl World {
     }
 
     /// Carries out node `n`'s queued actions, checking each.
+    /// Node `n` has queued no action (what a closed node's inputs leave).
+    fn nothing_ordered(&mut self, n: usize) -> Result<(), String> {
+        match self.sims[n].driver.poll_action() {
+            None => Ok(()),
+            Some(action) => Err(format!("node {n}: {action:?} ordered after its close")),
+        }
+    }
+
     fn actions(&mut self, n: usize) -> Result<(), String> {
         while let Some(action) = self.sims[n].driver.poll_action() {
             match action {
@@ -512,14 +524,26 @@ impl World {
     /// Node `n` opens a stream to `peer` on `channel`: the allow-list, then where the
     /// machine places it.
     fn open(&mut self, n: usize, peer: NodeId, channel: Channel) -> Result<(), String> {
-        if self.sims[n].closed {
-            return Ok(());
-        }
         let now = self.time();
         let verdict = self.sims[n]
             .driver
             .handle_open(now, peer, channel.path(), channel);
         let permitted = self.auths[n].permits(&peer);
+        if self.sims[n].closed {
+            // A closed node still judges the peer first, then opens nothing and orders
+            // nothing.
+            return match verdict {
+                Ok(Open::Closed) if permitted => {
+                    self.opens.closed += 1;
+                    self.nothing_ordered(n)
+                }
+                Err(_) if !permitted => self.nothing_ordered(n),
+                other => Err(format!(
+                    "closed node {n}: an open to {} answered {other:?}",
+                    peer[0]
+                )),
+            };
+        }
         match verdict {
             Ok(_) if !permitted => Err(format!("node {n} opened to {}, off its list", peer[0])),
             Err(_) if permitted => Err(format!("node {n} refused an open to {}", peer[0])),
@@ -799,11 +823,18 @@ impl World {
             }
             let actor = ACTORS[usize::from(a >> 1) % ACTORS.len()];
             let generation = u64::from(b % 6) + 1;
-            let claim = HostClaim::sign(&secret(n), actor, generation);
+            let mut claim = HostClaim::sign(&secret(n), actor, generation);
+            // Now and then a claim whose signature does not match it (one bit of it
+            // changed): refused before anything else, whatever the node holds.
+            let bad = b & 0xf8 == 0xf8;
+            if bad {
+                claim.signature[usize::from(a) % 64] ^= 1 << (b & 7);
+            }
             let now = self.time();
             let result = self.sims[n].driver.handle_register(now, claim);
             let held = self.claims.local.get(&(n, actor)).copied();
             let expected = match held {
+                _ if bad => Err(RegisterError::BadSignature),
                 Some(held) if held >= generation => Err(RegisterError::Stale),
                 _ => Ok(()),
             };
@@ -813,12 +844,14 @@ impl World {
                     actor[0]
                 ));
             }
-            if result.is_ok() {
-                self.claims.registered += 1;
-                self.claims.local.insert((n, actor), generation);
-                self.claims.apply(n, &claim);
-            } else {
-                self.claims.refused += 1;
+            match result {
+                Ok(()) => {
+                    self.claims.registered += 1;
+                    self.claims.local.insert((n, actor), generation);
+                    self.claims.apply(n, &claim);
+                }
+                Err(RegisterError::BadSignature) => self.claims.unsigned += 1,
+                Err(_) => self.claims.refused += 1,
             }
             return self.actions(n);
         }
@@ -1702,6 +1735,10 @@ pub struct Report {
     pub claims_registered: u64,
     /// Registrations refused as stale.
     pub claims_refused: u64,
+    /// Registrations refused for a bad signature.
+    pub claims_unsigned: u64,
+    /// Opens a closed node answered `Closed`.
+    pub opens_closed: u64,
     /// Claims received and accepted.
     pub claims_accepted: u64,
     /// Claims received stale (replays, late or equal generations).
@@ -1910,6 +1947,8 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         report.opens_without_adapter = world.opens.no_adapter;
         report.claims_registered = world.claims.registered;
         report.claims_refused = world.claims.refused;
+        report.claims_unsigned = world.claims.unsigned;
+        report.opens_closed = world.opens.closed;
         let verdicts = |verdict| world.claims.verdicts.get(&verdict).copied().unwrap_or(0);
         report.claims_accepted = verdicts(ClaimVerdict::Accepted);
         report.claims_stale = verdicts(ClaimVerdict::Stale);
@@ -2025,6 +2064,8 @@ mod tests {
             total.opens_without_adapter += report.opens_without_adapter;
             total.claims_registered += report.claims_registered;
             total.claims_refused += report.claims_refused;
+            total.claims_unsigned += report.claims_unsigned;
+            total.opens_closed += report.opens_closed;
             total.claims_accepted += report.claims_accepted;
             total.claims_stale += report.claims_stale;
             total.claims_forged += report.claims_forged;
@@ -2062,6 +2103,9 @@ mod tests {
         // Claims are registered (some refused as stale) and arrive accepted, stale, forged.
         assert!(total.claims_registered > 50, "{total:?}");
         assert!(total.claims_refused > 10, "{total:?}");
+        assert!(total.claims_unsigned > 5, "{total:?}");
+        // Nodes that closed are asked to open again, and open nothing.
+        assert!(total.opens_closed > 5, "{total:?}");
         assert!(total.claims_accepted > 50, "{total:?}");
         assert!(total.claims_stale > 20, "{total:?}");
         assert!(total.claims_forged > 10, "{total:?}");
