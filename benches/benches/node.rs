@@ -7,7 +7,8 @@
 //! table taken, the counter bumped and the writer woken once per run instead of per frame, and
 //! one ring slot per 64 frames);
 //! `node_ring4096` is `node` with a 4,096-slot egress ring (the default is 1,024). The paired
-//! comparison also reports the CPU time every thread of the process spent per frame, and a
+//! comparison also reports the CPU time every thread of the process spent per frame (and how
+//! it splits between the sending thread and the runtime's worker threads), and a
 //! `channel_floor`: the same frames handed one by one through the core hybrid channel (the
 //! per-frame queue seed 000 §2.2 prescribes) to a bare writer on the raw stream, with nothing
 //! of the driver around it: what the hand-off itself costs.
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_main, Criterion, Throughput};
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
-use tether_benches::{direct_addr, loopback_endpoint, thread_cpu_ns};
+use tether_benches::{caller_cpu_ns, direct_addr, loopback_endpoint, thread_cpu_ns};
 use tether_core::channel::{HybridChannel, Sender};
 use tether_core::stats::quantile;
 use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
@@ -302,13 +303,18 @@ fn node(c: &mut Criterion) {
     // the median of the per-round ratios is the figure the target is read against.
     for (size, payload) in &payloads {
         let mut ratios: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-        // CPU nanoseconds spent in each kind of round: node, node_batch, raw, channel floor.
-        let mut cpu = [0u64; 4];
+        // CPU nanoseconds spent in each kind of round (node, node_batch, raw, channel floor):
+        // by every thread, and by the calling thread alone (the one that sends; the rest is
+        // the runtime's worker threads, where the writers, iroh and the readers run).
+        let (mut cpu, mut caller) = ([0u64; 4], [0u64; 4]);
         let mut on_cpu = |kind: usize, round: &dyn Fn() -> Duration| {
-            let before = thread_cpu_ns();
+            let before = (thread_cpu_ns(), caller_cpu_ns());
             let took = round();
-            if let (Some(before), Some(after)) = (before, thread_cpu_ns()) {
-                cpu[kind] += after.saturating_sub(before);
+            if let (Some(all), Some(after)) = (before.0, thread_cpu_ns()) {
+                cpu[kind] += after.saturating_sub(all);
+            }
+            if let (Some(own), Some(after)) = (before.1, caller_cpu_ns()) {
+                caller[kind] += after.saturating_sub(own);
             }
             took
         };
@@ -329,6 +335,20 @@ fn node(c: &mut Criterion) {
             cpu[1] as f64 / frames,
             cpu[2] as f64 / frames,
             cpu[3] as f64 / frames,
+        );
+        let workers = |kind: usize| cpu[kind].saturating_sub(caller[kind]) as f64 / frames;
+        println!(
+            "node/actor_frames/paired/cpu_split/{size}B: ns of CPU per frame, sending thread / \
+             runtime threads: node {:.0} / {:.0}, node_batch {:.0} / {:.0}, \
+             raw iroh {:.0} / {:.0}, channel_floor {:.0} / {:.0}",
+            caller[0] as f64 / frames,
+            workers(0),
+            caller[1] as f64 / frames,
+            workers(1),
+            caller[2] as f64 / frames,
+            workers(2),
+            caller[3] as f64 / frames,
+            workers(3),
         );
         for (name, mut ratios) in ["node", "node_batch", "channel_floor"]
             .into_iter()

@@ -33,12 +33,22 @@ pub fn direct_addr(endpoint: &Endpoint) -> EndpointAddr {
 pub fn thread_cpu_ns() -> Option<u64> {
     let mut total = 0u64;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let path = task.ok()?.path().join("schedstat");
         // A thread may end between the listing and the read.
-        let Ok(stat) = std::fs::read_to_string(path) else {
-            continue;
-        };
-        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        if let Some(ns) = schedstat_ns(&task.ok()?.path().join("schedstat")) {
+            total += ns;
+        }
     }
     Some(total)
+}
+
+/// CPU time the calling thread has been on a CPU so far, in nanoseconds
+/// (`/proc/thread-self/schedstat`; `None` off Linux): with [`thread_cpu_ns`], what a
+/// benchmark's own thread spent apart from the runtime's.
+pub fn caller_cpu_ns() -> Option<u64> {
+    schedstat_ns(std::path::Path::new("/proc/thread-self/schedstat"))
+}
+
+fn schedstat_ns(path: &std::path::Path) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    stat.split_whitespace().next()?.parse().ok()
 }
