@@ -249,6 +249,8 @@ struct World {
     expect_send_failed: Option<(usize, NodeId)>,
     claims: Claims,
     publishers: Publishers,
+    /// Pairs healed (and their claims checked complete) while a third node was closed.
+    healed_beside_closed: u64,
 }
 
 fn config(n: usize, auth: PeerAuth) -> Config {
@@ -325,6 +327,7 @@ impl World {
                 ..Claims::default()
             },
             publishers: Publishers::default(),
+            healed_beside_closed: 0,
         }
     }
 
@@ -1107,15 +1110,16 @@ impl World {
     /// Once healed, every announcement in flight arrives; then each node knows every actor
     /// a peer it reaches holds, at that peer's generation or newer.
     fn settle_claims(&mut self) -> Result<(), String> {
-        if self.sims.iter().any(|sim| sim.closed) {
-            return Ok(());
-        }
         while let Some((from, to, _, claim)) = self.claims.pending.pop() {
             self.deliver_claim(from, to, claim, None)?;
         }
+        // Among the nodes still open: a closed node announces nothing more, and what reaches
+        // it after its close is not asked of it.
         for ((holder, actor), generation) in &self.claims.local {
             for to in 0..NODES {
                 if to == *holder
+                    || self.sims[*holder].closed
+                    || self.sims[to].closed
                     || !self.auths[*holder].permits(&id(to))
                     || !self.auths[to].permits(&id(*holder))
                 {
@@ -1632,14 +1636,12 @@ impl World {
     /// Heals the world and checks that every pair of nodes that admit each other gets a
     /// frame through within a bounded number of rounds.
     fn heal_and_check_liveness(&mut self) -> Result<(), String> {
-        for n in 0..NODES {
-            if self.sims[n].closed {
-                return Ok(());
-            }
-        }
+        // Between the nodes still open (a closed node delivers nothing, and is owed nothing).
         for from in 0..NODES {
             for to in 0..NODES {
                 if from == to
+                    || self.sims[from].closed
+                    || self.sims[to].closed
                     || !self.auths[from].permits(&id(to))
                     || !self.auths[to].permits(&id(from))
                 {
@@ -1668,6 +1670,9 @@ impl World {
                 }
                 if !through {
                     return Err(format!("{from}→{to}: nothing delivered after healing"));
+                }
+                if self.sims.iter().any(|sim| sim.closed) {
+                    self.healed_beside_closed += 1;
                 }
                 // Once every close report and dial has landed and a connection is cached, a
                 // batch goes on it, and the next keeps that batch's stream.
@@ -1739,6 +1744,8 @@ pub struct Report {
     pub claims_unsigned: u64,
     /// Opens a closed node answered `Closed`.
     pub opens_closed: u64,
+    /// Pairs of open nodes healed and checked while another node was closed.
+    pub healed_beside_closed: u64,
     /// Claims received and accepted.
     pub claims_accepted: u64,
     /// Claims received stale (replays, late or equal generations).
@@ -1949,6 +1956,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         report.claims_refused = world.claims.refused;
         report.claims_unsigned = world.claims.unsigned;
         report.opens_closed = world.opens.closed;
+        report.healed_beside_closed = world.healed_beside_closed;
         let verdicts = |verdict| world.claims.verdicts.get(&verdict).copied().unwrap_or(0);
         report.claims_accepted = verdicts(ClaimVerdict::Accepted);
         report.claims_stale = verdicts(ClaimVerdict::Stale);
@@ -2066,6 +2074,7 @@ mod tests {
             total.claims_refused += report.claims_refused;
             total.claims_unsigned += report.claims_unsigned;
             total.opens_closed += report.opens_closed;
+            total.healed_beside_closed += report.healed_beside_closed;
             total.claims_accepted += report.claims_accepted;
             total.claims_stale += report.claims_stale;
             total.claims_forged += report.claims_forged;
@@ -2106,6 +2115,8 @@ mod tests {
         assert!(total.claims_unsigned > 5, "{total:?}");
         // Nodes that closed are asked to open again, and open nothing.
         assert!(total.opens_closed > 5, "{total:?}");
+        // The nodes left open heal, and know each other's claims, beside a closed one.
+        assert!(total.healed_beside_closed > 5, "{total:?}");
         assert!(total.claims_accepted > 50, "{total:?}");
         assert!(total.claims_stale > 20, "{total:?}");
         assert!(total.claims_forged > 10, "{total:?}");
