@@ -338,12 +338,13 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
             substrate_case(window, substrate_trace(rng, 4 * len))
         }
         "driver" => {
-            let allow = if rng.random_bool(0.5) {
+            let everyone = rng.random_bool(0.5);
+            let allow = if everyone {
                 Value::Null
             } else {
                 json!([0, 1, 2, 250])
             };
-            driver_case(allow, driver_walk(rng, len * 2))
+            driver_case(allow, driver_walk(rng, len * 2, everyone))
         }
         "join" => {
             let mut at = 0u64;
@@ -791,14 +792,19 @@ pub fn driver_control_payload(op: u8, flow: u8, name: &[u8]) -> String {
 /// A `control` payload: mostly (4 in 5) a well-formed subscribe (60%) or unsubscribe of one
 /// of [`DRIVER_STREAMS`] and [`DRIVER_FLOWS`]; otherwise malformed: cut short, a trailing
 /// byte, op 3, an empty name, a non-UTF-8 name, or a name of 129 bytes.
-fn driver_control(rng: &mut Xoshiro256PlusPlus) -> String {
+/// With it, when well formed, what it asks: (subscribe?, name, flow).
+fn driver_control(rng: &mut Xoshiro256PlusPlus) -> (String, Option<(bool, &'static str, u8)>) {
     let flow = DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())];
-    let name = DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())].as_bytes();
+    let stream = DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())];
+    let name = stream.as_bytes();
     if rng.random_bool(0.8) {
         let op = if rng.random_bool(0.6) { 1 } else { 2 };
-        return driver_control_payload(op, flow, name);
+        return (
+            driver_control_payload(op, flow, name),
+            Some((op == 1, stream, flow)),
+        );
     }
-    match rng.random_range(0..6) {
+    let malformed = match rng.random_range(0..6) {
         0 => {
             // Cut short: any whole number of bytes before the last.
             let mut text = driver_control_payload(1, flow, name);
@@ -811,6 +817,47 @@ fn driver_control(rng: &mut Xoshiro256PlusPlus) -> String {
         3 => driver_control_payload(1, flow, b""),
         4 => driver_control_payload(1, flow, &[0xff, 0xfe]),
         _ => driver_control_payload(1, flow, &[b's'; 129]),
+    };
+    (malformed, None)
+}
+
+/// What a walk guesses of the node's telemetry publishers, to draw `ended` ops that name a
+/// live one: the streams registered, the subscriptions guessed live with their publisher
+/// numbers, and the last number given. Exact: the allow list is open or `[0, 1, 2, 250]`, so
+/// of [`DRIVER_PEERS`] only 3 is ever refused, and only by the list.
+struct PublishGuess {
+    everyone: bool,
+    streams: BTreeSet<&'static str>,
+    live: BTreeMap<(u8, &'static str, u8), u64>,
+    publishers: u64,
+}
+
+impl PublishGuess {
+    fn admits(&self, peer: u8) -> bool {
+        self.everyone || peer != 3
+    }
+
+    /// A publisher guessed live, drawn at random, with its number; it is no longer live.
+    fn end_live(&mut self, rng: &mut Xoshiro256PlusPlus) -> Option<((u8, &'static str, u8), u64)> {
+        let index = rng.random_range(0..self.live.len().max(1));
+        let (key, publisher) = self.live.iter().nth(index).map(|(k, p)| (*k, *p))?;
+        self.live.remove(&key);
+        Some((key, publisher))
+    }
+
+    /// A well-formed control from `peer`: a subscribe of a registered stream that is not
+    /// live starts publisher number `publishers + 1`; an unsubscribe stops a live one.
+    fn control(&mut self, peer: u8, subscribe: bool, name: &'static str, flow: u8) {
+        if !self.admits(peer) {
+            return;
+        }
+        let key = (peer, name, flow);
+        if !subscribe {
+            self.live.remove(&key);
+        } else if self.streams.contains(name) && !self.live.contains_key(&key) {
+            self.publishers += 1;
+            self.live.insert(key, self.publishers);
+        }
     }
 }
 
@@ -909,20 +956,31 @@ fn driver_open_op(
     }
 }
 
+/// An `ended` op: publisher number `publisher` of subscription `(peer, name, flow)` ended.
+fn driver_ended(at: u64, (peer, name, flow): (u8, &str, u8), publisher: u64) -> Value {
+    json!({"op": "ended", "at": at, "peer": peer, "name": name, "flow": driver_flow(flow),
+        "publisher": publisher})
+}
+
 /// A random driver trace: peers 0–3 and 250 (invalid), every op, time moving by up to 3 s
 /// (past dial backoffs, idle timeouts and some join waits), `timeout` often; generations and
 /// connections from small ranges so that current, replaced and unknown ones all occur; host
 /// claims of actors 0–3 at generations 1–4 (10% forged); telemetry streams, controls and
-/// ended publishers over [`DRIVER_STREAMS`] and [`DRIVER_FLOWS`]. A quarter of the walks
-/// mostly open streams to two peers on two channels, so that opens wait on a dial, its end
-/// is reported under a live ticket, and waiters hear a failure.
-fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
+/// ended publishers over [`DRIVER_STREAMS`] and [`DRIVER_FLOWS`]; while the walk knows a
+/// publisher live, half the `ended` ops end one (`everyone`: the allow list is open, which
+/// that guess needs). A quarter of the walks mostly open streams to two peers on two channels,
+/// so that opens wait on a dial, its end is reported under a live ticket, and waiters hear a
+/// failure.
+fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize, everyone: bool) -> Vec<Value> {
     let mut at = 0u64;
     let mut conn = 0u64;
     let mut subscribed: Option<(u8, &str, u8)> = None;
-    // Subscribes drawn so far: at least the number of publishers the node started, and
-    // exactly it when every one started.
-    let mut subscribes = 0u64;
+    let mut publishing = PublishGuess {
+        everyone,
+        streams: BTreeSet::new(),
+        live: BTreeMap::new(),
+        publishers: 0,
+    };
     let focused = rng.random_bool(0.25);
     let mut guess = OpenGuess::default();
     (0..len)
@@ -932,11 +990,18 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
             if focused && rng.random_bool(0.7) {
                 return driver_open_op(rng, at, conn, &mut guess);
             }
+            // While a publisher is live, now and then it ends (its collector went away).
+            if !publishing.live.is_empty() && rng.random_bool(0.1) {
+                if let Some((key, publisher)) = publishing.end_live(rng) {
+                    return driver_ended(at, key, publisher);
+                }
+            }
             let peer = DRIVER_PEERS[rng.random_range(0..DRIVER_PEERS.len())];
             let generation = rng.random_range(1..8u64);
             let channel = DRIVER_CHANNELS[rng.random_range(0..DRIVER_CHANNELS.len())];
             // Half the walks start with a telemetry stream, so subscriptions to it go live.
             if index == 0 && rng.random_bool(0.5) {
+                publishing.streams.insert(DRIVER_STREAMS[0]);
                 return json!({"op": "stream", "at": at, "name": DRIVER_STREAMS[0]});
             }
             match rng.random_range(0..33) {
@@ -994,47 +1059,69 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize) -> Vec<Value> {
                     "frames": rng.random_range(1..5u64)}),
                 21 => json!({"op": "register", "at": at, "actor": rng.random_range(0..4u64),
                     "generation": rng.random_range(1..5u64), "forged": rng.random_bool(0.1)}),
-                22 => json!({"op": "stream", "at": at,
-                    "name": DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())]}),
+                22 => {
+                    let name = DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())];
+                    publishing.streams.insert(name);
+                    json!({"op": "stream", "at": at, "name": name})
+                }
                 23..=24 => {
                     // Often the last subscription drawn ends again (an unsubscribe of it), so
                     // that stopping live ones is common; otherwise any payload.
                     let payload = match subscribed {
                         Some((collector, name, flow)) if rng.random_bool(0.4) => {
                             subscribed = None;
+                            publishing.control(collector, false, name, flow);
                             return json!({"op": "control", "at": at, "peer": collector,
                                 "payload": driver_control_payload(2, flow, name.as_bytes())});
                         }
                         _ if rng.random_bool(0.3) => {
-                            let name = DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())];
+                            // Mostly a stream the node has, so that the subscription starts.
+                            let streams: Vec<_> = publishing.streams.iter().copied().collect();
+                            let name = if !streams.is_empty() && rng.random_bool(0.8) {
+                                streams[rng.random_range(0..streams.len())]
+                            } else {
+                                DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())]
+                            };
                             let flow = DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())];
                             subscribed = Some((peer, name, flow));
-                            subscribes += 1;
+                            publishing.control(peer, true, name, flow);
                             driver_control_payload(1, flow, name.as_bytes())
                         }
-                        _ => driver_control(rng),
+                        _ => {
+                            let (payload, asks) = driver_control(rng);
+                            if let Some((subscribe, name, flow)) = asks {
+                                publishing.control(peer, subscribe, name, flow);
+                            }
+                            payload
+                        }
                     };
                     json!({"op": "control", "at": at, "peer": peer, "payload": payload})
                 }
                 25 => {
-                    // The last subscription drawn, half the time; any other otherwise.
-                    let (peer, name, flow) = match subscribed.take() {
-                        Some(live) if rng.random_bool(0.5) => live,
-                        _ => (
-                            peer,
-                            DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())],
-                            DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())],
-                        ),
-                    };
-                    // The publisher: often the newest drawn (the live one, when the last
-                    // subscribe started it), otherwise an older number.
-                    let publisher = if rng.random_bool(0.6) {
-                        subscribes
+                    // Half the time a live publisher (as the walk guesses them) ends, with
+                    // its own number; otherwise a subscription and a number drawn at random
+                    // (mostly not live: nothing changes).
+                    let live = if rng.random_bool(0.5) {
+                        publishing.end_live(rng)
                     } else {
-                        rng.random_range(0..=subscribes)
+                        None
                     };
-                    json!({"op": "ended", "at": at, "peer": peer, "name": name,
-                        "flow": driver_flow(flow), "publisher": publisher})
+                    let (key, publisher) = match live {
+                        Some(live) => live,
+                        None => {
+                            let key = (
+                                peer,
+                                DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())],
+                                DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())],
+                            );
+                            let publisher = rng.random_range(0..=publishing.publishers);
+                            if publishing.live.get(&key) == Some(&publisher) {
+                                publishing.live.remove(&key);
+                            }
+                            (key, publisher)
+                        }
+                    };
+                    driver_ended(at, key, publisher)
                 }
                 26 if rng.random_range(0..8) == 0 => json!({"op": "close", "at": at}),
                 27 => json!({"op": "open_dial_failed", "at": at, "peer": peer,
