@@ -841,8 +841,16 @@ impl PublishGuess {
     fn end_live(&mut self, rng: &mut Xoshiro256PlusPlus) -> Option<((u8, &'static str, u8), u64)> {
         let index = rng.random_range(0..self.live.len().max(1));
         let (key, publisher) = self.live.iter().nth(index).map(|(k, p)| (*k, *p))?;
-        self.live.remove(&key);
+        self.ended(key, publisher);
         Some((key, publisher))
+    }
+
+    /// Publisher number `publisher` of subscription `key` ended: the subscription is no
+    /// longer live if it was live with that number.
+    fn ended(&mut self, key: (u8, &'static str, u8), publisher: u64) {
+        if self.live.get(&key) == Some(&publisher) {
+            self.live.remove(&key);
+        }
     }
 
     /// A well-formed control from `peer`: a subscribe of a registered stream that is not
@@ -1076,9 +1084,10 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize, everyone: bool) -> Vec<
                         }
                         _ if rng.random_bool(0.3) => {
                             // Mostly a stream the node has, so that the subscription starts.
-                            let streams: Vec<_> = publishing.streams.iter().copied().collect();
+                            let streams = &publishing.streams;
                             let name = if !streams.is_empty() && rng.random_bool(0.8) {
-                                streams[rng.random_range(0..streams.len())]
+                                let index = rng.random_range(0..streams.len());
+                                *streams.iter().nth(index).expect("index below the length")
                             } else {
                                 DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())]
                             };
@@ -1115,9 +1124,7 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize, everyone: bool) -> Vec<
                                 DRIVER_FLOWS[rng.random_range(0..DRIVER_FLOWS.len())],
                             );
                             let publisher = rng.random_range(0..=publishing.publishers);
-                            if publishing.live.get(&key) == Some(&publisher) {
-                                publishing.live.remove(&key);
-                            }
+                            publishing.ended(key, publisher);
                             (key, publisher)
                         }
                     };

@@ -335,7 +335,6 @@ impl World {
         Time::from_millis(self.now)
     }
 
-    /// Carries out node `n`'s queued actions, checking each.
     /// Node `n` has queued no action (what a closed node's inputs leave).
     fn nothing_ordered(&mut self, n: usize) -> Result<(), String> {
         match self.sims[n].driver.poll_action() {
@@ -344,6 +343,7 @@ impl World {
         }
     }
 
+    /// Carries out node `n`'s queued actions, checking each.
     fn actions(&mut self, n: usize) -> Result<(), String> {
         while let Some(action) = self.sims[n].driver.poll_action() {
             match action {
