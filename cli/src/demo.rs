@@ -274,7 +274,7 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
                 // request.
                 let on_session = i / objects.len() as u64;
                 let verb = if obj == "s"
-                    && on_session % request_every == 0
+                    && on_session.is_multiple_of(request_every)
                     && (books.requested.len() as u64) < options.requests
                 {
                     books.requested.insert(name.clone());

@@ -3,6 +3,10 @@
 //!
 //! - `tether inspect <actor|telemetry|bifaci|envelope> [FILE]`: decode captured wire bytes
 //!   (stdin without FILE) into JSON lines; exit 1 on malformed input.
+//! - `tether store check|repair <PATH>`: what a log store's file holds (commits that verify,
+//!   damage, a torn tail) as one JSON object; `repair` keeps every commit that verifies and
+//!   drops the damaged bytes. PATH is the log file or a node's data directory. `check` exits
+//!   1 when the file is damaged.
 //! - `tether cap match <candidate> <request>`: `{"dispatchable": true|false}`.
 //! - `tether cap rank <request> <cap>...`: `{"ranked": [...]}`, the dispatchable caps best
 //!   first, in canonical form.
@@ -121,6 +125,27 @@ enum Command {
         #[command(subcommand)]
         command: CapCommand,
     },
+    /// Check or repair a log store's file (a node's `store.log`), while no node has it open.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Report what the file holds, changing nothing: commits that verify, damaged byte
+    /// ranges, a torn tail. Exits 1 when it is damaged (a node refuses to open it).
+    Check {
+        /// The log file, or a node's data directory (its `store.log`).
+        path: PathBuf,
+    },
+    /// Keep every commit that verifies, before and after any damage, and drop the damaged
+    /// bytes (what they held is lost: the report says how much).
+    Repair {
+        /// The log file, or a node's data directory (its `store.log`).
+        path: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -196,6 +221,71 @@ pub fn main() -> ExitCode {
         }),
         Command::Inspect { format, file } => run_inspect(format, file),
         Command::Cap { command } => run_cap(command),
+        Command::Store { command } => run_store(command),
+    }
+}
+
+fn run_store(command: StoreCommand) -> ExitCode {
+    use tether::store::{LogCheck, LogStore};
+    let (verb, path, result) = match command {
+        StoreCommand::Check { path } => {
+            let path = log_path(path);
+            let result = LogStore::check(&path);
+            ("check", path, result)
+        }
+        StoreCommand::Repair { path } => {
+            let path = log_path(path);
+            let result = LogStore::repair(&path);
+            ("repair", path, result)
+        }
+    };
+    match result {
+        Ok(found) => {
+            let LogCheck {
+                version,
+                commits,
+                peers,
+                end,
+                damaged,
+                torn_tail,
+                prepared,
+            } = &found;
+            let damaged: Vec<[u64; 2]> = damaged.iter().map(|r| [r.start, r.end]).collect();
+            println!(
+                "{}",
+                serde_json::json!({
+                    "path": path.display().to_string(),
+                    "sound": found.is_sound(),
+                    "version": version,
+                    "commits": commits,
+                    "peers": peers,
+                    "end": end,
+                    "damaged": damaged,
+                    "damaged_bytes": found.damaged_bytes(),
+                    "torn_tail_bytes": torn_tail,
+                    "prepared_bytes": prepared,
+                    "repaired": verb == "repair" && !found.is_sound(),
+                })
+            );
+            if verb == "check" && !found.is_sound() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(error) => {
+            eprintln!("tether store {verb}: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A log file, or a data directory's `store.log`.
+fn log_path(path: PathBuf) -> PathBuf {
+    if path.is_dir() {
+        path.join("store.log")
+    } else {
+        path
     }
 }
 

@@ -185,6 +185,12 @@ pub const SUBSTRATE_RECEIVE_WINDOW_DEFAULT: u64 = 64;
 /// next send is refused with `queue_full`.
 pub const SUBSTRATE_OUTBOX_OPS_MAX: usize = 1000;
 
+/// No honest peer sends a seq, floor, resync point or credit limit at or past this: it would
+/// take 2^62 ops in one object (146 years at a billion a second). A frame that carries one is a
+/// protocol violation: counted, dropped, and the link is cut, before any frontier moves; so
+/// every sum of a seq and a window stays far from `u64::MAX`.
+pub const SUBSTRATE_SEQ_MAX: u64 = 1 << 62;
+
 /// Most live objects per peer (REFERENCE §C: 200 sessions per peer); the next open is refused
 /// with `quota`.
 pub const SUBSTRATE_OBJECTS_PER_PEER_MAX: usize = 200;

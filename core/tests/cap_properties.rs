@@ -79,7 +79,7 @@ fn quoted(value: &str) -> String {
 
 /// Writes `value` quoted, or unquoted with random ASCII case when that reads back the same.
 fn write_value(value: &str, choice: u8) -> String {
-    if unquotable(value) && choice % 3 != 0 {
+    if unquotable(value) && !choice.is_multiple_of(3) {
         if choice % 3 == 1 {
             value.to_ascii_uppercase()
         } else {
@@ -92,7 +92,7 @@ fn write_value(value: &str, choice: u8) -> String {
 
 /// Writes a key with random ASCII case.
 fn write_key(key: &str, choice: u8) -> String {
-    if choice % 2 == 0 {
+    if choice.is_multiple_of(2) {
         key.to_ascii_uppercase()
     } else {
         key.to_owned()
@@ -277,7 +277,7 @@ fn write_side(key: &str, media: &str, model: &Model, choice: u8) -> Option<Strin
             .clone();
     }
     let unquoted = !media.contains([';', '"', '=', ' ', '\\']) && media.is_ascii();
-    if unquoted && choice % 2 == 0 {
+    if unquoted && choice.is_multiple_of(2) {
         Some(format!("{key}={media}"))
     } else {
         Some(format!("{key}={}", quoted(media)))

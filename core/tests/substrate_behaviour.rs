@@ -1217,3 +1217,75 @@ fn a_sender_that_forgot_what_ended_still_announces_the_floor_its_next_op_waits_o
     ));
     assert_eq!(h.b.machine.stats().skipped_below_floor, 6);
 }
+
+/// A peer that sends a number no honest peer can (a floor of `u64::MAX`, say: before, it moved
+/// the receive frontier there, overflowed `rx_next + window`, and every later op was acked as
+/// a duplicate and dropped) is a counted violation: the frame moves nothing, the link is cut,
+/// and on the next link the object keeps working, exactly once and in order.
+#[test]
+fn a_number_past_the_bound_is_a_counted_violation_and_the_object_keeps_working() {
+    use tether_core::limits::SUBSTRATE_SEQ_MAX;
+    type Set = fn(&mut Env, u64);
+    let fields: [(&str, Set, Verb); 5] = [
+        ("floor", |env, v| env.floor = Some(v), Verb::Send),
+        ("seq", |env, v| env.seq = Some(v), Verb::Send),
+        (
+            "floor on a resync",
+            |env, v| env.floor = Some(v),
+            Verb::Resync,
+        ),
+        (
+            "resync point",
+            |env, v| env.from_seq = Some(v),
+            Verb::Resync,
+        ),
+        ("credit limit", |env, v| env.limit = Some(v), Verb::Ack),
+    ];
+    for (name, set, verb) in fields {
+        for value in [u64::MAX, SUBSTRATE_SEQ_MAX] {
+            let mut h = harness(4);
+            h.connect();
+            open_and_send(&mut h, 3);
+            h.run();
+            let mut env = Env::new(verb);
+            env.obj = Some(Address::parse("q").unwrap());
+            if verb == Verb::Send {
+                env.id = Some("rogue".into());
+                env.seq = Some(3);
+                env.receipt = Some(1);
+                env.floor = Some(0);
+            }
+            set(&mut env, value);
+            h.inject(NodeId::A, &Envelope::new(env));
+            h.run();
+            let stats = h.b.machine.stats();
+            assert_eq!(stats.violations, 1, "{name} = {value}");
+            assert!(
+                h.b.events
+                    .iter()
+                    .any(|e| matches!(e, Event::Violation { .. })),
+                "{name}: the shell is told to cut the link"
+            );
+            h.disconnect();
+            h.connect();
+            for i in 3..6 {
+                h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+                    .unwrap();
+            }
+            h.run();
+            assert_exactly_once_in_order(&h, 6);
+            assert_eq!(h.b.machine.stats().violations, 1);
+        }
+    }
+    // One below the bound is honest (ops that ended at the sender can move a floor far).
+    let mut h = harness(4);
+    h.connect();
+    open_and_send(&mut h, 1);
+    h.run();
+    let mut env = Env::new(Verb::Resync);
+    env.obj = Some(Address::parse("q").unwrap());
+    env.floor = Some(SUBSTRATE_SEQ_MAX - 1);
+    h.inject(NodeId::A, &Envelope::new(env));
+    h.run();
+    assert_eq!(h.b.machine.stats().violations, 0);
+}

@@ -121,24 +121,77 @@ pub fn envelope(data: &[u8]) {
 }
 
 /// The log store's entries: each decoded entry re-encodes to exactly the bytes it came from
-/// (the format has one spelling per entry), and the header check never panics.
+/// (the format has one spelling per entry), in version 1 and in version 2 with the salt the
+/// first 8 bytes give; the header check never panics.
 pub fn log(data: &[u8]) {
     use tether_core::wire::log::{
-        decode_entry, decode_header, encode_begin, encode_commit, encode_record, Entry,
+        decode_entry, decode_header, encode_begin, encode_commit, encode_record, Entry, LogFormat,
     };
     let _ = decode_header(data);
-    let mut rest = data;
-    while let Ok(Some((entry, used))) = decode_entry(rest) {
-        assert!(used <= rest.len(), "an entry never claims more than it was given");
-        let mut again = Vec::new();
-        match &entry {
-            Entry::Begin { peer } => encode_begin(peer, &mut again),
-            Entry::Record(record) => encode_record(record, &mut again),
-            Entry::Commit => encode_commit(&mut again),
+    let salt = data
+        .get(..8)
+        .map_or(0, |salt| u64::from_le_bytes(salt.try_into().expect("8 bytes")));
+    for format in [LogFormat::V1, LogFormat::new(salt)] {
+        let mut rest = data;
+        while let Ok(Some((entry, used))) = decode_entry(format, rest) {
+            assert!(used <= rest.len(), "an entry never claims more than it was given");
+            let mut again = Vec::new();
+            match &entry {
+                Entry::Begin { peer } => encode_begin(format, peer, &mut again),
+                Entry::Record(record) => encode_record(format, record, &mut again),
+                Entry::Commit => encode_commit(format, &mut again),
+            }
+            assert_eq!(again, &rest[..used], "one spelling per entry");
+            rest = &rest[used..];
         }
-        assert_eq!(again, &rest[..used], "one spelling per entry");
-        rest = &rest[used..];
     }
+}
+
+/// Whole log files through the scan the store replays with: every commit handed over lies
+/// inside the file, in order, after the header and before `end`; damage lies between commits
+/// and before `end`; the tail is what follows `end`. Rewriting the commits found (as a repair
+/// does) gives a file that scans sound, to the same commits.
+pub fn log_file(data: &[u8]) {
+    use tether_core::wire::log::{
+        encode_begin, encode_commit, encode_header, encode_record, scan, ScannedCommit,
+    };
+    let mut commits: Vec<ScannedCommit> = Vec::new();
+    let Ok(Some(found)) = scan(data, |commit| commits.push(commit)) else {
+        return;
+    };
+    let total = data.len() as u64;
+    assert!(found.end <= total && found.tail == total - found.end);
+    assert_eq!(found.commits, commits.len() as u64);
+    let mut last = found.format.header_bytes() as u64;
+    let mut damage = found.damaged.iter().peekable();
+    for commit in &commits {
+        while let Some(range) = damage.next_if(|range| range.start < commit.at.start) {
+            assert!(range.start >= last && range.end <= commit.at.start, "damage between commits");
+            last = range.end;
+        }
+        assert!(commit.at.start >= last, "commits in order, apart");
+        last = commit.at.end;
+    }
+    assert!(damage.next().is_none(), "no damage after the last commit");
+    assert_eq!(last, found.end);
+    let mut rewritten = Vec::new();
+    encode_header(found.format, &mut rewritten);
+    for commit in &commits {
+        encode_begin(found.format, &commit.peer, &mut rewritten);
+        for record in &commit.records {
+            encode_record(found.format, record, &mut rewritten);
+        }
+        encode_commit(found.format, &mut rewritten);
+    }
+    let mut again = Vec::new();
+    let rescanned = scan(&rewritten, |commit| again.push(commit))
+        .expect("a header it wrote")
+        .expect("a whole header");
+    assert!(rescanned.is_sound() && rescanned.tail == 0);
+    assert_eq!(
+        again.iter().map(|c| (&c.peer, &c.records)).collect::<Vec<_>>(),
+        commits.iter().map(|c| (&c.peer, &c.records)).collect::<Vec<_>>()
+    );
 }
 
 /// Stateful: the first byte picks the ring size (1–8), every later byte one table op; core and

@@ -181,8 +181,11 @@ async fn exactly_once_across_disconnect_and_restart(name: &str, open: OpenStore)
         }
         if wave_start == 7 * WAVE {
             // Restart the receiver from its store's file, on a new port.
+            // The old one lets go of its store first: one store per path at a time.
             app.abort();
+            let _ = app.await;
             receiver.shutdown().await;
+            drop(receiver);
             let (next, next_app, addr) = start_receiver(&db, open, received.clone()).await;
             (receiver, app) = (next, next_app);
             proxy.target.send_replace(addr);
@@ -284,8 +287,9 @@ async fn a_restarted_receiver_dials_a_peer_it_learns_the_address_of_after_loadin
         .expect("acked");
     assert_eq!(seen.recv().await, Some(1));
 
-    // Bob goes; alice's only way to it now leads nowhere.
+    // Bob goes (and lets go of its store); alice's only way to it now leads nowhere.
     bob.shutdown().await;
+    drop(bob);
     let nowhere = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     proxy
         .target

@@ -131,6 +131,24 @@ async fn header_and_events_arrive_in_order(sink_items: usize) {
     collector.close().await;
 }
 
+/// A zstd batch record whose entries are 16 MiB of zeros: every 3 bytes an empty event.
+fn zstd_bomb() -> Vec<u8> {
+    let raw_len = tether_core::limits::TELEMETRY_RECORD_BYTES_MAX / 3 * 3;
+    let compressed = zstd::bulk::compress(&vec![0; raw_len], 19).expect("compress");
+    assert!(compressed.len() < 1024, "{} bytes", compressed.len());
+    let mut record = vec![0x05];
+    for value in [raw_len, compressed.len()] {
+        let mut value = value as u64;
+        while value >= 0x80 {
+            record.push((value as u8) | 0x80);
+            value >>= 7;
+        }
+        record.push(value as u8);
+    }
+    record.extend_from_slice(&compressed);
+    record
+}
+
 async fn raw_stream(collector: &Node, bytes: &[u8]) {
     let endpoint = support::loopback_endpoint().await;
     let conn = endpoint
@@ -171,6 +189,13 @@ async fn broken_streams_are_reported_as_typed_faults() {
         (
             good_header[..good_header.len() - 3].to_vec(),
             TelemetryFault::Truncated,
+        ),
+        // A decompression bomb: a zstd batch of a few hundred bytes declaring 16 MiB of 3-byte
+        // entries (5.6 million events). Refused at the batch's event bound, before any frame
+        // is handed to a sink.
+        (
+            [&good_header[..], &zstd_bomb()].concat(),
+            TelemetryFault::Oversize,
         ),
     ];
     for (bytes, expected) in cases {

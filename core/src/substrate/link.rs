@@ -41,6 +41,9 @@ pub enum LinkClose {
     /// Nothing was heard for the dead-after interval.
     #[error("no traffic for the dead-after interval")]
     Dead,
+    /// The peer sent a frame no honest peer sends ([`Event::Violation`]).
+    #[error("protocol violation: {0}")]
+    Violation(&'static str),
 }
 
 enum State {
@@ -220,12 +223,17 @@ impl PeerLink {
         }
     }
 
-    /// The next app event of the machine. [`Event::LinkDead`] also asks the shell to close the
-    /// link through [`PeerLink::poll_close`].
+    /// The next app event of the machine. [`Event::LinkDead`] and [`Event::Violation`] also
+    /// ask the shell to close the link through [`PeerLink::poll_close`].
     pub fn poll_event(&mut self) -> Option<Event> {
         let event = self.machine.poll_event()?;
-        if event == Event::LinkDead {
-            self.close.get_or_insert(LinkClose::Dead);
+        let close = match &event {
+            Event::LinkDead => Some(LinkClose::Dead),
+            Event::Violation { what } => Some(LinkClose::Violation(what)),
+            _ => None,
+        };
+        if let Some(close) = close {
+            self.close.get_or_insert(close);
             self.state = State::Down;
             self.negotiated = None;
         }

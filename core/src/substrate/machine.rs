@@ -129,6 +129,12 @@ pub enum Event {
     },
     /// Nothing was heard for the dead-after interval: the shell should drop the link.
     LinkDead,
+    /// The peer sent a frame no honest peer sends (`what` names it): it was dropped unapplied
+    /// and counted, and the shell should drop the link. Nothing it carried moved any state.
+    Violation {
+        /// What was wrong with the frame.
+        what: &'static str,
+    },
 }
 
 /// Why an app command was refused. Nothing changes when a command is refused.
@@ -462,7 +468,9 @@ impl Object {
     /// unconsumed). Never falls: a delivery into the inbox moves the frontier with it.
     fn receive_limit(&self, window: u64) -> u64 {
         let unconsumed = self.inbox.len() as u64;
-        self.record.rx_next + window.saturating_sub(unconsumed)
+        self.record
+            .rx_next
+            .saturating_add(window.saturating_sub(unconsumed))
     }
 
     /// The highest seq of the peer seen here, plus one.
@@ -527,6 +535,9 @@ pub struct Machine {
     awaiting_persist: VecDeque<(BatchId, String)>,
     link_up: bool,
     last_heard: Time,
+    /// The peer broke the protocol on this link ([`Event::Violation`]): nothing more it sends
+    /// is read until the next link is up.
+    cut: bool,
     last_sent: Time,
     /// Records of the step in progress; become one batch when the step ends.
     staged: Vec<Record>,
@@ -576,6 +587,7 @@ impl Machine {
             awaiting_persist: VecDeque::new(),
             link_up: false,
             last_heard: Time::ZERO,
+            cut: false,
             last_sent: Time::ZERO,
             staged: Vec::new(),
             staged_outputs: Vec::new(),
@@ -754,6 +766,7 @@ impl Machine {
     /// sent again with a new receipt.
     pub fn handle_link_up(&mut self, now: Time) {
         self.link_up = true;
+        self.cut = false;
         self.last_heard = now;
         self.last_sent = now;
         self.stats.link_ups += 1;
@@ -869,12 +882,24 @@ impl Machine {
 
     /// One decoded frame from the peer.
     pub fn handle_frame(&mut self, now: Time, frame: Envelope) {
+        if self.cut {
+            return;
+        }
         self.last_heard = now;
         if frame.type_byte == TYPE_KEEPALIVE {
             self.end_step(now);
             return;
         }
         let Envelope { env, body, .. } = frame;
+        if let Some(what) = dishonest_number(&env) {
+            self.stats.violations += 1;
+            self.cut = true;
+            self.link_up = false;
+            self.stats.link_downs += 1;
+            self.events.push_back(Event::Violation { what });
+            self.end_step(now);
+            return;
+        }
         if let Some(obj) = &env.obj {
             self.touch(obj.as_str());
         }
@@ -2048,6 +2073,20 @@ fn credit_frame(obj: &str, limit: u64) -> Envelope {
     env.obj = Some(address(obj));
     env.limit = Some(limit);
     Envelope::new(env)
+}
+
+/// The first number in `env` that no honest peer sends: a seq, floor, resync point or credit
+/// limit at or past [`crate::limits::SUBSTRATE_SEQ_MAX`].
+fn dishonest_number(env: &Env) -> Option<&'static str> {
+    let max = crate::limits::SUBSTRATE_SEQ_MAX;
+    [
+        (env.seq, "a seq past the bound"),
+        (env.floor, "a floor past the bound"),
+        (env.from_seq, "a resync point past the bound"),
+        (env.limit, "a credit limit past the bound"),
+    ]
+    .into_iter()
+    .find_map(|(value, what)| value.is_some_and(|value| value >= max).then_some(what))
 }
 
 /// A floor announcement: every seq of this side's direction of `obj` below `floor` ended or

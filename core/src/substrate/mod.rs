@@ -168,6 +168,9 @@ pub struct Stats {
     pub resyncs_received: u64,
     /// Frames missing a field their verb needs.
     pub malformed: u64,
+    /// Frames carrying a number no honest peer sends (a seq, floor, resync point or credit
+    /// limit at or past [`crate::limits::SUBSTRATE_SEQ_MAX`]): dropped, and the link cut.
+    pub violations: u64,
     /// Links up.
     pub link_ups: u64,
     /// Links down (including dead links).

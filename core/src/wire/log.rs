@@ -3,11 +3,21 @@
 //!
 //! ```text
 //! file    = header entry*
-//! header  = magic "TTHRLOG\0" (8 bytes) | version u32 LE (1)
-//! entry   = length u32 LE | crc32 of payload u32 LE | payload (length bytes)
+//! header  = magic "TTHRLOG\0" (8 bytes) | version u32 LE (2) | salt u64 LE
+//!           | crc32 of the 20 bytes before u32 LE                       (version 2, 24 bytes)
+//!         = magic | version u32 LE (1)                                   (version 1, 12 bytes)
+//! entry   = length u32 LE | checksum u32 LE | payload (length bytes)
 //! payload = tag u8 | fields
 //! commit  = Begin(peer) Record* Commit
 //! ```
+//!
+//! In version 2 an entry's checksum is the CRC-32 of the file's salt, the entry's length and
+//! its payload (whose first byte is its kind), so a flipped length is caught as surely as a
+//! flipped body, and bytes that were never written by this file's writer (a payload that
+//! embeds a well-formed entry, a stale block of another file) do not verify: the salt is
+//! random, chosen when the file is created and kept across its compactions. Version 1 (the
+//! CRC-32 of the payload alone, no salt) is still read; the store rewrites such a file in
+//! version 2 when it opens it.
 //!
 //! A commit is durable once its `Commit` entry is: replay applies a peer's records only when
 //! it reads the `Commit` that closes them. Integers are little-endian and fixed width; strings
@@ -18,6 +28,13 @@
 //! bounded (an entry's declared length is checked against [`LOG_ENTRY_BYTES_MAX`] before
 //! anything is read or allocated; every field's length against what the entry holds) and
 //! strict (unknown tags, bad UTF-8, out-of-range codes and bytes left over are errors).
+//!
+//! [`scan`] reads a whole file: every commit that verifies, where the bytes that do not
+//! verify lie, and whether they are a torn tail (after the last complete commit: a commit a
+//! crash cut short, never acknowledged) or damage (followed by commits that verify: something
+//! changed bytes that were once acknowledged).
+
+use std::ops::Range;
 
 use bytes::Bytes;
 
@@ -29,14 +46,74 @@ use crate::wire::envelope::{ObjKind, Verb};
 /// The first bytes of a log file.
 pub const LOG_MAGIC: [u8; 8] = *b"TTHRLOG\0";
 
-/// The version of the format this module reads and writes.
-pub const LOG_VERSION: u32 = 1;
+/// The version of the format this module writes.
+pub const LOG_VERSION: u32 = 2;
 
-/// Bytes of the file header: magic, then the version.
-pub const LOG_HEADER_BYTES: usize = 12;
+/// The first version, still read: no salt, an entry's checksum covers its payload only.
+pub const LOG_VERSION_1: u32 = 1;
+
+/// Bytes of a version 2 file header: magic, version, salt, the header's checksum.
+pub const LOG_HEADER_BYTES: usize = 24;
+
+/// Bytes of a version 1 file header: magic, then the version.
+pub const LOG_HEADER_V1_BYTES: usize = 12;
 
 /// Bytes before an entry's payload: its length, then its checksum.
 pub const LOG_ENTRY_HEADER_BYTES: usize = 8;
+
+/// How one log file spells its entries: its version and (from version 2) its salt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LogFormat {
+    version: u32,
+    salt: u64,
+}
+
+impl LogFormat {
+    /// Version 1: no salt, checksums over payloads only (read, never written by this tether).
+    pub const V1: LogFormat = LogFormat {
+        version: LOG_VERSION_1,
+        salt: 0,
+    };
+
+    /// The current version with `salt` (chosen at random when a file is created).
+    pub fn new(salt: u64) -> Self {
+        Self {
+            version: LOG_VERSION,
+            salt,
+        }
+    }
+
+    /// The format's version.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The file's salt (0 in version 1).
+    pub fn salt(&self) -> u64 {
+        self.salt
+    }
+
+    /// Bytes of this format's file header.
+    pub fn header_bytes(&self) -> usize {
+        if self.version == LOG_VERSION_1 {
+            LOG_HEADER_V1_BYTES
+        } else {
+            LOG_HEADER_BYTES
+        }
+    }
+
+    /// An entry's checksum: version 2 covers the salt, the length and the payload.
+    fn checksum(&self, length: u32, payload: &[u8]) -> u32 {
+        if self.version == LOG_VERSION_1 {
+            return crc32fast::hash(payload);
+        }
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&self.salt.to_le_bytes());
+        hasher.update(&length.to_le_bytes());
+        hasher.update(payload);
+        hasher.finalize()
+    }
+}
 
 /// One entry of the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +136,11 @@ pub enum LogError {
     #[error("not a tether log (bad magic)")]
     BadMagic,
     /// The file is of a version this module does not read.
-    #[error("log version {0} (this tether reads version {LOG_VERSION})")]
+    #[error("log version {0} (this tether reads versions 1 and {LOG_VERSION})")]
     Version(u32),
+    /// The file header's checksum does not match it.
+    #[error("the log's header fails its checksum")]
+    HeaderChecksum,
     /// An entry declares more than [`LOG_ENTRY_BYTES_MAX`] bytes.
     #[error("entry of {0} bytes is over the bound")]
     TooLong(u64),
@@ -81,6 +161,7 @@ impl crate::wire::FormatError for LogError {
         match self {
             LogError::BadMagic => "bad_magic",
             LogError::Version(_) => "version",
+            LogError::HeaderChecksum => "header_checksum",
             LogError::TooLong(_) => "too_long",
             LogError::Checksum => "checksum",
             LogError::Malformed(_) => "malformed",
@@ -88,25 +169,43 @@ impl crate::wire::FormatError for LogError {
     }
 }
 
-/// The file header.
-pub fn encode_header(out: &mut Vec<u8>) {
+/// The file header of `format`.
+pub fn encode_header(format: LogFormat, out: &mut Vec<u8>) {
+    let start = out.len();
     out.extend_from_slice(&LOG_MAGIC);
-    out.extend_from_slice(&LOG_VERSION.to_le_bytes());
+    out.extend_from_slice(&format.version.to_le_bytes());
+    if format.version != LOG_VERSION_1 {
+        out.extend_from_slice(&format.salt.to_le_bytes());
+        let checksum = crc32fast::hash(&out[start..]);
+        out.extend_from_slice(&checksum.to_le_bytes());
+    }
 }
 
-/// Checks a file's header: `Ok(None)` when `buf` is shorter than a header.
-pub fn decode_header(buf: &[u8]) -> Result<Option<usize>, LogError> {
-    let Some(header) = buf.get(..LOG_HEADER_BYTES) else {
-        return Ok(None);
-    };
-    if header[..8] != LOG_MAGIC {
+/// Checks a file's header: its format and length, or `Ok(None)` when `buf` is shorter than
+/// the header its first bytes announce.
+pub fn decode_header(buf: &[u8]) -> Result<Option<(LogFormat, usize)>, LogError> {
+    let magic = &buf[..buf.len().min(LOG_MAGIC.len())];
+    if magic != &LOG_MAGIC[..magic.len()] {
         return Err(LogError::BadMagic);
     }
-    let version = u32::from_le_bytes(header[8..12].try_into().expect("four bytes"));
-    if version != LOG_VERSION {
-        return Err(LogError::Version(version));
+    let Some(version) = buf.get(8..12) else {
+        return Ok(None);
+    };
+    match u32::from_le_bytes(version.try_into().expect("four bytes")) {
+        LOG_VERSION_1 => Ok(Some((LogFormat::V1, LOG_HEADER_V1_BYTES))),
+        LOG_VERSION => {
+            let Some(header) = buf.get(..LOG_HEADER_BYTES) else {
+                return Ok(None);
+            };
+            let checksum = u32::from_le_bytes(header[20..].try_into().expect("four bytes"));
+            if crc32fast::hash(&header[..20]) != checksum {
+                return Err(LogError::HeaderChecksum);
+            }
+            let salt = u64::from_le_bytes(header[12..20].try_into().expect("eight bytes"));
+            Ok(Some((LogFormat::new(salt), LOG_HEADER_BYTES)))
+        }
+        other => Err(LogError::Version(other)),
     }
-    Ok(Some(LOG_HEADER_BYTES))
 }
 
 const TAG_BEGIN: u8 = 1;
@@ -123,21 +222,21 @@ const TAG_BOUNCE: u8 = 11;
 const TAG_BOUNCE_REMOVED: u8 = 12;
 
 /// Appends a `Begin` entry for `peer`.
-pub fn encode_begin(peer: &str, out: &mut Vec<u8>) {
-    entry(out, |p| {
+pub fn encode_begin(format: LogFormat, peer: &str, out: &mut Vec<u8>) {
+    entry(format, out, |p| {
         p.push(TAG_BEGIN);
         put_str(p, peer);
     });
 }
 
 /// Appends a `Commit` entry.
-pub fn encode_commit(out: &mut Vec<u8>) {
-    entry(out, |p| p.push(TAG_COMMIT));
+pub fn encode_commit(format: LogFormat, out: &mut Vec<u8>) {
+    entry(format, out, |p| p.push(TAG_COMMIT));
 }
 
 /// Appends `record` as an entry.
-pub fn encode_record(record: &Record, out: &mut Vec<u8>) {
-    entry(out, |p| match record {
+pub fn encode_record(format: LogFormat, record: &Record, out: &mut Vec<u8>) {
+    entry(format, out, |p| match record {
         Record::Object(object) => {
             p.push(TAG_OBJECT);
             put_str(p, &object.obj);
@@ -186,7 +285,7 @@ pub fn encode_record(record: &Record, out: &mut Vec<u8>) {
 
 /// Takes the entry at the front of `buf`: `Ok(None)` when `buf` holds less than a whole entry,
 /// else the entry and the bytes it took. Bodies are slices of `buf` copied once into [`Bytes`].
-pub fn decode_entry(buf: &[u8]) -> Result<Option<(Entry, usize)>, LogError> {
+pub fn decode_entry(format: LogFormat, buf: &[u8]) -> Result<Option<(Entry, usize)>, LogError> {
     let Some(header) = buf.get(..LOG_ENTRY_HEADER_BYTES) else {
         return Ok(None);
     };
@@ -199,7 +298,7 @@ pub fn decode_entry(buf: &[u8]) -> Result<Option<(Entry, usize)>, LogError> {
     let Some(payload) = buf.get(LOG_ENTRY_HEADER_BYTES..end) else {
         return Ok(None);
     };
-    if crc32fast::hash(payload) != checksum {
+    if format.checksum(length, payload) != checksum {
         return Err(LogError::Checksum);
     }
     let mut reader = Reader { rest: payload };
@@ -210,15 +309,142 @@ pub fn decode_entry(buf: &[u8]) -> Result<Option<(Entry, usize)>, LogError> {
     Ok(Some((entry, end)))
 }
 
+/// One commit that verifies, as [`scan`] hands it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScannedCommit {
+    /// The peer whose records these are.
+    pub peer: String,
+    /// The records, in the order they were written.
+    pub records: Vec<Record>,
+    /// Where the commit lies in the file, from its `Begin` to the end of its `Commit`.
+    pub at: Range<u64>,
+}
+
+/// What [`scan`] found in a whole log file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogScan {
+    /// The file's format.
+    pub format: LogFormat,
+    /// Commits that verify.
+    pub commits: u64,
+    /// The end of the last commit that verifies (the header's end when none does): where the
+    /// next commit is written.
+    pub end: u64,
+    /// Byte ranges before `end` that belong to no commit that verifies, in file order: damage
+    /// to bytes that were once part of acknowledged commits. Empty for a sound file.
+    pub damaged: Vec<Range<u64>>,
+    /// Bytes after `end`.
+    pub tail: u64,
+    /// Those bytes are zeros only: space prepared ahead of commits, not a torn commit.
+    pub tail_zeros: bool,
+}
+
+impl LogScan {
+    /// No byte before the last commit that verifies is damaged.
+    pub fn is_sound(&self) -> bool {
+        self.damaged.is_empty()
+    }
+
+    /// Bytes of damage in all.
+    pub fn damaged_bytes(&self) -> u64 {
+        bytes_in(&self.damaged)
+    }
+}
+
+/// Bytes in all of `ranges`.
+pub fn bytes_in(ranges: &[Range<u64>]) -> u64 {
+    ranges.iter().map(|range| range.end - range.start).sum()
+}
+
+/// Reads a whole log file, handing every commit that verifies to `on_commit` in file order.
+///
+/// A commit verifies when its `Begin`, every record and its `Commit` decode with their
+/// checksums, one right after the other. Where no commit verifies at the next offset, the scan
+/// looks for the next offset at which one does (every byte is tried: a damaged length cannot
+/// be trusted to skip by); the bytes in between are damage when it finds one, and the tail
+/// (a commit a crash cut short, which was never acknowledged) when it does not.
+///
+/// `Ok(None)` when `bytes` is empty or the start of a header (a file created but never
+/// committed to). A header that is not a tether log's, of an unknown version, or that fails its
+/// checksum is an error: nothing in the file can be read.
+pub fn scan(
+    bytes: &[u8],
+    mut on_commit: impl FnMut(ScannedCommit),
+) -> Result<Option<LogScan>, LogError> {
+    let Some((format, start)) = decode_header(bytes)? else {
+        return Ok(None);
+    };
+    let mut at = start;
+    let mut end = start;
+    let mut commits = 0;
+    let mut damaged = Vec::new();
+    while at < bytes.len() {
+        if let Some(commit) = commit_at(format, bytes, at) {
+            at = usize::try_from(commit.at.end).expect("within the buffer");
+            end = at;
+            commits += 1;
+            on_commit(commit);
+            continue;
+        }
+        if is_zeros(&bytes[at..]) {
+            break;
+        }
+        match (at + 1..bytes.len()).find(|from| commit_at(format, bytes, *from).is_some()) {
+            Some(next) => {
+                damaged.push(at as u64..next as u64);
+                at = next;
+            }
+            None => break,
+        }
+    }
+    Ok(Some(LogScan {
+        format,
+        commits,
+        end: end as u64,
+        damaged,
+        tail: (bytes.len() - end) as u64,
+        tail_zeros: is_zeros(&bytes[end..]),
+    }))
+}
+
+/// The commit that starts at `at` and verifies whole, if one does.
+fn commit_at(format: LogFormat, bytes: &[u8], at: usize) -> Option<ScannedCommit> {
+    let (Entry::Begin { peer }, used) = decode_entry(format, &bytes[at..]).ok()?? else {
+        return None;
+    };
+    let mut next = at + used;
+    let mut records = Vec::new();
+    loop {
+        match decode_entry(format, &bytes[next..]).ok()?? {
+            (Entry::Record(record), used) => {
+                records.push(record);
+                next += used;
+            }
+            (Entry::Commit, used) => {
+                return Some(ScannedCommit {
+                    peer,
+                    records,
+                    at: at as u64..(next + used) as u64,
+                })
+            }
+            (Entry::Begin { .. }, _) => return None,
+        }
+    }
+}
+
+fn is_zeros(bytes: &[u8]) -> bool {
+    bytes.iter().all(|byte| *byte == 0)
+}
+
 /// Writes one entry: a placeholder header, the payload `fill` writes, then the real header.
-fn entry(out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) {
+fn entry(format: LogFormat, out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     out.extend_from_slice(&[0; LOG_ENTRY_HEADER_BYTES]);
     fill(out);
     let payload = &out[start + LOG_ENTRY_HEADER_BYTES..];
     // Payloads past u32 cannot be written; the store refuses records over the bound first.
     let length = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-    let checksum = crc32fast::hash(payload);
+    let checksum = format.checksum(length, payload);
     out[start..start + 4].copy_from_slice(&length.to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&checksum.to_le_bytes());
 }
@@ -457,9 +683,15 @@ mod tests {
         }
     }
 
-    fn decode_all(mut buf: &[u8]) -> Vec<Entry> {
+    const SALT: u64 = 0x0123_4567_89ab_cdef;
+
+    fn v2() -> LogFormat {
+        LogFormat::new(SALT)
+    }
+
+    fn decode_all(format: LogFormat, mut buf: &[u8]) -> Vec<Entry> {
         let mut entries = Vec::new();
-        while let Some((entry, used)) = decode_entry(buf).expect("decodes") {
+        while let Some((entry, used)) = decode_entry(format, buf).expect("decodes") {
             entries.push(entry);
             buf = &buf[used..];
         }
@@ -467,14 +699,18 @@ mod tests {
         entries
     }
 
-    /// Golden bytes: a header and a commit of one send for peer "p".
+    /// Golden bytes of version 1 (still read): a header and a commit of one send for peer "p".
     #[test]
-    fn golden_bytes_of_a_commit() {
+    fn golden_bytes_of_a_version_1_commit() {
         let mut out = Vec::new();
-        encode_header(&mut out);
-        encode_begin("p", &mut out);
-        encode_record(&Record::Outbox(op(Verb::Send, Some(b"hi"))), &mut out);
-        encode_commit(&mut out);
+        encode_header(LogFormat::V1, &mut out);
+        encode_begin(LogFormat::V1, "p", &mut out);
+        encode_record(
+            LogFormat::V1,
+            &Record::Outbox(op(Verb::Send, Some(b"hi"))),
+            &mut out,
+        );
+        encode_commit(LogFormat::V1, &mut out);
         let expected = concat!(
             "545448524c4f4700", // magic
             "01000000",         // version 1
@@ -503,9 +739,12 @@ mod tests {
             "02",
         );
         assert_eq!(hex::encode(&out), expected);
-        assert_eq!(decode_header(&out), Ok(Some(LOG_HEADER_BYTES)));
         assert_eq!(
-            decode_all(&out[LOG_HEADER_BYTES..]),
+            decode_header(&out),
+            Ok(Some((LogFormat::V1, LOG_HEADER_V1_BYTES)))
+        );
+        assert_eq!(
+            decode_all(LogFormat::V1, &out[LOG_HEADER_V1_BYTES..]),
             vec![
                 Entry::Begin {
                     peer: "p".to_owned()
@@ -516,42 +755,213 @@ mod tests {
         );
     }
 
+    /// Golden bytes of version 2: a header with its salt and checksum, then a commit whose
+    /// checksums cover the salt, each entry's length and its payload.
+    #[test]
+    fn golden_bytes_of_a_commit() {
+        let mut out = Vec::new();
+        encode_header(v2(), &mut out);
+        encode_begin(v2(), "p", &mut out);
+        encode_commit(v2(), &mut out);
+        let expected = concat!(
+            "545448524c4f4700", // magic
+            "02000000",         // version 2
+            "efcdab8967452301", // salt
+            "5770aaee",         // crc32 of the 20 bytes before
+            // Begin "p": length 6, crc of salt | length | payload, tag 1, "p"
+            "06000000",
+            "ed38e848",
+            "01",
+            "0100000070",
+            // Commit: length 1, crc, tag 2
+            "01000000",
+            "1b32c23f",
+            "02",
+        );
+        assert_eq!(hex::encode(&out), expected);
+        assert_eq!(decode_header(&out), Ok(Some((v2(), LOG_HEADER_BYTES))));
+        assert_eq!(
+            decode_all(v2(), &out[LOG_HEADER_BYTES..]),
+            vec![
+                Entry::Begin {
+                    peer: "p".to_owned()
+                },
+                Entry::Commit,
+            ]
+        );
+        // Another salt: the same entries do not verify.
+        assert_eq!(
+            decode_entry(LogFormat::new(SALT ^ 1), &out[LOG_HEADER_BYTES..]),
+            Err(LogError::Checksum)
+        );
+        assert_eq!(
+            decode_entry(LogFormat::V1, &out[LOG_HEADER_BYTES..]),
+            Err(LogError::Checksum)
+        );
+    }
+
     #[test]
     fn a_bad_header_is_refused() {
         let mut out = Vec::new();
-        encode_header(&mut out);
-        assert_eq!(decode_header(&out[..11]), Ok(None));
+        encode_header(v2(), &mut out);
+        for cut in 0..LOG_HEADER_BYTES {
+            assert_eq!(decode_header(&out[..cut]), Ok(None), "cut at {cut}");
+        }
         let mut other = out.clone();
         other[0] = b'X';
         assert_eq!(decode_header(&other), Err(LogError::BadMagic));
-        out[8] = 2;
-        assert_eq!(decode_header(&out), Err(LogError::Version(2)));
+        assert_eq!(decode_header(&other[..1]), Err(LogError::BadMagic));
+        for at in 12..LOG_HEADER_BYTES {
+            let mut flipped = out.clone();
+            flipped[at] ^= 0x10;
+            assert_eq!(
+                decode_header(&flipped),
+                Err(LogError::HeaderChecksum),
+                "byte {at}"
+            );
+        }
+        out[8] = 3;
+        assert_eq!(decode_header(&out), Err(LogError::Version(3)));
     }
 
     #[test]
     fn a_cut_entry_asks_for_more_and_a_damaged_one_is_refused() {
         let mut out = Vec::new();
-        encode_record(&Record::Inbox(op(Verb::Send, Some(b"body"))), &mut out);
+        encode_record(
+            v2(),
+            &Record::Inbox(op(Verb::Send, Some(b"body"))),
+            &mut out,
+        );
         for cut in 0..out.len() {
-            assert_eq!(decode_entry(&out[..cut]), Ok(None), "cut at {cut}");
+            assert_eq!(decode_entry(v2(), &out[..cut]), Ok(None), "cut at {cut}");
         }
-        for at in LOG_ENTRY_HEADER_BYTES..out.len() {
+        // Every byte is covered: the length and the kind as well as the payload (a shorter
+        // length leaves the entry whole but different, and is caught by the checksum).
+        for at in 0..out.len() {
+            if (4..LOG_ENTRY_HEADER_BYTES).contains(&at) {
+                continue;
+            }
             let mut damaged = out.clone();
-            damaged[at] ^= 0x40;
-            assert_eq!(decode_entry(&damaged), Err(LogError::Checksum), "byte {at}");
+            damaged[at] ^= 0x01;
+            assert!(
+                matches!(
+                    decode_entry(v2(), &damaged),
+                    Err(LogError::Checksum | LogError::TooLong(_)) | Ok(None)
+                ),
+                "byte {at}"
+            );
         }
+        let mut shorter = out.clone();
+        shorter[0] -= 1;
+        assert_eq!(decode_entry(v2(), &shorter), Err(LogError::Checksum));
         let mut long = out.clone();
         long[..4].copy_from_slice(&(LOG_ENTRY_BYTES_MAX as u32 + 1).to_le_bytes());
         assert_eq!(
-            decode_entry(&long),
+            decode_entry(v2(), &long),
             Err(LogError::TooLong(LOG_ENTRY_BYTES_MAX as u64 + 1))
         );
+    }
+
+    /// A file of three commits for peers "a", "b", "c" (one send each, `body` in "b"'s), and
+    /// where each commit lies.
+    fn three_commits(format: LogFormat, body: &[u8]) -> (Vec<u8>, Vec<Range<u64>>) {
+        let mut out = Vec::new();
+        encode_header(format, &mut out);
+        let mut at = Vec::new();
+        for peer in ["a", "b", "c"] {
+            let start = out.len() as u64;
+            encode_begin(format, peer, &mut out);
+            let body = if peer == "b" { body } else { b"x" };
+            encode_record(
+                format,
+                &Record::Outbox(op(Verb::Send, Some(body))),
+                &mut out,
+            );
+            encode_commit(format, &mut out);
+            at.push(start..out.len() as u64);
+        }
+        (out, at)
+    }
+
+    fn scanned(bytes: &[u8]) -> (LogScan, Vec<String>) {
+        let mut peers = Vec::new();
+        let scan = scan(bytes, |commit| peers.push(commit.peer))
+            .expect("a header")
+            .expect("a whole header");
+        (scan, peers)
+    }
+
+    #[test]
+    fn a_sound_file_scans_whole_and_a_zeroed_tail_is_prepared_space() {
+        let (mut out, at) = three_commits(v2(), b"hello");
+        let (scan, peers) = scanned(&out);
+        assert!(scan.is_sound());
+        assert_eq!(peers, ["a", "b", "c"]);
+        assert_eq!((scan.commits, scan.end, scan.tail), (3, at[2].end, 0));
+        out.extend_from_slice(&[0; 4096]);
+        let (scan, _) = scanned(&out);
+        assert!(scan.is_sound() && scan.tail_zeros);
+        assert_eq!((scan.end, scan.tail), (at[2].end, 4096));
+        assert_eq!(super::scan(&out[..LOG_HEADER_BYTES - 1], |_| {}), Ok(None));
+    }
+
+    /// A commit cut anywhere (a crash before its sync) is a torn tail, whatever follows it in
+    /// zeros: never damage.
+    #[test]
+    fn a_commit_cut_anywhere_is_a_torn_tail() {
+        let (out, at) = three_commits(v2(), b"hello");
+        for cut in at[2].start + 1..at[2].end {
+            let mut torn = out[..cut as usize].to_vec();
+            let (scan, peers) = scanned(&torn);
+            assert!(scan.is_sound(), "cut at {cut}");
+            assert_eq!(peers, ["a", "b"]);
+            assert_eq!((scan.end, scan.tail), (at[1].end, cut - at[1].end));
+            assert!(!scan.tail_zeros);
+            torn.extend_from_slice(&[0; 64]);
+            assert!(scanned(&torn).0.is_sound(), "cut at {cut}, then zeros");
+        }
+    }
+
+    /// One flipped bit anywhere in a commit followed by another is damage: the commits around
+    /// it verify and are handed over, and the damage covers the flipped byte.
+    #[test]
+    fn a_flipped_bit_before_a_later_commit_is_damage() {
+        let (out, at) = three_commits(v2(), b"hello");
+        for byte in at[1].clone() {
+            for bit in [0x01, 0x80] {
+                let mut damaged = out.clone();
+                damaged[byte as usize] ^= bit;
+                let (scan, peers) = scanned(&damaged);
+                assert_eq!(peers, ["a", "c"], "byte {byte}");
+                assert_eq!(scan.damaged, vec![at[1].clone()], "byte {byte}");
+                assert_eq!(scan.end, at[2].end);
+            }
+        }
+    }
+
+    /// A body that embeds a well-formed commit of another salt (or of version 1) is not taken
+    /// for one: a peer cannot plant a commit in the file by sending it as a message.
+    #[test]
+    fn a_commit_embedded_in_a_body_does_not_verify() {
+        let mut planted = Vec::new();
+        for format in [LogFormat::new(SALT ^ 0x5a5a), LogFormat::V1] {
+            encode_begin(format, "evil", &mut planted);
+            encode_commit(format, &mut planted);
+        }
+        let (mut out, at) = three_commits(v2(), &planted);
+        out.truncate(at[2].start as usize);
+        // "b"'s Begin is damaged: only the planted commits could follow it.
+        out[at[1].start as usize + 9] ^= 1;
+        let (scan, peers) = scanned(&out);
+        assert_eq!(peers, ["a"]);
+        assert!(scan.is_sound(), "a torn tail, nothing after it verifies");
+        assert_eq!(scan.end, at[0].end);
     }
 
     /// An entry whose checksum is right but whose payload is not a record.
     fn sealed(payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
-        entry(&mut out, |p| p.extend_from_slice(payload));
+        entry(v2(), &mut out, |p| p.extend_from_slice(payload));
         out
     }
 
@@ -568,7 +978,7 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                decode_entry(&sealed(payload)),
+                decode_entry(v2(), &sealed(payload)),
                 Err(LogError::Malformed(why)),
                 "{payload:?}"
             );
@@ -578,7 +988,7 @@ mod tests {
         // The obj_kind marker follows obj (5), seq (8), id (7), verb (8) after the tag.
         bad_marker[1 + 5 + 8 + 7 + 8] = 2;
         assert_eq!(
-            decode_entry(&sealed(&bad_marker)),
+            decode_entry(v2(), &sealed(&bad_marker)),
             Err(LogError::Malformed(
                 "an optional field's marker is not 0 or 1"
             ))
@@ -652,27 +1062,31 @@ mod tests {
     proptest! {
         /// Every record survives the trip, whole, and a commit's entries come back in order.
         #[test]
-        fn records_round_trip(peer in "[a-z0-9]{0,12}", records in prop::collection::vec(record(), 0..8)) {
+        fn records_round_trip(salt in any::<u64>(), peer in "[a-z0-9]{0,12}", records in prop::collection::vec(record(), 0..8)) {
             let mut out = Vec::new();
-            encode_begin(&peer, &mut out);
+            let format = LogFormat::new(salt);
+            encode_begin(format, &peer, &mut out);
             for record in &records {
-                encode_record(record, &mut out);
+                encode_record(format, record, &mut out);
             }
-            encode_commit(&mut out);
+            encode_commit(format, &mut out);
             let mut expected = vec![Entry::Begin { peer }];
             expected.extend(records.into_iter().map(Entry::Record));
             expected.push(Entry::Commit);
-            prop_assert_eq!(decode_all(&out), expected);
+            prop_assert_eq!(decode_all(format, &out), expected);
         }
 
         /// Any bytes: an entry, a request for more, or a typed error; never a panic, and an
         /// entry never claims more bytes than it was given.
         #[test]
         fn any_bytes_decode_totally(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
-            if let Ok(Some((_, used))) = decode_entry(&bytes) {
-                prop_assert!(used <= bytes.len());
+            for format in [LogFormat::V1, v2()] {
+                if let Ok(Some((_, used))) = decode_entry(format, &bytes) {
+                    prop_assert!(used <= bytes.len());
+                }
             }
             let _ = decode_header(&bytes);
+            let _ = scan(&bytes, |_| {});
         }
     }
 }

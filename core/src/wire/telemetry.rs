@@ -19,7 +19,11 @@
 //!
 //! Every error is fatal: a telemetry stream has no frame boundary to resynchronise on.
 //! Every record and every decompressed batch is bounded by [`TELEMETRY_RECORD_BYTES_MAX`];
-//! descriptor lists by [`TELEMETRY_HEADER_CHANNELS_MAX`] and [`TELEMETRY_LABELS_MAX`].
+//! every batch, raw or decompressed, by [`TELEMETRY_BATCH_EVENTS_MAX`] events (the most a
+//! writer puts in one), counted as its entries are walked, before any frame is handed out: a
+//! few hundred compressed bytes can declare megabytes of 3-byte entries, and no reader holds
+//! more than one batch's bound of them. Descriptor lists are bounded by
+//! [`TELEMETRY_HEADER_CHANNELS_MAX`] and [`TELEMETRY_LABELS_MAX`].
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -242,6 +246,9 @@ pub enum TelemetryError {
     /// A batch entry runs past its batch.
     #[error("telemetry batch entry runs past its batch")]
     BadEntry,
+    /// A batch of more than [`TELEMETRY_BATCH_EVENTS_MAX`] events.
+    #[error("telemetry batch of more than {TELEMETRY_BATCH_EVENTS_MAX} events")]
+    TooManyEvents,
     /// An absolute position above 63 bits.
     #[error("telemetry position overflows 63 bits")]
     PositionOverflow,
@@ -287,6 +294,7 @@ impl FormatError for TelemetryError {
             Self::UnknownRecord { .. } => "unknown_record",
             Self::BadDescriptor => "bad_descriptor",
             Self::BadEntry => "bad_entry",
+            Self::TooManyEvents => "too_many_events",
             Self::PositionOverflow => "position_overflow",
             Self::Decompress { .. } => "decompress_failed",
             Self::RawLengthMismatch { .. } => "raw_length_mismatch",
@@ -490,10 +498,14 @@ fn decompress(
     Ok(raw)
 }
 
-/// Walks every entry of a batch, returning how many there are.
+/// Walks every entry of a batch, returning how many there are (at most
+/// [`TELEMETRY_BATCH_EVENTS_MAX`]: the walk stops at the first entry past it).
 fn validate_entries(entries: &[u8]) -> Result<usize, TelemetryError> {
     let (mut at, mut count, mut previous) = (0, 0, None);
     while at < entries.len() {
+        if count == TELEMETRY_BATCH_EVENTS_MAX {
+            return Err(TelemetryError::TooManyEvents);
+        }
         let entry = parse_entry(entries, at, previous)?;
         previous = Some(entry.position);
         at = entry.payload.end;
@@ -645,14 +657,20 @@ pub fn encode_stream_ended(out: &mut BytesMut) {
 
 /// Appends one batch holding exactly `frames`, raw or zstd (never LZ4, which is read-only).
 ///
-/// Positions must not decrease (a batch carries unsigned deltas) and the raw entries must fit
-/// [`TELEMETRY_RECORD_BYTES_MAX`]. [`BatchWriter`] is the writer that picks batch boundaries
+/// Positions must not decrease (a batch carries unsigned deltas), the raw entries must fit
+/// [`TELEMETRY_RECORD_BYTES_MAX`] and there may be at most [`TELEMETRY_BATCH_EVENTS_MAX`]
+/// frames. [`BatchWriter`] is the writer that picks batch boundaries
 /// and compression by itself; this is the exact-control form.
 pub fn encode_batch(
     frames: &[TelemetryFrame],
     compression: Compression,
     out: &mut BytesMut,
 ) -> Result<(), TelemetryError> {
+    if frames.len() > TELEMETRY_BATCH_EVENTS_MAX {
+        return Err(TelemetryError::Unencodable {
+            what: "more events than a batch holds",
+        });
+    }
     let mut entries = Vec::new();
     let mut previous = None;
     for frame in frames {
@@ -1019,12 +1037,51 @@ mod tests {
             include_str!("../../tests/golden/telemetry/malformed_record_too_large.hex"),
             include_str!("../../tests/golden/telemetry/malformed_raw_length_mismatch.hex"),
             include_str!("../../tests/golden/telemetry/malformed_bad_entry.hex"),
+            include_str!("../../tests/golden/telemetry/malformed_too_many_events.hex"),
             include_str!("../../tests/golden/telemetry/malformed_trailing_after_end.hex"),
             include_str!("../../tests/golden/telemetry/malformed_truncated_header.hex"),
         ];
         for text in vectors {
             check_malformed(TelemetryDecoder::default(), text);
         }
+    }
+
+    /// A decompression bomb: a zstd batch of well under 1 KiB declaring 16 MiB of 3-byte
+    /// entries is refused at the batch's event bound, and so is a raw batch one event past it;
+    /// a batch of exactly the bound decodes, and the encoder refuses to write one past it.
+    #[test]
+    fn a_batch_past_the_event_bound_is_refused_however_it_travels() {
+        let raw_len = TELEMETRY_RECORD_BYTES_MAX / 3 * 3;
+        let compressed = zstd::bulk::compress(&vec![0; raw_len], 19).unwrap();
+        assert!(compressed.len() < 1024);
+        let mut bytes = BytesMut::new();
+        golden_header().encode(&mut bytes).unwrap();
+        let header_len = bytes.len() as u64;
+        put_compressed_batch(TAG_ZSTD_BATCH, raw_len, &compressed, &mut bytes);
+        let (items, verdict) = decode_split(TelemetryDecoder::default(), &bytes, &[]);
+        assert_eq!(items.len(), 1, "the header only");
+        let error = verdict.unwrap_err();
+        assert_eq!(
+            (error.error, error.offset),
+            (TelemetryError::TooManyEvents, header_len)
+        );
+
+        let at_bound: Vec<_> = (0..TELEMETRY_BATCH_EVENTS_MAX as u64)
+            .map(|i| frame(1, i, &[]))
+            .collect();
+        let mut bytes = BytesMut::new();
+        golden_header().encode(&mut bytes).unwrap();
+        encode_batch(&at_bound, Compression::Zstd, &mut bytes).unwrap();
+        let (items, _) = decode_split(TelemetryDecoder::default(), &bytes, &[]);
+        assert_eq!(items.len(), 2, "the header and the batch");
+        assert_eq!(batch_frames(&items[1]).1, at_bound);
+        let past: Vec<_> = (0..=TELEMETRY_BATCH_EVENTS_MAX as u64)
+            .map(|i| frame(1, i, &[]))
+            .collect();
+        assert!(matches!(
+            encode_batch(&past, Compression::None, &mut BytesMut::new()),
+            Err(TelemetryError::Unencodable { .. })
+        ));
     }
 
     #[test]

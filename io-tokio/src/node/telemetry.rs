@@ -26,7 +26,8 @@ pub enum TelemetryFault {
     BadHeader,
     /// A record tag outside `0x01..=0x05`.
     BadRecordTag,
-    /// A record or decoded batch above 16 MiB.
+    /// A record or decoded batch over its bounds: above 16 MiB, or a batch of more events
+    /// than a writer puts in one (a decompression bomb).
     Oversize,
     /// The stream ended inside the header or a record.
     Truncated,
@@ -38,7 +39,7 @@ impl TelemetryFault {
     fn of(error: &TelemetryError, header_seen: bool) -> Self {
         match error {
             TelemetryError::Truncated { .. } => Self::Truncated,
-            TelemetryError::RecordTooLarge { .. } => Self::Oversize,
+            TelemetryError::RecordTooLarge { .. } | TelemetryError::TooManyEvents => Self::Oversize,
             TelemetryError::UnknownRecord { .. } => Self::BadRecordTag,
             _ if !header_seen => Self::BadHeader,
             _ => Self::DecodeFailed,

@@ -23,12 +23,22 @@
 //! written and synced past the last commit, as PostgreSQL zero-fills a new WAL segment
 //! before use: commits overwrite them, and their syncs write the data alone.
 //!
-//! Opening replays the file. Its tail after the last complete commit (a commit cut short by a
-//! crash, or an entry that fails its checksum) was never acknowledged, since a commit is
+//! Opening replays the file ([`tether_core::wire::log::scan`]). Its tail after the last
+//! complete commit (a commit cut short by a crash) was never acknowledged, since a commit is
 //! reported durable only after its sync; it is cut off, as SQLite's WAL recovery stops at the
-//! first frame that fails its checksum. A tail of zeros only is prepared space and is kept
-//! (no entry has length 0, so zeros end the replay). A file of another format or version is
-//! refused.
+//! first frame that fails its checksum. A tail of zeros only is prepared space and is kept.
+//! Bytes that fail their checksums **before** a commit that verifies are another matter:
+//! they were part of acknowledged commits, so the file is damaged and [`LogStore::open`]
+//! refuses it with [`StoreError::Damaged`], naming the offset, and changes nothing. A repair
+//! ([`LogOptions::repair`], [`LogStore::repair`], `tether store repair`) keeps every commit
+//! that verifies, before and after the damage, drops the rest and says what it dropped;
+//! [`LogStore::check`] (`tether store check`) reports without changing anything. A file of
+//! another format or version is refused.
+//!
+//! A file of version 1 (checksums over payloads only) is read and rewritten in version 2 at
+//! open. One store at a time: opening takes an exclusive lock on `<path>.lock`, held until the
+//! last handle is dropped, so a second open of the same path (another process, or a restarted
+//! one while the old one still runs) fails at once with [`StoreError::Locked`].
 //!
 //! Dropping the last handle of a store stops its background work and waits for it, so a store
 //! reopened on the same path never races a compaction or preparation of the one before.
@@ -44,11 +54,11 @@ use tether_core::limits::LOG_ENTRY_BYTES_MAX;
 use tether_core::substrate::{effective_records, DurableState, PeerId, PersistBatch, Record};
 use tether_core::time::Time;
 use tether_core::wire::log::{
-    decode_entry, decode_header, encode_begin, encode_commit, encode_header, encode_record, Entry,
-    LogError, LOG_ENTRY_HEADER_BYTES, LOG_HEADER_BYTES,
+    encode_begin, encode_commit, encode_header, encode_record, scan, LogError, LogFormat, LogScan,
+    LOG_ENTRY_HEADER_BYTES, LOG_VERSION,
 };
 
-use super::{Store, StoreError};
+use super::{lock_path, Store, StoreError};
 
 /// A log is never compacted below this size: a small file costs nothing to replay.
 pub const LOG_COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
@@ -73,6 +83,10 @@ pub struct LogOptions {
     /// none). A thread tops them up once fewer than half remain. Unix only: elsewhere the
     /// file grows with its commits.
     pub prepare_bytes: u64,
+    /// A damaged file is repaired at open instead of refused: every commit that verifies is
+    /// kept, the damaged bytes are dropped ([`LogStats::repaired`] says how many). Off by
+    /// default: a repair loses whatever the damaged commits held, so it is asked for.
+    pub repair: bool,
 }
 
 impl Default for LogOptions {
@@ -81,6 +95,7 @@ impl Default for LogOptions {
             compact_bytes_min: LOG_COMPACT_BYTES_MIN,
             compact_growth: LOG_COMPACT_GROWTH,
             prepare_bytes: LOG_PREPARE_BYTES,
+            repair: false,
         }
     }
 }
@@ -89,6 +104,8 @@ impl Default for LogOptions {
 #[derive(Debug, Clone)]
 pub struct LogStore {
     shared: Arc<Shared>,
+    /// How the file spells its entries (the same across compactions).
+    format: LogFormat,
     /// Dropped with the last handle: stops and waits for the background work.
     _open: Arc<Open>,
 }
@@ -109,6 +126,8 @@ struct Shared {
 #[derive(Debug)]
 struct Open {
     shared: Arc<Shared>,
+    /// The exclusive lock on `<path>.lock`, released after the background work has stopped.
+    _lock: File,
 }
 
 impl Drop for Open {
@@ -124,6 +143,8 @@ impl Drop for Open {
 #[derive(Debug)]
 struct Inner {
     path: PathBuf,
+    /// How the file spells its entries.
+    format: LogFormat,
     file: File,
     /// The end of the last complete commit: where the next one is written.
     end: u64,
@@ -137,6 +158,8 @@ struct Inner {
     replayed: BTreeMap<PeerId, DurableState>,
     /// Bytes cut off the tail when the file was opened.
     recovered_tail: u64,
+    /// What a repair at open found and dropped.
+    repaired: Option<LogCheck>,
     /// Compactions since open.
     compactions: u64,
     options: LogOptions,
@@ -171,6 +194,53 @@ pub struct LogStats {
     pub compactions: u64,
     /// Zeros written and synced past the end, for the next commits to overwrite.
     pub prepared_bytes: u64,
+    /// Damaged bytes a repair at open dropped ([`LogOptions::repair`]; 0 when none).
+    pub repaired_bytes: u64,
+}
+
+/// What [`LogStore::check`] found in a log file (and [`LogStore::repair`] before it repaired).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogCheck {
+    /// The file's format version (1 is rewritten in the current one at open).
+    pub version: u32,
+    /// Commits that verify.
+    pub commits: u64,
+    /// Peers with at least one commit that verifies.
+    pub peers: usize,
+    /// The end of the last commit that verifies.
+    pub end: u64,
+    /// Byte ranges before `end` that belong to no commit that verifies: damage (each was part
+    /// of an acknowledged commit). Empty for a sound file.
+    pub damaged: Vec<std::ops::Range<u64>>,
+    /// Bytes after `end` that are not zeros: a commit a crash cut short (never acknowledged),
+    /// cut at open.
+    pub torn_tail: u64,
+    /// Zeros after `end`: space prepared for commits, kept.
+    pub prepared: u64,
+}
+
+impl LogCheck {
+    /// No damage: the file opens as it is.
+    pub fn is_sound(&self) -> bool {
+        self.damaged.is_empty()
+    }
+
+    /// Bytes of damage in all.
+    pub fn damaged_bytes(&self) -> u64 {
+        tether_core::wire::log::bytes_in(&self.damaged)
+    }
+
+    fn new(scan: &LogScan, peers: usize) -> Self {
+        Self {
+            version: scan.format.version(),
+            commits: scan.commits,
+            peers,
+            end: scan.end,
+            damaged: scan.damaged.clone(),
+            torn_tail: if scan.tail_zeros { 0 } else { scan.tail },
+            prepared: if scan.tail_zeros { scan.tail } else { 0 },
+        }
+    }
 }
 
 impl LogStore {
@@ -179,9 +249,16 @@ impl LogStore {
         Self::open_with(path, LogOptions::default())
     }
 
-    /// [`LogStore::open`], compacting as `options` say.
+    /// [`LogStore::open`], compacting (and repairing) as `options` say.
+    ///
+    /// Fails with [`StoreError::Locked`] while another store has the path open, with
+    /// [`StoreError::Damaged`] when bytes before the last complete commit fail their checksums
+    /// (unless `options.repair`), and with [`StoreError::Corrupt`] or [`StoreError::Schema`]
+    /// for a file that is not a tether log of a version this tether reads. A refused file is
+    /// left as it was.
     pub fn open_with(path: impl AsRef<Path>, options: LogOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_owned();
+        let lock = lock_path(&path)?;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -190,47 +267,101 @@ impl LogStore {
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let mut inner = match replay(&bytes)? {
-            Some((replayed, end)) => {
-                // Zeros after the last commit are space a preparation left; anything else is
-                // a commit that never completed.
-                let tail = &bytes[usize::try_from(end).unwrap_or(usize::MAX)..];
-                let prepared = tail.iter().all(|byte| *byte == 0);
-                Inner {
+        let (format, mut inner) = match replay(&path, &bytes, options.repair)? {
+            Some(replayed)
+                if replayed.scan.format.version() == LOG_VERSION && replayed.scan.is_sound() =>
+            {
+                let scan = &replayed.scan;
+                let found = LogCheck::new(scan, replayed.states.len());
+                let inner = Inner {
                     path,
+                    format: scan.format,
                     file,
-                    end,
-                    torn: !prepared,
+                    end: scan.end,
+                    torn: !scan.tail_zeros,
                     // How much of it is live is not known until a compaction: the next one is
                     // due once it is past `compact_bytes_min`.
-                    snapshot_bytes: LOG_HEADER_BYTES as u64,
-                    peers: replayed.keys().cloned().collect(),
-                    replayed,
-                    recovered_tail: if prepared { 0 } else { tail.len() as u64 },
+                    snapshot_bytes: scan.format.header_bytes() as u64,
+                    peers: replayed.states.keys().cloned().collect(),
+                    replayed: replayed.states,
+                    recovered_tail: found.torn_tail,
+                    repaired: None,
                     compactions: 0,
                     options,
                     compacting: false,
                     rename_unsynced: false,
                     compact_at: 0,
-                    prepared: if prepared { bytes.len() as u64 } else { end },
+                    // Zeros after the last commit are space a preparation left; anything else
+                    // is a commit that never completed.
+                    prepared: scan.end + found.prepared,
                     preparing: false,
                     preparing_from: 0,
                     prepare_after: 0,
                     generation: 0,
+                };
+                (scan.format, inner)
+            }
+            Some(replayed) => {
+                // Version 1, or damage a repair was asked for: every commit that verified is
+                // written to a new file in the current format, which replaces the old one.
+                let scan = &replayed.scan;
+                let found = LogCheck::new(scan, replayed.states.len());
+                let format = if scan.format.version() == LOG_VERSION {
+                    scan.format
+                } else {
+                    LogFormat::new(random_salt())
+                };
+                if !found.is_sound() {
+                    tracing::warn!(
+                        path = %path.display(),
+                        damaged = ?found.damaged,
+                        commits_kept = found.commits,
+                        "log repaired: damaged bytes dropped, every commit that verifies kept"
+                    );
                 }
+                let fresh = compaction_path(&path);
+                let (file, end) = write_snapshot(format, &replayed.states, &fresh)?;
+                file.sync_all()?;
+                std::fs::rename(&fresh, &path)?;
+                sync_parent(&path)?;
+                let inner = Inner {
+                    path,
+                    format,
+                    file,
+                    end,
+                    torn: false,
+                    snapshot_bytes: end,
+                    peers: replayed.states.keys().cloned().collect(),
+                    replayed: replayed.states,
+                    recovered_tail: found.torn_tail,
+                    repaired: (!found.is_sound()).then_some(found),
+                    compactions: 0,
+                    options,
+                    compacting: false,
+                    rename_unsynced: false,
+                    compact_at: 0,
+                    prepared: end,
+                    preparing: false,
+                    preparing_from: 0,
+                    prepare_after: 0,
+                    generation: 0,
+                };
+                (format, inner)
             }
             None => {
                 // A new file, or one whose header never made it to disk (nothing was
                 // committed to it): written from the start.
+                let format = LogFormat::new(random_salt());
                 let mut header = Vec::new();
-                encode_header(&mut header);
+                encode_header(format, &mut header);
                 file.set_len(0)?;
                 file.seek(SeekFrom::Start(0))?;
                 file.write_all(&header)?;
                 file.sync_all()?;
                 sync_parent(&path)?;
-                Inner {
+                let inner = Inner {
                     path,
+                    format,
                     file,
                     end: header.len() as u64,
                     torn: false,
@@ -238,6 +369,7 @@ impl LogStore {
                     peers: BTreeSet::new(),
                     replayed: BTreeMap::new(),
                     recovered_tail: bytes.len() as u64,
+                    repaired: None,
                     compactions: 0,
                     options,
                     compacting: false,
@@ -248,7 +380,8 @@ impl LogStore {
                     preparing_from: 0,
                     prepare_after: 0,
                     generation: 0,
-                }
+                };
+                (format, inner)
             }
         };
         if inner.torn {
@@ -266,9 +399,47 @@ impl LogStore {
         Ok(Self {
             _open: Arc::new(Open {
                 shared: shared.clone(),
+                _lock: lock,
             }),
             shared,
+            format,
         })
+    }
+
+    /// Reads the log at `path` and reports what it holds without changing it: commits that
+    /// verify, damage, a torn tail, prepared space. Fails with [`StoreError::Locked`] while a
+    /// store has the path open.
+    pub fn check(path: impl AsRef<Path>) -> Result<LogCheck, StoreError> {
+        let path = path.as_ref();
+        let _lock = lock_path(path)?;
+        let bytes = std::fs::read(path)?;
+        Ok(match replay(path, &bytes, true)? {
+            Some(replayed) => LogCheck::new(&replayed.scan, replayed.states.len()),
+            None => LogCheck {
+                version: LOG_VERSION,
+                commits: 0,
+                peers: 0,
+                end: bytes.len() as u64,
+                damaged: Vec::new(),
+                torn_tail: 0,
+                prepared: 0,
+            },
+        })
+    }
+
+    /// Repairs the log at `path` (as an open with [`LogOptions::repair`] does): keeps every
+    /// commit that verifies and drops the damaged bytes. Returns what it found before.
+    pub fn repair(path: impl AsRef<Path>) -> Result<LogCheck, StoreError> {
+        let found = Self::check(&path)?;
+        if !found.is_sound() || found.torn_tail > 0 || found.version != LOG_VERSION {
+            let options = LogOptions {
+                prepare_bytes: 0,
+                repair: true,
+                ..LogOptions::default()
+            };
+            drop(Self::open_with(&path, options)?);
+        }
+        Ok(found)
     }
 
     /// The file's size, the tail cut at open, and compactions since.
@@ -279,6 +450,7 @@ impl LogStore {
             recovered_tail_bytes: inner.recovered_tail,
             compactions: inner.compactions,
             prepared_bytes: inner.prepared - inner.end,
+            repaired_bytes: inner.repaired.as_ref().map_or(0, LogCheck::damaged_bytes),
         }
     }
 
@@ -350,7 +522,7 @@ impl LogStore {
                 continue;
             }
             removed += records.len();
-            let bytes = encode(&peer, records.iter())?;
+            let bytes = encode(self.format, &peer, records.iter())?;
             inner = self.shared.room(inner, &bytes);
             inner.append(&peer, &bytes, records.iter())?;
         }
@@ -440,6 +612,7 @@ impl Drop for HeldCompactions<'_> {
 /// through a handle of its own while commits go on.
 struct Prefix {
     path: PathBuf,
+    format: LogFormat,
     reader: File,
     upto: u64,
 }
@@ -531,18 +704,20 @@ impl Shared {
     /// under it appends the commits made meanwhile, syncs, and renames the file over the log.
     fn finish_compaction(&self, prefix: Prefix) -> Result<(), StoreError> {
         let fresh = compaction_path(&prefix.path);
-        let result = Self::write_snapshot(&prefix, &fresh).and_then(|(file, snapshot)| {
-            #[cfg(test)]
-            self.wait_while_held();
-            let mut inner = self.lock();
-            if self.closing.load(Ordering::Acquire) {
-                // The store is closing (and may be reopened): the log stays as it is.
-                return Err(StoreError::Io(std::io::Error::other(
-                    "the log store closed",
-                )));
-            }
-            inner.swap_in(file, &fresh, prefix.upto, snapshot)
-        });
+        let result = replay_prefix(&prefix.path, &prefix.reader, prefix.upto)
+            .and_then(|states| write_snapshot(prefix.format, &states, &fresh))
+            .and_then(|(file, snapshot)| {
+                #[cfg(test)]
+                self.wait_while_held();
+                let mut inner = self.lock();
+                if self.closing.load(Ordering::Acquire) {
+                    // The store is closing (and may be reopened): the log stays as it is.
+                    return Err(StoreError::Io(std::io::Error::other(
+                        "the log store closed",
+                    )));
+                }
+                inner.swap_in(file, &fresh, prefix.upto, snapshot)
+            });
         let mut inner = self.lock();
         inner.compacting = false;
         if let Err(error) = &result {
@@ -551,41 +726,55 @@ impl Shared {
         }
         result
     }
+}
 
-    /// The live state of the file's first `prefix.upto` bytes, written to `fresh` (not yet
-    /// synced); its size.
-    fn write_snapshot(prefix: &Prefix, fresh: &Path) -> Result<(File, u64), StoreError> {
-        let states = replay_prefix(&prefix.reader, prefix.upto)?;
-        let mut out = Vec::new();
-        encode_header(&mut out);
-        for (peer, state) in &states {
-            encode_begin(peer.as_str(), &mut out);
-            for record in snapshot_records(state) {
-                encode_record(&record, &mut out);
-            }
-            encode_commit(&mut out);
+/// `states` as a file of one commit per peer in `format`, written to `fresh` (not yet synced);
+/// the file and its size.
+fn write_snapshot(
+    format: LogFormat,
+    states: &BTreeMap<PeerId, DurableState>,
+    fresh: &Path,
+) -> Result<(File, u64), StoreError> {
+    let mut out = Vec::new();
+    encode_header(format, &mut out);
+    for (peer, state) in states {
+        encode_begin(format, peer.as_str(), &mut out);
+        for record in snapshot_records(state) {
+            encode_record(format, &record, &mut out);
         }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(fresh)?;
-        file.write_all(&out)?;
-        Ok((file, out.len() as u64))
+        encode_commit(format, &mut out);
     }
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(fresh)?;
+    file.write_all(&out)?;
+    Ok((file, out.len() as u64))
+}
+
+/// A salt for a new file (the OS's randomness).
+fn random_salt() -> u64 {
+    use rand::TryRng;
+    let mut bytes = [0u8; 8];
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut bytes)
+        .expect("the OS provides randomness");
+    u64::from_le_bytes(bytes)
 }
 
 /// One commit of `records` for `peer`, as the log's bytes.
 fn encode<'a>(
+    format: LogFormat,
     peer: &PeerId,
     records: impl Iterator<Item = &'a Record>,
 ) -> Result<Vec<u8>, StoreError> {
     let mut out = Vec::new();
-    encode_begin(peer.as_str(), &mut out);
+    encode_begin(format, peer.as_str(), &mut out);
     for record in records {
         let start = out.len();
-        encode_record(record, &mut out);
+        encode_record(format, record, &mut out);
         if out.len() - start - LOG_ENTRY_HEADER_BYTES > LOG_ENTRY_BYTES_MAX {
             return Err(StoreError::Corrupt {
                 table: "log",
@@ -596,7 +785,7 @@ fn encode<'a>(
             });
         }
     }
-    encode_commit(&mut out);
+    encode_commit(format, &mut out);
     Ok(out)
 }
 
@@ -708,6 +897,7 @@ impl Inner {
         self.compacting = true;
         Ok(Prefix {
             path: self.path.clone(),
+            format: self.format,
             reader,
             upto: self.end,
         })
@@ -773,7 +963,7 @@ impl Inner {
 
     /// Every peer's state as the file holds it (replayed from its bytes).
     fn state_on_disk(&mut self) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
-        replay_prefix(&self.file, self.end)
+        replay_prefix(&self.path, &self.file, self.end)
     }
 }
 
@@ -798,59 +988,72 @@ fn snapshot_records(state: &DurableState) -> impl Iterator<Item = Record> + '_ {
         .chain(bounces)
 }
 
-/// Every peer's state from a log's bytes, and the end of its last complete commit; `None` when
-/// the bytes are empty or the start of a header. A header of another format or version is an
-/// error; a damaged or incomplete tail ends the replay.
-#[allow(clippy::type_complexity)]
-fn replay(bytes: &[u8]) -> Result<Option<(BTreeMap<PeerId, DurableState>, u64)>, StoreError> {
-    let corrupt = |error: LogError| StoreError::Corrupt {
-        table: "log",
-        detail: error.to_string(),
-    };
-    let start = match decode_header(bytes) {
-        Ok(Some(start)) => start,
-        Ok(None) if could_be_header(bytes) => return Ok(None),
-        Ok(None) => return Err(corrupt(LogError::BadMagic)),
-        Err(LogError::Version(version)) => {
-            return Err(StoreError::Schema(format!(
-                "the log is of version {version}; this tether reads version {}",
-                tether_core::wire::log::LOG_VERSION
-            )))
-        }
-        Err(error) => return Err(corrupt(error)),
-    };
-    let mut peers: BTreeMap<PeerId, DurableState> = BTreeMap::new();
-    let mut at = start;
-    let mut committed = start;
-    let mut open: Option<(PeerId, Vec<Record>)> = None;
-    while let Ok(Some((entry, used))) = decode_entry(&bytes[at..]) {
-        at += used;
-        match (entry, open.take()) {
-            (Entry::Begin { peer }, None) => open = Some((PeerId::new(peer), Vec::new())),
-            (Entry::Record(record), Some((peer, mut records))) => {
-                records.push(record);
-                open = Some((peer, records));
-            }
-            (Entry::Commit, Some((peer, records))) => {
-                peers.entry(peer).or_default().apply_records(&records);
-                committed = at;
-            }
-            // Entries out of place: only a damaged tail can hold them (this store writes
-            // whole commits and cuts what a failed one left).
-            _ => break,
-        }
-    }
-    Ok(Some((peers, committed as u64)))
+/// What a log's bytes hold: every peer's state from the commits that verify, and the scan.
+struct Replayed {
+    states: BTreeMap<PeerId, DurableState>,
+    scan: LogScan,
 }
 
-/// Every peer's state in the first `upto` bytes of `file` (whole commits).
-fn replay_prefix(mut file: &File, upto: u64) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
+/// Replays a log's bytes; `None` when they are empty or the start of a header. A header of
+/// another format or version is an error, and so is damage before the last complete commit
+/// unless `repair` (then every commit that verifies is applied, in file order). A torn or
+/// zeroed tail ends the replay.
+fn replay(path: &Path, bytes: &[u8], repair: bool) -> Result<Option<Replayed>, StoreError> {
+    let mut states: BTreeMap<PeerId, DurableState> = BTreeMap::new();
+    let scanned = scan(bytes, |commit| {
+        states
+            .entry(PeerId::new(commit.peer))
+            .or_default()
+            .apply_records(&commit.records);
+    });
+    let scan = match scanned {
+        Ok(Some(scan)) => scan,
+        Ok(None) => return Ok(None),
+        Err(LogError::Version(version)) => {
+            return Err(StoreError::Schema(format!(
+                "the log is of version {version}; this tether reads versions 1 and {LOG_VERSION}"
+            )))
+        }
+        Err(error) => {
+            return Err(StoreError::Corrupt {
+                table: "log",
+                detail: error.to_string(),
+            })
+        }
+    };
+    if let Some(first) = scan.damaged.first() {
+        if !repair {
+            return Err(StoreError::Damaged {
+                path: path.to_owned(),
+                offset: first.start,
+                bytes: scan.damaged_bytes(),
+            });
+        }
+    }
+    Ok(Some(Replayed { states, scan }))
+}
+
+/// Every peer's state in the first `upto` bytes of `file` (whole commits, all acknowledged:
+/// any byte of them that fails its checksum is damage).
+fn replay_prefix(
+    path: &Path,
+    mut file: &File,
+    upto: u64,
+) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
     let mut bytes = vec![0; usize::try_from(upto).unwrap_or(usize::MAX)];
     file.seek(SeekFrom::Start(0))?;
     file.read_exact(&mut bytes)?;
-    Ok(replay(&bytes)?
-        .map(|(states, _)| states)
-        .unwrap_or_default())
+    let Some(replayed) = replay(path, &bytes, false)? else {
+        return Ok(BTreeMap::new());
+    };
+    if replayed.scan.end != upto {
+        return Err(StoreError::Damaged {
+            path: path.to_owned(),
+            offset: replayed.scan.end,
+            bytes: upto - replayed.scan.end,
+        });
+    }
+    Ok(replayed.states)
 }
 
 /// Where a compaction writes the new file: the log's path with `.compact` appended (never the
@@ -859,13 +1062,6 @@ fn compaction_path(path: &Path) -> PathBuf {
     let mut fresh = path.as_os_str().to_owned();
     fresh.push(".compact");
     PathBuf::from(fresh)
-}
-
-/// Whether `bytes` (shorter than a header) could be the start of one.
-fn could_be_header(bytes: &[u8]) -> bool {
-    let mut header = Vec::new();
-    encode_header(&mut header);
-    header.starts_with(bytes)
 }
 
 /// Makes a file's creation or rename in its directory durable (a no-op where directories
@@ -899,7 +1095,7 @@ impl Store for LogStore {
     fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
         let records = effective_records(batches);
         // Encoded before the lock: commits of other peers write meanwhile.
-        let bytes = encode(peer, records.iter().copied())?;
+        let bytes = encode(self.format, peer, records.iter().copied())?;
         let mut inner = self.shared.room(self.lock(), &bytes);
         inner.append(peer, &bytes, records.iter().copied())?;
         drop(inner);
@@ -1064,7 +1260,7 @@ mod tests {
     fn a_header_cut_short_starts_afresh_and_another_format_is_refused() {
         let path = temp_log("header");
         let mut header = Vec::new();
-        encode_header(&mut header);
+        encode_header(LogFormat::new(7), &mut header);
         std::fs::write(&path, &header[..5]).expect("write");
         let store = LogStore::open(&path).expect("a header cut short");
         assert!(store.peers().expect("peers").is_empty());
@@ -1084,10 +1280,164 @@ mod tests {
             Err(StoreError::Corrupt { table: "log", .. })
         ));
         let mut newer = header.clone();
-        newer[8] = 2;
+        newer[8] = 3;
         std::fs::write(&path, &newer).expect("write");
         assert!(matches!(LogStore::open(&path), Err(StoreError::Schema(_))));
         assert_eq!(std::fs::read(&path).expect("read"), newer, "left alone");
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// Three commits of one send each, for peers "a", "b", "c", and where each lies.
+    fn three_commits(path: &Path) -> Vec<std::ops::Range<u64>> {
+        let store = LogStore::open_with(path, unprepared()).expect("open");
+        let mut at = Vec::new();
+        for (i, peer) in ["a", "b", "c"].into_iter().enumerate() {
+            let start = store.stats().bytes;
+            let batch = PersistBatch {
+                id: BatchId(1),
+                records: vec![Record::Outbox(send(i as u64))],
+            };
+            store.commit(&PeerId::new(peer), &[batch]).expect("commit");
+            at.push(start..store.stats().bytes);
+        }
+        at
+    }
+
+    /// A flipped byte in a commit followed by another is damage to an acknowledged commit:
+    /// open refuses, naming the offset, and leaves the file as it was; `check` reports it;
+    /// a repair keeps every commit before and after it, and the file then opens as it is.
+    #[test]
+    fn a_flipped_byte_mid_file_refuses_to_open_and_repair_keeps_every_commit_that_verifies() {
+        let path = temp_log("damaged");
+        let at = three_commits(&path);
+        let whole = std::fs::read(&path).expect("read");
+        for byte in [
+            at[1].start,
+            at[1].start + 3,
+            (at[1].start + at[1].end) / 2,
+            at[1].end - 1,
+        ] {
+            let mut damaged = whole.clone();
+            damaged[byte as usize] ^= 0x04;
+            std::fs::write(&path, &damaged).expect("write");
+            match LogStore::open(&path) {
+                Err(StoreError::Damaged { offset, bytes, .. }) => {
+                    assert_eq!((offset, bytes), (at[1].start, at[1].end - at[1].start));
+                }
+                other => panic!("byte {byte}: {other:?}"),
+            }
+            assert_eq!(std::fs::read(&path).expect("read"), damaged, "left alone");
+            let found = LogStore::check(&path).expect("check");
+            assert_eq!(found.damaged, vec![at[1].clone()]);
+            assert_eq!((found.commits, found.peers, found.torn_tail), (2, 2, 0));
+            assert_eq!(found.end, at[2].end);
+            assert_eq!(LogStore::repair(&path).expect("repair"), found);
+            let store = LogStore::open(&path).expect("opens once repaired");
+            assert_eq!(
+                store.peers().expect("peers"),
+                vec![PeerId::new("a"), PeerId::new("c")]
+            );
+            for (peer, seq) in [("a", 0), ("c", 2)] {
+                let state = store.load(&PeerId::new(peer)).expect("load");
+                assert_eq!(
+                    state.outbox.values().map(|op| op.seq).collect::<Vec<_>>(),
+                    [seq]
+                );
+            }
+            drop(store);
+            assert!(LogStore::check(&path).expect("check").is_sound());
+            // The same repair, asked for at open.
+            std::fs::write(&path, &damaged).expect("write");
+            let options = LogOptions {
+                repair: true,
+                ..unprepared()
+            };
+            let store = LogStore::open_with(&path, options).expect("repairs");
+            assert_eq!(store.stats().repaired_bytes, at[1].end - at[1].start);
+            assert_eq!(store.peers().expect("peers").len(), 2);
+        }
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// Compaction and loads replay the same way: damage that appears under a running store
+    /// fails them with the typed error, never with a silently shorter state.
+    #[test]
+    fn damage_under_a_running_store_fails_its_loads_and_compactions() {
+        let path = temp_log("damaged-live");
+        let at = three_commits(&path);
+        let store = LogStore::open_with(&path, unprepared()).expect("open");
+        let a = PeerId::new("a");
+        store.load(&a).expect("the replayed state");
+        {
+            use std::os::unix::fs::FileExt;
+            let file = OpenOptions::new().write(true).open(&path).expect("open");
+            file.write_all_at(&[0xff], at[0].start + 12).expect("flip");
+        }
+        assert!(
+            matches!(store.load(&a), Err(StoreError::Damaged { offset, .. }) if offset == at[0].start)
+        );
+        assert!(matches!(store.compact(), Err(StoreError::Damaged { .. })));
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// One store per path: a second open, while the first is open, fails at once with
+    /// `Locked` and changes nothing; once the first is dropped (every clone) it opens.
+    #[test]
+    fn a_second_open_of_the_same_log_fails_at_once() {
+        let path = temp_log("locked");
+        let store = LogStore::open_with(&path, unprepared()).expect("open");
+        store
+            .commit(&PeerId::new("p"), &batches()[..1])
+            .expect("commit");
+        let clone = store.clone();
+        drop(store);
+        let before = std::fs::read(&path).expect("read");
+        for _ in 0..2 {
+            match LogStore::open(&path) {
+                Err(StoreError::Locked { path: locked }) => assert_eq!(locked, path),
+                other => panic!("{other:?}"),
+            }
+            assert!(matches!(
+                LogStore::check(&path),
+                Err(StoreError::Locked { .. })
+            ));
+        }
+        assert_eq!(std::fs::read(&path).expect("read"), before);
+        clone
+            .commit(&PeerId::new("p"), &batches()[1..])
+            .expect("still the owner");
+        drop(clone);
+        let store = LogStore::open(&path).expect("free again");
+        assert_eq!(
+            store.load(&PeerId::new("p")).expect("load"),
+            reference(&batches())
+        );
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A file of version 1 (checksums over payloads only) still reads, and is rewritten in
+    /// the current version at open.
+    #[test]
+    fn a_version_1_file_reads_and_is_rewritten_in_version_2() {
+        let path = temp_log("v1");
+        let peer = PeerId::new("p");
+        let mut bytes = Vec::new();
+        encode_header(LogFormat::V1, &mut bytes);
+        for batch in batches() {
+            bytes.extend(encode(LogFormat::V1, &peer, batch.records.iter()).expect("encode"));
+        }
+        std::fs::write(&path, &bytes).expect("write");
+        assert_eq!(LogStore::check(&path).expect("check").version, 1);
+        let store = LogStore::open_with(&path, unprepared()).expect("open");
+        assert_eq!(store.load(&peer).expect("load"), reference(&batches()));
+        store.commit(&peer, &batches()[..1]).expect("commit");
+        drop(store);
+        let found = LogStore::check(&path).expect("check");
+        assert_eq!((found.version, found.commits), (LOG_VERSION, 2));
+        let mut expected = reference(&batches());
+        expected.apply(&batches()[0]);
+        let store = LogStore::open(&path).expect("reopen");
+        assert_eq!(store.load(&peer).expect("load"), expected);
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
@@ -1260,6 +1610,7 @@ mod tests {
             compact_bytes_min: 1024,
             compact_growth: 2,
             prepare_bytes: 8 * 1024 * 1024,
+            ..LogOptions::default()
         };
         let peer = PeerId::new("p");
         let mut expected = DurableState::default();
@@ -1336,7 +1687,7 @@ mod tests {
                 prepare_bytes in prop_oneof![Just(0u64), 1u64..4096],
             ) {
                 let path = temp_log("prop");
-                let options = LogOptions { compact_bytes_min, compact_growth: 2, prepare_bytes };
+                let options = LogOptions { compact_bytes_min, compact_growth: 2, prepare_bytes, repair: false };
                 let store = LogStore::open_with(&path, options).expect("open");
                 let peer = PeerId::new("peer");
                 let batches: Vec<PersistBatch> = batches

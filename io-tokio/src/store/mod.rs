@@ -13,12 +13,15 @@ mod log;
 mod sqlite;
 
 use std::collections::HashMap;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use tether_core::substrate::{DurableState, PeerId, PersistBatch};
 
 pub use log::{
-    LogOptions, LogStats, LogStore, LOG_COMPACT_BYTES_MIN, LOG_COMPACT_GROWTH, LOG_PREPARE_BYTES,
+    LogCheck, LogOptions, LogStats, LogStore, LOG_COMPACT_BYTES_MIN, LOG_COMPACT_GROWTH,
+    LOG_PREPARE_BYTES,
 };
 pub use sqlite::{SqliteStore, PAGE_SIZE, SCHEMA_VERSION};
 
@@ -47,6 +50,56 @@ pub enum StoreError {
     /// A store failed on purpose (simulated crash or disk fault).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// Another store (in this process or another) has the path open: one store at a time.
+    #[error("{} is already open by another store (its lock {} is held)", path.display(), lock_file(path).display())]
+    Locked {
+        /// The store's path.
+        path: PathBuf,
+    },
+    /// The log store's file has bytes that fail their checksums before a commit that
+    /// verifies: part of an acknowledged commit changed on disk. Nothing was changed; a repair
+    /// ([`LogOptions::repair`], [`LogStore::repair`], `tether store repair`) keeps every commit
+    /// that verifies and drops the damaged ones.
+    #[error(
+        "{} is damaged at byte {offset} ({bytes} bytes fail their checksums before a commit \
+         that verifies); `tether store check` reports it, `tether store repair` keeps every \
+         commit that verifies",
+        path.display()
+    )]
+    Damaged {
+        /// The log's path.
+        path: PathBuf,
+        /// The first damaged byte.
+        offset: u64,
+        /// Damaged bytes in all.
+        bytes: u64,
+    },
+}
+
+/// The file whose exclusive lock marks the store at `path` open: `<path>.lock`.
+pub fn lock_file(path: &Path) -> PathBuf {
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    PathBuf::from(lock)
+}
+
+/// Takes the exclusive lock of the store at `path` (held while the returned file is open), or
+/// fails at once with [`StoreError::Locked`]. The lock is the file system's (`flock` on Unix):
+/// it is released when the process dies, however it dies.
+pub(crate) fn lock_path(path: &Path) -> Result<File, StoreError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(lock_file(path))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(StoreError::Locked {
+            path: path.to_owned(),
+        }),
+        Err(TryLockError::Error(error)) => Err(error.into()),
+    }
 }
 
 /// Durable state for every peer of one node, every key scoped by peer id.

@@ -33,7 +33,7 @@ use tether_core::substrate::{
 use tether_core::time::Time;
 use tether_core::wire::envelope::{ObjKind, Verb};
 
-use super::{Store, StoreError};
+use super::{lock_path, Store, StoreError};
 
 /// The page size of a database [`SqliteStore::open`] creates. In-flight op rows carry whole
 /// bodies and churn (inserted, then deleted an acknowledgement later), and every page a commit
@@ -60,6 +60,9 @@ pub const SCHEMA_VERSION: i64 = 2;
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     tables: Arc<Tables>,
+    /// The exclusive lock on `<path>.lock` of a store that opened its own file (none for a
+    /// host's connection): held until the last clone is dropped.
+    _lock: Option<Arc<std::fs::File>>,
 }
 
 #[derive(Debug)]
@@ -203,13 +206,21 @@ impl SqliteStore {
     }
 
     /// [`SqliteStore::open`] with every table name prefixed by `prefix` (e.g. `tether_`).
+    ///
+    /// One store at a time: opening takes an exclusive lock on `<path>.lock` (held until the
+    /// last clone is dropped), so a second open of the same path, in this process or another,
+    /// fails at once with [`StoreError::Locked`].
     pub fn open_with_prefix(path: impl AsRef<Path>, prefix: &str) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        let lock = lock_path(path)?;
         let conn = Connection::open(path)?;
         // Only takes on a database without tables yet (and before WAL mode is set).
         conn.pragma_update(None, "page_size", PAGE_SIZE)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        Self::with_connection(Arc::new(Mutex::new(conn)), prefix)
+        let mut store = Self::with_connection(Arc::new(Mutex::new(conn)), prefix)?;
+        store._lock = Some(Arc::new(lock));
+        Ok(store)
     }
 
     /// Uses a connection the host owns and keeps using; the store never closes it and does
@@ -227,6 +238,7 @@ impl SqliteStore {
         Ok(Self {
             conn,
             tables: Arc::new(tables),
+            _lock: None,
         })
     }
 
@@ -800,6 +812,32 @@ pub(crate) mod tests {
                 ],
             },
         ]
+    }
+
+    /// One store per file: a second open while the first (any clone of it) lives fails at
+    /// once with `Locked`, whatever SQLite's own busy timeout; after it is dropped it opens.
+    #[test]
+    fn a_second_open_of_the_same_database_fails_at_once() {
+        let dir = std::env::temp_dir().join(format!("tether-sqlite-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("locked.db");
+        let _ = std::fs::remove_file(&path);
+        let store = SqliteStore::open(&path).expect("open");
+        let peer = PeerId::new("p");
+        store.commit(&peer, &batches()[..1]).expect("commit");
+        let clone = store.clone();
+        drop(store);
+        match SqliteStore::open(&path) {
+            Err(StoreError::Locked { path: locked }) => assert_eq!(locked, path),
+            other => panic!("{other:?}"),
+        }
+        clone
+            .commit(&peer, &batches()[1..])
+            .expect("still the owner");
+        drop(clone);
+        let store = SqliteStore::open(&path).expect("free again");
+        assert_eq!(store.load(&peer).expect("load").outbox.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

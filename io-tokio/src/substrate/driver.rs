@@ -997,6 +997,9 @@ impl Driver {
                 }
             }
             Event::LinkDead => info!("no traffic within the dead-after interval"),
+            Event::Violation { what } => {
+                tracing::warn!(what, "the peer sent a frame no honest peer sends: link cut")
+            }
         }
     }
 

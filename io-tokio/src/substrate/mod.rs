@@ -867,14 +867,16 @@ impl Substrate {
     /// Stops accepting, commits what each peer task has pending, drops every link and waits
     /// for every task. Pending operations resolve with [`Error::Shutdown`].
     pub async fn shutdown(&self) {
-        if let Some(accept) = self
+        let accept = self
             .inner
             .accept
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+            .take();
+        if let Some(accept) = accept {
             accept.abort();
+            // Its clone of the shared state (and so of the store) is gone once it has ended.
+            let _ = accept.await;
         }
         let peers: Vec<_> = self
             .inner
