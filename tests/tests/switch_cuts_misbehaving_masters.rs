@@ -6,7 +6,6 @@ use tether::switch::host::Host;
 use tether::switch::{Switch, SwitchError};
 use tether_core::switch::host::{Host as HostMachine, HostConfig, HostEvent};
 use tether_core::switch::side::stream_frames;
-use tether_core::switch::Limits;
 use tether_core::time::Time;
 use tether_core::wire::bifaci::{BifaciDecoder, Frame, FrameType, MessageId, Meta};
 use tether_core::wire::StreamDecoder;
@@ -19,12 +18,10 @@ const OTHER: &str = "cap:in=media:text;out=media:other";
 
 /// Core's host machine serving `cap`, named `name` (its peer request ids start `prefix`).
 fn host_machine(name: &str, cap: &str, prefix: u8) -> HostMachine {
-    HostMachine::new(HostConfig {
-        name: name.into(),
-        caps: vec![cap.into()],
-        limits: Limits::default(),
-        rid_prefix: [prefix; 8],
-    })
+    HostMachine::new(
+        HostConfig::new(name, vec![cap.into()], [prefix; 8]),
+        tether_core::time::Time::ZERO,
+    )
 }
 
 /// A master that passes the handshake with core's host machine, then is the test's to abuse.

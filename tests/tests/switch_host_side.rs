@@ -111,3 +111,122 @@ async fn a_host_whose_switch_stops_reading_drops_the_connection_at_its_queue_bou
         Err(HostServeError::Backlogged)
     );
 }
+
+/// Every request a host serves leaves nothing behind once it ends, however it ends: the
+/// handler answered, returned without answering (the host ends it `HANDLER_GONE`), or
+/// panicked. Before, the host kept an entry for every request that ended normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_holds_no_state_for_requests_that_ended_however_they_ended() {
+    const SILENT: &str = "cap:in=media:text;out=media:silent";
+    const PANICS: &str = "cap:in=media:text;out=media:panics";
+    const REQUESTS: usize = 3_000;
+    let switch = Switch::builder().start();
+    let (s1, h1) = socket_pair();
+    let host = Host::new("enders")
+        .handler(UPPER, |mut request| async move {
+            let input = request.read_all().await;
+            let _ = request
+                .respond("output", "media:upper", [input.to_ascii_uppercase()])
+                .await;
+            let _ = request.end().await;
+        })
+        .handler(SILENT, |mut request| async move {
+            let _ = request.read_all().await;
+        })
+        .handler(PANICS, |_request| async move {
+            panic!("a handler that panics (expected in this test)");
+        });
+    let handle = host.handle();
+    let serving = tokio::spawn(host.serve(h1));
+    switch.add_master("enders", s1).await.expect("verified");
+    for i in 0..REQUESTS {
+        let cap = [UPPER, SILENT, PANICS][i % 3];
+        let answered = answer(&switch, cap, b"abc").await;
+        match cap {
+            UPPER => assert_eq!(answered.expect("answered"), b"ABC"),
+            _ => assert!(answered.is_err(), "{cap}: ended with an error"),
+        }
+    }
+    let state = handle.state().await.expect("serving");
+    assert_eq!(state.machine_requests, 0, "{state:?}");
+    assert_eq!(state.handlers_running, 0, "{state:?}");
+    assert_eq!(state.stats.requests, REQUESTS as u64, "{state:?}");
+    assert_eq!(state.stats.ended, REQUESTS as u64, "{state:?}");
+    assert_eq!(state.stats.abandoned, 2 * REQUESTS as u64 / 3, "{state:?}");
+    switch.close().await;
+    let _ = serving.await;
+}
+
+fn hello() -> Frame {
+    let mut hello = Frame::new(FrameType::Hello, MessageId::Uint(0));
+    hello.meta = Some(
+        Hello {
+            limits: Limits::default(),
+            manifest: None,
+        }
+        .to_meta(),
+    );
+    hello
+}
+
+fn encoded(frames: &[Frame]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for frame in frames {
+        frame.encode(1 << 20, &mut out).expect("encodes");
+    }
+    out
+}
+
+/// A REQ that repeats the key of a live request would orphan it (its handler and its input):
+/// the host refuses it as a protocol error, counted, and hangs up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_req_key_is_refused_and_the_connection_cut() {
+    let (mut fake, h1) = socket_pair();
+    let host = Host::new("waits").handler(UPPER, |mut request| async move {
+        // Never answers while its input is open.
+        let _ = request.read_all().await;
+        std::future::pending::<()>().await;
+    });
+    let serving = tokio::spawn(host.serve(h1));
+    let mut req = Frame::new(FrameType::Req, MessageId::Uint(7));
+    req.routing_id = Some(MessageId::Uint(1));
+    req.cap = Some(UPPER.to_owned());
+    fake.write_all(&encoded(&[hello(), req.clone(), req]))
+        .await
+        .expect("write");
+    match serving.await.expect("serve returned") {
+        Err(HostServeError::Protocol(why)) => assert!(why.contains("repeats the key"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A switch that never says HELLO, or says it and then goes silent, holds the host only until
+/// the machine's deadline (virtual time: no test waits for it).
+#[tokio::test(start_paused = true)]
+async fn a_switch_that_never_says_hello_or_goes_silent_is_given_up() {
+    let (_quiet, h1) = socket_pair();
+    let started = tokio::time::Instant::now();
+    match Host::new("waits").serve(h1).await {
+        Err(HostServeError::Protocol(why)) => assert!(why.contains("HELLO"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        started.elapsed().as_millis(),
+        u128::from(tether_core::limits::SWITCH_HANDSHAKE_TIMEOUT_MS)
+    );
+
+    let (mut silent, h2) = socket_pair();
+    silent.write_all(&encoded(&[hello()])).await.expect("write");
+    let started = tokio::time::Instant::now();
+    match Host::new("waits").serve(h2).await {
+        Err(HostServeError::Protocol(why)) => assert!(why.contains("silent"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        started.elapsed().as_millis(),
+        u128::from(
+            tether_core::limits::SWITCH_HEARTBEAT_INTERVAL_MS
+                + tether_core::limits::SWITCH_HEARTBEAT_TIMEOUT_MS
+        )
+    );
+}

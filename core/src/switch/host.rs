@@ -10,10 +10,17 @@
 //! [`Host::peer_request`]; their answers come back as [`HostEvent::PeerAnswer`].
 //!
 //! Drain `poll_transmit` (frames to write to the switch, in order) and `poll_event` after every
-//! input. A [`HostError`] from [`Host::handle_frame`] means the switch broke the protocol: close
-//! the connection.
+//! input, and call [`Host::handle_timeout`] at [`Host::poll_timeout`]. A [`HostError`] from
+//! [`Host::handle_frame`] or [`Host::handle_timeout`] means the switch broke the protocol (or
+//! never finished the handshake, or went silent): close the connection.
+//!
+//! Every request the machine reports ends exactly once, with [`HostEvent::Ended`] (the host
+//! wrote END or ERR) or [`HostEvent::Cancelled`] (the switch cancelled it): the shell's state
+//! for a request lives from its [`HostEvent::Request`] to one of those. A REQ whose key is
+//! live already is a protocol error (it would orphan the request it replaces).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -21,7 +28,10 @@ use super::hello::{manifest_json, HandshakeError, Hello, Limits};
 use super::side::{delivered, ReadError, RequestSide, WriteError};
 use super::{error_meta, notify_meta, IDENTITY_STREAM};
 use crate::cap::{CapUrn, CAP_IDENTITY};
-use crate::limits::{SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_SERVED_REQUESTS_MAX};
+use crate::limits::{
+    SWITCH_HANDSHAKE_TIMEOUT_MS, SWITCH_HEARTBEAT_INTERVAL_MS, SWITCH_HEARTBEAT_TIMEOUT_MS,
+    SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_SERVED_REQUESTS_MAX,
+};
 use crate::request::{Credits, RequestKey};
 use crate::time::Time;
 use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta};
@@ -69,6 +79,11 @@ pub enum HostEvent {
         /// The request.
         key: RequestKey,
     },
+    /// The host wrote the request's END or ERR: it is done here (its state is gone).
+    Ended {
+        /// The request.
+        key: RequestKey,
+    },
     /// The next frame of the answer to a peer request this host made, in order.
     PeerAnswer {
         /// The peer request's id.
@@ -98,6 +113,16 @@ pub enum HostError {
     /// [`crate::limits::SWITCH_HOST_WRITER_FRAMES_MAX`].
     #[error("the switch stopped reading")]
     Backlogged,
+    /// A REQ with the key of a request that is live here.
+    #[error("a REQ repeats the key of live request {0:?}")]
+    RepeatedKey(MessageId),
+    /// No HELLO within [`HostConfig::handshake_timeout`].
+    #[error("no HELLO within the handshake timeout")]
+    HandshakeTimeout,
+    /// Nothing heard from the switch for [`HostConfig::silence_timeout`] (a live switch
+    /// heartbeats well within it).
+    #[error("the switch went silent")]
+    Silent,
 }
 
 /// Why a write by the application was refused (nothing changed).
@@ -134,6 +159,47 @@ pub struct HostConfig {
     pub limits: Limits,
     /// Eight bytes that make this host's peer request ids unique (e.g. random per process).
     pub rid_prefix: [u8; 8],
+    /// The switch's HELLO must come within this of the machine's start
+    /// ([`SWITCH_HANDSHAKE_TIMEOUT_MS`]).
+    pub handshake_timeout: Duration,
+    /// Once live, the connection is given up after this long without a frame from the switch
+    /// (default: a heartbeat interval and its echo budget, [`SWITCH_HEARTBEAT_INTERVAL_MS`] +
+    /// [`SWITCH_HEARTBEAT_TIMEOUT_MS`]: a live switch heartbeats within it); `None` for never.
+    pub silence_timeout: Option<Duration>,
+}
+
+impl HostConfig {
+    /// Default limits and timeouts for a host `name` serving `caps`.
+    pub fn new(name: &str, caps: Vec<String>, rid_prefix: [u8; 8]) -> Self {
+        Self {
+            name: name.to_owned(),
+            caps,
+            limits: Limits::default(),
+            rid_prefix,
+            handshake_timeout: Duration::from_millis(SWITCH_HANDSHAKE_TIMEOUT_MS),
+            silence_timeout: Some(Duration::from_millis(
+                SWITCH_HEARTBEAT_INTERVAL_MS + SWITCH_HEARTBEAT_TIMEOUT_MS,
+            )),
+        }
+    }
+}
+
+/// What a [`Host`] has counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostStats {
+    /// Requests reported ([`HostEvent::Request`]).
+    pub requests: u64,
+    /// Requests that ended here ([`HostEvent::Ended`]).
+    pub ended: u64,
+    /// Requests the switch cancelled ([`HostEvent::Cancelled`]).
+    pub cancelled: u64,
+    /// Requests ended with `HANDLER_GONE` because the application stopped serving them
+    /// ([`Host::abandon`]; also counted in `ended`).
+    pub abandoned: u64,
+    /// REQs refused for repeating a live key ([`HostError::RepeatedKey`]).
+    pub repeated_keys: u64,
+    /// Connections given up on a timer ([`HostError::HandshakeTimeout`], [`HostError::Silent`]).
+    pub timeouts: u64,
 }
 
 #[derive(Debug)]
@@ -161,13 +227,21 @@ pub struct Host {
     next_call: u64,
     transmits: VecDeque<Frame>,
     events: VecDeque<HostEvent>,
+    /// The HELLO must come before this.
+    hello_by: Time,
+    /// When the switch was last heard from.
+    last_heard: Time,
+    stats: HostStats,
 }
 
 impl Host {
-    /// A host waiting for the switch's HELLO.
-    pub fn new(config: HostConfig) -> Self {
+    /// A host waiting for the switch's HELLO, from `now`.
+    pub fn new(config: HostConfig, now: Time) -> Self {
         Self {
             parsed: parse_caps(&config.caps),
+            hello_by: now.saturating_add(config.handshake_timeout),
+            last_heard: now,
+            stats: HostStats::default(),
             config,
             stage: Stage::AwaitHello,
             served: BTreeMap::new(),
@@ -180,7 +254,8 @@ impl Host {
     }
 
     /// A frame from the switch.
-    pub fn handle_frame(&mut self, _now: Time, frame: Frame) -> Result<(), HostError> {
+    pub fn handle_frame(&mut self, now: Time, frame: Frame) -> Result<(), HostError> {
+        self.last_heard = now;
         let limits = match self.stage {
             Stage::AwaitHello => return self.on_hello(&frame),
             Stage::Live(limits) => limits,
@@ -188,7 +263,10 @@ impl Host {
         match frame.frame_type {
             FrameType::Hello => Err(HostError::Unexpected("HELLO")),
             FrameType::Heartbeat => {
-                self.transmits.push_back(frame);
+                // Echoed by its id alone: whatever else the switch put in it is not sent back
+                // (a heartbeat is no way to make this host write bytes of the switch's choice).
+                self.transmits
+                    .push_back(Frame::new(FrameType::Heartbeat, frame.id));
                 Ok(())
             }
             FrameType::RelayState => {
@@ -210,8 +288,30 @@ impl Host {
         self.transmits.push_back(frame);
         if ended {
             self.served.remove(&key);
+            self.stats.ended += 1;
+            self.events.push_back(HostEvent::Ended { key });
         }
         Ok(())
+    }
+
+    /// The application stopped serving request `key` without ending it (its handler returned
+    /// or panicked): when it is still live here, an ERR (`HANDLER_GONE`) ends it, so that the
+    /// switch and the requester are not left waiting and nothing of it is kept.
+    pub fn abandon(&mut self, key: RequestKey) {
+        let Some(mut side) = self.served.remove(&key) else {
+            return;
+        };
+        let mut err = side.frame(FrameType::Err);
+        err.meta = Some(error_meta(
+            "HANDLER_GONE",
+            "the handler ended without answering",
+        ));
+        if side.write(&mut err).is_ok() {
+            self.transmits.push_back(err);
+        }
+        self.stats.ended += 1;
+        self.stats.abandoned += 1;
+        self.events.push_back(HostEvent::Ended { key });
     }
 
     /// Whether a CHUNK on `stream` of request `key` could be written now.
@@ -294,11 +394,53 @@ impl Host {
     /// ([`crate::limits::SWITCH_HOST_WRITER_FRAMES_MAX`]) is full because the switch stopped
     /// reading. The connection is useless: close it (every request served here ends with it).
     pub fn handle_backlogged(&mut self, _now: Time) -> HostError {
+        self.give_up();
+        HostError::Backlogged
+    }
+
+    /// When [`Host::handle_timeout`] is next due: the HELLO's deadline, then the silence
+    /// deadline (none when [`HostConfig::silence_timeout`] is `None`).
+    pub fn poll_timeout(&self) -> Option<Time> {
+        match self.stage {
+            Stage::AwaitHello => Some(self.hello_by),
+            Stage::Live(_) => self
+                .config
+                .silence_timeout
+                .map(|silence| self.last_heard.saturating_add(silence)),
+        }
+    }
+
+    /// Time passed: an error when the HELLO is overdue or the switch went silent (close the
+    /// connection; every request served here ends with it). A spurious call does nothing.
+    pub fn handle_timeout(&mut self, now: Time) -> Result<(), HostError> {
+        let error = match self.stage {
+            Stage::AwaitHello if now >= self.hello_by => HostError::HandshakeTimeout,
+            Stage::Live(_)
+                if self
+                    .config
+                    .silence_timeout
+                    .is_some_and(|silence| now >= self.last_heard.saturating_add(silence)) =>
+            {
+                HostError::Silent
+            }
+            _ => return Ok(()),
+        };
+        self.stats.timeouts += 1;
+        self.give_up();
+        Err(error)
+    }
+
+    /// What the machine has counted.
+    pub fn stats(&self) -> HostStats {
+        self.stats
+    }
+
+    /// The connection is over: nothing of it is kept.
+    fn give_up(&mut self) {
         self.served.clear();
         self.identity.clear();
         self.calls.clear();
         self.transmits.clear();
-        HostError::Backlogged
     }
 
     /// The next frame to write to the switch.
@@ -350,6 +492,10 @@ impl Host {
             xid: frame.routing_id.expect("matched with an XID"),
             rid: frame.id,
         };
+        if self.served.contains_key(&key) || self.identity.contains_key(&key) {
+            self.stats.repeated_keys += 1;
+            return Err(HostError::RepeatedKey(key.rid));
+        }
         if self.served.len() + self.identity.len() >= SWITCH_SERVED_REQUESTS_MAX {
             return Err(HostError::TooManyRequests);
         }
@@ -383,6 +529,7 @@ impl Host {
             return Ok(());
         };
         self.served.insert(key, side);
+        self.stats.requests += 1;
         self.events.push_back(HostEvent::Request {
             key,
             cap,
@@ -411,6 +558,7 @@ impl Host {
             match frame.frame_type {
                 FrameType::Cancel => {
                     if self.served.remove(&key).is_some() {
+                        self.stats.cancelled += 1;
                         let force_kill = frame.force_kill.unwrap_or(true);
                         self.events
                             .push_back(HostEvent::Cancelled { key, force_kill });
@@ -546,12 +694,8 @@ mod tests {
             };
             for (index, (name, caps)) in hosts.iter().enumerate() {
                 let conn = world.switch.attach(world.now, name).expect("attach");
-                let host = Host::new(HostConfig {
-                    name: (*name).to_owned(),
-                    caps: caps.iter().map(|c| (*c).to_owned()).collect(),
-                    limits: Limits::default(),
-                    rid_prefix: [index as u8; 8],
-                });
+                let caps = caps.iter().map(|c| (*c).to_owned()).collect();
+                let host = Host::new(HostConfig::new(name, caps, [index as u8; 8]), world.now);
                 world.hosts.push((conn, host));
                 world.host_events.push(Vec::new());
             }
@@ -742,5 +886,53 @@ mod tests {
         w.switch.handle_engine_frame(w.now, credit).expect("live");
         w.pump();
         w.hosts[0].1.write(key, over).expect("granted");
+    }
+
+    /// A live host echoes a HEARTBEAT by its id alone (a megabyte the switch put in one is
+    /// not written back), refuses a REQ that repeats a live key, and gives up on a switch that
+    /// goes silent past its deadline, keeping nothing.
+    #[test]
+    fn heartbeats_echo_ids_only_repeated_keys_are_refused_and_silence_ends_it() {
+        let config = HostConfig::new("h", vec![UPPER.to_owned()], [1; 8]);
+        let mut host = Host::new(config, Time::ZERO);
+        assert_eq!(
+            host.poll_timeout(),
+            Some(Time::from_millis(
+                crate::limits::SWITCH_HANDSHAKE_TIMEOUT_MS
+            ))
+        );
+        let mut hello = Frame::new(FrameType::Hello, MessageId::Uint(0));
+        hello.meta = Some(
+            Hello {
+                limits: Limits::default(),
+                manifest: None,
+            }
+            .to_meta(),
+        );
+        host.handle_frame(Time::ZERO, hello).expect("hello");
+        while host.poll_transmit().is_some() {}
+        let mut beat = Frame::new(FrameType::Heartbeat, MessageId::Uint(42));
+        beat.payload = Some(Bytes::from(vec![7; 1 << 20]));
+        beat.meta = Some(error_meta("X", "y"));
+        let at = Time::from_millis(1_000);
+        host.handle_frame(at, beat).expect("heartbeat");
+        let echo = host.poll_transmit().expect("echoed");
+        assert_eq!(echo, Frame::new(FrameType::Heartbeat, MessageId::Uint(42)));
+
+        let mut req = Frame::new(FrameType::Req, MessageId::Uint(5));
+        req.routing_id = Some(MessageId::Uint(9));
+        req.cap = Some(UPPER.to_owned());
+        host.handle_frame(at, req.clone()).expect("a request");
+        assert_eq!(
+            host.handle_frame(at, req),
+            Err(HostError::RepeatedKey(MessageId::Uint(5)))
+        );
+        assert_eq!(host.stats().repeated_keys, 1);
+
+        let silence = host.poll_timeout().expect("a silence deadline");
+        assert_eq!(silence.saturating_since(at).as_millis() as u64, 40_000);
+        assert_eq!(host.handle_timeout(Time::from_millis(2_000)), Ok(()));
+        assert_eq!(host.handle_timeout(silence), Err(HostError::Silent));
+        assert_eq!((host.served_len(), host.stats().timeouts), (0, 1));
     }
 }

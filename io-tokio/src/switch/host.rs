@@ -36,9 +36,9 @@ use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio::time::{sleep_until, Instant};
 
-pub use tether_core::switch::host::HostConfig;
+pub use tether_core::switch::host::{HostConfig, HostStats};
 pub use tether_core::switch::Limits;
 
 use super::conn::{FrameReader, FrameWriter, Incoming};
@@ -98,12 +98,7 @@ impl Host {
         prefix.copy_from_slice(&(nanos ^ u64::from(std::process::id())).to_be_bytes());
         let (tx, commands) = mpsc::channel(SWITCH_HOST_COMMANDS_MAX);
         Self {
-            config: HostConfig {
-                name: name.to_owned(),
-                caps: Vec::new(),
-                limits: Limits::default(),
-                rid_prefix: prefix,
-            },
+            config: HostConfig::new(name, Vec::new(), prefix),
             handlers: Vec::new(),
             tx,
             commands,
@@ -144,14 +139,18 @@ impl Host {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (reader, writer) = tokio::io::split(stream);
+        let (done_tx, done) = mpsc::unbounded_channel();
         let mut task = HostTask {
-            machine: Machine::new(self.config),
+            machine: Machine::new(self.config, Time::ZERO),
             handlers: self.handlers,
             epoch: Instant::now(),
             writer: FrameWriter::new(Box::new(writer), SWITCH_HOST_WRITER_FRAMES_MAX),
             tx: self.tx,
             commands: self.commands,
             served: BTreeMap::new(),
+            done_tx,
+            done,
+            next_serial: 0,
             calls: BTreeMap::new(),
             parked: BTreeMap::new(),
         };
@@ -192,6 +191,16 @@ impl HostHandle {
     pub async fn remove_handler(&self, cap: &str) -> Result<bool, HostServeError> {
         let cap = CapUrn::parse(cap).map_err(|error| HostServeError::BadCap(error.to_string()))?;
         self.set(cap, None).await
+    }
+
+    /// What the host holds and has counted; `Gone` once it stopped serving.
+    pub async fn state(&self) -> Result<HostState, HostServeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::State { reply })
+            .await
+            .map_err(|_| HostServeError::Gone)?;
+        rx.await.map_err(|_| HostServeError::Gone)
     }
 
     async fn set(&self, cap: CapUrn, handler: Option<Handler>) -> Result<bool, HostServeError> {
@@ -273,6 +282,22 @@ enum Command {
         rid: MessageId,
         stream: Option<String>,
     },
+    State {
+        reply: oneshot::Sender<HostState>,
+    },
+}
+
+/// What a serving [`Host`] holds and has counted ([`HostHandle::state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostState {
+    /// The machine's counters.
+    pub stats: HostStats,
+    /// Requests the machine holds (served, not yet ended or cancelled).
+    pub machine_requests: usize,
+    /// Requests the host holds a handler's state for.
+    pub handlers_running: usize,
+    /// Peer requests waiting for their answer.
+    pub peer_calls: usize,
 }
 
 /// One request routed to this host, handed to its handler.
@@ -449,6 +474,9 @@ impl PeerCall {
 }
 
 struct Served {
+    /// Which start of the key this is (a handler's end names it, so that a late one never
+    /// touches a later request of the same key).
+    serial: u64,
     /// `None` once the switch stopped the request's feeds (CLOSE_STREAM): its input ends.
     input: Option<FlowSender>,
     cancelled: Arc<AtomicBool>,
@@ -471,6 +499,11 @@ struct HostTask {
     tx: mpsc::Sender<Command>,
     commands: mpsc::Receiver<Command>,
     served: BTreeMap<RequestKey, Served>,
+    /// Handlers that ended (returned, panicked or were aborted), by key and serial: at most
+    /// one per served request, so bounded by the served table.
+    done_tx: mpsc::UnboundedSender<(RequestKey, u64)>,
+    done: mpsc::UnboundedReceiver<(RequestKey, u64)>,
+    next_serial: u64,
     calls: BTreeMap<MessageId, FlowSender>,
     /// Writes waiting for credit, per request, oldest first. Each is awaited by its handler,
     /// so a request has at most one per stream it writes.
@@ -487,6 +520,10 @@ impl HostTask {
         mut incoming: FrameReader<R>,
     ) -> Result<(), HostServeError> {
         loop {
+            let deadline = self.machine.poll_timeout().map_or_else(
+                || self.epoch + std::time::Duration::from_secs(365 * 24 * 3600),
+                |at| self.epoch + std::time::Duration::from_millis(at.as_millis()),
+            );
             tokio::select! {
                 message = incoming.next() => match message {
                     Some(Incoming::Frame(frame)) => {
@@ -506,6 +543,20 @@ impl HostTask {
                     Some(Incoming::Closed) | None => return Ok(()),
                 },
                 Some(command) = self.commands.recv() => self.command(command),
+                Some((key, serial)) = self.done.recv() => {
+                    if self.served.get(&key).is_some_and(|served| served.serial == serial) {
+                        self.served.remove(&key);
+                        // Still live in the machine only if the handler never ended it.
+                        self.machine.abandon(key);
+                    }
+                }
+                // The HELLO's deadline, or the switch's silence: the machine decides.
+                () = sleep_until(deadline) => {
+                    let now = self.now();
+                    self.machine
+                        .handle_timeout(now)
+                        .map_err(|error| HostServeError::Protocol(error.to_string()))?;
+                }
                 // The socket was full and took more, or a write failed (the switch is gone).
                 Err(_) = std::future::poll_fn(|cx| match self.writer.poll_write_queued(cx) {
                     Poll::Ready(Ok(())) => Poll::Pending,
@@ -557,6 +608,14 @@ impl HostTask {
             }
             Command::PeerConsume { rid, stream } => {
                 self.machine.peer_consume(rid, stream.as_deref())
+            }
+            Command::State { reply } => {
+                let _ = reply.send(HostState {
+                    stats: self.machine.stats(),
+                    machine_requests: self.machine.served_len(),
+                    handlers_running: self.served.len(),
+                    peer_calls: self.calls.len(),
+                });
             }
         }
     }
@@ -638,6 +697,10 @@ impl HostTask {
                     served.input = None;
                 }
             }
+            HostEvent::Ended { key } => {
+                // The handler wrote END or ERR: it is finishing; nothing of it is kept.
+                self.served.remove(&key);
+            }
             HostEvent::Cancelled { key, force_kill } => {
                 if let Some(served) = self.served.remove(&key) {
                     served.cancelled.store(true, Ordering::SeqCst);
@@ -663,6 +726,7 @@ impl HostTask {
     /// host's caps, which are the handlers' caps in order).
     fn start(&mut self, key: RequestKey, cap: String, serves: usize) {
         let Some((_, handler)) = self.handlers.get(serves) else {
+            self.machine.abandon(key);
             return;
         };
         let handler = handler.clone();
@@ -675,15 +739,41 @@ impl HostTask {
             tx: self.tx.clone(),
             cancelled: cancelled.clone(),
         };
-        let task = tokio::spawn(handler(request));
+        self.next_serial += 1;
+        let serial = self.next_serial;
+        let done = HandlerDone {
+            key,
+            serial,
+            tx: self.done_tx.clone(),
+        };
+        let work = handler(request);
+        let task = tokio::spawn(async move {
+            // Dropped when the handler returns, panics or is aborted.
+            let _done = done;
+            work.await;
+        });
         self.served.insert(
             key,
             Served {
+                serial,
                 input: Some(input_tx),
                 cancelled,
                 task,
             },
         );
+    }
+}
+
+/// Tells the host task a handler ended, however it ended.
+struct HandlerDone {
+    key: RequestKey,
+    serial: u64,
+    tx: mpsc::UnboundedSender<(RequestKey, u64)>,
+}
+
+impl Drop for HandlerDone {
+    fn drop(&mut self) {
+        let _ = self.tx.send((self.key, self.serial));
     }
 }
 
