@@ -59,6 +59,33 @@ pub const CBOR_NESTING_DEPTH_MAX: usize = 16;
 /// Largest substrate frame: length-prefixed type byte plus CBOR (REFERENCE §C: 1 MiB).
 pub const ENVELOPE_FRAME_BYTES_MAX: usize = 1024 * 1024;
 
+/// QUIC bidirectional streams a peer may have open at once on one connection (set explicitly:
+/// each can hold [`QUIC_STREAM_RECEIVE_WINDOW_BYTES`] unread).
+pub const QUIC_STREAMS_BIDI_MAX: u32 = 100;
+
+/// QUIC unidirectional streams a peer may have open at once on one connection.
+pub const QUIC_STREAMS_UNI_MAX: u32 = 100;
+
+/// Bytes one QUIC stream may have in flight toward this node, unread.
+pub const QUIC_STREAM_RECEIVE_WINDOW_BYTES: u32 = 1024 * 1024;
+
+/// Bytes all the streams of one QUIC connection may have in flight toward this node, unread
+/// (QUIC's default is unbounded: 100 streams at their window each): what one connection can
+/// make this node buffer.
+pub const QUIC_CONNECTION_RECEIVE_WINDOW_BYTES: u32 = 8 * 1024 * 1024;
+
+/// Inbound QUIC handshakes a node runs at once; past it a new incoming connection is refused
+/// before its handshake (stateless, no task), counted.
+pub const QUIC_HANDSHAKES_IN_PROGRESS_MAX: usize = 128;
+
+/// An inbound handshake not done within this is given up.
+pub const QUIC_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+
+/// A decoder waiting for the rest of a length-prefixed frame reserves room for at most this
+/// much of it ahead of the bytes that came: a frame's declared length (1 MiB for an actor
+/// payload, megabytes for a switch frame) is a claim, and memory is spent as its bytes arrive.
+pub const DECODE_RESERVE_AHEAD_BYTES_MAX: usize = 64 * 1024;
+
 /// Largest entry of the log store's file (one durable record: an op with its body, at most a
 /// bulk chunk's worth, and its fields). A larger declared length is corruption.
 pub const LOG_ENTRY_BYTES_MAX: usize = 1024 * 1024;

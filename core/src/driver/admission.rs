@@ -167,3 +167,69 @@ mod tests {
         assert!(admit(&PeerAuth::open(), &[2; 32], Path::Actor, Direction::Inbound).is_ok());
     }
 }
+
+/// Inbound handshakes in progress, under a bound: the shell asks [`Handshakes::begin`] for
+/// every incoming connection before anything is spent on it (no task, no TLS) and refuses it
+/// when the answer is no; [`Handshakes::end`] when a begun handshake ends, however it ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshakes {
+    in_progress: usize,
+    max: usize,
+    refused: u64,
+}
+
+impl Handshakes {
+    /// At most `max` at once.
+    pub fn new(max: usize) -> Self {
+        Self {
+            in_progress: 0,
+            max,
+            refused: 0,
+        }
+    }
+
+    /// Whether a new handshake may start (then it counts as in progress); a refusal is counted.
+    pub fn begin(&mut self) -> bool {
+        if self.in_progress >= self.max {
+            self.refused += 1;
+            return false;
+        }
+        self.in_progress += 1;
+        true
+    }
+
+    /// A begun handshake ended (done, failed or timed out).
+    pub fn end(&mut self) {
+        self.in_progress = self.in_progress.saturating_sub(1);
+    }
+
+    /// Handshakes in progress now.
+    pub fn in_progress(&self) -> usize {
+        self.in_progress
+    }
+
+    /// Incoming connections refused because `max` were in progress.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+}
+
+#[cfg(test)]
+mod handshake_tests {
+    use super::Handshakes;
+
+    #[test]
+    fn handshakes_past_the_bound_are_refused_and_counted_until_one_ends() {
+        let mut gate = Handshakes::new(2);
+        assert!(gate.begin() && gate.begin());
+        assert!(!gate.begin());
+        assert!(!gate.begin());
+        assert_eq!((gate.in_progress(), gate.refused()), (2, 2));
+        gate.end();
+        assert!(gate.begin());
+        gate.end();
+        gate.end();
+        gate.end();
+        assert_eq!(gate.in_progress(), 0, "never below zero");
+    }
+}

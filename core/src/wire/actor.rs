@@ -281,7 +281,7 @@ impl Format for ActorDecoder {
         }
         let total = payload_len_at + 4 + payload_len;
         if buf.len() < total {
-            buf.reserve(total - buf.len());
+            super::reserve_ahead(buf, total);
             return Ok(None);
         }
         // One handle on the buffer per record: tag and payload are views of it.
@@ -346,6 +346,34 @@ mod tests {
         for text in vectors {
             check_malformed(ActorDecoder::default(), text);
         }
+    }
+
+    /// A header declaring the largest payload costs memory only as the payload's bytes come:
+    /// the decoder reserves at most `DECODE_RESERVE_AHEAD_BYTES_MAX` ahead, however much was
+    /// declared, and still decodes the record whole once it is all there.
+    #[test]
+    fn a_declared_payload_is_not_allocated_before_its_bytes_arrive() {
+        use crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX;
+        let payload = vec![9u8; ACTOR_PAYLOAD_BYTES_DEFAULT];
+        let record = ActorRecord::new([3; 32], "t", Bytes::from(payload.clone())).unwrap();
+        let mut bytes = Vec::new();
+        record
+            .encode(ACTOR_PAYLOAD_BYTES_DEFAULT, &mut bytes)
+            .unwrap();
+        let header = DEST_LEN + 4 + 1 + 4;
+        let mut decoder = StreamDecoder::new(ActorDecoder::default());
+        decoder.push(&bytes[..header]);
+        assert!(decoder.pop().unwrap().is_none());
+        assert!(
+            decoder.buffered_capacity() <= header + DECODE_RESERVE_AHEAD_BYTES_MAX,
+            "{} bytes reserved for a {header}-byte header",
+            decoder.buffered_capacity()
+        );
+        for chunk in bytes[header..].chunks(4096) {
+            decoder.push(chunk);
+        }
+        let decoded = decoder.pop().unwrap().expect("whole");
+        assert_eq!(decoded.payload(), &payload[..]);
     }
 
     #[test]

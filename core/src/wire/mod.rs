@@ -73,7 +73,9 @@ pub struct DecodeError<E> {
 /// Bytes are copied once into an internal buffer; every payload an item carries is a
 /// zero-copy [`bytes::Bytes`] slice of that buffer. The buffer never holds more than one
 /// incomplete item beyond what the caller pushed, and an item's declared length is checked
-/// against its bound before the decoder waits for (or reserves room for) its body.
+/// against its bound before the decoder waits for its body; room is reserved for at most
+/// [`crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX`] of the body ahead of its bytes, so a
+/// declared length costs memory only as its bytes arrive.
 #[derive(Debug, Clone)]
 pub struct StreamDecoder<F: Format> {
     format: F,
@@ -176,6 +178,11 @@ impl<F: Format> StreamDecoder<F> {
         self.offset
     }
 
+    /// Bytes the decoder's buffer holds room for (what it costs in memory now).
+    pub fn buffered_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// Bytes pushed but not yet consumed.
     pub fn buffered_len(&self) -> usize {
         self.buf.len()
@@ -199,10 +206,17 @@ fn take_length_prefixed(buf: &mut BytesMut, max: usize) -> Result<Option<bytes::
         return Err(len as u64);
     }
     if buf.len() < 4 + len {
-        buf.reserve(4 + len - buf.len());
+        reserve_ahead(buf, 4 + len);
         return Ok(None);
     }
     Ok(Some(buf.split_to(4 + len).freeze().split_off(4)))
+}
+
+/// Reserves room toward a frame of `total` bytes of which `buf` holds the start: at most
+/// [`crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX`] beyond what arrived.
+pub(crate) fn reserve_ahead(buf: &mut BytesMut, total: usize) {
+    let missing = total.saturating_sub(buf.len());
+    buf.reserve(missing.min(crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX));
 }
 
 /// Reads a big-endian `u32` at `at`, if four bytes are there.

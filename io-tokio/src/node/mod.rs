@@ -204,6 +204,11 @@ pub struct Snapshot {
     pub accepted: u64,
     /// Inbound connections refused by the allow-list.
     pub refused: u64,
+    /// Incoming connections refused before their handshake: as many handshakes as
+    /// [`tether_core::limits::QUIC_HANDSHAKES_IN_PROGRESS_MAX`] were in progress.
+    pub handshakes_refused: u64,
+    /// Inbound handshakes in progress now.
+    pub handshakes_in_progress: usize,
     /// Every refusal by the allow-list, by path and direction (`"switch/inbound": 1`).
     pub refusals: Refusals,
     /// Background dials started.
@@ -222,6 +227,22 @@ pub struct Snapshot {
     pub cache: BTreeMap<String, u64>,
     /// Every cached connection, whatever its ALPN: (peer hex, channel, generation).
     pub connections: Vec<(String, Channel, u64)>,
+}
+
+/// The QUIC limits of a node's endpoint, set explicitly (core's limits): streams per
+/// connection and what a stream and a connection may have unread toward this node.
+pub fn quic_transport_config() -> iroh::endpoint::QuicTransportConfig {
+    use iroh::endpoint::{QuicTransportConfig, VarInt};
+    use tether_core::limits::{
+        QUIC_CONNECTION_RECEIVE_WINDOW_BYTES, QUIC_STREAMS_BIDI_MAX, QUIC_STREAMS_UNI_MAX,
+        QUIC_STREAM_RECEIVE_WINDOW_BYTES,
+    };
+    QuicTransportConfig::builder()
+        .max_concurrent_bidi_streams(VarInt::from_u32(QUIC_STREAMS_BIDI_MAX))
+        .max_concurrent_uni_streams(VarInt::from_u32(QUIC_STREAMS_UNI_MAX))
+        .stream_receive_window(VarInt::from_u32(QUIC_STREAM_RECEIVE_WINDOW_BYTES))
+        .receive_window(VarInt::from_u32(QUIC_CONNECTION_RECEIVE_WINDOW_BYTES))
+        .build()
 }
 
 /// Builds a [`Node`].
@@ -493,6 +514,7 @@ impl NodeBuilder {
         let endpoint = match self.endpoint {
             Some(endpoint) => endpoint,
             None => Endpoint::builder(presets::Minimal)
+                .transport_config(quic_transport_config())
                 .secret_key(secret)
                 .relay_mode(self.relay_mode)
                 .alpns(alpns.clone())
@@ -593,6 +615,9 @@ impl NodeBuilder {
                 actor_alpn: self.actor_alpn,
                 egress: CachePadded::default(),
                 counters: Counters::default(),
+                handshakes: Mutex::new(tether_core::driver::admission::Handshakes::new(
+                    tether_core::limits::QUIC_HANDSHAKES_IN_PROGRESS_MAX,
+                )),
                 tasks: Mutex::new(JoinSet::new()),
                 closed: closed_tx,
             }
@@ -887,6 +912,8 @@ struct Inner {
     /// a writer or reader task touches would pull the line away from the producing thread.
     egress: CachePadded<RwLock<BTreeMap<NodeId, PeerQueue>>>,
     counters: Counters,
+    /// Inbound handshakes in progress, under their bound (core decides).
+    handshakes: Mutex<tether_core::driver::admission::Handshakes>,
     tasks: Mutex<JoinSet<()>>,
     closed: watch::Sender<bool>,
 }
@@ -1253,6 +1280,10 @@ impl Node {
         let driver = &state.driver;
         let refusals = driver.refusals().clone();
         let counters = driver.counters();
+        let (handshakes_refused, handshakes_in_progress) = {
+            let handshakes = self.inner.lock_handshakes();
+            (handshakes.refused(), handshakes.in_progress())
+        };
         Snapshot {
             node_id: hex(&self.inner.local),
             frames_enqueued: c.enqueued.load(Ordering::Relaxed),
@@ -1263,6 +1294,8 @@ impl Node {
             accepted: counters.accepted,
             refused: refusals.total(Direction::Inbound),
             refusals,
+            handshakes_refused,
+            handshakes_in_progress,
             dials_started: counters.dials_started,
             dial_failures: counters.dial_failures,
             egress_queues_started: c.queues_started.load(Ordering::Relaxed),
@@ -1996,15 +2029,34 @@ impl Inner {
 
     async fn accept_loop(self: Arc<Self>) {
         while let Some(incoming) = self.endpoint.accept().await {
+            if !self.lock_handshakes().begin() {
+                // Refused before anything is spent on it: no task, no TLS.
+                incoming.refuse();
+                continue;
+            }
             let inner = self.clone();
             self.spawn(async move {
-                let Ok(accepting) = incoming.accept() else {
-                    return;
+                let handshake = async {
+                    let accepting = incoming.accept().ok()?;
+                    let deadline =
+                        Duration::from_millis(tether_core::limits::QUIC_HANDSHAKE_TIMEOUT_MS);
+                    tokio::time::timeout(deadline, accepting).await.ok()?.ok()
                 };
-                let Ok(conn) = accepting.await else { return };
-                inner.accepted(conn);
+                let conn = handshake.await;
+                inner.lock_handshakes().end();
+                if let Some(conn) = conn {
+                    inner.accepted(conn);
+                }
             });
         }
+    }
+
+    fn lock_handshakes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, tether_core::driver::admission::Handshakes> {
+        self.handshakes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// An accepted connection: the machine admits and dispatches it by ALPN.
