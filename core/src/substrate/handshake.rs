@@ -54,8 +54,13 @@ const LIST_MAX: usize = 32;
 /// How this side authenticates. A required choice: there is no default.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Auth {
-    /// HMAC-SHA256 keyed by SHA-256 of this raw key, which both sides hold.
+    /// HMAC-SHA256 keyed by SHA-256 of this raw key, which both sides hold. One key for every
+    /// peer: any peer that holds it can claim to be any other.
     SharedKey(Vec<u8>),
+    /// A key record per peer (seed 003's `peerRecordFor`): the link with a peer is proven with
+    /// the key the two of them hold (on the wire, as `shared-key`), so a peer can only be
+    /// itself. A link claiming a peer without a record is refused before anything else.
+    PeerKeys(PeerKeys),
     /// The transport authenticated the peer; bind the proof to the channel.
     TransportIdentity,
     /// No authentication, chosen explicitly (shells log it at warn).
@@ -69,11 +74,47 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// Each peer's key, by peer id ([`Auth::PeerKeys`]).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct PeerKeys(std::sync::Arc<std::collections::BTreeMap<String, Vec<u8>>>);
+
+impl PeerKeys {
+    /// The records: each peer id and the raw key this side and that peer hold.
+    pub fn new<I, P, K>(records: I) -> Self
+    where
+        I: IntoIterator<Item = (P, K)>,
+        P: Into<String>,
+        K: Into<Vec<u8>>,
+    {
+        Self(std::sync::Arc::new(
+            records
+                .into_iter()
+                .map(|(peer, key)| (peer.into(), key.into()))
+                .collect(),
+        ))
+    }
+
+    /// The key for `peer`, if it has a record.
+    pub fn key(&self, peer: &str) -> Option<&[u8]> {
+        self.0.get(peer).map(Vec::as_slice)
+    }
+}
+
 impl Auth {
+    /// What this side proves a link with `peer` with: the peer's own key under
+    /// [`Auth::PeerKeys`] (`None` when it has no record: refuse the link), this choice as it
+    /// is otherwise.
+    pub fn for_peer(&self, peer: &str) -> Option<Auth> {
+        match self {
+            Auth::PeerKeys(keys) => keys.key(peer).map(|key| Auth::SharedKey(key.to_vec())),
+            other => Some(other.clone()),
+        }
+    }
+
     /// The method name this choice advertises.
     pub fn method(&self) -> AuthMethod {
         match self {
-            Auth::SharedKey(_) => AuthMethod::SharedKey,
+            Auth::SharedKey(_) | Auth::PeerKeys(_) => AuthMethod::SharedKey,
             Auth::TransportIdentity => AuthMethod::TransportIdentity,
             Auth::None => AuthMethod::None,
         }
@@ -367,6 +408,8 @@ impl Handshake {
     fn mac(&self, prover: Role, negotiated: &Negotiated) -> Result<Vec<u8>, HandshakeError> {
         let key = match &self.auth {
             Auth::SharedKey(raw) => Sha256::digest(raw),
+            // Unresolved ([`Auth::for_peer`]): no key, so no proof can be made or checked.
+            Auth::PeerKeys(_) => return Err(HandshakeError::BadProof),
             Auth::TransportIdentity => Sha256::digest(&self.channel.binding),
             Auth::None => return Ok(Vec::new()),
         };

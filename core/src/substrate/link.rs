@@ -117,16 +117,29 @@ impl PeerLink {
     /// first. `nonce` must be fresh random bytes (at least 16).
     pub fn link_up(&mut self, now: Time, role: Role, channel: Channel, nonce: Vec<u8>) {
         self.link_down(now);
-        let limits = Limits {
-            frame_bytes_max: ENVELOPE_FRAME_BYTES_MAX as u64,
-            body_bytes_max: ENVELOPE_INLINE_BODY_BYTES_MAX as u64,
-            window: self.machine.receive_window(),
-        };
-        let caps = Capabilities::new(&self.auth, self.features.clone(), limits);
+        let caps = capabilities(
+            &self.auth,
+            self.features.clone(),
+            self.machine.receive_window(),
+        );
         let handshake = Handshake::start(now, role, self.auth.clone(), caps, channel, nonce);
         self.state = State::Handshaking(Box::new(handshake));
         self.decoder = StreamDecoder::new(EnvelopeDecoder);
         self.close = None;
+    }
+
+    /// A new connection whose handshake the shell already ran and verified (an inbound link
+    /// is proven before it touches the peer's state: see [`capabilities`]): it is up at once,
+    /// with `negotiated`, replacing any previous link. The shell then hands over any bytes
+    /// that followed the handshake with [`PeerLink::handle_bytes`].
+    pub fn adopt(&mut self, now: Time, negotiated: Negotiated) {
+        self.link_down(now);
+        self.decoder = StreamDecoder::new(EnvelopeDecoder);
+        self.close = None;
+        self.machine.set_initial_credit(negotiated.limits.window);
+        self.negotiated = Some(negotiated);
+        self.state = State::Up;
+        self.machine.handle_link_up_with(now, Vec::new());
     }
 
     /// The connection is gone (closed by either side or failed). Idempotent.
@@ -271,6 +284,18 @@ impl PeerLink {
         self.close.get_or_insert(close);
         self.link_down(now);
     }
+}
+
+/// What this side offers in a link's handshake: `auth`'s method, `features`, the envelope
+/// bounds and a receive `window` ([`Machine::receive_window`]). A handshake the shell runs
+/// itself before [`PeerLink::adopt`] offers exactly what [`PeerLink::link_up`] would.
+pub fn capabilities(auth: &Auth, features: Vec<String>, window: u64) -> Capabilities {
+    let limits = Limits {
+        frame_bytes_max: ENVELOPE_FRAME_BYTES_MAX as u64,
+        body_bytes_max: ENVELOPE_INLINE_BODY_BYTES_MAX as u64,
+        window,
+    };
+    Capabilities::new(auth, features, limits)
 }
 
 fn handshake_close(error: HandshakeError) -> LinkClose {

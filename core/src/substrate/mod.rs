@@ -31,7 +31,7 @@ pub use durable::{
     effective_records, BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record,
     Side,
 };
-pub use link::{LinkClose, PeerLink};
+pub use link::{capabilities, LinkClose, PeerLink};
 pub use machine::{CommandError, Event, Machine, TYPE_KEEPALIVE};
 
 use crate::limits::{

@@ -178,6 +178,12 @@ impl<F: Format> StreamDecoder<F> {
         self.offset
     }
 
+    /// Takes the bytes pushed but not yet consumed (to hand the rest of a stream to another
+    /// decoder); the decoder is left empty.
+    pub fn take_buffered(&mut self) -> bytes::Bytes {
+        std::mem::take(&mut self.buf).freeze()
+    }
+
     /// Bytes the decoder's buffer holds room for (what it costs in memory now).
     pub fn buffered_capacity(&self) -> usize {
         self.buf.capacity()

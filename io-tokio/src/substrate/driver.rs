@@ -92,7 +92,8 @@ pub(super) enum Command {
         obj: String,
         seq: u64,
     },
-    Attach(Link),
+    /// An inbound link whose handshake verified (it replaces the live link).
+    Attach(Box<super::preauth::Verified>),
     /// The app named this peer: a task without a link, a dial in flight or one scheduled
     /// dials now if it has an address (it may have learned one since it started, as a peer
     /// loaded from the store before the app said how to reach it).
@@ -137,7 +138,7 @@ impl Command {
             Command::Send { reply, .. } => drop(reply.send(Err(error))),
             Command::Req { reply, .. } => reply.fail(error),
             // A link from a peer whose state cannot load is refused: dropping it closes it.
-            Command::Attach(link) => drop(link),
+            Command::Attach(verified) => drop(verified),
             Command::Consume { .. }
             | Command::Reach
             | Command::Disconnect
@@ -323,7 +324,13 @@ impl Driver {
         handle: CommandTx,
         pinned: Arc<AtomicBool>,
     ) -> Self {
-        let link = PeerLink::new(machine, shared.auth.clone(), shared.features.clone());
+        // Under per-peer keys this peer's own key (a peer without a record gets an auth that
+        // proves nothing: its links fail their handshake).
+        let auth = shared
+            .auth
+            .for_peer(peer.as_str())
+            .unwrap_or_else(|| shared.auth.clone());
+        let link = PeerLink::new(machine, auth, shared.features.clone());
         let (link_tx, link_rx) = mpsc::channel(16);
         Self {
             peer,
@@ -685,7 +692,7 @@ impl Driver {
             Command::Consume { obj, seq } => {
                 machine.consume(now, &obj, seq);
             }
-            Command::Attach(link) => self.attach(link, Role::Listener),
+            Command::Attach(verified) => self.adopt(*verified),
             Command::Reach => {
                 if self.writer.is_none()
                     && !self.dialing
@@ -726,12 +733,35 @@ impl Driver {
         }
     }
 
+    /// Binds an inbound connection whose handshake verified (replacing any current one): it
+    /// is up at once; the bytes that followed its handshake are read first.
+    fn adopt(&mut self, verified: super::preauth::Verified) {
+        let super::preauth::Verified {
+            link,
+            negotiated,
+            rest,
+        } = verified;
+        self.bind(link.stream);
+        let now = self.now();
+        self.link.adopt(now, negotiated);
+        if !rest.is_empty() {
+            self.link.handle_bytes(now, rest);
+        }
+    }
+
     /// Binds a new connection (replacing any current one) and starts its handshake.
     fn attach(&mut self, link: Link, role: Role) {
+        self.bind(link.stream);
+        let nonce = self.shared.random_bytes().to_vec();
+        self.link.link_up(self.now(), role, link.channel, nonce);
+    }
+
+    /// Replaces the current connection's reader and writer with `stream`'s.
+    fn bind(&mut self, stream: Box<dyn super::transport::LinkStream>) {
         self.detach_quietly();
         self.generation += 1;
         let generation = self.generation;
-        let (mut reader, mut writer) = tokio::io::split(link.stream);
+        let (mut reader, mut writer) = tokio::io::split(stream);
         let tx = self.link_tx.clone();
         tokio::spawn(async move {
             loop {
@@ -763,8 +793,6 @@ impl Driver {
             let _ = writer.shutdown().await;
         });
         self.writer = Some(out_tx);
-        let nonce = self.shared.random_bytes().to_vec();
-        self.link.link_up(self.now(), role, link.channel, nonce);
     }
 
     fn detach_quietly(&mut self) {

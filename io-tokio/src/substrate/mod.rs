@@ -39,7 +39,10 @@
 
 mod commands;
 mod driver;
+mod preauth;
 pub mod transport;
+
+pub use preauth::{LinkCounts, SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -57,7 +60,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-pub use tether_core::substrate::handshake::Auth;
+pub use tether_core::substrate::handshake::{Auth, PeerKeys};
 pub use tether_core::substrate::{
     AllowAll, Authorizer, CommandError, Config, Denial, Interceptor, PeerId, ScopeAuthorizer,
 };
@@ -704,9 +707,21 @@ struct Shared {
     /// Peer tasks an inbound link may create at most (a hostile dialer claiming ever new ids
     /// cannot exhaust memory).
     max_peers: usize,
+    /// Inbound handshakes in progress, under [`SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX`].
+    handshakes: Mutex<tether_core::driver::admission::Handshakes>,
+    /// What became of inbound links.
+    preauth: preauth::Counters,
 }
 
 impl Shared {
+    fn lock_handshakes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, tether_core::driver::admission::Handshakes> {
+        self.handshakes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn random_bytes(&self) -> [u8; 16] {
         let mut bytes = [0u8; 16];
         match &mut *self.entropy.lock().unwrap_or_else(PoisonError::into_inner) {
@@ -851,6 +866,18 @@ impl Substrate {
             .collect();
         ids.sort();
         ids
+    }
+
+    /// What became of inbound links: verified, bound to a task, dropped and why.
+    pub fn link_counts(&self) -> LinkCounts {
+        let busy = self.inner.shared.lock_handshakes().refused();
+        self.inner.shared.preauth.snapshot(busy)
+    }
+
+    /// Inbound links settled (bound to a peer's task, or dropped for any reason), counted:
+    /// wait on it to know the substrate has judged every link handed to it so far.
+    pub fn links_settled(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.shared.preauth.settled.subscribe()
     }
 
     /// Changes each time a peer task ends (its link gone and nothing left to do) and leaves
@@ -1066,6 +1093,10 @@ impl SubstrateBuilder {
             peers: Mutex::default(),
             tasks_ended: tokio::sync::watch::channel(0).0,
             max_peers: self.max_peers,
+            handshakes: Mutex::new(tether_core::driver::admission::Handshakes::new(
+                SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX,
+            )),
+            preauth: preauth::Counters::default(),
         });
         let inner = Arc::new(Inner {
             shared: shared.clone(),
@@ -1079,6 +1110,9 @@ impl SubstrateBuilder {
         }
         let weak = Arc::downgrade(&inner);
         let accept = tokio::spawn(async move {
+            // Each inbound link's handshake runs here, before any peer state is touched; they
+            // are aborted with this task (at shutdown).
+            let mut handshakes = tokio::task::JoinSet::new();
             loop {
                 let transport = match weak.upgrade() {
                     Some(inner) => inner.shared.transport.clone(),
@@ -1087,10 +1121,33 @@ impl SubstrateBuilder {
                 let Ok((peer, link)) = transport.accept().await else {
                     return;
                 };
+                while handshakes.try_join_next().is_some() {}
                 let Some(inner) = weak.upgrade() else { return };
-                if let Some(handle) = inner.shared.handle(&peer, true) {
-                    handle.control(Command::Attach(link));
+                let shared = inner.shared.clone();
+                if !shared.lock_handshakes().begin() {
+                    warn!(
+                        peer = peer.as_str(),
+                        "too many inbound handshakes; link dropped"
+                    );
+                    shared.preauth.settle();
+                    continue;
                 }
+                handshakes.spawn(async move {
+                    let verified = preauth::verify(&shared, &peer, link).await;
+                    shared.lock_handshakes().end();
+                    if let Some(verified) = verified {
+                        match shared.handle(&peer, true) {
+                            Some(handle) => {
+                                shared.preauth.bound.fetch_add(1, Ordering::Relaxed);
+                                handle.control(Command::Attach(Box::new(verified)));
+                            }
+                            None => {
+                                shared.preauth.at_cap.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    shared.preauth.settle();
+                });
             }
         });
         *inner.accept.lock().unwrap_or_else(PoisonError::into_inner) = Some(accept);
