@@ -373,3 +373,7 @@ pub const FAILED_OPENS_MAX: usize = 256;
 /// Telemetry subscriptions a source node serves at once (each a publisher and a connection);
 /// past it a subscribe is refused (counted).
 pub const TELEMETRY_SUBSCRIPTIONS_MAX: usize = 256;
+
+/// A collector's share of [`TELEMETRY_SUBSCRIPTIONS_MAX`]: one collector asking for many flows
+/// cannot lock the others out.
+pub const TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX: usize = 32;

@@ -410,8 +410,10 @@ fn check_relays(relays: &[String], what: &str) -> Result<(), String> {
 const FLOW_BYTES: usize = 16;
 /// `register` 3: "If no claim for the actor is held and 4,096 claims are held".
 const CLAIMS_MAX: usize = 4_096;
-/// `control` 3: "else if 256 subscriptions are live, `full`".
+/// `control` 3: "else if 256 subscriptions are live, or 32 of this peer's, `full`".
 const SUBSCRIPTIONS_MAX: usize = 256;
+/// `control` 3: a peer's share of [`SUBSCRIPTIONS_MAX`].
+const SUBSCRIPTIONS_PER_PEER_MAX: usize = 32;
 /// `control` 2: "*n* = 0 or *n* > 128 ... the verdict is `malformed`".
 const NAME_MAX: usize = 128;
 /// `control` 2: "an op other than 1 (subscribe) and 2 (unsubscribe)".
@@ -1393,7 +1395,8 @@ impl Machine {
             None => Verdict::Malformed,
             // 3. Subscribe: if the name is not a stream of this node, `unknown_stream`; else
             //    if (peer, name, flow) is subscribed, `ignored`; else if 256 subscriptions are
-            //    live, `full`; else the publisher counter += 1, and the subscription is live
+            //    live, or 32 of this peer's, `full`; else the publisher counter += 1, and the
+            //    subscription is live
             //    with that number p: `started`, and `publish:<peer>:<name>:<flow>:<p>` is
             //    queued.
             Some(Control::Subscribe { flow, name }) => {
@@ -1402,7 +1405,14 @@ impl Machine {
                     Verdict::UnknownStream
                 } else if self.subscriptions.contains_key(&key) {
                     Verdict::Ignored
-                } else if self.subscriptions.len() >= SUBSCRIPTIONS_MAX {
+                } else if self.subscriptions.len() >= SUBSCRIPTIONS_MAX
+                    || self
+                        .subscriptions
+                        .keys()
+                        .filter(|(p, ..)| *p == peer)
+                        .count()
+                        >= SUBSCRIPTIONS_PER_PEER_MAX
+                {
                     Verdict::Full
                 } else {
                     add(&mut self.last_publisher, 1, "the publisher counter")?;

@@ -15,7 +15,9 @@ use tether_core::wire::{Format, StreamDecoder};
 
 /// Splits the input at a point chosen by its first byte and decodes it in two pushes.
 fn decode_all<F: Format>(format: F, data: &[u8]) -> Vec<F::Item> {
-    let Some((&split, data)) = data.split_first() else { return Vec::new() };
+    let Some((&split, data)) = data.split_first() else {
+        return Vec::new();
+    };
     let split = usize::from(split).min(data.len());
     let mut decoder = StreamDecoder::new(format);
     let mut items = Vec::new();
@@ -52,7 +54,8 @@ pub fn actor(data: &[u8]) {
     let mut bytes = Vec::new();
     for item in &items {
         assert!(item.payload().len() <= 4096);
-        item.encode(4096, &mut bytes).expect("a decoded record re-encodes");
+        item.encode(4096, &mut bytes)
+            .expect("a decoded record re-encodes");
     }
     assert_eq!(redecode(format, &bytes), items);
 }
@@ -95,12 +98,16 @@ pub fn bifaci(data: &[u8]) {
     let items = decode_all(BifaciDecoder::default(), data);
     let mut bytes = Vec::new();
     for item in &items {
-        item.encode(usize::MAX, &mut bytes).expect("a decoded frame re-encodes");
+        item.encode(usize::MAX, &mut bytes)
+            .expect("a decoded frame re-encodes");
     }
     assert_eq!(redecode(BifaciDecoder::default(), &bytes), items);
     // The body decoder alone, on the raw input.
     if let Ok(frame) = Frame::decode_body(&Bytes::copy_from_slice(data)) {
-        assert_eq!(Frame::decode_body(&Bytes::from(frame.encode_body())), Ok(frame));
+        assert_eq!(
+            Frame::decode_body(&Bytes::from(frame.encode_body())),
+            Ok(frame)
+        );
     }
 }
 
@@ -109,7 +116,8 @@ pub fn envelope(data: &[u8]) {
     let items = decode_all(EnvelopeDecoder, data);
     let mut bytes = Vec::new();
     for item in &items {
-        item.encode(&mut bytes).expect("a decoded envelope re-encodes");
+        item.encode(&mut bytes)
+            .expect("a decoded envelope re-encodes");
     }
     assert_eq!(redecode(EnvelopeDecoder, &bytes), items);
     if let Ok(envelope) = Envelope::decode_frame(&Bytes::copy_from_slice(data)) {
@@ -128,13 +136,16 @@ pub fn log(data: &[u8]) {
         decode_entry, decode_header, encode_begin, encode_commit, encode_record, Entry, LogFormat,
     };
     let _ = decode_header(data);
-    let salt = data
-        .get(..8)
-        .map_or(0, |salt| u64::from_le_bytes(salt.try_into().expect("8 bytes")));
+    let salt = data.get(..8).map_or(0, |salt| {
+        u64::from_le_bytes(salt.try_into().expect("8 bytes"))
+    });
     for format in [LogFormat::V1, LogFormat::new(salt)] {
         let mut rest = data;
         while let Ok(Some((entry, used))) = decode_entry(format, rest) {
-            assert!(used <= rest.len(), "an entry never claims more than it was given");
+            assert!(
+                used <= rest.len(),
+                "an entry never claims more than it was given"
+            );
             let mut again = Vec::new();
             match &entry {
                 Entry::Begin { peer } => encode_begin(format, peer, &mut again),
@@ -166,7 +177,10 @@ pub fn log_file(data: &[u8]) {
     let mut damage = found.damaged.iter().peekable();
     for commit in &commits {
         while let Some(range) = damage.next_if(|range| range.start < commit.at.start) {
-            assert!(range.start >= last && range.end <= commit.at.start, "damage between commits");
+            assert!(
+                range.start >= last && range.end <= commit.at.start,
+                "damage between commits"
+            );
             last = range.end;
         }
         assert!(commit.at.start >= last, "commits in order, apart");
@@ -189,15 +203,23 @@ pub fn log_file(data: &[u8]) {
         .expect("a whole header");
     assert!(rescanned.is_sound() && rescanned.tail == 0);
     assert_eq!(
-        again.iter().map(|c| (&c.peer, &c.records)).collect::<Vec<_>>(),
-        commits.iter().map(|c| (&c.peer, &c.records)).collect::<Vec<_>>()
+        again
+            .iter()
+            .map(|c| (&c.peer, &c.records))
+            .collect::<Vec<_>>(),
+        commits
+            .iter()
+            .map(|c| (&c.peer, &c.records))
+            .collect::<Vec<_>>()
     );
 }
 
 /// Stateful: the first byte picks the ring size (1–8), every later byte one table op; core and
 /// the reference model run in lockstep and every lifecycle law is checked after each op.
 pub fn request_table(data: &[u8]) {
-    let Some((&keep, ops)) = data.split_first() else { return };
+    let Some((&keep, ops)) = data.split_first() else {
+        return;
+    };
     let keep = std::num::NonZeroUsize::new(usize::from(keep % 8) + 1).expect("1..=8");
     let mut lockstep = tether_formal_replay::explore::TableLockstep::new(keep);
     for op in ops {
@@ -212,7 +234,9 @@ pub fn request_table(data: &[u8]) {
 pub fn credit_window(data: &[u8]) {
     let [high, low, ops @ ..] = data else { return };
     let mut lockstep =
-        tether_formal_replay::explore::WindowLockstep::new(u32::from(u16::from_be_bytes([*high, *low])));
+        tether_formal_replay::explore::WindowLockstep::new(u32::from(u16::from_be_bytes([
+            *high, *low,
+        ])));
     for op in ops {
         if let Err(law) = lockstep.apply(*op) {
             panic!("credit window: {law}");
@@ -229,9 +253,19 @@ pub fn substrate(data: &[u8]) {
     use tether_core::time::Time;
     use tether_core::wire::envelope::ObjKind;
 
-    let config = Config { in_flight_max: 4, receive_window: 8, objects_max: 4, outbox_ops_max: 8, ..Config::default() };
-    let mut machine =
-        Machine::new(PeerId::new("peer"), config.clone(), Arc::new(Authorizer::new(AllowAll)), 1);
+    let config = Config {
+        in_flight_max: 4,
+        receive_window: 8,
+        objects_max: 4,
+        outbox_ops_max: 8,
+        ..Config::default()
+    };
+    let mut machine = Machine::new(
+        PeerId::new("peer"),
+        config.clone(),
+        Arc::new(Authorizer::new(AllowAll)),
+        1,
+    );
     let mut now = 0u64;
     let mut emitted = 0u64;
     let mut decoder = StreamDecoder::new(EnvelopeDecoder);
@@ -254,7 +288,9 @@ pub fn substrate(data: &[u8]) {
             7 => drop(machine.close(at, name, "bye")),
             _ => {
                 // Wire bytes: the next chunk of the input, its length given by one byte.
-                let Some((&len, tail)) = rest.split_first() else { break };
+                let Some((&len, tail)) = rest.split_first() else {
+                    break;
+                };
                 let len = usize::from(len).min(tail.len());
                 decoder.push(&tail[..len]);
                 rest = &tail[len..];
@@ -287,7 +323,10 @@ pub fn telemetry_control(data: &[u8]) {
     let mut table = Subscriptions::default();
     table.add_stream("cpu");
     let (verdict, _) = table.apply([1; 32], data);
-    assert_eq!(table.live(), usize::from(verdict == ControlVerdict::Started));
+    assert_eq!(
+        table.live(),
+        usize::from(verdict == ControlVerdict::Started)
+    );
 }
 
 /// Host claim bytes: decoding is total and exact (whatever decodes is exactly
@@ -337,7 +376,9 @@ pub fn switch(data: &[u8]) {
 pub fn cap_urn(data: &[u8]) {
     use tether_core::cap::{is_dispatchable, rank, CapUrn, MediaUrn, TaggedUrn};
 
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     check_urn(text, TaggedUrn::parse);
     check_urn(text, MediaUrn::parse);
     if let Some(cap) = check_urn(text, CapUrn::parse) {
@@ -364,4 +405,292 @@ fn check_urn<T: std::fmt::Display + std::fmt::Debug + PartialEq>(
             None
         }
     }
+}
+
+/// The stream transports' preamble: decoding is total, bounded (never more than
+/// `PREAMBLE_BYTES_MAX` bytes) and exact (whatever decodes encodes back to the bytes it took).
+pub fn preamble(data: &[u8]) {
+    use tether_core::substrate::preamble::{decode_preamble, encode_preamble, PREAMBLE_BYTES_MAX};
+    if let Ok(Some((preamble, used))) = decode_preamble(data) {
+        assert!(used <= data.len() && used <= PREAMBLE_BYTES_MAX);
+        let mut again = Vec::new();
+        encode_preamble(&preamble.dialer, &preamble.nonce, &mut again).expect("it decoded");
+        assert_eq!(again, &data[..used]);
+    }
+}
+
+/// A substrate link's handshake and framing: a listener's link fed arbitrary bytes never
+/// panics, is never up without a proof made with its key (the input cannot hold one: it
+/// never sees the listener's fresh nonce), and every close it asks for is typed. Then two
+/// honest sides with the key the input gives always come up, with the same tuple.
+pub fn substrate_handshake(data: &[u8]) {
+    use std::sync::Arc;
+    use tether_core::substrate::handshake::{Auth, Channel, Handshake, Progress, Role};
+    use tether_core::substrate::{
+        capabilities, AllowAll, Authorizer, Config, Machine, PeerId, PeerLink,
+    };
+    use tether_core::time::Time;
+    let Some((&split, rest)) = data.split_first() else {
+        return;
+    };
+    let (key, bytes) = rest.split_at(usize::from(split).min(rest.len()).min(32));
+    let auth = Auth::SharedKey(key.to_vec());
+    let channel = Channel {
+        conn_id: b"fuzz".to_vec(),
+        binding: Vec::new(),
+    };
+    let machine = Machine::new(
+        PeerId::new("peer"),
+        Config::default(),
+        Arc::new(Authorizer::new(AllowAll)),
+        1,
+    );
+    let mut link = PeerLink::new(machine, auth.clone(), Vec::new());
+    link.link_up(Time::ZERO, Role::Listener, channel.clone(), vec![9; 16]);
+    for chunk in bytes.chunks(7) {
+        link.handle_bytes(Time::from_millis(1), Bytes::copy_from_slice(chunk));
+        assert!(!link.is_up(), "up without a proof made with the key");
+    }
+    let _ = link.poll_close();
+    let window = Config::default().receive_window;
+    let caps = || capabilities(&auth, Vec::new(), window);
+    let mut dialer = Handshake::start(
+        Time::ZERO,
+        Role::Dialer,
+        auth.clone(),
+        caps(),
+        channel.clone(),
+        vec![1; 16],
+    );
+    let mut listener = Handshake::start(
+        Time::ZERO,
+        Role::Listener,
+        auth.clone(),
+        caps(),
+        channel,
+        vec![2; 16],
+    );
+    let (mut dialer_done, mut listener_done) = (None, None);
+    for _ in 0..4 {
+        while let Some(frame) = dialer.poll_transmit() {
+            if let Progress::Ready(tuple) =
+                listener.handle_frame(Time::ZERO, &frame).expect("honest")
+            {
+                listener_done = Some(tuple);
+            }
+        }
+        while let Some(frame) = listener.poll_transmit() {
+            if let Progress::Ready(tuple) = dialer.handle_frame(Time::ZERO, &frame).expect("honest")
+            {
+                dialer_done = Some(tuple);
+            }
+        }
+    }
+    assert!(dialer_done.is_some() && dialer_done == listener_done);
+}
+
+/// Stateful: the switch host machine after a valid HELLO, fed arbitrary frames (decoded from
+/// the input by the real bifaci decoder), the application's ends and abandons, and time. It
+/// never panics; every request it reports ends at most once (ended + cancelled never pass the
+/// requests); what it holds stays within its bound; a timeout error leaves nothing held.
+pub fn switch_host(data: &[u8]) {
+    use tether_core::limits::SWITCH_SERVED_REQUESTS_MAX;
+    use tether_core::switch::host::{Host, HostConfig, HostEvent};
+    use tether_core::switch::{Hello, Limits};
+    use tether_core::time::Time;
+    use tether_core::wire::bifaci::{FrameType, MessageId};
+    const CAP: &str = "cap:in=media:text;out=media:upper";
+    let mut host = Host::new(
+        HostConfig::new("fuzz", vec![CAP.to_owned()], [3; 8]),
+        Time::ZERO,
+    );
+    let mut hello = Frame::new(FrameType::Hello, MessageId::Uint(0));
+    hello.meta = Some(
+        Hello {
+            limits: Limits::default(),
+            manifest: None,
+        }
+        .to_meta(),
+    );
+    host.handle_frame(Time::ZERO, hello).expect("a valid hello");
+    let mut decoder = StreamDecoder::new(BifaciDecoder::default());
+    let mut live = Vec::new();
+    let mut now = 0u64;
+    let mut rest = data;
+    while let Some((&op, tail)) = rest.split_first() {
+        rest = tail;
+        let at = Time::from_millis(now);
+        let closed = match op % 6 {
+            0 => {
+                now += u64::from(op) * 500;
+                host.handle_timeout(Time::from_millis(now)).is_err()
+            }
+            1 | 2 => {
+                if let Some(key) = live.pop() {
+                    if op % 6 == 1 {
+                        let _ = host.write(key, Frame::new(FrameType::End, key.rid));
+                    } else {
+                        host.abandon(key);
+                    }
+                }
+                false
+            }
+            _ => {
+                let Some((&len, tail)) = rest.split_first() else {
+                    break;
+                };
+                let len = usize::from(len).min(tail.len());
+                decoder.push(&tail[..len]);
+                rest = &tail[len..];
+                let mut closed = false;
+                while let Ok(Some(frame)) = decoder.pop() {
+                    closed |= host.handle_frame(at, frame).is_err();
+                }
+                closed
+            }
+        };
+        while host.poll_transmit().is_some() {}
+        while let Some(event) = host.poll_event() {
+            if let HostEvent::Request { key, .. } = event {
+                live.push(key);
+            }
+        }
+        let stats = host.stats();
+        assert!(stats.ended + stats.cancelled <= stats.requests, "{stats:?}");
+        assert!(host.served_len() <= SWITCH_SERVED_REQUESTS_MAX);
+        if closed {
+            // The connection is over (the shell closes it): nothing more is driven.
+            return;
+        }
+    }
+}
+
+/// HELLO metas and manifests from arbitrary frames: `Hello::from_meta` and `manifest_caps` are
+/// total (a typed error or a value, never a panic), and a HELLO that decodes encodes to a meta
+/// that decodes to the same HELLO.
+pub fn switch_hello(data: &[u8]) {
+    use tether_core::switch::{manifest_caps, Hello};
+    let mut decoder = StreamDecoder::new(BifaciDecoder::default());
+    decoder.push(data);
+    while let Ok(Some(frame)) = decoder.pop() {
+        if let Ok(hello) = Hello::from_meta(frame.meta.as_ref()) {
+            let again = Hello::from_meta(Some(&hello.to_meta())).expect("what decoded encodes");
+            assert_eq!(again, hello);
+        }
+        if let Some(payload) = &frame.payload {
+            let _ = manifest_caps(payload);
+        }
+    }
+    let _ = manifest_caps(data);
+}
+
+/// The authorize chain: a scope policy built from the input judges ops built from the input
+/// exactly as a plain reading of deny-by-default says (an unknown peer is refused; a known
+/// one is allowed when one of its scopes allows the verb or `*`), never panicking; a chain
+/// with a denying interceptor after it refuses whatever it allows.
+pub fn authorize(data: &[u8]) {
+    use std::collections::BTreeMap;
+    use tether_core::substrate::{AuthorizeContext, Authorizer, Denial, PeerId, ScopeAuthorizer};
+    use tether_core::wire::envelope::Verb;
+    let Some((&shape, rest)) = data.split_first() else {
+        return;
+    };
+    let peers = ["a", "b", "c", "d"];
+    let scopes = ["read", "write", "admin"];
+    // Who holds which scopes: the first bytes, one per peer (bit i: scope i; 0x80: unknown).
+    let holdings: BTreeMap<&str, Option<Vec<&str>>> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, peer)| {
+            let bits = rest.get(i).copied().unwrap_or(0);
+            let held = (bits & 0x80 == 0).then(|| {
+                scopes
+                    .iter()
+                    .enumerate()
+                    .filter(|(s, _)| bits & (1 << s) != 0)
+                    .map(|(_, s)| *s)
+                    .collect()
+            });
+            (*peer, held)
+        })
+        .collect();
+    // Which verbs each scope allows: the next bytes (bit per verb; 0x40: "*").
+    let matrix: BTreeMap<&str, Vec<String>> = scopes
+        .iter()
+        .enumerate()
+        .map(|(i, scope)| {
+            let bits = rest.get(4 + i).copied().unwrap_or(0);
+            let mut verbs: Vec<String> = Verb::ALL
+                .iter()
+                .enumerate()
+                .filter(|(v, _)| *v < 6 && bits & (1 << v) != 0)
+                .map(|(_, verb)| verb.as_str().to_owned())
+                .collect();
+            if bits & 0x40 != 0 {
+                verbs.push("*".to_owned());
+            }
+            (*scope, verbs)
+        })
+        .collect();
+    let owned: BTreeMap<String, Option<Vec<String>>> = holdings
+        .iter()
+        .map(|(peer, held)| {
+            (
+                (*peer).to_owned(),
+                held.as_ref()
+                    .map(|h| h.iter().map(|s| (*s).to_owned()).collect()),
+            )
+        })
+        .collect();
+    let policy = ScopeAuthorizer::new(
+        move |peer: &PeerId| owned.get(peer.as_str()).cloned().flatten(),
+        matrix
+            .iter()
+            .map(|(scope, verbs)| ((*scope).to_owned(), verbs.clone())),
+    );
+    let chain = Authorizer::new(policy);
+    for &byte in rest.iter().skip(7) {
+        let peer = PeerId::new(if byte & 0x80 != 0 {
+            "stranger"
+        } else {
+            peers[usize::from(byte) % 4]
+        });
+        let verb = Verb::ALL[usize::from(byte >> 2) % Verb::ALL.len()];
+        let ctx = AuthorizeContext {
+            peer: &peer,
+            verb,
+            obj: "q",
+            obj_kind: None,
+            cap: None,
+        };
+        let expected = holdings
+            .get(peer.as_str())
+            .cloned()
+            .flatten()
+            .is_some_and(|held| {
+                held.iter().any(|scope| {
+                    matrix[scope]
+                        .iter()
+                        .any(|allowed| allowed == "*" || allowed == verb.as_str())
+                })
+            });
+        assert_eq!(
+            chain.check(&ctx).is_ok(),
+            expected,
+            "{} {}",
+            peer.as_str(),
+            verb.as_str()
+        );
+    }
+    let _ = shape;
+    let denying = Authorizer::new(|_: &AuthorizeContext<'_>| Err(Denial::scope_denied()));
+    let peer = PeerId::new("a");
+    let ctx = AuthorizeContext {
+        peer: &peer,
+        verb: Verb::Send,
+        obj: "q",
+        obj_kind: None,
+        cap: None,
+    };
+    assert!(denying.check(&ctx).is_err());
 }

@@ -12,7 +12,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::routing::NodeId;
-use crate::limits::{TELEMETRY_STREAM_NAME_BYTES_MAX, TELEMETRY_SUBSCRIPTIONS_MAX};
+use crate::limits::{
+    TELEMETRY_STREAM_NAME_BYTES_MAX, TELEMETRY_SUBSCRIPTIONS_MAX,
+    TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX,
+};
 
 /// The actor tag of a subscription control record.
 pub const TELEMETRY_CONTROL_TAG: &str = "tether.TelemetryControl";
@@ -116,7 +119,8 @@ pub enum ControlVerdict {
     Ignored,
     /// No local stream of that name.
     UnknownStream,
-    /// [`TELEMETRY_SUBSCRIPTIONS_MAX`] subscriptions are live already.
+    /// [`TELEMETRY_SUBSCRIPTIONS_MAX`] subscriptions are live already, or the collector's
+    /// share of them ([`TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX`]).
     Full,
     /// The bytes did not decode.
     Malformed,
@@ -162,7 +166,9 @@ impl Subscriptions {
                 let key = (collector, name, flow_id);
                 if self.live.contains_key(&key) {
                     (ControlVerdict::Ignored, None)
-                } else if self.live.len() >= TELEMETRY_SUBSCRIPTIONS_MAX {
+                } else if self.live.len() >= TELEMETRY_SUBSCRIPTIONS_MAX
+                    || self.of(collector) >= TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX
+                {
                     (ControlVerdict::Full, None)
                 } else {
                     self.publishers += 1;
@@ -203,6 +209,15 @@ impl Subscriptions {
         self.live
             .iter()
             .map(|(subscription, publisher)| (subscription, *publisher))
+    }
+
+    /// Live subscriptions of `collector` (counted up to its share).
+    fn of(&self, collector: NodeId) -> usize {
+        self.live
+            .range((collector, String::new(), [0; 16])..)
+            .take_while(|((of, ..), _)| *of == collector)
+            .take(TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX)
+            .count()
     }
 
     /// Live subscriptions.
@@ -303,6 +318,50 @@ mod tests {
             ControlVerdict::Ignored
         );
         assert_eq!(table.live(), 0);
+    }
+
+    /// One collector asking for many flows gets its share and no more: the others still get
+    /// theirs, until the table's own bound.
+    #[test]
+    fn a_collector_gets_its_share_and_cannot_lock_the_others_out() {
+        let mut table = Subscriptions::default();
+        table.add_stream("cpu");
+        let subscribe = |flow: u32| {
+            let mut flow_id = [0; 16];
+            flow_id[..4].copy_from_slice(&flow.to_be_bytes());
+            Control::Subscribe {
+                name: "cpu".to_owned(),
+                flow_id,
+            }
+            .encode()
+            .expect("fits")
+        };
+        let greedy = [6; 32];
+        let started = (0..1_000)
+            .filter(|flow| table.apply(greedy, &subscribe(*flow)).0 == ControlVerdict::Started)
+            .count();
+        assert_eq!(started, TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX);
+        assert_eq!(
+            table.verdicts()[&ControlVerdict::Full],
+            1_000 - started as u64
+        );
+        let mut collectors = 1;
+        for collector in 0..=u8::MAX {
+            if collector == 6 {
+                continue;
+            }
+            let verdict = table.apply([collector; 32], &subscribe(0)).0;
+            if verdict == ControlVerdict::Full {
+                break;
+            }
+            assert_eq!(verdict, ControlVerdict::Started);
+            collectors += 1;
+        }
+        assert_eq!(table.live(), TELEMETRY_SUBSCRIPTIONS_MAX);
+        assert_eq!(
+            collectors,
+            1 + TELEMETRY_SUBSCRIPTIONS_MAX - TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX
+        );
     }
 
     #[test]

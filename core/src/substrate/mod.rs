@@ -22,6 +22,7 @@ pub mod handshake;
 pub mod harness;
 mod link;
 mod machine;
+pub mod preamble;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

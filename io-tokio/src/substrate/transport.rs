@@ -52,37 +52,25 @@ pub trait Transport: Send + Sync + 'static {
     fn accept(&self) -> BoxFuture<'_, io::Result<(PeerId, Link)>>;
 }
 
-/// Magic bytes opening every link of the stream transports.
-const PREAMBLE_MAGIC: &[u8; 4] = b"TTH1";
-/// Longest peer id in a preamble.
-const PREAMBLE_ID_BYTES_MAX: usize = 128;
-/// Random bytes that make each connection id distinct.
-const CONN_NONCE_BYTES: usize = 16;
+use tether_core::substrate::preamble::{
+    self, decode_preamble, encode_preamble, preamble_len, CONN_NONCE_BYTES, PREAMBLE_HEAD_BYTES,
+};
 
-/// Writes the dialer's preamble (`TTH1`, id length, dialer id, 16 random bytes) and returns
-/// the link's channel: the connection id binds both peer ids and the nonce, so a shared-key
-/// proof also proves the claimed identities. Plain streams have no channel-binding bytes.
+/// Writes the dialer's preamble (core's [`tether_core::substrate::preamble`]) and returns the
+/// link's channel: the connection id binds both peer ids and the nonce, so a shared-key proof
+/// also proves the claimed identities. Plain streams have no channel-binding bytes.
 pub async fn write_preamble<S: AsyncWrite + Unpin>(
     stream: &mut S,
     local: &PeerId,
     remote: &PeerId,
     nonce: [u8; CONN_NONCE_BYTES],
 ) -> io::Result<Channel> {
-    let id = local.as_str().as_bytes();
-    if id.len() > PREAMBLE_ID_BYTES_MAX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "peer id too long",
-        ));
-    }
-    let mut preamble = Vec::with_capacity(5 + id.len() + CONN_NONCE_BYTES);
-    preamble.extend_from_slice(PREAMBLE_MAGIC);
-    preamble.push(id.len() as u8);
-    preamble.extend_from_slice(id);
-    preamble.extend_from_slice(&nonce);
-    stream.write_all(&preamble).await?;
+    let mut bytes = Vec::new();
+    encode_preamble(local.as_str(), &nonce, &mut bytes)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
+    stream.write_all(&bytes).await?;
     stream.flush().await?;
-    Ok(channel(local, remote, &nonce))
+    Ok(preamble::channel(local.as_str(), remote.as_str(), &nonce))
 }
 
 /// Writes the dialer's preamble on a freshly connected `stream` and makes it a link.
@@ -99,42 +87,25 @@ pub async fn dialed_link<S: LinkStream>(
     })
 }
 
-/// Reads a dialer's preamble; returns who it claims to be and the link's channel.
+/// Reads a dialer's preamble (exactly its bytes, at most
+/// [`tether_core::substrate::preamble::PREAMBLE_BYTES_MAX`]); returns who it claims to be and
+/// the link's channel.
 pub async fn read_preamble<S: AsyncRead + Unpin>(
     stream: &mut S,
     local: &PeerId,
 ) -> io::Result<(PeerId, Channel)> {
-    let mut head = [0u8; 5];
+    let invalid = |error| io::Error::new(io::ErrorKind::InvalidData, error);
+    let mut head = [0u8; PREAMBLE_HEAD_BYTES];
     stream.read_exact(&mut head).await?;
-    if &head[..4] != PREAMBLE_MAGIC || usize::from(head[4]) > PREAMBLE_ID_BYTES_MAX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a tether link",
-        ));
-    }
-    let mut rest = vec![0u8; usize::from(head[4]) + CONN_NONCE_BYTES];
-    stream.read_exact(&mut rest).await?;
-    let (id, nonce) = rest.split_at(usize::from(head[4]));
-    let id = std::str::from_utf8(id)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "peer id is not UTF-8"))?;
-    let remote = PeerId::new(id);
-    Ok((remote.clone(), channel(&remote, local, nonce)))
-}
-
-fn channel(dialer: &PeerId, listener: &PeerId, nonce: &[u8]) -> Channel {
-    let mut conn_id = Vec::new();
-    for part in [
-        dialer.as_str().as_bytes(),
-        listener.as_str().as_bytes(),
-        nonce,
-    ] {
-        conn_id.extend_from_slice(&(part.len() as u32).to_be_bytes());
-        conn_id.extend_from_slice(part);
-    }
-    Channel {
-        conn_id,
-        binding: Vec::new(),
-    }
+    let mut bytes = vec![0u8; preamble_len(&head).map_err(invalid)?];
+    bytes[..PREAMBLE_HEAD_BYTES].copy_from_slice(&head);
+    stream.read_exact(&mut bytes[PREAMBLE_HEAD_BYTES..]).await?;
+    let (preamble, _) = decode_preamble(&bytes)
+        .map_err(invalid)?
+        .expect("every byte its head announced is here");
+    let remote = PeerId::new(preamble.dialer);
+    let channel = preamble::channel(remote.as_str(), local.as_str(), &preamble.nonce);
+    Ok((remote, channel))
 }
 
 /// Inbound links waiting for [`Transport::accept`].
