@@ -81,6 +81,10 @@ pub const QUIC_HANDSHAKES_IN_PROGRESS_MAX: usize = 128;
 /// An inbound handshake not done within this is given up.
 pub const QUIC_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 
+/// A protocol stream's 8-byte id must arrive within this of the stream's opening; a stream
+/// that stays silent is stopped (and holds up no other stream meanwhile).
+pub const PROTOCOL_STREAM_ID_TIMEOUT_MS: u64 = 10_000;
+
 /// A decoder waiting for the rest of a length-prefixed frame reserves room for at most this
 /// much of it ahead of the bytes that came: a frame's declared length (1 MiB for an actor
 /// payload, megabytes for a switch frame) is a claim, and memory is spent as its bytes arrive.

@@ -220,16 +220,18 @@ async fn a_stream_without_its_id_faults_one_reset_before_it_does_not_and_one_nob
     send.write_all(&[&9u64.to_be_bytes()[..], b"hello"].concat())
         .await
         .expect("write");
-    // b serves one connection's streams in order: every event about the first two comes
-    // before the third opens. Exactly one fault: the short stream's.
+    // b reads each stream's id on its own, so the events of the three may come in any order:
+    // the third opens, and there is exactly one fault, the short stream's.
     let mut faults = Vec::new();
-    let stream = loop {
+    let mut opened = None;
+    while opened.is_none() || faults.is_empty() {
         match events_b.recv().await.expect("events").event {
             StreamEvent::StreamFault { reason, .. } => faults.push(reason),
-            StreamEvent::StreamOpened(stream) => break stream,
+            StreamEvent::StreamOpened(stream) => opened = Some(stream),
             _ => {}
         }
-    };
+    }
+    let stream = opened.expect("opened");
     assert_eq!(
         faults,
         [StreamFaultReason::Framing],
@@ -243,6 +245,36 @@ async fn a_stream_without_its_id_faults_one_reset_before_it_does_not_and_one_nob
         send.stopped().await.expect("stopped"),
         Some(VarInt::from_u32(tether_core::driver::machine::STOP_UNREAD))
     );
+    raw.close().await;
+    b.close().await;
+}
+
+/// A stream that sends part of its id and then nothing holds up no other stream of the
+/// connection: the next one opens at once (before, the node read every stream's id in turn,
+/// so one silent stream blocked the connection's later streams for good); the silent one is
+/// stopped at its deadline (`StreamFaultReason::Timeout`, not waited for here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_silent_before_its_id_holds_up_no_other_stream() {
+    let (b, mut events_b) = bound().await;
+    let raw = support::loopback_endpoint().await;
+    let conn = raw
+        .connect(b.endpoint_addr(), &binding().wire_alpn)
+        .await
+        .expect("connect");
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        let (mut send, recv) = conn.open_bi().await.expect("bi");
+        send.write_all(&[0, 0, 1]).await.expect("write");
+        silent.push((send, recv));
+    }
+    let (mut send, _recv) = conn.open_bi().await.expect("bi");
+    send.write_all(&[&5u64.to_be_bytes()[..], b"on time"].concat())
+        .await
+        .expect("write");
+    let stream = next_opened(&mut events_b).await;
+    assert_eq!(stream.protocol_stream_id, 5);
+    assert_eq!(read_exact(&stream, 7).await, b"on time");
+    drop(silent);
     raw.close().await;
     b.close().await;
 }

@@ -56,6 +56,9 @@ pub enum StreamFaultReason {
     /// The stream ended before its 8-byte id (one reset before it is not reported: it never
     /// began).
     Framing,
+    /// The stream's 8-byte id did not come within
+    /// [`tether_core::limits::PROTOCOL_STREAM_ID_TIMEOUT_MS`]: the stream was stopped.
+    Timeout,
 }
 
 /// A logical stream event.
@@ -222,35 +225,59 @@ impl Adapter {
         conn: Connection,
         peer: NodeId,
         judge: StreamJudge,
+        spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>)
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+    ) {
+        while let Ok((send, recv)) = conn.accept_bi().await {
+            // Each stream's id is read on its own, under a deadline: a stream that never sends
+            // it holds up nothing but itself, and not for long.
+            let (adapter, judge, spawner) = (self.clone(), judge.clone(), spawn.clone());
+            spawn(Box::pin(async move {
+                adapter.begin(peer, send, recv, judge, spawner).await;
+            }));
+        }
+    }
+
+    /// Reads a new stream's 8-byte id (within its deadline) and starts it.
+    async fn begin(
+        self: std::sync::Arc<Self>,
+        peer: NodeId,
+        send: SendStream,
+        mut recv: RecvStream,
+        judge: StreamJudge,
         spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
     ) {
-        while let Ok((send, mut recv)) = conn.accept_bi().await {
-            let mut id = [0u8; 8];
-            match recv.read_exact(&mut id).await {
-                Ok(()) => {}
-                // Reset by the peer (or the connection lost) before its id: the stream never
-                // began, and no protocol has heard of it; nothing was malformed.
-                Err(ReadExactError::ReadError(_)) => continue,
-                // Finished before its id: the machine names the stop, the protocol hears of
-                // the fault.
-                Err(ReadExactError::FinishedEarly(_)) => {
-                    judge.stop(&mut recv, Unreadable::Malformed);
-                    let reason = StreamFaultReason::Framing;
-                    self.emit(
-                        peer,
-                        StreamEvent::StreamFault {
-                            stream_id: 0,
-                            reason,
-                        },
-                    );
-                    continue;
-                }
-            }
-            let id = u64::from_be_bytes(id);
-            let stream = self.start(peer, id, send, recv, judge.clone(), &spawn);
-            let stream_id = stream.stream_id;
-            self.emit(peer, StreamEvent::StreamOpened(stream));
-            self.emit(peer, StreamEvent::StreamReady { stream_id });
+        let mut id = [0u8; 8];
+        let deadline =
+            std::time::Duration::from_millis(tether_core::limits::PROTOCOL_STREAM_ID_TIMEOUT_MS);
+        let reason = match tokio::time::timeout(deadline, recv.read_exact(&mut id)).await {
+            Ok(Ok(())) => None,
+            // Reset by the peer (or the connection lost) before its id: the stream never
+            // began, and no protocol has heard of it; nothing was malformed.
+            Ok(Err(ReadExactError::ReadError(_))) => return,
+            // Finished before its id, or silent past the deadline: the machine names the stop,
+            // the protocol hears of the fault.
+            Ok(Err(ReadExactError::FinishedEarly(_))) => Some(StreamFaultReason::Framing),
+            Err(_) => Some(StreamFaultReason::Timeout),
+        };
+        if let Some(reason) = reason {
+            judge.stop(&mut recv, Unreadable::Malformed);
+            self.emit(
+                peer,
+                StreamEvent::StreamFault {
+                    stream_id: 0,
+                    reason,
+                },
+            );
+            return;
         }
+        let id = u64::from_be_bytes(id);
+        let stream = self.start(peer, id, send, recv, judge, &spawn);
+        let stream_id = stream.stream_id;
+        self.emit(peer, StreamEvent::StreamOpened(stream));
+        self.emit(peer, StreamEvent::StreamReady { stream_id });
     }
 }
