@@ -81,6 +81,11 @@ pub const QUIC_HANDSHAKES_IN_PROGRESS_MAX: usize = 128;
 /// An inbound handshake not done within this is given up.
 pub const QUIC_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 
+/// Bytes an answer (or a request's input) gathered whole may reach (`collect`, `read_all` of
+/// `tether::switch`); past it `collect` fails `TOO_LARGE` and `read_all` stops gathering.
+/// Longer bodies are read frame by frame.
+pub const SWITCH_COLLECT_BYTES_MAX: usize = 64 * 1024 * 1024;
+
 /// A protocol stream's 8-byte id must arrive within this of the stream's opening; a stream
 /// that stays silent is stopped (and holds up no other stream meanwhile).
 pub const PROTOCOL_STREAM_ID_TIMEOUT_MS: u64 = 10_000;

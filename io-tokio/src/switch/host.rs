@@ -337,11 +337,18 @@ impl HostRequest {
         self.input.recv().await
     }
 
-    /// Every input CHUNK's payload, concatenated, up to the input's END (or ERR).
+    /// Every input CHUNK's payload, concatenated, up to the input's END (or ERR), and at most
+    /// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`] of them: past it the rest of the
+    /// input is drained unread and what was gathered is returned (read a longer input frame by
+    /// frame with `next_input`).
     pub async fn read_all(&mut self) -> Vec<u8> {
         let mut body = Vec::new();
         while let Some(frame) = self.next_input().await {
-            if gather(&mut body, &frame).is_some() {
+            if let Some(end) = gather(&mut body, &frame) {
+                if end.is_err_and(|code| code == super::COLLECT_TOO_LARGE) {
+                    // Past the bound: the rest is drained unread (its credit flows back).
+                    while self.next_input().await.is_some() {}
+                }
                 break;
             }
         }
@@ -461,7 +468,8 @@ impl PeerCall {
         self.answers.recv().await
     }
 
-    /// The answer's CHUNK payloads concatenated, or the ERR's code.
+    /// The answer's CHUNK payloads concatenated, or the ERR's code (`TOO_LARGE` past
+    /// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]).
     pub async fn collect(mut self) -> Result<Vec<u8>, String> {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {

@@ -440,10 +440,20 @@ impl FlowReader {
 
 /// Adds `frame` to a whole answer's `body`: `Some` once the answer ended, with the ERR's code
 /// when it failed.
+/// What `collect` fails with once the body would pass
+/// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`].
+pub const COLLECT_TOO_LARGE: &str = "TOO_LARGE";
+
 pub(crate) fn gather(body: &mut Vec<u8>, frame: &Frame) -> Option<Result<(), String>> {
     match frame.frame_type {
         FrameType::Chunk => {
-            body.extend_from_slice(frame.payload.as_deref().unwrap_or(&[]));
+            let payload = frame.payload.as_deref().unwrap_or(&[]);
+            if body.len().saturating_add(payload.len())
+                > tether_core::limits::SWITCH_COLLECT_BYTES_MAX
+            {
+                return Some(Err(COLLECT_TOO_LARGE.to_owned()));
+            }
+            body.extend_from_slice(payload);
             None
         }
         FrameType::End => Some(Ok(())),
@@ -540,7 +550,9 @@ impl Call {
         self.answers.recv().await
     }
 
-    /// Reads the whole answer: the payloads of its CHUNKs concatenated, or the ERR's code.
+    /// Reads the whole answer: the payloads of its CHUNKs concatenated, or the ERR's code
+    /// ([`COLLECT_TOO_LARGE`] past [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]: read a
+    /// longer answer frame by frame with `next`).
     pub async fn collect(mut self) -> Result<Vec<u8>, SwitchError> {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {
@@ -975,5 +987,34 @@ impl Task {
 fn answer(reply: WriteReply, result: Result<(), SwitchError>) {
     if let Some(reply) = reply {
         let _ = reply.send(result);
+    }
+}
+
+#[cfg(test)]
+mod gather_tests {
+    use super::*;
+
+    /// Gathering stops at the bound: a chunk that would take the body past
+    /// `SWITCH_COLLECT_BYTES_MAX` ends it `TOO_LARGE` and is not appended; one that reaches it
+    /// exactly is taken.
+    #[test]
+    fn a_body_past_the_collect_bound_is_refused_not_grown() {
+        let max = tether_core::limits::SWITCH_COLLECT_BYTES_MAX;
+        let chunk = |len: usize| {
+            let mut frame = Frame::new(
+                FrameType::Chunk,
+                tether_core::wire::bifaci::MessageId::Uint(1),
+            );
+            frame.payload = Some(bytes::Bytes::from(vec![1; len]));
+            frame
+        };
+        let mut body = vec![0; max - 10];
+        assert_eq!(gather(&mut body, &chunk(10)), None);
+        assert_eq!(body.len(), max);
+        assert_eq!(
+            gather(&mut body, &chunk(1)),
+            Some(Err(COLLECT_TOO_LARGE.to_owned()))
+        );
+        assert_eq!(body.len(), max, "nothing past the bound was appended");
     }
 }
