@@ -155,6 +155,11 @@ pub const SWITCH_PATHS_MAX: usize = 16;
 /// a switch that opens requests without end is cut off instead of growing host memory.
 pub const SWITCH_SERVED_REQUESTS_MAX: usize = 65_536;
 
+/// Live peer requests one master may have made at once: its share of the switch's request
+/// table, so one master flooding peer requests cannot lock out the engine and the others.
+/// Past it a REQ is answered `QUOTA`.
+pub const SWITCH_PEER_REQUESTS_PER_MASTER_MAX: usize = 4_096;
+
 /// Frames a switch's shell queues for one master's socket. Credit bounds the CHUNKs, so only a
 /// master that stops reading its socket fills this; past it the master is cut off
 /// (`backlogged`) rather than let its queue grow.

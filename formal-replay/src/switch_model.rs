@@ -545,6 +545,16 @@ impl SwitchModel {
             refuse(&mut seen, "no_handler", "NO_HANDLER");
             return Ok(seen);
         };
+        // A master's share of the table: its live peer requests.
+        let share = self
+            .live
+            .iter()
+            .filter(|request| request.origin == Party::Master(origin))
+            .count();
+        if share >= tether_core::limits::SWITCH_PEER_REQUESTS_PER_MASTER_MAX {
+            refuse(&mut seen, "quota", "QUOTA");
+            return Ok(seen);
+        }
         if self.find(rid).is_some() {
             refuse(&mut seen, "duplicate", "DUPLICATE_REQUEST");
             return Ok(seen);

@@ -440,6 +440,9 @@ impl Route {
 pub struct SwitchCounters {
     /// Requests answered `NO_HANDLER`.
     pub no_handler: u64,
+    /// Peer requests answered `QUOTA`: their master had its share of the table live
+    /// ([`crate::limits::SWITCH_PEER_REQUESTS_PER_MASTER_MAX`]).
+    pub quota_refused: u64,
     /// Violations by name (each also cut the master, except `xid_on_req`).
     pub violations: BTreeMap<&'static str, u64>,
     /// Masters cut off, by reason.
@@ -466,6 +469,8 @@ pub struct Switch {
     /// whose output requires a key can only be served by these.
     output_keys: BTreeMap<String, Vec<usize>>,
     table: RequestTable<Route>,
+    /// Live peer requests by the master that made them (its share of the table).
+    peer_requests: BTreeMap<SlotId, usize>,
     next_xid: u64,
     next_heartbeat: u64,
     policy: Bytes,
@@ -486,6 +491,7 @@ impl Switch {
         policy.truncate(SWITCH_POLICY_BYTES_MAX);
         let mut switch = Self {
             table: RequestTable::new(config.table),
+            peer_requests: BTreeMap::new(),
             config,
             masters: Vec::new(),
             cap_table: Vec::new(),
@@ -672,6 +678,7 @@ impl Switch {
         for terminated in ended {
             let Terminated { state, .. } = terminated;
             let route = state.data;
+            self.request_left(route.origin);
             let (dest, dest_generation) = (route.dest, route.dest_generation);
             let mut cancel = Frame::new(FrameType::Cancel, state.key.rid);
             cancel.routing_id = Some(state.key.xid);
@@ -1098,12 +1105,30 @@ impl Switch {
         self.events.push_back(Event::MasterDied { slot, reason });
     }
 
+    /// A request `origin` made left the table (it ended, however it ended).
+    fn request_left(&mut self, origin: Peer) {
+        if let Peer::Master(slot) = origin {
+            if let Some(live) = self.peer_requests.get_mut(&slot) {
+                *live -= 1;
+                if *live == 0 {
+                    self.peer_requests.remove(&slot);
+                }
+            }
+        }
+    }
+
+    /// Live peer requests `slot` made.
+    pub fn peer_requests_of(&self, slot: SlotId) -> usize {
+        self.peer_requests.get(&slot).copied().unwrap_or(0)
+    }
+
     fn end_master_died(&mut self, now: Time, key: RequestKey, dead: SlotId) {
         let Some(terminated) = self.table.terminate(key, TerminationKind::MasterDied, now) else {
             return;
         };
         let route = terminated.state.data;
         let origin = route.origin;
+        self.request_left(origin);
         if route.dest == dead {
             self.end_origin(
                 key,
@@ -1223,6 +1248,16 @@ impl Switch {
             self.counters.no_handler += 1;
             return refuse(self, "NO_HANDLER", format!("no handler for {cap}"));
         };
+        if self.peer_requests.get(&slot).copied().unwrap_or(0)
+            >= crate::limits::SWITCH_PEER_REQUESTS_PER_MASTER_MAX
+        {
+            self.counters.quota_refused += 1;
+            return refuse(
+                self,
+                "QUOTA",
+                "this master has its share of live requests".into(),
+            );
+        }
         let parent = parent_rid(frame.meta.as_ref()).and_then(|rid| self.table.key_of(rid));
         match self.register(now, Peer::Master(slot), dest, frame) {
             Ok(child) => {
@@ -1292,9 +1327,13 @@ impl Switch {
             });
         }
         self.next_xid += 1;
+        if let Peer::Master(slot) = origin {
+            *self.peer_requests.entry(slot).or_default() += 1;
+        }
         if let Err(violation) = self.forward(now, key, Side::Origin, frame) {
             // A REQ the checker refuses (it never is: REQ is the first emission) ends at once.
             let _ = self.table.terminate(key, TerminationKind::Err, now);
+            self.request_left(origin);
             return Err(RegisterFailure::Violation(violation));
         }
         Ok(key)
@@ -1468,6 +1507,7 @@ impl Switch {
                         .table
                         .terminate(key, kind, now)
                         .expect("the request is live");
+                    self.request_left(route.origin);
                     self.events.push_back(Event::RequestEnded {
                         key,
                         origin: route.origin,

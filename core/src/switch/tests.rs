@@ -710,3 +710,51 @@ fn a_master_that_stops_reading_is_cut_off_as_backlogged() {
     assert_eq!(h.switch.counters().cuts["backlogged"], 1);
     assert_eq!(h.switch.live_requests(), 0, "its requests ended MasterDied");
 }
+
+/// One master flooding peer requests gets its share of the table and no more: past it each
+/// REQ is answered `QUOTA` (counted), the engine's requests are still routed, and the share
+/// frees as its requests end, however they end (here: answered, and the serving master's
+/// death).
+#[test]
+fn a_master_gets_its_share_of_peer_requests_and_the_share_frees_as_they_end() {
+    use crate::limits::SWITCH_PEER_REQUESTS_PER_MASTER_MAX as SHARE;
+    let (mut h, conns) = ready(&[("a", &[UPPER]), ("b", &[LOWER])]);
+    let flood = |h: &mut Harness, from: u64, count: u64| {
+        for rid in from..from + count {
+            let mut req = Frame::new(FrameType::Req, MessageId::Uint(rid));
+            req.cap = Some(LOWER.into());
+            h.from_master(conns[0], req);
+        }
+    };
+    flood(&mut h, 1_000, SHARE as u64 + 10);
+    let answers = request_frames(&mut h, conns[0].slot);
+    let quota = answers
+        .iter()
+        .filter(|frame| error_code(frame).as_deref() == Some("QUOTA"))
+        .count();
+    assert_eq!(quota, 10);
+    assert_eq!(h.switch.counters().quota_refused, 10);
+    assert_eq!(h.switch.peer_requests_of(conns[0].slot), SHARE);
+    assert!(
+        h.engine_request(1, LOWER).is_ok(),
+        "the engine is not locked out"
+    );
+
+    // One answered: its place is free again.
+    let at_b = request_frames(&mut h, conns[1].slot);
+    let first = at_b
+        .iter()
+        .find(|f| f.frame_type == FrameType::Req)
+        .expect("a REQ");
+    let key = RequestKey {
+        xid: first.routing_id.expect("xid"),
+        rid: first.id,
+    };
+    h.from_master(conns[1], response(key, FrameType::End, 0));
+    assert_eq!(h.switch.peer_requests_of(conns[0].slot), SHARE - 1);
+    // The serving master dies: every one of a's peer requests ends, and its share is whole.
+    h.close(conns[1]);
+    assert_eq!(h.switch.peer_requests_of(conns[0].slot), 0);
+    let _ = h.take_engine();
+    let _ = request_frames(&mut h, conns[0].slot);
+}
