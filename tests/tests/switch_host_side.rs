@@ -230,3 +230,78 @@ async fn a_switch_that_never_says_hello_or_goes_silent_is_given_up() {
         )
     );
 }
+
+/// A write waiting for credit when the switch cancels its request is answered `Gone` and not
+/// kept (before, it stayed parked and its handler waited on it for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waiting_for_credit_is_released_when_its_request_is_cancelled() {
+    let (mut fake, h1) = socket_pair();
+    let (outcome_tx, outcome) = tokio::sync::oneshot::channel();
+    let outcome_tx = std::sync::Mutex::new(Some(outcome_tx));
+    let host = Host::new("parks").handler(UPPER, move |request| {
+        let outcome_tx = outcome_tx.lock().expect("lock").take();
+        async move {
+            // One chunk of credit: the second chunk waits for more, which never comes.
+            let written = request
+                .respond("output", "media:upper", [b"a".to_vec(), b"b".to_vec()])
+                .await;
+            if let Some(tx) = outcome_tx {
+                let _ = tx.send(written);
+            }
+        }
+    });
+    let handle = host.handle();
+    let serving = tokio::spawn(host.serve(h1));
+    let mut hello = hello();
+    hello.meta = Some(
+        Hello {
+            limits: Limits {
+                initial_credit: 1,
+                ..Limits::default()
+            },
+            manifest: None,
+        }
+        .to_meta(),
+    );
+    let mut req = Frame::new(FrameType::Req, MessageId::Uint(7));
+    req.routing_id = Some(MessageId::Uint(1));
+    req.cap = Some(UPPER.to_owned());
+    let mut end = Frame::new(FrameType::End, MessageId::Uint(7));
+    end.routing_id = Some(MessageId::Uint(1));
+    end.seq = 1;
+    fake.write_all(&encoded(&[hello, req, end]))
+        .await
+        .expect("write");
+    // The handler's first chunk went out and its second waits; then the switch cancels,
+    // asking for a wind-down rather than a kill.
+    // Each look at the host's state is a command the host answers in turn, after what it
+    // was already doing: the loop ends once the second chunk waits.
+    let state = loop {
+        let state = handle.state().await.expect("serving");
+        if state.parked_writes == 1 {
+            break state;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(state.machine_requests, 1);
+    let mut cancel = Frame::new(FrameType::Cancel, MessageId::Uint(7));
+    cancel.routing_id = Some(MessageId::Uint(1));
+    cancel.force_kill = Some(false);
+    fake.write_all(&encoded(&[cancel])).await.expect("write");
+    assert_eq!(
+        outcome.await.expect("the handler finished"),
+        Err(HostServeError::Gone)
+    );
+    let state = handle.state().await.expect("serving");
+    assert_eq!(
+        (
+            state.machine_requests,
+            state.handlers_running,
+            state.parked_writes
+        ),
+        (0, 0, 0),
+        "{state:?}"
+    );
+    drop(fake);
+    let _ = serving.await;
+}

@@ -386,10 +386,16 @@ pub fn scan(
             on_commit(commit);
             continue;
         }
-        if is_zeros(&bytes[at..]) {
+        // Version 1 has no salt: a body can hold bytes that verify as a whole commit, so a
+        // version 1 file is never searched past its first failure (what follows is its tail,
+        // as that version always read it).
+        if is_zeros(&bytes[at..]) || format.version() == LOG_VERSION_1 {
             break;
         }
-        match (at + 1..bytes.len()).find(|from| commit_at(format, bytes, *from).is_some()) {
+        match (at + 1..bytes.len())
+            .filter(|from| could_begin(bytes, *from))
+            .find(|from| commit_at(format, bytes, *from).is_some())
+        {
             Some(next) => {
                 damaged.push(at as u64..next as u64);
                 at = next;
@@ -405,6 +411,21 @@ pub fn scan(
         tail: (bytes.len() - end) as u64,
         tail_zeros: is_zeros(&bytes[end..]),
     }))
+}
+
+/// The longest `Begin` entry: its tag, a peer id's length and the longest peer id a log
+/// holds (a resync candidate declaring more is no `Begin`, and costs no checksum).
+const BEGIN_PAYLOAD_BYTES_MAX: usize = 1 + 4 + 4096;
+
+/// Whether an entry starting at `at` could be a `Begin`: its declared length fits one and its
+/// first payload byte is the tag. A cheap filter before any checksum, so that looking for the
+/// next commit costs a few byte reads per offset whatever the bytes hold.
+fn could_begin(bytes: &[u8], at: usize) -> bool {
+    let Some(header) = bytes.get(at..at + LOG_ENTRY_HEADER_BYTES + 1) else {
+        return false;
+    };
+    let length = u32::from_le_bytes(header[..4].try_into().expect("four bytes")) as usize;
+    (5..=BEGIN_PAYLOAD_BYTES_MAX).contains(&length) && header[LOG_ENTRY_HEADER_BYTES] == TAG_BEGIN
 }
 
 /// The commit that starts at `at` and verifies whole, if one does.

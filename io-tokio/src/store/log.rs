@@ -267,7 +267,21 @@ impl LogStore {
             .open(&path)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let (format, mut inner) = match replay(&path, &bytes, options.repair)? {
+        let replayed = replay(&path, &bytes, options.repair)?;
+        if let Some(replayed) = &replayed {
+            let scan = &replayed.scan;
+            if scan.tail > 0 && !scan.tail_zeros {
+                // A commit a crash cut short is never acknowledged, but bytes that failed their
+                // checksums at the end cannot be told from a last commit damaged in place: they
+                // are kept beside the log before they are cut, never destroyed in silence.
+                keep_tail(
+                    &path,
+                    scan.end,
+                    &bytes[usize::try_from(scan.end).unwrap_or(usize::MAX)..],
+                )?;
+            }
+        }
+        let (format, mut inner) = match replayed {
             Some(replayed)
                 if replayed.scan.format.version() == LOG_VERSION && replayed.scan.is_sound() =>
             {
@@ -752,6 +766,25 @@ fn write_snapshot(
         .open(fresh)?;
     file.write_all(&out)?;
     Ok((file, out.len() as u64))
+}
+
+/// Writes the tail a replay cuts (from byte `end` of the log) to `<path>.torn-<end>`, synced,
+/// and warns: what the store cuts at open can still be read by hand.
+fn keep_tail(path: &Path, end: u64, tail: &[u8]) -> Result<(), StoreError> {
+    let mut kept = path.as_os_str().to_owned();
+    kept.push(format!(".torn-{end}"));
+    let kept = PathBuf::from(kept);
+    let mut file = File::create(&kept)?;
+    file.write_all(tail)?;
+    file.sync_all()?;
+    sync_parent(&kept)?;
+    tracing::warn!(
+        path = %path.display(),
+        kept = %kept.display(),
+        bytes = tail.len(),
+        "the log's tail after its last complete commit was cut (a commit a crash cut short); its bytes are kept"
+    );
+    Ok(())
 }
 
 /// A salt for a new file (the OS's randomness).
@@ -1247,6 +1280,14 @@ mod tests {
                 "zeros alone are prepared space"
             );
             assert_eq!(std::fs::metadata(&path).expect("meta").len(), kept as u64);
+            let torn = PathBuf::from(format!("{}.torn-{first_end}", path.display()));
+            if cut > 0 {
+                // What was cut is kept beside the log, byte for byte.
+                assert_eq!(std::fs::read(&torn).expect("kept"), &bytes[first_end..]);
+                std::fs::remove_file(&torn).expect("remove");
+            } else {
+                assert!(!torn.exists(), "zeros are prepared space, nothing is cut");
+            }
             store.commit(&peer, &batches()[1..]).expect("again");
             drop(store);
             let store = LogStore::open_with(&path, unprepared()).expect("reopen");

@@ -707,6 +707,8 @@ struct Shared {
     /// Peer tasks an inbound link may create at most (a hostile dialer claiming ever new ids
     /// cannot exhaust memory).
     max_peers: usize,
+    /// Set by [`Substrate::shutdown`]: no peer task starts after it.
+    closing: AtomicBool,
     /// Inbound handshakes in progress, under [`SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX`].
     handshakes: Mutex<tether_core::driver::admission::Handshakes>,
     /// What became of inbound links.
@@ -894,6 +896,16 @@ impl Substrate {
     /// Stops accepting, commits what each peer task has pending, drops every link and waits
     /// for every task. Pending operations resolve with [`Error::Shutdown`].
     pub async fn shutdown(&self) {
+        {
+            // Under the peers lock: a handshake finishing now starts no task after the drain.
+            let _peers = self
+                .inner
+                .shared
+                .peers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.inner.shared.closing.store(true, Ordering::SeqCst);
+        }
         let accept = self
             .inner
             .accept
@@ -927,6 +939,10 @@ impl Shared {
     /// there is none. `None` when an inbound link would exceed the peer cap.
     fn handle(self: &Arc<Self>, id: &PeerId, inbound: bool) -> Option<CommandTx> {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if inbound && self.closing.load(Ordering::SeqCst) {
+            // Shut down: an inbound link that finished its handshake now starts nothing.
+            return None;
+        }
         if let Some(entry) = peers.get(id) {
             if !entry.task.is_finished() {
                 if !inbound {
@@ -1093,6 +1109,7 @@ impl SubstrateBuilder {
             peers: Mutex::default(),
             tasks_ended: tokio::sync::watch::channel(0).0,
             max_peers: self.max_peers,
+            closing: AtomicBool::new(false),
             handshakes: Mutex::new(tether_core::driver::admission::Handshakes::new(
                 SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX,
             )),
@@ -1133,8 +1150,10 @@ impl SubstrateBuilder {
                     continue;
                 }
                 handshakes.spawn(async move {
+                    // The slot is given back however the task ends (a panic included).
+                    let slot = preauth::Slot(&shared);
                     let verified = preauth::verify(&shared, &peer, link).await;
-                    shared.lock_handshakes().end();
+                    drop(slot);
                     if let Some(verified) = verified {
                         match shared.handle(&peer, true) {
                             Some(handle) => {

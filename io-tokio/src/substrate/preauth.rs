@@ -86,6 +86,15 @@ impl Counters {
     }
 }
 
+/// A handshake slot held by one inbound link's task, given back when it drops.
+pub(super) struct Slot<'a>(pub(super) &'a Shared);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.lock_handshakes().end();
+    }
+}
+
 /// A link that proved it is `peer`'s: what the peer's task adopts.
 pub(super) struct Verified {
     pub(super) link: Link,
@@ -105,7 +114,9 @@ pub(super) async fn verify(shared: &Shared, peer: &PeerId, mut link: Link) -> Op
         );
         return None;
     };
-    let caps = capabilities(&auth, shared.features.clone(), shared.config.receive_window);
+    // The window the machine offers (its config as checked).
+    let window = shared.config.clone().checked().receive_window;
+    let caps = capabilities(&auth, shared.features.clone(), window);
     let started = (shared.clock)();
     let nonce = shared.random_bytes().to_vec();
     let mut handshake = Handshake::start(

@@ -298,6 +298,8 @@ pub struct HostState {
     pub handlers_running: usize,
     /// Peer requests waiting for their answer.
     pub peer_calls: usize,
+    /// Writes of handlers waiting for credit.
+    pub parked_writes: usize,
 }
 
 /// One request routed to this host, handed to its handler.
@@ -623,6 +625,7 @@ impl HostTask {
                     machine_requests: self.machine.served_len(),
                     handlers_running: self.served.len(),
                     peer_calls: self.calls.len(),
+                    parked_writes: self.parked.values().map(VecDeque::len).sum(),
                 });
             }
         }
@@ -653,6 +656,18 @@ impl HostTask {
         }
         let _ = reply.send(result.map_err(host_write_error));
         None
+    }
+
+    /// Writes of `key` still waiting for credit when it ended: answered `Gone`, not kept.
+    fn drop_parked(&mut self, key: RequestKey) {
+        for (_, reply) in self
+            .parked
+            .remove(&(Some(key.xid), key.rid))
+            .into_iter()
+            .flatten()
+        {
+            let _ = reply.send(Err(HostServeError::Gone));
+        }
     }
 
     /// Retries the parked writes of `flow` in order until one waits again.
@@ -708,8 +723,10 @@ impl HostTask {
             HostEvent::Ended { key } => {
                 // The handler wrote END or ERR: it is finishing; nothing of it is kept.
                 self.served.remove(&key);
+                self.drop_parked(key);
             }
             HostEvent::Cancelled { key, force_kill } => {
+                self.drop_parked(key);
                 if let Some(served) = self.served.remove(&key) {
                     served.cancelled.store(true, Ordering::SeqCst);
                     if force_kill {
