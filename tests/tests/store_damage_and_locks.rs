@@ -14,6 +14,17 @@ use tether_core::wire::envelope::Verb;
 /// The `tether` program (this crate's build of it).
 const TETHER: &str = env!("CARGO_BIN_EXE_tether-under-test");
 
+/// The tests of this file run one at a time: a child process forked by one shares, until it
+/// execs, the open files of the other (a store's lock among them), so a store dropped in one
+/// test could still be locked for an instant by the other's child.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tether-damage-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -59,6 +70,7 @@ fn seqs(store: &LogStore, peer: &PeerId) -> Vec<u64> {
 
 #[test]
 fn a_flipped_byte_mid_log_refuses_to_open_and_repair_keeps_every_commit_around_it() {
+    let _serial = one_at_a_time();
     let dir = temp_dir("flip");
     let path = dir.join("store.log");
     let peer = PeerId::new("peer");
@@ -129,6 +141,7 @@ fn a_flipped_byte_mid_log_refuses_to_open_and_repair_keeps_every_commit_around_i
 /// process (`tether store check`), until the store is dropped.
 #[test]
 fn a_second_open_of_either_store_fails_at_once_in_any_process() {
+    let _serial = one_at_a_time();
     let dir = temp_dir("locks");
     let log = dir.join("store.log");
     let store = LogStore::open(&log).expect("open");
@@ -142,6 +155,24 @@ fn a_second_open_of_either_store_fails_at_once_in_any_process() {
     drop(store);
     let (code, report, stderr) = store_command("check", &log);
     assert_eq!((code, report.is_some()), (0, true), "{stderr}");
+
+    // Another path to the same file is the same store: one lock.
+    let store = LogStore::open(&log).expect("open");
+    let link = dir.join("link.log");
+    std::os::unix::fs::symlink(&log, &link).expect("symlink");
+    assert!(matches!(
+        LogStore::open(&link),
+        Err(StoreError::Locked { .. })
+    ));
+    drop(store);
+    drop(LogStore::open(&link).expect("through the link once free"));
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .expect("link")
+            .file_type()
+            .is_symlink(),
+        "opening through a link never replaces the link"
+    );
 
     let db = dir.join("store.sqlite3");
     let store = SqliteStore::open(&db).expect("open");

@@ -58,7 +58,7 @@ use tether_core::wire::log::{
     LOG_ENTRY_HEADER_BYTES, LOG_VERSION,
 };
 
-use super::{lock_path, Store, StoreError};
+use super::{lock_path, resolved, Store, StoreError};
 
 /// A log is never compacted below this size: a small file costs nothing to replay.
 pub const LOG_COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
@@ -257,7 +257,7 @@ impl LogStore {
     /// for a file that is not a tether log of a version this tether reads. A refused file is
     /// left as it was.
     pub fn open_with(path: impl AsRef<Path>, options: LogOptions) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_owned();
+        let path = resolved(path.as_ref())?;
         let lock = lock_path(&path)?;
         let mut file = OpenOptions::new()
             .read(true)
@@ -424,7 +424,7 @@ impl LogStore {
     /// verify, damage, a torn tail, prepared space. Fails with [`StoreError::Locked`] while a
     /// store has the path open.
     pub fn check(path: impl AsRef<Path>) -> Result<LogCheck, StoreError> {
-        let path = path.as_ref();
+        let path = &resolved(path.as_ref())?;
         let _lock = lock_path(path)?;
         let bytes = std::fs::read(path)?;
         Ok(match replay(path, &bytes, true)? {

@@ -76,6 +76,26 @@ pub enum StoreError {
     },
 }
 
+/// `path` with every symbolic link resolved (its directory's, when the file does not exist
+/// yet): two paths to one file name one store, one lock, and a compaction's rename replaces
+/// the file, not a link to it.
+pub(crate) fn resolved(path: &Path) -> Result<PathBuf, StoreError> {
+    if let Ok(real) = std::fs::canonicalize(path) {
+        return Ok(real);
+    }
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a store path names a file",
+        )
+    })?;
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    Ok(std::fs::canonicalize(parent)?.join(name))
+}
+
 /// The file whose exclusive lock marks the store at `path` open: `<path>.lock`.
 pub fn lock_file(path: &Path) -> PathBuf {
     let mut lock = path.as_os_str().to_owned();

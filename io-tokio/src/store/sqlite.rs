@@ -33,7 +33,7 @@ use tether_core::substrate::{
 use tether_core::time::Time;
 use tether_core::wire::envelope::{ObjKind, Verb};
 
-use super::{lock_path, Store, StoreError};
+use super::{lock_path, resolved, Store, StoreError};
 
 /// The page size of a database [`SqliteStore::open`] creates. In-flight op rows carry whole
 /// bodies and churn (inserted, then deleted an acknowledgement later), and every page a commit
@@ -211,7 +211,7 @@ impl SqliteStore {
     /// last clone is dropped), so a second open of the same path, in this process or another,
     /// fails at once with [`StoreError::Locked`].
     pub fn open_with_prefix(path: impl AsRef<Path>, prefix: &str) -> Result<Self, StoreError> {
-        let path = path.as_ref();
+        let path = &resolved(path.as_ref())?;
         let lock = lock_path(path)?;
         let conn = Connection::open(path)?;
         // Only takes on a database without tables yet (and before WAL mode is set).
