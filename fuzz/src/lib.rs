@@ -498,21 +498,18 @@ pub fn switch_host(data: &[u8]) {
     use tether_core::switch::host::{Host, HostConfig, HostEvent};
     use tether_core::switch::{Hello, Limits};
     use tether_core::time::Time;
-    use tether_core::wire::bifaci::{FrameType, MessageId};
+    use tether_core::wire::bifaci::FrameType;
     const CAP: &str = "cap:in=media:text;out=media:upper";
     let mut host = Host::new(
         HostConfig::new("fuzz", vec![CAP.to_owned()], [3; 8]),
         Time::ZERO,
     );
-    let mut hello = Frame::new(FrameType::Hello, MessageId::Uint(0));
-    hello.meta = Some(
-        Hello {
-            limits: Limits::default(),
-            manifest: None,
-        }
-        .to_meta(),
-    );
-    host.handle_frame(Time::ZERO, hello).expect("a valid hello");
+    let hello = Hello {
+        limits: Limits::default(),
+        manifest: None,
+    };
+    host.handle_frame(Time::ZERO, hello.to_frame())
+        .expect("a valid hello");
     let mut decoder = StreamDecoder::new(BifaciDecoder::default());
     let mut live = Vec::new();
     let mut now = 0u64;

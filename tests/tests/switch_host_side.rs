@@ -89,14 +89,7 @@ async fn a_host_whose_switch_stops_reading_drops_the_connection_at_its_queue_bou
     let serving = tokio::spawn(Host::new("echo").serve(h1));
     // A switch that says HELLO, then sends heartbeats (each one the host must echo) and never
     // reads a byte: the echoes back up past the socket into the host's queue.
-    let mut hello = Frame::new(FrameType::Hello, MessageId::Uint(0));
-    hello.meta = Some(
-        Hello {
-            limits: Limits::default(),
-            manifest: None,
-        }
-        .to_meta(),
-    );
+    let hello = hello();
     let mut out = Vec::new();
     hello.encode(1 << 20, &mut out).expect("encodes");
     for id in 0..(SWITCH_HOST_WRITER_FRAMES_MAX as u64 + 50_000) {
@@ -158,15 +151,11 @@ async fn a_host_holds_no_state_for_requests_that_ended_however_they_ended() {
 }
 
 fn hello() -> Frame {
-    let mut hello = Frame::new(FrameType::Hello, MessageId::Uint(0));
-    hello.meta = Some(
-        Hello {
-            limits: Limits::default(),
-            manifest: None,
-        }
-        .to_meta(),
-    );
-    hello
+    Hello {
+        limits: Limits::default(),
+        manifest: None,
+    }
+    .to_frame()
 }
 
 fn encoded(frames: &[Frame]) -> Vec<u8> {
@@ -252,17 +241,14 @@ async fn a_write_waiting_for_credit_is_released_when_its_request_is_cancelled() 
     });
     let handle = host.handle();
     let serving = tokio::spawn(host.serve(h1));
-    let mut hello = hello();
-    hello.meta = Some(
-        Hello {
-            limits: Limits {
-                initial_credit: 1,
-                ..Limits::default()
-            },
-            manifest: None,
-        }
-        .to_meta(),
-    );
+    let hello = Hello {
+        limits: Limits {
+            initial_credit: 1,
+            ..Limits::default()
+        },
+        manifest: None,
+    }
+    .to_frame();
     let mut req = Frame::new(FrameType::Req, MessageId::Uint(7));
     req.routing_id = Some(MessageId::Uint(1));
     req.cap = Some(UPPER.to_owned());

@@ -84,9 +84,7 @@ impl Harness {
             limits,
             manifest: Some(Bytes::from(manifest_json(id, &advertised))),
         };
-        let mut frame = Frame::new(FrameType::Hello, MessageId::Uint(0));
-        frame.meta = Some(hello.to_meta());
-        self.from_master(conn, frame);
+        self.from_master(conn, hello.to_frame());
         conn
     }
 

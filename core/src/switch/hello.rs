@@ -14,7 +14,7 @@ use crate::limits::{
     BIFACI_CHUNK_BYTES_DEFAULT, BIFACI_FRAME_BYTES_CEILING, BIFACI_FRAME_BYTES_DEFAULT,
     CREDIT_WINDOW_CHUNKS_DEFAULT, MANIFEST_CAPS_MAX, REORDER_HELD_COUNT_DEFAULT,
 };
-use crate::wire::bifaci::{Meta, PROTOCOL_VERSION};
+use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta, PROTOCOL_VERSION};
 use crate::wire::cbor::{self, Reader};
 
 /// The limits one side proposes in its HELLO; both sides use the minimum of each.
@@ -127,6 +127,13 @@ pub struct Hello {
 }
 
 impl Hello {
+    /// The HELLO frame carrying it (id 0).
+    pub fn to_frame(&self) -> Frame {
+        let mut frame = Frame::new(FrameType::Hello, MessageId::Uint(0));
+        frame.meta = Some(self.to_meta());
+        frame
+    }
+
     /// Encodes as a HELLO `meta` map.
     pub fn to_meta(&self) -> Meta {
         let mut out = Vec::new();

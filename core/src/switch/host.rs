@@ -479,9 +479,7 @@ impl Host {
             limits: self.config.limits,
             manifest: Some(Bytes::from(self.manifest())),
         };
-        let mut answer = Frame::new(FrameType::Hello, MessageId::Uint(0));
-        answer.meta = Some(hello.to_meta());
-        self.transmits.push_back(answer);
+        self.transmits.push_back(hello.to_frame());
         self.stage = Stage::Live(limits);
         self.events.push_back(HostEvent::Ready { limits });
         Ok(())
@@ -901,15 +899,12 @@ mod tests {
                 crate::limits::SWITCH_HANDSHAKE_TIMEOUT_MS
             ))
         );
-        let mut hello = Frame::new(FrameType::Hello, MessageId::Uint(0));
-        hello.meta = Some(
-            Hello {
-                limits: Limits::default(),
-                manifest: None,
-            }
-            .to_meta(),
-        );
-        host.handle_frame(Time::ZERO, hello).expect("hello");
+        let hello = Hello {
+            limits: Limits::default(),
+            manifest: None,
+        };
+        host.handle_frame(Time::ZERO, hello.to_frame())
+            .expect("hello");
         while host.poll_transmit().is_some() {}
         let mut beat = Frame::new(FrameType::Heartbeat, MessageId::Uint(42));
         beat.payload = Some(Bytes::from(vec![7; 1 << 20]));

@@ -552,9 +552,7 @@ impl Switch {
             limits: self.config.limits,
             manifest: None,
         };
-        let mut frame = Frame::new(FrameType::Hello, MessageId::Uint(0));
-        frame.meta = Some(hello.to_meta());
-        self.send(Peer::Master(slot), frame);
+        self.send(Peer::Master(slot), hello.to_frame());
         Ok(conn)
     }
 

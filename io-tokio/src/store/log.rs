@@ -281,39 +281,23 @@ impl LogStore {
                 )?;
             }
         }
-        let (format, mut inner) = match replayed {
+        let mut inner = match replayed {
             Some(replayed)
                 if replayed.scan.format.version() == LOG_VERSION && replayed.scan.is_sound() =>
             {
-                let scan = &replayed.scan;
-                let found = LogCheck::new(scan, replayed.states.len());
-                let inner = Inner {
-                    path,
-                    format: scan.format,
-                    file,
-                    end: scan.end,
-                    torn: !scan.tail_zeros,
-                    // How much of it is live is not known until a compaction: the next one is
-                    // due once it is past `compact_bytes_min`.
-                    snapshot_bytes: scan.format.header_bytes() as u64,
-                    peers: replayed.states.keys().cloned().collect(),
-                    replayed: replayed.states,
-                    recovered_tail: found.torn_tail,
-                    repaired: None,
-                    compactions: 0,
-                    options,
-                    compacting: false,
-                    rename_unsynced: false,
-                    compact_at: 0,
-                    // Zeros after the last commit are space a preparation left; anything else
-                    // is a commit that never completed.
-                    prepared: scan.end + found.prepared,
-                    preparing: false,
-                    preparing_from: 0,
-                    prepare_after: 0,
-                    generation: 0,
-                };
-                (scan.format, inner)
+                let scan = replayed.scan;
+                let found = LogCheck::new(&scan, replayed.states.len());
+                let mut inner =
+                    Inner::opened(path, scan.format, file, options, scan.end, replayed.states);
+                // Anything but zeros after the last commit is a commit that never completed;
+                // zeros are space a preparation left.
+                inner.torn = !scan.tail_zeros;
+                inner.prepared = scan.end + found.prepared;
+                // How much of it is live is not known until a compaction: the next one is due
+                // once it is past `compact_bytes_min`.
+                inner.snapshot_bytes = scan.format.header_bytes() as u64;
+                inner.recovered_tail = found.torn_tail;
+                inner
             }
             Some(replayed) => {
                 // Version 1, or damage a repair was asked for: every commit that verified is
@@ -338,29 +322,10 @@ impl LogStore {
                 file.sync_all()?;
                 std::fs::rename(&fresh, &path)?;
                 sync_parent(&path)?;
-                let inner = Inner {
-                    path,
-                    format,
-                    file,
-                    end,
-                    torn: false,
-                    snapshot_bytes: end,
-                    peers: replayed.states.keys().cloned().collect(),
-                    replayed: replayed.states,
-                    recovered_tail: found.torn_tail,
-                    repaired: (!found.is_sound()).then_some(found),
-                    compactions: 0,
-                    options,
-                    compacting: false,
-                    rename_unsynced: false,
-                    compact_at: 0,
-                    prepared: end,
-                    preparing: false,
-                    preparing_from: 0,
-                    prepare_after: 0,
-                    generation: 0,
-                };
-                (format, inner)
+                let mut inner = Inner::opened(path, format, file, options, end, replayed.states);
+                inner.recovered_tail = found.torn_tail;
+                inner.repaired = (!found.is_sound()).then_some(found);
+                inner
             }
             None => {
                 // A new file, or one whose header never made it to disk (nothing was
@@ -373,31 +338,13 @@ impl LogStore {
                 file.write_all(&header)?;
                 file.sync_all()?;
                 sync_parent(&path)?;
-                let inner = Inner {
-                    path,
-                    format,
-                    file,
-                    end: header.len() as u64,
-                    torn: false,
-                    snapshot_bytes: header.len() as u64,
-                    peers: BTreeSet::new(),
-                    replayed: BTreeMap::new(),
-                    recovered_tail: bytes.len() as u64,
-                    repaired: None,
-                    compactions: 0,
-                    options,
-                    compacting: false,
-                    rename_unsynced: false,
-                    compact_at: 0,
-                    prepared: header.len() as u64,
-                    preparing: false,
-                    preparing_from: 0,
-                    prepare_after: 0,
-                    generation: 0,
-                };
-                (format, inner)
+                let end = header.len() as u64;
+                let mut inner = Inner::opened(path, format, file, options, end, BTreeMap::new());
+                inner.recovered_tail = bytes.len() as u64;
+                inner
             }
         };
+        let format = inner.format;
         if inner.torn {
             inner.cut_tail()?;
         }
@@ -823,6 +770,40 @@ fn encode<'a>(
 }
 
 impl Inner {
+    /// A log just opened: the next commit goes at `end`, the file holds `states` and nothing
+    /// past `end`; no background work has started.
+    fn opened(
+        path: PathBuf,
+        format: LogFormat,
+        file: File,
+        options: LogOptions,
+        end: u64,
+        states: BTreeMap<PeerId, DurableState>,
+    ) -> Self {
+        Self {
+            path,
+            format,
+            file,
+            end,
+            torn: false,
+            snapshot_bytes: end,
+            peers: states.keys().cloned().collect(),
+            replayed: states,
+            recovered_tail: 0,
+            repaired: None,
+            compactions: 0,
+            options,
+            compacting: false,
+            rename_unsynced: false,
+            compact_at: 0,
+            prepared: end,
+            preparing: false,
+            preparing_from: 0,
+            prepare_after: 0,
+            generation: 0,
+        }
+    }
+
     /// Writes one commit (`bytes`, the encoding of `records` for `peer`) at the end, syncs it,
     /// then applies it to the state replayed at open if the peer has not loaded it yet.
     fn append<'a>(
