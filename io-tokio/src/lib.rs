@@ -21,6 +21,7 @@
 /// The sans-IO core, for the types tether's signatures use (telemetry headers and frames,
 /// actor addresses, claim verdicts, substrate settings): the same version tether runs.
 pub use tether_core;
+mod handshakes;
 pub mod inspect;
 /// The iroh tether is built on, for types its signatures use (`Endpoint`, `EndpointAddr`,
 /// `protocol::Router`): the same version, whatever else the application depends on.

@@ -615,9 +615,9 @@ impl NodeBuilder {
                 actor_alpn: self.actor_alpn,
                 egress: CachePadded::default(),
                 counters: Counters::default(),
-                handshakes: Mutex::new(tether_core::driver::admission::Handshakes::new(
+                handshakes: crate::handshakes::SharedHandshakes::new(
                     tether_core::limits::QUIC_HANDSHAKES_IN_PROGRESS_MAX,
-                )),
+                ),
                 tasks: Mutex::new(JoinSet::new()),
                 closed: closed_tx,
             }
@@ -913,7 +913,7 @@ struct Inner {
     egress: CachePadded<RwLock<BTreeMap<NodeId, PeerQueue>>>,
     counters: Counters,
     /// Inbound handshakes in progress, under their bound (core decides).
-    handshakes: Mutex<tether_core::driver::admission::Handshakes>,
+    handshakes: crate::handshakes::SharedHandshakes,
     tasks: Mutex<JoinSet<()>>,
     closed: watch::Sender<bool>,
 }
@@ -1281,7 +1281,7 @@ impl Node {
         let refusals = driver.refusals().clone();
         let counters = driver.counters();
         let (handshakes_refused, handshakes_in_progress) = {
-            let handshakes = self.inner.lock_handshakes();
+            let handshakes = self.inner.handshakes.lock();
             (handshakes.refused(), handshakes.in_progress())
         };
         Snapshot {
@@ -2029,7 +2029,7 @@ impl Inner {
 
     async fn accept_loop(self: Arc<Self>) {
         while let Some(incoming) = self.endpoint.accept().await {
-            if !self.lock_handshakes().begin() {
+            if !self.handshakes.lock().begin() {
                 // Refused before anything is spent on it: no task, no TLS.
                 incoming.refuse();
                 continue;
@@ -2043,20 +2043,12 @@ impl Inner {
                     tokio::time::timeout(deadline, accepting).await.ok()?.ok()
                 };
                 let conn = handshake.await;
-                inner.lock_handshakes().end();
+                inner.handshakes.lock().end();
                 if let Some(conn) = conn {
                     inner.accepted(conn);
                 }
             });
         }
-    }
-
-    fn lock_handshakes(
-        &self,
-    ) -> std::sync::MutexGuard<'_, tether_core::driver::admission::Handshakes> {
-        self.handshakes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// An accepted connection: the machine admits and dispatches it by ALPN.

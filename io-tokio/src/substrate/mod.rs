@@ -710,20 +710,12 @@ struct Shared {
     /// Set by [`Substrate::shutdown`]: no peer task starts after it.
     closing: AtomicBool,
     /// Inbound handshakes in progress, under [`SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX`].
-    handshakes: Mutex<tether_core::driver::admission::Handshakes>,
+    handshakes: crate::handshakes::SharedHandshakes,
     /// What became of inbound links.
     preauth: preauth::Counters,
 }
 
 impl Shared {
-    fn lock_handshakes(
-        &self,
-    ) -> std::sync::MutexGuard<'_, tether_core::driver::admission::Handshakes> {
-        self.handshakes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn random_bytes(&self) -> [u8; 16] {
         let mut bytes = [0u8; 16];
         match &mut *self.entropy.lock().unwrap_or_else(PoisonError::into_inner) {
@@ -872,7 +864,7 @@ impl Substrate {
 
     /// What became of inbound links: verified, bound to a task, dropped and why.
     pub fn link_counts(&self) -> LinkCounts {
-        let busy = self.inner.shared.lock_handshakes().refused();
+        let busy = self.inner.shared.handshakes.lock().refused();
         self.inner.shared.preauth.snapshot(busy)
     }
 
@@ -1110,9 +1102,9 @@ impl SubstrateBuilder {
             tasks_ended: tokio::sync::watch::channel(0).0,
             max_peers: self.max_peers,
             closing: AtomicBool::new(false),
-            handshakes: Mutex::new(tether_core::driver::admission::Handshakes::new(
+            handshakes: crate::handshakes::SharedHandshakes::new(
                 SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX,
-            )),
+            ),
             preauth: preauth::Counters::default(),
         });
         let inner = Arc::new(Inner {
@@ -1141,7 +1133,7 @@ impl SubstrateBuilder {
                 while handshakes.try_join_next().is_some() {}
                 let Some(inner) = weak.upgrade() else { return };
                 let shared = inner.shared.clone();
-                if !shared.lock_handshakes().begin() {
+                if !shared.handshakes.lock().begin() {
                     warn!(
                         peer = peer.as_str(),
                         "too many inbound handshakes; link dropped"

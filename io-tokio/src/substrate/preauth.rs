@@ -91,7 +91,7 @@ pub(super) struct Slot<'a>(pub(super) &'a Shared);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.lock_handshakes().end();
+        self.0.handshakes.lock().end();
     }
 }
 
