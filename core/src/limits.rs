@@ -376,6 +376,21 @@ pub const LOCATION_CACHE_ENTRIES_MAX: usize = 4_096;
 /// Host claims a node signed for its own actors (announced to every peer it connects to).
 pub const LOCAL_CLAIMS_MAX: usize = 4_096;
 
+/// Routes one host may hold in a node's route view (its share of [`DIRECTORY_ROUTES_MAX`]):
+/// as many actors as an honest node can register ([`LOCAL_CLAIMS_MAX`]). A claim past its
+/// host's share is refused (`full`), so one peer cannot fill the directory for everyone.
+pub const DIRECTORY_ROUTES_PER_HOST_MAX: usize = LOCAL_CLAIMS_MAX;
+
+/// The highest generation a host claim may carry (2^48: a registration every microsecond
+/// for eight years). Past it a claim is refused (`jump`), so no claim can sit at a generation
+/// nothing could ever follow.
+pub const CLAIM_GENERATION_MAX: u64 = 1 << 48;
+
+/// How far past the generation a node holds for an actor a newer claim may go (2^20); past
+/// it the claim is refused (`jump`), so a route cannot be pushed out of every later claim's
+/// reach in one step.
+pub const CLAIM_GENERATION_STEP_MAX: u64 = 1 << 20;
+
 /// Bytes of a telemetry stream name in a subscription control record.
 pub const TELEMETRY_STREAM_NAME_BYTES_MAX: usize = 128;
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tether_core::driver::machine::RegisterError;
 use tether_core::driver::schedule::JoinPhase;
+use tether_core::driver::Handoff;
 use tether_core::driver::{
     Action, Alpns, Channel, ControlVerdict, DialEnd, DialTicket, Direction, Dispatch, Driver,
     DriverConfig, Open, Path, PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
@@ -41,6 +42,7 @@ pub fn config(allow: Option<&[u8]>) -> DriverConfig {
         valid_peer: |peer| peer[0] < 250,
         failed_opens_max: 2,
         relay_hint_peers_max: 3,
+        claim_authorizer: None,
     }
 }
 
@@ -120,6 +122,19 @@ fn action(action: Action<u64>) -> String {
             hex(&flow_id)
         ),
     }
+}
+
+/// A registration's or a handoff's result, as the section names it.
+fn registered(result: Result<(), RegisterError>) -> String {
+    match result {
+        Ok(()) => "ok",
+        Err(RegisterError::BadSignature) => "bad_signature",
+        Err(RegisterError::Stale) => "stale",
+        Err(RegisterError::Full) => "full",
+        Err(RegisterError::Jump) => "jump",
+        Err(RegisterError::NotHosted) => "not_hosted",
+    }
+    .to_owned()
 }
 
 /// The node whose key signs this node's own claims (§4 `register`): any valid key will do.
@@ -463,15 +478,27 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 if *forged {
                     claim.signature[63] ^= 1;
                 }
-                Some(
-                    match driver.handle_register(now, claim) {
-                        Ok(()) => "ok",
-                        Err(RegisterError::BadSignature) => "bad_signature",
-                        Err(RegisterError::Stale) => "stale",
-                        Err(RegisterError::Full) => "full",
-                    }
-                    .to_owned(),
-                )
+                Some(registered(driver.handle_register(now, claim)))
+            }
+            DriverOp::HandOff {
+                actor,
+                to,
+                generation,
+                forged,
+                ..
+            } => {
+                let to = id(*to);
+                let mut handoff = Handoff::sign(&[LOCAL; 32], &[*actor; 32], &to, *generation);
+                if *forged {
+                    handoff.signature[63] ^= 1;
+                }
+                Some(registered(driver.handle_hand_off(
+                    now,
+                    [*actor; 32],
+                    to,
+                    *generation,
+                    handoff,
+                )))
             }
             DriverOp::Stream { name, .. } => {
                 driver.handle_telemetry_stream(now, name);

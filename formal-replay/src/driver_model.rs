@@ -410,6 +410,12 @@ fn check_relays(relays: &[String], what: &str) -> Result<(), String> {
 const FLOW_BYTES: usize = 16;
 /// `register` 3: "If no claim for the actor is held and 4,096 claims are held".
 const CLAIMS_MAX: usize = 4_096;
+
+/// `register` 4: a generation past 2^48, or more than 2^20 past the one held.
+fn jumps(held: Option<u64>, generation: u64) -> bool {
+    generation > 1 << 48
+        || held.is_some_and(|held| generation > held && generation - held > 1 << 20)
+}
 /// `control` 3: "else if 256 subscriptions are live, or 32 of this peer's, `full`".
 const SUBSCRIPTIONS_MAX: usize = 256;
 /// `control` 3: a peer's share of [`SUBSCRIPTIONS_MAX`].
@@ -1359,7 +1365,12 @@ impl Machine {
             None if self.claims.len() >= CLAIMS_MAX => return Some("full".to_string()),
             _ => {}
         }
-        // 4. Otherwise the claim for the actor becomes `generation`; queue
+        // 4. If `generation` > 2^48, or a claim is held and `generation` is more than 2^20
+        //    past it: result "jump".
+        if jumps(self.claims.get(&actor).copied(), generation) {
+            return Some("jump".to_string());
+        }
+        // 5. Otherwise the claim for the actor becomes `generation`; queue
         //    `announce:<peer>:<actor>:<generation>` for every peer with a cached `actor`
         //    connection, by peer; result "ok". (The cache iterates by (peer, channel), so
         //    each such peer comes once, in order.)
@@ -1370,6 +1381,31 @@ impl Machine {
                     .push(format!("announce:{peer}:{actor}:{generation}"));
             }
         }
+        Some("ok".to_string())
+    }
+
+    /// `hand_off actor, to, generation, forged`: this node consents that an actor it hosts
+    /// move to peer `to` at `generation`.
+    fn hand_off(&mut self, actor: u8, generation: u64, forged: bool) -> Option<String> {
+        // 1. If no claim for the actor is held: result "not_hosted".
+        let Some(&held) = self.claims.get(&actor) else {
+            return Some("not_hosted".to_string());
+        };
+        // 2. If `forged`: result "bad_signature".
+        if forged {
+            return Some("bad_signature".to_string());
+        }
+        // 3. If `generation` ≤ the generation held: result "stale".
+        if generation <= held {
+            return Some("stale".to_string());
+        }
+        // 4. If `generation` jumps as in `register` 4: result "jump".
+        if jumps(Some(held), generation) {
+            return Some("jump".to_string());
+        }
+        // 5. Otherwise the claim for the actor is dropped (nothing more is announced for
+        //    it); result "ok".
+        self.claims.remove(&actor);
         Some("ok".to_string())
     }
 
@@ -1713,6 +1749,12 @@ impl Machine {
                 forged,
                 ..
             } => self.register(*actor, *generation, *forged),
+            DriverOp::HandOff {
+                actor,
+                generation,
+                forged,
+                ..
+            } => self.hand_off(*actor, *generation, *forged),
             DriverOp::Stream { name, .. } => {
                 self.stream(name);
                 None
@@ -4209,14 +4251,14 @@ mod tests {
             {"op": "timeout", "at": u64::MAX},
             // An empty payload is hex (of no bytes): the `malformed` verdict, not an error.
             // Nor is a stream named "", an ended subscription that never was (with publisher
-            // numbers never issued, 0 and the largest), or a claim at the largest generation.
+            // numbers never issued, 0 and the largest), or a claim at the largest generation allowed.
             {"op": "control", "at": u64::MAX, "peer": 1, "payload": ""},
             {"op": "stream", "at": u64::MAX, "name": ""},
             {"op": "ended", "at": u64::MAX, "peer": 1, "name": "", "flow": flow(255),
              "publisher": 0},
             {"op": "ended", "at": u64::MAX, "peer": 1, "name": "", "flow": flow(255),
              "publisher": u64::MAX},
-            {"op": "register", "at": u64::MAX, "actor": 255, "generation": u64::MAX,
+            {"op": "register", "at": u64::MAX, "actor": 255, "generation": 1_u64 << 48,
              "forged": false},
             // A ticket never issued (0, u64::MAX) matches nothing: the verdict, and nothing.
             {"op": "open_waited", "at": u64::MAX, "peer": 1, "channel": "actor", "ticket": 0},
@@ -4237,7 +4279,7 @@ mod tests {
                 .into_iter()
                 .collect::<BTreeMap<String, u64>>()
         );
-        assert_eq!(got.end.claims, vec![(255, u64::MAX)]);
+        assert_eq!(got.end.claims, vec![(255, 1 << 48)]);
     }
 
     /// The end of a case that only records and asks for relay hints.
@@ -4892,7 +4934,7 @@ mod tests {
         let _ = run_case(&extreme);
         let extreme = case_with(json!([
             {"op": "egress_full", "at": u64::MAX, "frames": u64::MAX},
-            {"op": "register", "at": u64::MAX, "actor": 255, "generation": u64::MAX,
+            {"op": "register", "at": u64::MAX, "actor": 255, "generation": 1_u64 << 48,
              "forged": false},
             {"op": "control", "at": u64::MAX, "peer": 255, "payload": "ff".repeat(300)},
             {"op": "control", "at": u64::MAX, "peer": 255, "payload": "é"},

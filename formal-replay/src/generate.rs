@@ -219,6 +219,8 @@ fn enumerated(section: &str, n: u64) -> Value {
                 json!({"op": "unhost", "actor": 9}),
                 json!({"op": "claim", "actor": 7, "host": 3, "generation": 1}),
                 json!({"op": "claim", "actor": 7, "host": 4, "generation": 2}),
+                json!({"op": "claim", "actor": 7, "host": 4, "generation": 3, "handoff": 3}),
+                json!({"op": "claim", "actor": 7, "host": 3, "generation": 4, "from": 4}),
                 json!({"op": "inbound", "dest": 1, "tag": "Ping"}),
                 json!({"op": "inbound", "dest": 1, "tag": "Chat"}),
                 json!({"op": "inbound", "dest": 9, "tag": "Chat"}),
@@ -368,9 +370,27 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
                         1 => json!({"op": "route", "tag": tag, "to": n}),
                         2 => json!({"op": "host", "actor": n}),
                         3 => json!({"op": "unhost", "actor": n}),
-                        4 => json!({"op": "claim", "actor": n, "host": rng.random_range(1..6u8),
-                            "generation": rng.random_range(0..4u64),
-                            "forged": rng.random_bool(0.15)}),
+                        4 => {
+                            // Few actors, so that claims meet routes others hold.
+                            let n = rng.random_range(1..4u8);
+                            let host = rng.random_range(1..6u8);
+                            // Mostly small generations; now and then one near the bounds.
+                            let generation = match rng.random_range(0..12) {
+                                0 => (1u64 << 48) + rng.random_range(0..2u64),
+                                1 => (1u64 << 20) + rng.random_range(0..3u64),
+                                2 => u64::MAX,
+                                _ => rng.random_range(0..4u64),
+                            };
+                            let mut claim = json!({"op": "claim", "actor": n, "host": host,
+                                "generation": generation, "forged": rng.random_bool(0.1)});
+                            if rng.random_bool(0.15) {
+                                claim["from"] = json!(rng.random_range(1..6u8));
+                            }
+                            if rng.random_bool(0.3) {
+                                claim["handoff"] = json!(rng.random_range(1..6u8));
+                            }
+                            claim
+                        }
                         5..=7 => json!({"op": "inbound", "dest": n, "tag": tag}),
                         8 => json!({"op": "egress_mailbox", "peer": n}),
                         9..=10 => json!({"op": "egress_actor", "actor": n}),
@@ -383,7 +403,14 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
             } else {
                 json!([1, rng.random_range(2..6u8)])
             };
-            routing_case(allow, ops)
+            let mut case = routing_case(allow, ops);
+            if rng.random_bool(0.25) {
+                let pairs: Vec<Value> = (0..rng.random_range(0..8))
+                    .map(|_| json!([rng.random_range(1..6u8), rng.random_range(1..6u8)]))
+                    .collect();
+                case["authorize"] = json!(pairs);
+            }
+            case
         }
         "switch" => switch_walk(rng, len),
         other => unreachable!("known_section admitted {other}"),
@@ -973,7 +1000,8 @@ fn driver_ended(at: u64, (peer, name, flow): (u8, &str, u8), publisher: u64) -> 
 /// A random driver trace: peers 0–3 and 250 (invalid), every op, time moving by up to 3 s
 /// (past dial backoffs, idle timeouts and some join waits), `timeout` often; generations and
 /// connections from small ranges so that current, replaced and unknown ones all occur; host
-/// claims of actors 0–3 at generations 1–4 (10% forged); telemetry streams, controls and
+/// claims of actors 0–2 at generations 1–4 and now and then past a bound (10% forged), and
+/// handoffs, mostly of an actor the walk registered; telemetry streams, controls and
 /// ended publishers over [`DRIVER_STREAMS`] and [`DRIVER_FLOWS`]; while the walk knows a
 /// publisher live, half the `ended` ops end one (`everyone`: the allow list is open, which
 /// that guess needs). A quarter of the walks mostly open streams to two peers on two channels,
@@ -991,6 +1019,7 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize, everyone: bool) -> Vec<
     };
     let focused = rng.random_bool(0.25);
     let mut guess = OpenGuess::default();
+    let mut registered: Vec<u64> = Vec::new();
     (0..len)
         .map(|index| {
             at += [0, 0, 100, 250, 700, 1_100, 3_000][rng.random_range(0..7)];
@@ -1065,8 +1094,21 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize, everyone: bool) -> Vec<
                     "generation": generation}),
                 20 => json!({"op": "egress_full", "at": at,
                     "frames": rng.random_range(1..5u64)}),
-                21 => json!({"op": "register", "at": at, "actor": rng.random_range(0..4u64),
-                    "generation": rng.random_range(1..5u64), "forged": rng.random_bool(0.1)}),
+                // A handoff mostly of an actor this walk registered (so that some succeed).
+                21 if rng.random_bool(0.4) => {
+                    let actor = match registered.last() {
+                        Some(&actor) if rng.random_bool(0.8) => actor,
+                        _ => rng.random_range(0..3u64),
+                    };
+                    json!({"op": "hand_off", "at": at, "actor": actor, "to": peer,
+                        "generation": claim_generation(rng), "forged": rng.random_bool(0.1)})
+                }
+                21 => {
+                    let actor = rng.random_range(0..3u64);
+                    registered.push(actor);
+                    json!({"op": "register", "at": at, "actor": actor,
+                        "generation": claim_generation(rng), "forged": rng.random_bool(0.1)})
+                }
                 22 => {
                     let name = DRIVER_STREAMS[rng.random_range(0..DRIVER_STREAMS.len())];
                     publishing.streams.insert(name);
@@ -1146,6 +1188,15 @@ fn driver_walk(rng: &mut Xoshiro256PlusPlus, len: usize, everyone: bool) -> Vec<
             }
         })
         .collect()
+}
+
+/// A claim generation for the driver section: mostly small, now and then past a bound.
+fn claim_generation(rng: &mut Xoshiro256PlusPlus) -> u64 {
+    match rng.random_range(0..10) {
+        0 => (1u64 << 48) + rng.random_range(0..2u64),
+        1 => (1u64 << 20) + rng.random_range(0..3u64),
+        _ => rng.random_range(1..5u64),
+    }
 }
 
 fn routing_case(allow: Value, ops: Vec<Value>) -> Value {

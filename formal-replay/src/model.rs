@@ -547,8 +547,8 @@ impl JoinModel {
 /// mailbox goes by tag to the protocol actor owning it; any other record goes to the actor it
 /// names when that actor is hosted here; an unknown tag is dropped first. Egress to a mailbox
 /// is that peer; to an actor, the peer the route view names; either must be admitted. The
-/// route view holds, per actor, the host of the highest-generation claim with a valid
-/// signature (§5.3); a forged claim, or one not newer than the held one, changes nothing.
+/// route view holds, per actor, the host whose claim was taken by the ownership rule of
+/// README "Actor ownership" ([`RoutingModel::claim`]); a claim not taken changes nothing.
 /// Only a SWIM tag's write failure is reported. Every drop counts its reason.
 #[derive(Debug, Clone, Default)]
 pub struct RoutingModel {
@@ -559,8 +559,10 @@ pub struct RoutingModel {
     known: Vec<String>,
     gossip: Vec<(String, u8)>,
     hosted: Vec<u8>,
-    /// Per actor: (host, generation) of the newest claim.
+    /// Per actor: (host, generation) of the claim taken last.
     view: Vec<(u8, u8, u64)>,
+    /// The claim authorizer's allowed (actor, host) pairs; `None`: no authorizer.
+    pub authorize: Option<Vec<(u8, u8)>>,
     /// Drops by reason, in first-seen order.
     pub drops: Vec<(&'static str, u128)>,
 }
@@ -623,15 +625,59 @@ impl RoutingModel {
         self.hosted.retain(|a| *a != actor);
     }
 
-    /// A claim that `host` hosts `actor` at `generation`: `forged`, `stale` (not newer than
-    /// the generation held) or `accepted` (the route view now names `host`).
-    pub fn claim(&mut self, actor: u8, host: u8, generation: u64, forged: bool) -> String {
+    /// A claim that `host` hosts `actor` at `generation`, sent by `from`, carrying the consent
+    /// of `handoff` if any. In order: `forged` (a bad signature); `relayed` (not sent by its
+    /// host); `stale` (not newer than the generation held); `jump` (past 2^48, or more than
+    /// 2^20 past the held one); then a claim that neither renews the holder's own route nor
+    /// carries the holder's consent goes to the authorizer when there is one (`refused` unless
+    /// it lists (actor, host)), and without one is `held` if anyone holds the actor; otherwise
+    /// `accepted`, and the route view names `host`.
+    pub fn claim(
+        &mut self,
+        actor: u8,
+        host: u8,
+        generation: u64,
+        forged: bool,
+        from: u8,
+        handoff: Option<u8>,
+    ) -> String {
+        const CEILING: u64 = 1 << 48;
+        const STEP: u64 = 1 << 20;
         if forged {
             return "forged".to_owned();
         }
-        let held = self.view.iter().find(|(a, _, _)| *a == actor);
-        if held.is_some_and(|&(_, _, g)| g >= generation) {
-            return "stale".to_owned();
+        if from != host {
+            return "relayed".to_owned();
+        }
+        let held = self
+            .view
+            .iter()
+            .find(|(a, _, _)| *a == actor)
+            .map(|&(_, h, g)| (h, g));
+        if let Some((_, g)) = held {
+            if generation <= g {
+                return "stale".to_owned();
+            }
+        }
+        let too_far = match held {
+            Some((_, g)) => generation - g > STEP,
+            None => false,
+        };
+        if generation > CEILING || too_far {
+            return "jump".to_owned();
+        }
+        let by_holder = match held {
+            Some((h, _)) => h == host || handoff == Some(h),
+            None => false,
+        };
+        if !by_holder {
+            if let Some(list) = &self.authorize {
+                if !list.contains(&(actor, host)) {
+                    return "refused".to_owned();
+                }
+            } else if held.is_some() {
+                return "held".to_owned();
+            }
         }
         self.view.retain(|(a, _, _)| *a != actor);
         self.view.push((actor, host, generation));

@@ -996,6 +996,7 @@ pub(crate) fn signed_claim(host: u8, actor: u8, generation: u64) -> tether_core:
 /// `handle_write_failed` with the SWIM flag `Routes` gives the writer. Peer `n` is the node
 /// whose Ed25519 secret key is `[n; 32]`; actor `n` is the address `[n; 32]`.
 fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
+    use tether_core::driver::directory::CLAIM_BYTES;
     use tether_core::driver::{
         Action, Channel, ClaimVerdict, Driver, Generation, Inbound, PeerAuth, RouteMemo, Routes,
         Send,
@@ -1016,6 +1017,15 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     let mut config = crate::driver::config(None);
     if let Some(list) = &case.allow {
         config.auth = PeerAuth::allow_list(list.iter().map(|n| node(*n)));
+    }
+    if let Some(list) = &case.authorize {
+        let allowed: std::collections::BTreeSet<([u8; 32], [u8; 32])> =
+            list.iter().map(|(a, h)| (addr(*a), node(*h))).collect();
+        config.claim_authorizer = Some(tether_core::driver::ClaimAuthorizer::new(
+            move |request: &tether_core::driver::ClaimRequest| {
+                allowed.contains(&(request.actor, request.host))
+            },
+        ));
     }
     let mut driver: Driver<u64> = Driver::new(config);
     let mut routes: Routes<u8> = Routes::new(addr(case.mailbox));
@@ -1047,19 +1057,35 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                 host,
                 generation,
                 forged,
+                from,
+                handoff,
             } => {
                 named.borrow_mut().insert(node(*host), *host);
-                let mut bytes = signed_claim(*host, *actor, *generation).encode();
-                if *forged {
-                    // The last byte of the signature: no longer the host's.
-                    bytes[bytes.len() - 1] ^= 1;
+                let mut claim = signed_claim(*host, *actor, *generation);
+                if let Some(holder) = handoff {
+                    claim = claim.with_handoff(tether_core::driver::Handoff::sign(
+                        &[*holder; 32],
+                        &claim.actor,
+                        &claim.host,
+                        claim.generation,
+                    ));
                 }
+                let mut bytes = claim.encode();
+                if *forged {
+                    // The last byte of the host's signature: no longer the host's.
+                    bytes[CLAIM_BYTES - 1] ^= 1;
+                }
+                let sender = node(from.unwrap_or(*host));
                 step.claim = Some(
-                    match driver.handle_claim(now, node(*host), &bytes) {
+                    match driver.handle_claim(now, sender, &bytes) {
                         ClaimVerdict::Accepted => "accepted",
                         ClaimVerdict::Stale => "stale",
                         ClaimVerdict::Forged => "forged",
                         ClaimVerdict::Full => "full",
+                        ClaimVerdict::Relayed => "relayed",
+                        ClaimVerdict::Held => "held",
+                        ClaimVerdict::Jump => "jump",
+                        ClaimVerdict::Refused => "refused",
                     }
                     .to_owned(),
                 );
@@ -1132,6 +1158,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
 fn model_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     same_length(&case.ops, &case.steps)?;
     let mut model = model::RoutingModel::new(case.mailbox, case.allow.clone());
+    model.authorize = case.authorize.clone();
     let steps = case
         .ops
         .iter()
@@ -1147,7 +1174,18 @@ fn model_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                     host,
                     generation,
                     forged,
-                } => step.claim = Some(model.claim(*actor, *host, *generation, *forged)),
+                    from,
+                    handoff,
+                } => {
+                    step.claim = Some(model.claim(
+                        *actor,
+                        *host,
+                        *generation,
+                        *forged,
+                        from.unwrap_or(*host),
+                        *handoff,
+                    ));
+                }
                 RoutingOp::Inbound { dest, tag } => step.inbound = Some(model.inbound(*dest, tag)),
                 RoutingOp::EgressMailbox { peer } => {
                     step.egress = Some(model.egress_mailbox(*peer));

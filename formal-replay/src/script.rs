@@ -566,6 +566,13 @@ pub enum DriverOp {
         generation: u64,
         forged: bool,
     },
+    HandOff {
+        at: u64,
+        actor: u8,
+        to: u8,
+        generation: u64,
+        forged: bool,
+    },
     Stream {
         at: u64,
         name: String,
@@ -624,6 +631,7 @@ impl DriverOp {
             | Self::Unread { at, .. }
             | Self::EgressFull { at, .. }
             | Self::Register { at, .. }
+            | Self::HandOff { at, .. }
             | Self::Stream { at, .. }
             | Self::Control { at, .. }
             | Self::Ended { at, .. }
@@ -746,14 +754,19 @@ pub enum RoutingOp {
     Host { actor: u8 },
     /// `actor` is no longer hosted here.
     Unhost { actor: u8 },
-    /// A host claim arrived: `host` signed that it hosts `actor` at `generation` (`forged`: the
-    /// signature is not the host's).
+    /// A host claim arrived from peer `from` (default: `host` itself): `host` signed that it
+    /// hosts `actor` at `generation` (`forged`: the signature is not the host's); `handoff`:
+    /// the claim carries peer `handoff`'s consent to the move.
     Claim {
         actor: u8,
         host: u8,
         generation: u64,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         forged: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<u8>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        handoff: Option<u8>,
     },
     /// An inbound record for `dest` tagged `tag`.
     Inbound { dest: u8, tag: String },
@@ -791,6 +804,9 @@ pub struct RoutingCase {
     pub mailbox: u8,
     #[serde(deserialize_with = "required")]
     pub allow: Option<Vec<u8>>,
+    /// The claim authorizer: the (actor, host) pairs it allows (absent: none configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorize: Option<Vec<(u8, u8)>>,
     pub ops: Vec<RoutingOp>,
     pub steps: Vec<RoutingStep>,
     pub drops: std::collections::BTreeMap<String, u64>,

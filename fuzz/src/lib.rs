@@ -329,27 +329,43 @@ pub fn telemetry_control(data: &[u8]) {
     );
 }
 
-/// Host claim bytes: decoding is total and exact (whatever decodes is exactly
-/// `CLAIM_BYTES` long and encodes back to the same bytes); a directory fed any bytes never
-/// panics, accepts only claims whose signature verifies, and holds one route at most.
+/// Host claim bytes: decoding is total and exact (whatever decodes is exactly `CLAIM_BYTES`
+/// or `CLAIM_WITH_HANDOFF_BYTES` long and encodes back to the same bytes); a directory fed any
+/// bytes, from their claimed host or from another peer (the first input byte says which),
+/// never panics, takes only claims whose signatures verify, sent by their host, at a
+/// generation within the ceiling, and holds one route at most.
 pub fn host_claim(data: &[u8]) {
-    use tether_core::driver::directory::{ClaimVerdict, Directory, HostClaim, CLAIM_BYTES};
+    use tether_core::driver::directory::{
+        ClaimVerdict, Directory, HostClaim, CLAIM_BYTES, CLAIM_WITH_HANDOFF_BYTES,
+    };
+    use tether_core::limits::CLAIM_GENERATION_MAX;
 
-    if let Ok(claim) = HostClaim::decode(data) {
-        assert_eq!(data.len(), CLAIM_BYTES);
+    let Some((&choice, data)) = data.split_first() else {
+        return;
+    };
+    let decoded = HostClaim::decode(data);
+    if let Ok(claim) = &decoded {
+        assert!(data.len() == CLAIM_BYTES || data.len() == CLAIM_WITH_HANDOFF_BYTES);
         assert_eq!(&claim.encode()[..], data);
     }
+    let from = match &decoded {
+        Ok(claim) if choice & 1 == 0 => claim.host,
+        _ => [choice; 32],
+    };
     let mut directory = Directory::default();
-    let verdict = directory.apply_bytes(data);
-    let verified = HostClaim::decode(data).is_ok_and(|claim| claim.verify());
-    assert_eq!(verdict == ClaimVerdict::Accepted, verified);
+    let verdict = directory.apply_bytes(&from, data);
+    let takeable = decoded.is_ok_and(|claim| {
+        claim.verify() && claim.host == from && claim.generation <= CLAIM_GENERATION_MAX
+    });
+    assert_eq!(verdict == ClaimVerdict::Accepted, takeable);
     assert!(directory.route_count() <= 1);
 }
 
 /// Stateful: three transport driver machines with dials, joins and batch writes completing
 /// or failing when the input says, connections killed with delayed close reports, idle
 /// writers, disconnects, closes and time; opens of streams on every channel; host claims
-/// registered, announced, replayed and forged; telemetry subscriptions. Every law of
+/// registered, handed off, announced, replayed, carried by other nodes and forged; telemetry
+/// subscriptions. Every law of
 /// `tether_core::driver::harness::run_ops` must hold (admission, one dial per peer,
 /// generation-scoped eviction, SWIM feedback, frame accounting and order, opens' accounting,
 /// route views that follow the claims, publishers that follow the subscriptions, liveness

@@ -1,6 +1,7 @@
 //! Signed actor host claims over real iroh on 127.0.0.1: a node that registers an actor signs
-//! a claim its peers verify; `send_to_actor` follows the newest generation without naming a
-//! node; replayed (stale) and forged claims change nothing.
+//! a claim its peers verify; `send_to_actor` follows it without naming a node; the actor moves
+//! only with its holder's handoff (or the peer's claim authorizer); forged, relayed, stale,
+//! jumping and unconsented claims change nothing, whoever sends them.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -8,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tether::node::{ActorBridge, DeliveryError, Node, NodeError, OutFrame};
 use tether_core::driver::{ActorAddr, ClaimVerdict, DropReason, HostClaim, HOST_CLAIM_TAG};
+use tether_core::limits::CLAIM_GENERATION_MAX;
 use tokio::sync::watch;
 
 const ACTOR: ActorAddr = [42; 32];
@@ -56,11 +58,22 @@ fn count(verdicts: &BTreeMap<ClaimVerdict, u64>, verdict: ClaimVerdict) -> u64 {
     verdicts.get(&verdict).copied().unwrap_or(0)
 }
 
+/// `from` sends claim bytes to `to`'s mailbox, as any peer can.
+fn send_claim(from: &Node, to: &Node, bytes: Vec<u8>) {
+    from.send(OutFrame {
+        to: to.node_id(),
+        dest: to.node_id(),
+        type_tag: HOST_CLAIM_TAG.into(),
+        payload: Bytes::from(bytes),
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn send_to_actor_follows_the_newest_valid_claim() {
+async fn an_actor_moves_only_with_its_holders_handoff() {
     let (b_inbox, c_inbox) = (Arc::new(Inbox::default()), Arc::new(Inbox::default()));
     let a = Node::builder().bind().await.expect("bind");
-    let b = host([2; 32], &b_inbox).await;
+    let b_secret = [2; 32];
+    let b = host(b_secret, &b_inbox).await;
     let c_secret = [3; 32];
     let c = host(c_secret, &c_inbox).await;
 
@@ -81,35 +94,53 @@ async fn send_to_actor_follows_the_newest_valid_claim() {
     c_inbox.wait_for(1).await;
     assert_eq!(a.location_cache_entries(), 1);
 
-    // b takes the actor over at generation 2 (announced to the peers connected now).
-    b.register_actor(ACTOR, 2).expect("register");
+    // b takes the actor at a higher generation on its own say: a keeps c's route.
+    b.register_actor(ACTOR, 5).expect("register");
+    until_claims(&a, |v| count(v, ClaimVerdict::Held) == 1).await;
+    assert_eq!(a.directory_route_count(), 1);
+
+    // c hands the actor off to b at generation 6; b registers it with c's consent.
+    let handoff = c.hand_off_actor(ACTOR, b.node_id(), 6).expect("hand off");
+    assert!(
+        c.hand_off_actor(ACTOR, b.node_id(), 7).is_err(),
+        "c hosts it no more"
+    );
+    b.register_handed_off_actor(ACTOR, 6, handoff)
+        .expect("register with the handoff");
     until_claims(&a, |v| count(v, ClaimVerdict::Accepted) == 2).await;
     a.send_to_actor(ACTOR, "Chat", Bytes::from_static(b"to b"))
         .expect("routed");
     b_inbox.wait_for(1).await;
 
-    // A replay of c's generation-1 claim (c announces again on a new connection) is stale.
-    a.disconnect(&c.node_id());
-    a.connect(c.endpoint_addr()).await.expect("reconnect c");
+    // A replay of b's claim (b announces again on a new connection) is stale.
+    a.disconnect(&b.node_id());
+    a.connect(b.endpoint_addr()).await.expect("reconnect b");
     until_claims(&a, |v| count(v, ClaimVerdict::Stale) >= 1).await;
 
-    // A forgery: c signs "b hosts the actor at generation 99"... with c's key.
+    // c, no longer the holder, attacks b's route every way it can:
+    // its own newer claim, without consent;
+    send_claim(&c, &a, HostClaim::sign(&c_secret, ACTOR, 7).encode());
+    // "b hosts the actor at generation 99", signed with c's key;
     let mut forged = HostClaim::sign(&c_secret, ACTOR, 99);
     forged.host = b.node_id();
-    c.send(OutFrame {
-        to: a.node_id(),
-        dest: a.node_id(),
-        type_tag: HOST_CLAIM_TAG.into(),
-        payload: Bytes::copy_from_slice(&forged.encode()),
-    });
-    // And bytes that are no claim at all.
-    c.send(OutFrame {
-        to: a.node_id(),
-        dest: a.node_id(),
-        type_tag: HOST_CLAIM_TAG.into(),
-        payload: Bytes::from_static(b"short"),
-    });
-    until_claims(&a, |v| count(v, ClaimVerdict::Forged) == 2).await;
+    send_claim(&c, &a, forged.encode());
+    // bytes that are no claim at all;
+    send_claim(&c, &a, b"short".to_vec());
+    // a genuine claim of b's it got hold of, carried by c;
+    send_claim(&c, &a, HostClaim::sign(&b_secret, ACTOR, 8).encode());
+    // a claim of its own at the largest generation, for an actor nobody holds.
+    send_claim(
+        &c,
+        &a,
+        HostClaim::sign(&c_secret, [43; 32], u64::MAX).encode(),
+    );
+    until_claims(&a, |v| {
+        count(v, ClaimVerdict::Held) == 2
+            && count(v, ClaimVerdict::Forged) == 2
+            && count(v, ClaimVerdict::Relayed) == 1
+            && count(v, ClaimVerdict::Jump) == 1
+    })
+    .await;
 
     // The route is still b's: the next frame goes there, none more to c.
     a.send_to_actor(ACTOR, "Chat", Bytes::from_static(b"to b again"))
@@ -119,18 +150,49 @@ async fn send_to_actor_follows_the_newest_valid_claim() {
     assert_eq!(a.directory_route_count(), 1);
     let verdicts = a.claim_verdicts();
     assert_eq!(count(&verdicts, ClaimVerdict::Accepted), 2, "{verdicts:?}");
-    // c cannot re-register what it already claimed at that generation.
-    assert!(c.register_actor(ACTOR, 1).is_err());
+    // b cannot register past the bounds peers keep.
+    assert!(b.register_actor(ACTOR, CLAIM_GENERATION_MAX + 1).is_err());
+    assert!(b.register_actor(ACTOR, u64::MAX).is_err());
     for node in [a, b, c] {
         node.close().await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_authorizer_binds_actors_to_their_owners() {
+    // a's rule: an actor's address starts with its host's first 8 bytes.
+    let a = Node::builder()
+        .claim_authorizer(|request| request.actor[..8] == request.host[..8])
+        .bind()
+        .await
+        .expect("bind");
+    let b_inbox = Arc::new(Inbox::default());
+    let b = host([2; 32], &b_inbox).await;
+    let mut owned = [7u8; 32];
+    owned[..8].copy_from_slice(&b.node_id()[..8]);
+    b.register_actor(ACTOR, 1).expect("register");
+    b.register_actor(owned, 1).expect("register");
+    a.connect(b.endpoint_addr()).await.expect("connect b");
+    until_claims(&a, |v| {
+        count(v, ClaimVerdict::Accepted) == 1 && count(v, ClaimVerdict::Refused) == 1
+    })
+    .await;
+    a.send_to_actor(owned, "Chat", Bytes::from_static(b"x"))
+        .expect("routed");
+    b_inbox.wait_for(1).await;
+    assert!(matches!(
+        a.send_to_actor(ACTOR, "Chat", Bytes::from_static(b"x")),
+        Err(NodeError::NoRoute)
+    ));
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_to_actor_refuses_a_host_off_the_allow_list() {
-    // a admits only b. b relays a valid claim signed by a host a does not admit (claims are
-    // signed, so any peer may carry one): the route is learned, but a frame for the actor is
-    // refused before anything is queued or dialed.
+    // a admits only b. a hosts an actor and hands it off to a node it does not admit: its
+    // route names that node, and a frame for the actor is refused before anything is queued
+    // or dialed.
     let b_inbox = Arc::new(Inbox::default());
     let b = host([2; 32], &b_inbox).await;
     let a = Node::builder()
@@ -138,28 +200,10 @@ async fn send_to_actor_refuses_a_host_off_the_allow_list() {
         .bind()
         .await
         .expect("bind");
-    let stranger = [9; 32];
-    let claim = HostClaim::sign(&stranger, ACTOR, 1);
+    let stranger = HostClaim::sign(&[9; 32], ACTOR, 1).host;
     a.connect(b.endpoint_addr()).await.expect("connect b");
-    // `connect` returns once a's side of the handshake is done; b caches the connection when
-    // it accepts it, which may come later. Sent before then, b's frame would miss its cache
-    // (dropped, counted) and the claim never arrive.
-    let a_key: String = a
-        .node_id()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
-    let mut changes = b.changes();
-    while !b.snapshot().cache.contains_key(&a_key) {
-        changes.changed().await.expect("alive");
-    }
-    b.send(OutFrame {
-        to: a.node_id(),
-        dest: a.node_id(),
-        type_tag: HOST_CLAIM_TAG.into(),
-        payload: Bytes::copy_from_slice(&claim.encode()),
-    });
-    until_claims(&a, |v| count(v, ClaimVerdict::Accepted) == 1).await;
+    a.register_actor(ACTOR, 1).expect("register");
+    a.hand_off_actor(ACTOR, stranger, 2).expect("hand off");
     assert_eq!(a.directory_route_count(), 1);
 
     let before = a.snapshot();

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use super::directory::{ClaimVerdict, HostClaim};
+use super::directory::{ClaimVerdict, Handoff, HostClaim};
 use super::machine::RegisterError;
 use super::machine::{
     Action, Alpns, Batch, Channel, Config, DialEnd, DialTicket, Dispatch, Driver, Open, Send,
@@ -175,11 +175,14 @@ impl Opens {
     }
 }
 
-/// Host claims: what each node registered and what each believes, by the directory's rule
-/// (a claim is taken when its actor has no route or an older generation).
+/// Host claims: what each node registered and what each believes, by the directory's
+/// ownership rule (a claim is taken from its own host when the actor has no route, or an
+/// older one the same host holds or handed off to it; an actor a node hosts is its own). In
+/// this world a node's claim identity is its key's public half (`hosts`), which stands for its
+/// id when it sends a claim.
 #[derive(Debug, Default)]
 struct Claims {
-    /// The claim each node holds for each actor it registered: (node, actor) → generation.
+    /// The claim each node holds for each actor it hosts: (node, actor) → generation.
     local: BTreeMap<(usize, ActorAddr), u64>,
     /// What each node's route view must say: (node, actor) → (host, generation).
     routes: BTreeMap<(usize, ActorAddr), (NodeId, u64)>,
@@ -192,20 +195,41 @@ struct Claims {
     refused: u64,
     /// Registrations refused for a signature that is not the claim's.
     unsigned: u64,
+    /// Actors handed off, and handoffs refused (of an actor the node does not host).
+    handed_off: u64,
+    handoffs_refused: u64,
     verdicts: BTreeMap<ClaimVerdict, u64>,
 }
 
 impl Claims {
-    /// `node` takes `claim` into its route view as the directory must: the verdict.
+    /// `node` takes `claim`, sent by its host, into its route view as the directory must:
+    /// the verdict.
     fn apply(&mut self, node: usize, claim: &HostClaim) -> ClaimVerdict {
+        if self.local.contains_key(&(node, claim.actor)) {
+            return ClaimVerdict::Held;
+        }
         match self.routes.get(&(node, claim.actor)) {
             Some((_, held)) if *held >= claim.generation => ClaimVerdict::Stale,
+            Some((holder, _))
+                if *holder != claim.host
+                    && claim.handoff.is_none_or(|handoff| handoff.from != *holder) =>
+            {
+                ClaimVerdict::Held
+            }
             _ => {
                 self.routes
                     .insert((node, claim.actor), (claim.host, claim.generation));
                 ClaimVerdict::Accepted
             }
         }
+    }
+
+    /// `node` registers its own `claim`: its route names itself.
+    fn register(&mut self, node: usize, claim: &HostClaim) {
+        self.registered += 1;
+        self.local.insert((node, claim.actor), claim.generation);
+        self.routes
+            .insert((node, claim.actor), (claim.host, claim.generation));
     }
 }
 
@@ -817,14 +841,24 @@ impl World {
     }
 
     /// A claim op, chosen by `a`: node `n` registers an actor at a generation (stale ones
-    /// included), or an announcement in flight arrives (possibly again later, possibly with
-    /// a byte flipped on the way).
+    /// included), or hands an actor it hosts off to another node (which registers it with the
+    /// consent), or an announcement in flight arrives (possibly again later, possibly with a
+    /// byte flipped on the way, possibly carried by a node that is not its host).
     fn claim_op(&mut self, n: usize, a: u8, b: u8) -> Result<(), String> {
         if a & 1 == 0 {
             if self.sims[n].closed {
                 return Ok(());
             }
             let actor = ACTORS[usize::from(a >> 1) % ACTORS.len()];
+            if b & 0x18 == 0x10 {
+                // An actor this node hosts, if it hosts one (else refused).
+                let actor = ACTORS
+                    .into_iter()
+                    .find(|actor| self.claims.local.contains_key(&(n, *actor)))
+                    .unwrap_or(actor);
+                let to = (n + 1 + usize::from(b >> 7)) % NODES;
+                return self.hand_off(n, to, actor);
+            }
             let generation = u64::from(b % 6) + 1;
             let mut claim = HostClaim::sign(&secret(n), actor, generation);
             // Now and then a claim whose signature does not match it (one bit of it
@@ -848,11 +882,7 @@ impl World {
                 ));
             }
             match result {
-                Ok(()) => {
-                    self.claims.registered += 1;
-                    self.claims.local.insert((n, actor), generation);
-                    self.claims.apply(n, &claim);
-                }
+                Ok(()) => self.claims.register(n, &claim),
                 Err(RegisterError::BadSignature) => self.claims.unsigned += 1,
                 Err(_) => self.claims.refused += 1,
             }
@@ -862,20 +892,80 @@ impl World {
             return Ok(());
         }
         let pick = usize::from(b) % self.claims.pending.len();
-        // A copy with a byte changed (a forger's; QUIC itself corrupts nothing) or a replay
-        // leaves the announcement in flight; otherwise it arrives.
+        // A copy with a byte changed (a forger's; QUIC itself corrupts nothing), a replay, or
+        // a copy another node carries, leaves the announcement in flight; otherwise it arrives.
         let (forged, replayed) = (b & 0x80 != 0, b & 0x40 != 0);
-        let (from, to, _, claim) = if forged || replayed {
+        let relayed = !forged && b & 0x20 != 0;
+        let (from, to, _, claim) = if forged || replayed || relayed {
             self.claims.pending[pick]
         } else {
             self.claims.pending.remove(pick)
         };
+        if relayed {
+            let carrier = (from + 1 + usize::from(a >> 7)) % NODES;
+            return self.deliver_claim(carrier, to, claim, None);
+        }
         // The byte a forger changes: anywhere in the claim.
         let flip = forged.then(|| usize::from(a >> 1) * 9 + usize::from(b & 0x3f));
         self.deliver_claim(from, to, claim, flip)
     }
 
-    /// `claim` from node `from` reaches node `to`; `flip`: the byte a forger changed in it.
+    /// Node `n` hands `actor` off to node `to` at the next generation; `to` registers it with
+    /// the handoff (unless it already holds a newer claim of its own).
+    fn hand_off(&mut self, n: usize, to: usize, actor: ActorAddr) -> Result<(), String> {
+        let now = self.time();
+        let held = self.claims.local.get(&(n, actor)).copied();
+        let generation = held.unwrap_or(0) + 1;
+        let new_host = self.claims.hosts[to];
+        let handoff = Handoff::sign(&secret(n), &actor, &new_host, generation);
+        let result = self.sims[n]
+            .driver
+            .handle_hand_off(now, actor, new_host, generation, handoff);
+        let expected = match held {
+            None => Err(RegisterError::NotHosted),
+            Some(_) => Ok(()),
+        };
+        if result != expected {
+            return Err(format!(
+                "node {n} handed {:x} off holding {held:?}: {result:?}",
+                actor[0]
+            ));
+        }
+        if result.is_err() {
+            self.claims.handoffs_refused += 1;
+            return self.actions(n);
+        }
+        self.claims.handed_off += 1;
+        self.claims.local.remove(&(n, actor));
+        self.claims
+            .routes
+            .insert((n, actor), (new_host, generation));
+        self.actions(n)?;
+        if self.sims[to].closed {
+            return Ok(());
+        }
+        let claim = HostClaim::sign(&secret(to), actor, generation).with_handoff(handoff);
+        let result = self.sims[to].driver.handle_register(now, claim);
+        let mine = self.claims.local.get(&(to, actor)).copied();
+        let expected = match mine {
+            Some(mine) if mine >= generation => Err(RegisterError::Stale),
+            _ => Ok(()),
+        };
+        if result != expected {
+            return Err(format!(
+                "node {to} registered {:x} handed off at {generation} holding {mine:?}: {result:?}",
+                actor[0]
+            ));
+        }
+        match result {
+            Ok(()) => self.claims.register(to, &claim),
+            Err(_) => self.claims.refused += 1,
+        }
+        self.actions(to)
+    }
+
+    /// `claim` reaches node `to`, sent by node `from` (its host, or a node carrying it);
+    /// `flip`: the byte a forger changed in it.
     fn deliver_claim(
         &mut self,
         from: usize,
@@ -887,16 +977,19 @@ impl World {
             return Ok(());
         }
         let mut bytes = claim.encode();
+        let sender = self.claims.hosts[from];
         let expected = if let Some(at) = flip {
-            // Any byte: actor, host, generation or signature.
+            // Any byte: actor, host, generation, signature or handoff.
             let at = at % bytes.len();
             bytes[at] ^= 0x10;
             ClaimVerdict::Forged
+        } else if sender != claim.host {
+            ClaimVerdict::Relayed
         } else {
             self.claims.apply(to, &claim)
         };
         let now = self.time();
-        let verdict = self.sims[to].driver.handle_claim(now, id(from), &bytes);
+        let verdict = self.sims[to].driver.handle_claim(now, sender, &bytes);
         *self.claims.verdicts.entry(verdict).or_default() += 1;
         if verdict != expected {
             return Err(format!(
@@ -1107,8 +1200,9 @@ impl World {
         Ok(())
     }
 
-    /// Once healed, every announcement in flight arrives; then each node knows every actor
-    /// a peer it reaches holds, at that peer's generation or newer.
+    /// Once healed, every announcement in flight arrives; then each node knows a route for
+    /// every actor a peer it reaches hosts, and where that route is the peer's, at the peer's
+    /// generation or newer (another node may have taken the actor first, or been handed it).
     fn settle_claims(&mut self) -> Result<(), String> {
         while let Some((from, to, _, claim)) = self.claims.pending.pop() {
             self.deliver_claim(from, to, claim, None)?;
@@ -1125,10 +1219,16 @@ impl World {
                 {
                     continue;
                 }
-                let known = self.sims[to].driver.route(actor).map(|r| r.generation);
-                if known < Some(*generation) {
+                let known = self.sims[to].driver.route(actor);
+                let behind = match known {
+                    None => true,
+                    Some(route) => {
+                        route.host == self.claims.hosts[*holder] && route.generation < *generation
+                    }
+                };
+                if behind {
                     return Err(format!(
-                        "node {to} knows {:x} at {known:?}; node {holder} holds it at \
+                        "node {to} knows {:x} as {known:?}; node {holder} hosts it at \
                          {generation} and is connected",
                         actor[0]
                     ));
@@ -1752,6 +1852,14 @@ pub struct Report {
     pub claims_stale: u64,
     /// Claims received with a byte changed on the way.
     pub claims_forged: u64,
+    /// Claims received from a node that is not their host.
+    pub claims_relayed: u64,
+    /// Claims received that would move an actor another node holds, without its consent.
+    pub claims_held: u64,
+    /// Actors handed off.
+    pub claims_handed_off: u64,
+    /// Handoffs refused: the node did not host the actor.
+    pub handoffs_refused: u64,
     /// Telemetry publishers started, stopped by an unsubscribe, and ended on their own.
     pub publishers_started: u64,
     /// Publishers stopped by an unsubscribe.
@@ -1961,6 +2069,10 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
         report.claims_accepted = verdicts(ClaimVerdict::Accepted);
         report.claims_stale = verdicts(ClaimVerdict::Stale);
         report.claims_forged = verdicts(ClaimVerdict::Forged);
+        report.claims_relayed = verdicts(ClaimVerdict::Relayed);
+        report.claims_held = verdicts(ClaimVerdict::Held);
+        report.claims_handed_off = world.claims.handed_off;
+        report.handoffs_refused = world.claims.handoffs_refused;
         let controls = |verdict| {
             world
                 .publishers
@@ -2078,6 +2190,10 @@ mod tests {
             total.claims_accepted += report.claims_accepted;
             total.claims_stale += report.claims_stale;
             total.claims_forged += report.claims_forged;
+            total.claims_relayed += report.claims_relayed;
+            total.claims_held += report.claims_held;
+            total.claims_handed_off += report.claims_handed_off;
+            total.handoffs_refused += report.handoffs_refused;
             total.publishers_started += report.publishers_started;
             total.publishers_stopped += report.publishers_stopped;
             total.publishers_ended += report.publishers_ended;
@@ -2120,6 +2236,12 @@ mod tests {
         assert!(total.claims_accepted > 50, "{total:?}");
         assert!(total.claims_stale > 20, "{total:?}");
         assert!(total.claims_forged > 10, "{total:?}");
+        // Claims carried by another node are refused; moves without consent are refused;
+        // actors are handed off (and handoffs of actors not hosted refused).
+        assert!(total.claims_relayed > 5, "{total:?}");
+        assert!(total.claims_held > 10, "{total:?}");
+        assert!(total.claims_handed_off > 10, "{total:?}");
+        assert!(total.handoffs_refused > 2, "{total:?}");
         // Publishers start, stop and end; controls are judged every way.
         assert!(total.publishers_started > 50, "{total:?}");
         assert!(total.publishers_stopped > 10, "{total:?}");

@@ -26,7 +26,9 @@ use std::time::Duration;
 
 use super::admission::{admit, Direction, Path, Refusals, Refused};
 use super::cache::{ConnectionCache, Eviction, Generation};
-use super::directory::{ClaimVerdict, Directory, HostClaim, HOST_CLAIM_TAG};
+use super::directory::{
+    CheckedClaim, ClaimAuthorizer, ClaimVerdict, Directory, Handoff, HostClaim, HOST_CLAIM_TAG,
+};
 use super::relay::RelayHints;
 use super::routing::{resolve_egress, ActorAddr, DropReason, Drops, Egress, NodeId, PeerAuth};
 use super::schedule::{
@@ -36,7 +38,8 @@ use super::subscriptions::{
     ControlVerdict, Publisher, Subscription, Subscriptions, TELEMETRY_CONTROL_TAG,
 };
 use crate::limits::{
-    EGRESS_IDLE_TEARDOWN_MS_DEFAULT, FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX, RELAY_HINT_PEERS_MAX,
+    CLAIM_GENERATION_MAX, CLAIM_GENERATION_STEP_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
+    FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX, RELAY_HINT_PEERS_MAX,
 };
 use crate::time::Time;
 
@@ -120,6 +123,9 @@ pub struct Config {
     pub failed_opens_max: usize,
     /// Most peers whose relays are remembered ([`RELAY_HINT_PEERS_MAX`]).
     pub relay_hint_peers_max: usize,
+    /// The application's rule for first host claims and moves without the holder's consent
+    /// (`None`: first claims are taken, such moves refused; see [`super::directory`]).
+    pub claim_authorizer: Option<ClaimAuthorizer>,
 }
 
 impl Default for Config {
@@ -134,6 +140,7 @@ impl Default for Config {
             valid_peer: |_| true,
             failed_opens_max: FAILED_OPENS_MAX,
             relay_hint_peers_max: RELAY_HINT_PEERS_MAX,
+            claim_authorizer: None,
         }
     }
 }
@@ -389,6 +396,38 @@ pub enum RegisterError {
     /// [`LOCAL_CLAIMS_MAX`] actors are registered already.
     #[error("too many local claims")]
     Full,
+    /// A generation past [`CLAIM_GENERATION_MAX`], or more than [`CLAIM_GENERATION_STEP_MAX`]
+    /// past the one held (peers would refuse it).
+    #[error("the generation jumps too far")]
+    Jump,
+    /// A handoff of an actor this node does not host.
+    #[error("this node does not host the actor")]
+    NotHosted,
+}
+
+/// A record the driver owns ([`super::Inbound::Driver`]), its signatures checked: built by
+/// [`DriverRecord::check`], a pure function the shell calls before it takes the node's lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverRecord<'a> {
+    /// A host claim.
+    Claim(CheckedClaim),
+    /// A telemetry subscription control.
+    Control(&'a [u8]),
+    /// Any other tag: ignored.
+    Other,
+}
+
+impl<'a> DriverRecord<'a> {
+    /// Sorts a record by tag and checks a claim's signatures.
+    pub fn check(tag: &str, payload: &'a [u8]) -> Self {
+        if tag == HOST_CLAIM_TAG {
+            Self::Claim(CheckedClaim::check(payload))
+        } else if tag == TELEMETRY_CONTROL_TAG {
+            Self::Control(payload)
+        } else {
+            Self::Other
+        }
+    }
 }
 
 /// The driver of one node. `C` is the shell's connection handle.
@@ -423,13 +462,20 @@ pub struct Driver<C> {
     closed: bool,
 }
 
+/// Whether a claim at `generation` jumps too far past `held` (or past the ceiling).
+fn jumps(held: Option<u64>, generation: u64) -> bool {
+    generation > CLAIM_GENERATION_MAX
+        || held.is_some_and(|held| generation.saturating_sub(held) > CLAIM_GENERATION_STEP_MAX)
+}
+
 impl<C: Clone> Driver<C> {
     /// A driver with `config`.
     pub fn new(config: Config) -> Self {
         let relay_hints = RelayHints::with_bound(config.relay_hint_peers_max);
+        let directory = Directory::new(config.claim_authorizer.clone());
         Self {
             config,
-            directory: Directory::default(),
+            directory,
             local_claims: BTreeMap::new(),
             subscriptions: Subscriptions::default(),
             cache: ConnectionCache::new(),
@@ -991,20 +1037,24 @@ impl<C: Clone> Driver<C> {
         }
     }
 
-    /// This node hosts `claim.actor` (a claim it signed with its key): the claim is
-    /// announced to every peer with an actor connection now, and to every peer connected
-    /// later.
+    /// This node hosts `claim.actor` (a claim it signed with its key; a [`Handoff`] it
+    /// carries is the previous holder's consent): the claim is announced to every peer with an
+    /// actor connection now, and to every peer connected later.
     pub fn handle_register(&mut self, _now: Time, claim: HostClaim) -> Result<(), RegisterError> {
         if !claim.verify() {
             return Err(RegisterError::BadSignature);
         }
-        match self.local_claims.get(&claim.actor) {
-            Some(held) if held.generation >= claim.generation => return Err(RegisterError::Stale),
+        let held = self.local_claims.get(&claim.actor).map(|c| c.generation);
+        match held {
+            Some(held) if held >= claim.generation => return Err(RegisterError::Stale),
             None if self.local_claims.len() >= LOCAL_CLAIMS_MAX => return Err(RegisterError::Full),
             _ => {}
         }
+        if jumps(held, claim.generation) {
+            return Err(RegisterError::Jump);
+        }
         self.local_claims.insert(claim.actor, claim);
-        self.directory.apply_verified(&claim);
+        self.directory.apply_local(&claim);
         let peers: Vec<NodeId> = self
             .cache
             .generations()
@@ -1018,13 +1068,52 @@ impl<C: Clone> Driver<C> {
         Ok(())
     }
 
+    /// This node consents (`handoff`, signed with its key) that `actor`, which it hosts, move
+    /// to `to` at `generation`: it hosts the actor no more (nothing more is announced for it)
+    /// and its own route names `to`. `to` registers the actor with the handoff attached; peers
+    /// that hold this node's route take it.
+    pub fn handle_hand_off(
+        &mut self,
+        _now: Time,
+        actor: ActorAddr,
+        to: NodeId,
+        generation: u64,
+        handoff: Handoff,
+    ) -> Result<(), RegisterError> {
+        let Some(held) = self.local_claims.get(&actor) else {
+            return Err(RegisterError::NotHosted);
+        };
+        if handoff.from != held.host || !handoff.verify(&actor, &to, generation) {
+            return Err(RegisterError::BadSignature);
+        }
+        if generation <= held.generation {
+            return Err(RegisterError::Stale);
+        }
+        if jumps(Some(held.generation), generation) {
+            return Err(RegisterError::Jump);
+        }
+        self.local_claims.remove(&actor);
+        self.directory.hand_off(actor, to, generation);
+        self.bump();
+        Ok(())
+    }
+
     /// A record the driver owns arrived from `peer` (routing said
     /// [`super::Inbound::Driver`]): a host claim or a telemetry subscription control.
     pub fn handle_record(&mut self, now: Time, peer: NodeId, tag: &str, payload: &[u8]) {
-        if tag == HOST_CLAIM_TAG {
-            self.handle_claim(now, peer, payload);
-        } else if tag == TELEMETRY_CONTROL_TAG {
-            self.handle_telemetry_control(now, peer, payload);
+        self.handle_checked_record(now, peer, DriverRecord::check(tag, payload));
+    }
+
+    /// [`Driver::handle_record`] on a record the shell checked before taking its lock.
+    pub fn handle_checked_record(&mut self, now: Time, peer: NodeId, record: DriverRecord<'_>) {
+        match record {
+            DriverRecord::Claim(claim) => {
+                self.handle_checked_claim(now, peer, claim);
+            }
+            DriverRecord::Control(payload) => {
+                self.handle_telemetry_control(now, peer, payload);
+            }
+            DriverRecord::Other => {}
         }
     }
 
@@ -1079,9 +1168,20 @@ impl<C: Clone> Driver<C> {
     }
 
     /// A host claim arrived from `peer` (the payload of a record tagged
-    /// [`super::directory::HOST_CLAIM_TAG`] to this node's mailbox).
-    pub fn handle_claim(&mut self, _now: Time, _peer: NodeId, bytes: &[u8]) -> ClaimVerdict {
-        let verdict = self.directory.apply_bytes(bytes);
+    /// [`super::directory::HOST_CLAIM_TAG`] to this node's mailbox): the ownership rule of
+    /// [`super::directory`] says whether it is taken.
+    pub fn handle_claim(&mut self, now: Time, peer: NodeId, bytes: &[u8]) -> ClaimVerdict {
+        self.handle_checked_claim(now, peer, CheckedClaim::check(bytes))
+    }
+
+    /// [`Driver::handle_claim`] on claim bytes the shell checked before taking its lock.
+    pub fn handle_checked_claim(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        claim: CheckedClaim,
+    ) -> ClaimVerdict {
+        let verdict = self.directory.apply_checked(&peer, claim);
         // Every verdict is counted, so every one is a change.
         self.bump();
         verdict

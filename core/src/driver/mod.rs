@@ -17,10 +17,13 @@ pub mod subscriptions;
 pub use admission::{admit, Direction, Path, Refusals, Refused};
 pub use book::PeerBook;
 pub use cache::{ConnectionCache, Entry, Eviction, Generation};
-pub use directory::{ClaimVerdict, Directory, HostClaim, HOST_CLAIM_TAG};
+pub use directory::{
+    CheckedClaim, ClaimAuthorizer, ClaimRequest, ClaimVerdict, Directory, Handoff, HostClaim,
+    HOST_CLAIM_TAG,
+};
 pub use machine::{
     Action, Alpns, Batch, Channel, Config as DriverConfig, DialEnd, DialTicket, Dispatch, Driver,
-    Open, Send, StreamVerdict,
+    DriverRecord, Open, RegisterError, Send, StreamVerdict,
 };
 pub use relay::RelayHints;
 pub use routing::{

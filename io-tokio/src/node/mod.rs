@@ -68,10 +68,11 @@ use tether_core::channel::{HybridChannel, Sender};
 pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED, CLOSE_UNRESPONSIVE};
 pub use tether_core::driver::Channel;
 use tether_core::driver::{
-    Action, ActorAddr, Alpns, ClaimVerdict, Control, ControlVerdict, DialEnd, DialTicket,
-    Direction, Dispatch, Driver, DriverConfig, DropReason, Drops, Generation, HostClaim, Inbound,
-    JoinStatus, NodeId, Open, Path, PeerAuth, PeerBook, Publisher, Refusals, Refused, RouteMemo,
-    Routes, Send as SendVerdict, StreamVerdict, HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
+    Action, ActorAddr, Alpns, ClaimAuthorizer, ClaimRequest, ClaimVerdict, Control, ControlVerdict,
+    DialEnd, DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord, DropReason,
+    Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, NodeId, Open, Path, PeerAuth,
+    PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
+    HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, ADDRESS_BOOK_PEERS_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
@@ -251,6 +252,7 @@ pub struct NodeBuilder {
     secret_key: Option<SecretKey>,
     relay_mode: RelayMode,
     auth: PeerAuth,
+    claim_authorizer: Option<ClaimAuthorizer>,
     bind_addr: SocketAddr,
     bridge: Option<Arc<dyn ActorBridge>>,
     tags: Vec<String>,
@@ -304,6 +306,7 @@ impl Default for NodeBuilder {
             secret_key: None,
             relay_mode: RelayMode::Disabled,
             auth: PeerAuth::open(),
+            claim_authorizer: None,
             bind_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             bridge: None,
             tags: Vec::new(),
@@ -355,6 +358,17 @@ impl NodeBuilder {
     /// Admits only these peers, inbound and outbound.
     pub fn allow(mut self, peers: impl IntoIterator<Item = NodeId>) -> Self {
         self.auth = PeerAuth::allow_list(peers);
+        self
+    }
+
+    /// The rule for host claims that take an actor this node has no route for, or move one
+    /// from its holder without the holder's handoff (default: first claims are taken, such
+    /// moves refused; README "Actor ownership"). A pure function: same request, same answer.
+    pub fn claim_authorizer(
+        mut self,
+        rule: impl Fn(&ClaimRequest) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.claim_authorizer = Some(ClaimAuthorizer::new(rule));
         self
     }
 
@@ -560,6 +574,7 @@ impl NodeBuilder {
             valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
             failed_opens_max: tether_core::limits::FAILED_OPENS_MAX,
             relay_hint_peers_max: tether_core::limits::RELAY_HINT_PEERS_MAX,
+            claim_authorizer: self.claim_authorizer,
         }));
         let substrate_peers = substrate_link::SubstratePeers::default();
         let (switch_queue, switch_connections) = if self.switch_host {
@@ -1183,16 +1198,57 @@ impl Node {
 
     /// Hosts `actor` here and claims it: the node signs a host claim `(actor, this node,
     /// generation)` with its key and announces it to every peer it is connected to on the
-    /// actor plane, now and on every later connection. Peers keep the highest generation per
-    /// actor, so re-registering an actor elsewhere under a higher generation moves it.
-    /// Refused when this node already claimed the actor at `generation` or higher.
+    /// actor plane, now and on every later connection. A peer takes the claim when nobody
+    /// holds the actor there, or this node does (a renewal at a higher generation); an actor
+    /// another node holds moves here only with its handoff
+    /// ([`Node::register_handed_off_actor`]) or the peer's claim authorizer (README "Actor
+    /// ownership"). Refused when this node already claimed the actor at `generation` or
+    /// higher, or the generation jumps past the bounds peers keep.
     pub fn register_actor(&self, actor: ActorAddr, generation: u64) -> Result<(), NodeError> {
-        self.host(actor);
         let secret = self.inner.endpoint.secret_key().to_bytes();
-        let claim = HostClaim::sign(&secret, actor, generation);
+        self.register_claim(actor, HostClaim::sign(&secret, actor, generation))
+    }
+
+    /// Hosts `actor` here, moved from the node that held it: `handoff` is that node's consent
+    /// ([`Node::hand_off_actor`] there) to this node at `generation`. Peers that hold the
+    /// previous host's route take this node's claim.
+    pub fn register_handed_off_actor(
+        &self,
+        actor: ActorAddr,
+        generation: u64,
+        handoff: Handoff,
+    ) -> Result<(), NodeError> {
+        let secret = self.inner.endpoint.secret_key().to_bytes();
+        let claim = HostClaim::sign(&secret, actor, generation).with_handoff(handoff);
+        self.register_claim(actor, claim)
+    }
+
+    fn register_claim(&self, actor: ActorAddr, claim: HostClaim) -> Result<(), NodeError> {
         self.inner
             .drive(|driver, now| driver.handle_register(now, claim))
-            .map_err(NodeError::Register)
+            .map_err(NodeError::Register)?;
+        self.host(actor);
+        Ok(())
+    }
+
+    /// Consents that `actor`, hosted here, move to node `to` at `generation` (higher than
+    /// this node's claim): returns the signed [`Handoff`] for `to` to register with
+    /// ([`Node::register_handed_off_actor`]). This node stops hosting the actor at once: it
+    /// announces no more claims for it, delivers no more records to it, and routes its frames
+    /// to `to`.
+    pub fn hand_off_actor(
+        &self,
+        actor: ActorAddr,
+        to: NodeId,
+        generation: u64,
+    ) -> Result<Handoff, NodeError> {
+        let secret = self.inner.endpoint.secret_key().to_bytes();
+        let handoff = Handoff::sign(&secret, &actor, &to, generation);
+        self.inner
+            .drive(|driver, now| driver.handle_hand_off(now, actor, to, generation, handoff))
+            .map_err(NodeError::Register)?;
+        self.unhost(&actor);
+        Ok(handoff)
     }
 
     /// Sends a frame to `actor`, hosted by whichever peer its newest host claim names (the
@@ -1230,7 +1286,8 @@ impl Node {
         self.inner.gate.lock().driver.location_cache_entries()
     }
 
-    /// Host claims received, by verdict (`accepted`, `stale`, `forged`, `full`).
+    /// Host claims received, by verdict (`accepted`, `stale`, `forged`, `full`, `relayed`,
+    /// `held`, `jump`, `refused`).
     pub fn claim_verdicts(&self) -> BTreeMap<ClaimVerdict, u64> {
         self.inner.gate.lock().driver.claim_verdicts().clone()
     }
@@ -1243,6 +1300,16 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         Arc::make_mut(&mut routes).host(actor);
+    }
+
+    /// Makes actor `actor` not local any more (frames to it are dropped as `not_local`).
+    pub fn unhost(&self, actor: &ActorAddr) {
+        let mut routes = self
+            .inner
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::make_mut(&mut routes).unhost(actor);
     }
 
     /// Counters, drops by reason and cache entries with their generations. Each call also
@@ -2478,7 +2545,9 @@ impl Inner {
             Inbound::Driver => {
                 let tag = memo.tag().unwrap_or_default();
                 let payload = record.into_payload();
-                self.drive(|driver, now| driver.handle_record(now, peer, tag, &payload));
+                // Signatures are checked here, before the node's lock is taken.
+                let checked = DriverRecord::check(tag, &payload);
+                self.drive(|driver, now| driver.handle_checked_record(now, peer, checked));
                 return false;
             }
             Inbound::Drop(reason) => {
