@@ -81,6 +81,12 @@ pub const QUIC_HANDSHAKES_IN_PROGRESS_MAX: usize = 128;
 /// An inbound handshake not done within this is given up.
 pub const QUIC_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 
+/// Connections peers dialed that a node keeps at once, over every peer and channel (each can
+/// make it buffer [`QUIC_CONNECTION_RECEIVE_WINDOW_BYTES`]); past it a connection from a new
+/// (peer, channel) is refused after its handshake, closed, counted (`refused_full`). A peer
+/// holds at most one of them per channel: a newer one replaces and closes the older.
+pub const QUIC_CONNECTIONS_INBOUND_MAX: usize = 1_024;
+
 /// Bytes an answer (or a request's input) gathered whole may reach (`collect`, `read_all` of
 /// `tether::switch`); past it `collect` fails `TOO_LARGE` and `read_all` stops gathering.
 /// Longer bodies are read frame by frame.

@@ -42,6 +42,7 @@ pub fn config(allow: Option<&[u8]>) -> DriverConfig {
         valid_peer: |peer| peer[0] < 250,
         failed_opens_max: 2,
         relay_hint_peers_max: 3,
+        inbound_connections_max: 6,
         claim_authorizer: None,
     }
 }
@@ -247,6 +248,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                     Dispatch::Switch(g) => format!("switch:{}", g.get()),
                     Dispatch::Substrate(g) => format!("substrate:{}", g.get()),
                     Dispatch::NoAdapter => "no_adapter".to_owned(),
+                    Dispatch::Full => "full".to_owned(),
                 },
             ),
             DriverOp::Connected {
@@ -569,6 +571,7 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
             evictions: counters.evictions,
             stale_failures: counters.stale_failures,
             writers_retired: counters.writers_retired,
+            refused_full: counters.refused_full,
         },
         cache: driver
             .connections()

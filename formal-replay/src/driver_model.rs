@@ -172,6 +172,9 @@ const FAILED_OPENS_KEPT: usize = 2;
 /// "relay hints kept 3 peers".
 const RELAY_HINTS_KEPT: usize = 3;
 
+/// §1: "at most 6 connections peers dialed are cached".
+const INBOUND_CONNECTIONS_MAX: usize = 6;
+
 /// "a peer `n` (0–255) names a valid key iff `n < 250`".
 fn peer_is_valid(peer: u8) -> bool {
     peer < 250
@@ -519,6 +522,8 @@ fn decode_control(bytes: &[u8]) -> Option<Control> {
 struct Entry {
     conn: u64,
     generation: u64,
+    /// Whether the peer dialed it (`accept`).
+    inbound: bool,
 }
 
 /// An open's dial in flight (in opening) or one that failed while opens waited for it (in
@@ -744,8 +749,9 @@ impl Machine {
         Ok(())
     }
 
-    /// "**Cache** *conn* for *peer* on *channel*": insert it under the next generation; if
-    /// the channel is `actor` and the peer has a writer (busy or idle), queue `kick:<peer>`;
+    /// "**Cache** *conn* for *peer* on *channel*, *inbound* or not": insert it under the next
+    /// generation; if it replaced an entry of the same direction, queue `close:<old conn>:409`;
+    /// if the channel is `actor` and the peer has a writer (busy or idle), queue `kick:<peer>`;
     /// (peer, channel) leaves failed opens (its waiters take this connection); then, if the
     /// channel is `actor`, queue `announce:<peer>:<actor>:<generation>` for every claim, by
     /// actor (a new connection learns this node's actors). The generation in an announce is
@@ -755,14 +761,28 @@ impl Machine {
     /// Every insert goes through here (`accept` on a caching path, `connected`, `dialed`
     /// connected, `join_sent`), so every one clears the pair's failed-opens entry. Opening is
     /// not touched: only `connected` (and what is handled as it) ends the pair's dial.
-    fn cache_insert(&mut self, conn: u64, peer: u8, channel: Channel) -> Result<u64, String> {
+    fn cache_insert(
+        &mut self,
+        conn: u64,
+        peer: u8,
+        channel: Channel,
+        inbound: bool,
+    ) -> Result<u64, String> {
         let generation = self
             .last_generation
             .checked_add(1)
             .ok_or_else(|| "the generation counter would overflow u64".to_string())?;
         self.last_generation = generation;
-        self.cache
-            .insert((peer, channel), Entry { conn, generation });
+        let entry = Entry {
+            conn,
+            generation,
+            inbound,
+        };
+        if let Some(old) = self.cache.insert((peer, channel), entry) {
+            if old.inbound == inbound {
+                self.actions.push(format!("close:{}:409", old.conn));
+            }
+        }
         if channel == Channel::Actor && self.writers.contains_key(&peer) {
             self.actions.push(format!("kick:{peer}"));
         }
@@ -791,21 +811,33 @@ impl Machine {
         if self.closed {
             return Ok(Some("no_adapter".to_string()));
         }
-        // 3. accepted += 1. Then by path: actor, telemetry, protocol i, switch and substrate
-        //    each cache on their channel and answer "<channel>:<generation>"; unknown answers
-        //    "no_adapter".
-        add(&mut self.counters.accepted, 1, "accepted")?;
         // Each result is the channel's name (channel.name() is "protocol:<i>" for a binding),
         // "switch" or "substrate" as the doc spells them, then the generation.
         let channel = match alpn {
-            Alpn::Actor => Channel::Actor,
-            Alpn::Telemetry => Channel::Telemetry,
-            Alpn::Protocol(channel) => channel,
-            Alpn::Switch => Channel::Switch,
-            Alpn::Substrate => Channel::Substrate,
-            Alpn::Unknown => return Ok(Some("no_adapter".to_string())),
+            Alpn::Actor => Some(Channel::Actor),
+            Alpn::Telemetry => Some(Channel::Telemetry),
+            Alpn::Protocol(channel) => Some(channel),
+            Alpn::Switch => Some(Channel::Switch),
+            Alpn::Substrate => Some(Channel::Substrate),
+            Alpn::Unknown => None,
         };
-        let generation = self.cache_insert(conn, peer, channel)?;
+        // 3. If the ALPN names a channel, (peer, channel) is not cached, and 6 cache entries
+        //    are inbound: refused_full += 1, result "full".
+        if let Some(channel) = channel {
+            let inbound = self.cache.values().filter(|entry| entry.inbound).count();
+            if !self.cache.contains_key(&(peer, channel)) && inbound >= INBOUND_CONNECTIONS_MAX {
+                add(&mut self.counters.refused_full, 1, "refused_full")?;
+                return Ok(Some("full".to_string()));
+            }
+        }
+        // 4. accepted += 1. Then by path: actor, telemetry, protocol i, switch and substrate
+        //    each cache on their channel and answer "<channel>:<generation>"; unknown answers
+        //    "no_adapter".
+        add(&mut self.counters.accepted, 1, "accepted")?;
+        let Some(channel) = channel else {
+            return Ok(Some("no_adapter".to_string()));
+        };
+        let generation = self.cache_insert(conn, peer, channel, true)?;
         let result = format!("{}:{generation}", channel.name());
         Ok(Some(result))
     }
@@ -832,7 +864,7 @@ impl Machine {
             self.actions.push(format!("close:{conn}:0"));
             return Ok(None);
         }
-        let generation = self.cache_insert(conn, peer, channel)?;
+        let generation = self.cache_insert(conn, peer, channel, false)?;
         Ok(Some(format!("gen:{generation}")))
     }
 
@@ -1952,8 +1984,9 @@ mod tests {
 
     const N: serde_json::Value = serde_json::Value::Null;
 
-    /// accept on every ALPN with no allow-list; a second actor accept replaces the entry;
-    /// accept does not check validity (peer 251 is cached).
+    /// accept on every ALPN with no allow-list; a second actor accept replaces the entry (and
+    /// closes the one it replaced, both inbound) without counting as a new pair; a seventh
+    /// pair (peer 251, whose validity accept does not check) finds 6 inbound entries: full.
     #[test]
     fn accept_every_alpn_without_allow_list() {
         check(json!({
@@ -1978,17 +2011,18 @@ mod tests {
                 step(json!("switch:5"), &[], N),
                 step(json!("substrate:6"), &[], N),
                 step(json!("no_adapter"), &[], N),
-                step(json!("actor:7"), &[], N),
-                step(json!("actor:8"), &[], N),
+                step(json!("actor:7"), &["close:10:409"], N),
+                step(json!("full"), &[], N),
                 step(json!("no_adapter"), &[], N)
             ],
             "end": {
                 "drops": {},
                 "refusals": {},
-                "counters": counters(10, 0, 0, 0, 0, 0),
+                "counters": {"accepted": 9, "dials_started": 0, "dial_failures": 0,
+                             "evictions": 0, "stale_failures": 0, "writers_retired": 0,
+                             "refused_full": 1},
                 "cache": [[1, "actor", 7], [1, "telemetry", 2], [2, "protocol:0", 3],
-                          [2, "protocol:1", 4], [3, "switch", 5], [3, "substrate", 6],
-                          [251, "actor", 8]],
+                          [2, "protocol:1", 4], [3, "switch", 5], [3, "substrate", 6]],
                 "joins": {}
             }
         }));
@@ -2159,7 +2193,7 @@ mod tests {
             "steps": [
                 step(json!("gen:1"), &[], N),
                 step(json!("write:1:100"), &[], N),
-                step(json!("gen:2"), &["kick:1"], N),
+                step(json!("gen:2"), &["close:100:409", "kick:1"], N),
                 step(N, &["send_failed:1"], N),
                 step(N, &["dial:1:1"], N),
                 step(N, &["send_failed:1"], N),
@@ -2254,7 +2288,7 @@ mod tests {
                 step(json!("gen:1"), &[], N),
                 step(json!("cached:1:10"), &[], N),
                 step(json!("dial:2"), &[], N),
-                step(json!("gen:2"), &[], N),
+                step(json!("gen:2"), &["close:10:409"], N),
                 step(json!("cached:2:11"), &[], N),
                 step(json!("cached:2:11"), &[], N),
                 step(json!("dial:3"), &[], N),
@@ -3461,7 +3495,7 @@ mod tests {
                 step(N, &[], N),
                 step(N, &[], json!(1007)),
                 step(json!("gen:1"), &["kick:3"], json!(1007)),
-                step(json!("gen:2"), &["kick:3"], json!(1007)),
+                step(json!("gen:2"), &["close:30:409", "kick:3"], json!(1007)),
                 step(json!("ok"), &["join:4:1"], json!(1007)),
                 step(json!("gen:3"), &[], json!(1007)),
                 step(json!("ok"), &["join:4:1"], json!(1007)),
@@ -3576,7 +3610,7 @@ mod tests {
                 step(json!("cached:1:10"), &[], json!(1000)),
                 step(N, &[], json!(1000)),
                 step(N, &[], json!(1000)),
-                step(json!("switch:4"), &[], json!(1000)),
+                step(json!("switch:4"), &["close:10:409"], json!(1000)),
                 step(N, &[], json!(1000)),
                 step(json!("cached:4:13"), &[], json!(1000)),
                 step(N, &[], json!(1000)),
@@ -3640,7 +3674,7 @@ mod tests {
             ],
             "steps": [
                 step(json!("gen:1"), &[], N),
-                step(json!("gen:2"), &[], N),
+                step(json!("gen:2"), &["close:10:409"], N),
                 // Generation 1 is not the entry's (2): a newer connection stays.
                 step(N, &[], N),
                 // The entry's generation: removed, evictions 1, close with 408.

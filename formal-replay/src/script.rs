@@ -663,6 +663,13 @@ pub struct DriverCounters {
     pub evictions: u64,
     pub stale_failures: u64,
     pub writers_retired: u64,
+    /// Inbound connections refused at the bound (left out while 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused_full: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The machine's state after the last op.

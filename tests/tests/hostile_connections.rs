@@ -2,7 +2,8 @@
 //! 127.0.0.1: a flood of connections from a key off the allow-list is refused (before its
 //! handshake when as many as the bound are in progress, after it otherwise: which of the two
 //! depends on the machine's speed, core's `Handshakes` proves the bound itself) and leaves
-//! nothing behind; every refusal is counted once.
+//! nothing behind; every refusal is counted once. A listed peer that dials again and again
+//! holds one connection: each one it replaces is closed.
 
 mod support;
 
@@ -66,5 +67,102 @@ async fn a_flood_of_unlisted_connections_is_refused_counted_and_leaves_nothing()
         "{snapshot:?}"
     );
     attacker.close().await;
+    node.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_dials_again_and_again_keeps_one_connection_per_channel() {
+    let attacker = support::loopback_endpoint().await;
+    let node = Node::builder()
+        .allow([*attacker.id().as_bytes()])
+        .bind()
+        .await
+        .expect("bind");
+    let target = node.endpoint_addr();
+    const DIALS: u64 = 64;
+    let mut previous: Option<tether::iroh::endpoint::Connection> = None;
+    for _ in 0..DIALS {
+        let conn = attacker
+            .connect(target.clone(), ACTOR_ALPN)
+            .await
+            .expect("a listed peer connects");
+        // The node caches the new connection and closes the one it replaces, as "replaced".
+        if let Some(old) = previous.replace(conn) {
+            match old.closed().await {
+                tether::iroh::endpoint::ConnectionError::ApplicationClosed(close) => {
+                    assert_eq!(
+                        close.error_code,
+                        tether::iroh::endpoint::VarInt::from_u32(
+                            tether_core::driver::machine::CLOSE_REPLACED
+                        )
+                    );
+                }
+                other => panic!("the replaced connection ended otherwise: {other:?}"),
+            }
+        }
+    }
+    let last = previous.expect("connected");
+    assert!(last.close_reason().is_none(), "the newest stays open");
+    let snapshot = node.snapshot();
+    assert_eq!(snapshot.accepted, DIALS, "{snapshot:?}");
+    assert_eq!(snapshot.connections.len(), 1, "{snapshot:?}");
+    attacker.close().await;
+    node.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_inbound_bound_are_refused_and_counted() {
+    const KEPT: usize = 4;
+    let node = Node::builder()
+        .inbound_connections_max(KEPT)
+        .bind()
+        .await
+        .expect("bind");
+    let target = node.endpoint_addr();
+    let mut peers = Vec::new();
+    for _ in 0..2 * KEPT {
+        peers.push(support::loopback_endpoint().await);
+    }
+    let mut kept = Vec::new();
+    for (i, peer) in peers.iter().enumerate() {
+        let conn = peer
+            .connect(target.clone(), ACTOR_ALPN)
+            .await
+            .expect("handshake");
+        if i < KEPT {
+            kept.push(conn);
+            // Accepted and cached before the next one arrives.
+            let mut changes = node.changes();
+            while node.snapshot().accepted < (i + 1) as u64 {
+                changes.changed().await.expect("alive");
+            }
+            continue;
+        }
+        match conn.closed().await {
+            tether::iroh::endpoint::ConnectionError::ApplicationClosed(close) => assert_eq!(
+                close.error_code,
+                tether::iroh::endpoint::VarInt::from_u32(tether_core::driver::machine::CLOSE_FULL)
+            ),
+            other => panic!("refused otherwise: {other:?}"),
+        }
+    }
+    let snapshot = node.snapshot();
+    assert_eq!(snapshot.accepted, KEPT as u64, "{snapshot:?}");
+    assert_eq!(snapshot.refused_full, KEPT as u64, "{snapshot:?}");
+    assert_eq!(snapshot.connections.len(), KEPT, "{snapshot:?}");
+    // A peer that holds a place dials again: its new connection replaces its old one.
+    let again = peers[0]
+        .connect(target.clone(), ACTOR_ALPN)
+        .await
+        .expect("handshake");
+    assert!(matches!(
+        kept[0].closed().await,
+        tether::iroh::endpoint::ConnectionError::ApplicationClosed(_)
+    ));
+    assert!(again.close_reason().is_none());
+    assert_eq!(node.snapshot().refused_full, KEPT as u64);
+    for peer in peers {
+        peer.close().await;
+    }
     node.close().await;
 }

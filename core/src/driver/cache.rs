@@ -41,6 +41,8 @@ pub struct Entry<C> {
     pub conn: C,
     /// Its generation.
     pub generation: Generation,
+    /// Whether the peer dialed it (accepted here) rather than this node.
+    pub inbound: bool,
 }
 
 /// Connections by peer.
@@ -65,13 +67,21 @@ impl<P: Ord + Clone, C> ConnectionCache<P, C> {
         }
     }
 
-    /// Caches `conn` for `peer` under a fresh generation, replacing any entry.
-    pub fn insert(&mut self, peer: P, conn: C) -> Generation {
+    /// Caches `conn` for `peer` (`inbound`: the peer dialed it) under a fresh generation,
+    /// replacing any entry: the generation, and the entry replaced.
+    pub fn insert(&mut self, peer: P, conn: C, inbound: bool) -> (Generation, Option<Entry<C>>) {
         // The counter starts at 1 and wraps past 0, so no generation is ever 0.
         self.last = self.last.checked_add(1).unwrap_or(1);
         let generation = Generation(self.last);
-        self.entries.insert(peer, Entry { conn, generation });
-        generation
+        let replaced = self.entries.insert(
+            peer,
+            Entry {
+                conn,
+                generation,
+                inbound,
+            },
+        );
+        (generation, replaced)
     }
 
     /// The live entry of `peer`; an entry `is_closed` says is closed is dropped first.
@@ -117,6 +127,16 @@ impl<P: Ord + Clone, C> ConnectionCache<P, C> {
         self.entries
             .iter()
             .map(|(peer, entry)| (peer, entry.generation))
+    }
+
+    /// Entries the peer dialed (accepted here).
+    pub fn inbound(&self) -> usize {
+        self.entries.values().filter(|entry| entry.inbound).count()
+    }
+
+    /// Whether `peer` has an entry.
+    pub fn contains(&self, peer: &P) -> bool {
+        self.entries.contains_key(peer)
     }
 
     /// Cached peers.
@@ -170,7 +190,9 @@ mod tests {
             for step in steps {
                 match step {
                     Step::Insert(p) => {
-                        let generation = cache.insert(p, (0, false)).get();
+                        let (generation, replaced) = cache.insert(p, (0, false), p == 0);
+                        prop_assert_eq!(replaced.map(|e| e.generation.get()), model.get(&p).map(|(g, _)| *g));
+                        let generation = generation.get();
                         prop_assert!(generation != 0);
                         prop_assert!(!issued.contains(&generation));
                         issued.push(generation);

@@ -39,7 +39,7 @@ use super::subscriptions::{
 };
 use crate::limits::{
     CLAIM_GENERATION_MAX, CLAIM_GENERATION_STEP_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
-    FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX, RELAY_HINT_PEERS_MAX,
+    FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX, QUIC_CONNECTIONS_INBOUND_MAX, RELAY_HINT_PEERS_MAX,
 };
 use crate::time::Time;
 
@@ -47,6 +47,13 @@ use crate::time::Time;
 pub const CLOSE_UNAUTHORIZED: u32 = 403;
 /// Close code of a connection closed on shutdown, by `disconnect`, or for lack of an adapter.
 pub const CLOSE_SHUTDOWN: u32 = 0;
+/// Close code of a connection refused because the node keeps as many as it may
+/// ([`Config::inbound_connections_max`]).
+pub const CLOSE_FULL: u32 = 503;
+/// Close code of a connection replaced in the cache by a newer one dialed the same way (the
+/// peer dialed again, or this node did): the older is closed, so that a peer cannot hold
+/// more than one connection of each direction per channel.
+pub const CLOSE_REPLACED: u32 = 409;
 /// Close code of a connection evicted because what ran over it stopped answering (a switch
 /// master whose heartbeat went unechoed): HTTP's "request timeout".
 pub const CLOSE_UNRESPONSIVE: u32 = 408;
@@ -123,6 +130,8 @@ pub struct Config {
     pub failed_opens_max: usize,
     /// Most peers whose relays are remembered ([`RELAY_HINT_PEERS_MAX`]).
     pub relay_hint_peers_max: usize,
+    /// Most connections peers dialed kept at once ([`QUIC_CONNECTIONS_INBOUND_MAX`]).
+    pub inbound_connections_max: usize,
     /// The application's rule for first host claims and moves without the holder's consent
     /// (`None`: first claims are taken, such moves refused; see [`super::directory`]).
     pub claim_authorizer: Option<ClaimAuthorizer>,
@@ -140,6 +149,7 @@ impl Default for Config {
             valid_peer: |_| true,
             failed_opens_max: FAILED_OPENS_MAX,
             relay_hint_peers_max: RELAY_HINT_PEERS_MAX,
+            inbound_connections_max: QUIC_CONNECTIONS_INBOUND_MAX,
             claim_authorizer: None,
         }
     }
@@ -163,6 +173,9 @@ pub enum Dispatch {
     Substrate(Generation),
     /// No adapter for this ALPN (or the node is closing): close it with [`CLOSE_SHUTDOWN`].
     NoAdapter,
+    /// As many connections as [`Config::inbound_connections_max`] are kept already, none of
+    /// them this peer's on this channel: close it with [`CLOSE_FULL`] (counted).
+    Full,
 }
 
 /// What happens to a frame sent to a peer that has no egress queue.
@@ -346,6 +359,8 @@ pub struct Counters {
     pub stale_failures: u64,
     /// Writers retired after sitting idle.
     pub writers_retired: u64,
+    /// Inbound connections refused at [`Config::inbound_connections_max`].
+    pub refused_full: u64,
 }
 
 /// A dial an open ordered, and how many opens wait on it.
@@ -536,19 +551,29 @@ impl<C: Clone> Driver<C> {
         if self.closed {
             return Dispatch::NoAdapter;
         }
+        // A connection from a new (peer, channel) past the bound; one that replaces the
+        // pair's entry adds nothing.
+        let fresh = channel.is_some_and(|channel| !self.cache.contains(&(peer, channel)));
+        if fresh && self.cache.inbound() >= self.config.inbound_connections_max {
+            self.counters.refused_full += 1;
+            self.bump();
+            return Dispatch::Full;
+        }
         self.counters.accepted += 1;
         self.bump();
         match (path, channel) {
-            (Path::Actor, _) => Dispatch::Actor(self.cache_actor(peer, conn)),
+            (Path::Actor, _) => Dispatch::Actor(self.cache(peer, Channel::Actor, conn, true)),
             (Path::Telemetry, Some(channel)) => {
-                Dispatch::Telemetry(self.insert(peer, channel, conn))
+                Dispatch::Telemetry(self.cache(peer, channel, conn, true))
             }
             (Path::Protocol, Some(channel @ Channel::Protocol(index))) => {
-                Dispatch::Protocol(index, self.insert(peer, channel, conn))
+                Dispatch::Protocol(index, self.cache(peer, channel, conn, true))
             }
-            (Path::Switch, Some(channel)) => Dispatch::Switch(self.insert(peer, channel, conn)),
+            (Path::Switch, Some(channel)) => {
+                Dispatch::Switch(self.cache(peer, channel, conn, true))
+            }
             (Path::Substrate, Some(channel)) => {
-                Dispatch::Substrate(self.insert(peer, channel, conn))
+                Dispatch::Substrate(self.cache(peer, channel, conn, true))
             }
             _ => Dispatch::NoAdapter,
         }
@@ -576,10 +601,7 @@ impl<C: Clone> Driver<C> {
             });
             return None;
         }
-        Some(match channel {
-            Channel::Actor => self.cache_actor(peer, conn),
-            other => self.insert(peer, other, conn),
-        })
+        Some(self.cache(peer, channel, conn, false))
     }
 
     /// The cached connection to `peer` on `channel`, if any.
@@ -1437,26 +1459,32 @@ impl<C: Clone> Driver<C> {
         }
     }
 
-    /// Caches `conn` for the pair under a new generation; a failure kept for the pair's
-    /// waiters goes (they take this connection).
-    fn insert(&mut self, peer: NodeId, channel: Channel, conn: C) -> Generation {
+    /// Caches `conn` for the pair under a new generation (`inbound`: the peer dialed it); a
+    /// failure kept for the pair's waiters goes (they take this connection). A connection it
+    /// replaces that was dialed the same way is closed ([`CLOSE_REPLACED`]); one dialed the
+    /// other way (both sides dialed at once) is left to end on its own, so that the two sides
+    /// never close each other's only connection. On `actor`, a writer waiting for a
+    /// connection looks again, and the peer learns this node's actors.
+    fn cache(&mut self, peer: NodeId, channel: Channel, conn: C, inbound: bool) -> Generation {
         self.bump();
         self.failed_opens.remove(&(peer, channel));
-        self.cache.insert((peer, channel), conn)
-    }
-
-    /// Caches an actor connection; a writer waiting for one looks again.
-    fn cache_actor(&mut self, peer: NodeId, conn: C) -> Generation {
-        let generation = self.insert(peer, Channel::Actor, conn);
-        if self.writers.contains_key(&peer) {
-            self.actions.push_back(Action::KickWriter { peer });
-        }
-        // A new connection: the peer learns this node's actors.
-        for claim in self.local_claims.values() {
-            self.actions.push_back(Action::Announce {
-                peer,
-                claim: *claim,
+        let (generation, replaced) = self.cache.insert((peer, channel), conn, inbound);
+        if let Some(old) = replaced.filter(|old| old.inbound == inbound) {
+            self.actions.push_back(Action::Close {
+                conn: old.conn,
+                code: CLOSE_REPLACED,
             });
+        }
+        if channel == Channel::Actor {
+            if self.writers.contains_key(&peer) {
+                self.actions.push_back(Action::KickWriter { peer });
+            }
+            for claim in self.local_claims.values() {
+                self.actions.push_back(Action::Announce {
+                    peer,
+                    claim: *claim,
+                });
+            }
         }
         generation
     }
@@ -1691,6 +1719,46 @@ mod tests {
     }
 
     #[test]
+    fn a_replaced_connection_is_closed_when_dialed_the_same_way_only() {
+        let mut d = Driver::new(Config {
+            alpns: Alpns {
+                switch: Some(b"s".to_vec()),
+                substrate: Some(b"u".to_vec()),
+                ..Alpns::default()
+            },
+            ..Config::default()
+        });
+        let channel = Channel::Switch;
+        let alpn = b"s";
+        // The peer dials again and again: each older inbound connection is closed.
+        assert!(matches!(
+            d.handle_accepted(at(0), PEER, alpn, "in-1"),
+            Dispatch::Switch(_)
+        ));
+        assert!(d.poll_action().is_none());
+        d.handle_accepted(at(1), PEER, alpn, "in-2");
+        assert_eq!(
+            d.poll_action(),
+            Some(Action::Close {
+                conn: "in-1",
+                code: CLOSE_REPLACED
+            })
+        );
+        // Both sides dialed at once: the inbound one is uncached but left open (the peer may
+        // have cached it), and the outbound one does not close it either way.
+        let out = d
+            .handle_connected(at(2), PEER, channel, "out-1")
+            .expect("cached");
+        assert!(d.poll_action().is_none());
+        assert_eq!(d.connection(&PEER, channel), Some((out, "out-1")));
+        d.handle_accepted(at(3), PEER, alpn, "in-3");
+        assert!(d.poll_action().is_none());
+        // Another channel is another entry: nothing replaced.
+        d.handle_accepted(at(4), PEER, b"u", "sub-1");
+        assert!(d.poll_action().is_none());
+    }
+
+    #[test]
     fn a_liveness_cut_evicts_and_closes_its_generation_only() {
         let mut d = driver();
         let channel = Channel::Switch;
@@ -1700,6 +1768,14 @@ mod tests {
         let new = d
             .handle_connected(at(1), PEER, channel, "new")
             .expect("cached");
+        // The replaced connection (dialed the same way) is closed.
+        assert_eq!(
+            d.poll_action(),
+            Some(Action::Close {
+                conn: "old",
+                code: CLOSE_REPLACED
+            })
+        );
         // A cut on the replaced generation leaves the newer connection alone.
         d.handle_unresponsive(at(2), PEER, channel, old);
         assert_eq!(d.connection(&PEER, channel), Some((new, "new")));

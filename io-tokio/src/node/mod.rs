@@ -65,7 +65,9 @@ use iroh::endpoint::{presets, Connection, RecvStream, SendStream};
 use iroh::{Endpoint, EndpointAddr, PublicKey, SecretKey};
 pub use iroh::{RelayMode, RelayUrl};
 use tether_core::channel::{HybridChannel, Sender};
-pub use tether_core::driver::machine::{CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED, CLOSE_UNRESPONSIVE};
+pub use tether_core::driver::machine::{
+    CLOSE_FULL, CLOSE_REPLACED, CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED, CLOSE_UNRESPONSIVE,
+};
 pub use tether_core::driver::Channel;
 use tether_core::driver::{
     Action, ActorAddr, Alpns, ClaimAuthorizer, ClaimRequest, ClaimVerdict, Control, ControlVerdict,
@@ -205,6 +207,9 @@ pub struct Snapshot {
     pub accepted: u64,
     /// Inbound connections refused by the allow-list.
     pub refused: u64,
+    /// Inbound connections refused because the node kept as many as it may
+    /// ([`NodeBuilder::inbound_connections_max`]).
+    pub refused_full: u64,
     /// Incoming connections refused before their handshake: as many handshakes as
     /// [`tether_core::limits::QUIC_HANDSHAKES_IN_PROGRESS_MAX`] were in progress.
     pub handshakes_refused: u64,
@@ -263,6 +268,7 @@ pub struct NodeBuilder {
     egress_ring: usize,
     egress_spill: usize,
     idle_peer_timeout: Duration,
+    inbound_connections_max: usize,
     swim_tags: Option<Vec<String>>,
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
@@ -317,6 +323,7 @@ impl Default for NodeBuilder {
             egress_ring: tether_core::channel::HYBRID_RING_DEFAULT,
             egress_spill: EGRESS_SPILL_FRAMES_MAX,
             idle_peer_timeout: Duration::from_millis(EGRESS_IDLE_TEARDOWN_MS_DEFAULT),
+            inbound_connections_max: tether_core::limits::QUIC_CONNECTIONS_INBOUND_MAX,
             swim_tags: None,
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
@@ -439,6 +446,15 @@ impl NodeBuilder {
     /// peer makes new ones. Bounds the memory of a node that talks to many short-lived peers.
     pub fn idle_peer_timeout(mut self, idle: Duration) -> Self {
         self.idle_peer_timeout = idle;
+        self
+    }
+
+    /// Connections peers dialed that the node keeps at once, over every peer and channel
+    /// (default [`tether_core::limits::QUIC_CONNECTIONS_INBOUND_MAX`]); past it a connection
+    /// from a new (peer, channel) is closed after its handshake, counted
+    /// ([`Snapshot::refused_full`]).
+    pub fn inbound_connections_max(mut self, max: usize) -> Self {
+        self.inbound_connections_max = max;
         self
     }
 
@@ -574,6 +590,7 @@ impl NodeBuilder {
             valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
             failed_opens_max: tether_core::limits::FAILED_OPENS_MAX,
             relay_hint_peers_max: tether_core::limits::RELAY_HINT_PEERS_MAX,
+            inbound_connections_max: self.inbound_connections_max,
             claim_authorizer: self.claim_authorizer,
         }));
         let substrate_peers = substrate_link::SubstratePeers::default();
@@ -1325,6 +1342,7 @@ impl Node {
             ("frames_delivered", snapshot.frames_delivered),
             ("accepted", snapshot.accepted),
             ("refused", snapshot.refused),
+            ("refused_full", snapshot.refused_full),
             ("dials_started", snapshot.dials_started),
             ("dial_failures", snapshot.dial_failures),
             ("evictions", snapshot.evictions),
@@ -1360,6 +1378,7 @@ impl Node {
             drops: driver.drops().clone(),
             accepted: counters.accepted,
             refused: refusals.total(Direction::Inbound),
+            refused_full: counters.refused_full,
             refusals,
             handshakes_refused,
             handshakes_in_progress,
@@ -2145,6 +2164,10 @@ impl Inner {
             Dispatch::NoAdapter => {
                 debug!(alpn = %String::from_utf8_lossy(conn.alpn()), "no adapter for this ALPN");
                 conn.close(CLOSE_SHUTDOWN.into(), b"no adapter");
+            }
+            Dispatch::Full => {
+                warn!(peer = %hex(&peer), "inbound connections at their bound: refused");
+                conn.close(CLOSE_FULL.into(), b"full");
             }
         }
     }
