@@ -191,6 +191,25 @@ pub const CREDIT_WINDOW_CHUNKS_DEFAULT: u64 = 32;
 /// that races further ahead than this is refused with `overflow` instead of pinning memory.
 pub const REORDER_HELD_COUNT_DEFAULT: usize = 64;
 
+/// Bytes of early flow frames one side of one request holds for reordering (the count bound is
+/// [`REORDER_HELD_COUNT_DEFAULT`]). Frames of one request travel one QUIC stream, in order: an
+/// honest peer never sends one early, so past it the peer is cut (`reorder` violation).
+pub const SWITCH_REORDER_HELD_BYTES_MAX: usize = 1024 * 1024;
+
+/// Bytes of early flow frames a switch host holds for reordering over all its requests; past it
+/// the switch connection is cut, as past [`SWITCH_REORDER_HELD_BYTES_MAX`].
+pub const SWITCH_HOST_REORDER_HELD_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Bytes of LOG frames handed to one request's reader and not read yet; past it a LOG frame is
+/// dropped (counted: logs are diagnostics, and a reader that does not read them, or a peer
+/// that floods them, must not make the host buffer without bound).
+pub const SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX: usize = 256 * 1024;
+
+/// Bytes of LOG frames handed to readers and not read yet over every request of a switch host
+/// (each request within [`SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX`]); past it LOG frames are
+/// dropped, counted.
+pub const SWITCH_HOST_LOG_UNREAD_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 /// Default size of the recently-terminated ring (REFERENCE §B: "a ring of the 64 most recent
 /// terminations"). It is the horizon inside which a late frame counts as a benign straggler.
 pub const TERMINATED_RING_COUNT_DEFAULT: usize = 64;

@@ -136,12 +136,15 @@ pub struct Refusal<T> {
 }
 
 /// One flow's reorder buffer (CONFORMANCE §8): hands items on in seq order, holding at most
-/// `limit` early arrivals.
+/// `limit` early arrivals, and at most `bytes_limit` bytes of them (as [`ReorderBuffer::accept_sized`]
+/// is told each item's bytes; unlimited unless [`ReorderBuffer::with_bytes_limit`] sets it).
 #[derive(Debug, Clone)]
 pub struct ReorderBuffer<T> {
     expected: Seq,
-    held: BTreeMap<u64, T>,
+    held: BTreeMap<u64, (T, usize)>,
     limit: u64,
+    held_bytes: usize,
+    bytes_limit: usize,
 }
 
 impl<T> ReorderBuffer<T> {
@@ -153,16 +156,35 @@ impl<T> ReorderBuffer<T> {
             expected: Seq(0),
             held: BTreeMap::new(),
             limit,
+            held_bytes: 0,
+            bytes_limit: usize::MAX,
         }
     }
 
-    /// Accepts item `item` numbered `seq`. In order: calls `deliver` with it and then with
-    /// every consecutive held successor. Checks, in order: stale, then in-order delivery, then
-    /// duplicate, then overflow.
+    /// The same buffer, holding at most `bytes` bytes of early arrivals.
+    pub fn with_bytes_limit(mut self, bytes: usize) -> Self {
+        self.bytes_limit = bytes;
+        self
+    }
+
+    /// [`ReorderBuffer::accept_sized`] of an item that counts no bytes.
     pub fn accept(
         &mut self,
         seq: Seq,
         item: T,
+        deliver: impl FnMut(Seq, T),
+    ) -> Result<Accepted, Refusal<T>> {
+        self.accept_sized(seq, item, 0, deliver)
+    }
+
+    /// Accepts item `item` numbered `seq`, of `bytes` bytes. In order: calls `deliver` with it
+    /// and then with every consecutive held successor. Checks, in order: stale, then in-order
+    /// delivery, then duplicate, then overflow (past `limit` items or `bytes_limit` bytes).
+    pub fn accept_sized(
+        &mut self,
+        seq: Seq,
+        item: T,
+        bytes: usize,
         mut deliver: impl FnMut(Seq, T),
     ) -> Result<Accepted, Refusal<T>> {
         if seq < self.expected {
@@ -178,25 +200,36 @@ impl<T> ReorderBuffer<T> {
                     item,
                 });
             }
-            if self.held.len() as u64 >= self.limit {
+            let over_bytes = self
+                .held_bytes
+                .checked_add(bytes)
+                .is_none_or(|total| total > self.bytes_limit);
+            if self.held.len() as u64 >= self.limit || over_bytes {
                 return Err(Refusal {
                     kind: RefusalKind::Overflow,
                     item,
                 });
             }
-            self.held.insert(seq.0, item);
+            self.held.insert(seq.0, (item, bytes));
+            self.held_bytes += bytes;
             return Ok(Accepted::Held);
         }
         deliver(seq, item);
         let mut count = 1;
         let mut next = seq.0.wrapping_add(1);
-        while let Some(successor) = self.held.remove(&next) {
+        while let Some((successor, bytes)) = self.held.remove(&next) {
+            self.held_bytes -= bytes;
             deliver(Seq(next), successor);
             count += 1;
             next = next.wrapping_add(1);
         }
         self.expected = Seq(next);
         Ok(Accepted::Delivered { count })
+    }
+
+    /// Bytes of the early arrivals held.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
     }
 
     /// The next seq to hand on.
@@ -486,6 +519,42 @@ mod tests {
             buffer.accept(Seq(1), 'b', |_, _| {}).unwrap_err().kind,
             RefusalKind::Stale
         );
+    }
+
+    #[test]
+    fn reorder_holds_early_arrivals_within_their_bytes() {
+        let mut buffer = ReorderBuffer::new(8).with_bytes_limit(100);
+        assert_eq!(
+            buffer.accept_sized(Seq(1), 'b', 60, |_, _| {}),
+            Ok(Accepted::Held)
+        );
+        // 60 + 41 > 100: refused, nothing changes; 40 fits exactly.
+        assert_eq!(
+            buffer
+                .accept_sized(Seq(2), 'c', 41, |_, _| {})
+                .unwrap_err()
+                .kind,
+            RefusalKind::Overflow
+        );
+        assert_eq!(buffer.held_bytes(), 60);
+        assert_eq!(
+            buffer.accept_sized(Seq(2), 'c', 40, |_, _| {}),
+            Ok(Accepted::Held)
+        );
+        // A length that would overflow the count is refused too.
+        assert_eq!(
+            buffer
+                .accept_sized(Seq(3), 'd', usize::MAX, |_, _| {})
+                .unwrap_err()
+                .kind,
+            RefusalKind::Overflow
+        );
+        // An in-order arrival is never held, whatever its size; delivery frees the bytes.
+        let mut out = Vec::new();
+        let delivered = buffer.accept_sized(Seq(0), 'a', 1_000, |_, item| out.push(item));
+        assert_eq!(delivered, Ok(Accepted::Delivered { count: 3 }));
+        assert_eq!(out, ['a', 'b', 'c']);
+        assert_eq!(buffer.held_bytes(), 0);
     }
 
     #[test]

@@ -30,9 +30,11 @@ use super::{error_meta, notify_meta, IDENTITY_STREAM};
 use crate::cap::{CapUrn, CAP_IDENTITY};
 use crate::limits::{
     SWITCH_HANDSHAKE_TIMEOUT_MS, SWITCH_HEARTBEAT_INTERVAL_MS, SWITCH_HEARTBEAT_TIMEOUT_MS,
-    SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_SERVED_REQUESTS_MAX,
+    SWITCH_HOST_LOG_UNREAD_BYTES_MAX, SWITCH_HOST_REORDER_HELD_BYTES_MAX,
+    SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX,
+    SWITCH_SERVED_REQUESTS_MAX,
 };
-use crate::request::{Credits, RequestKey};
+use crate::request::{Credits, RefusalKind, RequestKey};
 use crate::time::Time;
 use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta};
 
@@ -200,6 +202,9 @@ pub struct HostStats {
     pub repeated_keys: u64,
     /// Connections given up on a timer ([`HostError::HandshakeTimeout`], [`HostError::Silent`]).
     pub timeouts: u64,
+    /// LOG frames dropped because their readers had not read as many LOG bytes as the bounds
+    /// allow ([`SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX`], [`SWITCH_HOST_LOG_UNREAD_BYTES_MAX`]).
+    pub logs_dropped: u64,
 }
 
 #[derive(Debug)]
@@ -231,6 +236,10 @@ pub struct Host {
     hello_by: Time,
     /// When the switch was last heard from.
     last_heard: Time,
+    /// Bytes of early flow frames held over every request's side.
+    held_total: usize,
+    /// Bytes of LOG frames handed to readers and not read yet, over every request.
+    log_unread_total: usize,
     stats: HostStats,
 }
 
@@ -241,6 +250,8 @@ impl Host {
             parsed: parse_caps(&config.caps),
             hello_by: now.saturating_add(config.handshake_timeout),
             last_heard: now,
+            held_total: 0,
+            log_unread_total: 0,
             stats: HostStats::default(),
             config,
             stage: Stage::AwaitHello,
@@ -287,7 +298,7 @@ impl Host {
         let ended = side.wrote_end();
         self.transmits.push_back(frame);
         if ended {
-            self.served.remove(&key);
+            self.drop_served(&key);
             self.stats.ended += 1;
             self.events.push_back(HostEvent::Ended { key });
         }
@@ -298,7 +309,7 @@ impl Host {
     /// or panicked): when it is still live here, an ERR (`HANDLER_GONE`) ends it, so that the
     /// switch and the requester are not left waiting and nothing of it is kept.
     pub fn abandon(&mut self, key: RequestKey) {
-        let Some(mut side) = self.served.remove(&key) else {
+        let Some(mut side) = self.drop_served(&key) else {
             return;
         };
         let mut err = side.frame(FrameType::Err);
@@ -319,6 +330,21 @@ impl Host {
         self.served
             .get(&key)
             .is_some_and(|side| side.has_credit(stream))
+    }
+
+    /// The application read `bytes` of request `key`'s LOG frames (as
+    /// [`Frame::held_bytes`] counts them): that much room for LOG frames comes back.
+    pub fn consume_log(&mut self, key: RequestKey, bytes: usize) {
+        if let Some(side) = self.served.get_mut(&key) {
+            self.log_unread_total -= side.log_read(bytes);
+        }
+    }
+
+    /// [`Host::consume_log`] of peer request `rid`'s answer.
+    pub fn peer_consume_log(&mut self, rid: MessageId, bytes: usize) {
+        if let Some(side) = self.calls.get_mut(&rid) {
+            self.log_unread_total -= side.log_read(bytes);
+        }
     }
 
     /// The application processed one input CHUNK of `stream`: CREDIT goes back in batches.
@@ -376,7 +402,7 @@ impl Host {
 
     /// Cancels peer request `rid` (CANCEL to the switch; its state here is dropped).
     pub fn peer_cancel(&mut self, rid: MessageId) {
-        if self.calls.remove(&rid).is_some() {
+        if self.drop_call(&rid).is_some() {
             self.transmits.push_back(Frame::new(FrameType::Cancel, rid));
         }
     }
@@ -440,6 +466,8 @@ impl Host {
         self.served.clear();
         self.identity.clear();
         self.calls.clear();
+        self.held_total = 0;
+        self.log_unread_total = 0;
         self.transmits.clear();
     }
 
@@ -555,12 +583,12 @@ impl Host {
             }
             match frame.frame_type {
                 FrameType::Cancel => {
-                    if self.served.remove(&key).is_some() {
+                    if self.drop_served(&key).is_some() {
                         self.stats.cancelled += 1;
                         let force_kill = frame.force_kill.unwrap_or(true);
                         self.events
                             .push_back(HostEvent::Cancelled { key, force_kill });
-                    } else if self.calls.remove(&rid).is_some() {
+                    } else if self.drop_call(&rid).is_some() {
                         // The switch cancelled our peer request (its destination died, or the
                         // parent was cancelled).
                         let mut err = Frame::new(FrameType::Err, rid);
@@ -580,10 +608,15 @@ impl Host {
             }
             if let Some(side) = self.served.get_mut(&key) {
                 let mut delivered = delivered();
+                let before = side.held_bytes();
                 side.read(frame, |frame| delivered.push(frame))
                     .map_err(|error| HostError::Flow(rid, error))?;
+                let after = side.held_bytes();
+                let passed =
+                    pass_logs(side, delivered, &mut self.log_unread_total, &mut self.stats);
+                self.account_held(rid, before, after)?;
                 self.events.extend(
-                    delivered
+                    passed
                         .into_iter()
                         .map(|frame| HostEvent::Input { key, frame }),
                 );
@@ -594,30 +627,72 @@ impl Host {
         // when the switch refused it at once).
         if let Some(side) = self.calls.get_mut(&rid) {
             let mut delivered = delivered();
+            let before = side.held_bytes();
             side.read(frame, |frame| delivered.push(frame))
                 .map_err(|error| HostError::Flow(rid, error))?;
-            let ended = side.read_end();
+            let (ended, after) = (side.read_end(), side.held_bytes());
+            let passed = pass_logs(side, delivered, &mut self.log_unread_total, &mut self.stats);
+            self.account_held(rid, before, after)?;
             self.events.extend(
-                delivered
+                passed
                     .into_iter()
                     .map(|frame| HostEvent::PeerAnswer { rid, frame }),
             );
             if ended {
-                self.calls.remove(&rid);
+                self.drop_call(&rid);
             }
         }
         // Anything else is a straggler for a request that ended here.
         Ok(())
     }
 
+    /// A read on request `rid`'s side moved its early frames held from `before` to `after`
+    /// bytes: past [`SWITCH_HOST_REORDER_HELD_BYTES_MAX`] over every request, the switch broke
+    /// the protocol (an honest one never sends a frame early).
+    fn account_held(
+        &mut self,
+        rid: MessageId,
+        before: usize,
+        after: usize,
+    ) -> Result<(), HostError> {
+        self.held_total = self.held_total - before + after;
+        if self.held_total > SWITCH_HOST_REORDER_HELD_BYTES_MAX {
+            return Err(HostError::Flow(
+                rid,
+                ReadError::Reorder(RefusalKind::Overflow),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Removes a served request's side, and what it held from the host's total.
+    fn drop_served(&mut self, key: &RequestKey) -> Option<RequestSide> {
+        let side = self.served.remove(key)?;
+        self.held_total -= side.held_bytes();
+        self.log_unread_total -= side.log_unread();
+        Some(side)
+    }
+
+    /// Removes a peer request's side, and what it held from the host's total.
+    fn drop_call(&mut self, rid: &MessageId) -> Option<RequestSide> {
+        let side = self.calls.remove(rid)?;
+        self.held_total -= side.held_bytes();
+        self.log_unread_total -= side.log_unread();
+        Some(side)
+    }
+
     /// The identity check: gather the nonce, echo it back once the request ends.
     fn on_identity_frame(&mut self, key: RequestKey, frame: Frame) -> Result<(), HostError> {
         let identity = self.identity.get_mut(&key).expect("checked by the caller");
         let mut delivered = delivered();
+        let before = identity.side.held_bytes();
         identity
             .side
             .read(frame, |frame| delivered.push(frame))
             .map_err(|error| HostError::Flow(key.rid, error))?;
+        let after = identity.side.held_bytes();
+        self.account_held(key.rid, before, after)?;
+        let identity = self.identity.get_mut(&key).expect("checked by the caller");
         for frame in delivered {
             match frame.frame_type {
                 FrameType::Chunk => {
@@ -629,6 +704,7 @@ impl Host {
                 }
                 FrameType::End => {
                     let mut identity = self.identity.remove(&key).expect("present");
+                    self.held_total -= identity.side.held_bytes();
                     let echo = Bytes::from(std::mem::take(&mut identity.echo));
                     for mut reply in echo_frames(&identity.side, echo) {
                         match identity.side.write(&mut reply) {
@@ -649,6 +725,34 @@ impl Host {
         }
         Ok(())
     }
+}
+
+/// The frames a read delivered, but a LOG frame only while its request's unread LOG bytes and
+/// the host's stay within their bounds ([`SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX`],
+/// [`SWITCH_HOST_LOG_UNREAD_BYTES_MAX`]); the others are dropped, counted.
+fn pass_logs(
+    side: &mut RequestSide,
+    delivered: Vec<Frame>,
+    total: &mut usize,
+    stats: &mut HostStats,
+) -> Vec<Frame> {
+    delivered
+        .into_iter()
+        .filter(|frame| {
+            if frame.frame_type != FrameType::Log {
+                return true;
+            }
+            let bytes = frame.held_bytes();
+            let room = SWITCH_HOST_LOG_UNREAD_BYTES_MAX.saturating_sub(*total);
+            if side.pass_log(bytes, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX, room) {
+                *total += bytes;
+                true
+            } else {
+                stats.logs_dropped += 1;
+                false
+            }
+        })
+        .collect()
 }
 
 fn echo_frames(side: &RequestSide, echo: Bytes) -> [Frame; 4] {
@@ -785,6 +889,144 @@ mod tests {
             ]
         );
         assert_eq!(w.switch.live_requests(), 0);
+    }
+
+    #[test]
+    fn early_frames_are_held_within_their_bytes_per_request_and_per_host() {
+        let mut w = World::new(&[("a", &[UPPER])]);
+        let mut keys = Vec::new();
+        for id in 1..=10u64 {
+            let mut req = Frame::new(FrameType::Req, MessageId::Uint(id));
+            req.cap = Some(UPPER.into());
+            w.switch
+                .handle_engine_request(w.now, req, None)
+                .expect("routed");
+            w.pump();
+        }
+        for event in &w.host_events[0] {
+            if let HostEvent::Request { key, .. } = event {
+                keys.push(*key);
+            }
+        }
+        assert_eq!(keys.len(), 10);
+        let early = |key: RequestKey, seq: u64, bytes: usize| {
+            let mut chunk = Frame::new(FrameType::Chunk, key.rid);
+            chunk.routing_id = Some(key.xid);
+            chunk.seq = seq;
+            chunk.stream_id = Some("in".into());
+            chunk.payload = Some(Bytes::from(vec![0u8; bytes]));
+            chunk
+        };
+        let host = &mut w.hosts[0].1;
+        let now = w.now;
+        // One request: 600 KiB early is held; 600 KiB more passes the request's bytes.
+        host.handle_frame(now, early(keys[0], 5, 600 << 10))
+            .expect("held");
+        let refused = host.handle_frame(now, early(keys[0], 6, 600 << 10));
+        assert!(
+            matches!(
+                refused,
+                Err(HostError::Flow(
+                    _,
+                    ReadError::Reorder(RefusalKind::Overflow)
+                ))
+            ),
+            "{refused:?}"
+        );
+        // Over requests: 900 KiB each is within each request's bytes; the host's bound (8
+        // MiB) is passed at the tenth.
+        let mut host = Host::new(HostConfig::new("b", vec![UPPER.into()], [9; 8]), now);
+        let hello = Hello {
+            limits: Limits::default(),
+            manifest: None,
+        };
+        host.handle_frame(now, hello.to_frame()).expect("hello");
+        let mut outcome = Ok(());
+        for (n, key) in keys.iter().enumerate() {
+            let mut req = Frame::new(FrameType::Req, key.rid);
+            req.routing_id = Some(key.xid);
+            req.cap = Some(UPPER.into());
+            host.handle_frame(now, req).expect("request");
+            outcome = host.handle_frame(now, early(*key, 3, 900 << 10));
+            if n < 9 {
+                assert!(outcome.is_ok(), "request {n}: {outcome:?}");
+            }
+        }
+        assert!(
+            matches!(
+                outcome,
+                Err(HostError::Flow(
+                    _,
+                    ReadError::Reorder(RefusalKind::Overflow)
+                ))
+            ),
+            "{outcome:?}"
+        );
+    }
+
+    #[test]
+    fn log_frames_wait_for_their_reader_within_their_bytes() {
+        let now = Time::ZERO;
+        let mut host = Host::new(HostConfig::new("h", vec![UPPER.into()], [3; 8]), now);
+        let hello = Hello {
+            limits: Limits::default(),
+            manifest: None,
+        };
+        host.handle_frame(now, hello.to_frame()).expect("hello");
+        let request = |host: &mut Host, n: u64| {
+            let key = RequestKey {
+                xid: MessageId::Uint(1000 + n),
+                rid: MessageId::Uint(n),
+            };
+            let mut req = Frame::new(FrameType::Req, key.rid);
+            req.routing_id = Some(key.xid);
+            req.cap = Some(UPPER.into());
+            host.handle_frame(now, req).expect("request");
+            key
+        };
+        let log = |key: RequestKey, seq: u64| {
+            let mut log = Frame::new(FrameType::Log, key.rid);
+            log.routing_id = Some(key.xid);
+            log.seq = seq;
+            log.payload = Some(Bytes::from(vec![b'x'; 4096]));
+            log
+        };
+        let inputs = |host: &mut Host| {
+            std::iter::from_fn(|| host.poll_event())
+                .filter(|event| matches!(event, HostEvent::Input { .. }))
+                .count()
+        };
+        let bytes = log(request(&mut host, 0), 0).held_bytes();
+        let per_request = SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX / bytes;
+        // A reader that reads nothing: LOG frames pass up to the request's bound, then drop.
+        let key = request(&mut host, 1);
+        for seq in 1..=(per_request as u64 + 10) {
+            host.handle_frame(now, log(key, seq)).expect("in order");
+        }
+        assert_eq!(inputs(&mut host), per_request);
+        assert_eq!(host.stats().logs_dropped, 10);
+        // The reader reads them: room comes back.
+        host.consume_log(key, per_request * bytes);
+        host.handle_frame(now, log(key, per_request as u64 + 11))
+            .expect("in order");
+        assert_eq!(inputs(&mut host), 1);
+        // Many requests whose readers read nothing: the host's bound holds over them all.
+        let mut passed = 0;
+        for n in 2..40 {
+            let key = request(&mut host, n);
+            for seq in 1..=per_request as u64 {
+                host.handle_frame(now, log(key, seq)).expect("in order");
+            }
+            passed += inputs(&mut host);
+        }
+        // Unread now: those, and the one of request 1 read after the room came back. The
+        // host stops within one frame of its bound.
+        let unread = (passed + 1) * bytes;
+        assert!(unread <= SWITCH_HOST_LOG_UNREAD_BYTES_MAX, "{passed}");
+        assert!(
+            unread + bytes > SWITCH_HOST_LOG_UNREAD_BYTES_MAX,
+            "{passed}"
+        );
     }
 
     #[test]

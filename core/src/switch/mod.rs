@@ -402,7 +402,8 @@ struct Leg {
 impl Leg {
     fn new(reorder_limit: u64) -> Self {
         Self {
-            reorder: ReorderBuffer::new(reorder_limit),
+            reorder: ReorderBuffer::new(reorder_limit)
+                .with_bytes_limit(crate::limits::SWITCH_REORDER_HELD_BYTES_MAX),
             gate: WriteGate::new(),
             checker: EmissionChecker::new(),
             credit: BTreeMap::new(),
@@ -1429,11 +1430,13 @@ impl Switch {
             .expect("forward is called for live keys");
         let mut ready = side::delivered();
         let seq = Seq(frame.seq);
-        if let Err(refusal) = state
-            .data
-            .leg(from)
-            .reorder
-            .accept(seq, frame, |_, frame| ready.push(frame))
+        let bytes = frame.held_bytes();
+        if let Err(refusal) =
+            state
+                .data
+                .leg(from)
+                .reorder
+                .accept_sized(seq, frame, bytes, |_, frame| ready.push(frame))
         {
             return Err(ProtocolViolation::Reorder(refusal.kind));
         }

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::limits::STREAMS_PER_REQUEST_COUNT_MAX;
+use crate::limits::{STREAMS_PER_REQUEST_COUNT_MAX, SWITCH_REORDER_HELD_BYTES_MAX};
 use crate::request::{
     is_flow, is_terminal, Acquire, CreditGate, Credits, ReceiveWindow, RefusalKind, ReorderBuffer,
     Seq, SeqAssigner,
@@ -59,6 +59,8 @@ pub struct RequestSide {
     reorder: ReorderBuffer<Frame>,
     windows: BTreeMap<Option<String>, ReceiveWindow>,
     read_end: bool,
+    /// Bytes of LOG frames handed on and not reported read ([`RequestSide::log_read`]).
+    log_unread: usize,
 }
 
 impl RequestSide {
@@ -72,9 +74,10 @@ impl RequestSide {
             seqs: SeqAssigner::new(),
             wrote_end: false,
             gates: BTreeMap::new(),
-            reorder: ReorderBuffer::new(reorder),
+            reorder: ReorderBuffer::new(reorder).with_bytes_limit(SWITCH_REORDER_HELD_BYTES_MAX),
             windows: BTreeMap::new(),
             read_end: false,
+            log_unread: 0,
         }
     }
 
@@ -155,8 +158,9 @@ impl RequestSide {
             return Ok(());
         }
         let mut ready = delivered();
+        let bytes = frame.held_bytes();
         self.reorder
-            .accept(Seq(frame.seq), frame, |_, frame| ready.push(frame))
+            .accept_sized(Seq(frame.seq), frame, bytes, |_, frame| ready.push(frame))
             .map_err(|refusal| ReadError::Reorder(refusal.kind))?;
         for frame in ready {
             if self.read_end {
@@ -190,6 +194,37 @@ impl RequestSide {
         let key = stream.map(str::to_owned);
         let step = self.windows.get_mut(&key)?.consume();
         self.credit_frame(key, step.grant)
+    }
+
+    /// Bytes of LOG frames handed on and not read yet.
+    pub fn log_unread(&self) -> usize {
+        self.log_unread
+    }
+
+    /// A LOG frame of `bytes` is handed on when this side's unread LOG bytes stay within
+    /// `request_max` and `room` (what the caller's total allows): whether it is.
+    pub fn pass_log(&mut self, bytes: usize, request_max: usize, room: usize) -> bool {
+        let within = self
+            .log_unread
+            .checked_add(bytes)
+            .is_some_and(|unread| unread <= request_max)
+            && bytes <= room;
+        if within {
+            self.log_unread += bytes;
+        }
+        within
+    }
+
+    /// The reader read `bytes` of LOG frames: the bytes released (at most what was unread).
+    pub fn log_read(&mut self, bytes: usize) -> usize {
+        let released = bytes.min(self.log_unread);
+        self.log_unread -= released;
+        released
+    }
+
+    /// Bytes of the other side's early flow frames held for reordering.
+    pub fn held_bytes(&self) -> usize {
+        self.reorder.held_bytes()
     }
 
     /// Grants everything consumed but not granted yet on `stream` (call before waiting).

@@ -369,6 +369,19 @@ const FIELD_NAMES: [&str; 21] = [
 ];
 
 impl Frame {
+    /// Bytes this frame holds in memory: its fixed part, payload, meta and strings (what a
+    /// buffer of frames is bounded by).
+    pub fn held_bytes(&self) -> usize {
+        let text = |field: &Option<String>| field.as_ref().map_or(0, String::len);
+        std::mem::size_of::<Self>()
+            + self.payload.as_ref().map_or(0, Bytes::len)
+            + self.meta.as_ref().map_or(0, |meta| meta.as_cbor().len())
+            + text(&self.content_type)
+            + text(&self.cap)
+            + text(&self.stream_id)
+            + text(&self.media_urn)
+    }
+
     /// A frame with only the required fields.
     pub fn new(frame_type: FrameType, id: MessageId) -> Self {
         Self {

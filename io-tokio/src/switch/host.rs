@@ -268,6 +268,10 @@ enum Command {
         key: RequestKey,
         stream: Option<String>,
     },
+    ConsumeLog {
+        key: RequestKey,
+        bytes: usize,
+    },
     PeerRequest {
         cap: String,
         parent: Option<MessageId>,
@@ -281,6 +285,10 @@ enum Command {
     PeerConsume {
         rid: MessageId,
         stream: Option<String>,
+    },
+    PeerConsumeLog {
+        rid: MessageId,
+        bytes: usize,
     },
     State {
         reply: oneshot::Sender<HostState>,
@@ -332,9 +340,13 @@ impl HostRequest {
     /// the request's feeds (then the handler should end the request). Each CHUNK is consumed
     /// (credit granted back) when the next frame is asked for.
     pub async fn next_input(&mut self) -> Option<Frame> {
+        let key = self.key;
         if let Some(stream) = self.input.due() {
-            let key = self.key;
             let _ = self.tx.send(Command::Consume { key, stream }).await;
+        }
+        let bytes = self.input.due_log();
+        if bytes > 0 {
+            let _ = self.tx.send(Command::ConsumeLog { key, bytes }).await;
         }
         self.input.recv().await
     }
@@ -463,9 +475,13 @@ impl PeerCall {
 
     /// The next answer frame in order; `None` after END or ERR.
     pub async fn next(&mut self) -> Option<Frame> {
+        let rid = self.rid;
         if let Some(stream) = self.answers.due() {
-            let rid = self.rid;
             let _ = self.tx.send(Command::PeerConsume { rid, stream }).await;
+        }
+        let bytes = self.answers.due_log();
+        if bytes > 0 {
+            let _ = self.tx.send(Command::PeerConsumeLog { rid, bytes }).await;
         }
         self.answers.recv().await
     }
@@ -597,6 +613,7 @@ impl HostTask {
                 self.write_in_order((Some(key.xid), key.rid), frame, reply);
             }
             Command::Consume { key, stream } => self.machine.consume(key, stream.as_deref()),
+            Command::ConsumeLog { key, bytes } => self.machine.consume_log(key, bytes),
             Command::PeerRequest { cap, parent, reply } => {
                 let result = self
                     .machine
@@ -619,6 +636,7 @@ impl HostTask {
             Command::PeerConsume { rid, stream } => {
                 self.machine.peer_consume(rid, stream.as_deref())
             }
+            Command::PeerConsumeLog { rid, bytes } => self.machine.peer_consume_log(rid, bytes),
             Command::State { reply } => {
                 let _ = reply.send(HostState {
                     stats: self.machine.stats(),

@@ -403,6 +403,8 @@ impl Switch {
 pub(crate) struct FlowReader {
     frames: mpsc::UnboundedReceiver<Box<Frame>>,
     unconsumed: Option<Option<String>>,
+    /// Bytes of the LOG frames handed out since [`FlowReader::due_log`] was asked.
+    log_read: usize,
 }
 
 /// Where one request's frames for a [`FlowReader`] are sent. Frames travel boxed: a channel
@@ -419,6 +421,7 @@ impl FlowReader {
             Self {
                 frames,
                 unconsumed: None,
+                log_read: 0,
             },
         )
     }
@@ -428,11 +431,18 @@ impl FlowReader {
         self.unconsumed.take()
     }
 
-    /// The next frame (call [`FlowReader::due`] first).
+    /// Bytes of LOG frames read since the last call (their room is due back), once.
+    pub(crate) fn due_log(&mut self) -> usize {
+        std::mem::take(&mut self.log_read)
+    }
+
+    /// The next frame (call [`FlowReader::due`] and [`FlowReader::due_log`] first).
     pub(crate) async fn recv(&mut self) -> Option<Frame> {
         let frame = *self.frames.recv().await?;
-        if frame.frame_type == FrameType::Chunk {
-            self.unconsumed = Some(frame.stream_id.clone());
+        match frame.frame_type {
+            FrameType::Chunk => self.unconsumed = Some(frame.stream_id.clone()),
+            FrameType::Log => self.log_read = self.log_read.saturating_add(frame.held_bytes()),
+            _ => {}
         }
         Some(frame)
     }
