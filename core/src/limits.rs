@@ -401,6 +401,12 @@ pub const LOCATION_CACHE_ENTRIES_MAX: usize = 4_096;
 /// Host claims a node signed for its own actors (announced to every peer it connects to).
 pub const LOCAL_CLAIMS_MAX: usize = 4_096;
 
+/// Host claims a node queues to one peer at a time when it learns this node's actors (a new
+/// actor connection); the next batch follows when that peer's writer has drained the last. A
+/// peer (or a thousand of them) connecting costs the node this many queued claims each, not
+/// every claim it holds.
+pub const ANNOUNCE_CLAIMS_BATCH_MAX: usize = 64;
+
 /// Routes one host may hold in a node's route view (its share of [`DIRECTORY_ROUTES_MAX`]):
 /// as many actors as an honest node can register ([`LOCAL_CLAIMS_MAX`]). A claim past its
 /// host's share is refused (`full`), so one peer cannot fill the directory for everyone.

@@ -43,6 +43,7 @@ pub fn config(allow: Option<&[u8]>) -> DriverConfig {
         failed_opens_max: 2,
         relay_hint_peers_max: 3,
         inbound_connections_max: 6,
+        announce_batch: 2,
         claim_authorizer: None,
     }
 }

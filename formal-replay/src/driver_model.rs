@@ -175,6 +175,9 @@ const RELAY_HINTS_KEPT: usize = 3;
 /// §1: "at most 6 connections peers dialed are cached".
 const INBOUND_CONNECTIONS_MAX: usize = 6;
 
+/// §1: "claims announced per batch: 2".
+const ANNOUNCE_BATCH: usize = 2;
+
 /// "a peer `n` (0–255) names a valid key iff `n < 250`".
 fn peer_is_valid(peer: u8) -> bool {
     peer < 250
@@ -645,6 +648,9 @@ struct Machine {
     writer_swim: BTreeMap<u8, bool>,
     /// "**Claims**: this node's own host claims: per actor, the generation registered last."
     claims: BTreeMap<u8, u64>,
+    /// "**Announcing**: peers with announcements pending, each with the last actor announced
+    /// (none yet: `None`)."
+    announcing: BTreeMap<u8, Option<u8>>,
     /// "**Streams**: the names of this node's telemetry streams."
     streams: BTreeSet<String>,
     /// "**Subscriptions**: a set of (collector, stream, flow), each with the number of the
@@ -701,6 +707,7 @@ impl Machine {
             writers: BTreeMap::new(),
             writer_swim: BTreeMap::new(),
             claims: BTreeMap::new(),
+            announcing: BTreeMap::new(),
             streams: BTreeSet::new(),
             subscriptions: BTreeMap::new(),
             last_publisher: 0,
@@ -789,13 +796,43 @@ impl Machine {
         // (peer, channel) leaves failed opens (its waiters take this connection);
         self.failed_opens.remove(&(peer, channel));
         if channel == Channel::Actor {
-            // `claims` iterates by actor.
-            for (&actor, &claim) in &self.claims {
-                self.actions
-                    .push(format!("announce:{peer}:{actor}:{claim}"));
-            }
+            // The peer learns this node's claims from the first, batch by batch.
+            self.announcing.insert(peer, None);
+            self.announce_more(peer);
         }
         Ok(generation)
+    }
+
+    /// "**Announce more** to *peer*": if the peer has announcements pending: if (peer, actor)
+    /// is not cached, it has none pending; otherwise queue `announce:<peer>:<actor>:<claim>`
+    /// for the next claims by actor after the last one announced (from the first if none
+    /// was), at most 2; if 2 were queued, the last of them is the last announced, otherwise
+    /// the peer has none pending.
+    fn announce_more(&mut self, peer: u8) {
+        let Some(&after) = self.announcing.get(&peer) else {
+            return;
+        };
+        if !self.cache.contains_key(&(peer, Channel::Actor)) {
+            self.announcing.remove(&peer);
+            return;
+        }
+        let next: Vec<(u8, u64)> = self
+            .claims
+            .iter()
+            .filter(|(actor, _)| after.is_none_or(|last| **actor > last))
+            .take(ANNOUNCE_BATCH)
+            .map(|(actor, claim)| (*actor, *claim))
+            .collect();
+        for (actor, claim) in &next {
+            self.actions
+                .push(format!("announce:{peer}:{actor}:{claim}"));
+        }
+        if next.len() == ANNOUNCE_BATCH {
+            self.announcing
+                .insert(peer, next.last().map(|(actor, _)| *actor));
+        } else {
+            self.announcing.remove(&peer);
+        }
     }
 
     // --- §4 ops ------------------------------------------------------------------------------
@@ -1178,6 +1215,8 @@ impl Machine {
         // The timer's due time must be representable.
         due_at(at, IDLE_WRITER_TIMEOUT_MS)?;
         self.writers.insert(peer, Writer::IdleSince(at));
+        // Then announce more to the peer.
+        self.announce_more(peer);
         Ok(())
     }
 
@@ -1599,6 +1638,7 @@ impl Machine {
         self.closed = true;
         // Timers live in the dials, joins and writers below; ending those cancels them.
         self.dials.clear();
+        self.announcing.clear();
         self.opening.clear();
         self.failed_opens.clear();
         let entries: Vec<Entry> = self.cache.values().copied().collect();

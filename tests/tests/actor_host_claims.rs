@@ -233,3 +233,22 @@ async fn send_to_actor_refuses_a_host_off_the_allow_list() {
     a.close().await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_peer_learns_every_actor_batch_by_batch() {
+    // More claims than one announce batch: the rest follow as the writer drains.
+    const ACTORS: usize = 3 * tether_core::limits::ANNOUNCE_CLAIMS_BATCH_MAX + 5;
+    let inbox = Arc::new(Inbox::default());
+    let c = host([3; 32], &inbox).await;
+    for n in 0..ACTORS {
+        let mut actor = [0u8; 32];
+        actor[..8].copy_from_slice(&(n as u64).to_be_bytes());
+        c.register_actor(actor, 1).expect("register");
+    }
+    let a = Node::builder().bind().await.expect("bind");
+    a.connect(c.endpoint_addr()).await.expect("connect c");
+    until_claims(&a, |v| count(v, ClaimVerdict::Accepted) == ACTORS as u64).await;
+    assert_eq!(a.directory_route_count(), ACTORS);
+    a.close().await;
+    c.close().await;
+}

@@ -38,8 +38,9 @@ use super::subscriptions::{
     ControlVerdict, Publisher, Subscription, Subscriptions, TELEMETRY_CONTROL_TAG,
 };
 use crate::limits::{
-    CLAIM_GENERATION_MAX, CLAIM_GENERATION_STEP_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
-    FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX, QUIC_CONNECTIONS_INBOUND_MAX, RELAY_HINT_PEERS_MAX,
+    ANNOUNCE_CLAIMS_BATCH_MAX, CLAIM_GENERATION_MAX, CLAIM_GENERATION_STEP_MAX,
+    EGRESS_IDLE_TEARDOWN_MS_DEFAULT, FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX,
+    QUIC_CONNECTIONS_INBOUND_MAX, RELAY_HINT_PEERS_MAX,
 };
 use crate::time::Time;
 
@@ -132,6 +133,8 @@ pub struct Config {
     pub relay_hint_peers_max: usize,
     /// Most connections peers dialed kept at once ([`QUIC_CONNECTIONS_INBOUND_MAX`]).
     pub inbound_connections_max: usize,
+    /// Claims announced to a peer per batch ([`ANNOUNCE_CLAIMS_BATCH_MAX`], at least 1).
+    pub announce_batch: usize,
     /// The application's rule for first host claims and moves without the holder's consent
     /// (`None`: first claims are taken, such moves refused; see [`super::directory`]).
     pub claim_authorizer: Option<ClaimAuthorizer>,
@@ -150,6 +153,7 @@ impl Default for Config {
             failed_opens_max: FAILED_OPENS_MAX,
             relay_hint_peers_max: RELAY_HINT_PEERS_MAX,
             inbound_connections_max: QUIC_CONNECTIONS_INBOUND_MAX,
+            announce_batch: ANNOUNCE_CLAIMS_BATCH_MAX,
             claim_authorizer: None,
         }
     }
@@ -453,6 +457,9 @@ pub struct Driver<C> {
     directory: Directory,
     /// Claims this node signed for its own actors, announced to every actor peer.
     local_claims: BTreeMap<ActorAddr, HostClaim>,
+    /// Peers learning this node's claims batch by batch: the last actor announced (`None`:
+    /// none yet). The next batch follows when the peer's writer goes idle.
+    announcing: BTreeMap<NodeId, Option<ActorAddr>>,
     /// Local telemetry streams and the collectors subscribed to them.
     subscriptions: Subscriptions,
     cache: ConnectionCache<(NodeId, Channel), C>,
@@ -492,6 +499,7 @@ impl<C: Clone> Driver<C> {
             config,
             directory,
             local_claims: BTreeMap::new(),
+            announcing: BTreeMap::new(),
             subscriptions: Subscriptions::default(),
             cache: ConnectionCache::new(),
             dials: BTreeMap::new(),
@@ -910,6 +918,9 @@ impl<C: Clone> Driver<C> {
     /// `peer`'s writer ran dry and sleeps.
     pub fn handle_writer_idle(&mut self, now: Time, peer: NodeId) {
         self.set_writer(now, peer, Some(now));
+        if !self.closed {
+            self.announce_more(peer);
+        }
     }
 
     /// An inbound stream from `peer` on `channel` could not be decoded; `fatal` when the
@@ -1288,6 +1299,7 @@ impl<C: Clone> Driver<C> {
         self.closed = true;
         self.timers.clear();
         self.dials.clear();
+        self.announcing.clear();
         self.opening.clear();
         self.failed_opens.clear();
         for (_, entry) in self.cache.take_all() {
@@ -1479,14 +1491,45 @@ impl<C: Clone> Driver<C> {
             if self.writers.contains_key(&peer) {
                 self.actions.push_back(Action::KickWriter { peer });
             }
-            for claim in self.local_claims.values() {
-                self.actions.push_back(Action::Announce {
-                    peer,
-                    claim: *claim,
-                });
-            }
+            self.announcing.insert(peer, None);
+            self.announce_more(peer);
         }
         generation
+    }
+
+    /// The next batch of this node's claims for `peer` (by actor, after the last announced),
+    /// over its cached actor connection; a batch shorter than [`Config::announce_batch`] is
+    /// the last. Nothing once the peer has no actor connection.
+    fn announce_more(&mut self, peer: NodeId) {
+        let Some(&after) = self.announcing.get(&peer) else {
+            return;
+        };
+        if self.cache.peek(&(peer, Channel::Actor)).is_none() {
+            self.announcing.remove(&peer);
+            return;
+        }
+        let batch_max = self.config.announce_batch.max(1);
+        let from = match after {
+            None => std::ops::Bound::Unbounded,
+            Some(actor) => std::ops::Bound::Excluded(actor),
+        };
+        let batch: Vec<HostClaim> = self
+            .local_claims
+            .range((from, std::ops::Bound::Unbounded))
+            .take(batch_max)
+            .map(|(_, claim)| *claim)
+            .collect();
+        match batch.last() {
+            Some(last) if batch.len() == batch_max => {
+                self.announcing.insert(peer, Some(last.actor));
+            }
+            _ => {
+                self.announcing.remove(&peer);
+            }
+        }
+        for claim in batch {
+            self.actions.push_back(Action::Announce { peer, claim });
+        }
     }
 
     /// Starts a background dial of `peer` unless one is in progress.

@@ -591,6 +591,7 @@ impl NodeBuilder {
             failed_opens_max: tether_core::limits::FAILED_OPENS_MAX,
             relay_hint_peers_max: tether_core::limits::RELAY_HINT_PEERS_MAX,
             inbound_connections_max: self.inbound_connections_max,
+            announce_batch: tether_core::limits::ANNOUNCE_CLAIMS_BATCH_MAX,
             claim_authorizer: self.claim_authorizer,
         }));
         let substrate_peers = substrate_link::SubstratePeers::default();
