@@ -14,7 +14,7 @@
 //! and once P spills, P keeps spilling until the spillover drains). Items of different
 //! producers interleave arbitrarily.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::{ArrayQueue, SegQueue};
@@ -24,9 +24,14 @@ pub const HYBRID_RING_DEFAULT: usize = 1024;
 
 struct Shared<T> {
     ring: ArrayQueue<T>,
-    spill: SegQueue<T>,
+    /// Items past the ring, each with the bytes its producer said it holds.
+    spill: SegQueue<(T, usize)>,
     /// Most items the spillover takes (a concurrent push may pass it by one per producer).
     spill_max: usize,
+    /// Bytes the spillover holds now, and at most (a concurrent push may pass it by one item
+    /// per producer).
+    spill_bytes: AtomicUsize,
+    spill_bytes_max: usize,
     /// Pushes that went to the spillover (a sign the ring is too small).
     spilled: AtomicU64,
 }
@@ -75,14 +80,27 @@ impl<T> HybridChannel<T> {
     /// `spill_max` more (a push racing another may pass it by one per producer); past it a
     /// push hands its item back.
     pub fn with_bounds(ring: usize, spill_max: usize) -> Self {
+        Self::with_limits(ring, spill_max, usize::MAX)
+    }
+
+    /// As [`HybridChannel::with_bounds`], and the spillover also holds at most `spill_bytes_max`
+    /// bytes of items (as [`Sender::push_sized`] counts them).
+    pub fn with_limits(ring: usize, spill_max: usize, spill_bytes_max: usize) -> Self {
         Self {
             shared: Arc::new(Shared {
                 ring: ArrayQueue::new(ring.max(1)),
                 spill: SegQueue::new(),
                 spill_max,
+                spill_bytes: AtomicUsize::new(0),
+                spill_bytes_max,
                 spilled: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Bytes of the items in the spillover (a snapshot).
+    pub fn spill_bytes(&self) -> usize {
+        self.shared.spill_bytes.load(Ordering::Relaxed)
     }
 
     /// A channel with the default ring of [`HYBRID_RING_DEFAULT`] items.
@@ -99,7 +117,11 @@ impl<T> HybridChannel<T> {
 
     /// The next item: ring first, then spillover.
     pub fn pop(&self) -> Option<T> {
-        self.shared.ring.pop().or_else(|| self.shared.spill.pop())
+        self.shared.ring.pop().or_else(|| {
+            let (item, bytes) = self.shared.spill.pop()?;
+            self.shared.spill_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            Some(item)
+        })
     }
 
     /// Items queued (a snapshot; producers may be pushing).
@@ -128,6 +150,13 @@ impl<T> Sender<T> {
     /// Queues `item` without blocking; hands it back when the spillover holds its bound (see
     /// [`HybridChannel::with_bounds`]).
     pub fn push(&self, item: T) -> Result<(), T> {
+        self.push_sized(item, 0)
+    }
+
+    /// [`Sender::push`] of an item holding `bytes` bytes: should it spill, it is handed back
+    /// when the spillover's bytes would pass their bound too (see
+    /// [`HybridChannel::with_limits`]).
+    pub fn push_sized(&self, item: T, bytes: usize) -> Result<(), T> {
         let shared = &*self.shared;
         let item = if shared.spill.is_empty() {
             match shared.ring.push(item) {
@@ -137,11 +166,15 @@ impl<T> Sender<T> {
         } else {
             item
         };
-        if shared.spill.len() >= shared.spill_max {
+        let held = shared.spill_bytes.load(Ordering::Relaxed);
+        if shared.spill.len() >= shared.spill_max
+            || held.saturating_add(bytes) > shared.spill_bytes_max
+        {
             return Err(item);
         }
         shared.spilled.fetch_add(1, Ordering::Relaxed);
-        shared.spill.push(item);
+        shared.spill_bytes.fetch_add(bytes, Ordering::Relaxed);
+        shared.spill.push((item, bytes));
         Ok(())
     }
 
@@ -191,6 +224,25 @@ mod tests {
         }
         assert_eq!(expected, next);
         assert!(channel.spilled() > 0, "the bursts overflowed the ring");
+    }
+
+    #[test]
+    fn the_spillover_is_bounded_in_bytes_as_well_as_items() {
+        let channel = HybridChannel::with_limits(1, 100, 1_000);
+        let tx = channel.sender();
+        // The ring takes the first whatever its size; the spillover counts bytes.
+        tx.push_sized(0, 5_000).expect("ring");
+        tx.push_sized(1, 600).expect("spill");
+        assert_eq!(tx.push_sized(2, 401), Err(2), "600 + 401 > 1,000");
+        tx.push_sized(3, 400).expect("exactly 1,000");
+        assert_eq!(channel.spill_bytes(), 1_000);
+        assert_eq!(channel.pop(), Some(0));
+        assert_eq!(channel.pop(), Some(1));
+        assert_eq!(channel.spill_bytes(), 400);
+        tx.push_sized(4, 600).expect("room again");
+        assert_eq!(channel.pop(), Some(3));
+        assert_eq!(channel.pop(), Some(4));
+        assert_eq!(channel.spill_bytes(), 0);
     }
 
     /// `push_ring` takes the ring's room and nothing else: it refuses once the ring is full

@@ -370,6 +370,12 @@ pub const CAP_URN_TAGS_MAX: usize = 64;
 /// peer that cannot be written to holds bounded memory.
 pub const EGRESS_SPILL_FRAMES_MAX: usize = 65_536;
 
+/// Bytes of frames (payload, tag and bookkeeping) one peer's egress spillover holds; past it a
+/// frame is dropped and counted (`egress_full`), as past [`EGRESS_SPILL_FRAMES_MAX`]. The ring
+/// before it is bounded in slots (the application's own sends fill it, each within the node's
+/// `payload_bytes_max`).
+pub const EGRESS_SPILL_BYTES_MAX: usize = 64 * 1024 * 1024;
+
 /// Most frames one slot of a peer's egress ring carries. `Node::send_batch` packs a run of
 /// frames for one peer into slots of up to this many (one hand-off to the writer per slot
 /// instead of per frame), so a ring of `n` slots holds at most `n` times this many frames. A

@@ -162,3 +162,45 @@ async fn a_batch_fills_the_ring_by_runs_and_spills_past_it_frame_by_frame() {
     sender.close().await;
     node.close().await;
 }
+
+/// One thread, as above. Large frames fill the spillover's bytes before its frames: past
+/// `EGRESS_SPILL_BYTES_MAX` a frame is dropped and counted, whatever room is left in frames.
+#[tokio::test]
+async fn a_spillover_full_of_bytes_drops_past_its_bound_and_counts_it() {
+    let (node, mut delivered) = receiver().await;
+    let sender = Node::builder()
+        .egress_ring(1)
+        .egress_spill(10_000)
+        .bind()
+        .await
+        .expect("bind");
+    sender.connect(node.endpoint_addr()).await.expect("connect");
+    const PAYLOAD: usize = 1_000_000;
+    let fit = tether_core::limits::EGRESS_SPILL_BYTES_MAX / (PAYLOAD + 64 + "Chat".len());
+    let sent = fit as u32 + 20;
+    for n in 0..sent {
+        let mut payload = vec![0u8; PAYLOAD];
+        payload[..4].copy_from_slice(&n.to_be_bytes());
+        let mut frame = chat(&node, n);
+        frame.payload = Bytes::from(payload);
+        sender.send(frame);
+    }
+    let snapshot = sender.snapshot();
+    // One in the ring; the spillover holds what fits in its bytes (each frame's payload, tag
+    // and bookkeeping), about `fit`.
+    let queued = snapshot.frames_enqueued;
+    assert!(
+        (fit as u64 - 2..=fit as u64 + 2).contains(&queued),
+        "{queued} queued, about {fit} fit"
+    );
+    assert_eq!(
+        snapshot.drops.get(DropReason::EgressFull),
+        u64::from(sent) - queued
+    );
+    for n in 0..queued as u32 {
+        let payload = delivered.recv().await.expect("delivered");
+        assert_eq!(&payload[..4], &n.to_be_bytes()[..]);
+    }
+    sender.close().await;
+    node.close().await;
+}

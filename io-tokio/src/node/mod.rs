@@ -78,7 +78,7 @@ use tether_core::driver::{
 };
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, ADDRESS_BOOK_PEERS_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
-    EGRESS_RUN_FRAMES_MAX, EGRESS_SPILL_FRAMES_MAX,
+    EGRESS_RUN_FRAMES_MAX, EGRESS_SPILL_BYTES_MAX, EGRESS_SPILL_FRAMES_MAX,
 };
 use tether_core::time::Time;
 use tether_core::wire::actor::{encode_record, ActorDecoder, ActorRecord};
@@ -677,6 +677,13 @@ struct Queued {
     dest: ActorAddr,
     type_tag: std::borrow::Cow<'static, str>,
     payload: Bytes,
+}
+
+impl Queued {
+    /// Bytes it holds while queued.
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.type_tag.len() + self.payload.len()
+    }
 }
 
 impl From<OutFrame> for Queued {
@@ -2243,7 +2250,9 @@ impl Inner {
         {
             let queues = self.egress_read();
             if let Some(queue) = queues.get(&frame.to) {
-                let queued = queue.sender.push(Slot::One(Queued::from(frame))).is_ok();
+                let frame = Queued::from(frame);
+                let bytes = frame.bytes();
+                let queued = queue.sender.push_sized(Slot::One(frame), bytes).is_ok();
                 return self.enqueued(queue, u64::from(queued), u64::from(!queued));
             }
         }
@@ -2275,7 +2284,11 @@ impl Inner {
         let mut queues = self.egress_write();
         let fresh = !queues.contains_key(&peer);
         let queue = queues.entry(peer).or_insert_with(|| {
-            let channel = HybridChannel::with_bounds(self.egress_ring, self.egress_spill);
+            let channel = HybridChannel::with_limits(
+                self.egress_ring,
+                self.egress_spill,
+                EGRESS_SPILL_BYTES_MAX,
+            );
             let queue = PeerQueue {
                 sender: channel.sender(),
                 wake: Arc::default(),
@@ -2309,7 +2322,8 @@ impl Inner {
         let mut frames = frames.map(Queued::from).peekable();
         while let Some(first) = frames.next() {
             if frames.peek().is_none() {
-                count(1, queue.sender.push(Slot::One(first)).is_ok());
+                let bytes = first.bytes();
+                count(1, queue.sender.push_sized(Slot::One(first), bytes).is_ok());
                 break;
             }
             let mut run = Vec::with_capacity(EGRESS_RUN_FRAMES_MAX);
@@ -2320,7 +2334,8 @@ impl Inner {
                 Ok(()) => count(frames_in_run, true),
                 Err(refused) => {
                     for frame in refused.into_frames() {
-                        count(1, queue.sender.push(Slot::One(frame)).is_ok());
+                        let bytes = frame.bytes();
+                        count(1, queue.sender.push_sized(Slot::One(frame), bytes).is_ok());
                     }
                 }
             }
