@@ -81,6 +81,11 @@ pub const QUIC_HANDSHAKES_IN_PROGRESS_MAX: usize = 128;
 /// An inbound handshake not done within this is given up.
 pub const QUIC_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 
+/// Inbound TCP substrate connections whose preamble is being read at once (each within its 5 s
+/// deadline); past it a new connection is closed unread. One source (IP address) holds at most
+/// a quarter of them, as of every handshake bound (`driver::admission::Handshakes`).
+pub const PREAMBLE_READS_IN_PROGRESS_MAX: usize = 256;
+
 /// Connections peers dialed that a node keeps at once, over every peer and channel (each can
 /// make it buffer [`QUIC_CONNECTION_RECEIVE_WINDOW_BYTES`]); past it a connection from a new
 /// (peer, channel) is refused after its handshake, closed, counted (`refused_full`). A peer

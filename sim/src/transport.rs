@@ -33,7 +33,12 @@ impl SimTransport {
         let listener = Arc::new(turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?);
         let inbound = serve_preamble_links(local.clone(), move || {
             let listener = listener.clone();
-            async move { listener.accept().await.map(|(stream, _)| stream) }
+            async move {
+                listener
+                    .accept()
+                    .await
+                    .map(|(stream, from)| (stream, Some(from.ip())))
+            }
         });
         Ok(Self {
             local,

@@ -59,6 +59,7 @@ fn link(tx: &mpsc::Sender<(PeerId, Link)>, id: &str) -> DuplexStream {
             conn_id: id.as_bytes().to_vec(),
             binding: Vec::new(),
         },
+        source: None,
     };
     tx.try_send((PeerId::new(id), link)).expect("accepting");
     ours

@@ -127,3 +127,79 @@ async fn a_preamble_flood_leaves_the_live_link_up_and_a_genuine_peer_admitted() 
         node.shutdown().await;
     }
 }
+
+/// Connects to `bob` from 127.0.0.2 (another loopback address: another source), claims
+/// `claimed`, and stays silent: the returned stream keeps the handshake in progress.
+async fn silent_claim_from_elsewhere(bob: SocketAddr, claimed: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.2:0".parse().expect("addr"))
+        .expect("bind 127.0.0.2");
+    let mut stream = socket.connect(bob).await.expect("connect");
+    write_preamble(
+        &mut stream,
+        &PeerId::new(claimed),
+        &PeerId::new("bob"),
+        [9; 16],
+    )
+    .await
+    .expect("preamble");
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_links_from_one_source_leave_handshake_slots_for_everyone_else() {
+    use tether::substrate::SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX;
+    const SILENT: usize = 100;
+    let share = SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX / 4;
+    let (bob, bob_transport) = node(
+        "bob",
+        &[("alice", b"alice and bob"), ("carol", b"carol and bob")],
+    )
+    .await;
+    serve(&bob);
+    let bob_addr = bob_transport.local_addr();
+    // Claims of a peer bob knows, then silence: each would hold a handshake slot for the
+    // whole proof budget. One source gets its share; the rest are refused at once.
+    let mut silent = Vec::new();
+    for _ in 0..SILENT {
+        silent.push(silent_claim_from_elsewhere(bob_addr, "alice").await);
+    }
+    // Every one judged: refused (settled at once) or in progress.
+    let mut settled = bob.links_settled();
+    settled
+        .wait_for(|_| {
+            let counts = bob.link_counts();
+            counts.busy as usize + counts.in_progress == SILENT
+        })
+        .await
+        .expect("alive");
+    let counts = bob.link_counts();
+    assert_eq!(
+        (counts.in_progress, counts.busy),
+        (share, (SILENT - share) as u64),
+        "one source holds its share, no more: {counts:?}"
+    );
+    // Carol, from another source, is admitted while every silent link is still open.
+    let (carol, carol_transport) = node("carol", &[("bob", b"carol and bob")]).await;
+    carol_transport.add_peer(PeerId::new("bob"), bob_addr);
+    carol
+        .peer(&PeerId::new("bob"))
+        .open_queue("work")
+        .await
+        .expect("opened")
+        .send(b"hello".to_vec())
+        .await
+        .expect("acked");
+    let counts = bob.link_counts();
+    assert_eq!(counts.verified, 1, "{counts:?}");
+    assert_eq!(
+        counts.busy,
+        (SILENT - share) as u64,
+        "carol was never refused: {counts:?}"
+    );
+    drop(silent);
+    for node in [bob, carol] {
+        node.shutdown().await;
+    }
+}

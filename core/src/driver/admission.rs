@@ -7,6 +7,7 @@
 //! inbound connection whatever its ALPN) and does nothing else for a refused peer.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
@@ -168,39 +169,73 @@ mod tests {
     }
 }
 
-/// Inbound handshakes in progress, under a bound: the shell asks [`Handshakes::begin`] for
-/// every incoming connection before anything is spent on it (no task, no TLS) and refuses it
-/// when the answer is no; [`Handshakes::end`] when a begun handshake ends, however it ends.
+/// Inbound handshakes in progress, under a bound and a per-source share: the shell asks
+/// [`Handshakes::begin_from`] for every incoming connection before anything is spent on it
+/// (no task, no TLS) and refuses it when the answer is no; [`Handshakes::end_from`] when a
+/// begun handshake ends, however it ends. No one source (an IP address) holds more than its
+/// share, so a flood from one place leaves room for everyone else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handshakes {
     in_progress: usize,
     max: usize,
+    per_source_max: usize,
+    per_source: BTreeMap<IpAddr, usize>,
     refused: u64,
 }
 
 impl Handshakes {
-    /// At most `max` at once.
+    /// At most `max` at once, at most a quarter of them (at least 1) from one source.
     pub fn new(max: usize) -> Self {
+        Self::with_share(max, (max / 4).max(1))
+    }
+
+    /// At most `max` at once, at most `per_source_max` from one source.
+    pub fn with_share(max: usize, per_source_max: usize) -> Self {
         Self {
             in_progress: 0,
             max,
+            per_source_max,
+            per_source: BTreeMap::new(),
             refused: 0,
         }
     }
 
-    /// Whether a new handshake may start (then it counts as in progress); a refusal is counted.
+    /// [`Handshakes::begin_from`] of a handshake whose source is not known.
     pub fn begin(&mut self) -> bool {
-        if self.in_progress >= self.max {
+        self.begin_from(None)
+    }
+
+    /// Whether a new handshake from `source` may start (then it counts as in progress); a
+    /// refusal is counted.
+    pub fn begin_from(&mut self, source: Option<IpAddr>) -> bool {
+        let from_source = source.map_or(0, |ip| self.per_source.get(&ip).copied().unwrap_or(0));
+        if self.in_progress >= self.max || from_source >= self.per_source_max {
             self.refused += 1;
             return false;
         }
         self.in_progress += 1;
+        if let Some(ip) = source {
+            *self.per_source.entry(ip).or_default() += 1;
+        }
         true
     }
 
-    /// A begun handshake ended (done, failed or timed out).
+    /// [`Handshakes::end_from`] of a handshake begun without a source.
     pub fn end(&mut self) {
+        self.end_from(None);
+    }
+
+    /// A handshake begun from `source` ended (done, failed or timed out).
+    pub fn end_from(&mut self, source: Option<IpAddr>) {
         self.in_progress = self.in_progress.saturating_sub(1);
+        if let Some(ip) = source {
+            if let Some(n) = self.per_source.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_source.remove(&ip);
+                }
+            }
+        }
     }
 
     /// Handshakes in progress now.
@@ -208,7 +243,12 @@ impl Handshakes {
         self.in_progress
     }
 
-    /// Incoming connections refused because `max` were in progress.
+    /// Handshakes in progress now from `source`.
+    pub fn in_progress_from(&self, source: IpAddr) -> usize {
+        self.per_source.get(&source).copied().unwrap_or(0)
+    }
+
+    /// Incoming connections refused: `max` were in progress, or their source's share.
     pub fn refused(&self) -> u64 {
         self.refused
     }
@@ -216,7 +256,7 @@ impl Handshakes {
 
 #[cfg(test)]
 mod handshake_tests {
-    use super::Handshakes;
+    use super::{Handshakes, IpAddr};
 
     #[test]
     fn handshakes_past_the_bound_are_refused_and_counted_until_one_ends() {
@@ -231,5 +271,28 @@ mod handshake_tests {
         gate.end();
         gate.end();
         assert_eq!(gate.in_progress(), 0, "never below zero");
+    }
+
+    #[test]
+    fn one_source_holds_at_most_its_share() {
+        let (a, b) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
+        let mut gate = Handshakes::new(8);
+        for _ in 0..2 {
+            assert!(gate.begin_from(Some(a)));
+        }
+        // A's share (a quarter of 8) is taken: A waits, B and unknown sources do not.
+        assert!(!gate.begin_from(Some(a)));
+        assert!(gate.begin_from(Some(b)));
+        assert!(gate.begin());
+        assert_eq!((gate.in_progress(), gate.in_progress_from(a)), (4, 2));
+        gate.end_from(Some(a));
+        assert!(gate.begin_from(Some(a)));
+        assert_eq!(gate.refused(), 1);
+        for source in [Some(a), Some(a), Some(b), None] {
+            gate.end_from(source);
+        }
+        assert_eq!((gate.in_progress(), gate.in_progress_from(a)), (0, 0));
+        // Nothing is kept for a source with nothing in progress.
+        assert!(gate.per_source.is_empty());
     }
 }

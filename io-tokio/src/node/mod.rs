@@ -2123,7 +2123,13 @@ impl Inner {
 
     async fn accept_loop(self: Arc<Self>) {
         while let Some(incoming) = self.endpoint.accept().await {
-            if !self.handshakes.lock().begin() {
+            // The source whose share it counts against: its IP address when it came direct (a
+            // relayed one counts against the bound alone).
+            let source = match incoming.remote_addr() {
+                iroh::endpoint::IncomingAddr::Ip(addr) => Some(addr.ip()),
+                _ => None,
+            };
+            if !self.handshakes.lock().begin_from(source) {
                 // Refused before anything is spent on it: no task, no TLS.
                 incoming.refuse();
                 continue;
@@ -2137,7 +2143,7 @@ impl Inner {
                     tokio::time::timeout(deadline, accepting).await.ok()?.ok()
                 };
                 let conn = handshake.await;
-                inner.handshakes.lock().end();
+                inner.handshakes.lock().end_from(source);
                 if let Some(conn) = conn {
                     inner.accepted(conn);
                 }

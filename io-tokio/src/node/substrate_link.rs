@@ -137,6 +137,8 @@ pub(super) fn link(
 ) -> io::Result<Link> {
     Ok(Link {
         channel: channel(conn, dialer, listener)?,
+        // The node's QUIC accept loop counted the connection against its source already.
+        source: None,
         stream: Box::new(QuicStream::new(conn.clone(), send, recv)),
     })
 }

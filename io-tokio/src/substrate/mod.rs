@@ -864,8 +864,11 @@ impl Substrate {
 
     /// What became of inbound links: verified, bound to a task, dropped and why.
     pub fn link_counts(&self) -> LinkCounts {
-        let busy = self.inner.shared.handshakes.lock().refused();
-        self.inner.shared.preauth.snapshot(busy)
+        let (busy, in_progress) = {
+            let handshakes = self.inner.shared.handshakes.lock();
+            (handshakes.refused(), handshakes.in_progress())
+        };
+        self.inner.shared.preauth.snapshot(busy, in_progress)
     }
 
     /// Inbound links settled (bound to a peer's task, or dropped for any reason), counted:
@@ -1133,7 +1136,8 @@ impl SubstrateBuilder {
                 while handshakes.try_join_next().is_some() {}
                 let Some(inner) = weak.upgrade() else { return };
                 let shared = inner.shared.clone();
-                if !shared.handshakes.lock().begin() {
+                let source = link.source;
+                if !shared.handshakes.lock().begin_from(source) {
                     warn!(
                         peer = peer.as_str(),
                         "too many inbound handshakes; link dropped"
@@ -1143,7 +1147,7 @@ impl SubstrateBuilder {
                 }
                 handshakes.spawn(async move {
                     // The slot is given back however the task ends (a panic included).
-                    let slot = preauth::Slot(&shared);
+                    let slot = preauth::Slot(&shared, source);
                     let verified = preauth::verify(&shared, &peer, link).await;
                     drop(slot);
                     if let Some(verified) = verified {

@@ -30,8 +30,11 @@ pub struct LinkCounts {
     pub verified: u64,
     /// Dropped: they claimed a peer this side holds no key record for.
     pub unknown_peer: u64,
-    /// Dropped: as many handshakes as [`SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX`] were running.
+    /// Dropped: as many handshakes as [`SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX`] were running, or
+    /// a quarter of them from the link's source.
     pub busy: u64,
+    /// Handshakes in progress now.
+    pub in_progress: usize,
     /// Dropped: the handshake failed (a bad proof, a malformed frame, the deadline).
     pub failed: u64,
     /// Verified links handed to their peer's task.
@@ -68,11 +71,12 @@ impl Default for Counters {
 }
 
 impl Counters {
-    pub(super) fn snapshot(&self, busy: u64) -> LinkCounts {
+    pub(super) fn snapshot(&self, busy: u64, in_progress: usize) -> LinkCounts {
         LinkCounts {
             verified: self.verified.load(Ordering::Relaxed),
             unknown_peer: self.unknown_peer.load(Ordering::Relaxed),
             busy,
+            in_progress,
             failed: self.failed.load(Ordering::Relaxed),
             bound: self.bound.load(Ordering::Relaxed),
             at_cap: self.at_cap.load(Ordering::Relaxed),
@@ -87,11 +91,11 @@ impl Counters {
 }
 
 /// A handshake slot held by one inbound link's task, given back when it drops.
-pub(super) struct Slot<'a>(pub(super) &'a Shared);
+pub(super) struct Slot<'a>(pub(super) &'a Shared, pub(super) Option<std::net::IpAddr>);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.handshakes.lock().end();
+        self.0.handshakes.lock().end_from(self.1);
     }
 }
 

@@ -5,15 +5,17 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tether_core::driver::admission::Handshakes;
 use tether_core::substrate::handshake::Channel;
 use tether_core::substrate::PeerId;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tracing::warn;
 
 /// A boxed future, as the transport methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -29,6 +31,9 @@ pub struct Link {
     pub stream: Box<dyn LinkStream>,
     /// Connection id and channel-binding bytes for the handshake proof.
     pub channel: Channel,
+    /// Where an inbound link came from (its IP address), when the transport knows: the
+    /// source whose share of the handshake slots it counts against.
+    pub source: Option<IpAddr>,
 }
 
 impl std::fmt::Debug for Link {
@@ -84,6 +89,7 @@ pub async fn dialed_link<S: LinkStream>(
     Ok(Link {
         stream: Box::new(stream),
         channel,
+        source: None,
     })
 }
 
@@ -140,23 +146,55 @@ impl AcceptQueue {
     }
 }
 
-/// Runs an accept loop over `accept` (a listener's accept) in a task: each new stream's
-/// preamble is read in a task of its own, within 5 s, so a slow or silent client never holds
-/// up others; identified links go to the returned queue.
+/// Runs an accept loop over `accept` (a listener's accept: a stream and the IP address it came
+/// from, if known) in a task: each new stream's preamble is read in a task of its own, within
+/// 5 s, so a slow or silent client never holds up others; at most
+/// [`tether_core::limits::PREAMBLE_READS_IN_PROGRESS_MAX`] at once, at most a quarter of them
+/// from one source (core's `Handshakes`), past which a stream is closed unread. Identified
+/// links go to the returned queue. An accept that fails (a connection aborted before it was
+/// taken, the process out of descriptors) is logged and the loop goes on, after a pause that
+/// doubles while failures repeat (at most 1 s).
 pub fn serve_preamble_links<S, A, F>(local: PeerId, mut accept: A) -> AcceptQueue
 where
     S: LinkStream,
     A: FnMut() -> F + Send + 'static,
-    F: Future<Output = io::Result<S>> + Send,
+    F: Future<Output = io::Result<(S, Option<IpAddr>)>> + Send,
 {
     let (tx, queue) = AcceptQueue::new(64);
+    let reading = Arc::new(Mutex::new(Handshakes::new(
+        tether_core::limits::PREAMBLE_READS_IN_PROGRESS_MAX,
+    )));
     tokio::spawn(async move {
-        while let Ok(mut stream) = accept().await {
+        let mut pause = ACCEPT_PAUSE_MIN;
+        loop {
+            let accepted = accept().await;
             if tx.is_closed() {
                 break;
             }
-            let (tx, local) = (tx.clone(), local.clone());
+            let (mut stream, source) = match accepted {
+                Ok(accepted) => {
+                    pause = ACCEPT_PAUSE_MIN;
+                    accepted
+                }
+                Err(error) => {
+                    warn!(%error, "accepting a substrate connection failed; going on");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(ACCEPT_PAUSE_MAX);
+                    continue;
+                }
+            };
+            let admitted = reading
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .begin_from(source);
+            if !admitted {
+                // Closed unread: no task, nothing kept.
+                continue;
+            }
+            let (tx, local, reading) = (tx.clone(), local.clone(), reading.clone());
             tokio::spawn(async move {
+                // The slot is given back however the task ends.
+                let _slot = ReadSlot(reading, source);
                 let identified = tokio::time::timeout(
                     std::time::Duration::from_secs(5),
                     read_preamble(&mut stream, &local),
@@ -166,6 +204,7 @@ where
                     let link = Link {
                         stream: Box::new(stream),
                         channel,
+                        source,
                     };
                     let _ = tx.send((peer, link)).await;
                 }
@@ -173,6 +212,22 @@ where
         }
     });
     queue
+}
+
+/// The first pause after a failed accept, and the longest.
+const ACCEPT_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(5);
+const ACCEPT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A preamble-reading slot, given back when its task ends.
+struct ReadSlot(Arc<Mutex<Handshakes>>, Option<IpAddr>);
+
+impl Drop for ReadSlot {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .end_from(self.1);
+    }
 }
 
 /// Links over TCP with the tether preamble. It has no channel binding: use `shared-key`
@@ -203,9 +258,9 @@ impl TcpTransport {
         let inbound = serve_preamble_links(local.clone(), move || {
             let listener = listener.clone();
             async move {
-                let (stream, _) = listener.accept().await?;
+                let (stream, from) = listener.accept().await?;
                 stream.set_nodelay(true)?;
-                Ok(stream)
+                Ok((stream, Some(from.ip())))
             }
         });
         Ok(Self {
