@@ -60,6 +60,21 @@ async fn claim(bob: SocketAddr, claimed: &str, after: &[u8]) {
     let _ = stream.read_to_end(&mut rest).await;
 }
 
+/// Carol, a genuine peer with bob's key record, opens a queue to bob and has one message acked.
+async fn carol_sends_to(bob: SocketAddr) -> Substrate {
+    let (carol, carol_transport) = node("carol", &[("bob", b"carol and bob")]).await;
+    carol_transport.add_peer(PeerId::new("bob"), bob);
+    carol
+        .peer(&PeerId::new("bob"))
+        .open_queue("work")
+        .await
+        .expect("opened")
+        .send(b"hello".to_vec())
+        .await
+        .expect("acked");
+    carol
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preamble_flood_leaves_the_live_link_up_and_a_genuine_peer_admitted() {
     let (bob, bob_transport) = node(
@@ -109,16 +124,7 @@ async fn a_preamble_flood_leaves_the_live_link_up_and_a_genuine_peer_admitted() 
     );
 
     // A genuine new peer is admitted.
-    let (carol, carol_transport) = node("carol", &[("bob", b"carol and bob")]).await;
-    carol_transport.add_peer(PeerId::new("bob"), bob_addr);
-    carol
-        .peer(&PeerId::new("bob"))
-        .open_queue("work")
-        .await
-        .expect("opened")
-        .send(b"hello".to_vec())
-        .await
-        .expect("acked");
+    let carol = carol_sends_to(bob_addr).await;
     assert_eq!(bob.link_counts().verified, 2);
     let mut peers = bob.peers();
     peers.sort();
@@ -181,16 +187,7 @@ async fn silent_links_from_one_source_leave_handshake_slots_for_everyone_else() 
         "one source holds its share, no more: {counts:?}"
     );
     // Carol, from another source, is admitted while every silent link is still open.
-    let (carol, carol_transport) = node("carol", &[("bob", b"carol and bob")]).await;
-    carol_transport.add_peer(PeerId::new("bob"), bob_addr);
-    carol
-        .peer(&PeerId::new("bob"))
-        .open_queue("work")
-        .await
-        .expect("opened")
-        .send(b"hello".to_vec())
-        .await
-        .expect("acked");
+    let carol = carol_sends_to(bob_addr).await;
     let counts = bob.link_counts();
     assert_eq!(counts.verified, 1, "{counts:?}");
     assert_eq!(
