@@ -1,0 +1,216 @@
+//! `tether-hostile`: what a hostile peer costs a node, measured from the outside (issue "A
+//! hostile peer or a broken disk cannot break tether"). Each figure is the node process's own
+//! peak resident memory (`VmHWM`), with its resident memory before the attack beside it.
+//!
+//! - `flood --connections N`: a node that admits one friend; a child process (the attacker,
+//!   so its memory is not the node's) makes `N` QUIC connections to it from unlisted keys, in
+//!   waves of 256. Reports the node's refusals and memory.
+//! - `soak --requests N`: a switch and one host in this process over a Unix socket; `N`
+//!   requests answered one by one by `--concurrency` callers. Reports the host's state after
+//!   (requests held, handlers running) and memory at 10% and at the end: a host that kept
+//!   anything per ended request grows with `N`.
+//!
+//! ```sh
+//! cargo run --release -p tether-benches --bin tether-hostile -- flood --connections 10000
+//! cargo run --release -p tether-benches --bin tether-hostile -- soak --requests 1000000
+//! ```
+
+use std::time::Instant;
+
+use tether::iroh::endpoint::presets;
+use tether::iroh::{Endpoint, EndpointAddr, EndpointId, RelayMode, SecretKey};
+use tether::node::{Node, ACTOR_ALPN};
+use tether::switch::host::Host;
+use tether::switch::Switch;
+
+const UPPER: &str = "cap:in=media:text;out=media:upper";
+const WAVE: usize = 256;
+
+/// This process's resident memory now and at its peak, in MB (`VmRSS`, `VmHWM`).
+fn memory() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn arg(args: &[String], name: &str, default: usize) -> usize {
+    args.windows(2)
+        .find(|pair| pair[0] == name)
+        .and_then(|pair| pair[1].replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("flood") => flood(arg(&args, "--connections", 10_000)).await,
+        Some("attack") => attack(&args[1], &args[2], arg(&args, "--connections", 10_000)).await,
+        Some("soak") => {
+            soak(
+                arg(&args, "--requests", 1_000_000),
+                arg(&args, "--concurrency", 64),
+            )
+            .await
+        }
+        _ => {
+            eprintln!("usage: tether-hostile flood [--connections N] | soak [--requests N] [--concurrency C]");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn flood(connections: usize) {
+    let friend = SecretKey::generate().public();
+    let node = Node::builder()
+        .allow([*friend.as_bytes()])
+        .bind()
+        .await
+        .expect("bind");
+    let (rss_before, _) = memory();
+    let id: String = node.node_id().iter().map(|b| format!("{b:02x}")).collect();
+    let port = node.listen_addr().expect("bound").port().to_string();
+    let started = Instant::now();
+    let status = tokio::process::Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "attack",
+            &id,
+            &port,
+            "--connections",
+            &connections.to_string(),
+        ])
+        .status()
+        .await
+        .expect("attacker ran");
+    let elapsed = started.elapsed();
+    let snapshot = node.snapshot();
+    let (rss_after, peak) = memory();
+    println!(
+        "| flood | {connections} connections | {:.1} s | refused after handshake {} | refused before handshake {} | accepted {} | cached {} | RSS before {rss_before:.1} MB | RSS after {rss_after:.1} MB | peak {peak:.1} MB | attacker {status} |",
+        elapsed.as_secs_f64(),
+        snapshot.refused,
+        snapshot.handshakes_refused,
+        snapshot.accepted,
+        snapshot.connections.len(),
+    );
+    node.close().await;
+}
+
+async fn attack(id: &str, port: &str, connections: usize) {
+    let mut key = [0u8; 32];
+    for (i, byte) in key.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&id[2 * i..2 * i + 2], 16).expect("hex id");
+    }
+    let target = EndpointAddr::new(EndpointId::from_bytes(&key).expect("key")).with_ip_addr(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port.parse::<u16>().expect("port"))),
+    );
+    let attacker = Endpoint::builder(presets::Minimal)
+        .secret_key(SecretKey::generate())
+        .relay_mode(RelayMode::Disabled)
+        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("addr")
+        .bind()
+        .await
+        .expect("bind");
+    for wave in (0..connections).step_by(WAVE) {
+        let attempts: Vec<_> = (wave..(wave + WAVE).min(connections))
+            .map(|_| {
+                let (attacker, target) = (attacker.clone(), target.clone());
+                tokio::spawn(async move {
+                    if let Ok(conn) = attacker.connect(target, ACTOR_ALPN).await {
+                        let _ = conn.closed().await;
+                    }
+                })
+            })
+            .collect();
+        for attempt in attempts {
+            let _ = attempt.await;
+        }
+    }
+    attacker.close().await;
+}
+
+async fn soak(requests: usize, concurrency: usize) {
+    let host = Host::new("soak").handler(UPPER, |mut request| async move {
+        let input = request.read_all().await;
+        let _ = request
+            .respond("output", "media:upper", [input.to_ascii_uppercase()])
+            .await;
+        let _ = request.end().await;
+    });
+    let handle = host.handle();
+    let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
+    a.set_nonblocking(true).expect("nonblocking");
+    b.set_nonblocking(true).expect("nonblocking");
+    let (switch_side, host_side) = (
+        tokio::net::UnixStream::from_std(a).expect("tokio"),
+        tokio::net::UnixStream::from_std(b).expect("tokio"),
+    );
+    let serving = tokio::spawn(host.serve(host_side));
+    let switch = Switch::builder().start();
+    switch
+        .add_master("soak", switch_side)
+        .await
+        .expect("attached");
+    let (rss_before, _) = memory();
+    let started = Instant::now();
+    let tenth = requests / 10;
+    let mut at_tenth = 0.0;
+    let per_caller = requests / concurrency.max(1);
+    let mut done = 0;
+    while done < requests {
+        let batch = (requests - done).min(tenth.max(1));
+        let callers: Vec<_> = (0..concurrency.max(1))
+            .map(|_| {
+                let switch = switch.clone();
+                let count = batch / concurrency.max(1);
+                tokio::spawn(async move {
+                    for _ in 0..count {
+                        let call = switch.request(UPPER).await.expect("routed");
+                        call.send_stream("in", "media:text", [b"abc".to_vec()])
+                            .await
+                            .expect("sent");
+                        call.finish().await.expect("finished");
+                        let answer = call.collect().await.expect("answered");
+                        assert_eq!(answer, b"ABC");
+                    }
+                    count
+                })
+            })
+            .collect();
+        for caller in callers {
+            done += caller.await.expect("caller");
+        }
+        if at_tenth == 0.0 {
+            at_tenth = memory().0;
+        }
+        if per_caller == 0 {
+            break;
+        }
+    }
+    let elapsed = started.elapsed();
+    let state = handle.state().await.expect("serving");
+    let (rss_after, peak) = memory();
+    println!(
+        "| soak | {done} requests | {:.1} s ({:.0} req/s) | held {} | handlers {} | ended {} | RSS before {rss_before:.1} MB | at 10% {at_tenth:.1} MB | after {rss_after:.1} MB | peak {peak:.1} MB |",
+        elapsed.as_secs_f64(),
+        done as f64 / elapsed.as_secs_f64(),
+        state.machine_requests,
+        state.handlers_running,
+        state.stats.ended,
+    );
+    switch.close().await;
+    let _ = serving.await;
+}
