@@ -5,6 +5,10 @@
 //! - `flood --connections N`: a node that admits one friend; a child process (the attacker,
 //!   so its memory is not the node's) makes `N` QUIC connections to it from unlisted keys, in
 //!   waves of 256. Reports the node's refusals and memory.
+//! - `stall --streams N`: a node that admits the attacker's key; the attacker (a child process)
+//!   opens one actor connection and `N` streams on it, each carrying the head of an actor
+//!   record that declares a 1 MiB payload and nothing of the payload. Reports the node's
+//!   memory after a second (a decoder that reserved what a head declares would hold N MiB).
 //! - `soak --requests N`: a switch and one host in this process over a Unix socket; `N`
 //!   requests answered one by one by `--concurrency` callers. Reports the host's state after
 //!   (requests held, handlers running) and memory at 10% and at the end: a host that kept
@@ -58,6 +62,10 @@ async fn main() {
     match args.first().map(String::as_str) {
         Some("flood") => flood(arg(&args, "--connections", 10_000)).await,
         Some("attack") => attack(&args[1], &args[2], arg(&args, "--connections", 10_000)).await,
+        Some("stall") => stall(arg(&args, "--streams", 100)).await,
+        Some("stall-attack") => {
+            stall_attack(&args[1], &args[2], &args[3], arg(&args, "--streams", 100)).await
+        }
         Some("soak") => {
             soak(
                 arg(&args, "--requests", 1_000_000),
@@ -66,7 +74,10 @@ async fn main() {
             .await
         }
         _ => {
-            eprintln!("usage: tether-hostile flood [--connections N] | soak [--requests N] [--concurrency C]");
+            eprintln!(
+                "usage: tether-hostile flood [--connections N] | stall [--streams N] \
+                 | soak [--requests N] [--concurrency C]"
+            );
             std::process::exit(2);
         }
     }
@@ -80,7 +91,7 @@ async fn flood(connections: usize) {
         .await
         .expect("bind");
     let (rss_before, _) = memory();
-    let id: String = node.node_id().iter().map(|b| format!("{b:02x}")).collect();
+    let id = hex(&node.node_id());
     let port = node.listen_addr().expect("bound").port().to_string();
     let started = Instant::now();
     let status = tokio::process::Command::new(std::env::current_exe().expect("exe"))
@@ -108,22 +119,93 @@ async fn flood(connections: usize) {
     node.close().await;
 }
 
-async fn attack(id: &str, port: &str, connections: usize) {
-    let mut key = [0u8; 32];
-    for (i, byte) in key.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&id[2 * i..2 * i + 2], 16).expect("hex id");
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).expect("hex");
     }
-    let target = EndpointAddr::new(EndpointId::from_bytes(&key).expect("key")).with_ip_addr(
+    out
+}
+
+fn target(id: &str, port: &str) -> EndpointAddr {
+    EndpointAddr::new(EndpointId::from_bytes(&unhex(id)).expect("key")).with_ip_addr(
         std::net::SocketAddr::from(([127, 0, 0, 1], port.parse::<u16>().expect("port"))),
-    );
-    let attacker = Endpoint::builder(presets::Minimal)
-        .secret_key(SecretKey::generate())
+    )
+}
+
+async fn endpoint(secret: SecretKey) -> Endpoint {
+    Endpoint::builder(presets::Minimal)
+        .secret_key(secret)
         .relay_mode(RelayMode::Disabled)
         .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
         .expect("addr")
         .bind()
         .await
+        .expect("bind")
+}
+
+async fn stall(streams: usize) {
+    let secret = SecretKey::generate();
+    let node = Node::builder()
+        .allow([*secret.public().as_bytes()])
+        .bind()
+        .await
         .expect("bind");
+    let (rss_before, _) = memory();
+    let port = node.listen_addr().expect("bound").port().to_string();
+    let mut child = tokio::process::Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "stall-attack",
+            &hex(&node.node_id()),
+            &port,
+            &hex(&secret.to_bytes()),
+            "--streams",
+            &streams.to_string(),
+        ])
+        .spawn()
+        .expect("attacker");
+    // A benchmark, not a test: the attacker's heads are read within this.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let (rss_after, peak) = memory();
+    let snapshot = node.snapshot();
+    println!(
+        "| stall | {streams} streams declaring 1 MiB each | accepted {} | RSS before {rss_before:.1} MB | RSS after {rss_after:.1} MB | peak {peak:.1} MB |",
+        snapshot.accepted
+    );
+    let _ = child.kill().await;
+    node.close().await;
+}
+
+async fn stall_attack(id: &str, port: &str, secret: &str, streams: usize) {
+    let attacker = endpoint(SecretKey::from_bytes(&unhex(secret))).await;
+    let conn = attacker
+        .connect(target(id, port), ACTOR_ALPN)
+        .await
+        .expect("a listed key connects");
+    let mut head = Vec::new();
+    head.extend_from_slice(&[0u8; 32]);
+    head.extend_from_slice(&4u32.to_be_bytes());
+    head.extend_from_slice(b"Chat");
+    head.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    let mut open = Vec::new();
+    for _ in 0..streams {
+        let Ok(mut stream) = conn.open_uni().await else {
+            break;
+        };
+        let _ = stream.write_all(&head).await;
+        open.push(stream);
+    }
+    // Hold every stream open, the payloads never sent, until killed.
+    std::future::pending::<()>().await;
+}
+
+async fn attack(id: &str, port: &str, connections: usize) {
+    let target = target(id, port);
+    let attacker = endpoint(SecretKey::generate()).await;
     for wave in (0..connections).step_by(WAVE) {
         let attempts: Vec<_> = (wave..(wave + WAVE).min(connections))
             .map(|_| {
