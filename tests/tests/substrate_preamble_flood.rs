@@ -171,18 +171,19 @@ async fn silent_links_from_one_source_leave_handshake_slots_for_everyone_else() 
     for _ in 0..SILENT {
         silent.push(silent_claim_from_elsewhere(bob_addr, "alice").await);
     }
-    // Every one judged: refused (settled at once) or in progress.
+    // Every one judged: refused (settled at once), in progress, or (on a slow machine) out
+    // of its proof budget already.
     let mut settled = bob.links_settled();
     settled
         .wait_for(|_| {
             let counts = bob.link_counts();
-            counts.busy as usize + counts.in_progress == SILENT
+            counts.busy as usize + counts.in_progress + counts.failed as usize == SILENT
         })
         .await
         .expect("alive");
     let counts = bob.link_counts();
     assert_eq!(
-        (counts.in_progress, counts.busy),
+        (counts.in_progress + counts.failed as usize, counts.busy),
         (share, (SILENT - share) as u64),
         "one source holds its share, no more: {counts:?}"
     );
