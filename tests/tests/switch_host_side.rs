@@ -291,3 +291,62 @@ async fn a_write_waiting_for_credit_is_released_when_its_request_is_cancelled() 
     drop(fake);
     let _ = serving.await;
 }
+
+/// A master that floods LOG frames to an engine call that reads none: the switch hands the
+/// call at most its share of unread LOG bytes and drops the rest, counted; what passed arrives
+/// in order with the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_frames_an_engine_does_not_read_are_bounded_in_bytes() {
+    use tether_core::limits::SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX;
+    const LOGS: usize = 200;
+    let switch = Switch::builder().start();
+    let (s1, h1) = socket_pair();
+    let host = Host::new("chatty").handler(UPPER, |mut request| async move {
+        let _ = request.read_all().await;
+        for n in 0..LOGS {
+            let mut log = Frame::new(FrameType::Log, MessageId::Uint(0));
+            log.payload = Some(vec![b'x'; 4096].into());
+            log.meta = None;
+            log.seq = n as u64;
+            let _ = request.write(log).await;
+        }
+        let _ = request.end().await;
+    });
+    let serving = tokio::spawn(host.serve(h1));
+    switch.add_master("chatty", s1).await.expect("verified");
+    let mut call = switch.request(UPPER).await.expect("routed");
+    call.finish().await.expect("input ends");
+    // The request ends at the switch (its END forwarded to the call) before the call reads.
+    loop {
+        let stats = switch.protocol_stats().await.expect("stats");
+        if stats.requests.is_empty() && stats.table.registered > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let dropped = switch
+        .protocol_stats()
+        .await
+        .expect("stats")
+        .switch
+        .engine_logs_dropped as usize;
+    let mut passed = 0;
+    while let Some(frame) = call.next().await {
+        if frame.frame_type == FrameType::Log {
+            passed += 1;
+        }
+    }
+    assert_eq!(passed + dropped, LOGS, "{passed} passed, {dropped} dropped");
+    assert!(dropped > 0, "the flood passed its bound");
+    let bytes = 4096 + std::mem::size_of::<Frame>();
+    assert!(
+        passed * bytes <= SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX,
+        "{passed}"
+    );
+    assert!(
+        (passed + 1) * bytes > SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX,
+        "{passed}"
+    );
+    switch.close().await;
+    let _ = serving.await;
+}

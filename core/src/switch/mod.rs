@@ -456,6 +456,11 @@ pub struct SwitchCounters {
     pub suppressed: u64,
     /// Frames from a master with no request (neither routable nor control), dropped.
     pub dropped: u64,
+    /// LOG frames for the engine's calls dropped because the engine had not read as many LOG
+    /// bytes as the bounds allow ([`crate::limits::SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX`]
+    /// a call, [`crate::limits::SWITCH_HOST_LOG_UNREAD_BYTES_MAX`] over them). Counted where
+    /// the engine's calls are read: the shell fills it in.
+    pub engine_logs_dropped: u64,
 }
 
 /// The request switch machine. See the module docs.

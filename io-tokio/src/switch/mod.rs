@@ -44,7 +44,10 @@ use tokio::time::Instant;
 pub use tether_core::switch::Limits;
 
 use conn::{FrameReader, FrameWriter, Incoming};
-use tether_core::limits::SWITCH_WRITER_FRAMES_MAX;
+use tether_core::limits::{
+    SWITCH_HOST_LOG_UNREAD_BYTES_MAX, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX,
+    SWITCH_WRITER_FRAMES_MAX,
+};
 use tokio_stream::{StreamExt, StreamMap};
 
 /// Commands from the engine API queued for the task.
@@ -115,6 +118,10 @@ enum Command {
         rid: MessageId,
         stream: Option<String>,
     },
+    ConsumeLog {
+        rid: MessageId,
+        bytes: usize,
+    },
     Cancel(MessageId, CancelReason, Reply<bool>),
     StopFeeds(MessageId, Reply<bool>),
     SetPolicy(Bytes),
@@ -176,6 +183,8 @@ impl SwitchBuilder {
             masters: BTreeMap::new(),
             attaching: BTreeMap::new(),
             calls: BTreeMap::new(),
+            log_unread_total: 0,
+            logs_dropped: 0,
             next_rid: 0,
             tx: tx.clone(),
         };
@@ -553,9 +562,13 @@ impl Call {
     /// consumed (its credit granted back) when the next frame is asked for, so a slow reader
     /// holds the master back.
     pub async fn next(&mut self) -> Option<Frame> {
+        let rid = self.rid;
         if let Some(stream) = self.answers.due() {
-            let rid = self.rid;
             let _ = self.tx.send(Command::Consume { rid, stream }).await;
+        }
+        let bytes = self.answers.due_log();
+        if bytes > 0 {
+            let _ = self.tx.send(Command::ConsumeLog { rid, bytes }).await;
         }
         self.answers.recv().await
     }
@@ -615,6 +628,10 @@ struct Task {
     masters: BTreeMap<SlotId, MasterIo>,
     attaching: BTreeMap<ConnId, Reply<Result<(), SwitchError>>>,
     calls: BTreeMap<MessageId, CallState>,
+    /// Bytes of LOG frames handed to the engine's calls and not read yet, over every call.
+    log_unread_total: usize,
+    /// LOG frames for the engine's calls dropped past the bounds.
+    logs_dropped: u64,
     next_rid: u64,
     tx: mpsc::Sender<Command>,
 }
@@ -740,7 +757,14 @@ impl Task {
                 let _ = reply.send(paths);
             }
             Command::Stats(reply) => {
-                let _ = reply.send(self.machine.protocol_stats(now));
+                let mut stats = self.machine.protocol_stats(now);
+                stats.switch.engine_logs_dropped = self.logs_dropped;
+                let _ = reply.send(stats);
+            }
+            Command::ConsumeLog { rid, bytes } => {
+                if let Some(call) = self.calls.get_mut(&rid) {
+                    self.log_unread_total -= call.side.log_read(bytes);
+                }
             }
             Command::Close(_) => unreachable!("handled by run"),
         }
@@ -908,18 +932,34 @@ impl Task {
         let Some(call) = self.calls.get_mut(&rid) else {
             return;
         };
-        let answers = call.answers.clone();
         // A broken answer flow is the switch's bug, not the master's: the switch checks every
         // frame it forwards. End the call rather than deliver it.
-        let result = call
-            .side
-            .read(frame, |frame| drop(answers.send(Box::new(frame))));
+        let mut delivered = Vec::new();
+        let result = call.side.read(frame, |frame| delivered.push(frame));
+        for frame in delivered {
+            // A LOG frame passes only within its call's and every call's unread LOG bytes
+            // (core's rule, `RequestSide::pass_log`); the rest are dropped, counted.
+            if frame.frame_type == FrameType::Log {
+                let bytes = frame.held_bytes();
+                let room = SWITCH_HOST_LOG_UNREAD_BYTES_MAX.saturating_sub(self.log_unread_total);
+                if !call
+                    .side
+                    .pass_log(bytes, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX, room)
+                {
+                    self.logs_dropped += 1;
+                    continue;
+                }
+                self.log_unread_total += bytes;
+            }
+            drop(call.answers.send(Box::new(frame)));
+        }
         let ended = call.side.read_end() || result.is_err();
         if is_credit {
             self.unpark(now, rid);
         }
         if ended {
             if let Some(call) = self.calls.remove(&rid) {
+                self.log_unread_total -= call.side.log_unread();
                 for (_, reply) in call.parked {
                     answer(reply, Err(SwitchError::Closed));
                 }
