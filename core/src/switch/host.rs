@@ -25,14 +25,12 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::hello::{manifest_json, HandshakeError, Hello, Limits};
-use super::side::{delivered, ReadError, RequestSide, WriteError};
+use super::side::{delivered, pass_logs, ReadError, RequestSide, WriteError};
 use super::{error_meta, notify_meta, IDENTITY_STREAM};
 use crate::cap::{CapUrn, CAP_IDENTITY};
 use crate::limits::{
     SWITCH_HANDSHAKE_TIMEOUT_MS, SWITCH_HEARTBEAT_INTERVAL_MS, SWITCH_HEARTBEAT_TIMEOUT_MS,
-    SWITCH_HOST_LOG_UNREAD_BYTES_MAX, SWITCH_HOST_REORDER_HELD_BYTES_MAX,
-    SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX,
-    SWITCH_SERVED_REQUESTS_MAX,
+    SWITCH_HOST_REORDER_HELD_BYTES_MAX, SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_SERVED_REQUESTS_MAX,
 };
 use crate::request::{Credits, RefusalKind, RequestKey};
 use crate::time::Time;
@@ -203,7 +201,8 @@ pub struct HostStats {
     /// Connections given up on a timer ([`HostError::HandshakeTimeout`], [`HostError::Silent`]).
     pub timeouts: u64,
     /// LOG frames dropped because their readers had not read as many LOG bytes as the bounds
-    /// allow ([`SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX`], [`SWITCH_HOST_LOG_UNREAD_BYTES_MAX`]).
+    /// allow ([`crate::limits::SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX`],
+    /// [`crate::limits::SWITCH_HOST_LOG_UNREAD_BYTES_MAX`]).
     pub logs_dropped: u64,
 }
 
@@ -612,8 +611,12 @@ impl Host {
                 side.read(frame, |frame| delivered.push(frame))
                     .map_err(|error| HostError::Flow(rid, error))?;
                 let after = side.held_bytes();
-                let passed =
-                    pass_logs(side, delivered, &mut self.log_unread_total, &mut self.stats);
+                let passed = pass_logs(
+                    side,
+                    delivered,
+                    &mut self.log_unread_total,
+                    &mut self.stats.logs_dropped,
+                );
                 self.account_held(rid, before, after)?;
                 self.events.extend(
                     passed
@@ -631,7 +634,12 @@ impl Host {
             side.read(frame, |frame| delivered.push(frame))
                 .map_err(|error| HostError::Flow(rid, error))?;
             let (ended, after) = (side.read_end(), side.held_bytes());
-            let passed = pass_logs(side, delivered, &mut self.log_unread_total, &mut self.stats);
+            let passed = pass_logs(
+                side,
+                delivered,
+                &mut self.log_unread_total,
+                &mut self.stats.logs_dropped,
+            );
             self.account_held(rid, before, after)?;
             self.events.extend(
                 passed
@@ -727,34 +735,6 @@ impl Host {
     }
 }
 
-/// The frames a read delivered, but a LOG frame only while its request's unread LOG bytes and
-/// the host's stay within their bounds ([`SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX`],
-/// [`SWITCH_HOST_LOG_UNREAD_BYTES_MAX`]); the others are dropped, counted.
-fn pass_logs(
-    side: &mut RequestSide,
-    delivered: Vec<Frame>,
-    total: &mut usize,
-    stats: &mut HostStats,
-) -> Vec<Frame> {
-    delivered
-        .into_iter()
-        .filter(|frame| {
-            if frame.frame_type != FrameType::Log {
-                return true;
-            }
-            let bytes = frame.held_bytes();
-            let room = SWITCH_HOST_LOG_UNREAD_BYTES_MAX.saturating_sub(*total);
-            if side.pass_log(bytes, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX, room) {
-                *total += bytes;
-                true
-            } else {
-                stats.logs_dropped += 1;
-                false
-            }
-        })
-        .collect()
-}
-
 fn echo_frames(side: &RequestSide, echo: Bytes) -> [Frame; 4] {
     let mut start = side.frame(FrameType::StreamStart);
     start.stream_id = Some(IDENTITY_STREAM.to_owned());
@@ -772,6 +752,9 @@ fn echo_frames(side: &RequestSide, echo: Bytes) -> [Frame; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{
+        SWITCH_HOST_LOG_UNREAD_BYTES_MAX, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX,
+    };
     use crate::switch::{ConnId, Peer, Switch, SwitchConfig};
 
     const UPPER: &str = "cap:in=media:text;out=media:upper";

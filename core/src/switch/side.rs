@@ -10,7 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::limits::{STREAMS_PER_REQUEST_COUNT_MAX, SWITCH_REORDER_HELD_BYTES_MAX};
+use crate::limits::{
+    STREAMS_PER_REQUEST_COUNT_MAX, SWITCH_HOST_LOG_UNREAD_BYTES_MAX,
+    SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX, SWITCH_REORDER_HELD_BYTES_MAX,
+};
 use crate::request::{
     is_flow, is_terminal, Acquire, CreditGate, Credits, ReceiveWindow, RefusalKind, ReorderBuffer,
     Seq, SeqAssigner,
@@ -324,6 +327,35 @@ where
         }
         Some(frame)
     }
+}
+
+/// The frames a read of `side` delivered, but a LOG frame only while the side's unread LOG
+/// bytes and `total` (over every request of a host, or every call of an engine) stay within
+/// [`SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX`] and [`SWITCH_HOST_LOG_UNREAD_BYTES_MAX`]; the
+/// others are dropped, counted in `dropped`.
+pub fn pass_logs(
+    side: &mut RequestSide,
+    delivered: Vec<Frame>,
+    total: &mut usize,
+    dropped: &mut u64,
+) -> Vec<Frame> {
+    delivered
+        .into_iter()
+        .filter(|frame| {
+            if frame.frame_type != FrameType::Log {
+                return true;
+            }
+            let bytes = frame.held_bytes();
+            let room = SWITCH_HOST_LOG_UNREAD_BYTES_MAX.saturating_sub(*total);
+            if side.pass_log(bytes, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX, room) {
+                *total += bytes;
+                true
+            } else {
+                *dropped += 1;
+                false
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -44,10 +44,8 @@ use tokio::time::Instant;
 pub use tether_core::switch::Limits;
 
 use conn::{FrameReader, FrameWriter, Incoming};
-use tether_core::limits::{
-    SWITCH_HOST_LOG_UNREAD_BYTES_MAX, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX,
-    SWITCH_WRITER_FRAMES_MAX,
-};
+use tether_core::limits::SWITCH_WRITER_FRAMES_MAX;
+use tether_core::switch::side::pass_logs;
 use tokio_stream::{StreamExt, StreamMap};
 
 /// Commands from the engine API queued for the task.
@@ -936,21 +934,14 @@ impl Task {
         // frame it forwards. End the call rather than deliver it.
         let mut delivered = Vec::new();
         let result = call.side.read(frame, |frame| delivered.push(frame));
-        for frame in delivered {
-            // A LOG frame passes only within its call's and every call's unread LOG bytes
-            // (core's rule, `RequestSide::pass_log`); the rest are dropped, counted.
-            if frame.frame_type == FrameType::Log {
-                let bytes = frame.held_bytes();
-                let room = SWITCH_HOST_LOG_UNREAD_BYTES_MAX.saturating_sub(self.log_unread_total);
-                if !call
-                    .side
-                    .pass_log(bytes, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX, room)
-                {
-                    self.logs_dropped += 1;
-                    continue;
-                }
-                self.log_unread_total += bytes;
-            }
+        // LOG frames pass within their unread bytes (core's rule); the rest are dropped, counted.
+        let passed = pass_logs(
+            &mut call.side,
+            delivered,
+            &mut self.log_unread_total,
+            &mut self.logs_dropped,
+        );
+        for frame in passed {
             drop(call.answers.send(Box::new(frame)));
         }
         let ended = call.side.read_end() || result.is_err();
