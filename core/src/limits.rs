@@ -205,6 +205,13 @@ pub const SWITCH_REORDER_HELD_BYTES_MAX: usize = 1024 * 1024;
 /// the switch connection is cut, as past [`SWITCH_REORDER_HELD_BYTES_MAX`].
 pub const SWITCH_HOST_REORDER_HELD_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// Bytes of early flow frames the switch holds for reordering on behalf of one sender (a
+/// master, or the engine) over all its live requests: the switch's side of
+/// [`SWITCH_HOST_REORDER_HELD_BYTES_MAX`]. Past it the sender broke the protocol and is cut
+/// (`reorder` violation), so a master holding frames early on many requests is bounded by this,
+/// not by [`SWITCH_REORDER_HELD_BYTES_MAX`] times its live requests.
+pub const SWITCH_PEER_REORDER_HELD_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 /// Bytes of LOG frames handed to one request's reader and not read yet; past it a LOG frame is
 /// dropped (counted: logs are diagnostics, and a reader that does not read them, or a peer
 /// that floods them, must not make the host buffer without bound).

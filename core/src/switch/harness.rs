@@ -175,6 +175,10 @@ impl Harness {
                 self.events.push(event);
             }
             if !progressed {
+                assert!(
+                    self.switch.held_bytes_balance(),
+                    "early-frame bytes counted per sender match what the legs hold"
+                );
                 return;
             }
         }

@@ -477,6 +477,10 @@ pub struct Switch {
     table: RequestTable<Route>,
     /// Live peer requests by the master that made them (its share of the table).
     peer_requests: BTreeMap<SlotId, usize>,
+    /// Bytes of early flow frames held in the legs of live requests, by the peer that sent
+    /// them (its share: [`crate::limits::SWITCH_PEER_REORDER_HELD_BYTES_MAX`]). A peer with
+    /// nothing held has no entry.
+    held_by: BTreeMap<Peer, usize>,
     next_xid: u64,
     next_heartbeat: u64,
     policy: Bytes,
@@ -498,6 +502,7 @@ impl Switch {
         let mut switch = Self {
             table: RequestTable::new(config.table),
             peer_requests: BTreeMap::new(),
+            held_by: BTreeMap::new(),
             config,
             masters: Vec::new(),
             cap_table: Vec::new(),
@@ -682,7 +687,7 @@ impl Switch {
         for terminated in ended {
             let Terminated { state, .. } = terminated;
             let route = state.data;
-            self.request_left(route.origin);
+            self.request_left(&route);
             let (dest, dest_generation) = (route.dest, route.dest_generation);
             let mut cancel = Frame::new(FrameType::Cancel, state.key.rid);
             cancel.routing_id = Some(state.key.xid);
@@ -1109,9 +1114,15 @@ impl Switch {
         self.events.push_back(Event::MasterDied { slot, reason });
     }
 
-    /// A request `origin` made left the table (it ended, however it ended).
-    fn request_left(&mut self, origin: Peer) {
-        if let Peer::Master(slot) = origin {
+    /// A request left the table (it ended, however it ended): its origin's share of the table
+    /// and the early frames its legs held come back.
+    fn request_left(&mut self, route: &Route) {
+        self.release_held(route.origin, route.to_dest.reorder.held_bytes());
+        self.release_held(
+            Peer::Master(route.dest),
+            route.to_origin.reorder.held_bytes(),
+        );
+        if let Peer::Master(slot) = route.origin {
             if let Some(live) = self.peer_requests.get_mut(&slot) {
                 *live -= 1;
                 if *live == 0 {
@@ -1119,6 +1130,44 @@ impl Switch {
                 }
             }
         }
+    }
+
+    /// `bytes` of early frames `sender` sent are no longer held.
+    fn release_held(&mut self, sender: Peer, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let held = self
+            .held_by
+            .get_mut(&sender)
+            .expect("a leg's held bytes are counted under its sender");
+        *held -= bytes;
+        if *held == 0 {
+            self.held_by.remove(&sender);
+        }
+    }
+
+    /// Whether the early-frame bytes counted per sender are exactly what the live requests'
+    /// legs hold (a check for harnesses and fuzzers; it walks every live request).
+    pub fn held_bytes_balance(&self) -> bool {
+        let mut held: BTreeMap<Peer, usize> = BTreeMap::new();
+        for key in self.table.live_keys() {
+            let route = &self.table.get(key).expect("live").data;
+            for (sender, leg) in [
+                (route.origin, &route.to_dest),
+                (Peer::Master(route.dest), &route.to_origin),
+            ] {
+                if leg.reorder.held_bytes() > 0 {
+                    *held.entry(sender).or_default() += leg.reorder.held_bytes();
+                }
+            }
+        }
+        held == self.held_by
+    }
+
+    /// Bytes of early flow frames held on behalf of `sender` over its live requests.
+    pub fn held_bytes_of(&self, sender: Peer) -> usize {
+        self.held_by.get(&sender).copied().unwrap_or(0)
     }
 
     /// Live peer requests `slot` made.
@@ -1131,8 +1180,8 @@ impl Switch {
             return;
         };
         let route = terminated.state.data;
+        self.request_left(&route);
         let origin = route.origin;
-        self.request_left(origin);
         if route.dest == dead {
             self.end_origin(
                 key,
@@ -1336,8 +1385,9 @@ impl Switch {
         }
         if let Err(violation) = self.forward(now, key, Side::Origin, frame) {
             // A REQ the checker refuses (it never is: REQ is the first emission) ends at once.
-            let _ = self.table.terminate(key, TerminationKind::Err, now);
-            self.request_left(origin);
+            if let Some(terminated) = self.table.terminate(key, TerminationKind::Err, now) {
+                self.request_left(&terminated.state.data);
+            }
             return Err(RegisterFailure::Violation(violation));
         }
         Ok(key)
@@ -1433,17 +1483,32 @@ impl Switch {
             .table
             .get_mut(key)
             .expect("forward is called for live keys");
+        let sender = match from {
+            Side::Origin => state.data.origin,
+            Side::Dest => Peer::Master(state.data.dest),
+        };
         let mut ready = side::delivered();
         let seq = Seq(frame.seq);
         let bytes = frame.held_bytes();
-        if let Err(refusal) =
-            state
-                .data
-                .leg(from)
-                .reorder
-                .accept_sized(seq, frame, bytes, |_, frame| ready.push(frame))
-        {
+        let leg = state.data.leg(from);
+        let before = leg.reorder.held_bytes();
+        let accepted = leg
+            .reorder
+            .accept_sized(seq, frame, bytes, |_, frame| ready.push(frame));
+        let after = leg.reorder.held_bytes();
+        // Counted before anything below can end the request (which releases what it holds).
+        self.release_held(sender, before);
+        let mut held = 0;
+        if after > 0 {
+            let entry = self.held_by.entry(sender).or_default();
+            *entry += after;
+            held = *entry;
+        }
+        if let Err(refusal) = accepted {
             return Err(ProtocolViolation::Reorder(refusal.kind));
+        }
+        if held > crate::limits::SWITCH_PEER_REORDER_HELD_BYTES_MAX {
+            return Err(ProtocolViolation::Reorder(RefusalKind::Overflow));
         }
         for frame in ready {
             if !self.emit(now, key, from, frame)? {
@@ -1513,7 +1578,7 @@ impl Switch {
                         .table
                         .terminate(key, kind, now)
                         .expect("the request is live");
-                    self.request_left(route.origin);
+                    self.request_left(&terminated.state.data);
                     self.events.push_back(Event::RequestEnded {
                         key,
                         origin: route.origin,

@@ -758,3 +758,70 @@ fn a_master_gets_its_share_of_peer_requests_and_the_share_frees_as_they_end() {
     let _ = h.take_engine();
     let _ = request_frames(&mut h, conns[0].slot);
 }
+
+#[test]
+fn early_frames_are_held_within_their_bytes_per_sender_over_all_its_requests() {
+    use crate::limits::{
+        SWITCH_PEER_REORDER_HELD_BYTES_MAX as SHARE, SWITCH_REORDER_HELD_BYTES_MAX as LEG,
+    };
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    let conn = conns[0];
+    let master = Peer::Master(conn.slot);
+    let payload = vec![7u8; LEG / 2];
+    // Each request gets one chunk early (seq 1 before seq 0): within the leg's own bound, so
+    // only the total over the master's requests can stop it.
+    let early = |h: &mut Harness, rid: u64| {
+        let key = h.engine_request(rid, UPPER).expect("routed");
+        h.from_master(conn, chunk(key, "out", 0, 1, &payload));
+        key
+    };
+    let first = early(&mut h, 1);
+    let per = h.switch.held_bytes_of(master);
+    assert!(per >= payload.len() && per <= LEG);
+    let fits = SHARE / per;
+    let mut keys = vec![first];
+    for rid in 2..=fits as u64 {
+        keys.push(early(&mut h, rid));
+    }
+    assert!(h.disconnected.is_empty());
+    assert_eq!(h.switch.held_bytes_of(master), fits * per);
+    assert!(h.take_engine().is_empty(), "nothing delivered out of order");
+
+    // The gap fills on one request: its frames go on, and what it held comes back.
+    h.from_master(conn, stream(keys[0], FrameType::StreamStart, "out", 0));
+    assert_eq!(
+        types(&h.take_engine()),
+        [FrameType::StreamStart, FrameType::Chunk]
+    );
+    assert_eq!(h.switch.held_bytes_of(master), (fits - 1) * per);
+    // The engine cancels another: it ends, and what it held comes back.
+    let reason = CancelReason {
+        code: CancelCode::Cancelled,
+        class: None,
+        message: "no longer wanted".into(),
+    };
+    assert!(h.switch.cancel(h.now, keys[1].rid, &reason));
+    h.drain();
+    assert_eq!(h.switch.held_bytes_of(master), (fits - 2) * per);
+
+    // Two places were freed: two more requests fit, the one after them does not.
+    early(&mut h, 1_001);
+    early(&mut h, 1_002);
+    assert!(h.disconnected.is_empty());
+    early(&mut h, 1_003);
+    assert_eq!(
+        h.disconnected,
+        [(
+            conn,
+            CutReason::Violation(ProtocolViolation::Reorder(RefusalKind::Overflow))
+        )]
+    );
+    // Cutting the master ends its requests and releases everything they held.
+    assert_eq!(h.switch.held_bytes_of(master), 0);
+    assert_eq!(h.switch.held_bytes_of(Peer::Engine), 0);
+    assert_eq!(
+        h.switch.live_requests(),
+        0,
+        "every request a served ended with it"
+    );
+}
