@@ -316,6 +316,10 @@ pub const SUBSTRATE_STORE_RETRY_BASE_MS: u64 = 50;
 /// Longest delay between retries of a failing store.
 pub const SUBSTRATE_STORE_RETRY_CAP_MS: u64 = 5_000;
 
+/// How often a peer's counters are published to `metrics`, at most (on the next input after
+/// it passed: serializing them on every input would tax the hot path).
+pub const SUBSTRATE_STATS_EVERY_MS: u64 = 1_000;
+
 /// A good capacity for a node's telemetry sink (a bounded channel the app creates): 1,024
 /// items are at most 1,024 batches of ≤ 1,024 events, so a sink that falls that far behind
 /// makes the publisher wait rather than the collector buffer.

@@ -199,6 +199,20 @@ fn enumerated(section: &str, n: u64) -> Value {
             }
             driver_case(json!([1]), ops)
         }
+        "peer" => {
+            // Short lives over every event, a tick after each (so retries fall due), the
+            // address known in even slices.
+            let events: Vec<crate::peer::PeerEvent> = nth_sequence(crate::peer::ALPHABET.len(), n)
+                .into_iter()
+                .enumerate()
+                .map(|(i, symbol)| crate::peer::PeerEvent {
+                    at: i as u64 * 6_000,
+                    event: crate::peer::ALPHABET[symbol],
+                })
+                .collect();
+            serde_json::to_value(crate::peer::blank_case(n, n % 7 != 3, events))
+                .expect("cases serialize")
+        }
         "join" => {
             let alphabet = [
                 json!({"at": 0, "event": "connected"}),
@@ -347,6 +361,27 @@ fn walk(section: &str, rng: &mut Xoshiro256PlusPlus) -> Value {
                 json!([0, 1, 2, 250])
             };
             driver_case(allow, driver_walk(rng, len * 2, everyone))
+        }
+        "peer" => {
+            // Lives that answer what the peer asks most of the time, with time moving in
+            // small and large steps.
+            let mut at = 0u64;
+            let events: Vec<crate::peer::PeerEvent> = (0..len * 2)
+                .map(|_| {
+                    at += match rng.random_range(0..4) {
+                        0 => 0,
+                        1 => rng.random_range(0..200),
+                        2 => rng.random_range(0..2_000),
+                        _ => rng.random_range(0..12_000),
+                    };
+                    let event =
+                        crate::peer::ALPHABET[rng.random_range(0..crate::peer::ALPHABET.len())];
+                    crate::peer::PeerEvent { at, event }
+                })
+                .collect();
+            let seed = rng.random();
+            serde_json::to_value(crate::peer::blank_case(seed, rng.random_bool(0.85), events))
+                .expect("cases serialize")
         }
         "join" => {
             let mut at = 0u64;

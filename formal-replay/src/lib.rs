@@ -12,6 +12,8 @@
 //! - [`switch_model`]: the reference request switch (seed 001, REFERENCE §B), independent of
 //!   `tether_core::switch`; [`switch`]: core's switch driven through its harness for the
 //!   `switch` section, and the lockstep explorer of the two.
+//! - [`peer`]: the `peer` section, core's `substrate::peer::Peer` (load, dials, commits and
+//!   their retries) against a model of its rules.
 //!
 //! The binary `tether-formal-replay` exposes `check`, `generate` and `explore`.
 
@@ -20,6 +22,7 @@ pub mod driver_model;
 pub mod explore;
 pub mod generate;
 pub mod model;
+pub mod peer;
 pub mod replay;
 #[allow(missing_docs)] // Every field is the key of the same name in CONFORMANCE.md.
 pub mod script;

@@ -106,6 +106,7 @@ pub fn check_case(section: &str, raw: &Value, engine: Engine) -> Result<(), Fail
             crate::switch::run_case,
             crate::switch_model::run_case,
         ),
+        "peer" => replay(raw, engine, crate::peer::core_peer, crate::peer::model_peer),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }
@@ -137,6 +138,7 @@ pub fn complete_with_model(section: &str, case: &Value) -> Result<Value, Failure
         "join" => run(case, model_join),
         "routing" => run(case, model_routing),
         "switch" => run(case, crate::switch_model::run_case),
+        "peer" => run(case, crate::peer::model_peer),
         other => Err(Failure::Malformed(known_section(other).unwrap_err())),
     }
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The sections: CONFORMANCE.md's ten in the document's order, then tether's own.
-pub const SECTIONS: [&str; 15] = [
+pub const SECTIONS: [&str; 16] = [
     "frame_types",
     "ledger",
     "negotiate",
@@ -20,11 +20,12 @@ pub const SECTIONS: [&str; 15] = [
     "join",
     "routing",
     "switch",
+    "peer",
 ];
 
 /// A nullable key that must still be present (serde would otherwise default a missing
 /// `Option` to `None`).
-fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+pub(crate) fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     deserializer: D,
 ) -> Result<Option<T>, D::Error> {
     Option::<T>::deserialize(deserializer)

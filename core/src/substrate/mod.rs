@@ -13,6 +13,8 @@
 //!   the connection.
 //! - [`PeerLink`]: a machine bound to its current link (handshake, frame codec, machine), so
 //!   that a shell only moves bytes, time and persistence results.
+//! - [`peer`]: one remote peer's whole life around its [`PeerLink`]: loading its state,
+//!   dials and redials, commits and their retries, commands waiting for room, its end.
 //! - [`harness`]: a deterministic in-memory world of two machines for tests and benchmarks.
 
 pub mod authorize;
@@ -22,6 +24,7 @@ pub mod handshake;
 pub mod harness;
 mod link;
 mod machine;
+pub mod peer;
 pub mod preamble;
 
 use std::collections::BTreeMap;

@@ -955,22 +955,14 @@ impl Shared {
             );
             return None;
         }
-        let (tx, mut rx) = commands::channel();
+        let (tx, rx) = commands::channel();
         let pinned = Arc::new(AtomicBool::new(!inbound));
-        // The task loads the peer's state itself (retrying while the store fails), so a
-        // failing store never starts a peer empty and never blocks this lock.
+        // The task loads the peer's state itself (its peer retries while the store fails), so
+        // a failing store never starts a peer empty and never blocks this lock.
         let task = tokio::spawn({
             let (shared, peer, handle, pinned) =
                 (self.clone(), id.clone(), tx.clone(), pinned.clone());
-            async move {
-                let Some(machine) = driver::load(&peer, &shared, &mut rx).await else {
-                    shared.forget(&peer, &handle);
-                    return;
-                };
-                Driver::new(peer, machine, shared, rx, handle, pinned)
-                    .run()
-                    .await;
-            }
+            async move { Driver::new(peer, shared, rx, handle, pinned).run().await }
         });
         let entry = PeerTask {
             handle: tx.clone(),
