@@ -707,3 +707,155 @@ pub fn authorize(data: &[u8]) {
     };
     assert!(denying.check(&ctx).is_err());
 }
+
+/// A substrate peer's life (`core::substrate::peer::Peer`). The first half of the input is a
+/// `peer` conformance case (events and times), replayed on core and on the reference model,
+/// which must agree step for step. The second half drives the peer directly with any input in
+/// any order (answers nobody asked for, stale generations, commands that wait or not,
+/// shutdown): it must never panic, never ask for a second commit or dial while one is out,
+/// and bind connections under generations that only grow.
+pub fn peer(data: &[u8]) {
+    use tether_core::substrate::peer::{
+        Command, DialFailed, Dialed, Output, Peer, StoreFault,
+    };
+    use tether_core::substrate::{AllowAll, Authorizer, Config, Machine, PeerId, PeerLink};
+    use tether_core::time::Time;
+    use tether_core::wire::envelope::ObjKind;
+    use tether_formal_replay::peer::{blank_case, core_peer, model_peer, PeerEvent, ALPHABET};
+
+    let (first, second) = data.split_at(data.len() / 2);
+    // Differential: core against the model.
+    let mut at = 0u64;
+    let events: Vec<PeerEvent> = first
+        .iter()
+        .skip(1)
+        .take(64)
+        .map(|byte| {
+            at += [0, 7, 60, 400, 3_000, 11_000][usize::from(byte >> 5) % 6];
+            PeerEvent {
+                at,
+                event: ALPHABET[usize::from(byte & 0x0f) % ALPHABET.len()],
+            }
+        })
+        .collect();
+    let (seed, dialable) = match first.first() {
+        Some(byte) => (u64::from(*byte), byte & 0x80 == 0),
+        None => (0, true),
+    };
+    let case = blank_case(seed, dialable, events);
+    let core = core_peer(&case).expect("core runs every well-formed case");
+    let model = model_peer(&case).expect("the model runs every well-formed case");
+    assert_eq!(core.steps, model.steps, "core and the model disagree on {case:?}");
+
+    // Anything, in any order.
+    let link = || {
+        let machine = Machine::new(
+            PeerId::new("b"),
+            Config::default(),
+            std::sync::Arc::new(Authorizer::new(AllowAll)),
+            3,
+        );
+        PeerLink::new(machine, tether_core::substrate::handshake::Auth::None, Vec::new())
+    };
+    let mut peer = Peer::new(PeerId::new("b"), true, true, 5);
+    let (mut commit_out, mut dial_out, mut generation) = (false, false, 0u64);
+    let mut now = 0u64;
+    let mut ticket = 0u64;
+    for (index, byte) in second.iter().enumerate() {
+        now += u64::from(byte >> 4) * 37;
+        let at = Time::from_millis(now);
+        let obj = ["q0", "q1", "bad name"][usize::from(byte >> 6) % 3].to_owned();
+        ticket += 1;
+        match byte & 0x0f {
+            0 => peer.handle_loaded(at, Ok(link())),
+            1 => peer.handle_loaded(at, Err(StoreFault)),
+            2 => {
+                if std::mem::take(&mut commit_out) || byte & 0x10 != 0 {
+                    peer.handle_committed(at, Ok(()));
+                }
+            }
+            3 => {
+                if std::mem::take(&mut commit_out) || byte & 0x10 != 0 {
+                    peer.handle_committed(at, Err(StoreFault));
+                }
+            }
+            4 => {
+                dial_out = false;
+                let dialed = Dialed {
+                    channel: tether_core::substrate::handshake::Channel {
+                        conn_id: vec![byte & 3],
+                        binding: Vec::new(),
+                    },
+                    nonce: vec![*byte; 16],
+                };
+                peer.handle_dialed(at, Ok(dialed));
+            }
+            5 => {
+                dial_out = false;
+                peer.handle_dialed(at, Err(DialFailed));
+            }
+            6 => peer.handle_timeout(at),
+            7 => peer.handle_link_closed(at, u64::from(byte >> 4)),
+            8 => peer.handle_link_bytes(
+                at,
+                peer.generation(),
+                bytes::Bytes::copy_from_slice(&second[index..(index + 8).min(second.len())]),
+            ),
+            9 => peer.handle_command(
+                at,
+                ticket,
+                Command::Open {
+                    kind: ObjKind::Queue,
+                    obj,
+                    cap: None,
+                },
+            ),
+            10 => peer.handle_command(
+                at,
+                ticket,
+                Command::Send {
+                    obj,
+                    body: bytes::Bytes::from_static(b"x"),
+                    wait: byte & 0x10 != 0,
+                },
+            ),
+            11 => peer.handle_command(
+                at,
+                ticket,
+                Command::Close {
+                    obj,
+                    reason: String::new(),
+                },
+            ),
+            12 => peer.handle_reachability(byte & 0x10 != 0, byte & 0x20 != 0),
+            13 => peer.handle_reach(at),
+            14 => peer.handle_disconnect(at),
+            _ => peer.handle_shutdown(at),
+        }
+        while let Some(output) = peer.poll_output() {
+            match output {
+                Output::Commit(batches) => {
+                    assert!(!commit_out, "a second commit while one is out");
+                    assert!(!batches.is_empty(), "an empty commit");
+                    commit_out = true;
+                }
+                Output::Dial { .. } => {
+                    assert!(!dial_out, "a second dial while one is out");
+                    dial_out = true;
+                }
+                Output::Bind { generation: next } => {
+                    assert!(next > generation, "generations only grow");
+                    generation = next;
+                }
+                _ => {}
+            }
+        }
+        let mut out = BytesMut::new();
+        while peer.poll_transmit(&mut out) && out.len() < 1 << 20 {}
+        if peer.finished() {
+            peer.finish(at);
+            while peer.poll_output().is_some() {}
+            return;
+        }
+    }
+}
