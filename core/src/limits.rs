@@ -459,3 +459,61 @@ pub const TELEMETRY_SUBSCRIPTIONS_MAX: usize = 256;
 /// A collector's share of [`TELEMETRY_SUBSCRIPTIONS_MAX`]: one collector asking for many flows
 /// cannot lock the others out.
 pub const TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX: usize = 32;
+
+// ---------------------------------------------------------------------------------------------
+// Sizes the shells read, write and batch in (no peer chooses them, but a reader of the limits
+// finds them here with the rest).
+
+/// Bytes of records a node coalesces into one QUIC stream write.
+pub const NODE_WRITE_BATCH_BYTES: usize = 256 * 1024;
+
+/// Bytes a node reads from a QUIC stream at a time.
+pub const NODE_READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Frames a publisher's queue holds for one subscriber; past it the publisher's `emit`
+/// drops the frame for that subscriber (counted), so a slow collector never grows memory.
+pub const TELEMETRY_PUBLISHER_FRAMES: usize = 1024;
+
+/// Commands from a switch's engine API queued for its task.
+pub const SWITCH_ENGINE_COMMANDS_MAX: usize = 1024;
+
+/// Bytes a switch connection reads at a time.
+pub const SWITCH_READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Bytes of frames a switch connection encodes per socket write.
+pub const SWITCH_WRITE_BATCH_BYTES: usize = 64 * 1024;
+
+/// App commands a substrate peer's task hands in per wake before it drains the outputs
+/// (bounds one wake's work).
+pub const SUBSTRATE_COMMANDS_PER_WAKE: usize = 256;
+
+/// Link reads a substrate peer's task hands in per wake.
+pub const SUBSTRATE_READS_PER_WAKE: usize = 64;
+
+/// Bytes a substrate link reads at a time.
+pub const SUBSTRATE_READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Bytes of frames a substrate link coalesces into one write.
+pub const SUBSTRATE_WRITE_CHUNK_BYTES: usize = 256 * 1024;
+
+/// Bytes an unread `res` part is counted as beyond its body, so that a peer sending empty
+/// parts cannot grow memory either.
+pub const SUBSTRATE_REPLY_PART_OVERHEAD_BYTES: usize = 64;
+
+/// Default cap on substrate peer tasks created by inbound links.
+pub const SUBSTRATE_PEERS_DEFAULT: usize = 1024;
+
+/// Inbound handshakes a substrate runs at once; past it a new link is dropped unread.
+pub const SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX: usize = 64;
+
+/// A log store's file is never compacted below this size: a small file costs nothing to replay.
+pub const LOG_COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
+
+/// A log store's file is compacted once it is this many times the size of its last snapshot.
+pub const LOG_COMPACT_GROWTH: u64 = 4;
+
+/// Bytes of zeros a log store keeps written and synced past its last commit.
+pub const LOG_PREPARE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The zeros a log store's preparation writes at a time (the close flag is checked between them).
+pub const LOG_PREPARE_CHUNK_BYTES: usize = 1024 * 1024;

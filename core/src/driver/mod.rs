@@ -7,6 +7,7 @@ pub mod admission;
 pub mod book;
 pub mod cache;
 pub mod directory;
+#[cfg(any(test, feature = "harness"))]
 pub mod harness;
 pub mod machine;
 pub mod relay;

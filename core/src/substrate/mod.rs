@@ -15,12 +15,14 @@
 //!   that a shell only moves bytes, time and persistence results.
 //! - [`peer`]: one remote peer's whole life around its [`PeerLink`]: loading its state,
 //!   dials and redials, commits and their retries, commands waiting for room, its end.
-//! - [`harness`]: a deterministic in-memory world of two machines for tests and benchmarks.
+//! - `harness` (feature `harness`): a deterministic in-memory world of two machines for tests
+//!   and benchmarks.
 
 pub mod authorize;
 pub mod durable;
 pub mod finality;
 pub mod handshake;
+#[cfg(any(test, feature = "harness"))]
 pub mod harness;
 mod link;
 mod machine;

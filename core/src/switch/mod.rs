@@ -51,6 +51,7 @@
 //! then `poll_timeout`.
 
 mod graph;
+#[cfg(any(test, feature = "harness"))]
 pub mod harness;
 mod hello;
 pub mod host;

@@ -8,7 +8,7 @@
 //! consumed into batched CREDIT frames. It writes nothing after its own END/ERR and accepts
 //! nothing after the other side's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::limits::{
     STREAMS_PER_REQUEST_COUNT_MAX, SWITCH_HOST_LOG_UNREAD_BYTES_MAX,
@@ -444,5 +444,69 @@ mod tests {
             Err(ReadError::CreditViolation(Some("s".into()))),
             "a violation is fatal: the connection is cut"
         );
+    }
+}
+
+/// One request's writes held for credit, in order: a CHUNK whose stream has no credit waits,
+/// and every later write of the request waits behind it (a flow is written in order). The
+/// rule is here so that every shell that writes a request (the switch's engine side, a host)
+/// holds writes the same way; the shell keeps its own `token` (a reply channel) beside each.
+#[derive(Debug)]
+pub struct HeldWrites<T> {
+    queue: VecDeque<(Frame, T)>,
+}
+
+impl<T> Default for HeldWrites<T> {
+    fn default() -> Self {
+        Self {
+            queue: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> HeldWrites<T> {
+    /// Nothing held.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes held.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Queues `frame` behind the writes held.
+    pub fn push(&mut self, frame: Frame, token: T) {
+        self.queue.push_back((frame, token));
+    }
+
+    /// The next write that may go now, prepared by `write` (for a [`RequestSide`], its
+    /// [`RequestSide::write`]: seq assigned, credit spent), or refused for good with its
+    /// error; `None` while the first held write waits for credit, or when nothing is held.
+    /// Call again until `None`: after a CREDIT was read, held writes may go.
+    pub fn pop_ready<E>(
+        &mut self,
+        mut write: impl FnMut(&mut Frame) -> Result<(), E>,
+        waits: impl Fn(&E) -> bool,
+    ) -> Option<(Result<Frame, E>, T)> {
+        let (mut frame, token) = self.queue.pop_front()?;
+        match write(&mut frame) {
+            Ok(()) => Some((Ok(frame), token)),
+            Err(error) if waits(&error) => {
+                self.queue.push_front((frame, token));
+                None
+            }
+            Err(error) => Some((Err(error), token)),
+        }
+    }
+
+    /// Everything held, given back (the request ended: the shell answers each token).
+    pub fn drain(&mut self) -> impl Iterator<Item = (Frame, T)> + '_ {
+        self.queue.drain(..)
     }
 }

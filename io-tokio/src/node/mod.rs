@@ -33,6 +33,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
+use tether_core::limits::NODE_READ_CHUNK_BYTES;
+use tether_core::limits::NODE_WRITE_BATCH_BYTES;
 
 use crossbeam_utils::CachePadded;
 
@@ -92,10 +94,6 @@ use tracing::{debug, info, warn, Instrument};
 pub const ACTOR_ALPN: &[u8] = b"swactor/swim/1";
 /// The telemetry ALPN.
 pub const TELEMETRY_ALPN: &[u8] = b"swactor/telemetry/1";
-/// Bytes of records coalesced into one stream write.
-const WRITE_BATCH_BYTES: usize = 256 * 1024;
-/// Bytes read per stream read.
-const READ_CHUNK: usize = 64 * 1024;
 
 /// One actor frame to send: to peer `to`, for actor `dest`, typed `type_tag`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -2468,7 +2466,7 @@ impl Inner {
                     let routes = self.routes_now();
                     // A batch is usually one tag over and over: look the set up once per run.
                     let mut last_tag: Option<std::borrow::Cow<'static, str>> = None;
-                    while buf.len() < WRITE_BATCH_BYTES {
+                    while buf.len() < NODE_WRITE_BATCH_BYTES {
                         let Some(frame) = queue.pop() else { break };
                         let encoded = encode_record(
                             &frame.dest,
@@ -2530,7 +2528,7 @@ impl Inner {
         let mut decoder =
             StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
         loop {
-            match recv.read_chunk(READ_CHUNK).await {
+            match recv.read_chunk(NODE_READ_CHUNK_BYTES).await {
                 Ok(Some(chunk)) => decoder.push_bytes(chunk),
                 Ok(None) | Err(_) => return,
             }

@@ -254,9 +254,7 @@ pub(super) async fn publish(
     Ok(())
 }
 
-/// Frames a publisher's queue holds for one subscriber; past it [`TelemetrySource::emit`]
-/// drops the frame for that subscriber (counted), so a slow collector never grows memory.
-pub const TELEMETRY_PUBLISHER_FRAMES: usize = 1024;
+pub use tether_core::limits::TELEMETRY_PUBLISHER_FRAMES;
 
 /// The queue each publisher drains, by the machine's number for the publisher (one per
 /// subscription started: a publisher stopped and still ending has its own).

@@ -49,6 +49,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use tether_core::limits::LOG_PREPARE_CHUNK_BYTES;
 
 use tether_core::limits::LOG_ENTRY_BYTES_MAX;
 use tether_core::substrate::{effective_records, DurableState, PeerId, PersistBatch, Record};
@@ -60,17 +61,11 @@ use tether_core::wire::log::{
 
 use super::{lock_path, resolved, Store, StoreError};
 
-/// A log is never compacted below this size: a small file costs nothing to replay.
-pub const LOG_COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
+pub use tether_core::limits::LOG_COMPACT_BYTES_MIN;
 
-/// A log is compacted once it is this many times the size of its last snapshot.
-pub const LOG_COMPACT_GROWTH: u64 = 4;
+pub use tether_core::limits::LOG_COMPACT_GROWTH;
 
-/// Bytes of zeros a log keeps written and synced past its last commit.
-pub const LOG_PREPARE_BYTES: u64 = 16 * 1024 * 1024;
-
-/// The zeros a preparation writes at a time (the close flag is checked between them).
-const PREPARE_CHUNK_BYTES: usize = 1024 * 1024;
+pub use tether_core::limits::LOG_PREPARE_BYTES;
 
 /// When a [`LogStore`] compacts its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -592,7 +587,7 @@ impl Prepare {
         #[cfg(unix)]
         {
             use std::os::unix::fs::FileExt;
-            let zeros = vec![0; PREPARE_CHUNK_BYTES];
+            let zeros = vec![0; LOG_PREPARE_CHUNK_BYTES];
             let mut at = self.from;
             while at < self.to {
                 if closing.load(Ordering::Acquire) {
@@ -600,7 +595,7 @@ impl Prepare {
                 }
                 let chunk = usize::try_from(self.to - at)
                     .unwrap_or(usize::MAX)
-                    .min(PREPARE_CHUNK_BYTES);
+                    .min(LOG_PREPARE_CHUNK_BYTES);
                 self.file.write_all_at(&zeros[..chunk], at)?;
                 at += chunk as u64;
             }

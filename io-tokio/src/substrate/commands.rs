@@ -206,21 +206,22 @@ impl Drop for CommandRx {
 mod tests {
     use super::*;
     use crate::substrate::Error;
+    use tether_core::substrate::peer::Command as PeerCommand;
     use tokio::sync::oneshot;
 
     fn close(obj: &str) -> (Command, oneshot::Receiver<Result<(), Error>>) {
         let (reply, rx) = oneshot::channel();
-        let command = Command::Close {
+        let close = PeerCommand::Close {
             obj: obj.to_owned(),
             reason: String::new(),
-            reply,
         };
+        let command = Command::App(close, Some(super::super::driver::Answer::Unit(reply)));
         (command, rx)
     }
 
     fn obj_of(command: &Command) -> String {
         match command {
-            Command::Close { obj, .. } => obj.clone(),
+            Command::App(command, _) => command.object().to_owned(),
             _ => panic!("a close"),
         }
     }
@@ -253,16 +254,20 @@ mod tests {
         let (tx, mut rx) = bounded(2);
         let (op, _op_reply) = close("op");
         assert!(matches!(tx.issue(op), Issued::Queued));
-        tx.control(Command::Consume {
+        let consume = PeerCommand::Consume {
             obj: "q".to_owned(),
             seq: 1,
-        });
+        };
+        tx.control(Command::App(consume, None));
         assert!(matches!(
             rx.try_recv(false),
-            Some(Command::Consume { seq: 1, .. })
+            Some(Command::App(PeerCommand::Consume { seq: 1, .. }, None))
         ));
         assert!(rx.try_recv(false).is_none(), "ops held back");
-        assert!(matches!(rx.try_recv(true), Some(Command::Close { .. })));
+        assert!(matches!(
+            rx.try_recv(true),
+            Some(Command::App(PeerCommand::Close { .. }, _))
+        ));
     }
 
     #[test]

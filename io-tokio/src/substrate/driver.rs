@@ -8,6 +8,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tether_core::limits::SUBSTRATE_COMMANDS_PER_WAKE;
+use tether_core::limits::SUBSTRATE_READS_PER_WAKE;
+use tether_core::limits::SUBSTRATE_READ_CHUNK_BYTES;
+use tether_core::limits::SUBSTRATE_WRITE_CHUNK_BYTES;
 
 use bytes::{Bytes, BytesMut};
 use tether_core::limits::SUBSTRATE_WRITE_CHUNKS_MAX;
@@ -16,7 +20,7 @@ use tether_core::substrate::peer::{
 };
 use tether_core::substrate::{DurableState, Event, Machine, PeerId, PeerLink};
 use tether_core::time::Time;
-use tether_core::wire::envelope::{ObjKind, Verb};
+use tether_core::wire::envelope::Verb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -27,60 +31,12 @@ use super::transport::Link;
 use super::{Delivery, Error, Inbound, OpenRequest, ReplySink, Request, Shared, StoreOp};
 use crate::store::StoreError;
 
-/// Commands handled per wake before outputs are drained (bounds one wake's work).
-const COMMANDS_PER_WAKE: usize = 256;
-/// Link reads handled per wake.
-const READS_PER_WAKE: usize = 64;
-/// Bytes read per socket read.
-const READ_CHUNK: usize = 64 * 1024;
-/// Bytes of frames coalesced into one write.
-const WRITE_CHUNK: usize = 256 * 1024;
-
 pub(super) type Reply1<T> = oneshot::Sender<Result<T, Error>>;
 
 /// What the app and the accept loop ask of a peer's task.
 pub(super) enum Command {
-    Open {
-        kind: ObjKind,
-        obj: String,
-        cap: Option<String>,
-        reply: Reply1<()>,
-    },
-    Send {
-        obj: String,
-        body: Bytes,
-        /// Wait for outbox room (`send`) rather than fail with `QueueFull` (`try_send`).
-        wait: bool,
-        reply: Reply1<String>,
-    },
-    Req {
-        obj: String,
-        body: Bytes,
-        wait: bool,
-        reply: ReplySink,
-    },
-    Answer {
-        obj: String,
-        req_id: String,
-        verb: Verb,
-        body: Option<Bytes>,
-        code: Option<String>,
-        reply: Reply1<()>,
-    },
-    Decide {
-        obj: String,
-        reject: Option<String>,
-        reply: Reply1<()>,
-    },
-    Close {
-        obj: String,
-        reason: String,
-        reply: Reply1<()>,
-    },
-    Consume {
-        obj: String,
-        seq: u64,
-    },
+    /// An app command for the peer, and where its answers go (`None`: a consume).
+    App(peer::Command, Option<Answer>),
     /// An inbound link whose handshake verified (it replaces the live link).
     Attach(Box<super::preauth::Verified>),
     /// The app named this peer: a task without a link, a dial in flight or one scheduled
@@ -101,71 +57,8 @@ enum Wake {
     Timer,
 }
 
-impl Command {
-    /// The core command and how its answer reaches the caller; `Err` for what is not an app
-    /// command.
-    fn split(self) -> Result<(peer::Command, Option<Answer>), Command> {
-        Ok(match self {
-            Command::Open {
-                kind,
-                obj,
-                cap,
-                reply,
-            } => (
-                peer::Command::Open { kind, obj, cap },
-                Some(Answer::Unit(reply)),
-            ),
-            Command::Send {
-                obj,
-                body,
-                wait,
-                reply,
-            } => (
-                peer::Command::Send { obj, body, wait },
-                Some(Answer::Sent(reply)),
-            ),
-            Command::Req {
-                obj,
-                body,
-                wait,
-                reply,
-            } => (
-                peer::Command::Req { obj, body, wait },
-                Some(Answer::Req(reply)),
-            ),
-            Command::Answer {
-                obj,
-                req_id,
-                verb,
-                body,
-                code,
-                reply,
-            } => {
-                let command = peer::Command::Answer {
-                    obj,
-                    req_id,
-                    verb,
-                    body,
-                    code,
-                };
-                (command, Some(Answer::Unit(reply)))
-            }
-            Command::Decide { obj, reject, reply } => (
-                peer::Command::Decide { obj, reject },
-                Some(Answer::Unit(reply)),
-            ),
-            Command::Close { obj, reason, reply } => (
-                peer::Command::Close { obj, reason },
-                Some(Answer::Unit(reply)),
-            ),
-            Command::Consume { obj, seq } => (peer::Command::Consume { obj, seq }, None),
-            other => return Err(other),
-        })
-    }
-}
-
 /// Where the answers to one command go.
-enum Answer {
+pub(super) enum Answer {
     Unit(Reply1<()>),
     Sent(Reply1<String>),
     Req(ReplySink),
@@ -326,7 +219,7 @@ impl Driver {
                     Wake::Command(command) => first_command = Some(command),
                     Wake::Timer => self.peer.handle_timeout(self.now()),
                 }
-                for _ in 0..READS_PER_WAKE {
+                for _ in 0..SUBSTRATE_READS_PER_WAKE {
                     if !self.peer.reads_link() {
                         break;
                     }
@@ -335,7 +228,7 @@ impl Driver {
                     };
                     self.link_message(message);
                 }
-                for _ in 0..COMMANDS_PER_WAKE {
+                for _ in 0..SUBSTRATE_COMMANDS_PER_WAKE {
                     if self.done.is_some() || !self.peer.hears_commands() {
                         break;
                     }
@@ -393,8 +286,8 @@ impl Driver {
     /// Hands one command to the peer.
     fn command(&mut self, command: Command) {
         let now = self.now();
-        let command = match command.split() {
-            Ok((command, answer)) => {
+        match command {
+            Command::App(command, answer) => {
                 let _span = tracing::debug_span!("object", obj = %command.object()).entered();
                 let ticket = self.next_ticket;
                 self.next_ticket += 1;
@@ -402,11 +295,7 @@ impl Driver {
                     self.answers.insert(ticket, answer);
                 }
                 self.peer.handle_command(now, ticket, command);
-                return;
             }
-            Err(command) => command,
-        };
-        match command {
             Command::Attach(verified) => {
                 let super::preauth::Verified {
                     link,
@@ -426,7 +315,6 @@ impl Driver {
                 self.done = Some(done);
                 self.peer.handle_shutdown(now);
             }
-            _ => unreachable!("app commands are split off above"),
         }
     }
 
@@ -504,7 +392,10 @@ impl Driver {
             // Frames leave the peer only when the writer has room for them: a slow socket
             // holds them there instead of in an ever longer queue.
             let room = self.writer.as_ref().is_some_and(|w| w.capacity() > 0);
-            while room && out.len() < WRITE_CHUNK && self.peer.poll_transmit(&mut out) {}
+            while room
+                && out.len() < SUBSTRATE_WRITE_CHUNK_BYTES
+                && self.peer.poll_transmit(&mut out)
+            {}
             if !out.is_empty() {
                 if let Some(writer) = &self.writer {
                     // Room was checked before the frames were taken.
@@ -581,7 +472,7 @@ impl Driver {
         let tx = self.link_tx.clone();
         tokio::spawn(async move {
             loop {
-                let mut buf = BytesMut::with_capacity(READ_CHUNK);
+                let mut buf = BytesMut::with_capacity(SUBSTRATE_READ_CHUNK_BYTES);
                 match reader.read_buf(&mut buf).await {
                     Ok(n) if n > 0 => {
                         if tx

@@ -50,6 +50,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use tether_core::limits::SUBSTRATE_PEERS_DEFAULT;
+use tether_core::limits::SUBSTRATE_REPLY_PART_OVERHEAD_BYTES;
 
 use bytes::Bytes;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -69,7 +71,8 @@ pub use transport::{Link, LinkStream, TcpTransport, Transport};
 
 use crate::store::{MemoryStore, Store, StoreError};
 use commands::{CommandTx, Issued, Slot};
-use driver::{Command, Driver};
+use driver::{Answer, Command, Driver};
+use tether_core::substrate::peer;
 
 /// Why an operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -156,10 +159,6 @@ pub enum ReplyPart {
     End(Option<Bytes>),
 }
 
-/// Bytes an unread `res` part is counted as beyond its body, so that a peer sending empty
-/// parts cannot grow memory either.
-const REPLY_PART_OVERHEAD: usize = 64;
-
 /// The answers to one request, read as they arrive (see [`Session::request`]). Unread parts
 /// are bounded: past [`SUBSTRATE_REPLY_BYTES_MAX`] bytes held (bodies plus 64 bytes a part)
 /// the request ends with [`Error::ReplyTooLarge`], counted as
@@ -192,8 +191,10 @@ impl ReplyStream {
         let part = self.parts.recv().await.unwrap_or(Err(Error::Shutdown));
         match &part {
             Ok(ReplyPart::Res(body)) => {
-                self.held
-                    .fetch_sub(body.len() + REPLY_PART_OVERHEAD, Ordering::SeqCst);
+                self.held.fetch_sub(
+                    body.len() + SUBSTRATE_REPLY_PART_OVERHEAD_BYTES,
+                    Ordering::SeqCst,
+                );
             }
             Ok(ReplyPart::End(_)) | Err(_) => {
                 self.done = true;
@@ -239,7 +240,7 @@ impl ReplySink {
     /// Hands a `res` part to the reader; `false` (and the request ended with
     /// `ReplyTooLarge`) when it would hold more than the bound unread.
     fn res(&self, body: Bytes) -> bool {
-        let size = body.len() + REPLY_PART_OVERHEAD;
+        let size = body.len() + SUBSTRATE_REPLY_PART_OVERHEAD_BYTES;
         let held = self.held.fetch_add(size, Ordering::SeqCst) + size;
         if held > tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX {
             metrics::counter!("tether_substrate_replies_too_large").increment(1);
@@ -328,10 +329,9 @@ impl OpenRequest {
     /// Accepts: the object is live on both sides.
     pub async fn accept(self) -> Result<(), Error> {
         let obj = self.obj;
-        send_control(&self.handle, |reply| Command::Decide {
-            obj,
-            reject: None,
-            reply,
+        send_control(&self.handle, |reply| {
+            let decide = peer::Command::Decide { obj, reject: None };
+            Command::App(decide, Some(Answer::Unit(reply)))
         })
         .await
     }
@@ -339,10 +339,12 @@ impl OpenRequest {
     /// Rejects with `code` (e.g. `approval_denied`).
     pub async fn reject(self, code: &str) -> Result<(), Error> {
         let obj = self.obj;
-        send_control(&self.handle, |reply| Command::Decide {
-            obj,
-            reject: Some(code.to_owned()),
-            reply,
+        send_control(&self.handle, |reply| {
+            let reject = Some(code.to_owned());
+            Command::App(
+                peer::Command::Decide { obj, reject },
+                Some(Answer::Unit(reply)),
+            )
         })
         .await
     }
@@ -369,10 +371,11 @@ pub struct Delivery {
 impl Delivery {
     /// The app is done with it: its durable copy is dropped.
     pub fn done(self) {
-        self.handle.control(Command::Consume {
+        let consume = peer::Command::Consume {
             obj: self.obj,
             seq: self.seq,
-        });
+        };
+        self.handle.control(Command::App(consume, None));
     }
 }
 
@@ -417,13 +420,15 @@ impl Request {
         code: Option<String>,
     ) -> Result<(), Error> {
         let (obj, req_id) = (self.obj.clone(), self.req_id.clone());
-        send_control(&self.handle, |reply| Command::Answer {
-            obj,
-            req_id,
-            verb,
-            body,
-            code,
-            reply,
+        send_control(&self.handle, |reply| {
+            let answer = peer::Command::Answer {
+                obj,
+                req_id,
+                verb,
+                body,
+                code,
+            };
+            Command::App(answer, Some(Answer::Unit(reply)))
         })
         .await
     }
@@ -531,11 +536,9 @@ impl Peer {
     /// Opens an object of `kind` presenting capability token `cap`.
     pub async fn open(&self, kind: ObjKind, obj: &str, cap: Option<&str>) -> Result<(), Error> {
         let (obj, cap) = (obj.to_owned(), cap.map(str::to_owned));
-        send_command(&self.handle, |reply| Command::Open {
-            kind,
-            obj,
-            cap,
-            reply,
+        send_command(&self.handle, |reply| {
+            let open = peer::Command::Open { kind, obj, cap };
+            Command::App(open, Some(Answer::Unit(reply)))
         })
         .await
     }
@@ -576,23 +579,19 @@ struct Object {
 impl Object {
     fn send(&self, body: Bytes, wait: bool) -> Pending<String> {
         let obj = self.obj.clone();
-        send_command(&self.handle, |reply| Command::Send {
-            obj,
-            body,
-            wait,
-            reply,
+        send_command(&self.handle, |reply| {
+            let send = peer::Command::Send { obj, body, wait };
+            Command::App(send, Some(Answer::Sent(reply)))
         })
     }
 
     fn request(&self, body: Bytes, wait: bool) -> ReplyStream {
         let obj = self.obj.clone();
         let (reply, mut stream) = reply_stream();
-        let command = Command::Req {
-            obj,
-            body,
-            wait,
-            reply,
-        };
+        let command = Command::App(
+            peer::Command::Req { obj, body, wait },
+            Some(Answer::Req(reply)),
+        );
         if let Issued::Waiting(slot) = self.handle.issue(command) {
             stream.slot = Some(slot);
         }
@@ -601,7 +600,10 @@ impl Object {
 
     fn close(&self, reason: &str) -> Pending<()> {
         let (obj, reason) = (self.obj.clone(), reason.to_owned());
-        send_command(&self.handle, |reply| Command::Close { obj, reason, reply })
+        send_command(&self.handle, |reply| {
+            let close = peer::Command::Close { obj, reason };
+            Command::App(close, Some(Answer::Unit(reply)))
+        })
     }
 }
 
@@ -676,9 +678,6 @@ impl Session {
         self.0.close(reason)
     }
 }
-
-/// Default cap on peer tasks created by inbound links.
-const DEFAULT_MAX_PEERS: usize = 1024;
 
 /// Reads the time the machines run on, in milliseconds (wall clock by default, so that TTLs
 /// and retention survive restarts).
@@ -820,7 +819,7 @@ impl Substrate {
             features: Vec::new(),
             clock: None,
             seed: None,
-            max_peers: DEFAULT_MAX_PEERS,
+            max_peers: SUBSTRATE_PEERS_DEFAULT,
         }
     }
 

@@ -20,8 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::transport::Link;
 use super::Shared;
 
-/// Inbound handshakes a substrate runs at once; past it a new link is dropped unread.
-pub const SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX: usize = 64;
+pub use tether_core::limits::SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX;
 
 /// What became of inbound links (see [`super::Substrate::link_counts`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -5,15 +5,14 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use tether_core::limits::SWITCH_READ_CHUNK_BYTES;
+use tether_core::limits::SWITCH_WRITE_BATCH_BYTES;
 
 use tether_core::limits::BIFACI_FRAME_BYTES_DEFAULT;
 use tether_core::wire::bifaci::{BifaciDecoder, Frame};
 use tether_core::wire::StreamDecoder;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_stream::Stream;
-
-/// Bytes read per socket read.
-const READ_CHUNK: usize = 64 * 1024;
 
 /// What a connection's reader yields.
 #[derive(Debug)]
@@ -46,7 +45,7 @@ impl<R> FrameReader<R> {
             decoder: StreamDecoder::new(BifaciDecoder::with_frame_bytes_max(
                 BIFACI_FRAME_BYTES_DEFAULT,
             )),
-            buf: vec![0u8; READ_CHUNK].into_boxed_slice(),
+            buf: vec![0u8; SWITCH_READ_CHUNK_BYTES].into_boxed_slice(),
             done: false,
         }
     }
@@ -81,12 +80,9 @@ impl<R: AsyncRead + Unpin> Stream for FrameReader<R> {
     }
 }
 
-/// Bytes encoded per socket write.
-const WRITE_BATCH: usize = 64 * 1024;
-
 /// A connection's write half with its queue of frames, written by the task that owns the
 /// connection whenever the socket takes bytes (no writer task between the machine and the
-/// socket). Queued frames are encoded in batches of up to [`WRITE_BATCH`] bytes.
+/// socket). Queued frames are encoded in batches of up to [`SWITCH_WRITE_BATCH_BYTES`] bytes.
 pub(crate) struct FrameWriter<W> {
     writer: W,
     queue: VecDeque<Frame>,
@@ -137,7 +133,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             if self.written == self.buf.len() {
                 self.buf.clear();
                 self.written = 0;
-                while self.buf.len() < WRITE_BATCH {
+                while self.buf.len() < SWITCH_WRITE_BATCH_BYTES {
                     let Some(frame) = self.queue.pop_front() else {
                         break;
                     };

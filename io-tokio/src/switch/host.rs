@@ -18,7 +18,7 @@
 //! # }
 //! ```
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,7 +30,7 @@ use tether_core::cap::CapUrn;
 use tether_core::limits::{SWITCH_HOST_COMMANDS_MAX, SWITCH_HOST_WRITER_FRAMES_MAX};
 use tether_core::request::RequestKey;
 use tether_core::switch::host::{Host as Machine, HostError, HostEvent, HostWriteError};
-use tether_core::switch::side::{stream_frames, WriteError};
+use tether_core::switch::side::{stream_frames, HeldWrites, WriteError};
 use tether_core::time::Time;
 use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -533,7 +533,7 @@ struct HostTask {
     calls: BTreeMap<MessageId, FlowSender>,
     /// Writes waiting for credit, per request, oldest first. Each is awaited by its handler,
     /// so a request has at most one per stream it writes.
-    parked: BTreeMap<Flow, VecDeque<(Frame, WriteReply)>>,
+    parked: BTreeMap<Flow, HeldWrites<WriteReply>>,
 }
 
 impl HostTask {
@@ -643,62 +643,44 @@ impl HostTask {
                     machine_requests: self.machine.served_len(),
                     handlers_running: self.served.len(),
                     peer_calls: self.calls.len(),
-                    parked_writes: self.parked.values().map(VecDeque::len).sum(),
+                    parked_writes: self.parked.values().map(HeldWrites::len).sum(),
                 });
             }
         }
     }
 
-    /// Writes behind the request's parked writes: parks it when some wait already.
+    /// Writes behind the request's held writes (core's [`HeldWrites`] decides which go now).
     fn write_in_order(&mut self, flow: Flow, frame: Frame, reply: WriteReply) {
-        if let Some(waiting) = self.parked.get_mut(&flow) {
-            waiting.push_back((frame, reply));
-        } else if let Some(write) = self.write(flow, frame, reply) {
-            self.parked.entry(flow).or_default().push_back(write);
-        }
-    }
-
-    /// Writes, or hands the write back when it must wait for credit.
-    fn write(
-        &mut self,
-        flow: Flow,
-        frame: Frame,
-        reply: WriteReply,
-    ) -> Option<(Frame, WriteReply)> {
-        let result = match flow {
-            (Some(xid), rid) => self.machine.write(RequestKey { xid, rid }, frame.clone()),
-            (None, rid) => self.machine.peer_write(rid, frame.clone()),
-        };
-        if let Err(HostWriteError::Flow(WriteError::NoCredit(_))) = result {
-            return Some((frame, reply));
-        }
-        let _ = reply.send(result.map_err(host_write_error));
-        None
+        self.parked.entry(flow).or_default().push(frame, reply);
+        self.retry_parked(flow);
     }
 
     /// Writes of `key` still waiting for credit when it ended: answered `Gone`, not kept.
     fn drop_parked(&mut self, key: RequestKey) {
-        for (_, reply) in self
-            .parked
-            .remove(&(Some(key.xid), key.rid))
-            .into_iter()
-            .flatten()
-        {
-            let _ = reply.send(Err(HostServeError::Gone));
+        if let Some(mut held) = self.parked.remove(&(Some(key.xid), key.rid)) {
+            for (_, reply) in held.drain() {
+                let _ = reply.send(Err(HostServeError::Gone));
+            }
         }
     }
 
-    /// Retries the parked writes of `flow` in order until one waits again.
+    /// Writes the held writes of `flow` in order until one waits for credit again.
     fn retry_parked(&mut self, flow: Flow) {
-        let Some(mut waiting) = self.parked.remove(&flow) else {
+        let Some(mut held) = self.parked.remove(&flow) else {
             return;
         };
-        while let Some((frame, reply)) = waiting.pop_front() {
-            if let Some(write) = self.write(flow, frame, reply) {
-                waiting.push_front(write);
-                self.parked.insert(flow, waiting);
-                return;
-            }
+        let machine = &mut self.machine;
+        while let Some((written, reply)) = held.pop_ready(
+            |frame| match flow {
+                (Some(xid), rid) => machine.write(RequestKey { xid, rid }, frame.clone()),
+                (None, rid) => machine.peer_write(rid, frame.clone()),
+            },
+            |error| matches!(error, HostWriteError::Flow(WriteError::NoCredit(_))),
+        ) {
+            let _ = reply.send(written.map(drop).map_err(host_write_error));
+        }
+        if !held.is_empty() {
+            self.parked.insert(flow, held);
         }
     }
 

@@ -21,15 +21,16 @@
 mod conn;
 pub mod host;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
+use tether_core::limits::SWITCH_ENGINE_COMMANDS_MAX;
 
 use bytes::Bytes;
 use tether_core::cap::{CapUrn, MediaUrn};
 use tether_core::request::{CancelReason, Credits};
-use tether_core::switch::side::{stream_frames, RequestSide, WriteError};
+use tether_core::switch::side::{stream_frames, HeldWrites, RequestSide, WriteError};
 use tether_core::switch::{
     ConnId, CutReason, EngineError, Event, Peer, SlotId, Switch as Machine, SwitchConfig,
     SwitchStats,
@@ -47,9 +48,6 @@ use conn::{FrameReader, FrameWriter, Incoming};
 use tether_core::limits::SWITCH_WRITER_FRAMES_MAX;
 use tether_core::switch::side::pass_logs;
 use tokio_stream::{StreamExt, StreamMap};
-
-/// Commands from the engine API queued for the task.
-const COMMANDS_MAX: usize = 1024;
 
 /// Why a switch operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -171,7 +169,7 @@ impl SwitchBuilder {
     pub fn start(self) -> Switch {
         let initial: Vec<&str> = self.initial.iter().map(String::as_str).collect();
         let machine = Machine::new(self.config, &initial);
-        let (tx, rx) = mpsc::channel(COMMANDS_MAX);
+        let (tx, rx) = mpsc::channel(SWITCH_ENGINE_COMMANDS_MAX);
         let task = Task {
             window: machine.window(),
             machine,
@@ -612,7 +610,7 @@ struct CallState {
     side: RequestSide,
     answers: FlowSender,
     /// Writes waiting for credit, in order (those of [`Switch::call`]'s input have no reply).
-    parked: VecDeque<(Frame, WriteReply)>,
+    parked: HeldWrites<WriteReply>,
 }
 
 struct Task {
@@ -792,7 +790,7 @@ impl Task {
             CallState {
                 side,
                 answers: answers_tx,
-                parked: VecDeque::new(),
+                parked: HeldWrites::new(),
             },
         );
         Ok(Call {
@@ -815,11 +813,10 @@ impl Task {
         } in input
         {
             for frame in stream_frames(rid, &stream, &media, chunks) {
-                call.parked.push_back((frame, None));
+                call.parked.push(frame, None);
             }
         }
-        call.parked
-            .push_back((Frame::new(FrameType::End, rid), None));
+        call.parked.push(Frame::new(FrameType::End, rid), None);
         self.unpark(now, rid);
     }
 
@@ -831,55 +828,31 @@ impl Task {
             answer(reply, result.map_err(SwitchError::from));
             return;
         };
-        if !call.parked.is_empty() {
-            call.parked.push_back((frame, reply));
-            return;
-        }
-        self.try_write(now, rid, frame, reply);
+        call.parked.push(frame, reply);
+        self.unpark(now, rid);
     }
 
-    /// Writes one engine frame, or parks it while its stream has no credit.
-    fn try_write(
-        &mut self,
-        now: Time,
-        rid: MessageId,
-        mut frame: Frame,
-        reply: WriteReply,
-    ) -> bool {
-        let Some(call) = self.calls.get_mut(&rid) else {
-            answer(reply, Err(SwitchError::Engine(EngineError::NotLive)));
-            return true;
-        };
-        match call.side.write(&mut frame) {
-            Ok(()) => {
-                let result = self
+    /// Writes the held writes of `rid` in order until one waits for credit again (core's
+    /// [`HeldWrites`] decides which go).
+    fn unpark(&mut self, now: Time, rid: MessageId) {
+        loop {
+            let Some(call) = self.calls.get_mut(&rid) else {
+                return;
+            };
+            let Some((written, reply)) = call.parked.pop_ready(
+                |frame| call.side.write(frame),
+                |error| matches!(error, WriteError::NoCredit(_)),
+            ) else {
+                return;
+            };
+            let result = match written {
+                Ok(frame) => self
                     .machine
                     .handle_engine_frame(now, frame)
-                    .map_err(SwitchError::from);
-                answer(reply, result);
-                true
-            }
-            Err(WriteError::NoCredit(_)) => {
-                call.parked.push_front((frame, reply));
-                false
-            }
-            Err(error) => {
-                answer(reply, Err(error.into()));
-                true
-            }
-        }
-    }
-
-    /// Retries the parked writes of `rid` in order until one waits again.
-    fn unpark(&mut self, now: Time, rid: MessageId) {
-        while let Some((frame, reply)) = self
-            .calls
-            .get_mut(&rid)
-            .and_then(|call| call.parked.pop_front())
-        {
-            if !self.try_write(now, rid, frame, reply) {
-                return;
-            }
+                    .map_err(SwitchError::from),
+                Err(error) => Err(error.into()),
+            };
+            answer(reply, result);
         }
     }
 
@@ -949,9 +922,9 @@ impl Task {
             self.unpark(now, rid);
         }
         if ended {
-            if let Some(call) = self.calls.remove(&rid) {
+            if let Some(mut call) = self.calls.remove(&rid) {
                 self.log_unread_total -= call.side.log_unread();
-                for (_, reply) in call.parked {
+                for (_, reply) in call.parked.drain() {
                     answer(reply, Err(SwitchError::Closed));
                 }
             }
@@ -1015,8 +988,8 @@ impl Task {
         for (_, reply) in std::mem::take(&mut self.attaching) {
             let _ = reply.send(Err(SwitchError::Closed));
         }
-        for (_, call) in std::mem::take(&mut self.calls) {
-            for (_, reply) in call.parked {
+        for (_, mut call) in std::mem::take(&mut self.calls) {
+            for (_, reply) in call.parked.drain() {
                 answer(reply, Err(SwitchError::Closed));
             }
         }

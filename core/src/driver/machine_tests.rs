@@ -1,0 +1,530 @@
+//! Tests of the driver machine (`machine.rs`).
+
+use super::*;
+
+const PEER: NodeId = [1; 32];
+const STRANGER: NodeId = [2; 32];
+
+fn at(millis: u64) -> Time {
+    Time::from_millis(millis)
+}
+
+fn driver() -> Driver<&'static str> {
+    Driver::new(Config {
+        auth: PeerAuth::allow_list([PEER]),
+        ..Config::default()
+    })
+}
+
+#[test]
+fn open_dials_a_peer_with_no_connection_and_reuses_a_cached_one() {
+    let mut d = driver();
+    let channel = Channel::Protocol(0);
+    assert_eq!(
+        d.handle_open(at(0), PEER, Path::Protocol, channel),
+        Ok(Open::Dial(DialTicket(1)))
+    );
+    let generation = d
+        .handle_connected(at(0), PEER, channel, "first")
+        .expect("cached");
+    assert_eq!(
+        d.handle_open(at(0), PEER, Path::Protocol, channel),
+        Ok(Open::Cached(generation, "first"))
+    );
+    // Another channel to the same peer has its own connection.
+    assert_eq!(
+        d.handle_open(at(0), PEER, Path::Actor, Channel::Actor),
+        Ok(Open::Dial(DialTicket(2)))
+    );
+}
+
+#[test]
+fn open_refuses_a_peer_off_the_list_and_changes_nothing_else() {
+    let mut d = driver();
+    let refused = d.handle_open(at(0), STRANGER, Path::Protocol, Channel::Protocol(0));
+    assert!(refused.is_err());
+    assert_eq!(d.refusals().get(Path::Protocol, Direction::Outbound), 1);
+    assert!(d.connection(&STRANGER, Channel::Protocol(0)).is_none());
+    assert!(d.poll_action().is_none(), "no dial, no stream");
+}
+
+#[test]
+fn a_malformed_stream_stops_unless_an_actor_stream_can_skip_the_record() {
+    let mut d = driver();
+    assert_eq!(
+        d.handle_stream_fault(at(0), PEER, Channel::Actor, false),
+        StreamVerdict::Continue
+    );
+    assert_eq!(
+        d.handle_stream_fault(at(0), PEER, Channel::Actor, true),
+        StreamVerdict::Stop(STOP_MALFORMED)
+    );
+    assert_eq!(d.drops().get(DropReason::MalformedStream), 2);
+    // Telemetry and protocol streams have no record to skip to, and carry no frames to
+    // count as dropped.
+    for channel in [Channel::Telemetry, Channel::Protocol(0)] {
+        assert_eq!(
+            d.handle_stream_fault(at(1), PEER, channel, false),
+            StreamVerdict::Stop(STOP_MALFORMED)
+        );
+    }
+    assert_eq!(d.drops().get(DropReason::MalformedStream), 2);
+}
+
+#[test]
+fn concurrent_opens_share_one_dial() {
+    let mut d = driver();
+    let channel = Channel::Telemetry;
+    let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Telemetry, channel);
+    let first = DialTicket(1);
+    assert_eq!(open(&mut d), Ok(Open::Dial(first)));
+    assert_eq!(
+        open(&mut d),
+        Ok(Open::Wait(first)),
+        "the first open's dial is in flight"
+    );
+    // Its caller went away: the waiter asks again and dials itself.
+    let version = d.version();
+    d.handle_open_dial_failed(at(1), PEER, channel, first, DialEnd::Abandoned);
+    assert_ne!(d.version(), version);
+    let second = DialTicket(2);
+    assert_eq!(
+        d.handle_open_waited(at(1), PEER, channel, first),
+        Open::Dial(second)
+    );
+    assert_eq!(
+        d.handle_open_waited(at(1), PEER, channel, second),
+        Open::Wait(second),
+        "asked again while its dial is in flight, it waits on"
+    );
+    let generation = d
+        .handle_connected(at(2), PEER, channel, "one")
+        .expect("cached");
+    assert_eq!(open(&mut d), Ok(Open::Cached(generation, "one")));
+    // Its connection is dead: one open dials again, the others wait for it.
+    assert_eq!(
+        d.handle_open_failed(at(3), PEER, channel, generation),
+        Open::Dial(DialTicket(3))
+    );
+    assert_eq!(open(&mut d), Ok(Open::Wait(DialTicket(3))));
+    // Another channel, or another peer, has its own dial.
+    assert_eq!(
+        d.handle_open(at(3), PEER, Path::Protocol, Channel::Protocol(0)),
+        Ok(Open::Dial(DialTicket(4)))
+    );
+    d.handle_close(at(4));
+    assert_eq!(open(&mut d), Ok(Open::Closed), "nothing opens once closed");
+    assert_eq!(
+        d.handle_open_waited(at(4), PEER, channel, DialTicket(3)),
+        Open::Closed
+    );
+    assert_eq!(d.opening().count(), 0, "closing forgets dials in flight");
+}
+
+#[test]
+fn a_failed_dial_fails_each_open_that_waited_on_it_once() {
+    let mut d = driver();
+    let channel = Channel::Switch;
+    let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Switch, channel);
+    let ticket = DialTicket(1);
+    assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+    assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+    assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+    // A stale report (another ticket) ends nothing.
+    d.handle_open_dial_failed(at(1), PEER, channel, DialTicket(7), DialEnd::Failed);
+    assert_eq!(
+        d.opening().collect::<Vec<_>>(),
+        [(PEER, channel, ticket, 2)]
+    );
+
+    d.handle_open_dial_failed(at(2), PEER, channel, ticket, DialEnd::Failed);
+    assert_eq!(d.opening().count(), 0);
+    assert_eq!(
+        d.failed_opens().collect::<Vec<_>>(),
+        [(PEER, channel, ticket, 2)]
+    );
+    // Each waiter hears the failure once, and then nothing of it is left.
+    assert_eq!(
+        d.handle_open_waited(at(3), PEER, channel, ticket),
+        Open::Failed
+    );
+    assert_eq!(
+        d.handle_open_waited(at(3), PEER, channel, ticket),
+        Open::Failed
+    );
+    assert_eq!(d.failed_opens().count(), 0);
+    // A new open dials afresh.
+    assert_eq!(open(&mut d), Ok(Open::Dial(DialTicket(2))));
+    // A failed dial nobody waited on is not remembered.
+    d.handle_open_dial_failed(at(4), PEER, channel, DialTicket(2), DialEnd::Failed);
+    assert_eq!(d.failed_opens().count(), 0);
+}
+
+#[test]
+fn a_replaced_connection_is_closed_when_dialed_the_same_way_only() {
+    let mut d = Driver::new(Config {
+        alpns: Alpns {
+            switch: Some(b"s".to_vec()),
+            substrate: Some(b"u".to_vec()),
+            ..Alpns::default()
+        },
+        ..Config::default()
+    });
+    let channel = Channel::Switch;
+    let alpn = b"s";
+    // The peer dials again and again: each older inbound connection is closed.
+    assert!(matches!(
+        d.handle_accepted(at(0), PEER, alpn, "in-1"),
+        Dispatch::Switch(_)
+    ));
+    assert!(d.poll_action().is_none());
+    d.handle_accepted(at(1), PEER, alpn, "in-2");
+    assert_eq!(
+        d.poll_action(),
+        Some(Action::Close {
+            conn: "in-1",
+            code: CLOSE_REPLACED
+        })
+    );
+    // Both sides dialed at once: the inbound one is uncached but left open (the peer may
+    // have cached it), and the outbound one does not close it either way.
+    let out = d
+        .handle_connected(at(2), PEER, channel, "out-1")
+        .expect("cached");
+    assert!(d.poll_action().is_none());
+    assert_eq!(d.connection(&PEER, channel), Some((out, "out-1")));
+    d.handle_accepted(at(3), PEER, alpn, "in-3");
+    assert!(d.poll_action().is_none());
+    // Another channel is another entry: nothing replaced.
+    d.handle_accepted(at(4), PEER, b"u", "sub-1");
+    assert!(d.poll_action().is_none());
+}
+
+#[test]
+fn a_liveness_cut_evicts_and_closes_its_generation_only() {
+    let mut d = driver();
+    let channel = Channel::Switch;
+    let old = d
+        .handle_connected(at(0), PEER, channel, "old")
+        .expect("cached");
+    let new = d
+        .handle_connected(at(1), PEER, channel, "new")
+        .expect("cached");
+    // The replaced connection (dialed the same way) is closed.
+    assert_eq!(
+        d.poll_action(),
+        Some(Action::Close {
+            conn: "old",
+            code: CLOSE_REPLACED
+        })
+    );
+    // A cut on the replaced generation leaves the newer connection alone.
+    d.handle_unresponsive(at(2), PEER, channel, old);
+    assert_eq!(d.connection(&PEER, channel), Some((new, "new")));
+    assert!(d.poll_action().is_none());
+    d.handle_unresponsive(at(3), PEER, channel, new);
+    assert_eq!(d.connection(&PEER, channel), None);
+    assert_eq!(
+        d.poll_action(),
+        Some(Action::Close {
+            conn: "new",
+            code: CLOSE_UNRESPONSIVE
+        })
+    );
+    assert_eq!(d.counters().evictions, 1);
+    // The next open dials afresh.
+    assert!(matches!(
+        d.handle_open(at(4), PEER, Path::Switch, channel),
+        Ok(Open::Dial(_))
+    ));
+}
+
+#[test]
+fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhile() {
+    let mut d = Driver::new(Config {
+        alpns: Alpns {
+            switch: Some(b"s".to_vec()),
+            ..Alpns::default()
+        },
+        ..Config::default()
+    });
+    let channel = Channel::Switch;
+    let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Switch, channel);
+    let ticket = DialTicket(1);
+    assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+    for _ in 0..3 {
+        assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+    }
+    // One waiter goes away; a stale ticket's report changes nothing.
+    d.handle_open_wait_abandoned(at(1), PEER, channel, ticket);
+    d.handle_open_wait_abandoned(at(1), PEER, channel, DialTicket(9));
+    assert_eq!(
+        d.opening().collect::<Vec<_>>(),
+        [(PEER, channel, ticket, 2)]
+    );
+    // The peer dials us meanwhile: a waiter asking again takes that connection.
+    let Dispatch::Switch(generation) = d.handle_accepted(at(2), PEER, b"s", "theirs") else {
+        panic!("cached");
+    };
+    assert_eq!(
+        d.handle_open_waited(at(3), PEER, channel, ticket),
+        Open::Cached(generation, "theirs")
+    );
+    assert_eq!(
+        d.opening().collect::<Vec<_>>(),
+        [(PEER, channel, ticket, 1)]
+    );
+    // Our dial fails: with a connection there, no failure is kept for the last waiter.
+    d.handle_open_dial_failed(at(4), PEER, channel, ticket, DialEnd::Failed);
+    assert_eq!(d.failed_opens().count(), 0);
+    assert_eq!(
+        d.handle_open_waited(at(5), PEER, channel, ticket),
+        Open::Cached(generation, "theirs")
+    );
+
+    // A failure kept for two waiters: one leaves, the other hears it, nothing stays.
+    d.handle_connection_closed(at(6), PEER, channel, generation);
+    let ticket = DialTicket(2);
+    assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+    assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+    assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
+    d.handle_open_dial_failed(at(7), PEER, channel, ticket, DialEnd::Failed);
+    d.handle_open_wait_abandoned(at(8), PEER, channel, ticket);
+    assert_eq!(
+        d.failed_opens().collect::<Vec<_>>(),
+        [(PEER, channel, ticket, 1)]
+    );
+    assert_eq!(
+        d.handle_open_waited(at(9), PEER, channel, ticket),
+        Open::Failed
+    );
+    assert_eq!(d.failed_opens().count(), 0);
+    assert_eq!(d.opening().count(), 0);
+}
+
+#[test]
+fn failed_opens_are_bounded_and_a_connection_clears_them() {
+    let mut d: Driver<&'static str> = Driver::new(Config {
+        failed_opens_max: 2,
+        ..Config::default()
+    });
+    let peers = [[1u8; 32], [2; 32], [3; 32]];
+    let channel = Channel::Protocol(0);
+    for (n, peer) in peers.iter().enumerate() {
+        let ticket = DialTicket(n as u64 + 1);
+        assert_eq!(
+            d.handle_open(at(0), *peer, Path::Protocol, channel),
+            Ok(Open::Dial(ticket))
+        );
+        assert_eq!(
+            d.handle_open(at(0), *peer, Path::Protocol, channel),
+            Ok(Open::Wait(ticket))
+        );
+        d.handle_open_dial_failed(at(1), *peer, channel, ticket, DialEnd::Failed);
+    }
+    // The oldest failure was forgotten: its waiter dials afresh.
+    let kept: Vec<_> = d.failed_opens().map(|(peer, ..)| peer).collect();
+    assert_eq!(kept, [peers[1], peers[2]]);
+    assert_eq!(
+        d.handle_open_waited(at(2), peers[0], channel, DialTicket(1)),
+        Open::Dial(DialTicket(4))
+    );
+    // A connection to a peer clears its failure: the waiter takes the connection.
+    let generation = d
+        .handle_connected(at(3), peers[1], channel, "up")
+        .expect("cached");
+    assert_eq!(
+        d.handle_open_waited(at(3), peers[1], channel, DialTicket(2)),
+        Open::Cached(generation, "up")
+    );
+    assert_eq!(d.failed_opens().count(), 1);
+}
+
+#[test]
+fn switch_and_substrate_connections_are_cached_and_evicted_by_generation() {
+    let mut d = Driver::new(Config {
+        auth: PeerAuth::allow_list([PEER]),
+        alpns: Alpns {
+            switch: Some(b"s".to_vec()),
+            substrate: Some(b"u".to_vec()),
+            ..Alpns::default()
+        },
+        ..Config::default()
+    });
+    for (alpn, channel, path) in [
+        (&b"s"[..], Channel::Switch, Path::Switch),
+        (b"u", Channel::Substrate, Path::Substrate),
+    ] {
+        let Dispatch::Refused(_) = d.handle_accepted(at(0), STRANGER, alpn, "stranger") else {
+            panic!("a peer off the list is refused on {channel:?}");
+        };
+        let accepted = match d.handle_accepted(at(0), PEER, alpn, "accepted") {
+            Dispatch::Switch(generation) | Dispatch::Substrate(generation) => generation,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(channel.path(), path);
+        // Either side's streams ride the accepted connection.
+        assert_eq!(
+            d.handle_open(at(1), PEER, path, channel),
+            Ok(Open::Cached(accepted, "accepted"))
+        );
+        // It dies: a fresh one is dialed and cached; the old one's close report is stale.
+        assert!(matches!(
+            d.handle_open_failed(at(2), PEER, channel, accepted),
+            Open::Dial(_)
+        ));
+        let dialed = d
+            .handle_connected(at(3), PEER, channel, "dialed")
+            .expect("cached");
+        d.handle_connection_closed(at(4), PEER, channel, accepted);
+        assert_eq!(d.connection(&PEER, channel), Some((dialed, "dialed")));
+        d.handle_connection_closed(at(5), PEER, channel, dialed);
+        assert_eq!(d.connection(&PEER, channel), None);
+    }
+    assert!(
+        !std::iter::from_fn(|| d.poll_action())
+            .any(|action| matches!(action, Action::KickWriter { .. })),
+        "only actor connections kick a writer"
+    );
+}
+
+#[test]
+fn a_stream_nobody_reads_stops_with_its_own_code_and_keeps_the_connection() {
+    let mut d = driver();
+    let generation = d
+        .handle_connected(at(0), PEER, Channel::Protocol(0), "one")
+        .expect("cached");
+    let version = d.version();
+    for channel in [Channel::Actor, Channel::Telemetry, Channel::Protocol(0)] {
+        assert_eq!(
+            d.handle_stream_unread(at(1), PEER, channel),
+            StreamVerdict::Stop(STOP_UNREAD)
+        );
+    }
+    assert_ne!(
+        STOP_UNREAD, STOP_MALFORMED,
+        "the peer can tell the two apart"
+    );
+    assert_eq!(d.drops().get(DropReason::MalformedStream), 0);
+    assert_eq!(d.version(), version, "nothing observable changed");
+    assert_eq!(
+        d.connection(&PEER, Channel::Protocol(0)),
+        Some((generation, "one"))
+    );
+    assert!(d.poll_action().is_none());
+}
+
+#[test]
+fn a_writer_opens_a_stream_on_each_connection_it_writes_to_and_keeps_it() {
+    let mut d = driver();
+    let first = d
+        .handle_connected(at(0), PEER, Channel::Actor, "one")
+        .expect("cached");
+    let batch = d.handle_batch(at(1), PEER, 3, false, None).expect("cached");
+    assert_eq!(
+        (batch.generation, batch.conn, batch.open_stream),
+        (first, "one", true)
+    );
+    let batch = d
+        .handle_batch(at(2), PEER, 1, false, Some(first))
+        .expect("cached");
+    assert!(
+        !batch.open_stream,
+        "the stream on this connection carries on"
+    );
+    // A newer connection: the stream on the old one is left, a new one opened.
+    let second = d
+        .handle_connected(at(3), PEER, Channel::Actor, "two")
+        .expect("cached");
+    let batch = d
+        .handle_batch(at(4), PEER, 1, false, Some(first))
+        .expect("cached");
+    assert_eq!((batch.generation, batch.open_stream), (second, true));
+    // No connection: the batch drops and a dial starts.
+    d.handle_connection_closed(at(5), PEER, Channel::Actor, second);
+    assert!(d
+        .handle_batch(at(6), PEER, 2, false, Some(second))
+        .is_none());
+    assert_eq!(d.drops().get(DropReason::CacheMiss), 2);
+    assert!(std::iter::from_fn(|| d.poll_action()).any(|a| matches!(a, Action::Dial { .. })));
+}
+
+#[test]
+fn a_stream_stopped_while_idle_fails_its_generation_and_reports_a_swim_batch() {
+    let mut d = driver();
+    let generation = d
+        .handle_connected(at(0), PEER, Channel::Actor, "one")
+        .expect("cached");
+    d.handle_batch(at(1), PEER, 2, true, None).expect("cached");
+    d.handle_writer_idle(at(2), PEER);
+    while d.poll_action().is_some() {}
+    d.handle_stream_stopped(at(3), PEER, generation);
+    assert!(d.connection(&PEER, Channel::Actor).is_none(), "evicted");
+    assert_eq!(d.counters().evictions, 1);
+    assert_eq!(
+        d.drops().get(DropReason::WriteFailed),
+        0,
+        "no frame counted again"
+    );
+    let actions: Vec<_> = std::iter::from_fn(|| d.poll_action()).collect();
+    assert!(
+        actions.contains(&Action::SendFailed { peer: PEER }),
+        "{actions:?}"
+    );
+    assert!(actions.iter().any(|a| matches!(a, Action::Dial { .. })));
+
+    // After a batch without SWIM frames, a stop of a stale generation only counts.
+    let newer = d
+        .handle_connected(at(4), PEER, Channel::Actor, "two")
+        .expect("cached");
+    d.handle_batch(at(5), PEER, 1, false, None).expect("cached");
+    while d.poll_action().is_some() {}
+    d.handle_stream_stopped(at(6), PEER, generation);
+    assert_eq!(
+        d.connection(&PEER, Channel::Actor),
+        Some((newer, "two")),
+        "the newer connection stays"
+    );
+    assert_eq!(d.counters().stale_failures, 1);
+    assert!(d.poll_action().is_none(), "nothing to report");
+}
+
+#[test]
+fn a_failed_open_evicts_its_generation_only_and_dials_at_most_once() {
+    let mut d = driver();
+    let channel = Channel::Protocol(3);
+    let old = d
+        .handle_connected(at(0), PEER, channel, "old")
+        .expect("cached");
+    assert_eq!(
+        d.handle_open_failed(at(1), PEER, channel, old),
+        Open::Dial(DialTicket(1))
+    );
+    assert!(
+        d.connection(&PEER, channel).is_none(),
+        "the dead one is gone"
+    );
+    assert_eq!(
+        d.handle_open(at(2), PEER, Path::Protocol, channel),
+        Ok(Open::Wait(DialTicket(1))),
+        "the failed open's dial is in flight"
+    );
+
+    // A failure seen on an older generation leaves the newer connection cached, and the
+    // stream goes there instead.
+    let stale = d
+        .handle_connected(at(3), PEER, channel, "a")
+        .expect("cached");
+    let fresh = d
+        .handle_connected(at(4), PEER, channel, "b")
+        .expect("cached");
+    assert_ne!(stale, fresh);
+    assert_eq!(
+        d.handle_open_failed(at(5), PEER, channel, stale),
+        Open::Cached(fresh, "b")
+    );
+    assert_eq!(
+        d.handle_open(at(6), PEER, Path::Protocol, channel),
+        Ok(Open::Cached(fresh, "b"))
+    );
+}
