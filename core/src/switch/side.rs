@@ -394,6 +394,40 @@ mod tests {
     }
 
     #[test]
+    fn held_writes_wait_behind_a_chunk_without_credit_and_go_in_order_after_a_grant() {
+        let mut side = RequestSide::new(MessageId::Uint(1), None, Credits::new(1), 4);
+        let mut held: HeldWrites<u32> = HeldWrites::new();
+        held.push(chunk("a"), 1);
+        held.push(chunk("a"), 2);
+        // Another stream has credit, but a flow is written in order: it waits behind.
+        held.push(chunk("b"), 3);
+        let waits = |error: &WriteError| matches!(error, WriteError::NoCredit(_));
+        let mut ready = |held: &mut HeldWrites<u32>, side: &mut RequestSide| {
+            std::iter::from_fn(|| held.pop_ready(|frame| side.write(frame), waits))
+                .map(|(written, token)| (written.map(|frame| frame.seq), token))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ready(&mut held, &mut side), [(Ok(0), 1)]);
+        assert_eq!(held.len(), 2, "the second chunk of a waits, b behind it");
+        let mut grant = Frame::new(FrameType::Credit, MessageId::Uint(1));
+        grant.stream_id = Some("a".to_owned());
+        grant.credit = Some(1);
+        side.read(grant, |_| {}).expect("a grant");
+        assert_eq!(ready(&mut held, &mut side), [(Ok(1), 2), (Ok(2), 3)]);
+        assert!(held.is_empty());
+        // A write refused for good is handed back with its error, not held.
+        let mut end = Frame::new(FrameType::End, MessageId::Uint(1));
+        side.write(&mut end).expect("the end");
+        held.push(chunk("b"), 4);
+        assert_eq!(ready(&mut held, &mut side), [(Err(WriteError::Ended), 4)]);
+        held.push(chunk("b"), 5);
+        assert_eq!(
+            held.drain().map(|(_, token)| token).collect::<Vec<_>>(),
+            [5]
+        );
+    }
+
+    #[test]
     fn writes_are_numbered_and_chunks_spend_credit_until_a_grant() {
         let mut side = RequestSide::new(MessageId::Uint(1), None, Credits::new(2), 4);
         let mut start = Frame::new(FrameType::StreamStart, MessageId::Uint(1));
