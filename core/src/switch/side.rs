@@ -402,7 +402,7 @@ mod tests {
         // Another stream has credit, but a flow is written in order: it waits behind.
         held.push(chunk("b"), 3);
         let waits = |error: &WriteError| matches!(error, WriteError::NoCredit(_));
-        let mut ready = |held: &mut HeldWrites<u32>, side: &mut RequestSide| {
+        let ready = |held: &mut HeldWrites<u32>, side: &mut RequestSide| {
             std::iter::from_fn(|| held.pop_ready(|frame| side.write(frame), waits))
                 .map(|(written, token)| (written.map(|frame| frame.seq), token))
                 .collect::<Vec<_>>()
