@@ -1,9 +1,11 @@
-//! The one retry policy: capped exponential backoff with jitter, pure and seeded.
+//! Capped exponential backoff with jitter, pure and seeded: the policy of every retry tether
+//! chooses itself.
 //!
-//! Every "try again later" in tether goes through a [`Backoff`]: the substrate's transient
-//! retries (an op answered `rate_limited`, `quota`, `busy`, ...), a shell's redials of a lost
-//! link and its retries of a failing store. The driver's dial and join schedules
-//! (`driver::schedule`) are fixed tables from seed 000 and stay there, beside this.
+//! The substrate's retries go through a [`Backoff`]: its transient retries (an op answered
+//! `rate_limited`, `quota`, `busy`, ...), and a peer's redials of a lost link and retries of a
+//! failing store (`substrate::peer`). The one other schedule is the node driver's: its dials and
+//! joins follow fixed tables that the transport driver's specification gives
+//! (`driver::schedule`), and they stay there.
 //!
 //! Jitter comes from entropy the caller passes in (core reads no OS randomness), so a run
 //! replays exactly from its seed.

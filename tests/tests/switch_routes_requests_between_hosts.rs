@@ -347,7 +347,10 @@ async fn a_peer_request_nobody_serves_is_answered_no_handler() {
             .expect("sent");
         let _ = peer.finish().await;
         // The switch answers the peer request itself: nobody serves that cap.
-        let code = peer.collect().await.err().unwrap_or_default();
+        let code = match peer.collect().await {
+            Err(tether::switch::host::HostServeError::Failed(code)) => code,
+            other => format!("not an ERR: {other:?}"),
+        };
         let _ = request
             .respond("out", "media:text", [code.into_bytes()])
             .await;

@@ -67,6 +67,11 @@ pub enum HostServeError {
     /// A cap given to [`HostHandle::add_handler`] does not parse.
     #[error("bad cap: {0}")]
     BadCap(String),
+    /// A peer request was answered with ERR carrying this code (`TOO_LARGE` when
+    /// [`PeerCall::collect`] would hold more than
+    /// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]).
+    #[error("answered with error {0}")]
+    Failed(String),
 }
 
 /// A program serving caps to a switch.
@@ -486,16 +491,17 @@ impl PeerCall {
         self.answers.recv().await
     }
 
-    /// The answer's CHUNK payloads concatenated, or the ERR's code (`TOO_LARGE` past
-    /// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]).
-    pub async fn collect(mut self) -> Result<Vec<u8>, String> {
+    /// The answer's CHUNK payloads concatenated; [`HostServeError::Failed`] with the ERR's
+    /// code (`TOO_LARGE` past [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]), or
+    /// [`HostServeError::Gone`] when the answer ended without END or ERR.
+    pub async fn collect(mut self) -> Result<Vec<u8>, HostServeError> {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {
             if let Some(end) = gather(&mut body, &frame) {
-                return end.map(|()| body);
+                return end.map(|()| body).map_err(HostServeError::Failed);
             }
         }
-        Err("closed".to_owned())
+        Err(HostServeError::Gone)
     }
 }
 
