@@ -477,7 +477,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 forged,
                 ..
             } => {
-                let mut claim = crate::replay::signed_claim(LOCAL, *actor, *generation);
+                let mut claim = signed_claim(LOCAL, *actor, *generation);
                 if *forged {
                     claim.signature[63] ^= 1;
                 }
@@ -622,4 +622,23 @@ fn control_name(verdict: ControlVerdict) -> &'static str {
         ControlVerdict::Full => "full",
         ControlVerdict::Malformed => "malformed",
     }
+}
+
+/// Peer `host`'s claim on actor `[actor; 32]` at `generation`, signed with the secret key
+/// `[host; 32]`; remembered per thread (the property tests sign the same few claims
+/// thousands of times).
+pub(crate) fn signed_claim(host: u8, actor: u8, generation: u64) -> tether_core::driver::HostClaim {
+    thread_local! {
+        static SIGNED: std::cell::RefCell<
+            std::collections::BTreeMap<(u8, u8, u64), tether_core::driver::HostClaim>,
+        > = std::cell::RefCell::default();
+    }
+    SIGNED.with(|signed| {
+        *signed
+            .borrow_mut()
+            .entry((host, actor, generation))
+            .or_insert_with(|| {
+                tether_core::driver::HostClaim::sign(&[host; 32], [actor; 32], generation)
+            })
+    })
 }

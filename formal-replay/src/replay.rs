@@ -970,25 +970,6 @@ fn routing_step() -> RoutingStep {
     }
 }
 
-/// Peer `host`'s claim on actor `[actor; 32]` at `generation`, signed with the secret key
-/// `[host; 32]`; remembered per thread (the property tests sign the same few claims
-/// thousands of times).
-pub(crate) fn signed_claim(host: u8, actor: u8, generation: u64) -> tether_core::driver::HostClaim {
-    thread_local! {
-        static SIGNED: std::cell::RefCell<
-            std::collections::BTreeMap<(u8, u8, u64), tether_core::driver::HostClaim>,
-        > = std::cell::RefCell::default();
-    }
-    SIGNED.with(|signed| {
-        *signed
-            .borrow_mut()
-            .entry((host, actor, generation))
-            .or_insert_with(|| {
-                tether_core::driver::HostClaim::sign(&[host; 32], [actor; 32], generation)
-            })
-    })
-}
-
 /// The routing section on what production runs: inbound records through the shell's
 /// `Routes` (with and without its memo; their drops reported to the machine as the reader
 /// does), and everything else through one `Driver` (the driver section's configuration): egress
@@ -1007,7 +988,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     same_length(&case.ops, &case.steps)?;
     let addr = |n: u8| [n; 32];
     // Node ids are public keys: peer `n` is the host of its claims.
-    let node = |n: u8| signed_claim(n, 0, 0).host;
+    let node = |n: u8| crate::driver::signed_claim(n, 0, 0).host;
     let named = std::cell::RefCell::new(std::collections::BTreeMap::new());
     // A peer the machine names was named to it by a claim, so its number is known.
     let number = |id: [u8; 32]| {
@@ -1063,7 +1044,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                 handoff,
             } => {
                 named.borrow_mut().insert(node(*host), *host);
-                let mut claim = signed_claim(*host, *actor, *generation);
+                let mut claim = crate::driver::signed_claim(*host, *actor, *generation);
                 if let Some(holder) = handoff {
                     claim = claim.with_handoff(tether_core::driver::Handoff::sign(
                         &[*holder; 32],

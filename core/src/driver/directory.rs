@@ -46,7 +46,7 @@ use crate::limits::{
 };
 
 /// The actor tag of a host claim.
-pub const HOST_CLAIM_TAG: &str = "tether.HostClaim";
+pub use super::routing::HOST_CLAIM_TAG;
 /// Bytes of an encoded claim without a handoff.
 pub const CLAIM_BYTES: usize = 32 + 32 + 8 + 64;
 /// Bytes of an encoded claim carrying its previous host's [`Handoff`].

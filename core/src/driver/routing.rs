@@ -4,6 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The actor tag of a host claim (see `directory`): a record the driver itself reads.
+pub const HOST_CLAIM_TAG: &str = "tether.HostClaim";
+
+/// The actor tag of a subscription control record (see `subscriptions`): a record the driver
+/// itself reads.
+pub const TELEMETRY_CONTROL_TAG: &str = "tether.TelemetryControl";
+
 /// A node id: the 32-byte endpoint public key. A peer's mailbox address is its node id.
 pub type NodeId = [u8; 32];
 /// An actor address on the wire (32 bytes).
@@ -180,10 +187,7 @@ impl<R: Clone> Routes<R> {
     /// Where an inbound record for `dest` with `tag` goes: to the mailbox → by tag to the
     /// owning protocol actor; otherwise to the addressed actor if it is local.
     pub fn inbound(&self, dest: &ActorAddr, tag: &str) -> Inbound<R> {
-        if *dest == self.mailbox
-            && (tag == super::directory::HOST_CLAIM_TAG
-                || tag == super::subscriptions::TELEMETRY_CONTROL_TAG)
-        {
+        if *dest == self.mailbox && (tag == HOST_CLAIM_TAG || tag == TELEMETRY_CONTROL_TAG) {
             return Inbound::Driver;
         }
         if !self.known_tags.contains(tag) {

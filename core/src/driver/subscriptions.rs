@@ -18,7 +18,7 @@ use crate::limits::{
 };
 
 /// The actor tag of a subscription control record.
-pub const TELEMETRY_CONTROL_TAG: &str = "tether.TelemetryControl";
+pub use super::routing::TELEMETRY_CONTROL_TAG;
 
 /// What a collector asks.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -49,9 +49,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use tether_core::limits::LOG_PREPARE_CHUNK_BYTES;
+use tether_core::limits::{LOG_ENTRY_BYTES_MAX, LOG_PREPARE_CHUNK_BYTES};
 
-use tether_core::limits::LOG_ENTRY_BYTES_MAX;
 use tether_core::substrate::{effective_records, DurableState, PeerId, PersistBatch, Record};
 use tether_core::time::Time;
 use tether_core::wire::log::{

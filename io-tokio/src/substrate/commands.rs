@@ -21,7 +21,35 @@ use std::task::{Context, Poll, Waker};
 
 use tether_core::limits::SUBSTRATE_COMMANDS_MAX;
 
-use super::driver::Command;
+use tether_core::substrate::peer;
+use tokio::sync::oneshot;
+
+use super::{Error, ReplySink};
+
+/// A reply to one command.
+pub(super) type Reply1<T> = oneshot::Sender<Result<T, Error>>;
+
+/// What the app and the accept loop ask of a peer's task.
+pub(super) enum Command {
+    /// An app command for the peer, and where its answers go (`None`: a consume).
+    App(peer::Command, Option<Answer>),
+    /// An inbound link whose handshake verified (it replaces the live link).
+    Attach(Box<super::preauth::Verified>),
+    /// The app named this peer: a task without a link, a dial in flight or one scheduled
+    /// dials now if it has an address (it may have learned one since it started, as a peer
+    /// loaded from the store before the app said how to reach it).
+    Reach,
+    /// Drop the current link as a network cut would.
+    Disconnect,
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// Where the answers to one command go.
+pub(super) enum Answer {
+    Unit(Reply1<()>),
+    Sent(Reply1<String>),
+    Req(ReplySink),
+}
 
 /// A command issued while the ops lane was full: it waits here until the task makes room.
 /// Only the caller's `Pending` holds it strongly; the lane keeps a weak reference, so a caller
@@ -215,7 +243,7 @@ mod tests {
             obj: obj.to_owned(),
             reason: String::new(),
         };
-        let command = Command::App(close, Some(super::super::driver::Answer::Unit(reply)));
+        let command = Command::App(close, Some(Answer::Unit(reply)));
         (command, rx)
     }
 

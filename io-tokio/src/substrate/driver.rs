@@ -8,15 +8,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tether_core::limits::SUBSTRATE_COMMANDS_PER_WAKE;
-use tether_core::limits::SUBSTRATE_READS_PER_WAKE;
-use tether_core::limits::SUBSTRATE_READ_CHUNK_BYTES;
-use tether_core::limits::SUBSTRATE_WRITE_CHUNK_BYTES;
+use tether_core::limits::{
+    SUBSTRATE_COMMANDS_PER_WAKE, SUBSTRATE_READS_PER_WAKE, SUBSTRATE_READ_CHUNK_BYTES,
+    SUBSTRATE_WRITE_CHUNKS_MAX, SUBSTRATE_WRITE_CHUNK_BYTES,
+};
 
 use bytes::{Bytes, BytesMut};
-use tether_core::limits::SUBSTRATE_WRITE_CHUNKS_MAX;
 use tether_core::substrate::peer::{
-    self, DialFailed, Dialed, Failure, Output, Peer, Reply, StoreCall, StoreFault, Ticket,
+    DialFailed, Dialed, Failure, Output, Peer, Reply, StoreCall, StoreFault, Ticket,
 };
 use tether_core::substrate::{DurableState, Event, Machine, PeerId, PeerLink};
 use tether_core::time::Time;
@@ -26,27 +25,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, Instrument};
 
-use super::commands::{CommandRx, CommandTx};
+use super::commands::{Answer, Command, CommandRx, CommandTx};
 use super::transport::Link;
-use super::{Delivery, Error, Inbound, OpenRequest, ReplySink, Request, Shared, StoreOp};
+use super::{Delivery, Error, Inbound, OpenRequest, Request, Shared, StoreOp};
 use crate::store::StoreError;
-
-pub(super) type Reply1<T> = oneshot::Sender<Result<T, Error>>;
-
-/// What the app and the accept loop ask of a peer's task.
-pub(super) enum Command {
-    /// An app command for the peer, and where its answers go (`None`: a consume).
-    App(peer::Command, Option<Answer>),
-    /// An inbound link whose handshake verified (it replaces the live link).
-    Attach(Box<super::preauth::Verified>),
-    /// The app named this peer: a task without a link, a dial in flight or one scheduled
-    /// dials now if it has an address (it may have learned one since it started, as a peer
-    /// loaded from the store before the app said how to reach it).
-    Reach,
-    /// Drop the current link as a network cut would.
-    Disconnect,
-    Shutdown(oneshot::Sender<()>),
-}
 
 /// What woke the task.
 enum Wake {
@@ -55,13 +37,6 @@ enum Wake {
     Link(LinkMsg),
     Command(Command),
     Timer,
-}
-
-/// Where the answers to one command go.
-pub(super) enum Answer {
-    Unit(Reply1<()>),
-    Sent(Reply1<String>),
-    Req(ReplySink),
 }
 
 /// Runs a store call off the async workers when the store blocks, or as a task of its own

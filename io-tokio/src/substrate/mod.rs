@@ -50,8 +50,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use tether_core::limits::SUBSTRATE_PEERS_DEFAULT;
-use tether_core::limits::SUBSTRATE_REPLY_PART_OVERHEAD_BYTES;
+use tether_core::limits::{SUBSTRATE_PEERS_DEFAULT, SUBSTRATE_REPLY_PART_OVERHEAD_BYTES};
 
 use bytes::Bytes;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -70,8 +69,9 @@ pub use tether_core::wire::envelope::ObjKind;
 pub use transport::{Link, LinkStream, TcpTransport, Transport};
 
 use crate::store::{MemoryStore, Store, StoreError};
+use commands::{Answer, Command};
 use commands::{CommandTx, Issued, Slot};
-use driver::{Answer, Command, Driver};
+use driver::Driver;
 use tether_core::substrate::peer;
 
 /// Why an operation failed.
@@ -471,7 +471,7 @@ impl<T> Future for Pending<T> {
 /// Issues an op command (bounded lane).
 fn send_command<T>(
     handle: &CommandTx,
-    command: impl FnOnce(driver::Reply1<T>) -> Command,
+    command: impl FnOnce(commands::Reply1<T>) -> Command,
 ) -> Pending<T> {
     let (reply, rx) = oneshot::channel();
     let slot = match handle.issue(command(reply)) {
@@ -484,7 +484,7 @@ fn send_command<T>(
 /// Sends a control command (answers to deliveries; never held back).
 fn send_control<T>(
     handle: &CommandTx,
-    command: impl FnOnce(driver::Reply1<T>) -> Command,
+    command: impl FnOnce(commands::Reply1<T>) -> Command,
 ) -> Pending<T> {
     let (reply, rx) = oneshot::channel();
     handle.control(command(reply));

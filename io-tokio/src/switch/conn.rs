@@ -5,10 +5,10 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use tether_core::limits::SWITCH_READ_CHUNK_BYTES;
-use tether_core::limits::SWITCH_WRITE_BATCH_BYTES;
+use tether_core::limits::{
+    BIFACI_FRAME_BYTES_DEFAULT, SWITCH_READ_CHUNK_BYTES, SWITCH_WRITE_BATCH_BYTES,
+};
 
-use tether_core::limits::BIFACI_FRAME_BYTES_DEFAULT;
 use tether_core::wire::bifaci::{BifaciDecoder, Frame};
 use tether_core::wire::StreamDecoder;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
-use tether_core::limits::SWITCH_ENGINE_COMMANDS_MAX;
+use tether_core::limits::{SWITCH_ENGINE_COMMANDS_MAX, SWITCH_WRITER_FRAMES_MAX};
 
 use bytes::Bytes;
 use tether_core::cap::{CapUrn, MediaUrn};
@@ -45,7 +45,6 @@ use tokio::time::Instant;
 pub use tether_core::switch::Limits;
 
 use conn::{FrameReader, FrameWriter, Incoming};
-use tether_core::limits::SWITCH_WRITER_FRAMES_MAX;
 use tether_core::switch::side::pass_logs;
 use tokio_stream::{StreamExt, StreamMap};
 
