@@ -932,6 +932,19 @@ impl Shared {
     /// The command sender of `id`'s task, starting it (from the peer's durable state) when
     /// there is none. `None` when an inbound link would exceed the peer cap.
     fn handle(self: &Arc<Self>, id: &PeerId, inbound: bool) -> Option<CommandTx> {
+        self.handle_with(id, inbound, None)
+    }
+
+    /// As [`Shared::handle`], with `first` in the task's lanes before a new task starts: a
+    /// task started for an inbound link finds the link there the moment its state is loaded,
+    /// so it can never judge itself idle and end before the link arrives. `first` is dropped
+    /// (closing an inbound link) when `None` is returned.
+    fn handle_with(
+        self: &Arc<Self>,
+        id: &PeerId,
+        inbound: bool,
+        first: Option<Command>,
+    ) -> Option<CommandTx> {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         if inbound && self.closing.load(Ordering::SeqCst) {
             // Shut down: an inbound link that finished its handshake now starts nothing.
@@ -942,6 +955,9 @@ impl Shared {
                 if !inbound {
                     entry.pinned.store(true, Ordering::SeqCst);
                     entry.handle.control(Command::Reach);
+                }
+                if let Some(first) = first {
+                    entry.handle.control(first);
                 }
                 return Some(entry.handle.clone());
             }
@@ -955,6 +971,9 @@ impl Shared {
             return None;
         }
         let (tx, rx) = commands::channel();
+        if let Some(first) = first {
+            tx.control(first);
+        }
         let pinned = Arc::new(AtomicBool::new(!inbound));
         // The task loads the peer's state itself (its peer retries while the store fails), so
         // a failing store never starts a peer empty and never blocks this lock.
@@ -1142,10 +1161,10 @@ impl SubstrateBuilder {
                     let verified = preauth::verify(&shared, &peer, link).await;
                     drop(slot);
                     if let Some(verified) = verified {
-                        match shared.handle(&peer, true) {
-                            Some(handle) => {
+                        let attach = Command::Attach(Box::new(verified));
+                        match shared.handle_with(&peer, true, Some(attach)) {
+                            Some(_) => {
                                 shared.preauth.bound.fetch_add(1, Ordering::Relaxed);
-                                handle.control(Command::Attach(Box::new(verified)));
                             }
                             None => {
                                 shared.preauth.at_cap.fetch_add(1, Ordering::Relaxed);
