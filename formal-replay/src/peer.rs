@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use tether_core::substrate::handshake::{Auth, Channel, Role};
 use tether_core::substrate::peer::{
-    Command, DialFailed, Dialed, Failure, Output, Peer, Reply, StoreCall, StoreFault,
+    Command, DialFailed, Dialed, Failure, Output, Peer, Reply, StoreFault,
 };
 use tether_core::substrate::{AllowAll, Authorizer, Config, Machine, PeerId, PeerLink};
 use tether_core::time::Time;
@@ -182,9 +182,9 @@ fn drain(peer: &mut Peer, asks: &mut Asks, out: &mut Vec<String>) {
             Output::LinkUp(_) => "link_up".to_owned(),
             Output::LinkDropped(close) => format!("link_dropped:{close}"),
             Output::StoreFailed { call, failures } => {
-                format!("store_failed:{}:{failures}", call_name(call))
+                format!("store_failed:{}:{failures}", call.as_str())
             }
-            Output::StoreRecovered { call } => format!("store_recovered:{}", call_name(call)),
+            Output::StoreRecovered { call } => format!("store_recovered:{}", call.as_str()),
             Output::Reply {
                 reply: Reply::Failed(Failure::StoreUnavailable),
                 ..
@@ -194,13 +194,6 @@ fn drain(peer: &mut Peer, asks: &mut Asks, out: &mut Vec<String>) {
             _ => continue,
         };
         out.push(word);
-    }
-}
-
-fn call_name(call: StoreCall) -> &'static str {
-    match call {
-        StoreCall::Load => "load",
-        _ => "commit",
     }
 }
 

@@ -196,10 +196,20 @@ pub enum Reply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreCall {
-    /// Loading the peer's durable state.
+    /// Loading a peer's durable state (the peer's links are refused until it succeeds).
     Load,
-    /// Committing batches.
+    /// Committing a peer's batches (nothing they cover is acknowledged until it succeeds).
     Commit,
+}
+
+impl StoreCall {
+    /// The name in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreCall::Load => "load",
+            StoreCall::Commit => "commit",
+        }
+    }
 }
 
 /// A store call failed (the shell keeps the error itself, to report).

@@ -15,7 +15,7 @@ use tether_core::limits::{
 
 use bytes::{Bytes, BytesMut};
 use tether_core::substrate::peer::{
-    DialFailed, Dialed, Failure, Output, Peer, Reply, StoreCall, StoreFault, Ticket,
+    DialFailed, Dialed, Failure, Output, Peer, Reply, StoreFault, Ticket,
 };
 use tether_core::substrate::{DurableState, Event, Machine, PeerId, PeerLink};
 use tether_core::time::Time;
@@ -27,7 +27,7 @@ use tracing::{debug, info, Instrument};
 
 use super::commands::{Answer, Command, CommandRx, CommandTx};
 use super::transport::Link;
-use super::{Delivery, Error, Inbound, OpenRequest, Request, Shared, StoreOp};
+use super::{Delivery, Error, Inbound, OpenRequest, Request, Shared};
 use crate::store::StoreError;
 
 /// What woke the task.
@@ -426,12 +426,9 @@ impl Driver {
                     .store_error
                     .take()
                     .unwrap_or_else(|| StoreError::Unavailable("store failed".into()));
-                self.shared
-                    .store_failed(&self.id, store_op(call), &error, failures);
+                self.shared.store_failed(&self.id, call, &error, failures);
             }
-            Output::StoreRecovered { call } => {
-                self.shared.store_recovered(&self.id, store_op(call))
-            }
+            Output::StoreRecovered { call } => self.shared.store_recovered(&self.id, call),
             Output::PublishStats => {
                 if let Some(machine) = self.peer.machine() {
                     self.shared.publish(&self.id, machine);
@@ -574,12 +571,5 @@ fn failure_error(failure: Failure, load_error: &str) -> Error {
         Failure::Closed(reason) => Error::Closed(reason),
         Failure::StoreUnavailable => Error::Store(load_error.to_owned()),
         _ => Error::Shutdown,
-    }
-}
-
-fn store_op(call: StoreCall) -> StoreOp {
-    match call {
-        StoreCall::Load => StoreOp::Load,
-        _ => StoreOp::Commit,
     }
 }

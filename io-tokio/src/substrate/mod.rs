@@ -106,25 +106,8 @@ pub enum Error {
     Store(String),
 }
 
-/// Which store call failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreOp {
-    /// Loading a peer's durable state (the peer's links are refused until it succeeds).
-    Load,
-    /// Committing a peer's batches (nothing they cover is acknowledged until it succeeds).
-    Commit,
-}
-
-impl StoreOp {
-    /// The name in logs and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreOp::Load => "load",
-            StoreOp::Commit => "commit",
-        }
-    }
-}
+/// Which store call failed (core's [`StoreCall`](tether_core::substrate::peer::StoreCall)).
+pub use tether_core::substrate::peer::StoreCall as StoreOp;
 
 /// Why the substrate could not start.
 #[derive(Debug, thiserror::Error)]
