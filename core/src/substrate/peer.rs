@@ -33,9 +33,9 @@ use super::link::{LinkClose, PeerLink};
 use super::machine::{CommandError, Event, Machine};
 use super::{PeerId, PersistBatch};
 use crate::limits::{
-    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_STATS_EVERY_MS,
-    SUBSTRATE_STORE_RETRY_BASE_MS, SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
-    SUBSTRATE_WAITING_SENDS_MAX,
+    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
+    SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS, SUBSTRATE_STORE_RETRY_BASE_MS,
+    SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX, SUBSTRATE_WAITING_SENDS_MAX,
 };
 use crate::retry::{Backoff, Jitter, Retry};
 use crate::time::Time;
@@ -175,6 +175,10 @@ pub enum Failure {
     /// The peer's work ended (shutdown).
     #[error("shut down")]
     Shutdown,
+    /// The app left more than this many bytes of a request's `res` parts unread (bodies plus
+    /// [`SUBSTRATE_REPLY_PART_OVERHEAD_BYTES`] a part): the rest of the answer is dropped.
+    #[error("the reply held more than {0} bytes unread")]
+    ReplyTooLarge(usize),
 }
 
 /// An answer to the command with that ticket.
@@ -292,6 +296,66 @@ pub enum Output {
     PublishStats,
 }
 
+/// Who asks for a peer's work to run ([`admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The app named the peer (it opens, sends or asks to reach it).
+    App,
+    /// A link from the peer finished its handshake.
+    Link,
+}
+
+/// Why an inbound link starts no peer ([`admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The node is shutting down.
+    Closing,
+    /// As many peers run as the node allows (`Config::max_peers`): a link may not add one.
+    PeerCap,
+}
+
+impl Refusal {
+    /// The name in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Closing => "closing",
+            Refusal::PeerCap => "peer_cap",
+        }
+    }
+}
+
+/// Whether a peer's work runs, and where ([`admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The peer's work already runs: hand it the link or the app's reach.
+    Running,
+    /// Start the peer's work (its [`Peer`] loads its state first).
+    Start,
+    /// Start nothing; an inbound link is closed.
+    Refused(Refusal),
+}
+
+/// Who runs a peer's work, asked when `origin` wants it: a peer whose work runs is handed what
+/// came; the app may always start one (it named the peer, and what it asks for is bounded by
+/// its own calls); a link from a peer with no work running starts one only while the node is
+/// not closing and fewer than `max_peers` of the `peers` it knows run, so that peers nobody
+/// named cannot grow the node without bound.
+pub fn admit(
+    origin: Origin,
+    closing: bool,
+    running: bool,
+    peers: usize,
+    max_peers: usize,
+) -> Admission {
+    match origin {
+        Origin::Link if closing => Admission::Refused(Refusal::Closing),
+        _ if running => Admission::Running,
+        Origin::App => Admission::Start,
+        Origin::Link if peers >= max_peers => Admission::Refused(Refusal::PeerCap),
+        Origin::Link => Admission::Start,
+    }
+}
+
 /// What a command in flight waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waiter {
@@ -336,6 +400,8 @@ pub struct Peer {
     waiters: BTreeMap<String, Waiter>,
     /// Opens in flight, by object: the open's op id and ticket.
     opens: BTreeMap<String, (String, Ticket)>,
+    /// Bytes of `res` parts handed to the app and not read yet, by the req's ticket.
+    unread: BTreeMap<Ticket, usize>,
     stopping: bool,
     stats_due: Option<Time>,
     outputs: VecDeque<Output>,
@@ -367,6 +433,7 @@ impl Peer {
             freed: BTreeSet::new(),
             waiters: BTreeMap::new(),
             opens: BTreeMap::new(),
+            unread: BTreeMap::new(),
             stopping: false,
             stats_due: None,
             outputs: VecDeque::new(),
@@ -706,6 +773,20 @@ impl Peer {
         }
     }
 
+    /// The app read a `res` part of `body_len` bytes of the req `ticket`: that much of the
+    /// reply is no longer held unread ([`Failure::ReplyTooLarge`]).
+    pub fn handle_reply_read(&mut self, ticket: Ticket, body_len: usize) {
+        if let Some(unread) = self.unread.get_mut(&ticket) {
+            *unread =
+                unread.saturating_sub(body_len.saturating_add(SUBSTRATE_REPLY_PART_OVERHEAD_BYTES));
+        }
+    }
+
+    /// Bytes of the req `ticket`'s `res` parts the app has not read.
+    pub fn reply_unread(&self, ticket: Ticket) -> usize {
+        self.unread.get(&ticket).copied().unwrap_or(0)
+    }
+
     /// The app shuts the peer down: no more commands or links; what is uncommitted is
     /// committed (once: a failure is not retried) until [`Peer::finished`].
     pub fn handle_shutdown(&mut self, now: Time) {
@@ -727,6 +808,7 @@ impl Peer {
             }
             self.outputs.push_back(Output::Unbind);
         }
+        self.unread.clear();
         let waiters = std::mem::take(&mut self.waiters);
         for waiter in waiters.into_values() {
             let (Waiter::Send(ticket) | Waiter::Req(ticket)) = waiter;
@@ -964,6 +1046,7 @@ impl Peer {
                 self.freed.insert(obj.clone());
                 match self.waiters.remove(&op_id) {
                     Some(Waiter::Send(ticket) | Waiter::Req(ticket)) => {
+                        self.unread.remove(&ticket);
                         self.reply(ticket, Reply::Failed(Failure::Futile(code)));
                     }
                     None => {
@@ -997,12 +1080,25 @@ impl Peer {
                     return;
                 };
                 let reply = match verb {
-                    Verb::Res => Reply::Res(body.unwrap_or_default()),
+                    Verb::Res => {
+                        let body = body.unwrap_or_default();
+                        let unread = self.unread.entry(ticket).or_default();
+                        *unread = unread
+                            .saturating_add(body.len())
+                            .saturating_add(SUBSTRATE_REPLY_PART_OVERHEAD_BYTES);
+                        if *unread > SUBSTRATE_REPLY_BYTES_MAX {
+                            // The app is not reading: the rest of this answer is dropped.
+                            Reply::Failed(Failure::ReplyTooLarge(SUBSTRATE_REPLY_BYTES_MAX))
+                        } else {
+                            Reply::Res(body)
+                        }
+                    }
                     Verb::End => Reply::End(body),
                     _ => Reply::Failed(Failure::Remote(code.unwrap_or_default())),
                 };
                 if !matches!(reply, Reply::Res(_)) {
                     self.waiters.remove(&req_id);
+                    self.unread.remove(&ticket);
                 }
                 self.reply(ticket, reply);
             }
@@ -1266,6 +1362,86 @@ mod tests {
             call: StoreCall::Commit,
         };
         assert!(outputs(&mut peer).contains(&recovered));
+    }
+
+    #[test]
+    fn a_reply_the_app_leaves_unread_past_its_bound_fails_and_the_rest_is_dropped() {
+        let mut peer = loaded(true, false);
+        let _ = outputs(&mut peer);
+        let answered = |verb: Verb, body: &[u8]| Event::Answered {
+            obj: "s".to_owned(),
+            req_id: "r1".to_owned(),
+            verb,
+            body: Some(Bytes::copy_from_slice(body)),
+            code: None,
+        };
+        let replies = |peer: &mut Peer| -> Vec<Reply> {
+            outputs(peer)
+                .into_iter()
+                .filter_map(|output| match output {
+                    Output::Reply { ticket: 7, reply } => Some(reply),
+                    _ => None,
+                })
+                .collect()
+        };
+        peer.waiters.insert("r1".to_owned(), Waiter::Req(7));
+        let part = vec![0u8; 64 * 1024];
+        let size = part.len() + SUBSTRATE_REPLY_PART_OVERHEAD_BYTES;
+        let fit = SUBSTRATE_REPLY_BYTES_MAX / size;
+        // A reader that keeps up is never cut off, however long the answer.
+        for _ in 0..fit * 3 {
+            peer.event(answered(Verb::Res, &part));
+            assert_eq!(replies(&mut peer), [Reply::Res(Bytes::from(part.clone()))]);
+            peer.handle_reply_read(7, part.len());
+            assert_eq!(peer.reply_unread(7), 0);
+        }
+        // The reader stops: parts are handed out up to the bound, and the one past it ends
+        // the request with a typed failure.
+        for held in 1..=fit {
+            peer.event(answered(Verb::Res, &part));
+            assert_eq!(replies(&mut peer).len(), 1);
+            assert_eq!(peer.reply_unread(7), held * size);
+        }
+        peer.event(answered(Verb::Res, &part));
+        assert_eq!(
+            replies(&mut peer),
+            [Reply::Failed(Failure::ReplyTooLarge(
+                SUBSTRATE_REPLY_BYTES_MAX
+            ))]
+        );
+        assert_eq!(peer.reply_unread(7), 0, "nothing is held for it any more");
+        // The rest of that answer, its end included, reaches nobody.
+        peer.event(answered(Verb::Res, &part));
+        peer.event(answered(Verb::End, b"end"));
+        assert!(replies(&mut peer).is_empty());
+        // A late read of a part the app had already taken changes nothing.
+        peer.handle_reply_read(7, part.len());
+        assert_eq!(peer.reply_unread(7), 0);
+    }
+
+    #[test]
+    fn links_from_peers_nobody_named_start_work_only_under_the_cap_and_never_while_closing() {
+        use Admission::{Refused, Running, Start};
+        // (origin, closing, running, peers, max) -> admission
+        let cases = [
+            (Origin::Link, false, false, 3, 4, Start),
+            (Origin::Link, false, false, 4, 4, Refused(Refusal::PeerCap)),
+            (Origin::Link, false, false, 9, 4, Refused(Refusal::PeerCap)),
+            (Origin::Link, false, true, 4, 4, Running),
+            (Origin::Link, true, true, 1, 4, Refused(Refusal::Closing)),
+            (Origin::Link, true, false, 0, 4, Refused(Refusal::Closing)),
+            (Origin::App, false, false, 4, 4, Start),
+            (Origin::App, true, false, 9, 4, Start),
+            (Origin::App, false, true, 4, 4, Running),
+            (Origin::Link, false, false, 0, 0, Refused(Refusal::PeerCap)),
+        ];
+        for (origin, closing, running, peers, max, want) in cases {
+            assert_eq!(
+                admit(origin, closing, running, peers, max),
+                want,
+                "{origin:?} closing={closing} running={running} {peers}/{max}"
+            );
+        }
     }
 
     type BatchIdOf = crate::substrate::BatchId;

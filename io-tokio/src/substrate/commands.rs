@@ -6,10 +6,11 @@
 //!   awaiting holds its own backlog, and dropping a `Pending` that still waits withdraws its
 //!   command. The task stops taking ops while an object has [`SUBSTRATE_WAITING_SENDS_MAX`]
 //!   sends waiting for outbox room; the lane then fills and callers wait.
-//! - The **control** lane (consume, answer, accept or reject, a new link, shutdown) is never
-//!   held back: each entry answers something the peer delivered, so its length is bounded by
-//!   what the machine delivers (the inbox bound per object), and a task that waits for room
-//!   for new ops must never stop hearing that the app consumed.
+//! - The **control** lane (consume, answer, accept or reject, a reply part read, a new link,
+//!   shutdown) is never held back: each entry answers something the peer delivered, so its
+//!   length is bounded by what the machine delivers (the inbox bound per object, the reply
+//!   bound per request), and a task that waits for room for new ops must never stop hearing
+//!   that the app consumed.
 //!
 //! [`Pending`]: super::Pending
 //! [`SUBSTRATE_WAITING_SENDS_MAX`]: tether_core::limits::SUBSTRATE_WAITING_SENDS_MAX
@@ -39,6 +40,8 @@ pub(super) enum Command {
     /// dials now if it has an address (it may have learned one since it started, as a peer
     /// loaded from the store before the app said how to reach it).
     Reach,
+    /// The app read a `res` part of this many bytes of the req with this ticket.
+    ReplyRead(peer::Ticket, usize),
     /// Drop the current link as a network cut would.
     Disconnect,
     Shutdown(oneshot::Sender<()>),

@@ -285,6 +285,7 @@ impl Driver {
                 self.reachability();
                 self.peer.handle_reach(now);
             }
+            Command::ReplyRead(ticket, body_len) => self.peer.handle_reply_read(ticket, body_len),
             Command::Disconnect => self.peer.handle_disconnect(now),
             Command::Shutdown(done) => {
                 self.done = Some(done);
@@ -487,11 +488,8 @@ impl Driver {
                 drop(tx.send(Ok(op_id)));
             }
             (Answer::Req(sink), Reply::Res(body)) => {
-                // Past the bound the rest of this reply is dropped (the answer is gone) and
-                // the reader learns why.
-                if sink.res(body) {
-                    self.answers.insert(ticket, Answer::Req(sink));
-                }
+                sink.res(ticket, body);
+                self.answers.insert(ticket, Answer::Req(sink));
             }
             (Answer::Req(sink), Reply::End(body)) => sink.end(body),
             (Answer::Unit(tx), Reply::Failed(failure)) => drop(tx.send(Err(error(failure)))),
@@ -570,6 +568,10 @@ fn failure_error(failure: Failure, load_error: &str) -> Error {
         Failure::Remote(code) => Error::Remote(code),
         Failure::Closed(reason) => Error::Closed(reason),
         Failure::StoreUnavailable => Error::Store(load_error.to_owned()),
+        Failure::ReplyTooLarge(max) => {
+            metrics::counter!("tether_substrate_replies_too_large").increment(1);
+            Error::ReplyTooLarge(max)
+        }
         _ => Error::Shutdown,
     }
 }

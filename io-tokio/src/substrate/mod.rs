@@ -47,10 +47,10 @@ pub use preauth::{LinkCounts, SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use tether_core::limits::{SUBSTRATE_PEERS_DEFAULT, SUBSTRATE_REPLY_PART_OVERHEAD_BYTES};
+use tether_core::limits::SUBSTRATE_PEERS_DEFAULT;
 
 use bytes::Bytes;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -72,7 +72,7 @@ use crate::store::{MemoryStore, Store, StoreError};
 use commands::{Answer, Command};
 use commands::{CommandTx, Issued, Slot};
 use driver::Driver;
-use tether_core::substrate::peer;
+use tether_core::substrate::peer::{self, Admission, Origin};
 
 /// Why an operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -145,15 +145,25 @@ pub enum ReplyPart {
 /// The answers to one request, read as they arrive (see [`Session::request`]). Unread parts
 /// are bounded: past [`SUBSTRATE_REPLY_BYTES_MAX`] bytes held (bodies plus 64 bytes a part)
 /// the request ends with [`Error::ReplyTooLarge`], counted as
-/// `tether_substrate_replies_too_large`.
+/// `tether_substrate_replies_too_large`. The peer's machine keeps that count and decides
+/// (`tether_core::substrate::peer`): each part read here is reported back to it.
 ///
 /// [`SUBSTRATE_REPLY_BYTES_MAX`]: tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX
 pub struct ReplyStream {
     /// The request while it waits for room in the command lane.
     slot: Option<Arc<Slot>>,
-    parts: mpsc::UnboundedReceiver<Result<ReplyPart, Error>>,
-    held: Arc<AtomicUsize>,
+    parts: mpsc::UnboundedReceiver<Part>,
+    /// The peer's task, told of every `res` part read.
+    handle: CommandTx,
     done: bool,
+}
+
+/// What a peer's task hands a [`ReplyStream`]: a `res` part comes with the request's ticket,
+/// under which the stream reports reading it.
+enum Part {
+    Res(peer::Ticket, Bytes),
+    End(Option<Bytes>),
+    Failed(Error),
 }
 
 impl std::fmt::Debug for ReplyStream {
@@ -171,19 +181,21 @@ impl ReplyStream {
         if self.done {
             return None;
         }
-        let part = self.parts.recv().await.unwrap_or(Err(Error::Shutdown));
-        match &part {
-            Ok(ReplyPart::Res(body)) => {
-                self.held.fetch_sub(
-                    body.len() + SUBSTRATE_REPLY_PART_OVERHEAD_BYTES,
-                    Ordering::SeqCst,
-                );
+        let part = match self
+            .parts
+            .recv()
+            .await
+            .unwrap_or(Part::Failed(Error::Shutdown))
+        {
+            Part::Res(ticket, body) => {
+                self.handle.control(Command::ReplyRead(ticket, body.len()));
+                return Some(Ok(ReplyPart::Res(body)));
             }
-            Ok(ReplyPart::End(_)) | Err(_) => {
-                self.done = true;
-                self.slot = None;
-            }
-        }
+            Part::End(body) => Ok(ReplyPart::End(body)),
+            Part::Failed(error) => Err(error),
+        };
+        self.done = true;
+        self.slot = None;
         Some(part)
     }
 
@@ -215,47 +227,31 @@ impl ReplyStream {
 
 /// The shell's end of a [`ReplyStream`].
 pub(crate) struct ReplySink {
-    parts: mpsc::UnboundedSender<Result<ReplyPart, Error>>,
-    held: Arc<AtomicUsize>,
+    parts: mpsc::UnboundedSender<Part>,
 }
 
 impl ReplySink {
-    /// Hands a `res` part to the reader; `false` (and the request ended with
-    /// `ReplyTooLarge`) when it would hold more than the bound unread.
-    fn res(&self, body: Bytes) -> bool {
-        let size = body.len() + SUBSTRATE_REPLY_PART_OVERHEAD_BYTES;
-        let held = self.held.fetch_add(size, Ordering::SeqCst) + size;
-        if held > tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX {
-            metrics::counter!("tether_substrate_replies_too_large").increment(1);
-            self.fail(Error::ReplyTooLarge(
-                tether_core::limits::SUBSTRATE_REPLY_BYTES_MAX,
-            ));
-            return false;
-        }
-        let _ = self.parts.send(Ok(ReplyPart::Res(body)));
-        true
+    /// Hands the `res` part of the request `ticket` to the reader.
+    fn res(&self, ticket: peer::Ticket, body: Bytes) {
+        let _ = self.parts.send(Part::Res(ticket, body));
     }
 
     fn end(self, body: Option<Bytes>) {
-        let _ = self.parts.send(Ok(ReplyPart::End(body)));
+        let _ = self.parts.send(Part::End(body));
     }
 
     fn fail(&self, error: Error) {
-        let _ = self.parts.send(Err(error));
+        let _ = self.parts.send(Part::Failed(error));
     }
 }
 
-fn reply_stream() -> (ReplySink, ReplyStream) {
+fn reply_stream(handle: CommandTx) -> (ReplySink, ReplyStream) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let held = Arc::new(AtomicUsize::new(0));
-    let sink = ReplySink {
-        parts: tx,
-        held: held.clone(),
-    };
+    let sink = ReplySink { parts: tx };
     let stream = ReplyStream {
         slot: None,
         parts: rx,
-        held,
+        handle,
         done: false,
     };
     (sink, stream)
@@ -570,7 +566,7 @@ impl Object {
 
     fn request(&self, body: Bytes, wait: bool) -> ReplyStream {
         let obj = self.obj.clone();
-        let (reply, mut stream) = reply_stream();
+        let (reply, mut stream) = reply_stream(self.handle.clone());
         let command = Command::App(
             peer::Command::Req { obj, body, wait },
             Some(Answer::Req(reply)),
@@ -929,12 +925,17 @@ impl Shared {
         first: Option<Command>,
     ) -> Option<CommandTx> {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        if inbound && self.closing.load(Ordering::SeqCst) {
-            // Shut down: an inbound link that finished its handshake now starts nothing.
-            return None;
-        }
-        if let Some(entry) = peers.get(id) {
-            if !entry.task.is_finished() {
+        let running = peers.get(id).filter(|entry| !entry.task.is_finished());
+        let admission = peer::admit(
+            if inbound { Origin::Link } else { Origin::App },
+            self.closing.load(Ordering::SeqCst),
+            running.is_some(),
+            peers.len(),
+            self.max_peers,
+        );
+        match admission {
+            Admission::Running => {
+                let entry = running.expect("admitted as running");
                 if !inbound {
                     entry.pinned.store(true, Ordering::SeqCst);
                     entry.handle.control(Command::Reach);
@@ -944,14 +945,16 @@ impl Shared {
                 }
                 return Some(entry.handle.clone());
             }
-        }
-        if inbound && peers.len() >= self.max_peers {
-            warn!(
-                peer = id.as_str(),
-                max = self.max_peers,
-                "peer cap reached; link refused"
-            );
-            return None;
+            Admission::Refused(reason) => {
+                warn!(
+                    peer = id.as_str(),
+                    max = self.max_peers,
+                    reason = reason.as_str(),
+                    "inbound link refused"
+                );
+                return None;
+            }
+            Admission::Start => {}
         }
         let (tx, rx) = commands::channel();
         if let Some(first) = first {
