@@ -10,8 +10,8 @@
 //! comparison also reports the CPU time every thread of the process spent per frame (and how
 //! it splits between the sending thread and the runtime's worker threads), and a
 //! `channel_floor`: the same frames handed one by one through the core hybrid channel (the
-//! per-frame queue seed 000 §2.2 prescribes) to a bare writer on the raw stream, with nothing
-//! of the driver around it: what the hand-off itself costs.
+//! per-frame queue docs/spec/driver.md §3.2 prescribes) to a bare writer on the raw stream,
+//! with nothing of the driver around it: what the hand-off itself costs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -72,12 +72,12 @@ impl ActorBridge for Count {
     }
 }
 
-/// The floor the seed's egress design sets under any driver: each frame handed alone through
-/// the core hybrid channel (a 1,024-slot ring and its spillover) to one writer task that
-/// encodes and writes what it pops to a raw iroh stream, with the cheapest correct wake-up
-/// (a flag the writer sets before it sleeps), encoding as the driver's writer does. Nothing of
-/// tether's driver is on the path: no egress table, no counters, no machine, no routing on
-/// the receiving side.
+/// The floor the egress design of docs/spec/driver.md §3.2 sets under any driver: each frame handed
+/// alone through the core hybrid channel (a 1,024-slot ring and its spillover) to one writer task
+/// that encodes and writes what it pops to a raw iroh stream, with the cheapest correct wake-up (a
+/// flag the writer sets before it sleeps), encoding as the driver's writer does. Nothing of
+/// tether's driver is on the path: no egress table, no counters, no machine, no routing on the
+/// receiving side.
 struct ChannelFloor {
     sender: Sender<(ActorAddr, Bytes)>,
     asleep: Arc<AtomicBool>,

@@ -1,5 +1,5 @@
-//! [`HybridChannel`]: the per-peer egress queue of the transport driver (seed 000 §2.2,
-//! REFERENCE §A). Many producers that never block, one consumer.
+//! [`HybridChannel`]: the per-peer egress queue of the transport driver
+//! (docs/spec/driver.md §3.2). Many producers that never block, one consumer.
 //!
 //! A bounded ring ([`crossbeam_queue::ArrayQueue`]) is the hot path; an unbounded linked
 //! spillover ([`crossbeam_queue::SegQueue`]) takes what the ring cannot. A push goes to the

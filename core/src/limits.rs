@@ -4,12 +4,12 @@
 //! value it has; a decoder or machine that needs a bound names one of these instead of writing a
 //! number.
 
-/// Largest actor-record type tag. Seed 000 §4.3: "Tags larger than 1024 bytes are rejected".
+/// Largest actor-record type tag: a longer one is rejected (docs/spec/driver.md §3.1).
 pub const ACTOR_TAG_BYTES_MAX: usize = 1024;
 
-/// Default bound on an actor-record payload. REFERENCE §A: the original used 64 KiB; tether
-/// makes the bound a decoder setting and defaults to 1 MiB, room for any gossip or application
-/// message that should travel inline rather than as a byte stream.
+/// Default bound on an actor-record payload. docs/spec/driver.md §3.1: the original used 64 KiB;
+/// tether makes the bound a decoder setting and defaults to 1 MiB, room for any gossip or
+/// application message that should travel inline rather than as a byte stream.
 pub const ACTOR_PAYLOAD_BYTES_DEFAULT: usize = 1024 * 1024;
 
 /// Hard ceiling for the actor payload setting: one record is buffered whole before it is
@@ -23,16 +23,17 @@ pub const VARINT_BYTES_MAX: usize = 9;
 pub const VARINT_VALUE_MAX: u64 = (1 << 63) - 1;
 
 /// Bound on every telemetry record and every decoded (decompressed) batch.
-/// Seed 000 §4.5: "Each decoded record or batch is bounded by 16 * 1024 * 1024 bytes".
+/// docs/spec/driver.md §5.4: every record, and every batch once decompressed, is at most 16 MiB.
 pub const TELEMETRY_RECORD_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// Largest telemetry header token: its length travels as a `u16` (seed 000 §8).
+/// Largest telemetry header token: its length travels as a `u16` (docs/spec/driver.md §5.4).
 pub const TELEMETRY_TOKEN_BYTES_MAX: usize = u16::MAX as usize;
 
-/// The writer closes a batch once its raw entries reach this many bytes (seed 000 §4.5).
+/// The writer closes a batch once its raw entries reach this many bytes (docs/spec/driver.md
+/// §5.3).
 pub const TELEMETRY_BATCH_BYTES_TARGET: usize = 256 * 1024;
 
-/// The writer closes a batch once it holds this many events (seed 000 §4.5).
+/// The writer closes a batch once it holds this many events (docs/spec/driver.md §5.3).
 pub const TELEMETRY_BATCH_EVENTS_MAX: usize = 1024;
 
 /// Most channel descriptors a header snapshot may list. Descriptors decode into owned
@@ -43,20 +44,22 @@ pub const TELEMETRY_HEADER_CHANNELS_MAX: usize = 4096;
 /// Most labels one stream or channel descriptor may carry, for the same reason.
 pub const TELEMETRY_LABELS_MAX: usize = 32;
 
-/// zstd level of telemetry batches (seed 000 §4.5: "Zstandard level 1").
+/// zstd level of telemetry batches (docs/spec/driver.md §5.3: level 1).
 pub const TELEMETRY_ZSTD_LEVEL: i32 = 1;
 
-/// Default largest bifaci frame (REFERENCE §B: 3,670,016 bytes, a margin below 3.75 MB).
+/// Default largest bifaci frame (docs/spec/switch.md §2.4: 3,670,016 bytes, a margin below
+/// 3.75 MB).
 pub const BIFACI_FRAME_BYTES_DEFAULT: usize = 3_670_016;
 
-/// Hard ceiling for the bifaci frame setting (REFERENCE §B: "hard cap 16 MiB").
+/// Hard ceiling for the bifaci frame setting (docs/spec/switch.md §2.4: 16 MiB).
 pub const BIFACI_FRAME_BYTES_CEILING: usize = 16 * 1024 * 1024;
 
 /// Deepest CBOR nesting accepted inside a bifaci `meta` map. Skipping a nested item recurses;
 /// this bounds the stack a hostile frame can make the decoder use.
 pub const CBOR_NESTING_DEPTH_MAX: usize = 16;
 
-/// Largest substrate frame: length-prefixed type byte plus CBOR (REFERENCE §C: 1 MiB).
+/// Largest substrate frame: length-prefixed type byte plus CBOR (docs/spec/substrate.md §3:
+/// 1 MiB).
 pub const ENVELOPE_FRAME_BYTES_MAX: usize = 1024 * 1024;
 
 /// QUIC bidirectional streams a peer may have open at once on one connection (set explicitly:
@@ -110,13 +113,14 @@ pub const DECODE_RESERVE_AHEAD_BYTES_MAX: usize = 64 * 1024;
 /// bulk chunk's worth, and its fields). A larger declared length is corruption.
 pub const LOG_ENTRY_BYTES_MAX: usize = 1024 * 1024;
 
-/// Largest inline substrate body (REFERENCE §C: 64 KiB; larger payloads travel as bulk chunks).
+/// Largest inline substrate body (docs/spec/substrate.md §3: 64 KiB; larger payloads travel as
+/// bulk chunks).
 pub const ENVELOPE_INLINE_BODY_BYTES_MAX: usize = 64 * 1024;
 
-/// Largest substrate bulk-chunk body (REFERENCE §C: 256 KiB).
+/// Largest substrate bulk-chunk body (docs/spec/substrate.md §3: 256 KiB).
 pub const ENVELOPE_CHUNK_BODY_BYTES_MAX: usize = 256 * 1024;
 
-/// Longest substrate address (REFERENCE §C: `[a-z0-9._/-]{1,128}`).
+/// Longest substrate address (docs/spec/substrate.md §1.2: `[a-z0-9._/-]{1,128}`).
 pub const ADDRESS_BYTES_MAX: usize = 128;
 
 /// Most keys one envelope `env` map may carry: the seven core keys plus verb-specific keys.
@@ -127,8 +131,8 @@ pub const ENVELOPE_ENV_KEYS_MAX: usize = 32;
 /// readable reason never needs more; op ids are ~26 characters.
 pub const ENVELOPE_TEXT_BYTES_MAX: usize = 4096;
 
-/// Default largest CHUNK payload a switch proposes in its HELLO (REFERENCE §B: "max chunk
-/// 256 KiB"); larger responses are split into chunks of at most this size.
+/// Default largest CHUNK payload a switch proposes in its HELLO (docs/spec/switch.md §2.4:
+/// 256 KiB); larger responses are split into chunks of at most this size.
 pub const BIFACI_CHUNK_BYTES_DEFAULT: usize = 256 * 1024;
 
 /// Most caps one master's manifest may advertise. A host serves dozens; the bound keeps a
@@ -141,14 +145,15 @@ pub const MANIFEST_CAPS_MAX: usize = 4096;
 pub const SWITCH_MASTERS_MAX: usize = 256;
 
 /// How long a master has to answer the switch's HELLO and pass the identity check, in
-/// milliseconds (REFERENCE §B: "HELLO timeout 15 s").
+/// milliseconds (docs/spec/switch.md §2.4: 15 s).
 pub const SWITCH_HANDSHAKE_TIMEOUT_MS: u64 = 15_000;
 
-/// How often the switch sends a master a HEARTBEAT, in milliseconds (REFERENCE §B: 30 s).
+/// How often the switch sends a master a HEARTBEAT, in milliseconds (docs/spec/switch.md §2.4:
+/// 30 s).
 pub const SWITCH_HEARTBEAT_INTERVAL_MS: u64 = 30_000;
 
 /// How long a master has to echo a HEARTBEAT before it is declared dead, in milliseconds
-/// (REFERENCE §B: 10 s timeout).
+/// (docs/spec/switch.md §2.4: 10 s).
 pub const SWITCH_HEARTBEAT_TIMEOUT_MS: u64 = 10_000;
 
 /// Longest echo of the identity nonce the switch gathers (the nonce is 7 bytes; anything longer
@@ -188,11 +193,11 @@ pub const SWITCH_HOST_COMMANDS_MAX: usize = 1_024;
 /// Longest policy a switch pushes to its masters, in bytes (it travels in one frame).
 pub const SWITCH_POLICY_BYTES_MAX: usize = 64 * 1024;
 
-/// Default initial per-stream credit window, in chunks (REFERENCE §B: "initial credit 32
-/// chunks"). Both sides propose a window; the smaller one is used.
+/// Default initial per-stream credit window, in chunks (docs/spec/switch.md §2.4: 32 chunks). Both
+/// sides propose a window; the smaller one is used.
 pub const CREDIT_WINDOW_CHUNKS_DEFAULT: u64 = 32;
 
-/// Default reorder-buffer bound per flow (REFERENCE §B: "reorder buffer 64 per flow"). A peer
+/// Default reorder-buffer bound per flow (docs/spec/switch.md §2.4: 64 per flow). A peer
 /// that races further ahead than this is refused with `overflow` instead of pinning memory.
 pub const REORDER_HELD_COUNT_DEFAULT: usize = 64;
 
@@ -222,8 +227,8 @@ pub const SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX: usize = 256 * 1024;
 /// dropped, counted.
 pub const SWITCH_HOST_LOG_UNREAD_BYTES_MAX: usize = 4 * 1024 * 1024;
 
-/// Default size of the recently-terminated ring (REFERENCE §B: "a ring of the 64 most recent
-/// terminations"). It is the horizon inside which a late frame counts as a benign straggler.
+/// Default size of the recently-terminated ring (docs/spec/switch.md §6.1: the 64 most recent
+/// terminations). It is the horizon inside which a late frame counts as a benign straggler.
 pub const TERMINATED_RING_COUNT_DEFAULT: usize = 64;
 
 /// Hard ceiling for the ring setting: every summary is a few hundred bytes and the ring is
@@ -241,8 +246,8 @@ pub const STREAMS_PER_REQUEST_COUNT_MAX: usize = 1024;
 /// Longest stream id the request machines keep (stream ids are short names such as `input`).
 pub const STREAM_ID_BYTES_MAX: usize = 256;
 
-/// Most cancel-cascade children one request may record (seed 001: peer calls made on behalf of
-/// a request). Bounds the per-request child list a cartridge can grow.
+/// Most cancel-cascade children one request may record (docs/spec/switch.md §5.3: peer calls
+/// made on behalf of a request). Bounds the per-request child list a cartridge can grow.
 pub const CHILDREN_PER_REQUEST_COUNT_MAX: usize = 1024;
 
 /// Longest cancel or error message kept on a terminated summary; longer ones are cut on a
@@ -250,7 +255,8 @@ pub const CHILDREN_PER_REQUEST_COUNT_MAX: usize = 1024;
 pub const TERMINATION_MESSAGE_BYTES_MAX: usize = 1024;
 
 /// Default in-flight window per substrate object: ops transmitted and not yet hop-acked.
-/// Window 1 is the seed's stop-and-wait; per-object seqs keep FIFO for any window (REFERENCE §D).
+/// Window 1 is the source design's stop-and-wait; per-object seqs keep FIFO for any window
+/// (docs/spec/substrate.md §5, §11).
 pub const SUBSTRATE_IN_FLIGHT_OPS_DEFAULT: usize = 32;
 
 /// Default receive window per object (`W`): ops of the peer this side holds for one object,
@@ -259,8 +265,8 @@ pub const SUBSTRATE_IN_FLIGHT_OPS_DEFAULT: usize = 32;
 /// twice over, so a consumer that keeps up never stalls the pipeline.
 pub const SUBSTRATE_RECEIVE_WINDOW_DEFAULT: u64 = 64;
 
-/// Most un-acked ops one object's outbox may hold (REFERENCE §C: 1000 ops per object); the
-/// next send is refused with `queue_full`.
+/// Most un-acked ops one object's outbox may hold (docs/spec/substrate.md §3: 1000 ops per object);
+/// the next send is refused with `queue_full`.
 pub const SUBSTRATE_OUTBOX_OPS_MAX: usize = 1000;
 
 /// No honest peer sends a seq, floor, resync point or credit limit at or past this: it would
@@ -269,8 +275,8 @@ pub const SUBSTRATE_OUTBOX_OPS_MAX: usize = 1000;
 /// every sum of a seq and a window stays far from `u64::MAX`.
 pub const SUBSTRATE_SEQ_MAX: u64 = 1 << 62;
 
-/// Most live objects per peer (REFERENCE §C: 200 sessions per peer); the next open is refused
-/// with `quota`.
+/// Most live objects per peer (docs/spec/substrate.md §3: 200 sessions per peer); the next open is
+/// refused with `quota`.
 pub const SUBSTRATE_OBJECTS_PER_PEER_MAX: usize = 200;
 
 /// Most bounce tombstones kept per peer. Each is an op id the frontier cannot answer for; a
@@ -278,20 +284,21 @@ pub const SUBSTRATE_OBJECTS_PER_PEER_MAX: usize = 200;
 /// state (a duplicate of an evicted one bounces again, which is counted).
 pub const SUBSTRATE_BOUNCES_MAX: usize = 4096;
 
-/// A gap older than this triggers a `resync` (REFERENCE §C: 30 s).
+/// A gap older than this triggers a `resync` (docs/spec/substrate.md §5: 30 s).
 pub const SUBSTRATE_GAP_RESYNC_MS: u64 = 30_000;
 
-/// Keepalive interval (REFERENCE §C: every 30 s).
+/// Keepalive interval (docs/spec/substrate.md §3: every 30 s).
 pub const SUBSTRATE_KEEPALIVE_MS: u64 = 30_000;
 
-/// Silence after which a link is dead (REFERENCE §C: 90 s).
+/// Silence after which a link is dead (docs/spec/substrate.md §3: 90 s).
 pub const SUBSTRATE_DEAD_AFTER_MS: u64 = 90_000;
 
-/// Queue TTL: an op that could not be sent for this long ends as `ttl_expired` (REFERENCE §C).
+/// Queue TTL: an op that could not be sent for this long ends as `ttl_expired`
+/// (docs/spec/substrate.md §3).
 pub const SUBSTRATE_QUEUE_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 
-/// Default dedupe retention: tombstones and closed objects are kept this long (REFERENCE §C:
-/// ≥ 7 days). Never below the sender's resend horizon (the queue TTL).
+/// Default dedupe retention: tombstones and closed objects are kept this long
+/// (docs/spec/substrate.md §6: ≥ 7 days). Never below the sender's resend horizon (the queue TTL).
 pub const SUBSTRATE_DEDUPE_RETENTION_MS: u64 = 7 * 24 * 60 * 60 * 1000;
 
 /// First delay before an op answered with a transient code is sent again; it doubles (with
@@ -326,8 +333,8 @@ pub const SUBSTRATE_STATS_EVERY_MS: u64 = 1_000;
 pub const TELEMETRY_SINK_ITEMS_DEFAULT: usize = 1024;
 
 /// A good capacity for a protocol binding's event sink: lifecycle events and inbound streams
-/// an app has not taken yet; past it events are dropped and counted (best-effort, seed 000
-/// §7.3) and a dropped inbound stream is closed.
+/// an app has not taken yet; past it events are dropped and counted (best-effort,
+/// docs/spec/driver.md §3.4) and a dropped inbound stream is closed.
 pub const PROTOCOL_SINK_EVENTS_DEFAULT: usize = 1024;
 
 /// Sends and requests that may wait for outbox room per object in a peer's task, beyond the
@@ -366,12 +373,13 @@ pub const SUBSTRATE_WRITE_CHUNKS_MAX: usize = 8;
 /// ones instead of growing state (a duplicate for an evicted object bounces, which is counted).
 pub const SUBSTRATE_RETAINED_OBJECTS_MAX: usize = 4096;
 
-/// Largest receive window (`W`) a machine accepts, so the most deliveries per object the app
-/// may hold unconsumed (REFERENCE §C: 1000 ops per object). A larger setting is lowered to it.
+/// Largest receive window (`W`) a machine accepts, so the most deliveries per object the app may
+/// hold unconsumed (docs/spec/substrate.md §3: 1000 ops per object). A larger setting is lowered to
+/// it.
 pub const SUBSTRATE_INBOX_OPS_MAX: usize = 1000;
 
 /// Longest cap, media or tagged URN text [`crate::cap`] parses, in bytes. A cap URN travels in
-/// every REQ frame and in every manifest entry; real ones (REFERENCE §B, capdag docs) stay under
+/// every REQ frame and in every manifest entry (docs/spec/switch.md §4); real ones stay under
 /// 300 bytes, so 4 KiB leaves more than ten times that while bounding the work and memory one
 /// hostile URN can cost the parser.
 pub const CAP_URN_BYTES_MAX: usize = 4096;

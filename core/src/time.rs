@@ -1,6 +1,6 @@
 //! Time as core sees it: a point on the caller's monotonic clock, passed in.
 //!
-//! Core never reads a clock (ARCHITECTURE.md, "The one rule"). Shells convert their own clock
+//! Core never reads a clock (docs/architecture.md §1). Shells convert their own clock
 //! (`tokio::time::Instant`, turmoil's simulated clock) into a [`Time`] by counting milliseconds
 //! from an epoch of their choosing; only differences between two `Time`s carry meaning.
 

@@ -1,7 +1,7 @@
-//! Golden vectors for `tether_core::cap`, checked in as JSON under `tests/data/cap/`: the
-//! docs/04 §2.5 truth table, parsing to canonical text and specificity, parse errors with kind
-//! and byte offset, the four predicates, dispatch and ranking. Each vector names its source
-//! (capdag docs, tagged-urn RULES.md, or REFERENCE §B where capdag's code and docs differ).
+//! Golden vectors for `tether_core::cap`, checked in as JSON under `tests/data/cap/`: the capdag
+//! docs/04 §2.5 truth table, parsing to canonical text and specificity, parse errors with kind and
+//! byte offset, the four predicates, dispatch and ranking. Each vector names its source (capdag
+//! docs, tagged-urn RULES.md, or docs/spec/switch.md §4 where capdag's code and docs differ).
 
 use serde::Deserialize;
 use tether_core::cap::{

@@ -1,5 +1,5 @@
-//! The reference model of the driver machine (the `driver` section, seed 000), written from
-//! `docs/conformance/driver.md` alone. It shares no code with `tether-core` and was written
+//! The reference model of the driver machine (the `driver` section, docs/spec/driver.md), written
+//! from `docs/conformance/driver.md` alone. It shares no code with `tether-core` and was written
 //! without reading core's driver: if the two disagree, one of them misreads the document.
 //!
 //! Plain data (`BTreeMap`s keyed the way the document orders things), one function per op,

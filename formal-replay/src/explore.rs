@@ -1,11 +1,11 @@
 //! Model checking: every op sequence up to a bound, run on the model and on core in lockstep.
 //!
-//! At every step the two must make the same observation, and the laws of CONFORMANCE.md must
-//! hold on both: register once, terminate once, zero state after termination, disposition =
-//! route while live / straggler while in the ring / no_route after eviction; a gate never
-//! holds more than it was given; a window never grants more than was consumed; a reorder
-//! buffer delivers each seq exactly once and in order; a writer numbers flow frames without
-//! gaps and writes at most one terminal, last. Distinct model states are counted.
+//! At every step the two must make the same observation, and the laws of docs/conformance/README.md
+//! must hold on both: register once, terminate once, zero state after termination, disposition =
+//! route while live / straggler while in the ring / no_route after eviction; a gate never holds
+//! more than it was given; a window never grants more than was consumed; a reorder buffer delivers
+//! each seq exactly once and in order; a writer numbers flow frames without gaps and writes at most
+//! one terminal, last. Distinct model states are counted.
 
 use std::collections::HashSet;
 use std::hash::Hash;

@@ -1,15 +1,16 @@
 //! tether-formal-replay: reference models of tether's request-lifecycle machines, written
 //! independently of `tether-core`, model checking of their laws, and step-by-step replay of
-//! conformance scripts (`CONFORMANCE.md`) against core.
+//! conformance scripts (`docs/conformance/README.md`) against core.
 //!
-//! - [`model`]: the reference model, CONFORMANCE.md transcribed for clarity, not speed. It shares
+//! - [`model`]: the reference model, docs/conformance/README.md transcribed for clarity, not
+//!   speed. It shares
 //!   no code with core.
 //! - [`script`]: the script format, parsed strictly (every key required, no extra keys, exact
 //!   64-bit integers).
 //! - [`replay`]: one case against core or the model, with the first divergence.
 //! - [`generate`]: new scripts with the model as the oracle (enumeration plus random walks).
 //! - [`explore`]: every op sequence up to a bound, core and model in lockstep, laws checked.
-//! - [`switch_model`]: the reference request switch (seed 001, REFERENCE §B), independent of
+//! - [`switch_model`]: the reference request switch (docs/spec/switch.md), independent of
 //!   `tether_core::switch`; [`switch`]: core's switch driven through its harness for the
 //!   `switch` section, and the lockstep explorer of the two.
 //! - [`peer`]: the `peer` section, core's `substrate::peer::Peer` (load, dials, commits and
@@ -24,7 +25,7 @@ pub mod generate;
 pub mod model;
 pub mod peer;
 pub mod replay;
-#[allow(missing_docs)] // Every field is the key of the same name in CONFORMANCE.md.
+#[allow(missing_docs)] // Every field is the key of that name in docs/conformance/README.md.
 pub mod script;
 pub mod substrate;
 pub mod switch;

@@ -1,11 +1,12 @@
-//! The reference model: CONFORMANCE.md transcribed as directly as possible.
+//! The reference model: the semantics of docs/conformance/README.md (its sections `frame_types`
+//! to `emission`) transcribed as directly as possible.
 //!
 //! Written for clarity, not speed, and sharing no code with `tether-core`: sets are vectors
 //! searched linearly, counters are `u128` clamped only where the document says "saturate",
 //! the ring is a plain vector of request ids. If core and this model ever disagree, one of
 //! them misreads the document, and the conformance run says which case shows it.
 
-/// One row of the frame-type table (CONFORMANCE §1.3).
+/// One row of the frame-type table (docs/conformance/README.md#frame-type-codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameTypeRow {
     /// Wire code.
@@ -55,7 +56,7 @@ pub fn frame_type(code: u8) -> Option<FrameTypeRow> {
     FRAME_TYPES.iter().copied().find(|row| row.code == code)
 }
 
-/// §3: the ledger after one frame, in unbounded integers.
+/// `ledger`: the ledger after one frame, in unbounded integers.
 pub fn ledger(remaining: u64, frame: u8, granted: u64) -> i128 {
     let start = i128::from(remaining);
     if frame == CHUNK {
@@ -67,7 +68,7 @@ pub fn ledger(remaining: u64, frame: u8, granted: u64) -> i128 {
     }
 }
 
-/// §4: the smaller proposal, refused when it is 0.
+/// `negotiate`: the smaller proposal, refused when it is 0.
 pub fn negotiate(ours: u64, theirs: u64) -> Option<u64> {
     let smaller = if ours < theirs { ours } else { theirs };
     if smaller == 0 {
@@ -77,7 +78,8 @@ pub fn negotiate(ours: u64, theirs: u64) -> Option<u64> {
     }
 }
 
-/// §5: `Some(identity)` when a gate is credited (the identity may be `None`), else `None`.
+/// `grant_target`: `Some(identity)` when a gate is credited (the identity may be `None`), else
+/// `None`.
 pub fn grant_target(streams: &[Option<String>], named: &Option<String>) -> Option<Option<String>> {
     for stream in streams {
         if stream == named {
@@ -92,7 +94,7 @@ pub fn grant_target(streams: &[Option<String>], named: &Option<String>) -> Optio
 
 const U64_MAX: u128 = u64::MAX as u128;
 
-/// §6: the sender's gate.
+/// `gate`: the sender's gate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Gate {
     /// Credits still spendable.
@@ -165,7 +167,7 @@ pub enum WindowOp {
     Flush,
 }
 
-/// §7: the receiver's window.
+/// `window`: the receiver's window.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Window {
     /// Chunks the sender may still send.
@@ -237,7 +239,7 @@ pub enum ReorderStep {
     Error(&'static str),
 }
 
-/// §8: one flow's reorder buffer.
+/// `reorder`: one flow's reorder buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Reorder {
     /// Next seq to hand on (unbounded).
@@ -291,7 +293,7 @@ impl Reorder {
     }
 }
 
-/// §9: one flow's writer. Returns (written, seq) per frame code.
+/// `writer`: one flow's writer. Returns (written, seq) per frame code.
 pub fn writer(frames: &[u8]) -> Vec<(bool, Option<u64>)> {
     let mut ended = false;
     let mut next: u64 = 0;
@@ -313,7 +315,7 @@ pub fn writer(frames: &[u8]) -> Vec<(bool, Option<u64>)> {
     out
 }
 
-/// §10: the request table over small string ids.
+/// `table`: the request table over small string ids.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Table {
     /// Live (xid, rid) keys.
@@ -378,7 +380,7 @@ impl Table {
     }
 }
 
-/// §11: one emission.
+/// `emission`: one emission.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Emission {
     /// STREAM_START.
@@ -404,7 +406,7 @@ pub type Verdict = (
     Option<u64>,
 );
 
-/// §11: checks `emitted`, stopping at the first violation.
+/// `emission`: checks `emitted`, stopping at the first violation.
 pub fn check_emissions(emitted: &[Emission]) -> Verdict {
     let mut open: Vec<(String, u64)> = Vec::new();
     let mut closed: Vec<String> = Vec::new();
@@ -484,7 +486,7 @@ pub fn check_emissions(emitted: &[Emission]) -> Verdict {
     (None, None, None, None, None)
 }
 
-/// A join to one seed, written from seed 000 §6.3 and REFERENCE §A: up to 5 attempts; the
+/// A join to one seed, written from docs/spec/driver.md §4.3: up to 5 attempts; the
 /// wait before attempt k+1 is 2 s doubled k-1 times, capped at 30 s; connecting → sending →
 /// sent, or failed after the fifth failure. Only the attempt in flight reports: an event
 /// while the next attempt waits (before it is due), or after the join is done, changes
@@ -543,7 +545,7 @@ impl JoinModel {
     }
 }
 
-/// The actor plane's routing, written from seed 000 §2.2, §3.1, §7.3–§7.5: a record for the
+/// The actor plane's routing, written from docs/spec/driver.md §2.4, §3.2–§3.5: a record for the
 /// mailbox goes by tag to the protocol actor owning it; any other record goes to the actor it
 /// names when that actor is hosted here; an unknown tag is dropped first. Egress to a mailbox
 /// is that peer; to an actor, the peer the route view names; either must be admitted. The
@@ -567,7 +569,7 @@ pub struct RoutingModel {
     pub drops: Vec<(&'static str, u128)>,
 }
 
-/// The SWIM message tags of seed 000 §7.4.
+/// The SWIM message tags of docs/spec/driver.md §3.5.
 const SWIM: [&str; 6] = [
     "Ping",
     "Ack",

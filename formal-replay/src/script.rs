@@ -1,9 +1,10 @@
-//! The conformance script format (CONFORMANCE.md §1–§11), parsed strictly: every key of every
+//! The conformance script format (docs/conformance/README.md), parsed strictly: every key of every
 //! object is required (`null` where a value can be nothing), no extra keys, integers exact.
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// The sections: CONFORMANCE.md's ten in the document's order, then tether's own.
+/// The sections: the ten from the clean-room reference, in docs/conformance/README.md's order,
+/// then tether's own.
 pub const SECTIONS: [&str; 16] = [
     "frame_types",
     "ledger",
@@ -42,7 +43,7 @@ pub struct ScriptFile {
     pub cases: Vec<serde_json::Value>,
 }
 
-/// §2.
+/// A `frame_types` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FrameTypesCase {
@@ -64,7 +65,7 @@ pub enum Ending {
     Failed,
 }
 
-/// §3.
+/// A `ledger` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LedgerCase {
@@ -74,7 +75,7 @@ pub struct LedgerCase {
     pub after: i64,
 }
 
-/// §4.
+/// A `negotiate` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NegotiateCase {
@@ -84,7 +85,7 @@ pub struct NegotiateCase {
     pub window: Option<u64>,
 }
 
-/// §5.
+/// A `grant_target` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrantTargetCase {
@@ -96,7 +97,7 @@ pub struct GrantTargetCase {
     pub target: Option<String>,
 }
 
-/// §6 operation.
+/// `gate` operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
 pub enum GateOp {
@@ -105,7 +106,7 @@ pub enum GateOp {
     Close { reason: String },
 }
 
-/// §6 observation after one op.
+/// `gate` observation after one op.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GateStep {
@@ -116,7 +117,7 @@ pub struct GateStep {
     pub closed: Option<String>,
 }
 
-/// §6.
+/// A `gate` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GateCase {
@@ -125,7 +126,7 @@ pub struct GateCase {
     pub steps: Vec<GateStep>,
 }
 
-/// §7 operation.
+/// `window` operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WindowOp {
@@ -135,7 +136,7 @@ pub enum WindowOp {
     Flush,
 }
 
-/// §7 observation after one op.
+/// `window` observation after one op.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowStep {
@@ -145,7 +146,7 @@ pub struct WindowStep {
     pub pending: u64,
 }
 
-/// §7.
+/// A `window` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowCase {
@@ -154,7 +155,7 @@ pub struct WindowCase {
     pub steps: Vec<WindowStep>,
 }
 
-/// §8 refusal.
+/// `reorder` refusal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ReorderError {
@@ -163,7 +164,7 @@ pub enum ReorderError {
     Overflow,
 }
 
-/// §8 step: exactly one key.
+/// `reorder` step: exactly one key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum ReorderStep {
@@ -192,7 +193,7 @@ impl<'de> Deserialize<'de> for HoldTrue {
     }
 }
 
-/// §8.
+/// A `reorder` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReorderCase {
@@ -201,7 +202,7 @@ pub struct ReorderCase {
     pub steps: Vec<ReorderStep>,
 }
 
-/// §9.
+/// A `writer` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WriterCase {
@@ -210,7 +211,7 @@ pub struct WriterCase {
     pub seqs: Vec<Option<u64>>,
 }
 
-/// §10 xid.
+/// `table` xid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Xid {
@@ -218,7 +219,7 @@ pub enum Xid {
     X2,
 }
 
-/// §10 rid.
+/// `table` rid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Rid {
@@ -254,7 +255,7 @@ impl Rid {
     }
 }
 
-/// §10 operation.
+/// `table` operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TableOp {
@@ -280,7 +281,7 @@ pub enum Disposition {
     NoRoute,
 }
 
-/// §10 observation after one op.
+/// `table` observation after one op.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TableStep {
@@ -288,7 +289,7 @@ pub struct TableStep {
     pub frames: [Disposition; 3],
 }
 
-/// §10.
+/// A `table` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TableCase {
@@ -299,7 +300,7 @@ pub struct TableCase {
     pub registered: u64,
 }
 
-/// §11 emission.
+/// One emission of an `emission` case.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
 pub enum Emission {
@@ -322,7 +323,7 @@ pub enum Emission {
     Other {},
 }
 
-/// §11 violation names.
+/// `emission` violation names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ViolationName {
@@ -334,7 +335,7 @@ pub enum ViolationName {
     EndWithOpenStream,
 }
 
-/// §11.
+/// An `emission` case.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmissionCase {
@@ -397,7 +398,7 @@ pub enum Verdict {
     Broken,
 }
 
-/// A substrate trace (tether's own section, not part of CONFORMANCE.md): the actions run
+/// A substrate trace (tether's own section, docs/conformance/README.md#substrate): the actions run
 /// from two nodes with a queue and a session open, judged by the model after every step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -407,8 +408,8 @@ pub struct SubstrateCase {
     pub verdict: Verdict,
 }
 
-/// One input to the driver machine (tether's own section, seed 000; format and semantics in
-/// `docs/conformance/driver.md`). Peers are 0–255; `at` is milliseconds, never decreasing.
+/// One input to the driver machine (tether's own section, docs/spec/driver.md; format and semantics
+/// in `docs/conformance/driver.md`). Peers are 0–255; `at` is milliseconds, never decreasing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DriverOp {
@@ -749,8 +750,8 @@ pub struct JoinCase {
     pub steps: Vec<JoinStep>,
 }
 
-/// One op on the actor plane's routing decisions (tether's own section, seed 000 §2.2, §3.1,
-/// §7.3–§7.5). Node ids and actor addresses are small integers `n` (the 32 bytes `[n; 32]`).
+/// One op on the actor plane's routing decisions (tether's own section, docs/spec/driver.md
+/// §2.4, §3.2–§3.6). Node ids and actor addresses are small integers `n` (the 32 bytes `[n; 32]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum RoutingOp {
@@ -821,7 +822,7 @@ pub struct RoutingCase {
 }
 
 // ---------------------------------------------------------------------------------------------
-// switch (tether's own section, seed 001 and REFERENCE §B)
+// switch (tether's own section, docs/spec/switch.md)
 
 /// One master of a switch case, attached and put through the handshake before the first op,
 /// in slot order (the first master of the list fills slot 0).
@@ -871,7 +872,7 @@ impl SwitchFrame {
         )
     }
 
-    /// The wire name of its frame type (REFERENCE §B).
+    /// The wire name of its frame type (docs/spec/switch.md §2.3).
     pub fn wire_name(self) -> &'static str {
         match self {
             SwitchFrame::StreamStart => "STREAM_START",
@@ -884,7 +885,7 @@ impl SwitchFrame {
     }
 }
 
-/// The cancel reason's code (REFERENCE §B).
+/// The cancel reason's code (docs/spec/switch.md §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum SwitchCancelCode {
@@ -1064,7 +1065,7 @@ pub struct SwitchCounters {
     pub terminated: SwitchTerminated,
 }
 
-/// A switch case (tether's own section, seed 001 and REFERENCE §B): one switch whose
+/// A switch case (tether's own section, docs/spec/switch.md): one switch whose
 /// recently-terminated ring keeps `ring` (≥ 1) endings, the masters attached and verified in
 /// slot order, the ops, one step per op, and the counters after the last op.
 ///

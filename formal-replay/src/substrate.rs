@@ -8,8 +8,8 @@
 //! everything uncommitted), 31 s pass, a stray op for an unknown object arrives, or B's app
 //! closes the queue.
 //!
-//! The model is [`Promises`]: written from the seed's guarantees alone, it knows nothing of
-//! outboxes, windows or frontiers. After every action it judges what the apps observed:
+//! The model is [`Promises`]: written from the guarantees of docs/spec/substrate.md alone, it knows
+//! nothing of outboxes, windows or frontiers. After every action it judges what the apps observed:
 //!
 //! - exactly once, in order: per object, what B's app consumed is an in-order subsequence of
 //!   what A durably promised (its committed sends and reqs), each op once, never one A was
@@ -131,7 +131,8 @@ struct Budget {
     closes: u8,
 }
 
-/// The independent model: what the apps may observe, judged from the seed's guarantees.
+/// The independent model: what the apps may observe, judged from the guarantees of
+/// docs/spec/substrate.md.
 #[derive(Debug, Default)]
 pub struct Promises;
 

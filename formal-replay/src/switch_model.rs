@@ -1,5 +1,5 @@
-//! The reference model of the request switch, written from seed 001 and REFERENCE §B alone. It
-//! shares no code with `tether_core::switch` or `tether_core::request`; the only thing it takes
+//! The reference model of the request switch, written from docs/spec/switch.md alone. It shares
+//! no code with `tether_core::switch` or `tether_core::request`; the only thing it takes
 //! from core is the cap-URN oracle (`tether_core::cap`: parsing, `is_dispatchable`,
 //! `specificity`, `is_equivalent`), which has golden vectors of its own. Ranking is done here.
 //!
@@ -17,60 +17,60 @@
 //!
 //! # Rules
 //!
-//! 1. **Routing** (seed "Cap routing", REFERENCE §B). The candidates are the caps of routable
-//!    masters, in slot order then manifest order, that are dispatchable for the request. Each
-//!    has a distance `specificity(candidate) − specificity(request)`; candidates are ordered by
-//!    distance 0 first, then positive distances ascending, then negative ones by ascending
-//!    absolute value, ties by candidate order. If a preferred cap is given and some candidate is
-//!    equivalent to it, the first such candidate in that order wins; else the first candidate.
-//!    No candidate: `no_handler` (counted). A cap that does not parse: `bad_cap` (engine
-//!    requests; not counted as no_handler).
-//! 2. **Registration** (seed "Request tracking"). Checks in the seed's order: parse, route,
-//!    then register; registering a rid that is live (whoever made it) is refused as
+//! 1. **Routing** (docs/spec/switch.md §4.3–§4.4, §5.1). The candidates are the caps of routable
+//!    masters, in slot order then manifest order, that are dispatchable for the request. Each has a
+//!    distance `specificity(candidate) − specificity(request)`; candidates are ordered by distance
+//!    0 first, then positive distances ascending, then negative ones by ascending absolute value,
+//!    ties by candidate order. If a preferred cap is given and some candidate is equivalent to it,
+//!    the first such candidate in that order wins; else the first candidate. No candidate:
+//!    `no_handler` (counted). A cap that does not parse: `bad_cap` (engine requests; not counted as
+//!    no_handler).
+//! 2. **Registration** (docs/spec/switch.md §5.1, §6.1). Checks in that section's order: parse,
+//!    route, then register; registering a rid that is live (whoever made it) is refused as
 //!    `duplicate`. A successful registration counts, writes the REQ to the destination (seq 0
 //!    of the request leg) and makes the rid live. A refused peer request is answered by an ERR
 //!    to `from` (`NO_HANDLER`, `DUPLICATE_REQUEST`) outside any flow: seq 0. A refused engine
 //!    request is an error returned to the engine; nothing is written.
 //! 3. **Forwarding.** A frame for a live request from a side of it travels along the leg its
 //!    sender writes and is renumbered on the outgoing flow: each leg numbers what it writes 0,
-//!    1, 2, … without gaps (REFERENCE §B "Flow sequence numbers"; CONFORMANCE §9); non-flow
-//!    frames (CREDIT, CANCEL, CLOSE_STREAM) carry 0.
-//! 4. **Termination** (seed; REFERENCE §B RequestTable). END or ERR from the destination ends
+//!    1, 2, … without gaps (docs/spec/switch.md §6.3; docs/conformance/README.md#writer);
+//!    non-flow frames (CREDIT, CANCEL, CLOSE_STREAM) carry 0.
+//! 4. **Termination** (docs/spec/switch.md §6.1). END or ERR from the destination ends
 //!    the request (`end` / `err`), is forwarded, and leaves no state. Cancel ends it
 //!    `cancelled`, master death `master_died`. Each termination appends the rid to the
 //!    recently-terminated ring, which keeps the last `ring` endings.
-//! 5. **Disposition** of a frame whose rid is not live: `straggler` if the rid is in the ring
-//!    (counted per wire frame type, whatever the sender and the type, CREDIT included), else
-//!    `no_route` (counted). Nobody is cut for either.
-//! 6. **Foreign frames** (brief: ForeignRequest). A frame from a master that is neither the
-//!    origin nor the destination of the live request it names cuts that master.
-//! 7. **Credit** (REFERENCE §B "Credit"; tether's decision where the seed is silent on
-//!    windows that differ per hop). Credit is end to end, so every side of every request must
+//! 5. **Disposition** (docs/spec/switch.md §6.2) of a frame whose rid is not live: `straggler` if
+//!    the rid is in the ring (counted per wire frame type, whatever the sender and the type, CREDIT
+//!    included), else `no_route` (counted). Nobody is cut for either.
+//! 6. **Foreign frames** (tether's decision; core's `ForeignRequest`). A frame from a master that
+//!    is neither the origin nor the destination of the live request it names cuts that master.
+//! 7. **Credit** (docs/spec/switch.md §7, including tether's decision there on windows that
+//!    differ per hop). Credit is end to end, so every side of every request must
 //!    use one window: the switch offers the smallest initial credit of the case's masters (at
 //!    most 32) and refuses a master offering less. Each stream of each leg has that window,
 //!    opened at its STREAM_START. A CHUNK takes one; a CHUNK with none left
 //!    cuts its sender (`credit_violation`) and is not forwarded. A CREDIT from the receiving
 //!    side of a stream adds its grant and is forwarded to the sending side (end to end).
-//! 8. **Cancel** (seed "Cancel and stop"). Cancelling a live rid ends it and every live
+//! 8. **Cancel** (docs/spec/switch.md §8). Cancelling a live rid ends it and every live
 //!    descendant (children are peer requests registered with the request as parent; the link
 //!    is to that registration, so a child whose parent already ended is reached by nothing) as
 //!    `cancelled`. For each: CANCEL to its destination (seq 0; `force_kill` unless the code is
 //!    `ABORTED_COLLATERAL`) and ERR carrying the reason's code to its origin (next seq of the
 //!    response leg). A rid that is not live: nothing, `ok = false`.
-//! 9. **Stop feeds.** A live rid: CLOSE_STREAM (seq 0) to its destination, the request stays
-//!    live, `ok = true`. Else nothing, `ok = false`.
+//! 9. **Stop feeds** (docs/spec/switch.md §8). A live rid: CLOSE_STREAM (seq 0) to its destination,
+//!    the request stays live, `ok = true`. Else nothing, `ok = false`.
 //! 10. **Master death** (close, or a cut). The slot detaches and stops being routable. Every
 //!     live request it serves ends `master_died` with ERR `MASTER_DIED` to its origin (next seq
 //!     of the response leg); every live request it originated ends `master_died` with CANCEL
 //!     (seq 0) to its destination. Nothing else ends (a grandchild made by another master
 //!     lives on). A close is not a cut.
-//! 11. **Reattach.** A detached slot accepts the master again at the same slot index (so slot
-//!     order, hence tie-breaking, is unchanged), routable after a good echo. An attached slot,
-//!     healthy or not, refuses (`ok = false`, nothing changes).
+//! 11. **Reattach** (docs/spec/switch.md §9.1). A detached slot accepts the master again at the
+//!     same slot index (so slot order, hence tie-breaking, is unchanged), routable after a good
+//!     echo. An attached slot, healthy or not, refuses (`ok = false`, nothing changes).
 //!
 //! # Domain (ops outside it make a case malformed; generators never produce them)
 //!
-//! Where the seed does not say what happens, the section does not ask:
+//! Where docs/spec/switch.md does not say what happens, the section does not ask:
 //! - a frame, peer request or close from a master that is not attached, or a frame or peer
 //!   request from an unhealthy one;
 //! - a side sending in the other side's role (`respond` from the origin, `continue` from the
@@ -79,14 +79,15 @@
 //! - stream frames out of stream order on a live request (STREAM_START of a stream already
 //!   started on that leg, CHUNK or STREAM_END of a stream not open, END while a stream of the
 //!   leg is open, anything on the request leg after the origin's END): core checks emission
-//!   order (CONFORMANCE §11) but the seed names no switch decision for it;
+//!   order (docs/conformance/README.md#emission) but docs/spec/switch.md names no switch
+//!   decision for it;
 //! - CREDIT for a stream the credited leg has not started;
 //! - a peer request whose cap does not parse, whose parent is not live or not routed to
 //!   `from`, or that would be routed back to `from` (both legs would share one flow on one
-//!   connection; the seed does not say how they are told apart);
+//!   connection; docs/spec/switch.md does not say how they are told apart);
 //! - a frame for a rid whose ring entries were partly evicted after several endings entered the
-//!   ring in one op (the seed does not order endings within one op, so which survived is not
-//!   determined);
+//!   ring in one op (docs/spec/switch.md does not order endings within one op, so which
+//!   survived is not determined);
 //! - a preferred cap that does not parse.
 
 use std::collections::BTreeMap;
@@ -98,7 +99,7 @@ use crate::script::{
     SwitchOp, SwitchStep, SwitchTerminated,
 };
 
-/// The switch's own initial credit offer (REFERENCE §B: initial credit 32 chunks).
+/// The switch's own initial credit offer (docs/spec/switch.md §2.4: 32 chunks).
 pub const SWITCH_INITIAL_CREDIT: u64 = 32;
 
 /// The window a switch for `masters` offers: the smallest of their initial credits, at most

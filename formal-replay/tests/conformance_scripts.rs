@@ -1,5 +1,5 @@
 //! The checked-in conformance scripts pass against core and against the model, and the
-//! `check` command reports failures the way ARCHITECTURE.md promises.
+//! `check` command reports failures the way docs/architecture.md §2.2 promises.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

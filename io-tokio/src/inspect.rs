@@ -2,7 +2,7 @@
 //!
 //! One JSON object per decoded frame or record, binary fields as lowercase hex. On malformed
 //! input everything decoded before the fault is printed, then `{"error": kind, "offset": n}`.
-//! The shapes are a stable contract (ARCHITECTURE.md, "Command-line contracts").
+//! The shapes are a stable contract (docs/architecture.md §2.1).
 
 use std::io::{self, Write};
 

@@ -1,5 +1,5 @@
 //! Dispatch (which registered caps can handle a request) and ranking (which of them to pick),
-//! per REFERENCE §B; capdag docs/07 and docs/08.
+//! per docs/spec/switch.md §4.3–§4.4; capdag docs/07 and docs/08.
 
 use std::cmp::Ordering;
 
@@ -15,7 +15,8 @@ use super::urn::{CapUrn, Effect};
 /// - effect: the request says `?effect`, or both effects are equal. A candidate with
 ///   `?effect` therefore matches only requests that also leave the effect open;
 /// - other tags: the request's tags, as the pattern, accept the candidate's, as the instance
-///   (REFERENCE §B: capdag's code; its docs/07 §2.1 writes the relation the other way round).
+///   (docs/spec/switch.md §4.5: capdag's code; its docs/07 §2.1 writes the relation the
+///   other way round).
 pub fn is_dispatchable(candidate: &CapUrn, request: &CapUrn) -> bool {
     let input = request.input().is_top() || request.input().conforms_to(candidate.input());
     let output = request.output().is_top()

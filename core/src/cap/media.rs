@@ -35,7 +35,7 @@ impl MediaUrn {
 
     /// Whether `self`, as an instance, satisfies `pattern` (the docs/04 truth table on every
     /// key). Everything conforms to `media:`; `media:ext=pdf` does not conform to
-    /// `media:bytes`, since it has no `bytes` tag (REFERENCE §B).
+    /// `media:bytes`, since it has no `bytes` tag (docs/spec/switch.md §4.5).
     pub fn conforms_to(&self, pattern: &MediaUrn) -> bool {
         self.0.conforms_to(&pattern.0)
     }

@@ -1,6 +1,6 @@
-//! Cap URNs: naming what a peer can do, and choosing who handles a request (REFERENCE §B; the
-//! facts come from the public capdag docs 03–08 and 11, and where those differ from capdag's
-//! code, from the code, which is what peers run).
+//! Cap URNs: naming what a peer can do, and choosing who handles a request (docs/spec/switch.md
+//! §4; the facts come from the public capdag docs 03–08 and 11, and where those differ from
+//! capdag's code, from the code, which is what peers run).
 //!
 //! - [`TaggedUrn`]: the grammar under everything, `prefix:tag;tag;...`, where each tag is one
 //!   of six [`Constraint`] forms, and the per-key truth table that decides whether an instance

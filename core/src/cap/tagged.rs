@@ -1,5 +1,5 @@
 //! Tagged URNs: `prefix:tag;tag;...`, the grammar under every media and cap URN
-//! (REFERENCE §B "Tagged URN"; capdag docs/03 and docs/04).
+//! (docs/spec/switch.md §4.1; capdag docs/03 and docs/04).
 //!
 //! A tag puts one of six constraints on its key; a key the URN does not mention is unconstrained.
 //! Parsing normalises (prefix, keys and unquoted values lowercased, tags sorted, aliases folded)
@@ -12,8 +12,8 @@ use std::str::FromStr;
 
 use crate::limits::{CAP_URN_BYTES_MAX, CAP_URN_TAGS_MAX};
 
-/// What one tag says about its key. Each form has a specificity (REFERENCE §B, capdag docs/05
-/// §2.2); a key a URN does not mention scores 0 like [`Constraint::Unconstrained`].
+/// What one tag says about its key. Each form has a specificity (docs/spec/switch.md §4.1,
+/// capdag docs/05 §2.2); a key a URN does not mention scores 0 like [`Constraint::Unconstrained`].
 ///
 /// | Form | Canonical text | Aliases accepted by the parser | Specificity |
 /// |---|---|---|---|
@@ -24,8 +24,8 @@ use crate::limits::{CAP_URN_BYTES_MAX, CAP_URN_TAGS_MAX};
 /// | [`Exact`](Self::Exact) | `x=v` | | 4 |
 /// | [`Absent`](Self::Absent) | `!x` | `x!`, `x=!` | 5 |
 ///
-/// `x=?v` and `x=!v` are the exact values `?v` and `!v`, not aliases (REFERENCE §B: capdag's
-/// code differs from its docs here, and the code is what peers run).
+/// `x=?v` and `x=!v` are the exact values `?v` and `!v`, not aliases (docs/spec/switch.md §4.5:
+/// capdag's code differs from its docs here, and the code is what peers run).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Constraint {
@@ -58,7 +58,8 @@ impl Constraint {
 
     /// Whether an instance whose tag for some key is `instance` satisfies a pattern whose tag
     /// for that key is `pattern` (`None`: the URN does not mention the key). This is the
-    /// per-key truth table of capdag docs/04 §2.5, which REFERENCE §B names as the rule:
+    /// per-key truth table of capdag docs/04 §2.5, which docs/spec/switch.md §4.1 names as the
+    /// rule:
     ///
     /// - a pattern that is missing or `?x` accepts every instance;
     /// - an instance `?x` satisfies every pattern (it defers to the pattern);
@@ -87,10 +88,10 @@ impl Constraint {
     /// The constraint of a tag written `key=value`, after the value's quotes and escapes are
     /// taken off, with `qualifier` the `?` or `!` written before the key or before the `=`.
     ///
-    /// Quoting protects characters and case, not meaning: `x="*"` is `x` (REFERENCE §B), and
-    /// likewise every value text means what it means unquoted, which is how capdag's code
-    /// stores tags. That keeps an exact value from ever being a sigil (`*`, `?`, `!`) or starting
-    /// with `?=` / `!=`, so every constraint has exactly one canonical text.
+    /// Quoting protects characters and case, not meaning: `x="*"` is `x` (docs/spec/switch.md
+    /// §4.5), and likewise every value text means what it means unquoted, which is how capdag's
+    /// code stores tags. That keeps an exact value from ever being a sigil (`*`, `?`, `!`) or
+    /// starting with `?=` / `!=`, so every constraint has exactly one canonical text.
     fn from_value(qualifier: Option<char>, value: String) -> Result<Self, ParseErrorKind> {
         match qualifier {
             Some(qualifier) => Self::qualified(qualifier, value),
@@ -140,11 +141,11 @@ impl TaggedUrn {
     /// more than [`CAP_URN_TAGS_MAX`] tags. The error's offset is the byte of `text` where the
     /// problem is (at most `text.len()`).
     ///
-    /// Grammar (REFERENCE §B; capdag docs/03): `prefix:tag;tag;...` where the prefix and keys
-    /// are `[a-z][a-z0-9-]*` after lowercasing, a tag is one of the forms of [`Constraint`],
-    /// values are unquoted (letters, digits and `-_./:*?!`, lowercased) or double-quoted (any
-    /// text, case kept, escapes `\"` and `\\` only), empty segments (`;;`, a trailing `;`) are
-    /// skipped and a key may appear once.
+    /// Grammar (docs/spec/switch.md §4.1; capdag docs/03): `prefix:tag;tag;...` where the prefix
+    /// and keys are `[a-z][a-z0-9-]*` after lowercasing, a tag is one of the forms of
+    /// [`Constraint`], values are unquoted (letters, digits and `-_./:*?!`, lowercased) or
+    /// double-quoted (any text, case kept, escapes `\"` and `\\` only), empty segments (`;;`, a
+    /// trailing `;`) are skipped and a key may appear once.
     pub fn parse(text: &str) -> Result<Self, ParseError> {
         parse_spanned(text).map(|(urn, _)| urn)
     }

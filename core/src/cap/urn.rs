@@ -1,6 +1,6 @@
 //! Cap URNs: tagged URNs with the prefix `cap` naming a capability by what it consumes (`in`),
 //! what it produces (`out`), its effect on runtime media identity (`effect`) and any other tags
-//! (REFERENCE §B; capdag docs/06).
+//! (docs/spec/switch.md §4.2; capdag docs/06).
 
 use std::fmt;
 use std::str::FromStr;
@@ -8,8 +8,8 @@ use std::str::FromStr;
 use super::media::MediaUrn;
 use super::tagged::{parse_spanned, Constraint, ParseError, ParseErrorKind, TagSpan, TaggedUrn};
 
-/// The identity cap every master must advertise in its HELLO manifest (REFERENCE §B
-/// handshake): any input to the same output, no effect on media identity.
+/// The identity cap every master must advertise in its HELLO manifest (docs/spec/switch.md
+/// §3.3–§3.4): any input to the same output, no effect on media identity.
 pub const CAP_IDENTITY: &str = "cap:effect=none";
 
 /// The identity cap, [`CAP_IDENTITY`], parsed.
@@ -77,7 +77,7 @@ impl CapUrn {
     /// - the prefix must be `cap` ([`ParseErrorKind::WrongPrefix`]);
     /// - `in` and `out` default to `media:`; value-less, `*` or `"*"` mean `media:`; any other
     ///   value is parsed again as a media URN, so a quoted one has its unquoted parts
-    ///   lowercased, and its errors point into the quotes (REFERENCE §B). Unquoted,
+    ///   lowercased, and its errors point into the quotes (docs/spec/switch.md §4.5). Unquoted,
     ///   `in=media:bytes;ext=pdf` is `in=media:bytes` plus the cap tag `ext=pdf`. Other forms
     ///   (`?in`, `in!=v`, ...) are [`ParseErrorKind::InvalidDirection`];
     /// - `effect` defaults to declared; `declared`, `none`, `patch`, `?effect`, `effect` and
@@ -130,8 +130,8 @@ impl CapUrn {
         &self.tags
     }
 
-    /// `10000·spec(out) + 100·spec(in) + spec(other tags)` (REFERENCE §B, capdag docs/05
-    /// §3.2). The effect is not scored.
+    /// `10000·spec(out) + 100·spec(in) + spec(other tags)` (docs/spec/switch.md §4.4, capdag
+    /// docs/05 §3.2). The effect is not scored.
     pub fn specificity(&self) -> u64 {
         Self::SPECIFICITY_WEIGHT_OUT * self.output.specificity()
             + Self::SPECIFICITY_WEIGHT_IN * self.input.specificity()

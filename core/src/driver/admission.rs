@@ -1,6 +1,6 @@
-//! Admission: the one allow-list check every way in and out of a node goes through (seed 000
-//! "Security": a peer off the list is refused before any state is touched), counted by the way
-//! it came.
+//! Admission: the one allow-list check every way in and out of a node goes through
+//! (docs/spec/driver.md §2.4: a peer off the list is refused before any state is touched),
+//! counted by the way it came.
 //!
 //! The shell asks [`admit`] at the first step of every path (an actor frame or connect, a
 //! join, a telemetry publish, a protocol stream, a switch dial, a substrate link, and every

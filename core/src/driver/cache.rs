@@ -1,4 +1,4 @@
-//! The connection cache (seed 000 §5.4, §7.6): one entry per peer, each insert under a fresh
+//! The connection cache (docs/spec/driver.md §4.1): one entry per peer, each insert under a fresh
 //! generation, failures scoped to the generation they were seen on.
 //!
 //! A writer that fails on generation `g` reports `(peer, g)`; the entry is evicted only if `g`

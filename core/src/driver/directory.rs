@@ -1,5 +1,5 @@
 //! Signed actor host claims, the route view they feed, and the location cache of the egress
-//! path (seed 000 §2.2, §3.5, §4.6).
+//! path (docs/spec/driver.md §3.2, §3.6, §6.3).
 //!
 //! A node that hosts an actor signs a claim `(actor, host, generation)` with its endpoint key
 //! (`register_actor`) and announces it to its peers. Frames to an actor hosted elsewhere go to

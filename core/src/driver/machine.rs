@@ -1,4 +1,4 @@
-//! The driver machine (seed 000 §5.1: "the driver core is intentionally pumpable"): every
+//! The driver machine (docs/spec/driver.md §6.1: the driver's core is pumpable): every
 //! decision of a node's transport, with no I/O. The shell reports what happened through
 //! `handle_*` (time first) and executes what [`Driver::poll_action`] yields; it decides
 //! nothing itself.

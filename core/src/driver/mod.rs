@@ -1,4 +1,4 @@
-//! The transport driver's decisions (seed 000), with no I/O: the connection cache with
+//! The transport driver's decisions (docs/spec/driver.md), with no I/O: the connection cache with
 //! generation-scoped eviction, dial and join schedules, peer admission, inbound routing,
 //! egress resolution and SWIM send-failure feedback. The iroh shell in `tether::node` runs
 //! them.

@@ -1,6 +1,6 @@
-//! Relay hints (seed 000 §6.3): what a node learns of each peer's relays from the addresses it
-//! is given (joins, connects), so that an address given later without a relay (a seed known
-//! only by key and direct sockets) is normalized with the relay last seen for that peer.
+//! Relay hints (docs/spec/driver.md §4.3): what a node learns of each peer's relays from the
+//! addresses it is given (joins, connects), so that an address given later without a relay (a seed
+//! known only by key and direct sockets) is normalized with the relay last seen for that peer.
 //! Bounded by [`RELAY_HINT_PEERS_MAX`]: past it the peer recorded longest ago is forgotten.
 
 use super::book::PeerBook;

@@ -1,4 +1,4 @@
-//! Routing decisions of the actor plane (seed 000 §2.2, §3.1, §7.3–§7.5): peer admission,
+//! Routing decisions of the actor plane (docs/spec/driver.md §2.4, §3.2–§3.5): peer admission,
 //! inbound routing of actor records, egress resolution and SWIM send-failure feedback. Every
 //! drop has a reason, counted by [`Drops`].
 
@@ -26,7 +26,7 @@ pub const SWIM_TAGS: [&str; 6] = [
     "JoinResponse",
 ];
 
-/// Why a frame was dropped (seed 000 §7.3).
+/// Why a frame was dropped (docs/spec/driver.md §3.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DropReason {
@@ -97,7 +97,7 @@ impl Drops {
     }
 }
 
-/// Transport admission (seed 000 §7.5): `None` admits every peer.
+/// Transport admission (docs/spec/driver.md §2.4): `None` admits every peer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PeerAuth {
     allowed: Option<BTreeSet<NodeId>>,
@@ -283,7 +283,7 @@ pub enum Egress {
     Actor(ActorAddr),
 }
 
-/// Resolves `dest` to the peer to send to (seed 000 §2.2): a mailbox is its own peer; an
+/// Resolves `dest` to the peer to send to (docs/spec/driver.md §3.2): a mailbox is its own peer; an
 /// actor is looked up in the route view (`locate`). The peer must also be admitted.
 pub fn resolve_egress(
     dest: Egress,

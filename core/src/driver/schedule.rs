@@ -1,4 +1,4 @@
-//! Dial and join schedules (seed 000 §6.3, §9.2, REFERENCE §A), as pure policy and trackers.
+//! Dial and join schedules (docs/spec/driver.md §4.2, §4.3), as pure policy and trackers.
 //!
 //! - Dial: at most one dial per peer in flight; 3 attempts of 10 s each, 200 ms then 600 ms
 //!   between them. A frame that meets a cache miss is dropped (counted) while the dial runs.

@@ -1,7 +1,7 @@
-//! Telemetry subscription control over the actor plane (seed 000 §2.6): a collector asks a
-//! source node, by stream name, to start or stop publishing to it; the source's driver keeps
-//! the table of live subscriptions and tells its shell to start or stop a publisher (which
-//! dials the collector on the telemetry ALPN).
+//! Telemetry subscription control over the actor plane (docs/spec/driver.md §5.1): a collector asks
+//! a source node, by stream name, to start or stop publishing to it; the source's driver keeps the
+//! table of live subscriptions and tells its shell to start or stop a publisher (which dials the
+//! collector on the telemetry ALPN).
 //!
 //! # Wire
 //!

@@ -1,4 +1,5 @@
-//! Credit flow control (seed 001 "Flow control", CONFORMANCE §4–§7).
+//! Credit flow control (docs/spec/switch.md §7; docs/conformance/README.md sections
+//! `negotiate`, `grant_target`, `gate` and `window`).
 //!
 //! One credit is one CHUNK. The sender spends credit through a [`CreditGate`] per stream; the
 //! receiver tracks what it may still accept in a [`ReceiveWindow`] and grants credit back in
@@ -24,7 +25,8 @@ impl Credits {
     pub const ZERO: Credits = Credits(0);
     /// The most credit a counter can hold; adding past it saturates.
     pub const MAX: Credits = Credits(u64::MAX);
-    /// The window tether proposes unless configured otherwise (32 chunks, REFERENCE §B).
+    /// The window tether proposes unless configured otherwise (32 chunks, docs/spec/switch.md
+    /// §2.4).
     pub const DEFAULT_WINDOW: Credits = Credits(CREDIT_WINDOW_CHUNKS_DEFAULT);
 
     /// `count` credits.
@@ -53,7 +55,7 @@ pub enum Acquire<'a> {
     Closed(&'a str),
 }
 
-/// The sender side of one stream's credit (CONFORMANCE §6).
+/// The sender side of one stream's credit (docs/conformance/README.md#gate).
 ///
 /// Acquisition is all or nothing; grants saturate at [`Credits::MAX`]; the first close reason
 /// sticks and a closed gate refuses every acquisition while ignoring grants.
@@ -140,7 +142,7 @@ impl WindowStep {
     }
 }
 
-/// The receiver side of one stream's credit (CONFORMANCE §7).
+/// The receiver side of one stream's credit (docs/conformance/README.md#window).
 ///
 /// Grants are batched: consumed chunks accumulate in `pending` until they reach
 /// `max(1, ⌊window/2⌋)`, then all of them are granted at once. [`ReceiveWindow::flush`] grants

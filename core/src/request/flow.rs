@@ -1,4 +1,5 @@
-//! Flow ordering (CONFORMANCE §8, §9, §11).
+//! Flow ordering (docs/spec/switch.md §6.3; docs/conformance/README.md sections `reorder`,
+//! `writer` and `emission`).
 //!
 //! A flow is one request id with one routing id. On the writing side a [`WriteGate`] numbers
 //! the flow's frames `0, 1, 2, …` through its [`SeqAssigner`] and suppresses flow frames after
@@ -60,8 +61,8 @@ pub enum Written {
     Suppressed,
 }
 
-/// One flow's write gating (CONFORMANCE §9): flow frames after END/ERR are suppressed and
-/// counted as stragglers; control frames always pass with seq 0.
+/// One flow's write gating (docs/conformance/README.md#writer): flow frames after END/ERR are
+/// suppressed and counted as stragglers; control frames always pass with seq 0.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteGate {
     ended: bool,
@@ -135,9 +136,10 @@ pub struct Refusal<T> {
     pub item: T,
 }
 
-/// One flow's reorder buffer (CONFORMANCE §8): hands items on in seq order, holding at most
-/// `limit` early arrivals, and at most `bytes_limit` bytes of them (as [`ReorderBuffer::accept_sized`]
-/// is told each item's bytes; unlimited unless [`ReorderBuffer::with_bytes_limit`] sets it).
+/// One flow's reorder buffer (docs/conformance/README.md#reorder): hands items on in seq order,
+/// holding at most `limit` early arrivals, and at most `bytes_limit` bytes of them (as
+/// [`ReorderBuffer::accept_sized`] is told each item's bytes; unlimited unless
+/// [`ReorderBuffer::with_bytes_limit`] sets it).
 #[derive(Debug, Clone)]
 pub struct ReorderBuffer<T> {
     expected: Seq,
@@ -306,7 +308,7 @@ impl<'a> Emission<'a> {
     }
 }
 
-/// An order violation in a request's emitted flow frames (CONFORMANCE §11).
+/// An order violation in a request's emitted flow frames (docs/conformance/README.md#emission).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Violation {
@@ -357,8 +359,8 @@ pub enum Violation {
     TooManyStreams,
 }
 
-/// Judges one request's emitted flow frames, in wire order (CONFORMANCE §11). The first
-/// violation stops the check; it judges order, not completeness.
+/// Judges one request's emitted flow frames, in wire order (docs/conformance/README.md#emission).
+/// The first violation stops the check; it judges order, not completeness.
 #[derive(Debug, Clone, Default)]
 pub struct EmissionChecker {
     /// Open streams in opening order, with chunks seen on each.

@@ -1,4 +1,5 @@
-//! The request lifecycle of the request switch (seed 001, REFERENCE §B, CONFORMANCE.md).
+//! The request lifecycle of the request switch (docs/spec/switch.md §6–§7, and the sections of
+//! docs/conformance/README.md that pin each decision).
 //!
 //! Pure decisions and small machines; no I/O, no clock (time is passed in):
 //!
@@ -35,8 +36,8 @@ pub use table::{
 
 use crate::wire::bifaci::FrameType;
 
-/// How a frame ends its request (CONFORMANCE §2). Cancellation and master death also end a
-/// request, but no frame carries them; see [`Termination`].
+/// How a frame ends its request (docs/conformance/README.md#frame_types). Cancellation and master
+/// death also end a request, but no frame carries them; see [`Termination`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ending {
@@ -76,7 +77,7 @@ pub fn is_terminal(frame: FrameType) -> bool {
     terminal_of(frame).is_some()
 }
 
-/// Where a frame for a request goes (CONFORMANCE §10).
+/// Where a frame for a request goes (docs/conformance/README.md#table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Disposition {
@@ -101,10 +102,10 @@ pub fn dispose(live: bool, ended_lately: bool) -> Disposition {
     }
 }
 
-/// A stream's diagnostic credit ledger after observing one frame (CONFORMANCE §3): CHUNK −1,
-/// CREDIT +`granted`, anything else unchanged (`granted` is ignored for non-CREDIT frames). It
-/// never refuses and may go negative (a producer that over-ran its window); it saturates at the
-/// ends of `i64` rather than wrap.
+/// A stream's diagnostic credit ledger after observing one frame
+/// (docs/conformance/README.md#ledger): CHUNK −1, CREDIT +`granted`, anything else unchanged
+/// (`granted` is ignored for non-CREDIT frames). It never refuses and may go negative (a producer
+/// that over-ran its window); it saturates at the ends of `i64` rather than wrap.
 pub fn ledger(remaining: i64, frame: FrameType, granted: u64) -> i64 {
     match frame {
         FrameType::Chunk => remaining.saturating_sub(1),
@@ -113,7 +114,7 @@ pub fn ledger(remaining: i64, frame: FrameType, granted: u64) -> i64 {
     }
 }
 
-/// What the writer does with a frame (CONFORMANCE §9).
+/// What the writer does with a frame (docs/conformance/README.md#writer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WriteDecision {
     /// A flow frame after its flow ended: not written, counted as a benign straggler.
@@ -147,9 +148,9 @@ pub fn negotiate(ours: Credits, theirs: Credits) -> Option<Credits> {
 }
 
 /// Which of a request's registered sending streams an incoming CREDIT credits
-/// (CONFORMANCE §5). `streams` are the request's gate identities (`None` = the gate of a sender
-/// whose frames carry no stream id), `named` the grant's stream. Returns the index into
-/// `streams`, or `None` when the grant credits nothing:
+/// (docs/conformance/README.md#grant_target). `streams` are the request's gate identities (`None` =
+/// the gate of a sender whose frames carry no stream id), `named` the grant's stream. Returns the
+/// index into `streams`, or `None` when the grant credits nothing:
 ///
 /// 1. the named identity (`None` included) when it is registered, exactly, case-sensitively;
 /// 2. otherwise, for an unnamed grant, the sole registered identity;

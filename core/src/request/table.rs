@@ -1,4 +1,4 @@
-//! The request table (seed 001 "Request tracking", CONFORMANCE §10).
+//! The request table (docs/spec/switch.md §6; docs/conformance/README.md#table).
 //!
 //! Every per-request fact lives in one entry keyed by (XID, RID): caller data (routing, origin,
 //! response channel), phase, times, per-stream flow stats and cancel-cascade children, plus a
@@ -72,7 +72,7 @@ pub enum RegisterError {
     TableFull,
 }
 
-/// The cancel codes of seed 001 "Cancel and stop".
+/// The cancel codes (docs/spec/switch.md §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum CancelCode {
@@ -84,7 +84,7 @@ pub enum CancelCode {
     Aborted,
 }
 
-/// Error classes (seed 001): `input` is permanent; the others are retryable.
+/// Error classes (docs/spec/switch.md §8): `input` is permanent; the others are retryable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
@@ -298,7 +298,7 @@ pub struct Terminated<T> {
     pub summary: Summary,
 }
 
-/// The three sites where a frame can find no routing state (seed 001 "Request tracking").
+/// The three sites where a frame can find no routing state (docs/spec/switch.md §6.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NoRouteSite {

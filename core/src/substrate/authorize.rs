@@ -1,4 +1,4 @@
-//! The authorize gate (seed 003 "The authorize gate is required too").
+//! The authorize gate (docs/spec/substrate.md §9).
 //!
 //! A chain of interceptors over an [`AuthorizeContext`]. Every inbound op that initiates
 //! something (open, send, req, close, chunk) is offered to the chain after address and verb

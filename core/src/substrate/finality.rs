@@ -1,4 +1,4 @@
-//! Error codes and their class (seed 003 "Futility / bounce laws", REFERENCE §C law 1).
+//! Error codes and their class (docs/spec/substrate.md §7.1; law 1 of §7.2).
 //!
 //! There is no "final" flag on the wire: the receiver of an `err` derives whether it is
 //! terminal from the code. Unknown codes are terminal, the safe reading: a sender that retries
@@ -56,7 +56,7 @@ pub const TTL_EXPIRED: &str = "ttl_expired";
 /// own code; terminal).
 pub const OPEN_CONFLICT: &str = "open_conflict";
 
-/// Codes the seed lists as terminal.
+/// Codes docs/spec/substrate.md §7.1 lists as terminal.
 pub const TERMINAL_CODES: [&str; 13] = [
     CLOSED,
     UNKNOWN_ENDPOINT,
@@ -73,7 +73,7 @@ pub const TERMINAL_CODES: [&str; 13] = [
     SHA256_MISMATCH,
 ];
 
-/// Codes the seed lists as transient.
+/// Codes docs/spec/substrate.md §7.1 lists as transient.
 pub const TRANSIENT_CODES: [&str; 4] = [RATE_LIMITED, QUEUE_FULL, QUOTA, BUSY];
 
 /// The class the receiver derives from `code`: transient for the four retryable codes,

@@ -1,4 +1,4 @@
-//! The substrate handshake (seed 003 "Handshake", REFERENCE §C): capabilities exchange,
+//! The substrate handshake (docs/spec/substrate.md §8): capabilities exchange,
 //! negotiation, then a proof bound to the whole negotiated tuple and the connection id.
 //!
 //! ```text
@@ -57,9 +57,9 @@ pub enum Auth {
     /// HMAC-SHA256 keyed by SHA-256 of this raw key, which both sides hold. One key for every
     /// peer: any peer that holds it can claim to be any other.
     SharedKey(Vec<u8>),
-    /// A key record per peer (seed 003's `peerRecordFor`): the link with a peer is proven with
-    /// the key the two of them hold (on the wire, as `shared-key`), so a peer can only be
-    /// itself. A link claiming a peer without a record is refused before anything else.
+    /// A key record per peer (`peerRecordFor` in docs/spec/substrate.md §8): the link with a peer
+    /// is proven with the key the two of them hold (on the wire, as `shared-key`), so a peer can
+    /// only be itself. A link claiming a peer without a record is refused before anything else.
     PeerKeys(PeerKeys),
     /// The transport authenticated the peer; bind the proof to the channel.
     TransportIdentity,
@@ -228,7 +228,7 @@ pub enum HandshakeError {
 }
 
 impl HandshakeError {
-    /// The close code (REFERENCE §C code table).
+    /// The close code (docs/spec/substrate.md §7.1 codes; the mapping is §8).
     pub fn code(&self) -> &'static str {
         match self {
             HandshakeError::VersionMismatch => super::finality::UPGRADE_REQUIRED,

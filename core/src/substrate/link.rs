@@ -27,7 +27,7 @@ use crate::wire::{FormatError, StreamDecoder};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LinkClose {
-    /// The handshake failed; `code` is the close code of REFERENCE §C.
+    /// The handshake failed; `code` is its close code (docs/spec/substrate.md §8).
     #[error("handshake failed ({code}): {error}")]
     Handshake {
         /// The close code.

@@ -1,5 +1,5 @@
-//! The per-peer substrate machine (seed 003): objects, outbox, sequencer, dedupe, finality and
-//! the authorize gate, with no I/O.
+//! The per-peer substrate machine (docs/spec/substrate.md): objects, outbox, sequencer, dedupe,
+//! finality and the authorize gate, with no I/O.
 //!
 //! # Driving it
 //!

@@ -1,4 +1,4 @@
-//! The substrate (seed 003, REFERENCE §C): named sessions and queues living on both sides of a
+//! The substrate (docs/spec/substrate.md): named sessions and queues living on both sides of a
 //! connection, per-object strict FIFO, exactly-once across disconnects and restarts through a
 //! durable outbox and a frontier-based dedupe ledger, two acknowledgement levels, the finality
 //! laws and a required, deny-by-default authorize gate.
@@ -72,7 +72,8 @@ impl PeerId {
     }
 }
 
-/// Machine settings. [`Config::default`] is REFERENCE §C.
+/// Machine settings. [`Config::default`] holds the limits of docs/spec/substrate.md §3 (and the
+/// in-flight window of §5, tether's decision).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Ops per object transmitted and not yet acked (≥ 1; 1 is stop-and-wait).

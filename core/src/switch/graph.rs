@@ -1,5 +1,5 @@
 //! The live cap graph: caps are edges from their input media to their output media
-//! (seed 001 "Capability aggregation": reachable targets and paths for the planner).
+//! (docs/spec/switch.md §10.1: reachable targets and paths for the planner).
 //!
 //! A cap can take media `m` when `m` conforms to the cap's input (input is contravariant).
 //! Both walks are bounded whatever the graph: reachability visits each cap at most once per

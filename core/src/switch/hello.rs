@@ -1,5 +1,5 @@
 //! The per-master handshake's data: limits carried in a HELLO's `meta`, the manifest a master
-//! advertises, and the identity nonce (seed 001 "Initialization", REFERENCE §B "Handshake").
+//! advertises, and the identity nonce (docs/spec/switch.md §3.3–§3.4).
 //!
 //! A HELLO's `meta` is a CBOR map with text keys: `version`, `max_frame`, `max_chunk`,
 //! `max_reorder_buffer`, `initial_credit` (unsigned integers) and, from a master, `manifest`
@@ -266,7 +266,7 @@ pub fn manifest_json(name: &str, caps: &[String]) -> Vec<u8> {
     serde_json::to_vec(&manifest).expect("a JSON value serializes")
 }
 
-/// The identity check's nonce: CBOR text `bifaci` (7 bytes; REFERENCE §B, deterministic so
+/// The identity check's nonce: CBOR text `bifaci` (7 bytes; docs/spec/switch.md §3.3, fixed so
 /// that it tests the protocol stack, not security).
 pub const IDENTITY_NONCE: &[u8] = b"\x66bifaci";
 

@@ -1,5 +1,6 @@
-//! The master side of a switch connection, for programs that serve caps (seed 001: the host
-//! runtime behind a relay master), as a sans-IO machine.
+//! The master side of a switch connection, for programs that serve caps (docs/spec/switch.md
+//! §1: the host runtime behind a relay master), as a sans-IO machine. Its handshake is the
+//! HELLO-first shape of docs/spec/switch.md §3.4.
 //!
 //! [`Host`] answers the switch's HELLO with its limits and manifest, takes the policy, echoes
 //! the identity check and HEARTBEATs by itself, and hands the application every request for

@@ -1,6 +1,6 @@
-//! The request switch (seed 001): routes requests from an engine, and peer requests from one
-//! master's cartridges, to the master whose caps serve them best, and carries every later
-//! frame of each request between its two sides.
+//! The request switch (docs/spec/switch.md): routes requests from an engine, and peer requests from
+//! one master's cartridges, to the master whose caps serve them best, and carries every later frame
+//! of each request between its two sides.
 //!
 //! [`Switch`] is one sans-IO machine with the substrate's shape: inputs are `handle_*` calls
 //! with `now` first (a master connection attached, a frame from a master or from the engine,
@@ -13,13 +13,15 @@
 //! - **Master slots** with stable caller-chosen ids; a slot's index is the routing key and
 //!   never changes. Attaching an attached slot is refused; a detached one is reattached in
 //!   place with a new generation, and frames or closes of an older generation are ignored.
-//! - **The handshake** per connection: HELLO with limits (the minimum of each, a zero
-//!   refused; a master's credit window may not be below the switch's, so that every side of
-//!   every request uses the same window), the master's HELLO with its manifest (which must hold the identity cap), the
-//!   policy pushed before anything else, then the identity check (the nonce echoed), all within
-//!   [`SWITCH_HANDSHAKE_TIMEOUT_MS`]; a master that fails the identity check stays attached
-//!   but unhealthy (never routed to, its slot refusing another attach until it disconnects); then a HEARTBEAT every [`SWITCH_HEARTBEAT_INTERVAL_MS`]
-//!   that must be echoed within [`SWITCH_HEARTBEAT_TIMEOUT_MS`].
+//! - **The handshake** per connection (docs/spec/switch.md §3.4, which says how it departs from
+//!   capdag's): HELLO with limits (the minimum of each, a zero refused; a master's credit window
+//!   may not be below the switch's, so that every side of every request uses the same window), the
+//!   master's HELLO with its manifest (which must hold the identity cap), the policy pushed before
+//!   anything else, then the identity check (the nonce echoed), all within
+//!   [`SWITCH_HANDSHAKE_TIMEOUT_MS`]; a master that fails the identity check stays attached but
+//!   unhealthy (never routed to, its slot refusing another attach until it disconnects); then a
+//!   HEARTBEAT every [`SWITCH_HEARTBEAT_INTERVAL_MS`] that must be echoed within
+//!   [`SWITCH_HEARTBEAT_TIMEOUT_MS`].
 //! - **Init phases**: masters named at construction are all verified (or failed) before routing
 //!   starts; [`Switch::attach`] adds masters at runtime.
 //! - **Routing**: a REQ's cap is matched against every routable master's caps with
@@ -331,7 +333,7 @@ enum Stage {
     /// Verified.
     Live,
     /// The identity check failed (or never answered): the connection stays attached but the
-    /// master is unhealthy and never routed to (seed 001 "Master health").
+    /// master is unhealthy and never routed to (docs/spec/switch.md §9.2).
     Failed,
 }
 
@@ -992,7 +994,7 @@ impl Switch {
 
     /// The identity check failed: the master stays attached (its socket is open) but is
     /// unhealthy, so it is never routed to and its slot refuses another attach until the
-    /// connection goes (seed 001 "Slots, ids, and attachment").
+    /// connection goes (docs/spec/switch.md §9.1).
     fn fail_identity(&mut self, slot: SlotId, reason: HandshakeError) {
         let master = &mut self.masters[slot.0 as usize];
         master.stage = Stage::Failed;

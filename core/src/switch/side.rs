@@ -1,5 +1,5 @@
 //! One side's view of one request: what an engine, a host or a cartridge keeps to speak a
-//! request's flows correctly (seed 001 flow control; REFERENCE §B "Credit").
+//! request's flows correctly (docs/spec/switch.md §6.3, §7).
 //!
 //! A [`RequestSide`] numbers the flow frames this side writes `0, 1, 2, …`, spends one credit
 //! per CHUNK from the stream's gate (CREDIT frames from the other side refill it), puts the

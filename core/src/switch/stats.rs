@@ -1,5 +1,5 @@
-//! [`Switch::protocol_stats`]: one serializable snapshot of the switch (seed 001 "Protocol
-//! stats"): live requests with phase, age, idle time, per-stream counters and children; the
+//! [`Switch::protocol_stats`]: one serializable snapshot of the switch (docs/spec/switch.md
+//! §10.2): live requests with phase, age, idle time, per-stream counters and children; the
 //! terminated ring; registration and termination totals; stragglers and drops by reason;
 //! per-master health, limits and the host stats each master advertised.
 
@@ -50,7 +50,7 @@ pub struct RequestView {
     pub children: Vec<RequestKey>,
 }
 
-/// One master slot's health (seed 001 "Master health").
+/// One master slot's health (docs/spec/switch.md §9.2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MasterHealth {
     /// The slot index.

@@ -1,11 +1,13 @@
-//! Actor records: the length-delimited frames of the actor-message ALPN (seed 000 §4.3).
+//! Actor records: the length-delimited frames of the actor-message ALPN (docs/spec/driver.md
+//! §3.1).
 //!
 //! ```text
 //! [32B dest][u32 BE tag_len][tag (UTF-8)][u32 BE payload_len][payload]
 //! ```
 //!
 //! Many records follow each other on one stream with no other framing. Every error is fatal:
-//! the seed drops a malformed actor stream (the connection survives), so the decoder poisons.
+//! a malformed actor stream is dropped while the connection survives (docs/spec/driver.md
+//! §3.1), so the decoder poisons.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 

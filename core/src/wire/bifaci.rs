@@ -1,4 +1,4 @@
-//! Request-switch frames (seed 001, REFERENCE §B): a `u32` big-endian length, then a CBOR map
+//! Request-switch frames (docs/spec/switch.md §2): a `u32` big-endian length, then a CBOR map
 //! with integer keys 0–20.
 //!
 //! | key | field | CBOR | | key | field | CBOR |
@@ -25,7 +25,7 @@ use super::cbor::{self, CborError, Reader};
 use super::{take_length_prefixed, Format, FormatError};
 use crate::limits::{BIFACI_FRAME_BYTES_CEILING, BIFACI_FRAME_BYTES_DEFAULT};
 
-/// The only protocol version tether speaks (REFERENCE §B).
+/// The only protocol version tether speaks (docs/spec/switch.md §2.2).
 pub const PROTOCOL_VERSION: u64 = 4;
 
 /// Frame types. Type 2 (the old single response) is retired.
@@ -106,7 +106,7 @@ impl FrameType {
         Self::ALL.into_iter().find(|t| u64::from(t.code()) == code)
     }
 
-    /// Upper-case name as REFERENCE §B spells it (`REQ`, `STREAM_START`, ...).
+    /// Upper-case name as docs/spec/switch.md §2.3 spells it (`REQ`, `STREAM_START`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Self::Hello => "HELLO",
@@ -178,7 +178,7 @@ impl Meta {
 
 /// One bifaci frame. `version` is implicit: always [`PROTOCOL_VERSION`] on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(missing_docs)] // Each field is the REFERENCE §B field of the same name (see module table).
+#[allow(missing_docs)] // Each field is the key of that name: docs/spec/switch.md §2.1.
 pub struct Frame {
     pub frame_type: FrameType,
     pub id: MessageId,

@@ -1,4 +1,4 @@
-//! Substrate frames (seed 003, REFERENCE §C): a `u32` big-endian length, a type byte, then a
+//! Substrate frames (docs/spec/substrate.md §2): a `u32` big-endian length, a type byte, then a
 //! CBOR map `{"env": {...}, "body": bytes}` (`body` optional).
 //!
 //! The length counts the type byte and the CBOR. Type `0x00` is reserved; `0x01` is an
@@ -66,7 +66,7 @@ impl Address {
     }
 }
 
-/// The verbs of seed 003.
+/// The substrate's verbs (docs/spec/substrate.md §2.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 #[allow(missing_docs)] // Each verb is named by its wire spelling.
@@ -126,7 +126,7 @@ impl Verb {
     }
 }
 
-/// The two kinds of named object (seed 003).
+/// The two kinds of named object (docs/spec/substrate.md §1.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjKind {
     /// Request/response conversation.
@@ -279,7 +279,7 @@ pub enum EnvelopeError {
     #[error("substrate address: {0}")]
     Address(#[from] AddressError),
     /// `obj` contains `@`. The rest of the frame decoded, so the op can be answered with one
-    /// terminal `routing_not_supported` (seed 003): its id is kept.
+    /// terminal `routing_not_supported` (docs/spec/substrate.md §1.2): its id is kept.
     #[error("substrate address with `@`: routing is not supported")]
     RoutingNotSupported {
         /// The op's id, if the frame carried one.

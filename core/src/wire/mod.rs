@@ -2,11 +2,14 @@
 //!
 //! | module | carries | framing |
 //! |---|---|---|
-//! | [`actor`] | actor messages on the actor ALPN (seed 000 §4.3) | fixed header, two lengths |
-//! | [`telemetry`] | DSQ2 telemetry streams (seed 000 §4.5) | header, then tagged records |
-//! | [`bifaci`] | request-switch frames (seed 001, REFERENCE §B) | u32 BE length + CBOR map |
-//! | [`envelope`] | substrate frames (seed 003, REFERENCE §C) | u32 BE length + type + CBOR |
+//! | [`actor`] | actor messages on the actor ALPN | fixed header, two lengths |
+//! | [`telemetry`] | DSQ2 telemetry streams | header, then tagged records |
+//! | [`bifaci`] | request-switch frames | u32 BE length + CBOR map |
+//! | [`envelope`] | substrate frames | u32 BE length + type + CBOR |
 //! | [`log`] | the log store's file: durable records, a commit at a time | header, then u32 LE length + CRC-32 entries |
+//!
+//! The wire formats are specified in docs/spec/driver.md §3.1 (actor) and §5.2 (telemetry),
+//! docs/spec/switch.md §2 (bifaci) and docs/spec/substrate.md §2 (envelope).
 //!
 //! Each format implements [`Format`]; [`StreamDecoder`] turns a format into an incremental
 //! decoder that accepts bytes in any split and tracks the stream offset of every error.

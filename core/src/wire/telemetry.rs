@@ -1,4 +1,4 @@
-//! DSQ2 telemetry streams (seed 000 §4.5, REFERENCE §A).
+//! DSQ2 telemetry streams (docs/spec/driver.md §5.2–§5.4).
 //!
 //! One unidirectional stream carries one header and then records, with no outer framing:
 //!
@@ -713,7 +713,7 @@ pub fn encode_batch(
     Ok(())
 }
 
-/// Batches telemetry events the way seed 000 §4.5 prescribes.
+/// Batches telemetry events the way docs/spec/driver.md §5.3 prescribes.
 ///
 /// Events are taken without waiting; a batch closes at [`TELEMETRY_BATCH_BYTES_TARGET`] raw
 /// bytes, at [`TELEMETRY_BATCH_EVENTS_MAX`] events, or before an event whose position is below

@@ -1,7 +1,7 @@
-//! The iroh transport driver (seed 000): one endpoint per node, ALPN dispatch, a connection
-//! cache with generation-scoped eviction, background dials and joins, and the actor plane (a
-//! per-peer [`HybridChannel`] drained by one writer task per peer onto one long-lived stream,
-//! and reader tasks decoding actor records from every inbound stream).
+//! The iroh transport driver (docs/spec/driver.md): one endpoint per node, ALPN dispatch, a
+//! connection cache with generation-scoped eviction, background dials and joins, and the actor
+//! plane (a per-peer [`HybridChannel`] drained by one writer task per peer onto one long-lived
+//! stream, and reader tasks decoding actor records from every inbound stream).
 //!
 //! Every decision is `tether_core::driver`'s; this module owns the endpoint, connections,
 //! streams and tasks, and hands none of them to callers. [`Node::close`] stops all of it.
@@ -284,12 +284,14 @@ impl std::fmt::Debug for NodeBuilder {
     }
 }
 
-/// Join timing (defaults: seed 000, 5 attempts, 2 s doubling to 30 s, 10 s each).
+/// Join timing (defaults: docs/spec/driver.md §4.3, 5 attempts, 2 s doubling to 30 s, 10 s
+/// each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JoinPolicy {
     /// Time allowed to one attempt.
     pub attempt_timeout: Duration,
-    /// Divides the waits between attempts (1 = seed 000's schedule; tests shrink them).
+    /// Divides the waits between attempts (1 = the schedule of docs/spec/driver.md §4.3; tests
+    /// shrink them).
     pub delay_divisor: u32,
 }
 
@@ -2091,8 +2093,8 @@ impl Inner {
         self.gate.lock().addrs.record(peer, addr.clone());
     }
 
-    /// `addr`, or with no relay of its own, with the relays last seen for its peer (seed 000
-    /// §6.3: joins record relay hints and normalize seed addresses with them).
+    /// `addr`, or with no relay of its own, with the relays last seen for its peer
+    /// (docs/spec/driver.md §4.3: joins record relay hints and normalize seed addresses with them).
     fn normalized(&self, addr: EndpointAddr) -> EndpointAddr {
         let given = relay_strings(&addr);
         let relays = self

@@ -1,4 +1,4 @@
-//! Protocol bindings (seed 000 §2.5, §3.3): non-actor protocols on the node's endpoint, each
+//! Protocol bindings (docs/spec/driver.md §2.3): non-actor protocols on the node's endpoint, each
 //! under its own wire ALPN, owned by a driver adapter. Callers see logical streams (ids and a
 //! pair of byte rings) and lifecycle events, never connections or QUIC streams.
 //!

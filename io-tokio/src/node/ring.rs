@@ -1,5 +1,5 @@
 //! A bounded single-producer/single-consumer byte ring with async wakeups: the buffer
-//! between a protocol's worker and the driver's network pumps (seed 000 §3.3, §7.2).
+//! between a protocol's worker and the driver's network pumps (docs/spec/driver.md §2.3).
 //!
 //! The producer copies bytes in with [`RingWriter::write`] (as many as fit) or
 //! [`RingWriter::write_all`] (waits for room); each write commits and wakes the reader. The

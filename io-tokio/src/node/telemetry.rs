@@ -1,4 +1,4 @@
-//! The telemetry adapter (ALPN [`super::TELEMETRY_ALPN`], seed 000 §2.6, §3.4, §4.5, §6.5).
+//! The telemetry adapter (ALPN [`super::TELEMETRY_ALPN`], docs/spec/driver.md §5).
 //!
 //! Publisher: [`super::Node::publish_telemetry`] opens a uni stream to a collector, writes the
 //! DSQ2 header snapshot, then live events from a subscription through a [`BatchWriter`]
