@@ -327,6 +327,11 @@ pub const SUBSTRATE_STORE_RETRY_CAP_MS: u64 = 5_000;
 /// it passed: serializing them on every input would tax the hot path).
 pub const SUBSTRATE_STATS_EVERY_MS: u64 = 1_000;
 
+/// How long a peer started for an inbound link waits for that link once its state is loaded,
+/// before it may end as idle. The shell hands the link in on the load's wake; the wait only
+/// bounds a link that never comes (its task and state are freed after it).
+pub const SUBSTRATE_ADOPT_WAIT_MS: u64 = 5_000;
+
 /// A good capacity for a node's telemetry sink (a bounded channel the app creates): 1,024
 /// items are at most 1,024 batches of ≤ 1,024 events, so a sink that falls that far behind
 /// makes the publisher wait rather than the collector buffer.

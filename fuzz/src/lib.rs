@@ -132,7 +132,7 @@ pub fn envelope(data: &[u8]) {
 /// (the format has one spelling per entry), in version 1 and in version 2 with the salt the
 /// first 8 bytes give; the header check never panics.
 pub fn log(data: &[u8]) {
-    use tether_core::wire::log::{
+    use tether_core::substrate::log::{
         decode_entry, decode_header, encode_begin, encode_commit, encode_record, Entry, LogFormat,
     };
     let _ = decode_header(data);
@@ -163,7 +163,7 @@ pub fn log(data: &[u8]) {
 /// and before `end`; the tail is what follows `end`. Rewriting the commits found (as a repair
 /// does) gives a file that scans sound, to the same commits.
 pub fn log_file(data: &[u8]) {
-    use tether_core::wire::log::{
+    use tether_core::substrate::log::{
         encode_begin, encode_commit, encode_header, encode_record, scan, ScannedCommit,
     };
     let mut commits: Vec<ScannedCommit> = Vec::new();

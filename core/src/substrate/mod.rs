@@ -25,6 +25,7 @@ pub mod handshake;
 #[cfg(any(test, feature = "harness"))]
 pub mod harness;
 mod link;
+pub mod log;
 mod machine;
 pub mod peer;
 pub mod preamble;

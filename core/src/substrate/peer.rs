@@ -33,9 +33,10 @@ use super::link::{LinkClose, PeerLink};
 use super::machine::{CommandError, Event, Machine};
 use super::{PeerId, PersistBatch};
 use crate::limits::{
-    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
-    SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS, SUBSTRATE_STORE_RETRY_BASE_MS,
-    SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX, SUBSTRATE_WAITING_SENDS_MAX,
+    SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS,
+    SUBSTRATE_REPLY_BYTES_MAX, SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS,
+    SUBSTRATE_STORE_RETRY_BASE_MS, SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
+    SUBSTRATE_WAITING_SENDS_MAX,
 };
 use crate::retry::{Backoff, Jitter, Retry};
 use crate::time::Time;
@@ -242,6 +243,9 @@ pub struct Timers {
     pub redial: Option<Time>,
     /// The next try of a failing store (a load or a commit).
     pub store_retry: Option<Time>,
+    /// The end of the wait for the inbound link a peer was started for
+    /// ([`Peer::awaiting_link`]).
+    pub adopt: Option<Time>,
 }
 
 /// What the shell must do, or may report.
@@ -402,6 +406,10 @@ pub struct Peer {
     opens: BTreeMap<String, (String, Ticket)>,
     /// Bytes of `res` parts handed to the app and not read yet, by the req's ticket.
     unread: BTreeMap<Ticket, usize>,
+    /// Started for an inbound link not handed in yet ([`Peer::awaiting_link`]).
+    awaiting_link: bool,
+    /// Once loaded: when the wait for that link ends.
+    adopt_by: Option<Time>,
     stopping: bool,
     stats_due: Option<Time>,
     outputs: VecDeque<Output>,
@@ -434,12 +442,23 @@ impl Peer {
             waiters: BTreeMap::new(),
             opens: BTreeMap::new(),
             unread: BTreeMap::new(),
+            awaiting_link: false,
+            adopt_by: None,
             stopping: false,
             stats_due: None,
             outputs: VecDeque::new(),
         };
         peer.outputs.push_back(Output::Load);
         peer
+    }
+
+    /// The same peer, started for an inbound link that the shell hands in
+    /// ([`Peer::handle_adopt`]) once the state is loaded: until it does, or
+    /// [`SUBSTRATE_ADOPT_WAIT_MS`] after the load, the peer is not idle
+    /// ([`Peer::finished`]), so it can never end between loading and the link's arrival.
+    pub fn awaiting_link(mut self) -> Self {
+        self.awaiting_link = true;
+        self
     }
 
     /// The peer.
@@ -494,6 +513,7 @@ impl Peer {
             link,
             redial: self.redial.due(),
             store_retry: load_retry.or(self.store_retry.due()),
+            adopt: self.adopt_by,
         }
     }
 
@@ -503,8 +523,12 @@ impl Peer {
             link,
             redial,
             store_retry,
+            adopt,
         } = self.timers();
-        [link, redial, store_retry].into_iter().flatten().min()
+        [link, redial, store_retry, adopt]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Whether the shell hands in commands at all now: not while a load is in flight (they
@@ -551,6 +575,7 @@ impl Peer {
             return false;
         };
         !self.bound
+            && !self.awaiting_link
             && !self.named
             && !self.dialing
             && !self.dialable
@@ -598,6 +623,10 @@ impl Peer {
                     });
                 }
                 self.stage = Stage::Ready(Box::new(link));
+                if self.awaiting_link {
+                    self.adopt_by =
+                        Some(now.saturating_add(Duration::from_millis(SUBSTRATE_ADOPT_WAIT_MS)));
+                }
                 if self.dialable {
                     self.redial.schedule(now);
                 }
@@ -712,6 +741,8 @@ impl Peer {
         if self.stopping || !matches!(self.stage, Stage::Ready(_)) {
             return;
         }
+        self.awaiting_link = false;
+        self.adopt_by = None;
         self.bind(now);
         if let Stage::Ready(link) = &mut self.stage {
             link.adopt(now, negotiated);
@@ -756,6 +787,11 @@ impl Peer {
                 }
             }
             Stage::Ready(link) => {
+                if self.adopt_by.is_some_and(|by| by <= now) {
+                    // The link the peer was started for never came.
+                    self.awaiting_link = false;
+                    self.adopt_by = None;
+                }
                 // A due store retry needs nothing more: the drain below commits.
                 self.store_retry.take_due(now);
                 link.handle_timeout(now);
@@ -1442,6 +1478,27 @@ mod tests {
                 "{origin:?} closing={closing} running={running} {peers}/{max}"
             );
         }
+    }
+
+    #[test]
+    fn a_peer_started_for_a_link_waits_for_it_after_loading_and_ends_if_it_never_comes() {
+        let mut peer = Peer::new(PeerId::new("b"), false, false, 42).awaiting_link();
+        assert_eq!(outputs(&mut peer), [Output::Load]);
+        peer.handle_loaded(T0, Ok(link("b")));
+        assert!(
+            !peer.finished(),
+            "loaded and idle, but the link it was started for is on its way"
+        );
+        let by = T0.saturating_add(Duration::from_millis(SUBSTRATE_ADOPT_WAIT_MS));
+        assert_eq!(peer.timers().adopt, Some(by));
+        assert_eq!(peer.poll_timeout(), Some(by));
+        peer.handle_timeout(Time::from_millis(by.as_millis() - 1));
+        assert!(!peer.finished(), "not before the wait ends");
+        peer.handle_timeout(by);
+        assert!(peer.finished(), "the link never came: the peer is idle");
+        assert_eq!(peer.timers().adopt, None);
+        // A peer the app started (or one the shell did not mark) is idle once loaded.
+        assert!(loaded(false, false).finished());
     }
 
     type BatchIdOf = crate::substrate::BatchId;

@@ -6,7 +6,9 @@
 //! | [`telemetry`] | DSQ2 telemetry streams | header, then tagged records |
 //! | [`bifaci`] | request-switch frames | u32 BE length + CBOR map |
 //! | [`envelope`] | substrate frames | u32 BE length + type + CBOR |
-//! | [`log`] | the log store's file: durable records, a commit at a time | header, then u32 LE length + CRC-32 entries |
+//!
+//! The log store's file format lives with the records it holds, in `crate::substrate::log`
+//! (it implements [`FormatError`] like these).
 //!
 //! The wire formats are specified in docs/spec/driver.md §3.1 (actor) and §5.2 (telemetry),
 //! docs/spec/switch.md §2 (bifaci) and docs/spec/substrate.md §2 (envelope).
@@ -26,7 +28,6 @@ pub mod actor;
 pub mod bifaci;
 pub(crate) mod cbor;
 pub mod envelope;
-pub mod log;
 pub mod telemetry;
 pub mod varint;
 

@@ -1,5 +1,5 @@
 //! [`LogStore`]: the substrate's durable state as one append-only file
-//! ([`tether_core::wire::log`]), synced at every commit, compacted to a snapshot of what is live.
+//! ([`tether_core::substrate::log`]), synced at every commit, compacted to a snapshot of what is live.
 //!
 //! A commit appends its records once (a `Begin` for the peer, each record a row would have
 //! taken, a `Commit`) with one write and one `fdatasync`: a message's body is written to disk
@@ -23,7 +23,7 @@
 //! written and synced past the last commit, as PostgreSQL zero-fills a new WAL segment
 //! before use: commits overwrite them, and their syncs write the data alone.
 //!
-//! Opening replays the file ([`tether_core::wire::log::scan`]). Its tail after the last
+//! Opening replays the file ([`tether_core::substrate::log::scan`]). Its tail after the last
 //! complete commit (a commit cut short by a crash) was never acknowledged, since a commit is
 //! reported durable only after its sync; it is cut off, as SQLite's WAL recovery stops at the
 //! first frame that fails its checksum. A tail of zeros only is prepared space and is kept.
@@ -51,12 +51,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use tether_core::limits::{LOG_ENTRY_BYTES_MAX, LOG_PREPARE_CHUNK_BYTES};
 
-use tether_core::substrate::{effective_records, DurableState, PeerId, PersistBatch, Record};
-use tether_core::time::Time;
-use tether_core::wire::log::{
+use tether_core::substrate::log::{
     encode_begin, encode_commit, encode_header, encode_record, scan, LogError, LogFormat, LogScan,
     LOG_ENTRY_HEADER_BYTES, LOG_VERSION,
 };
+use tether_core::substrate::{effective_records, DurableState, PeerId, PersistBatch, Record};
+use tether_core::time::Time;
 
 use super::{lock_path, resolved, Store, StoreError};
 
@@ -221,7 +221,7 @@ impl LogCheck {
 
     /// Bytes of damage in all.
     pub fn damaged_bytes(&self) -> u64 {
-        tether_core::wire::log::bytes_in(&self.damaged)
+        tether_core::substrate::log::bytes_in(&self.damaged)
     }
 
     fn new(scan: &LogScan, peers: usize) -> Self {

@@ -118,6 +118,7 @@ impl Driver {
         commands: CommandRx,
         handle: CommandTx,
         pinned: Arc<AtomicBool>,
+        for_link: bool,
     ) -> Self {
         // Under per-peer keys this peer's own key (a peer without a record gets an auth that
         // proves nothing: its links fail their handshake).
@@ -132,6 +133,8 @@ impl Driver {
             shared.transport.can_dial(&id),
             shared.random_u64(),
         );
+        // Started for an inbound link: the link waits in the lanes until the state is loaded.
+        let peer = if for_link { peer.awaiting_link() } else { peer };
         let (link_tx, link_rx) = mpsc::channel(16);
         Self {
             id,

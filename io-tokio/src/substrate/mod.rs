@@ -966,7 +966,11 @@ impl Shared {
         let task = tokio::spawn({
             let (shared, peer, handle, pinned) =
                 (self.clone(), id.clone(), tx.clone(), pinned.clone());
-            async move { Driver::new(peer, shared, rx, handle, pinned).run().await }
+            async move {
+                Driver::new(peer, shared, rx, handle, pinned, inbound)
+                    .run()
+                    .await
+            }
         });
         let entry = PeerTask {
             handle: tx.clone(),

@@ -38,8 +38,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
+use super::{ObjectRecord, ObjectState, Op, Record, Side};
 use crate::limits::LOG_ENTRY_BYTES_MAX;
-use crate::substrate::{ObjectRecord, ObjectState, Op, Record, Side};
 use crate::time::Time;
 use crate::wire::envelope::{ObjKind, Verb};
 
