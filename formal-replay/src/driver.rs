@@ -182,7 +182,7 @@ fn verdict(verdict: StreamVerdict) -> String {
 fn opened(open: Open<u64>) -> String {
     match open {
         Open::Cached(g, conn) => format!("cached:{}:{conn}", g.get()),
-        Open::Dial(ticket) => format!("dial:{}", ticket.get()),
+        Open::Dial { ticket, .. } => format!("dial:{}", ticket.get()),
         Open::Wait(ticket) => format!("wait:{}", ticket.get()),
         Open::Failed => "failed".to_owned(),
         Open::Closed => "closed".to_owned(),

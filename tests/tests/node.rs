@@ -604,3 +604,41 @@ async fn a_bridge_may_change_the_routes_from_inside_a_delivery() {
     a.node.close().await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_that_never_connects_fails_at_the_machines_timeout_and_the_next_dials_afresh() {
+    use std::time::Duration;
+    use tether::node::{DialTimedOut, NodeError, WaitedDialFailed};
+    let timeout = Duration::from_millis(300);
+    let a = node_with(|b| b.dial_timeout(timeout)).await;
+    // A black hole: a socket that takes every datagram and answers none.
+    let hole = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let key = tether::iroh::SecretKey::generate().public();
+    let addr = tether::iroh::EndpointAddr::new(key).with_ip_addr(hole.local_addr().expect("addr"));
+    let cause = |result: Result<(), NodeError>| match result {
+        Err(NodeError::Connect(source)) => source,
+        other => panic!("a dial into a black hole cannot succeed: {other:?}"),
+    };
+    // The first connect dials; the second waits on that dial and fails with it.
+    let (first, second) = tokio::join!(a.node.connect(addr.clone()), async {
+        tokio::task::yield_now().await;
+        a.node.connect(addr.clone()).await
+    });
+    let first = cause(first);
+    assert!(
+        first.downcast_ref::<DialTimedOut>() == Some(&DialTimedOut(timeout)),
+        "{first}"
+    );
+    let second = cause(second);
+    assert!(
+        second.downcast_ref::<DialTimedOut>().is_some()
+            || second.downcast_ref::<WaitedDialFailed>().is_some(),
+        "{second}"
+    );
+    // Nothing of the failed dial is left in flight: the next connect dials afresh (and times
+    // out again) instead of waiting forever on a dial that ended.
+    let again = cause(a.node.connect(addr).await);
+    assert!(again.downcast_ref::<DialTimedOut>().is_some(), "{again}");
+    assert!(a.node.snapshot().connections.is_empty());
+    a.node.close().await;
+}

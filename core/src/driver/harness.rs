@@ -624,7 +624,7 @@ impl World {
                         .driver
                         .handle_open_failed(now, peer, channel, generation)
                 }
-                Open::Dial(ticket) => {
+                Open::Dial { ticket, .. } => {
                     if self
                         .opens
                         .dials

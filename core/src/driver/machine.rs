@@ -182,6 +182,23 @@ pub enum Dispatch {
     Full,
 }
 
+impl Dispatch {
+    /// How the connection is closed when it is not kept: the QUIC close code and the reason
+    /// sent with it. `None` when it is kept and served.
+    pub fn close(&self) -> Option<(u32, &'static [u8])> {
+        match self {
+            Dispatch::Refused(_) => Some((CLOSE_UNAUTHORIZED, b"unauthorized")),
+            Dispatch::NoAdapter => Some((CLOSE_SHUTDOWN, b"no adapter")),
+            Dispatch::Full => Some((CLOSE_FULL, b"full")),
+            Dispatch::Actor(_)
+            | Dispatch::Telemetry(_)
+            | Dispatch::Protocol(..)
+            | Dispatch::Switch(_)
+            | Dispatch::Substrate(_) => None,
+        }
+    }
+}
+
 /// What happens to a frame sent to a peer that has no egress queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Send {
@@ -248,7 +265,13 @@ pub enum Open<C> {
     Cached(Generation, C),
     /// Dial the peer on the channel's ALPN and open it there; report the dial's end with
     /// [`Driver::handle_connected`] or [`Driver::handle_open_dial_failed`] with this ticket.
-    Dial(DialTicket),
+    /// A dial not connected within `timeout` has failed ([`DialEnd::Failed`]).
+    Dial {
+        /// The dial's ticket.
+        ticket: DialTicket,
+        /// Give up on the dial after this long ([`Config::dial_attempt_timeout`]).
+        timeout: Duration,
+    },
     /// Another open's dial to the peer on this channel is in flight: ask again with
     /// [`Driver::handle_open_waited`] once the machine's state moved, so that concurrent
     /// opens share one connection (or one failure).
@@ -750,7 +773,10 @@ impl<C: Clone> Driver<C> {
                 self.tickets += 1;
                 let ticket = DialTicket(self.tickets);
                 vacant.insert(Opening { ticket, waiters: 0 });
-                Open::Dial(ticket)
+                Open::Dial {
+                    ticket,
+                    timeout: self.config.dial_attempt_timeout,
+                }
             }
         }
     }

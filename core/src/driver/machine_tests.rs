@@ -9,6 +9,14 @@ fn at(millis: u64) -> Time {
     Time::from_millis(millis)
 }
 
+/// The dial an open is given (the default dial timeout).
+fn dial(ticket: DialTicket) -> Open<&'static str> {
+    Open::Dial {
+        ticket,
+        timeout: Config::default().dial_attempt_timeout,
+    }
+}
+
 fn driver() -> Driver<&'static str> {
     Driver::new(Config {
         auth: PeerAuth::allow_list([PEER]),
@@ -22,7 +30,7 @@ fn open_dials_a_peer_with_no_connection_and_reuses_a_cached_one() {
     let channel = Channel::Protocol(0);
     assert_eq!(
         d.handle_open(at(0), PEER, Path::Protocol, channel),
-        Ok(Open::Dial(DialTicket(1)))
+        Ok(dial(DialTicket(1)))
     );
     let generation = d
         .handle_connected(at(0), PEER, channel, "first")
@@ -34,7 +42,7 @@ fn open_dials_a_peer_with_no_connection_and_reuses_a_cached_one() {
     // Another channel to the same peer has its own connection.
     assert_eq!(
         d.handle_open(at(0), PEER, Path::Actor, Channel::Actor),
-        Ok(Open::Dial(DialTicket(2)))
+        Ok(dial(DialTicket(2)))
     );
 }
 
@@ -77,7 +85,7 @@ fn concurrent_opens_share_one_dial() {
     let channel = Channel::Telemetry;
     let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Telemetry, channel);
     let first = DialTicket(1);
-    assert_eq!(open(&mut d), Ok(Open::Dial(first)));
+    assert_eq!(open(&mut d), Ok(dial(first)));
     assert_eq!(
         open(&mut d),
         Ok(Open::Wait(first)),
@@ -90,7 +98,7 @@ fn concurrent_opens_share_one_dial() {
     let second = DialTicket(2);
     assert_eq!(
         d.handle_open_waited(at(1), PEER, channel, first),
-        Open::Dial(second)
+        dial(second)
     );
     assert_eq!(
         d.handle_open_waited(at(1), PEER, channel, second),
@@ -104,13 +112,13 @@ fn concurrent_opens_share_one_dial() {
     // Its connection is dead: one open dials again, the others wait for it.
     assert_eq!(
         d.handle_open_failed(at(3), PEER, channel, generation),
-        Open::Dial(DialTicket(3))
+        dial(DialTicket(3))
     );
     assert_eq!(open(&mut d), Ok(Open::Wait(DialTicket(3))));
     // Another channel, or another peer, has its own dial.
     assert_eq!(
         d.handle_open(at(3), PEER, Path::Protocol, Channel::Protocol(0)),
-        Ok(Open::Dial(DialTicket(4)))
+        Ok(dial(DialTicket(4)))
     );
     d.handle_close(at(4));
     assert_eq!(open(&mut d), Ok(Open::Closed), "nothing opens once closed");
@@ -127,7 +135,7 @@ fn a_failed_dial_fails_each_open_that_waited_on_it_once() {
     let channel = Channel::Switch;
     let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Switch, channel);
     let ticket = DialTicket(1);
-    assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+    assert_eq!(open(&mut d), Ok(dial(ticket)));
     assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
     assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
     // A stale report (another ticket) ends nothing.
@@ -154,7 +162,7 @@ fn a_failed_dial_fails_each_open_that_waited_on_it_once() {
     );
     assert_eq!(d.failed_opens().count(), 0);
     // A new open dials afresh.
-    assert_eq!(open(&mut d), Ok(Open::Dial(DialTicket(2))));
+    assert_eq!(open(&mut d), Ok(dial(DialTicket(2))));
     // A failed dial nobody waited on is not remembered.
     d.handle_open_dial_failed(at(4), PEER, channel, DialTicket(2), DialEnd::Failed);
     assert_eq!(d.failed_opens().count(), 0);
@@ -235,7 +243,7 @@ fn a_liveness_cut_evicts_and_closes_its_generation_only() {
     // The next open dials afresh.
     assert!(matches!(
         d.handle_open(at(4), PEER, Path::Switch, channel),
-        Ok(Open::Dial(_))
+        Ok(Open::Dial { .. })
     ));
 }
 
@@ -251,7 +259,7 @@ fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhi
     let channel = Channel::Switch;
     let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Switch, channel);
     let ticket = DialTicket(1);
-    assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+    assert_eq!(open(&mut d), Ok(dial(ticket)));
     for _ in 0..3 {
         assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
     }
@@ -285,7 +293,7 @@ fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhi
     // A failure kept for two waiters: one leaves, the other hears it, nothing stays.
     d.handle_connection_closed(at(6), PEER, channel, generation);
     let ticket = DialTicket(2);
-    assert_eq!(open(&mut d), Ok(Open::Dial(ticket)));
+    assert_eq!(open(&mut d), Ok(dial(ticket)));
     assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
     assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
     d.handle_open_dial_failed(at(7), PEER, channel, ticket, DialEnd::Failed);
@@ -314,7 +322,7 @@ fn failed_opens_are_bounded_and_a_connection_clears_them() {
         let ticket = DialTicket(n as u64 + 1);
         assert_eq!(
             d.handle_open(at(0), *peer, Path::Protocol, channel),
-            Ok(Open::Dial(ticket))
+            Ok(dial(ticket))
         );
         assert_eq!(
             d.handle_open(at(0), *peer, Path::Protocol, channel),
@@ -327,7 +335,7 @@ fn failed_opens_are_bounded_and_a_connection_clears_them() {
     assert_eq!(kept, [peers[1], peers[2]]);
     assert_eq!(
         d.handle_open_waited(at(2), peers[0], channel, DialTicket(1)),
-        Open::Dial(DialTicket(4))
+        dial(DialTicket(4))
     );
     // A connection to a peer clears its failure: the waiter takes the connection.
     let generation = d
@@ -371,7 +379,7 @@ fn switch_and_substrate_connections_are_cached_and_evicted_by_generation() {
         // It dies: a fresh one is dialed and cached; the old one's close report is stale.
         assert!(matches!(
             d.handle_open_failed(at(2), PEER, channel, accepted),
-            Open::Dial(_)
+            Open::Dial { .. }
         ));
         let dialed = d
             .handle_connected(at(3), PEER, channel, "dialed")
@@ -498,7 +506,7 @@ fn a_failed_open_evicts_its_generation_only_and_dials_at_most_once() {
         .expect("cached");
     assert_eq!(
         d.handle_open_failed(at(1), PEER, channel, old),
-        Open::Dial(DialTicket(1))
+        dial(DialTicket(1))
     );
     assert!(
         d.connection(&PEER, channel).is_none(),
@@ -527,4 +535,29 @@ fn a_failed_open_evicts_its_generation_only_and_dials_at_most_once() {
         d.handle_open(at(6), PEER, Path::Protocol, channel),
         Ok(Open::Cached(fresh, "b"))
     );
+}
+
+#[test]
+fn a_connection_that_is_not_kept_is_closed_with_the_code_the_machine_names() {
+    let mut d = Driver::new(Config {
+        auth: PeerAuth::allow_list([PEER]),
+        alpns: Alpns {
+            switch: Some(b"s".to_vec()),
+            ..Alpns::default()
+        },
+        ..Config::default()
+    });
+    let refused = d.handle_accepted(at(0), STRANGER, b"s", "stranger");
+    assert!(matches!(refused, Dispatch::Refused(_)));
+    assert_eq!(
+        refused.close(),
+        Some((CLOSE_UNAUTHORIZED, &b"unauthorized"[..]))
+    );
+    let kept = d.handle_accepted(at(0), PEER, b"s", "peer");
+    assert!(matches!(kept, Dispatch::Switch(_)));
+    assert_eq!(kept.close(), None);
+    let unknown = d.handle_accepted(at(0), PEER, b"no/such/alpn", "peer");
+    assert_eq!(unknown, Dispatch::NoAdapter);
+    assert_eq!(unknown.close(), Some((CLOSE_SHUTDOWN, &b"no adapter"[..])));
+    assert_eq!(Dispatch::Full.close(), Some((CLOSE_FULL, &b"full"[..])));
 }

@@ -28,8 +28,8 @@ pub use machine::{
 };
 pub use relay::RelayHints;
 pub use routing::{
-    resolve_egress, ActorAddr, DropReason, Drops, Egress, Inbound, NodeId, PeerAuth, RouteMemo,
-    Routes, SWIM_TAGS,
+    join_request, resolve_egress, ActorAddr, DropReason, Drops, Egress, Inbound, NodeId, PeerAuth,
+    RouteMemo, Routes, JOIN_REQUEST, SWIM_TAGS,
 };
 pub use schedule::{
     dial_retry_after, join_retry_after, DialTracker, Join, JoinNext, JoinPhase, JoinStatus,

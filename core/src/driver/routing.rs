@@ -16,15 +16,29 @@ pub type NodeId = [u8; 32];
 /// An actor address on the wire (32 bytes).
 pub type ActorAddr = [u8; 32];
 
+/// The tag of the record a join attempt writes to the seed's mailbox ([`join_request`]).
+pub const JOIN_REQUEST: &str = "JoinRequest";
+const _: () = assert!(JOIN_REQUEST.len() <= crate::limits::ACTOR_TAG_BYTES_MAX);
+
 /// The SWIM tags whose write failure is reported as `SendFailed { to }` (the default set).
 pub const SWIM_TAGS: [&str; 6] = [
     "Ping",
     "Ack",
     "PingReq",
     "IndirectAck",
-    "JoinRequest",
+    JOIN_REQUEST,
     "JoinResponse",
 ];
+
+/// The record a join attempt writes (`Action::JoinAttempt`): addressed to the seed's mailbox
+/// (its node id), tagged [`JOIN_REQUEST`], its payload the joining node's id.
+pub fn join_request(seed: NodeId, local: NodeId) -> crate::wire::actor::ActorRecord {
+    crate::wire::actor::ActorRecord::from_parts(
+        seed,
+        bytes::Bytes::from_static(JOIN_REQUEST.as_bytes()),
+        bytes::Bytes::copy_from_slice(&local),
+    )
+}
 
 /// Why a frame was dropped (docs/spec/driver.md §3.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -335,7 +349,7 @@ mod tests {
             routes.inbound(&id(9), "Chat"),
             Inbound::Drop(DropReason::NotLocal)
         );
-        assert!(routes.is_swim("JoinRequest") && !routes.is_swim("Chat"));
+        assert!(routes.is_swim(JOIN_REQUEST) && !routes.is_swim("Chat"));
     }
 
     proptest::proptest! {
@@ -431,5 +445,14 @@ mod tests {
         assert_eq!(drops.get(DropReason::NotLocal), 0);
         let json = serde_json::to_string(&drops).expect("serializes");
         assert_eq!(json, r#"{"cache_miss":2,"unknown_tag":1}"#);
+    }
+
+    #[test]
+    fn a_join_request_is_addressed_to_the_seed_and_carries_the_joining_node() {
+        let (seed, local) = ([7u8; 32], [9u8; 32]);
+        let record = join_request(seed, local);
+        assert_eq!(record.dest(), &seed);
+        assert_eq!(record.tag(), "JoinRequest");
+        assert_eq!(record.payload(), &local[..]);
     }
 }

@@ -70,6 +70,16 @@ impl ActorRecord {
         })
     }
 
+    /// A record whose tag the caller has checked against [`ACTOR_TAG_BYTES_MAX`] (a constant
+    /// tag, asserted at compile time).
+    pub(crate) fn from_parts(dest: [u8; DEST_LEN], tag: Bytes, payload: Bytes) -> Self {
+        debug_assert!(tag.len() <= ACTOR_TAG_BYTES_MAX);
+        Self {
+            dest,
+            parts: Parts::Built { tag, payload },
+        }
+    }
+
     /// The addressed actor (or peer mailbox).
     pub fn dest(&self) -> &[u8; DEST_LEN] {
         &self.dest

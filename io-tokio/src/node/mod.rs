@@ -179,6 +179,12 @@ pub enum NodeError {
 #[error("the dial this open waited on (another open's, to the same peer) failed")]
 pub struct WaitedDialFailed;
 
+/// A dial did not connect within the time the machine gave it
+/// (`tether_core::driver::Config::dial_attempt_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the dial did not connect within {0:?}")]
+pub struct DialTimedOut(pub Duration);
+
 impl From<Refused> for NodeError {
     fn from(_: Refused) -> Self {
         NodeError::Unauthorized
@@ -265,6 +271,7 @@ pub struct NodeBuilder {
     egress_ring: usize,
     egress_spill: usize,
     idle_peer_timeout: Duration,
+    dial_timeout: Duration,
     inbound_connections_max: usize,
     swim_tags: Option<Vec<String>>,
     actor_alpn: Vec<u8>,
@@ -322,6 +329,7 @@ impl Default for NodeBuilder {
             egress_ring: tether_core::channel::HYBRID_RING_DEFAULT,
             egress_spill: EGRESS_SPILL_FRAMES_MAX,
             idle_peer_timeout: Duration::from_millis(EGRESS_IDLE_TEARDOWN_MS_DEFAULT),
+            dial_timeout: tether_core::driver::schedule::DIAL_ATTEMPT_TIMEOUT,
             inbound_connections_max: tether_core::limits::QUIC_CONNECTIONS_INBOUND_MAX,
             swim_tags: None,
             actor_alpn: ACTOR_ALPN.to_vec(),
@@ -445,6 +453,14 @@ impl NodeBuilder {
     /// peer makes new ones. Bounds the memory of a node that talks to many short-lived peers.
     pub fn idle_peer_timeout(mut self, idle: Duration) -> Self {
         self.idle_peer_timeout = idle;
+        self
+    }
+
+    /// How long a dial for a stream or a [`Node::connect`] may take to connect before it
+    /// fails with [`DialTimedOut`] (default 10 s); the opens waiting on it fail with it and
+    /// the next open dials afresh.
+    pub fn dial_timeout(mut self, timeout: Duration) -> Self {
+        self.dial_timeout = timeout;
         self
     }
 
@@ -583,7 +599,7 @@ impl NodeBuilder {
                 substrate: self.substrate.then(|| SUBSTRATE_ALPN.to_vec()),
             },
             idle_peer_timeout: self.idle_peer_timeout,
-            dial_attempt_timeout: tether_core::driver::schedule::DIAL_ATTEMPT_TIMEOUT,
+            dial_attempt_timeout: self.dial_timeout,
             join_attempt_timeout: self.join_policy.attempt_timeout,
             join_delay_divisor: self.join_policy.delay_divisor,
             valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
@@ -864,8 +880,8 @@ impl Drop for OpenWait {
 enum Placed {
     /// On this cached connection.
     Cached(Generation, Connection),
-    /// On a connection this open dials under the ticket.
-    Dial(DialTicket),
+    /// On a connection this open dials under the ticket, giving up after the timeout.
+    Dial(DialTicket, Duration),
 }
 
 /// Why a stream reader cannot go on.
@@ -1131,7 +1147,7 @@ impl Node {
             .await?
         {
             Placed::Cached(..) => return Ok(()),
-            Placed::Dial(ticket) => ticket,
+            Placed::Dial(ticket, timeout) => (ticket, timeout),
         };
         let addr = self.inner.normalized(addr);
         self.inner.remember(&addr);
@@ -1876,14 +1892,23 @@ impl Inner {
                         .await?
                     }
                 },
-                Placed::Dial(ticket) => break ticket,
+                Placed::Dial(ticket, timeout) => break (ticket, timeout),
             };
         };
         let (generation, conn) = self.dial_cached(addr, alpn, channel, ticket).await?;
         serve(self, generation, conn.clone());
-        open(generation, conn)
-            .await
-            .map_err(|error| NodeError::Connect(error.into()))
+        match open(generation, conn).await {
+            Ok(stream) => Ok(stream),
+            Err(error) => {
+                // The fresh connection could not open the stream: it is dead, as a cached one
+                // that fails is (the next open dials afresh). This open ends with the error;
+                // it does not dial again itself.
+                self.drive(|driver, now| {
+                    driver.handle_connection_closed(now, peer, channel, generation);
+                });
+                Err(NodeError::Connect(error.into()))
+            }
+        }
     }
 
     /// Where the machine places an open to `peer` on `channel` (the allow-list for `path`
@@ -1924,7 +1949,7 @@ impl Inner {
             waiting.ticket = None;
             verdict = match verdict {
                 Open::Cached(generation, conn) => return Ok(Placed::Cached(generation, conn)),
-                Open::Dial(ticket) => return Ok(Placed::Dial(ticket)),
+                Open::Dial { ticket, timeout } => return Ok(Placed::Dial(ticket, timeout)),
                 Open::Failed => return Err(NodeError::Connect(Box::new(WaitedDialFailed))),
                 Open::Closed => return Err(NodeError::Closed),
                 Open::Wait(ticket) => {
@@ -1944,7 +1969,7 @@ impl Inner {
         addr: EndpointAddr,
         alpn: &[u8],
         channel: Channel,
-        ticket: DialTicket,
+        (ticket, timeout): (DialTicket, Duration),
     ) -> Result<(Generation, Connection), NodeError> {
         let peer = *addr.id.as_bytes();
         let mut dial = OpenDial {
@@ -1954,11 +1979,15 @@ impl Inner {
             ticket,
             end: Some(DialEnd::Abandoned),
         };
-        let conn = match self.endpoint.connect(addr, alpn).await {
-            Ok(conn) => conn,
-            Err(error) => {
+        let conn = match tokio::time::timeout(timeout, self.endpoint.connect(addr, alpn)).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(error)) => {
                 dial.end = Some(DialEnd::Failed);
                 return Err(NodeError::Connect(error.into()));
+            }
+            Err(_) => {
+                dial.end = Some(DialEnd::Failed);
+                return Err(NodeError::Connect(Box::new(DialTimedOut(timeout))));
             }
         };
         dial.end = None;
@@ -2155,11 +2184,11 @@ impl Inner {
         let peer = *conn.remote_id().as_bytes();
         let dispatch =
             self.drive(|driver, now| driver.handle_accepted(now, peer, conn.alpn(), conn.clone()));
+        if let Some((code, reason)) = dispatch.close() {
+            conn.close(code.into(), reason);
+        }
         match dispatch {
-            Dispatch::Refused(_) => {
-                warn!(peer = %hex(&peer), "unauthorized peer refused");
-                conn.close(CLOSE_UNAUTHORIZED.into(), b"unauthorized");
-            }
+            Dispatch::Refused(_) => warn!(peer = %hex(&peer), "unauthorized peer refused"),
             Dispatch::Actor(generation) => self.read_actor_connection(peer, generation, conn),
             Dispatch::Telemetry(generation) => self.serve_telemetry(peer, generation, conn),
             Dispatch::Protocol(index, generation) => {
@@ -2176,11 +2205,9 @@ impl Inner {
             }
             Dispatch::NoAdapter => {
                 debug!(alpn = %String::from_utf8_lossy(conn.alpn()), "no adapter for this ALPN");
-                conn.close(CLOSE_SHUTDOWN.into(), b"no adapter");
             }
             Dispatch::Full => {
                 warn!(peer = %hex(&peer), "inbound connections at their bound: refused");
-                conn.close(CLOSE_FULL.into(), b"full");
             }
         }
     }
@@ -2645,8 +2672,7 @@ impl Inner {
 
     /// Writes a `JoinRequest` record (payload: this node's id) to the seed's mailbox.
     async fn write_join_request(&self, conn: &Connection, seed: NodeId) -> Result<(), String> {
-        let record = ActorRecord::new(seed, "JoinRequest", Bytes::copy_from_slice(&self.local))
-            .map_err(|e| e.to_string())?;
+        let record = tether_core::driver::join_request(seed, self.local);
         let mut buf = BytesMut::new();
         record
             .encode(self.payload_bytes_max, &mut buf)
