@@ -7,19 +7,19 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
+use tether::node::{ActorAddr, ActorBridge, DeliveryError, Node, OutFrame};
 use tokio::sync::mpsc;
 
-const PRINTER: [u8; 32] = [7; 32];
+const PRINTER: ActorAddr = ActorAddr::new([7; 32]);
 
 /// Where B's node hands the frames addressed to its actors.
 struct Printer(mpsc::UnboundedSender<String>);
 
 impl ActorBridge for Printer {
-    fn deliver_raw(&self, dest: [u8; 32], tag: &str, payload: Bytes) -> Result<(), DeliveryError> {
+    fn deliver_raw(&self, dest: ActorAddr, tag: &str, payload: Bytes) -> Result<(), DeliveryError> {
         let line = format!(
             "actor {:02x}.. got {tag}: {}",
-            dest[0],
+            dest.as_bytes()[0],
             String::from_utf8_lossy(&payload)
         );
         self.0

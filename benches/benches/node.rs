@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 const FRAMES: u64 = 20_000;
 /// Rounds of the paired comparison (each is one node, one batch and one raw round).
 const PAIRED_ROUNDS: usize = 60;
-const ACTOR: [u8; 32] = [7; 32];
+const ACTOR: tether::node::ActorAddr = tether::node::ActorAddr::new([7; 32]);
 const RAW_ALPN: &[u8] = b"tether/bench/raw";
 
 /// Counts deliveries and wakes the measuring thread once, at the target (waking it per
@@ -66,7 +66,12 @@ impl Count {
 }
 
 impl ActorBridge for Count {
-    fn deliver_raw(&self, _: [u8; 32], _: &str, _: Bytes) -> Result<(), DeliveryError> {
+    fn deliver_raw(
+        &self,
+        _: tether::node::ActorAddr,
+        _: &str,
+        _: Bytes,
+    ) -> Result<(), DeliveryError> {
         self.saw_one();
         Ok(())
     }
@@ -84,7 +89,7 @@ struct ChannelFloor {
     notify: Arc<Notify>,
 }
 
-type ActorAddr = [u8; 32];
+type ActorAddr = tether::node::ActorAddr;
 
 impl ChannelFloor {
     fn start(runtime: &Runtime, conn: iroh::endpoint::Connection) -> Self {
@@ -104,7 +109,8 @@ impl ChannelFloor {
                         let Some((dest, payload)) = channel.pop() else {
                             break;
                         };
-                        encode_record(&dest, "Bench", &payload, 1 << 20, &mut buf).expect("encode");
+                        encode_record(dest.as_bytes(), "Bench", &payload, 1 << 20, &mut buf)
+                            .expect("encode");
                     }
                     if buf.is_empty() {
                         break;
@@ -258,7 +264,8 @@ fn node(c: &mut Criterion) {
         let start = Instant::now();
         runtime.block_on(async {
             let target = raw_count.expect_more();
-            let record = ActorRecord::new(ACTOR, "Bench", payload.clone()).expect("record");
+            let record =
+                ActorRecord::new(*ACTOR.as_bytes(), "Bench", payload.clone()).expect("record");
             let mut buf = BytesMut::new();
             let mut send = raw_send.1.lock().await;
             for _ in 0..FRAMES {

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use tether_core::driver::machine::RegisterError;
 use tether_core::driver::schedule::JoinPhase;
-use tether_core::driver::Handoff;
 use tether_core::driver::{
     Action, Alpns, Channel, ControlVerdict, DialEnd, DialTicket, Direction, Dispatch, Driver,
     DriverConfig, Open, Path, PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
 };
+use tether_core::driver::{ActorAddr, Handoff};
 use tether_core::time::Time;
 
 use crate::script::{hex, DriverCase, DriverCounters, DriverEnd, DriverOp, DriverStep};
@@ -101,7 +101,7 @@ fn action(action: Action<u64>) -> String {
         Action::Close { conn, code } => format!("close:{conn}:{code}"),
         Action::Announce { peer, claim } => format!(
             "announce:{}:{}:{}",
-            peer[0], claim.actor[0], claim.generation
+            peer[0], claim.actor.0[0], claim.generation
         ),
         Action::StartPublisher {
             collector,
@@ -491,13 +491,14 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 ..
             } => {
                 let to = id(*to);
-                let mut handoff = Handoff::sign(&[LOCAL; 32], &[*actor; 32], &to, *generation);
+                let mut handoff =
+                    Handoff::sign(&[LOCAL; 32], &ActorAddr([*actor; 32]), &to, *generation);
                 if *forged {
                     handoff.signature[63] ^= 1;
                 }
                 Some(registered(driver.handle_hand_off(
                     now,
-                    [*actor; 32],
+                    ActorAddr([*actor; 32]),
                     to,
                     *generation,
                     handoff,
@@ -592,7 +593,7 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
             .collect(),
         claims: driver
             .local_claims()
-            .map(|claim| (claim.actor[0], claim.generation))
+            .map(|claim| (claim.actor.0[0], claim.generation))
             .collect(),
         subscriptions: driver
             .subscriptions()
@@ -638,7 +639,11 @@ pub(crate) fn signed_claim(host: u8, actor: u8, generation: u64) -> tether_core:
             .borrow_mut()
             .entry((host, actor, generation))
             .or_insert_with(|| {
-                tether_core::driver::HostClaim::sign(&[host; 32], [actor; 32], generation)
+                tether_core::driver::HostClaim::sign(
+                    &[host; 32],
+                    ActorAddr([actor; 32]),
+                    generation,
+                )
             })
     })
 }

@@ -986,7 +986,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     };
 
     same_length(&case.ops, &case.steps)?;
-    let addr = |n: u8| [n; 32];
+    let addr = |n: u8| tether_core::driver::ActorAddr([n; 32]);
     // Node ids are public keys: peer `n` is the host of its claims.
     let node = |n: u8| crate::driver::signed_claim(n, 0, 0).host;
     let named = std::cell::RefCell::new(std::collections::BTreeMap::new());
@@ -1002,7 +1002,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
         config.auth = PeerAuth::allow_list(list.iter().map(|n| node(*n)));
     }
     if let Some(list) = &case.authorize {
-        let allowed: std::collections::BTreeSet<([u8; 32], [u8; 32])> =
+        let allowed: std::collections::BTreeSet<(tether_core::driver::ActorAddr, [u8; 32])> =
             list.iter().map(|(a, h)| (addr(*a), node(*h))).collect();
         config.claim_authorizer = Some(tether_core::driver::ClaimAuthorizer::new(
             move |request: &tether_core::driver::ClaimRequest| {
@@ -1011,7 +1011,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
         ));
     }
     let mut driver: Driver<u64> = Driver::new(config);
-    let mut routes: Routes<u8> = Routes::new(addr(case.mailbox));
+    let mut routes: Routes<u8> = Routes::new([case.mailbox; 32]);
     // The shell routes through a memo; replay both ways and let any disagreement show.
     let mut memo = RouteMemo::new();
     let now = Time::ZERO;
@@ -1081,7 +1081,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                 } else {
                     match direct {
                         Inbound::Protocol(to) => format!("protocol:{to}"),
-                        Inbound::Actor(actor) => format!("actor:{}", actor[0]),
+                        Inbound::Actor(actor) => format!("actor:{}", actor.0[0]),
                         // Only the driver's own tags go to the driver; the section's tags
                         // never name them.
                         Inbound::Driver => "driver".to_owned(),

@@ -12,7 +12,7 @@ use tether_core::driver::{ActorAddr, ClaimVerdict, DropReason, HostClaim, HOST_C
 use tether_core::limits::CLAIM_GENERATION_MAX;
 use tokio::sync::watch;
 
-const ACTOR: ActorAddr = [42; 32];
+const ACTOR: ActorAddr = ActorAddr::new([42; 32]);
 
 /// Counts deliveries per actor and publishes the total.
 #[derive(Default)]
@@ -62,7 +62,7 @@ fn count(verdicts: &BTreeMap<ClaimVerdict, u64>, verdict: ClaimVerdict) -> u64 {
 fn send_claim(from: &Node, to: &Node, bytes: Vec<u8>) {
     from.send(OutFrame {
         to: to.node_id(),
-        dest: to.node_id(),
+        dest: ActorAddr::mailbox(to.node_id()),
         type_tag: HOST_CLAIM_TAG.into(),
         payload: Bytes::from(bytes),
     });
@@ -132,7 +132,7 @@ async fn an_actor_moves_only_with_its_holders_handoff() {
     send_claim(
         &c,
         &a,
-        HostClaim::sign(&c_secret, [43; 32], u64::MAX).encode(),
+        HostClaim::sign(&c_secret, ActorAddr::new([43; 32]), u64::MAX).encode(),
     );
     until_claims(&a, |v| {
         count(v, ClaimVerdict::Held) == 2
@@ -162,7 +162,7 @@ async fn an_actor_moves_only_with_its_holders_handoff() {
 async fn a_claim_authorizer_binds_actors_to_their_owners() {
     // a's rule: an actor's address starts with its host's first 8 bytes.
     let a = Node::builder()
-        .claim_authorizer(|request| request.actor[..8] == request.host[..8])
+        .claim_authorizer(|request| request.actor.as_bytes()[..8] == request.host[..8])
         .bind()
         .await
         .expect("bind");
@@ -170,6 +170,7 @@ async fn a_claim_authorizer_binds_actors_to_their_owners() {
     let b = host([2; 32], &b_inbox).await;
     let mut owned = [7u8; 32];
     owned[..8].copy_from_slice(&b.node_id()[..8]);
+    let owned = ActorAddr::new(owned);
     b.register_actor(ACTOR, 1).expect("register");
     b.register_actor(owned, 1).expect("register");
     a.connect(b.endpoint_addr()).await.expect("connect b");
@@ -243,7 +244,8 @@ async fn a_new_peer_learns_every_actor_batch_by_batch() {
     for n in 0..ACTORS {
         let mut actor = [0u8; 32];
         actor[..8].copy_from_slice(&(n as u64).to_be_bytes());
-        c.register_actor(actor, 1).expect("register");
+        c.register_actor(ActorAddr::new(actor), 1)
+            .expect("register");
     }
     let a = Node::builder().bind().await.expect("bind");
     a.connect(c.endpoint_addr()).await.expect("connect c");

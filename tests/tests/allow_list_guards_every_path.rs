@@ -18,7 +18,12 @@ use tokio::sync::{mpsc, watch};
 struct Ignore;
 
 impl ActorBridge for Ignore {
-    fn deliver_raw(&self, _: NodeId, _: &str, _: Bytes) -> Result<(), DeliveryError> {
+    fn deliver_raw(
+        &self,
+        _: tether::node::ActorAddr,
+        _: &str,
+        _: Bytes,
+    ) -> Result<(), DeliveryError> {
         Ok(())
     }
 }
@@ -96,7 +101,7 @@ async fn a_peer_off_the_list_is_never_reached_on_any_path() {
     ));
     g.send(OutFrame {
         to: open.node.node_id(),
-        dest: open.node.node_id(),
+        dest: tether::node::ActorAddr::mailbox(open.node.node_id()),
         type_tag: "Chat".into(),
         payload: Bytes::from_static(b"hi"),
     });

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 mod support;
 
 const ECHO_ALPN: &[u8] = b"app/echo/1";
-const ACTOR: [u8; 32] = [0xE1; 32];
+const ACTOR: tether::node::ActorAddr = tether::node::ActorAddr::new([0xE1; 32]);
 
 /// The application's own protocol: echoes one bidirectional stream.
 #[derive(Debug, Clone)]
@@ -68,7 +68,12 @@ async fn app_endpoint() -> Endpoint {
 struct Frames(mpsc::UnboundedSender<Bytes>);
 
 impl ActorBridge for Frames {
-    fn deliver_raw(&self, _: [u8; 32], _: &str, payload: Bytes) -> Result<(), DeliveryError> {
+    fn deliver_raw(
+        &self,
+        _: tether::node::ActorAddr,
+        _: &str,
+        payload: Bytes,
+    ) -> Result<(), DeliveryError> {
         self.0
             .send(payload)
             .map_err(|_| DeliveryError("test ended".into()))

@@ -7,16 +7,21 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether::node::{ActorBridge, DeliveryError, Node, OutFrame};
-use tether_core::driver::{DropReason, NodeId};
+use tether_core::driver::DropReason;
 use tether_core::limits::EGRESS_RUN_FRAMES_MAX;
 use tokio::sync::mpsc;
 
-const APP: NodeId = [0xA1; 32];
+const APP: tether::node::ActorAddr = tether::node::ActorAddr::new([0xA1; 32]);
 
 struct Collect(mpsc::UnboundedSender<Bytes>);
 
 impl ActorBridge for Collect {
-    fn deliver_raw(&self, _: NodeId, _: &str, payload: Bytes) -> Result<(), DeliveryError> {
+    fn deliver_raw(
+        &self,
+        _: tether::node::ActorAddr,
+        _: &str,
+        payload: Bytes,
+    ) -> Result<(), DeliveryError> {
         self.0
             .send(payload)
             .map_err(|_| DeliveryError("test ended".into()))

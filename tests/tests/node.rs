@@ -7,11 +7,11 @@ use common::until_changed;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tether::node::{ActorBridge, DeliveryError, JoinPolicy, Node, NodeError, OutFrame};
+use tether::node::{ActorAddr, ActorBridge, DeliveryError, JoinPolicy, Node, NodeError, OutFrame};
 use tether_core::driver::{DropReason, JoinPhase, NodeId};
 use tokio::sync::mpsc;
 
-type Delivery = (NodeId, String, Bytes);
+type Delivery = (ActorAddr, String, Bytes);
 
 /// Hands every delivery and send failure to the test.
 struct Collect {
@@ -20,7 +20,7 @@ struct Collect {
 }
 
 impl ActorBridge for Collect {
-    fn deliver_raw(&self, dest: NodeId, tag: &str, payload: Bytes) -> Result<(), DeliveryError> {
+    fn deliver_raw(&self, dest: ActorAddr, tag: &str, payload: Bytes) -> Result<(), DeliveryError> {
         self.delivered
             .send((dest, tag.to_owned(), payload))
             .map_err(|_| DeliveryError("test ended".into()))
@@ -37,8 +37,8 @@ struct TestNode {
     failed: mpsc::UnboundedReceiver<NodeId>,
 }
 
-const SWIM_ACTOR: NodeId = [0x51; 32];
-const APP_ACTOR: NodeId = [0xA1; 32];
+const SWIM_ACTOR: ActorAddr = ActorAddr::new([0x51; 32]);
+const APP_ACTOR: ActorAddr = ActorAddr::new([0xA1; 32]);
 
 async fn node_with(
     configure: impl FnOnce(tether::node::NodeBuilder) -> tether::node::NodeBuilder,
@@ -203,10 +203,11 @@ async fn gossip_is_routed_by_tag_and_unroutable_frames_are_counted() {
         type_tag: tag.to_owned().into(),
         payload: Bytes::from_static(b"x"),
     };
-    a.node.send(frame(b_id, "Nope")); // unknown tag
-    a.node.send(frame(b_id, "Orphan")); // gossip tag without a local route
-    a.node.send(frame([0xEE; 32], "Chat")); // an actor not hosted at b
-    a.node.send(frame(b_id, "Ping")); // gossip: to the SWIM actor
+    let mailbox = ActorAddr::mailbox(b_id);
+    a.node.send(frame(mailbox, "Nope")); // unknown tag
+    a.node.send(frame(mailbox, "Orphan")); // gossip tag without a local route
+    a.node.send(frame(ActorAddr::new([0xEE; 32]), "Chat")); // an actor not hosted at b
+    a.node.send(frame(mailbox, "Ping")); // gossip: to the SWIM actor
     let (dest, tag, _) = b.delivered.recv().await.expect("delivered");
     assert_eq!((dest, tag.as_str()), (SWIM_ACTOR, "Ping"));
     // The stream is FIFO: the three drops happened before the Ping was delivered.
@@ -431,7 +432,7 @@ async fn a_failed_write_of_a_swim_frame_reports_send_failed_and_evicts_its_gener
     let b_id = b.node.node_id();
     let ping = || OutFrame {
         to: b_id,
-        dest: b_id,
+        dest: ActorAddr::mailbox(b_id),
         type_tag: "Ping".into(),
         payload: Bytes::from_static(&[0; 64]),
     };
@@ -554,11 +555,11 @@ async fn a_failure_of_a_replaced_generation_is_stale_and_evicts_nothing() {
 /// Hosts a second actor from inside a delivery: a bridge may call back into the node.
 struct HostOnDelivery {
     node: std::sync::OnceLock<Node>,
-    delivered: mpsc::UnboundedSender<NodeId>,
+    delivered: mpsc::UnboundedSender<ActorAddr>,
 }
 
 impl ActorBridge for HostOnDelivery {
-    fn deliver_raw(&self, dest: NodeId, _: &str, _: Bytes) -> Result<(), DeliveryError> {
+    fn deliver_raw(&self, dest: ActorAddr, _: &str, _: Bytes) -> Result<(), DeliveryError> {
         if let Some(node) = self.node.get() {
             node.host(OTHER_ACTOR);
         }
@@ -570,7 +571,7 @@ impl ActorBridge for HostOnDelivery {
     fn send_failed(&self, _: NodeId) {}
 }
 
-const OTHER_ACTOR: NodeId = [0xB2; 32];
+const OTHER_ACTOR: ActorAddr = ActorAddr::new([0xB2; 32]);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_may_change_the_routes_from_inside_a_delivery() {

@@ -12,7 +12,12 @@ use tokio::sync::mpsc;
 struct Failures(mpsc::UnboundedSender<NodeId>);
 
 impl ActorBridge for Failures {
-    fn deliver_raw(&self, _: NodeId, _: &str, _: Bytes) -> Result<(), DeliveryError> {
+    fn deliver_raw(
+        &self,
+        _: tether::node::ActorAddr,
+        _: &str,
+        _: Bytes,
+    ) -> Result<(), DeliveryError> {
         Ok(())
     }
 
@@ -63,7 +68,7 @@ async fn the_swim_tag_set_is_the_builders_choice() {
     let b_id = b.node_id();
     let frame = |tag: &'static str| OutFrame {
         to: b_id,
-        dest: b_id,
+        dest: tether::node::ActorAddr::mailbox(b_id),
         type_tag: tag.into(),
         payload: Bytes::from_static(&[0; 64]),
     };

@@ -92,7 +92,7 @@ pub enum ClaimError {
 fn signed_bytes(domain: &[u8], actor: &ActorAddr, host: &NodeId, generation: u64) -> Vec<u8> {
     let mut message = Vec::with_capacity(domain.len() + 72);
     message.extend_from_slice(domain);
-    message.extend_from_slice(actor);
+    message.extend_from_slice(actor.as_bytes());
     message.extend_from_slice(host);
     message.extend_from_slice(&generation.to_be_bytes());
     message
@@ -168,7 +168,7 @@ impl HostClaim {
     /// The wire bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(CLAIM_WITH_HANDOFF_BYTES);
-        out.extend_from_slice(&self.actor);
+        out.extend_from_slice(self.actor.as_bytes());
         out.extend_from_slice(&self.host);
         out.extend_from_slice(&self.generation.to_be_bytes());
         out.extend_from_slice(&self.signature);
@@ -198,7 +198,7 @@ impl HostClaim {
         let mut generation = [0u8; 8];
         generation.copy_from_slice(&bytes[64..72]);
         Ok(Self {
-            actor: array(0..32),
+            actor: ActorAddr(array(0..32)),
             host: array(32..64),
             generation: u64::from_be_bytes(generation),
             signature: signature(72),
@@ -479,7 +479,7 @@ mod tests {
 
     #[test]
     fn a_claim_signed_by_its_host_verifies_and_round_trips() {
-        let claim = HostClaim::sign(&SECRET_A, [1; 32], 3);
+        let claim = HostClaim::sign(&SECRET_A, ActorAddr([1; 32]), 3);
         assert!(claim.verify());
         let bytes = claim.encode();
         assert_eq!(HostClaim::decode(&bytes), Ok(claim));
@@ -500,8 +500,8 @@ mod tests {
     #[test]
     fn a_handoff_travels_after_the_claim_and_binds_actor_host_and_generation() {
         let to = id(&SECRET_B);
-        let handoff = Handoff::sign(&SECRET_A, &[1; 32], &to, 4);
-        let claim = HostClaim::sign(&SECRET_B, [1; 32], 4).with_handoff(handoff);
+        let handoff = Handoff::sign(&SECRET_A, &ActorAddr([1; 32]), &to, 4);
+        let claim = HostClaim::sign(&SECRET_B, ActorAddr([1; 32]), 4).with_handoff(handoff);
         assert!(claim.verify());
         let bytes = claim.encode();
         assert_eq!(bytes.len(), CLAIM_WITH_HANDOFF_BYTES);
@@ -514,11 +514,11 @@ mod tests {
         );
         // Consent to another generation, host or actor is no consent to this claim.
         for other in [
-            Handoff::sign(&SECRET_A, &[1; 32], &to, 5),
-            Handoff::sign(&SECRET_A, &[1; 32], &id(&SECRET_C), 4),
-            Handoff::sign(&SECRET_A, &[2; 32], &to, 4),
+            Handoff::sign(&SECRET_A, &ActorAddr([1; 32]), &to, 5),
+            Handoff::sign(&SECRET_A, &ActorAddr([1; 32]), &id(&SECRET_C), 4),
+            Handoff::sign(&SECRET_A, &ActorAddr([2; 32]), &to, 4),
         ] {
-            assert!(!HostClaim::sign(&SECRET_B, [1; 32], 4)
+            assert!(!HostClaim::sign(&SECRET_B, ActorAddr([1; 32]), 4)
                 .with_handoff(other)
                 .verify());
         }
@@ -536,15 +536,15 @@ mod tests {
     fn forged_relayed_stale_and_renewed_claims() {
         let (a, b) = (id(&SECRET_A), id(&SECRET_B));
         let mut directory = Directory::default();
-        let a1 = HostClaim::sign(&SECRET_A, [1; 32], 1);
+        let a1 = HostClaim::sign(&SECRET_A, ActorAddr([1; 32]), 1);
         assert_eq!(
             directory.apply_bytes(&a, &a1.encode()),
             ClaimVerdict::Accepted
         );
-        assert_eq!(directory.locate(&[1; 32]), Some(a));
+        assert_eq!(directory.locate(&ActorAddr([1; 32])), Some(a));
         assert_eq!(directory.location_cache_entries(), 1);
         // B claims the actor under A's name: the signature is not A's.
-        let mut forged = HostClaim::sign(&SECRET_B, [1; 32], 9);
+        let mut forged = HostClaim::sign(&SECRET_B, ActorAddr([1; 32]), 9);
         forged.host = a;
         assert_eq!(
             directory.apply_bytes(&b, &forged.encode()),
@@ -563,7 +563,7 @@ mod tests {
             ClaimVerdict::Forged
         );
         // A's own newer claim, carried by B: nobody carries another's claim.
-        let a2 = HostClaim::sign(&SECRET_A, [1; 32], 2);
+        let a2 = HostClaim::sign(&SECRET_A, ActorAddr([1; 32]), 2);
         assert_eq!(
             directory.apply_bytes(&b, &a2.encode()),
             ClaimVerdict::Relayed
@@ -577,7 +577,7 @@ mod tests {
         );
         assert_eq!(directory.location_cache_entries(), 0);
         assert_eq!(
-            directory.route(&[1; 32]),
+            directory.route(&ActorAddr([1; 32])),
             Some(Route {
                 host: a,
                 generation: 2
@@ -593,43 +593,50 @@ mod tests {
     fn a_held_actor_moves_only_with_its_holders_consent() {
         let (a, b, c) = (id(&SECRET_A), id(&SECRET_B), id(&SECRET_C));
         let mut directory = Directory::default();
-        let a1 = HostClaim::sign(&SECRET_A, [1; 32], 1);
+        let a1 = HostClaim::sign(&SECRET_A, ActorAddr([1; 32]), 1);
         assert_eq!(
             directory.apply_bytes(&a, &a1.encode()),
             ClaimVerdict::Accepted
         );
         // B takes the actor at a higher generation on its own say: refused, A's route holds.
-        let b9 = HostClaim::sign(&SECRET_B, [1; 32], 9);
+        let b9 = HostClaim::sign(&SECRET_B, ActorAddr([1; 32]), 9);
         assert_eq!(directory.apply_bytes(&b, &b9.encode()), ClaimVerdict::Held);
         // C's consent is not A's.
-        let by_c = b9.with_handoff(Handoff::sign(&SECRET_C, &[1; 32], &b, 9));
+        let by_c = b9.with_handoff(Handoff::sign(&SECRET_C, &ActorAddr([1; 32]), &b, 9));
         assert_eq!(
             directory.apply_bytes(&b, &by_c.encode()),
             ClaimVerdict::Held
         );
         // A consents: the actor moves to B.
-        let by_a = b9.with_handoff(Handoff::sign(&SECRET_A, &[1; 32], &b, 9));
+        let by_a = b9.with_handoff(Handoff::sign(&SECRET_A, &ActorAddr([1; 32]), &b, 9));
         assert_eq!(
             directory.apply_bytes(&b, &by_a.encode()),
             ClaimVerdict::Accepted
         );
-        assert_eq!(directory.locate(&[1; 32]), Some(b));
+        assert_eq!(directory.locate(&ActorAddr([1; 32])), Some(b));
         assert_eq!(
             (directory.routes_held_by(&a), directory.routes_held_by(&b)),
             (0, 1)
         );
         // A cannot take it back on its old say-so (the consent it gave is B's to use).
-        let a10 = HostClaim::sign(&SECRET_A, [1; 32], 10);
+        let a10 = HostClaim::sign(&SECRET_A, ActorAddr([1; 32]), 10);
         assert_eq!(directory.apply_bytes(&a, &a10.encode()), ClaimVerdict::Held);
         // An actor hosted here is this node's, whatever consent a peer shows.
-        directory.apply_local(&HostClaim::sign(&SECRET_C, [2; 32], 1));
-        let b2 = HostClaim::sign(&SECRET_B, [2; 32], 5)
-            .with_handoff(Handoff::sign(&SECRET_C, &[2; 32], &b, 5));
+        directory.apply_local(&HostClaim::sign(&SECRET_C, ActorAddr([2; 32]), 1));
+        let b2 = HostClaim::sign(&SECRET_B, ActorAddr([2; 32]), 5).with_handoff(Handoff::sign(
+            &SECRET_C,
+            &ActorAddr([2; 32]),
+            &b,
+            5,
+        ));
         assert_eq!(directory.apply_bytes(&b, &b2.encode()), ClaimVerdict::Held);
-        assert_eq!(directory.route(&[2; 32]).map(|r| r.host), Some(c));
+        assert_eq!(
+            directory.route(&ActorAddr([2; 32])).map(|r| r.host),
+            Some(c)
+        );
         // Once this node hands it off, the new host's claim is taken.
-        directory.hand_off([2; 32], b, 5);
-        let b6 = HostClaim::sign(&SECRET_B, [2; 32], 6);
+        directory.hand_off(ActorAddr([2; 32]), b, 5);
+        let b6 = HostClaim::sign(&SECRET_B, ActorAddr([2; 32]), 6);
         assert_eq!(
             directory.apply_bytes(&b, &b6.encode()),
             ClaimVerdict::Accepted
@@ -642,27 +649,35 @@ mod tests {
         let mut directory = Directory::default();
         // A first claim at the largest generation, or past the ceiling: refused.
         for generation in [u64::MAX, CLAIM_GENERATION_MAX + 1] {
-            let claim = HostClaim::sign(&SECRET_A, [1; 32], generation);
+            let claim = HostClaim::sign(&SECRET_A, ActorAddr([1; 32]), generation);
             assert_eq!(
                 directory.apply_bytes(&a, &claim.encode()),
                 ClaimVerdict::Jump
             );
         }
-        let at = HostClaim::sign(&SECRET_A, [1; 32], 10);
+        let at = HostClaim::sign(&SECRET_A, ActorAddr([1; 32]), 10);
         assert_eq!(
             directory.apply_bytes(&a, &at.encode()),
             ClaimVerdict::Accepted
         );
         // A renewal more than the step ahead: refused; exactly the step: taken.
-        let far = HostClaim::sign(&SECRET_A, [1; 32], 10 + CLAIM_GENERATION_STEP_MAX + 1);
+        let far = HostClaim::sign(
+            &SECRET_A,
+            ActorAddr([1; 32]),
+            10 + CLAIM_GENERATION_STEP_MAX + 1,
+        );
         assert_eq!(directory.apply_bytes(&a, &far.encode()), ClaimVerdict::Jump);
-        let step = HostClaim::sign(&SECRET_A, [1; 32], 10 + CLAIM_GENERATION_STEP_MAX);
+        let step = HostClaim::sign(
+            &SECRET_A,
+            ActorAddr([1; 32]),
+            10 + CLAIM_GENERATION_STEP_MAX,
+        );
         assert_eq!(
             directory.apply_bytes(&a, &step.encode()),
             ClaimVerdict::Accepted
         );
         // The ceiling itself is a generation like any other.
-        let top = HostClaim::sign(&SECRET_A, [2; 32], CLAIM_GENERATION_MAX);
+        let top = HostClaim::sign(&SECRET_A, ActorAddr([2; 32]), CLAIM_GENERATION_MAX);
         assert_eq!(
             directory.apply_bytes(&a, &top.encode()),
             ClaimVerdict::Accepted
@@ -675,11 +690,12 @@ mod tests {
         let (a, b) = (id(&SECRET_A), id(&SECRET_B));
         // Actor n may be hosted by A when n is odd, by anyone when n ≥ 100.
         let authorizer = ClaimAuthorizer::new(move |request: &ClaimRequest| {
-            request.actor[0] >= 100 || (request.actor[0] % 2 == 1 && request.host == a)
+            request.actor.0[0] >= 100 || (request.actor.0[0] % 2 == 1 && request.host == a)
         });
         let mut directory = Directory::new(Some(authorizer));
-        let claim =
-            |secret, actor: u8, generation| HostClaim::sign(secret, [actor; 32], generation);
+        let claim = |secret, actor: u8, generation| {
+            HostClaim::sign(secret, ActorAddr([actor; 32]), generation)
+        };
         assert_eq!(
             directory.apply_bytes(&b, &claim(&SECRET_B, 1, 1).encode()),
             ClaimVerdict::Refused
@@ -710,13 +726,21 @@ mod tests {
             directory.apply_bytes(&b, &claim(&SECRET_B, 100, 2).encode()),
             ClaimVerdict::Accepted
         );
-        assert_eq!(directory.route(&[100; 32]).map(|r| r.host), Some(b));
+        assert_eq!(
+            directory.route(&ActorAddr([100; 32])).map(|r| r.host),
+            Some(b)
+        );
         assert_eq!(
             directory.apply_bytes(&b, &claim(&SECRET_B, 1, 3).encode()),
             ClaimVerdict::Refused
         );
         // A handoff by the holder is consent enough, whatever the authorizer would say.
-        let moved = claim(&SECRET_B, 1, 3).with_handoff(Handoff::sign(&SECRET_A, &[1; 32], &b, 3));
+        let moved = claim(&SECRET_B, 1, 3).with_handoff(Handoff::sign(
+            &SECRET_A,
+            &ActorAddr([1; 32]),
+            &b,
+            3,
+        ));
         assert_eq!(
             directory.apply_bytes(&b, &moved.encode()),
             ClaimVerdict::Accepted
@@ -733,7 +757,7 @@ mod tests {
             let mut actor = [0u8; 32];
             actor[..4].copy_from_slice(&n.to_be_bytes());
             CheckedClaim::Verified(Box::new(HostClaim {
-                actor,
+                actor: ActorAddr(actor),
                 host,
                 generation,
                 signature: [0; 64],
@@ -770,6 +794,7 @@ mod tests {
         for n in 0..(LOCATION_CACHE_ENTRIES_MAX as u32 + 10) {
             let mut actor = [0u8; 32];
             actor[..4].copy_from_slice(&n.to_be_bytes());
+            let actor = ActorAddr(actor);
             directory.set(actor, [1; 32], 1);
             assert!(directory.locate(&actor).is_some());
         }
@@ -807,7 +832,7 @@ mod tests {
             let mut best: BTreeMap<u8, (bool, u64)> = BTreeMap::new();
             for (actor, by_a, generation) in claims {
                 let secret = if by_a { &SECRET_A } else { &SECRET_B };
-                let claim = HostClaim::sign(secret, [actor; 32], generation);
+                let claim = HostClaim::sign(secret, ActorAddr([actor; 32]), generation);
                 let verdict = directory.apply_bytes(&claim.host, &claim.encode());
                 let expected = match best.get(&actor) {
                     None => ClaimVerdict::Accepted,
@@ -820,7 +845,7 @@ mod tests {
                     best.insert(actor, (by_a, generation));
                 }
                 let want = best.get(&actor).map(|&(a, g)| (id(if a { &SECRET_A } else { &SECRET_B }), g));
-                prop_assert_eq!(directory.route(&[actor; 32]).map(|r| (r.host, r.generation)), want);
+                prop_assert_eq!(directory.route(&ActorAddr([actor; 32])).map(|r| (r.host, r.generation)), want);
             }
         }
     }

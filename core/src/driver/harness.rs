@@ -60,7 +60,7 @@ fn serves(n: usize, channel: Channel) -> bool {
 const STREAMS: [&str; 3] = ["load", "queue", "nowhere"];
 
 /// The actors nodes claim to host (each may move between nodes).
-const ACTORS: [ActorAddr; 2] = [[0xa0; 32], [0xa1; 32]];
+const ACTORS: [ActorAddr; 2] = [ActorAddr([0xa0; 32]), ActorAddr([0xa1; 32])];
 
 /// Node `node`'s signing key (its claims' host is the key's public half, not [`id`]).
 fn secret(node: usize) -> [u8; 32] {
@@ -878,7 +878,7 @@ impl World {
             if result != expected {
                 return Err(format!(
                     "node {n} registered {:x} at {generation} holding {held:?}: {result:?}",
-                    actor[0]
+                    actor.0[0]
                 ));
             }
             match result {
@@ -928,7 +928,7 @@ impl World {
         if result != expected {
             return Err(format!(
                 "node {n} handed {:x} off holding {held:?}: {result:?}",
-                actor[0]
+                actor.0[0]
             ));
         }
         if result.is_err() {
@@ -954,7 +954,7 @@ impl World {
         if result != expected {
             return Err(format!(
                 "node {to} registered {:x} handed off at {generation} holding {mine:?}: {result:?}",
-                actor[0]
+                actor.0[0]
             ));
         }
         match result {
@@ -1192,7 +1192,7 @@ impl World {
                 if route != expected {
                     return Err(format!(
                         "node {n}: route of {:x} is {route:?}, the claims say {expected:?}",
-                        actor[0]
+                        actor.0[0]
                     ));
                 }
             }
@@ -1230,7 +1230,7 @@ impl World {
                     return Err(format!(
                         "node {to} knows {:x} as {known:?}; node {holder} hosts it at \
                          {generation} and is connected",
-                        actor[0]
+                        actor.0[0]
                     ));
                 }
             }

@@ -13,8 +13,61 @@ pub const TELEMETRY_CONTROL_TAG: &str = "tether.TelemetryControl";
 
 /// A node id: the 32-byte endpoint public key. A peer's mailbox address is its node id.
 pub type NodeId = [u8; 32];
-/// An actor address on the wire (32 bytes).
-pub type ActorAddr = [u8; 32];
+/// An actor's address: 32 bytes on the wire, a type of its own so that it is never taken for
+/// a [`NodeId`] (a frame names both: the node it goes to and the actor it is for).
+///
+/// ```compile_fail
+/// let node: tether_core::driver::NodeId = [1; 32];
+/// let actor: tether_core::driver::ActorAddr = node; // a node id is not an actor's address
+/// ```
+///
+/// ```
+/// use tether_core::driver::{ActorAddr, NodeId};
+/// let node: NodeId = [1; 32];
+/// // A peer's mailbox is the one actor address made from a node id, and says so.
+/// assert_eq!(ActorAddr::mailbox(node).as_bytes(), &node);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ActorAddr(pub [u8; 32]);
+
+impl ActorAddr {
+    /// The address with these bytes.
+    pub const fn new(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// Its bytes, as the wire carries them.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// A peer's mailbox: the actor address that is the node's own id.
+    pub const fn mailbox(node: NodeId) -> Self {
+        Self(node)
+    }
+}
+
+impl From<[u8; 32]> for ActorAddr {
+    fn from(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+}
+
+impl std::fmt::Debug for ActorAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ActorAddr(")?;
+        for byte in &self.0[..4] {
+            write!(f, "{byte:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
+impl serde::Serialize for ActorAddr {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
 
 /// The tag of the record a join attempt writes to the seed's mailbox ([`join_request`]).
 pub const JOIN_REQUEST: &str = "JoinRequest";
@@ -201,13 +254,15 @@ impl<R: Clone> Routes<R> {
     /// Where an inbound record for `dest` with `tag` goes: to the mailbox → by tag to the
     /// owning protocol actor; otherwise to the addressed actor if it is local.
     pub fn inbound(&self, dest: &ActorAddr, tag: &str) -> Inbound<R> {
-        if *dest == self.mailbox && (tag == HOST_CLAIM_TAG || tag == TELEMETRY_CONTROL_TAG) {
+        if *dest == ActorAddr::mailbox(self.mailbox)
+            && (tag == HOST_CLAIM_TAG || tag == TELEMETRY_CONTROL_TAG)
+        {
             return Inbound::Driver;
         }
         if !self.known_tags.contains(tag) {
             return Inbound::Drop(DropReason::UnknownTag);
         }
-        if *dest == self.mailbox {
+        if *dest == ActorAddr::mailbox(self.mailbox) {
             return match self.gossip.get(tag) {
                 Some(route) => Inbound::Protocol(route.clone()),
                 None => Inbound::Drop(DropReason::NoLocalRoute),
@@ -323,30 +378,34 @@ mod tests {
         [n; 32]
     }
 
+    fn actor(n: u8) -> ActorAddr {
+        ActorAddr([n; 32])
+    }
+
     #[test]
     fn inbound_routing_covers_every_case() {
         let mut routes: Routes<&str> = Routes::new(id(1));
         routes.route_tag("Ping", "swim");
         routes.know_tag("Chat");
         routes.know_tag("Orphan");
-        routes.host(id(9));
-        assert_eq!(routes.inbound(&id(1), "Ping"), Inbound::Protocol("swim"));
+        routes.host(actor(9));
+        assert_eq!(routes.inbound(&actor(1), "Ping"), Inbound::Protocol("swim"));
         assert_eq!(
-            routes.inbound(&id(1), "Orphan"),
+            routes.inbound(&actor(1), "Orphan"),
             Inbound::Drop(DropReason::NoLocalRoute)
         );
         assert_eq!(
-            routes.inbound(&id(1), "Nope"),
+            routes.inbound(&actor(1), "Nope"),
             Inbound::Drop(DropReason::UnknownTag)
         );
-        assert_eq!(routes.inbound(&id(9), "Chat"), Inbound::Actor(id(9)));
+        assert_eq!(routes.inbound(&actor(9), "Chat"), Inbound::Actor(actor(9)));
         assert_eq!(
-            routes.inbound(&id(8), "Chat"),
+            routes.inbound(&actor(8), "Chat"),
             Inbound::Drop(DropReason::NotLocal)
         );
-        routes.unhost(&id(9));
+        routes.unhost(&actor(9));
         assert_eq!(
-            routes.inbound(&id(9), "Chat"),
+            routes.inbound(&actor(9), "Chat"),
             Inbound::Drop(DropReason::NotLocal)
         );
         assert!(routes.is_swim(JOIN_REQUEST) && !routes.is_swim("Chat"));
@@ -364,19 +423,19 @@ mod tests {
             let mut routes: Routes<&str> = Routes::new(id(1));
             routes.route_tag("Ping", "swim");
             routes.know_tag("Chat");
-            routes.host(id(2));
+            routes.host(actor(2));
             let mut memo = RouteMemo::new();
             for (at, (dest, tag)) in records.into_iter().enumerate() {
                 if at == unhost_at {
-                    routes.unhost(&id(2));
+                    routes.unhost(&actor(2));
                     memo.clear();
                 }
                 let expected = match std::str::from_utf8(tags[tag]) {
-                    Ok(text) => routes.inbound(&id(dest), text),
+                    Ok(text) => routes.inbound(&actor(dest), text),
                     Err(_) => Inbound::Drop(DropReason::UnknownTag),
                 };
                 proptest::prop_assert_eq!(
-                    routes.inbound_memo(&mut memo, &id(dest), tags[tag]),
+                    routes.inbound_memo(&mut memo, &actor(dest), tags[tag]),
                     expected
                 );
                 if let Ok(text) = std::str::from_utf8(tags[tag]) {
@@ -388,23 +447,23 @@ mod tests {
 
     #[test]
     fn egress_resolves_mailboxes_and_routed_actors_and_checks_admission() {
-        let view: BTreeMap<ActorAddr, NodeId> = [(id(9), id(2))].into_iter().collect();
+        let view: BTreeMap<ActorAddr, NodeId> = [(actor(9), id(2))].into_iter().collect();
         let open = PeerAuth::open();
         assert_eq!(
             resolve_egress(Egress::Mailbox(id(3)), |a| view.get(a).copied(), &open),
             Ok(id(3))
         );
         assert_eq!(
-            resolve_egress(Egress::Actor(id(9)), |a| view.get(a).copied(), &open),
+            resolve_egress(Egress::Actor(actor(9)), |a| view.get(a).copied(), &open),
             Ok(id(2))
         );
         assert_eq!(
-            resolve_egress(Egress::Actor(id(7)), |a| view.get(a).copied(), &open),
+            resolve_egress(Egress::Actor(actor(7)), |a| view.get(a).copied(), &open),
             Err(DropReason::NoRoute)
         );
         let only_two = PeerAuth::allow_list([id(2)]);
         assert_eq!(
-            resolve_egress(Egress::Actor(id(9)), |a| view.get(a).copied(), &only_two),
+            resolve_egress(Egress::Actor(actor(9)), |a| view.get(a).copied(), &only_two),
             Ok(id(2))
         );
         assert_eq!(

@@ -69,14 +69,14 @@ use tether_core::channel::{HybridChannel, Sender};
 pub use tether_core::driver::machine::{
     CLOSE_FULL, CLOSE_REPLACED, CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED, CLOSE_UNRESPONSIVE,
 };
-pub use tether_core::driver::Channel;
 use tether_core::driver::{
-    Action, ActorAddr, Alpns, ClaimAuthorizer, ClaimRequest, ClaimVerdict, Control, ControlVerdict,
-    DialEnd, DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord, DropReason,
-    Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, NodeId, Open, Path, PeerAuth,
-    PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
+    Action, Alpns, ClaimAuthorizer, ClaimRequest, ClaimVerdict, Control, ControlVerdict, DialEnd,
+    DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord, DropReason, Drops,
+    Generation, Handoff, HostClaim, Inbound, JoinStatus, NodeId, Open, Path, PeerAuth, PeerBook,
+    Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
     HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
+pub use tether_core::driver::{ActorAddr, Channel};
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, ADDRESS_BOOK_PEERS_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
     EGRESS_RUN_FRAMES_MAX, EGRESS_SPILL_BYTES_MAX, EGRESS_SPILL_FRAMES_MAX,
@@ -1479,7 +1479,7 @@ impl Node {
         let payload = control.encode().ok_or(NodeError::InvalidStreamName)?;
         self.send(OutFrame {
             to: source,
-            dest: source,
+            dest: ActorAddr::mailbox(source),
             type_tag: TELEMETRY_CONTROL_TAG.into(),
             payload: payload.into(),
         });
@@ -1774,7 +1774,7 @@ impl Inner {
             }
             Action::Announce { peer, claim } => self.send(OutFrame {
                 to: peer,
-                dest: peer,
+                dest: ActorAddr::mailbox(peer),
                 type_tag: HOST_CLAIM_TAG.into(),
                 payload: Bytes::copy_from_slice(&claim.encode()),
             }),
@@ -2497,7 +2497,7 @@ impl Inner {
                     while buf.len() < NODE_WRITE_BATCH_BYTES {
                         let Some(frame) = queue.pop() else { break };
                         let encoded = encode_record(
-                            &frame.dest,
+                            frame.dest.as_bytes(),
                             &frame.type_tag,
                             &frame.payload,
                             self.payload_bytes_max,
@@ -2611,7 +2611,7 @@ impl Inner {
         memo: &mut RouteMemo<ActorAddr>,
         record: ActorRecord,
     ) -> bool {
-        let dest = match routes.inbound_memo(memo, record.dest(), record.tag_bytes()) {
+        let dest = match routes.inbound_memo(memo, &ActorAddr(*record.dest()), record.tag_bytes()) {
             Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
             Inbound::Driver => {
                 let tag = memo.tag().unwrap_or_default();
