@@ -28,7 +28,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -1070,6 +1070,48 @@ impl Gate {
     }
 }
 
+thread_local! {
+    /// The actions waiting on this thread, while an [`Executor::run`] drains them.
+    static EXECUTING: std::cell::RefCell<Option<VecDeque<(Arc<Inner>, Action<Connection>)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The one loop that executes the machine's actions on a thread: the outermost
+/// [`Inner::drive`] drains them, an inner one only queues.
+struct Executor;
+
+impl Executor {
+    fn run(inner: &Arc<Inner>, actions: Vec<Action<Connection>>) {
+        let outermost = EXECUTING.with(|queue| {
+            let mut queue = queue.borrow_mut();
+            let outermost = queue.is_none();
+            queue
+                .get_or_insert_with(VecDeque::new)
+                .extend(actions.into_iter().map(|action| (inner.clone(), action)));
+            outermost
+        });
+        if !outermost {
+            return;
+        }
+        // Cleared however the loop ends (an action that panics included), so the thread's
+        // next drive drains again.
+        struct Done;
+        impl Drop for Done {
+            fn drop(&mut self) {
+                // Taken out first and dropped with no borrow held (what it drops may drive).
+                let rest = EXECUTING.with(|queue| queue.borrow_mut().take());
+                drop(rest);
+            }
+        }
+        let _done = Done;
+        while let Some((inner, action)) =
+            EXECUTING.with(|queue| queue.borrow_mut().as_mut().and_then(VecDeque::pop_front))
+        {
+            inner.execute(action);
+        }
+    }
+}
+
 /// An address's relay URLs as text.
 fn relay_strings(addr: &EndpointAddr) -> Vec<String> {
     addr.relay_urls().map(ToString::to_string).collect()
@@ -1728,11 +1770,15 @@ impl Inner {
         }))
     }
 
-    /// Runs one input on the driver machine and executes the actions it queued.
+    /// Runs one input on the driver machine and executes the actions it queued. Executing an
+    /// action may drive the machine again (an announcement is a send, which the machine
+    /// judges): those inputs' actions join the queue of the call already draining on this
+    /// thread instead of being executed inside it, so the shell never re-enters itself and
+    /// actions run one after another in the order the machine made them.
     fn drive<R>(self: &Arc<Self>, input: impl FnOnce(&mut Driver<Connection>, Time) -> R) -> R {
         let (answer, actions) = self.gate.drive(input);
-        for action in actions {
-            self.execute(action);
+        if !actions.is_empty() {
+            Executor::run(self, actions);
         }
         answer
     }
