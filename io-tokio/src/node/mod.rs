@@ -1070,10 +1070,12 @@ impl Gate {
     }
 }
 
+/// Actions waiting to be executed, each with the node whose machine made it.
+type Pending = VecDeque<(Arc<Inner>, Action<Connection>)>;
+
 thread_local! {
     /// The actions waiting on this thread, while an [`Executor::run`] drains them.
-    static EXECUTING: std::cell::RefCell<Option<VecDeque<(Arc<Inner>, Action<Connection>)>>> =
-        const { std::cell::RefCell::new(None) };
+    static EXECUTING: std::cell::RefCell<Option<Pending>> = const { std::cell::RefCell::new(None) };
 }
 
 /// The one loop that executes the machine's actions on a thread: the outermost
