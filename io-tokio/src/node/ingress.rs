@@ -1,0 +1,130 @@
+//! The actor plane's ingress: reading an actor connection's streams, decoding records, and routing
+//! each to its actor, the driver or a drop.
+
+use super::*;
+
+impl Inner {
+    /// Reads the streams of an actor connection cached under `generation`; reports its end.
+    pub(super) fn read_actor_connection(
+        self: &Arc<Self>,
+        peer: NodeId,
+        generation: Generation,
+        conn: Connection,
+    ) {
+        debug!(peer = %hex(&peer), generation = generation.get(), "connection cached");
+        let inner = self.clone();
+        self.spawn(
+            async move {
+                while let Ok(recv) = conn.accept_uni().await {
+                    let reader = inner.clone();
+                    inner.spawn(async move { reader.read_stream(peer, recv).await });
+                }
+                inner.drive(|driver, now| {
+                    driver.handle_connection_closed(now, peer, Channel::Actor, generation)
+                });
+            }
+            .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
+        );
+    }
+
+    /// A cached connection (or none) and the machine's generation: the reader follows.
+    pub(super) fn adopt(
+        self: &Arc<Self>,
+        peer: NodeId,
+        conn: Connection,
+        generation: Option<Generation>,
+    ) {
+        if let Some(generation) = generation {
+            self.read_actor_connection(peer, generation, conn);
+        }
+    }
+
+    /// Decodes actor records from one stream and routes each; a malformed stream is reported
+    /// to the machine, which says whether to stop it (the connection stays).
+    pub(super) async fn read_stream(self: Arc<Self>, peer: NodeId, mut recv: RecvStream) {
+        let mut memo = RouteMemo::new();
+        let mut decoder =
+            StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
+        loop {
+            match recv.read_chunk(NODE_READ_CHUNK_BYTES).await {
+                Ok(Some(chunk)) => decoder.push_bytes(chunk),
+                Ok(None) | Err(_) => return,
+            }
+            // One snapshot of the tables per chunk (the bridge may change them meanwhile).
+            let routes = self.routes_now();
+            memo.clear();
+            let (mut received, mut delivered) = (0u64, 0u64);
+            let fault = loop {
+                match decoder.pop() {
+                    Ok(Some(record)) => {
+                        received += 1;
+                        delivered += u64::from(self.deliver(peer, &routes, &mut memo, record));
+                    }
+                    Ok(None) => break None,
+                    Err(error) => break Some(error),
+                }
+            };
+            self.counters
+                .received
+                .fetch_add(received, Ordering::Relaxed);
+            self.counters
+                .delivered
+                .fetch_add(delivered, Ordering::Relaxed);
+            if let Some(error) = fault {
+                let fatal = error.error.is_fatal();
+                let verdict = self.drive(|driver, now| {
+                    driver.handle_stream_fault(now, peer, Channel::Actor, fatal)
+                });
+                if let StreamVerdict::Stop(code) = verdict {
+                    let _ = recv.stop(code.into());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A snapshot of the routing tables.
+    pub(super) fn routes_now(&self) -> Arc<Routes<ActorAddr>> {
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Routes one record (core's `Routes`) and hands it to the bridge; true when delivered.
+    /// A drop is counted by the machine before the next record is handled;
+    /// `frames_received` and `frames_delivered` are added once per chunk.
+    pub(super) fn deliver(
+        self: &Arc<Self>,
+        peer: NodeId,
+        routes: &Routes<ActorAddr>,
+        memo: &mut RouteMemo<ActorAddr>,
+        record: ActorRecord,
+    ) -> bool {
+        let dest = match routes.inbound_memo(memo, &ActorAddr(*record.dest()), record.tag_bytes()) {
+            Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
+            Inbound::Driver => {
+                let tag = memo.tag().unwrap_or_default();
+                let payload = record.into_payload();
+                // Signatures are checked here, before the node's lock is taken.
+                let checked = DriverRecord::check(tag, &payload);
+                self.drive(|driver, now| driver.handle_checked_record(now, peer, checked));
+                return false;
+            }
+            Inbound::Drop(reason) => {
+                self.drive(|driver, now| driver.handle_inbound_drop(now, reason));
+                return false;
+            }
+        };
+        // The memo holds this record's tag, checked once per run.
+        let tag = memo.tag().unwrap_or_default();
+        let ok = self
+            .bridge
+            .as_ref()
+            .is_some_and(|bridge| bridge.deliver_raw(dest, tag, record.into_payload()).is_ok());
+        if !ok {
+            self.drive(|driver, now| driver.handle_inbound_drop(now, DropReason::DeliveryFailed));
+        }
+        ok
+    }
+}
