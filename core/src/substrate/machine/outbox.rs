@@ -1,0 +1,251 @@
+//! One object's outbox: its durable ops in seq order and their transmission state
+//! (memory only): when each went out, its retry and expiry deadlines.
+
+use super::*;
+
+/// One outbox entry: the durable op and its transmission state (memory only).
+#[derive(Debug, Clone, Hash)]
+pub(super) struct Outgoing {
+    pub(super) op: Op,
+    /// The batch that made it durable; it may go on the wire once that batch is persisted.
+    pub(super) batch: BatchId,
+    /// Attempts so far; the receipt of the latest transmission.
+    pub(super) receipt: u64,
+    /// On the wire and not yet acked.
+    pub(super) in_flight: bool,
+    /// A transient error asked to wait until then.
+    pub(super) retry_at: Option<Time>,
+    /// Rebuilt by [`Machine::recover`]: it may have been transmitted before the restart.
+    pub(super) recovered: bool,
+    /// Transient answers in a row: the next retry backs off from this.
+    pub(super) transient_failures: u32,
+}
+
+impl Outgoing {
+    /// Certainly never on the wire, so certainly not delivered: only such an op may end
+    /// without the peer's word (peer close, TTL).
+    pub(super) fn never_sent(&self) -> bool {
+        self.receipt == 0 && !self.recovered
+    }
+
+    /// Whether the queue TTL applies: opens, sends and reqs that never left. Answers,
+    /// decisions and closes answer something the peer holds and wait for the link however
+    /// long it takes (the outbox bound still applies).
+    pub(super) fn expires(&self) -> bool {
+        self.never_sent() && matches!(self.op.verb, Verb::Open | Verb::Send | Verb::Req)
+    }
+}
+
+/// One object's outbox: entries by seq, with the count of those in flight kept exact so that
+/// the window check is O(1), and indexes that keep every per-wake question O(log n): which
+/// entries may expire (never sent), which wait on a transient retry, and where transmission
+/// resumes.
+#[derive(Clone, Default)]
+pub(super) struct Outbox {
+    pub(super) entries: BTreeMap<u64, Outgoing>,
+    pub(super) in_flight: usize,
+    /// Seqs of entries the queue TTL applies to (never sent), in seq order, which is also
+    /// the order of their enqueue times within a boot.
+    pub(super) expirable: BTreeSet<u64>,
+    /// Entries waiting on a transient retry, by when.
+    pub(super) retrying: BTreeSet<(Time, u64)>,
+    /// No entry below this seq needs transmitting (they are in flight or waiting).
+    pub(super) cursor: u64,
+    /// Seqs by op id (answers share the id of the req they answer), so that finding the op
+    /// an answer or an err names costs a lookup, not a scan.
+    pub(super) by_id: BTreeMap<String, std::collections::BTreeSet<u64>>,
+}
+
+/// The entries alone: the indexes and the cursor follow from them (a fingerprint that
+/// printed them would tell apart machines that behave alike).
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("entries", &self.entries)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The same entries alone, for the same reason.
+impl std::hash::Hash for Outbox {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.entries.hash(state);
+        self.in_flight.hash(state);
+    }
+}
+
+impl Outbox {
+    pub(super) fn insert(&mut self, entry: Outgoing) {
+        debug_assert!(
+            !entry.in_flight,
+            "entries enter the outbox before any transmission"
+        );
+        if entry.expires() {
+            self.expirable.insert(entry.op.seq);
+        }
+        self.cursor = self.cursor.min(entry.op.seq);
+        self.by_id
+            .entry(entry.op.id.clone())
+            .or_default()
+            .insert(entry.op.seq);
+        self.entries.insert(entry.op.seq, entry);
+    }
+
+    pub(super) fn remove(&mut self, seq: u64) -> Option<Outgoing> {
+        let entry = self.entries.remove(&seq)?;
+        self.in_flight -= usize::from(entry.in_flight);
+        self.expirable.remove(&seq);
+        if let Some(at) = entry.retry_at {
+            self.retrying.remove(&(at, seq));
+        }
+        if let Some(seqs) = self.by_id.get_mut(&entry.op.id) {
+            seqs.remove(&seq);
+            if seqs.is_empty() {
+                self.by_id.remove(&entry.op.id);
+            }
+        }
+        Some(entry)
+    }
+
+    pub(super) fn get(&self, seq: u64) -> Option<&Outgoing> {
+        self.entries.get(&seq)
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Outgoing> + '_ {
+        self.entries.values()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub(super) fn first_seq(&self) -> Option<u64> {
+        self.entries.keys().next().copied()
+    }
+
+    /// The seq of the op with id `id`, if it was ever transmitted (only such ops can be
+    /// answered by the peer's substrate).
+    pub(super) fn transmitted_seq_of(&self, id: &str) -> Option<u64> {
+        self.by_id
+            .get(id)?
+            .iter()
+            .copied()
+            .find(|seq| self.entries.get(seq).is_some_and(|e| e.receipt > 0))
+    }
+
+    pub(super) fn seq_of(&self, id: &str) -> Option<u64> {
+        self.by_id.get(id)?.iter().next().copied()
+    }
+
+    /// Marks entries from `from` on as not in flight: they go out again with new receipts.
+    pub(super) fn land_from(&mut self, from: u64) {
+        for entry in self.entries.range_mut(from..).map(|(_, entry)| entry) {
+            self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
+        }
+        self.cursor = self.cursor.min(from);
+    }
+
+    /// Counts a transient answer to entry `seq`; returns the count before it (the backoff
+    /// attempt).
+    pub(super) fn note_transient(&mut self, seq: u64) -> u32 {
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return 0;
+        };
+        let before = entry.transient_failures;
+        entry.transient_failures = before.saturating_add(1);
+        before
+    }
+
+    /// A transient error: the entry waits until `at`, then goes out again.
+    pub(super) fn retry_at(&mut self, seq: u64, at: Time) {
+        if let Some(entry) = self.entries.get_mut(&seq) {
+            self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
+            if let Some(before) = entry.retry_at.replace(at) {
+                self.retrying.remove(&(before, seq));
+            }
+            self.retrying.insert((at, seq));
+        }
+    }
+
+    pub(super) fn clear_due_retries(&mut self, now: Time) {
+        while let Some(&(at, seq)) = self.retrying.first() {
+            if at > now {
+                break;
+            }
+            self.retrying.pop_first();
+            if let Some(entry) = self.entries.get_mut(&seq) {
+                entry.retry_at = None;
+            }
+            self.cursor = self.cursor.min(seq);
+        }
+    }
+
+    /// Seqs of never-sent entries enqueued `ttl` or more before `now`.
+    pub(super) fn expired(&self, now: Time, ttl: std::time::Duration) -> Vec<u64> {
+        self.expirable
+            .iter()
+            .copied()
+            .take_while(|seq| now.saturating_since(self.entries[seq].op.at) >= ttl)
+            .collect()
+    }
+
+    /// When the next entry expires, if one can.
+    pub(super) fn next_expiry(&self, ttl: std::time::Duration) -> Option<Time> {
+        let seq = self.expirable.first()?;
+        Some(self.entries[seq].op.at.saturating_add(ttl))
+    }
+
+    /// Transmits, in seq order, every entry that may go: persisted, not waiting on a retry,
+    /// within `window` in flight and below the receiver's credit `limit`; while `opening` only
+    /// the open may go.
+    pub(super) fn transmit(
+        &mut self,
+        persisted: BatchId,
+        opening: bool,
+        window: usize,
+        (floor, limit): (u64, u64),
+        out: &mut VecDeque<Envelope>,
+    ) -> bool {
+        let mut sent = false;
+        let mut resume = None;
+        for entry in self
+            .entries
+            .range_mut(self.cursor..)
+            .map(|(_, entry)| entry)
+        {
+            let seq = entry.op.seq;
+            if self.in_flight >= window || seq >= limit {
+                resume = Some(seq);
+                break;
+            }
+            if entry.in_flight || entry.retry_at.is_some() {
+                continue;
+            }
+            // Seqs are assigned in batch order: everything after an unpersisted op is too.
+            if entry.batch > persisted || (opening && entry.op.verb != Verb::Open) {
+                resume = Some(seq);
+                break;
+            }
+            entry.receipt += 1;
+            entry.in_flight = true;
+            self.in_flight += 1;
+            self.expirable.remove(&seq);
+            out.push_back(op_frame(&entry.op, entry.receipt, floor));
+            sent = true;
+        }
+        // Everything before `resume` is in flight or waiting on a retry (which lowers the
+        // cursor again when it ends).
+        self.cursor =
+            resume.unwrap_or_else(|| self.entries.keys().next_back().map_or(0, |s| s + 1));
+        debug_assert_eq!(
+            self.in_flight,
+            self.entries.values().filter(|e| e.in_flight).count()
+        );
+        sent
+    }
+}

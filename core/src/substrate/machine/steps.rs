@@ -1,0 +1,304 @@
+//! The steps every input shares: deciding opens, minting and enqueueing ops, releasing what
+//! a persisted batch covers, and transmitting what the credit allows.
+
+use super::*;
+
+impl Machine {
+    pub(super) fn decide(
+        &mut self,
+        now: Time,
+        obj: &str,
+        reject: Option<&str>,
+    ) -> Result<(), CommandError> {
+        self.touched.insert(obj.to_owned());
+        let object = self.objects.get_mut(obj).ok_or_else(|| no_such(obj))?;
+        if object.record.state != ObjectState::AwaitingAccept {
+            return Err(CommandError::WrongState(obj.to_owned()));
+        }
+        object.record.state = match reject {
+            None => ObjectState::Live,
+            Some(_) => ObjectState::Rejected(now),
+        };
+        let open_id = object.record.open_id.clone();
+        let verb = if reject.is_some() {
+            Verb::Reject
+        } else {
+            Verb::Accept
+        };
+        let mut op = self.op(now, obj, verb, open_id);
+        op.code = reject.map(str::to_owned);
+        self.enqueue(op);
+        self.end_step(now);
+        Ok(())
+    }
+
+    pub(super) fn message(
+        &mut self,
+        now: Time,
+        obj: &str,
+        verb: Verb,
+        body: Bytes,
+    ) -> Result<String, CommandError> {
+        check_body(Some(&body))?;
+        self.touched.insert(obj.to_owned());
+        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
+        if !matches!(
+            object.record.state,
+            ObjectState::Live | ObjectState::Opening
+        ) {
+            return Err(CommandError::WrongState(obj.to_owned()));
+        }
+        self.check_room(obj)?;
+        let id = self.mint();
+        let mut op = self.op(now, obj, verb, id.clone());
+        op.body = Some(body);
+        self.enqueue(op);
+        self.end_step(now);
+        Ok(id)
+    }
+
+    /// Both sides opened `obj` at once and the peer's open (`theirs`) has the lower id: the
+    /// object becomes the peer's, awaiting this side's decision, and this side's open and
+    /// everything queued behind it end futile with `open_conflict` (only the open can have
+    /// left: nothing follows an open on the wire before it is accepted).
+    pub(super) fn lose_open_race(&mut self, obj: &str, theirs: Op) {
+        let ours = self.objects[obj].record.open_id.clone();
+        let open_pending = self.objects[obj].outbox.seq_of(&ours).is_some();
+        self.purge_outbox(obj, finality::OPEN_CONFLICT, |_| true);
+        if !open_pending {
+            // The open was hop-acked already (the winner consumed it): it still ends here.
+            *self
+                .stats
+                .futile
+                .entry(finality::OPEN_CONFLICT.to_owned())
+                .or_default() += 1;
+            let event = Event::Futile {
+                obj: obj.to_owned(),
+                op_id: ours,
+                code: finality::OPEN_CONFLICT.to_owned(),
+            };
+            self.staged_outputs.push(Deferred::Event(event));
+        }
+        let object = self.objects.get_mut(obj).expect("the caller holds it");
+        object.record.opened_by = Side::Remote;
+        object.record.open_id = theirs.id;
+        object.record.state = ObjectState::AwaitingAccept;
+        if let Some(kind) = theirs.obj_kind {
+            object.record.kind = kind;
+        }
+        self.staged.push(Record::Object(object.record.clone()));
+        let event = open_requested(&object.record, theirs.cap);
+        self.staged_outputs.push(Deferred::Event(event));
+    }
+
+    /// A closed object's reqs can never be answered: their deliveries leave the inbox (and
+    /// are not delivered again after a restart). Sends stay until the app consumes them.
+    pub(super) fn drop_unanswerable_reqs(&mut self, obj: &str) {
+        let Some(object) = self.objects.get_mut(obj) else {
+            return;
+        };
+        let reqs: Vec<u64> = object
+            .inbox
+            .iter()
+            .filter(|(_, op)| op.verb == Verb::Req)
+            .map(|(seq, _)| *seq)
+            .collect();
+        let freed = !reqs.is_empty();
+        for seq in reqs {
+            object.inbox.remove(&seq);
+            self.staged.push(Record::InboxRemoved {
+                obj: obj.to_owned(),
+                seq,
+            });
+        }
+        if freed {
+            self.stage_credit(obj);
+        }
+    }
+
+    pub(super) fn live_for_app(&self, obj: &str) -> Result<(), CommandError> {
+        match self.objects.get(obj).map(|object| object.record.state) {
+            Some(ObjectState::Live) => Ok(()),
+            Some(_) => Err(CommandError::WrongState(obj.to_owned())),
+            None => Err(no_such(obj)),
+        }
+    }
+
+    /// Sends, reqs and answers are refused with `queue_full` at the outbox bound. The open,
+    /// the accept or reject, and the close are never refused for room (each happens once per
+    /// object), so an outbox holds at most `outbox_ops_max + 2` ops.
+    pub(super) fn check_room(&self, obj: &str) -> Result<(), CommandError> {
+        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
+        if object.outbox.len() >= self.config.outbox_ops_max {
+            return Err(CommandError::QueueFull);
+        }
+        Ok(())
+    }
+
+    /// Keeps at most [`crate::limits::SUBSTRATE_RETAINED_OBJECTS_MAX`] closed or rejected
+    /// objects: before another object is created, the oldest idle one is forgotten.
+    pub(super) fn bound_retained_objects(&mut self) {
+        let retained = self
+            .objects
+            .values()
+            .filter(|o| o.record.state.is_terminal())
+            .count();
+        if retained < crate::limits::SUBSTRATE_RETAINED_OBJECTS_MAX {
+            return;
+        }
+        let oldest = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.outbox.is_empty() && o.inbox.is_empty() && o.held.is_empty())
+            .filter_map(|(name, o)| match o.record.state {
+                ObjectState::Closed(at) | ObjectState::Rejected(at) => Some((at, name.clone())),
+                _ => None,
+            })
+            .min();
+        if let Some((_, name)) = oldest {
+            self.remove_object(&name);
+            self.stats.objects_evicted += 1;
+        }
+    }
+
+    pub(super) fn live_object_count(&self) -> usize {
+        self.objects
+            .values()
+            .filter(|object| !object.record.state.is_terminal())
+            .count()
+    }
+
+    pub(super) fn mint(&mut self) -> String {
+        self.minted += 1;
+        format!("{:016x}{:016x}", self.boot, self.minted)
+    }
+
+    pub(super) fn op(&self, now: Time, obj: &str, verb: Verb, id: String) -> Op {
+        Op {
+            obj: obj.to_owned(),
+            seq: 0,
+            id,
+            verb,
+            obj_kind: None,
+            body: None,
+            code: None,
+            reason: None,
+            cap: None,
+            at: now,
+        }
+    }
+
+    /// Gives `op` the object's next seq and puts it in the outbox, durably (row insert and seq
+    /// bump in one batch).
+    pub(super) fn enqueue(&mut self, mut op: Op) {
+        let batch = self.next_batch;
+        let object = self
+            .objects
+            .get_mut(&op.obj)
+            .expect("commands check the object");
+        op.seq = object.record.tx_next;
+        object.record.tx_next += 1;
+        let op_obj = op.obj.clone();
+        self.staged.push(Record::Object(object.record.clone()));
+        self.staged.push(Record::Outbox(op.clone()));
+        let entry = Outgoing {
+            op,
+            batch,
+            receipt: 0,
+            in_flight: false,
+            retry_at: None,
+            recovered: false,
+            transient_failures: 0,
+        };
+        object.outbox.insert(entry);
+        self.stats.ops_enqueued += 1;
+        if self.awaiting_persist.back() != Some(&(batch, op_obj.clone())) {
+            self.awaiting_persist.push_back((batch, op_obj));
+        }
+    }
+
+    /// Sends a frame that needs no durability (keepalive, resync, denial, out_of_seq).
+    pub(super) fn send_now(&mut self, now: Time, frame: Envelope) {
+        if self.link_up {
+            self.last_sent = now;
+            self.transmit.push_back(frame);
+        }
+    }
+
+    pub(super) fn release(&mut self, outputs: Vec<Deferred>) {
+        for output in outputs {
+            match output {
+                Deferred::Transmit(frame) => {
+                    if self.link_up {
+                        self.transmit.push_back(frame);
+                    }
+                }
+                Deferred::Event(event) => self.events.push_back(event),
+            }
+        }
+    }
+
+    /// Ends every input: staged records become one batch, and the outputs staged with them
+    /// wait for it; outputs staged without records wait for the latest unpersisted batch.
+    pub(super) fn end_step(&mut self, now: Time) {
+        let outputs = std::mem::take(&mut self.staged_outputs);
+        if !self.staged.is_empty() {
+            let id = self.next_batch;
+            self.next_batch = BatchId(id.0 + 1);
+            let records = std::mem::take(&mut self.staged);
+            self.persist.push_back(PersistBatch { id, records });
+            self.waiting.push_back((id, outputs));
+        } else if !outputs.is_empty() {
+            match self.waiting.back_mut() {
+                Some((_, waiting)) => waiting.extend(outputs),
+                None => self.release(outputs),
+            }
+        }
+        let touched = std::mem::take(&mut self.touched);
+        if self.link_up {
+            self.transmit_ready(now, &touched);
+        }
+        for obj in &touched {
+            self.rearm(obj);
+        }
+    }
+
+    /// Puts every persisted, transmittable outbox op of the `touched` objects on the wire,
+    /// within each object's window and credit (an object no input touched has nothing new
+    /// to send: what unblocks an object is an input about it).
+    pub(super) fn transmit_ready(&mut self, now: Time, touched: &BTreeSet<String>) {
+        let window = self.window;
+        let persisted = self.persisted_through;
+        let initial_credit = self.initial_credit;
+        for name in touched {
+            let Some(object) = self.objects.get_mut(name) else {
+                continue;
+            };
+            let floor = object.floor();
+            let opening = object.record.state == ObjectState::Opening;
+            let limit = object.tx_limit.max(initial_credit);
+            if object.outbox.transmit(
+                persisted,
+                opening,
+                window,
+                (floor, limit),
+                &mut self.transmit,
+            ) {
+                object.floor_sent = object.floor_sent.max(floor);
+                self.last_sent = now;
+            }
+            // The first op waits for credit the peer may only give once it knows the floor
+            // (a restart forgot what ended below it): the floor goes alone.
+            let credit_blocked = object
+                .outbox
+                .first_seq()
+                .is_some_and(|first| first >= limit);
+            if object.floor_unannounced() || (credit_blocked && floor > object.floor_sent) {
+                object.floor_sent = floor;
+                self.stats.floors_sent += 1;
+                self.transmit.push_back(floor_frame(name, floor));
+                self.last_sent = now;
+            }
+        }
+    }
+}
