@@ -191,7 +191,7 @@ async fn a_master_speaking_another_protocol_version_is_refused_with_a_reason() {
     });
     let refused = switch.add_master("future", s1).await;
     assert!(
-        matches!(&refused, Err(SwitchError::Cut(reason)) if reason.contains("version 99")),
+        matches!(&refused, Err(SwitchError::Cut(reason)) if reason.to_string().contains("version 99")),
         "{refused:?}"
     );
     master.await.expect("the master saw the connection close");

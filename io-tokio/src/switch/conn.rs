@@ -9,8 +9,8 @@ use tether_core::limits::{
     BIFACI_FRAME_BYTES_DEFAULT, SWITCH_READ_CHUNK_BYTES, SWITCH_WRITE_BATCH_BYTES,
 };
 
-use tether_core::wire::bifaci::{BifaciDecoder, Frame};
-use tether_core::wire::StreamDecoder;
+use tether_core::wire::bifaci::{BifaciDecoder, BifaciError, Frame};
+use tether_core::wire::{DecodeError, StreamDecoder};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_stream::Stream;
 
@@ -21,7 +21,7 @@ pub(crate) enum Incoming {
     /// A decoded frame.
     Frame(Frame),
     /// The bytes are not frames: the connection is useless from here on.
-    Undecodable(String),
+    Undecodable(DecodeError<BifaciError>),
     /// The connection ended (EOF or I/O error).
     Closed,
 }
@@ -65,7 +65,7 @@ impl<R: AsyncRead + Unpin> Stream for FrameReader<R> {
                 Ok(None) => {}
                 Err(error) => {
                     this.done = true;
-                    return Poll::Ready(Some(Incoming::Undecodable(error.error.to_string())));
+                    return Poll::Ready(Some(Incoming::Undecodable(error)));
                 }
             }
             let mut buf = ReadBuf::new(&mut this.buf);

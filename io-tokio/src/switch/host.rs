@@ -26,13 +26,14 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use bytes::Bytes;
-use tether_core::cap::CapUrn;
+use tether_core::cap::{CapUrn, ParseError};
 use tether_core::limits::{SWITCH_HOST_COMMANDS_MAX, SWITCH_HOST_WRITER_FRAMES_MAX};
 use tether_core::request::RequestKey;
 use tether_core::switch::host::{Host as Machine, HostError, HostEvent, HostWriteError};
 use tether_core::switch::side::{stream_frames, HeldWrites, WriteError};
 use tether_core::time::Time;
-use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
+use tether_core::wire::bifaci::{BifaciError, Frame, FrameType, MessageId};
+use tether_core::wire::DecodeError;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -53,7 +54,7 @@ type Handler = Arc<dyn Fn(HostRequest) -> Pin<Box<dyn Future<Output = ()> + Send
 pub enum HostServeError {
     /// The switch broke the protocol (or the bytes were not frames).
     #[error("protocol: {0}")]
-    Protocol(String),
+    Protocol(#[source] ProtocolFault),
     /// The request is gone (ended, cancelled) or the connection closed.
     #[error("the request is no longer live")]
     Gone,
@@ -66,12 +67,24 @@ pub enum HostServeError {
     Backlogged,
     /// A cap given to [`HostHandle::add_handler`] does not parse.
     #[error("bad cap: {0}")]
-    BadCap(String),
+    BadCap(#[source] ParseError),
     /// A peer request was answered with ERR carrying this code (`TOO_LARGE` when
     /// [`PeerCall::collect`] would hold more than
     /// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]).
     #[error("answered with error {0}")]
     Failed(String),
+}
+
+/// How the switch broke the protocol ([`HostServeError::Protocol`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolFault {
+    /// The bytes were not frames (the stream offset says where).
+    #[error(transparent)]
+    Undecodable(#[from] DecodeError<BifaciError>),
+    /// The frames broke the host's side of the protocol (core's verdict).
+    #[error(transparent)]
+    Broken(#[from] HostError),
 }
 
 /// A program serving caps to a switch.
@@ -187,14 +200,14 @@ impl HostHandle {
         F: Fn(HostRequest) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let cap = CapUrn::parse(cap).map_err(|error| HostServeError::BadCap(error.to_string()))?;
+        let cap = CapUrn::parse(cap).map_err(HostServeError::BadCap)?;
         self.set(cap, Some(boxed(handler))).await.map(drop)
     }
 
     /// Stops serving `cap` (requests already running finish); `false` when no handler served
     /// it. The new manifest is queued as with [`HostHandle::add_handler`].
     pub async fn remove_handler(&self, cap: &str) -> Result<bool, HostServeError> {
-        let cap = CapUrn::parse(cap).map_err(|error| HostServeError::BadCap(error.to_string()))?;
+        let cap = CapUrn::parse(cap).map_err(HostServeError::BadCap)?;
         self.set(cap, None).await
     }
 
@@ -563,14 +576,14 @@ impl HostTask {
                         let now = self.now();
                         self.machine
                             .handle_frame(now, frame)
-                            .map_err(|error| HostServeError::Protocol(error.to_string()))?;
+                            .map_err(|error| HostServeError::Protocol(error.into()))?;
                         // A frame of a request (its credit, say) may let its parked writes go.
                         for flow in flows {
                             self.retry_parked(flow);
                         }
                     }
                     Some(Incoming::Undecodable(error)) => {
-                        return Err(HostServeError::Protocol(error));
+                        return Err(HostServeError::Protocol(error.into()));
                     }
                     Some(Incoming::Closed) | None => return Ok(()),
                 },
@@ -587,7 +600,7 @@ impl HostTask {
                     let now = self.now();
                     self.machine
                         .handle_timeout(now)
-                        .map_err(|error| HostServeError::Protocol(error.to_string()))?;
+                        .map_err(|error| HostServeError::Protocol(error.into()))?;
                 }
                 // The socket was full and took more, or a write failed (the switch is gone).
                 Err(_) = std::future::poll_fn(|cx| match self.writer.poll_write_queued(cx) {
@@ -699,7 +712,7 @@ impl HostTask {
                     let now = self.now();
                     return Err(match self.machine.handle_backlogged(now) {
                         HostError::Backlogged => HostServeError::Backlogged,
-                        error => HostServeError::Protocol(error.to_string()),
+                        error => HostServeError::Protocol(error.into()),
                     });
                 }
             }

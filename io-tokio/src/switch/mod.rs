@@ -28,12 +28,12 @@ use std::time::Duration;
 use tether_core::limits::{SWITCH_ENGINE_COMMANDS_MAX, SWITCH_WRITER_FRAMES_MAX};
 
 use bytes::Bytes;
-use tether_core::cap::{CapUrn, MediaUrn};
+use tether_core::cap::{CapUrn, MediaUrn, ParseError};
 use tether_core::request::{CancelReason, Credits};
 use tether_core::switch::side::{stream_frames, HeldWrites, RequestSide, WriteError};
 use tether_core::switch::{
-    ConnId, CutReason, EngineError, Event, Peer, SlotId, Switch as Machine, SwitchConfig,
-    SwitchStats,
+    AttachError, ConnId, CutReason, EngineError, Event, HandshakeError, Peer, SlotId,
+    Switch as Machine, SwitchConfig, SwitchStats,
 };
 use tether_core::time::Time;
 use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
@@ -57,14 +57,14 @@ pub enum SwitchError {
     Engine(#[from] EngineError),
     /// A master could not be attached.
     #[error("attach refused: {0}")]
-    Attach(String),
+    Attach(#[source] AttachError),
     /// The master's connection was cut (handshake, protocol) or closed.
     #[error("master cut off: {0}")]
-    Cut(String),
+    Cut(#[source] CutReason),
     /// The master failed its identity check: its connection stays open but it is never
     /// routed to, and its slot refuses another attach until that connection goes.
     #[error("master unhealthy: {0}")]
-    Unhealthy(String),
+    Unhealthy(#[source] HandshakeError),
     /// The request ended with an ERR (its code).
     #[error("request failed: {0}")]
     Failed(String),
@@ -73,7 +73,7 @@ pub enum SwitchError {
     Write(#[from] WriteError),
     /// A cap or media URN did not parse.
     #[error("bad URN: {0}")]
-    BadUrn(String),
+    BadUrn(#[source] ParseError),
     /// Connecting to the master failed.
     #[error("connect: {0}")]
     Connect(String),
@@ -313,7 +313,7 @@ impl Switch {
         let preferred = preferred
             .map(CapUrn::parse)
             .transpose()
-            .map_err(|error| SwitchError::BadUrn(error.to_string()))?;
+            .map_err(SwitchError::BadUrn)?;
         self.ask(|reply| Command::Request {
             cap: cap.to_owned(),
             preferred,
@@ -372,9 +372,7 @@ impl Switch {
         input: &str,
         output: &str,
     ) -> Result<Vec<Vec<String>>, SwitchError> {
-        let parse = |text: &str| {
-            MediaUrn::parse(text).map_err(|error| SwitchError::BadUrn(error.to_string()))
-        };
+        let parse = |text: &str| MediaUrn::parse(text).map_err(SwitchError::BadUrn);
         let (input, output) = (parse(input)?, parse(output)?);
         self.ask(|reply| Command::PathsTo(input, output, reply))
             .await
@@ -705,7 +703,7 @@ impl Task {
                     );
                     self.attaching.insert(conn, reply);
                 }
-                Err(error) => drop(reply.send(Err(SwitchError::Attach(error.to_string())))),
+                Err(error) => drop(reply.send(Err(SwitchError::Attach(error)))),
             },
             Command::SlotAccepts(id, reply) => {
                 let _ = reply.send(self.machine.slot_accepts_attach(&id));
@@ -860,7 +858,8 @@ impl Task {
         match incoming {
             Incoming::Frame(frame) => self.machine.handle_master_frame(now, conn, frame),
             Incoming::Undecodable(error) => {
-                self.machine.handle_undecodable(now, conn, &error);
+                self.machine
+                    .handle_undecodable(now, conn, &error.error.to_string());
             }
             Incoming::Closed => self.machine.handle_closed(now, conn),
         }
@@ -942,7 +941,7 @@ impl Task {
             Event::MasterUnhealthy { slot, reason } => {
                 if let Some(io) = self.masters.get(&slot) {
                     if let Some(reply) = self.attaching.remove(&io.conn) {
-                        let _ = reply.send(Err(SwitchError::Unhealthy(reason.to_string())));
+                        let _ = reply.send(Err(SwitchError::Unhealthy(reason)));
                     }
                 }
             }
@@ -974,7 +973,7 @@ impl Task {
         }
         self.readers.remove(&conn);
         if let Some(reply) = self.attaching.remove(&conn) {
-            let _ = reply.send(Err(SwitchError::Cut(reason.to_string())));
+            let _ = reply.send(Err(SwitchError::Cut(reason.clone())));
         }
     }
 
