@@ -1086,8 +1086,10 @@ impl Peer {
                         self.reply(ticket, Reply::Failed(Failure::Futile(code)));
                     }
                     None => {
-                        if self.opens.get(&obj).is_some_and(|(id, _)| *id == op_id) {
-                            let (_, ticket) = self.opens.remove(&obj).expect("checked");
+                        let its_open = self.opens.get(&obj).is_some_and(|(id, _)| *id == op_id);
+                        if let Some((_, ticket)) =
+                            its_open.then(|| self.opens.remove(&obj)).flatten()
+                        {
                             self.reply(ticket, Reply::Failed(Failure::Futile(code)));
                         }
                     }

@@ -933,9 +933,8 @@ impl Shared {
             peers.len(),
             self.max_peers,
         );
-        match admission {
-            Admission::Running => {
-                let entry = running.expect("admitted as running");
+        match (admission, running) {
+            (Admission::Running, Some(entry)) => {
                 if !inbound {
                     entry.pinned.store(true, Ordering::SeqCst);
                     entry.handle.control(Command::Reach);
@@ -945,7 +944,7 @@ impl Shared {
                 }
                 return Some(entry.handle.clone());
             }
-            Admission::Refused(reason) => {
+            (Admission::Refused(reason), _) => {
                 warn!(
                     peer = id.as_str(),
                     max = self.max_peers,
@@ -954,7 +953,8 @@ impl Shared {
                 );
                 return None;
             }
-            Admission::Start => {}
+            // Running is only said of a peer whose task runs.
+            (Admission::Start | Admission::Running, _) => {}
         }
         let (tx, rx) = commands::channel();
         if let Some(first) = first {

@@ -167,8 +167,7 @@ impl Machine {
         }
         let held_below = object.held.range(..floor).count() as u64;
         self.stats.skipped_below_floor += floor - from - held_below;
-        loop {
-            let object = self.objects.get_mut(obj).expect("checked above");
+        while let Some(object) = self.objects.get_mut(obj) {
             let Some(entry) = object.held.first_entry().filter(|e| *e.key() < floor) else {
                 break;
             };
@@ -180,8 +179,9 @@ impl Machine {
             });
             self.apply(now, op);
         }
-        let object = self.objects.get_mut(obj).expect("checked above");
-        object.record.rx_next = object.record.rx_next.max(floor);
+        if let Some(object) = self.objects.get_mut(obj) {
+            object.record.rx_next = object.record.rx_next.max(floor);
+        }
         self.deliver_held(now, obj);
     }
 

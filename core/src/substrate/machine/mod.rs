@@ -780,10 +780,9 @@ impl Machine {
         op.body = body;
         op.code = code.map(str::to_owned);
         self.enqueue(op);
-        if verb != Verb::Res {
-            // A final answer consumes the req in the same batch: after a crash the req is
-            // either still delivered and unanswered, or answered and gone, never both.
-            let object = self.objects.get_mut(obj).expect("checked live above");
+        // A final answer consumes the req in the same batch: after a crash the req is either
+        // still delivered and unanswered, or answered and gone, never both.
+        if let (true, Some(object)) = (verb != Verb::Res, self.objects.get_mut(obj)) {
             let seq = object
                 .inbox
                 .iter()
@@ -817,9 +816,10 @@ impl Machine {
         let mut op = self.op(now, obj, Verb::Close, id);
         op.reason = Some(reason.to_owned());
         self.enqueue(op);
-        let object = self.objects.get_mut(obj).expect("checked above");
-        object.record.state = ObjectState::Closed(now);
-        self.staged.push(Record::Object(object.record.clone()));
+        if let Some(object) = self.objects.get_mut(obj) {
+            object.record.state = ObjectState::Closed(now);
+            self.staged.push(Record::Object(object.record.clone()));
+        }
         self.drop_unanswerable_reqs(obj);
         let event = Event::Closed {
             obj: obj.to_owned(),
