@@ -643,3 +643,64 @@ async fn a_dial_that_never_connects_fails_at_the_machines_timeout_and_the_next_d
     assert!(a.node.snapshot().connections.is_empty());
     a.node.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_connects_but_never_lets_a_stream_open_holds_an_open_only_until_its_deadline() {
+    use std::time::Duration;
+    use tether::iroh::endpoint::{presets, QuicTransportConfig, VarInt};
+    use tether::node::{NodeError, OpenTimedOut, SWITCH_ALPN};
+    // The attacker: completes the QUIC handshake on the switch ALPN, then grants no
+    // bidirectional stream, ever.
+    let stingy = tether::iroh::Endpoint::builder(presets::Minimal)
+        .secret_key(tether::iroh::SecretKey::generate())
+        .relay_mode(tether::iroh::RelayMode::Disabled)
+        .alpns(vec![SWITCH_ALPN.to_vec()])
+        .transport_config(
+            QuicTransportConfig::builder()
+                .max_concurrent_bidi_streams(VarInt::from_u32(0))
+                .build(),
+        )
+        .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("loopback")
+        .bind()
+        .await
+        .expect("bind");
+    let accepting = stingy.clone();
+    let held = tokio::spawn(async move {
+        let conn = accepting
+            .accept()
+            .await
+            .expect("incoming")
+            .await
+            .expect("handshake");
+        // Keep the connection open (never closed, never granting a stream).
+        conn.closed().await
+    });
+    let addr = tether::iroh::EndpointAddr::new(stingy.id()).with_ip_addr(
+        *stingy
+            .bound_sockets()
+            .iter()
+            .find(|a| a.is_ipv4())
+            .expect("ipv4 socket"),
+    );
+    let timeout = Duration::from_millis(300);
+    let a = node_with(|b| b.dial_timeout(timeout)).await;
+    // A fresh connection: it connects, and its stream never opens.
+    match a.node.dial_switch_host(addr.clone()).await {
+        Err(NodeError::Connect(source)) => assert!(
+            source.downcast_ref::<OpenTimedOut>() == Some(&OpenTimedOut(timeout)),
+            "{source}"
+        ),
+        other => panic!("a stream the peer never grants cannot open: {other:?}"),
+    }
+    // That connection was judged dead and left the cache: the next open dials afresh rather
+    // than queueing on it.
+    assert!(
+        a.node.snapshot().connections.is_empty(),
+        "{:?}",
+        a.node.snapshot().connections
+    );
+    a.node.close().await;
+    stingy.close().await;
+    held.abort();
+}

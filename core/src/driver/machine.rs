@@ -833,6 +833,14 @@ impl<C: Clone> Driver<C> {
         self.open_on(peer, channel)
     }
 
+    /// How long opening a stream on a connection an open was placed on may take (cached or
+    /// freshly dialed): past it the open has failed, as if the connection were dead. The same
+    /// bound as a dial's ([`Config::dial_attempt_timeout`]): a peer that connects but never
+    /// lets a stream open holds an open no longer than one that never connects.
+    pub fn stream_open_timeout(&self) -> Duration {
+        self.config.dial_attempt_timeout
+    }
+
     /// The application asked to close the connection to `peer` on `channel`.
     pub fn handle_disconnect(&mut self, _now: Time, peer: NodeId, channel: Channel) {
         if let Some(entry) = self.cache.remove(&(peer, channel)) {

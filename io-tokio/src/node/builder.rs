@@ -222,7 +222,8 @@ impl NodeBuilder {
 
     /// How long a dial for a stream or a [`Node::connect`] may take to connect before it
     /// fails with [`DialTimedOut`] (default 10 s); the opens waiting on it fail with it and
-    /// the next open dials afresh.
+    /// the next open dials afresh. Opening the stream on the connection has the same bound
+    /// ([`OpenTimedOut`]).
     pub fn dial_timeout(mut self, timeout: Duration) -> Self {
         self.dial_timeout = timeout;
         self

@@ -200,6 +200,12 @@ pub struct WaitedDialFailed;
 #[error("the dial did not connect within {0:?}")]
 pub struct DialTimedOut(pub Duration);
 
+/// A stream could not be opened on a connection within the time the machine gave it
+/// (the peer connected but never let the stream open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the stream did not open within {0:?}")]
+pub struct OpenTimedOut(pub Duration);
+
 impl From<Refused> for NodeError {
     fn from(_: Refused) -> Self {
         NodeError::Unauthorized

@@ -2,6 +2,7 @@
 //! orders), and serving the bidirectional streams of switch and substrate connections.
 
 use super::*;
+use tokio::time::timeout;
 
 /// A dial an [`Open::Dial`] ordered under `ticket`: unless it connected, its end is reported
 /// when it is dropped: failed (the opens waiting on it fail as well), or abandoned because its
@@ -106,35 +107,39 @@ impl Inner {
         E: Into<BoxError>,
     {
         let peer = *addr.id.as_bytes();
+        let deadline = self.gate.lock().driver.stream_open_timeout();
         let mut placed = self.open_verdict(peer, path, channel).await?;
         let ticket = loop {
             placed = match placed {
-                Placed::Cached(generation, conn) => match open(generation, conn).await {
-                    Ok(stream) => return Ok(stream),
-                    Err(_) => {
-                        self.place(peer, channel, |driver, now| {
-                            Ok(driver.handle_open_failed(now, peer, channel, generation))
-                        })
-                        .await?
+                Placed::Cached(generation, conn) => {
+                    match timeout(deadline, open(generation, conn)).await {
+                        Ok(Ok(stream)) => return Ok(stream),
+                        // Failed, or no stream within the deadline: the connection is dead.
+                        Ok(Err(_)) | Err(_) => {
+                            self.place(peer, channel, |driver, now| {
+                                Ok(driver.handle_open_failed(now, peer, channel, generation))
+                            })
+                            .await?
+                        }
                     }
-                },
+                }
                 Placed::Dial(ticket, timeout) => break (ticket, timeout),
             };
         };
         let (generation, conn) = self.dial_cached(addr, alpn, channel, ticket).await?;
         serve(self, generation, conn.clone());
-        match open(generation, conn).await {
-            Ok(stream) => Ok(stream),
-            Err(error) => {
-                // The fresh connection could not open the stream: it is dead, as a cached one
-                // that fails is (the next open dials afresh). This open ends with the error;
-                // it does not dial again itself.
-                self.drive(|driver, now| {
-                    driver.handle_connection_closed(now, peer, channel, generation);
-                });
-                Err(NodeError::Connect(error.into()))
-            }
-        }
+        let error: BoxError = match timeout(deadline, open(generation, conn)).await {
+            Ok(Ok(stream)) => return Ok(stream),
+            Ok(Err(error)) => error.into(),
+            Err(_) => Box::new(OpenTimedOut(deadline)),
+        };
+        // The fresh connection could not open the stream: it is dead, as a cached one that
+        // fails is (the next open dials afresh). This open ends with the error; it does not
+        // dial again itself.
+        self.drive(|driver, now| {
+            driver.handle_connection_closed(now, peer, channel, generation);
+        });
+        Err(NodeError::Connect(error))
     }
 
     /// Where the machine places an open to `peer` on `channel` (the allow-list for `path`
