@@ -804,14 +804,7 @@ impl Machine {
     /// Closes an object. Ops enqueued before the close still go first.
     pub fn close(&mut self, now: Time, obj: &str, reason: &str) -> Result<(), CommandError> {
         check_text(Some(reason))?;
-        self.touched.insert(obj.to_owned());
-        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
-        if !matches!(
-            object.record.state,
-            ObjectState::Live | ObjectState::Opening
-        ) {
-            return Err(CommandError::WrongState(obj.to_owned()));
-        }
+        self.touch_open(obj)?;
         let id = self.mint();
         let mut op = self.op(now, obj, Verb::Close, id);
         op.reason = Some(reason.to_owned());

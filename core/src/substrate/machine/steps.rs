@@ -4,6 +4,20 @@
 use super::*;
 
 impl Machine {
+    /// Marks `obj` touched; it must exist and be live or opening (an open in flight still
+    /// takes ops, which wait behind it).
+    pub(super) fn touch_open(&mut self, obj: &str) -> Result<(), CommandError> {
+        self.touched.insert(obj.to_owned());
+        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
+        if !matches!(
+            object.record.state,
+            ObjectState::Live | ObjectState::Opening
+        ) {
+            return Err(CommandError::WrongState(obj.to_owned()));
+        }
+        Ok(())
+    }
+
     pub(super) fn decide(
         &mut self,
         now: Time,
@@ -40,14 +54,7 @@ impl Machine {
         body: Bytes,
     ) -> Result<String, CommandError> {
         check_body(Some(&body))?;
-        self.touched.insert(obj.to_owned());
-        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
-        if !matches!(
-            object.record.state,
-            ObjectState::Live | ObjectState::Opening
-        ) {
-            return Err(CommandError::WrongState(obj.to_owned()));
-        }
+        self.touch_open(obj)?;
         self.check_room(obj)?;
         let id = self.mint();
         let mut op = self.op(now, obj, verb, id.clone());
