@@ -7,7 +7,7 @@
 //! Run with `cargo run -p tether --example switch`.
 
 use tether::switch::host::Host;
-use tether::switch::Switch;
+use tether::switch::{ErrorClass, Switch};
 use tokio::net::UnixStream;
 
 const UPPER: &str = "cap:in=media:text;out=media:upper";
@@ -33,7 +33,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let text = request.read_all().await;
         // A peer request: the switch routes it to whichever host serves `upper`.
         let Ok(call) = request.peer_request(UPPER).await else {
-            let _ = request.fail("NO_UPPER", "no host serves upper").await;
+            let _ = request
+                .fail("NO_UPPER", ErrorClass::Environment, "no host serves upper")
+                .await;
             return;
         };
         let _ = call.send_stream("in", "media:text", [text]).await;

@@ -84,7 +84,9 @@ impl DirectEngine {
         tokio::spawn(bench_host().serve(b));
         let epoch = Instant::now();
         let mut machine = Machine::new(SwitchConfig::default(), &[]);
-        let conn = machine.attach(Time::ZERO, "direct").expect("attach");
+        let conn = machine
+            .attach(Time::ZERO, "direct", [3; 32])
+            .expect("attach");
         let mut direct = Self {
             machine,
             conn,

@@ -156,9 +156,13 @@ pub const SWITCH_HEARTBEAT_INTERVAL_MS: u64 = 30_000;
 /// (docs/spec/switch.md §2.4: 10 s).
 pub const SWITCH_HEARTBEAT_TIMEOUT_MS: u64 = 10_000;
 
-/// Longest echo of the identity nonce the switch gathers (the nonce is 7 bytes; anything longer
-/// is already wrong).
+/// Longest echo of the identity nonce the switch gathers (the nonce is 32 bytes at connect and
+/// 7 in the runtime probe; anything longer is already wrong).
 pub const SWITCH_IDENTITY_ECHO_BYTES_MAX: usize = 64;
+
+/// Budget of the runtime identity probe, run when a master that joined capless advertises
+/// caps (capdag's `RUNTIME_PROBE_TIMEOUT`, docs/spec/capdag-v6.md §11.4).
+pub const SWITCH_IDENTITY_PROBE_TIMEOUT_MS: u64 = 10_000;
 
 /// Most caps on one path `paths_to` reports (a planner composes a few transforms, never
 /// dozens), and most paths it reports: the search is bounded whatever the cap graph.
@@ -189,9 +193,6 @@ pub const SWITCH_HOST_WRITER_FRAMES_MAX: usize = 65_536;
 /// Commands a host's handlers (writes, consumes, peer requests) and its handle may queue for
 /// the host's task; a handler past it waits for room.
 pub const SWITCH_HOST_COMMANDS_MAX: usize = 1_024;
-
-/// Longest policy a switch pushes to its masters, in bytes (it travels in one frame).
-pub const SWITCH_POLICY_BYTES_MAX: usize = 64 * 1024;
 
 /// Default initial per-stream credit window, in chunks (docs/spec/switch.md §2.4: 32 chunks). Both
 /// sides propose a window; the smaller one is used.

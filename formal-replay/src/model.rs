@@ -28,8 +28,9 @@ const fn row(code: u8, flow: bool, terminal: bool, ends: Option<&'static str>) -
     }
 }
 
-/// The 14 known frame types. Code 2 (the retired RES) is absent on purpose.
-pub const FRAME_TYPES: [FrameTypeRow; 14] = [
+/// The 15 known frame types of protocol version 6 (capdag 1.524.58, `frame.py: FrameType`).
+/// Code 2 (the retired RES) is absent on purpose.
+pub const FRAME_TYPES: [FrameTypeRow; 15] = [
     row(0, false, false, None),           // HELLO
     row(1, true, false, None),            // REQ
     row(3, true, false, None),            // CHUNK
@@ -44,6 +45,7 @@ pub const FRAME_TYPES: [FrameTypeRow; 14] = [
     row(12, false, false, None),          // CANCEL
     row(13, false, false, None),          // CREDIT
     row(14, false, false, None),          // CLOSE_STREAM
+    row(15, false, false, None),          // POLICY (version 6)
 ];
 
 /// Code of CHUNK.

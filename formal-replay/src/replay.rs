@@ -436,6 +436,16 @@ fn core_writer(case: &WriterCase) -> Result<WriterCase, String> {
                 let mut frame = Frame::new(frame_type, MessageId::Uint(101));
                 frame.routing_id = Some(MessageId::Uint(1));
                 frame.seq = seq.0;
+                // What version 6 requires of these types to be written at all.
+                match frame_type {
+                    FrameType::Chunk => frame.chunk_index = Some(0),
+                    FrameType::Policy => {
+                        frame.meta = tether_core::wire::bifaci::NetworkPolicy::Full
+                            .to_frame()
+                            .meta;
+                    }
+                    _ => {}
+                }
                 let wire = Bytes::from(frame.encode_body());
                 let decoded = Frame::decode_body(&wire).map_err(|e| e.to_string())?;
                 written.push(true);

@@ -537,7 +537,7 @@ impl CoreSwitch {
         let slot = self.slot(id)?;
         if !self.harness.switch.slot_accepts_attach(id) {
             let now = self.harness.now;
-            return Ok(self.harness.switch.attach(now, id).is_ok());
+            return Ok(self.harness.switch.attach(now, id, [0; 32]).is_ok());
         }
         let master = self.masters[slot].clone();
         let conn = connect(&mut self.harness, &master, Identity::Echo);

@@ -46,8 +46,10 @@
 //!    is neither the origin nor the destination of the live request it names cuts that master.
 //! 7. **Credit** (docs/spec/switch.md §7, including tether's decision there on windows that
 //!    differ per hop). Credit is end to end, so every side of every request must
-//!    use one window: the switch offers the smallest initial credit of the case's masters (at
-//!    most 32) and refuses a master offering less. Each stream of each leg has that window,
+//!    use one window: the switch's is the smallest initial credit of the case's masters (at
+//!    most 32), and a master offering another is cut at its handshake (counted in `cuts`, never
+//!    attached; a reattach of it is accepted and cut again): a master's RELAY_NOTIFY tells the
+//!    switch its window and nothing tells the master the switch's (capdag's handshake, seed 001). Each stream of each leg has that window,
 //!    opened at its STREAM_START. A CHUNK takes one; a CHUNK with none left
 //!    cuts its sender (`credit_violation`) and is not forwarded. A CREDIT from the receiving
 //!    side of a stream adds its grant and is forwarded to the sending side (end to end).
@@ -184,6 +186,8 @@ struct Slot {
     caps: Vec<String>,
     /// min(switch's offer, its offer).
     credit: u64,
+    /// Whether its window is the switch's (else every attach of it is cut at the handshake).
+    fits: bool,
     attached: bool,
     healthy: bool,
 }
@@ -282,6 +286,8 @@ impl SwitchModel {
             return Err("ring must be at least 1".into());
         }
         let mut slots: Vec<Slot> = Vec::new();
+        let window = switch_window(masters);
+        let mut counters = Counts::default();
         for master in masters {
             if master.id == ENGINE || slots.iter().any(|slot| slot.id == master.id) {
                 return Err(format!("master id {:?} is taken", master.id));
@@ -294,11 +300,14 @@ impl SwitchModel {
             }
             let mut caps = master.caps.clone();
             caps.push(cap::CAP_IDENTITY.to_owned());
+            let fits = master.initial_credit == window;
+            counters.cuts += u64::from(!fits);
             slots.push(Slot {
                 id: master.id.clone(),
                 caps,
                 credit: master.initial_credit.min(SWITCH_INITIAL_CREDIT),
-                attached: true,
+                fits,
+                attached: fits,
                 healthy: master.identity == SwitchIdentity::Echo,
             });
         }
@@ -308,7 +317,7 @@ impl SwitchModel {
             ring: Vec::new(),
             ring_capacity: usize::try_from(ring).unwrap_or(usize::MAX),
             registrations: 0,
-            counters: Counts::default(),
+            counters,
         })
     }
 
@@ -368,9 +377,12 @@ impl SwitchModel {
                 let slot = self.slot_of(master)?;
                 let mut seen = step();
                 let accepted = !self.slots[slot].attached;
-                if accepted {
+                if accepted && self.slots[slot].fits {
                     self.slots[slot].attached = true;
                     self.slots[slot].healthy = true;
+                } else if accepted {
+                    self.counters.cuts += 1;
+                    seen.cut = Some("handshake".into());
                 }
                 seen.ok = Some(accepted);
                 seen

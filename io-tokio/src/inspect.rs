@@ -200,6 +200,7 @@ fn bifaci_json(frame: &Frame) -> Value {
     put("force_kill", frame.force_kill.map(|v| json!(v)));
     put("credit", frame.credit.map(|v| json!(v)));
     put("unbounded", frame.unbounded.map(|v| json!(v)));
+    put("output", frame.output.as_ref().map(|v| json!(v)));
     Value::Object(object)
 }
 

@@ -169,9 +169,11 @@ async fn a_switch_stops_streams_its_host_opens_as_the_machine_says() {
     stream.flush().await.expect("flush");
     let (raw, conn) = accept.await.expect("accepted");
     let (_send, mut recv) = conn.accept_bi().await.expect("the switch's stream");
-    let mut got = [0u8; 2];
+    let mut got = [0u8; 10];
     recv.read_exact(&mut got).await.expect("read");
-    assert_eq!(&got, b"hi");
+    // The opener that announces a switch stream, then what was written.
+    assert_eq!(&got[..8], tether_core::wire::bifaci::QUIC_STREAM_OPENER);
+    assert_eq!(&got[8..], b"hi");
 
     // The engine hosts nothing: a stream opened towards it is stopped with STOP_UNREAD, and
     // the switch's own stream and the cached connection stay.
@@ -361,8 +363,13 @@ async fn a_master_cut_for_silence_takes_its_connection_with_it() {
         panic!("one switch connection");
     };
 
-    // The master goes silent: the request it was given ends when the switch cuts it for an
+    // Once it has answered a heartbeat (a master that never does is not held to them), the
+    // master goes silent: the request it was given ends when the switch cuts it for an
     // unechoed heartbeat, and the cut evicts the connection under it (closed with 408).
+    // Each look at the stats is a command the switch task answers in turn.
+    while !switch.protocol_stats().await.expect("stats").masters[0].answers_heartbeats {
+        tokio::task::yield_now().await;
+    }
     frozen.store(true, Ordering::Release);
     let call = switch.request(ECHO).await.expect("routed");
     let answer = call.collect().await;

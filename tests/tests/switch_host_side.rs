@@ -5,7 +5,7 @@
 use tether::switch::host::{Host, HostServeError, ProtocolFault};
 use tether::switch::{Switch, SwitchError};
 use tether_core::limits::SWITCH_HOST_WRITER_FRAMES_MAX;
-use tether_core::switch::{EngineError, Hello, Limits};
+use tether_core::switch::{EngineError, Limits, NetworkPolicy};
 use tether_core::wire::bifaci::{Frame, FrameType, MessageId};
 use tether_tests::socket_pair;
 use tokio::io::AsyncWriteExt;
@@ -150,12 +150,9 @@ async fn a_host_holds_no_state_for_requests_that_ended_however_they_ended() {
     let _ = serving.await;
 }
 
+/// What a switch says first: its POLICY.
 fn hello() -> Frame {
-    Hello {
-        limits: Limits::default(),
-        manifest: None,
-    }
-    .to_frame()
+    NetworkPolicy::Full.to_frame()
 }
 
 fn encoded(frames: &[Frame]) -> Vec<u8> {
@@ -233,28 +230,27 @@ async fn a_write_waiting_for_credit_is_released_when_its_request_is_cancelled() 
     let (mut fake, h1) = socket_pair();
     let (outcome_tx, outcome) = tokio::sync::oneshot::channel();
     let outcome_tx = std::sync::Mutex::new(Some(outcome_tx));
-    let host = Host::new("parks").handler(UPPER, move |request| {
-        let outcome_tx = outcome_tx.lock().expect("lock").take();
-        async move {
-            // One chunk of credit: the second chunk waits for more, which never comes.
-            let written = request
-                .respond("output", "media:upper", [b"a".to_vec(), b"b".to_vec()])
-                .await;
-            if let Some(tx) = outcome_tx {
-                let _ = tx.send(written);
+    let window = Limits {
+        initial_credit: 1,
+        ..Limits::default()
+    };
+    let host = Host::new("parks")
+        .limits(window)
+        .handler(UPPER, move |request| {
+            let outcome_tx = outcome_tx.lock().expect("lock").take();
+            async move {
+                // One chunk of credit: the second chunk waits for more, which never comes.
+                let written = request
+                    .respond("output", "media:upper", [b"a".to_vec(), b"b".to_vec()])
+                    .await;
+                if let Some(tx) = outcome_tx {
+                    let _ = tx.send(written);
+                }
             }
-        }
-    });
+        });
     let handle = host.handle();
     let serving = tokio::spawn(host.serve(h1));
-    let hello = Hello {
-        limits: Limits {
-            initial_credit: 1,
-            ..Limits::default()
-        },
-        manifest: None,
-    }
-    .to_frame();
+    let hello = hello();
     let mut req = Frame::new(FrameType::Req, MessageId::Uint(7));
     req.routing_id = Some(MessageId::Uint(1));
     req.cap = Some(UPPER.to_owned());

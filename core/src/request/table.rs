@@ -100,6 +100,33 @@ pub enum ErrorClass {
     Internal,
 }
 
+impl ErrorClass {
+    /// Every class.
+    pub const ALL: [ErrorClass; 5] = [
+        Self::User,
+        Self::Input,
+        Self::Resource,
+        Self::Environment,
+        Self::Internal,
+    ];
+
+    /// The word on the wire (`meta.attribution_class`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Input => "input",
+            Self::Resource => "resource",
+            Self::Environment => "environment",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The class a word names.
+    pub fn parse(word: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|class| class.as_str() == word)
+    }
+}
+
 /// The attribution a cancelled request carries: code, class and message.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct CancelReason {

@@ -52,9 +52,9 @@ impl Switch {
     /// A master's REQ: a peer request from one of its cartridges.
     pub(super) fn on_peer_request(&mut self, now: Time, slot: SlotId, frame: Frame) {
         let rid = frame.id;
-        let refuse = |switch: &mut Switch, code: &str, message: String| {
+        let refuse = |switch: &mut Switch, code: &str, class: ErrorClass, message: String| {
             let mut err = Frame::new(FrameType::Err, rid);
-            err.meta = Some(error_meta(code, &message));
+            err.meta = Some(error_meta(code, class, &message));
             switch.send(Peer::Master(slot), err);
         };
         if frame.routing_id.is_some() {
@@ -66,16 +66,22 @@ impl Switch {
             return refuse(
                 self,
                 "PROTOCOL_VIOLATION",
+                ErrorClass::Internal,
                 "a REQ may not carry an XID".into(),
             );
         }
         let cap = match parse_cap(&frame) {
             Ok(cap) => cap,
-            Err(message) => return refuse(self, "BAD_CAP", message),
+            Err(message) => return refuse(self, "BAD_CAP", ErrorClass::Input, message),
         };
         let Some(dest) = self.route(&cap, None) else {
             self.counters.no_handler += 1;
-            return refuse(self, "NO_HANDLER", format!("no handler for {cap}"));
+            return refuse(
+                self,
+                "NO_HANDLER",
+                ErrorClass::Input,
+                format!("no handler for {cap}"),
+            );
         };
         if self.peer_requests.get(&slot).copied().unwrap_or(0)
             >= crate::limits::SWITCH_PEER_REQUESTS_PER_MASTER_MAX
@@ -84,6 +90,7 @@ impl Switch {
             return refuse(
                 self,
                 "QUOTA",
+                ErrorClass::Resource,
                 "this master has its share of live requests".into(),
             );
         }
@@ -100,13 +107,28 @@ impl Switch {
                 }
             }
             Err(RegisterFailure::Duplicate) => {
-                refuse(self, "DUPLICATE_REQUEST", "request id already live".into());
+                refuse(
+                    self,
+                    "DUPLICATE_REQUEST",
+                    ErrorClass::Internal,
+                    "request id already live".into(),
+                );
             }
             Err(RegisterFailure::Full) => {
-                refuse(self, "TABLE_FULL", "too many live requests".into());
+                refuse(
+                    self,
+                    "TABLE_FULL",
+                    ErrorClass::Resource,
+                    "too many live requests".into(),
+                );
             }
             Err(RegisterFailure::Violation(violation)) => {
-                refuse(self, "PROTOCOL_VIOLATION", violation.to_string());
+                refuse(
+                    self,
+                    "PROTOCOL_VIOLATION",
+                    ErrorClass::Internal,
+                    violation.to_string(),
+                );
             }
         }
     }
@@ -185,12 +207,17 @@ impl Switch {
         let generation = self.masters[slot.0 as usize].generation;
         let side = key.and_then(|key| {
             let route = &self.table.get(key).expect("filtered live").data;
-            if route.dest == slot && route.dest_generation == generation {
-                Some(Side::Dest)
-            } else if route.origin == Peer::Master(slot) && route.origin_generation == generation {
-                Some(Side::Origin)
-            } else {
-                None
+            let dest = route.dest == slot && route.dest_generation == generation;
+            let origin =
+                route.origin == Peer::Master(slot) && route.origin_generation == generation;
+            match (dest, origin) {
+                // A peer request a master made to itself: its answer carries the XID, its
+                // continuation does not (as capdag tells them apart).
+                (true, true) if frame.routing_id.is_some() => Some(Side::Dest),
+                (true, true) => Some(Side::Origin),
+                (true, false) => Some(Side::Dest),
+                (false, true) => Some(Side::Origin),
+                (false, false) => None,
             }
         });
         match (key, side) {

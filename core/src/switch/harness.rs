@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{
-    manifest_json, ConnId, CutReason, EngineError, Event, Hello, Limits, SlotId, Switch,
+    manifest_json, ConnId, CutReason, EngineError, Event, Limits, RelayNotify, SlotId, Switch,
     SwitchConfig,
 };
 use crate::cap::CapUrn;
@@ -45,6 +45,10 @@ pub struct Harness {
     pub disconnected: Vec<(ConnId, CutReason)>,
     /// How each connection answers the identity check.
     identity: BTreeMap<ConnId, Identity>,
+    /// The identity CHUNK payloads each connection received, to echo.
+    nonces: BTreeMap<ConnId, Bytes>,
+    /// Attachments so far (each gets its own nonce).
+    attaches: u8,
 }
 
 impl Harness {
@@ -58,6 +62,8 @@ impl Harness {
             events: Vec::new(),
             disconnected: Vec::new(),
             identity: BTreeMap::new(),
+            nonces: BTreeMap::new(),
+            attaches: 0,
         };
         harness.drain();
         harness
@@ -72,25 +78,31 @@ impl Harness {
         limits: Limits,
         identity: Identity,
     ) -> ConnId {
+        self.attaches = self.attaches.wrapping_add(1);
         let conn = self
             .switch
-            .attach(self.now, id)
+            .attach(self.now, id, [self.attaches; super::IDENTITY_NONCE_BYTES])
             .expect("the slot accepts an attach");
         self.identity.insert(conn, identity);
         self.drain();
         let mut advertised: Vec<String> = caps.iter().map(|cap| (*cap).to_owned()).collect();
         advertised.push(crate::cap::CAP_IDENTITY.to_owned());
-        let hello = Hello {
+        let notify = RelayNotify {
             limits,
-            manifest: Some(Bytes::from(manifest_json(id, &advertised))),
+            manifest: Bytes::from(manifest_json(id, &advertised)),
         };
-        self.from_master(conn, hello.to_frame());
+        self.from_master(conn, notify.to_frame());
         conn
     }
 
-    /// Connects master `id` serving `caps` with default limits; it passes the identity check.
+    /// Connects master `id` serving `caps` with default limits and the switch's credit window;
+    /// it passes the identity check.
     pub fn connect(&mut self, id: &str, caps: &[&str]) -> ConnId {
-        self.connect_with(id, caps, Limits::default(), Identity::Echo)
+        let limits = Limits {
+            initial_credit: self.switch.window(),
+            ..Limits::default()
+        };
+        self.connect_with(id, caps, limits, Identity::Echo)
     }
 
     /// Master `conn` sends `frame`.
@@ -188,34 +200,49 @@ impl Harness {
         let conn = self.switch.conn_of(slot);
         self.masters.entry(slot).or_default().push(frame.clone());
         let Some(conn) = conn else { return };
-        let is_identity = frame.id == super::identity_rid(conn.generation, slot);
-        if !is_identity || frame.frame_type != FrameType::End {
+        let is_identity = frame.id == super::identity_rid(conn.generation, slot, false)
+            || frame.id == super::identity_rid(conn.generation, slot, true);
+        if !is_identity {
+            return;
+        }
+        if frame.frame_type == FrameType::Chunk {
+            self.nonces
+                .insert(conn, frame.payload.clone().unwrap_or_default());
+        }
+        if frame.frame_type != FrameType::End {
             return;
         }
         // The identity request is complete: answer it as scripted.
-        let echo: &[u8] = match self.identity.get(&conn).copied().unwrap_or(Identity::Echo) {
-            Identity::Echo => super::IDENTITY_NONCE,
-            Identity::Wrong => b"\x66wrong!",
+        let echo = match self.identity.get(&conn).copied().unwrap_or(Identity::Echo) {
+            Identity::Echo => self.nonces.get(&conn).cloned().unwrap_or_default(),
+            Identity::Wrong => Bytes::from_static(b"\x45wrong"),
             Identity::Silent => return,
         };
-        for (seq, mut reply) in identity_reply(frame.id, echo).into_iter().enumerate() {
+        for (seq, mut reply) in identity_reply(frame.id, frame.routing_id, &echo)
+            .into_iter()
+            .enumerate()
+        {
             reply.seq = seq as u64;
             self.switch.handle_master_frame(self.now, conn, reply);
         }
     }
 }
 
-fn identity_reply(rid: MessageId, echo: &[u8]) -> Vec<Frame> {
+fn identity_reply(rid: MessageId, xid: Option<MessageId>, echo: &[u8]) -> Vec<Frame> {
     let mut start = Frame::new(FrameType::StreamStart, rid);
-    start.stream_id = Some(super::IDENTITY_STREAM.to_owned());
+    start.stream_id = Some(super::IDENTITY_ECHO_STREAM.to_owned());
     let mut chunk = Frame::new(FrameType::Chunk, rid);
-    chunk.stream_id = Some(super::IDENTITY_STREAM.to_owned());
+    chunk.stream_id = Some(super::IDENTITY_ECHO_STREAM.to_owned());
     chunk.chunk_index = Some(0);
     chunk.payload = Some(Bytes::copy_from_slice(echo));
     let mut end_stream = Frame::new(FrameType::StreamEnd, rid);
-    end_stream.stream_id = Some(super::IDENTITY_STREAM.to_owned());
+    end_stream.stream_id = Some(super::IDENTITY_ECHO_STREAM.to_owned());
     end_stream.chunk_count = Some(1);
-    vec![start, chunk, end_stream, Frame::new(FrameType::End, rid)]
+    let mut frames = vec![start, chunk, end_stream, Frame::new(FrameType::End, rid)];
+    for frame in &mut frames {
+        frame.routing_id = xid;
+    }
+    frames
 }
 
 /// A flow frame of request `key` as its destination master sends it: XID set, seq given.

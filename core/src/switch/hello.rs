@@ -1,10 +1,6 @@
-//! The per-master handshake's data: limits carried in a HELLO's `meta`, the manifest a master
-//! advertises, and the identity nonce (docs/spec/switch.md §3.3–§3.4).
-//!
-//! A HELLO's `meta` is a CBOR map with text keys: `version`, `max_frame`, `max_chunk`,
-//! `max_reorder_buffer`, `initial_credit` (unsigned integers) and, from a master, `manifest`
-//! (the manifest's JSON as a byte string). Unknown keys are skipped (the map is extensible);
-//! a known key of the wrong type is an error.
+//! The per-master handshake's data, as capdag 1.524.58 speaks it (docs/spec/capdag-v6.md §11):
+//! the RELAY_NOTIFY a master opens with (its limits and manifest), the manifest's shape, and
+//! the identity check's streams and nonces.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -14,10 +10,10 @@ use crate::limits::{
     BIFACI_CHUNK_BYTES_DEFAULT, BIFACI_FRAME_BYTES_CEILING, BIFACI_FRAME_BYTES_DEFAULT,
     CREDIT_WINDOW_CHUNKS_DEFAULT, MANIFEST_CAPS_MAX, REORDER_HELD_COUNT_DEFAULT,
 };
-use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta, PROTOCOL_VERSION};
+use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta};
 use crate::wire::cbor::{self, Reader};
 
-/// The limits one side proposes in its HELLO; both sides use the minimum of each.
+/// The limits one side proposes; both sides use the minimum of each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct Limits {
     /// Largest encoded frame, in bytes.
@@ -45,20 +41,15 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandshakeError {
-    /// The HELLO's `meta` is missing, not a map, or a known key has the wrong type.
-    #[error("malformed HELLO: {0}")]
+    /// The first frame is not the one the handshake starts with, or its `meta` is not a
+    /// map, or a known key has the wrong type.
+    #[error("malformed handshake: {0}")]
     Malformed(&'static str),
-    /// The peer speaks another protocol version.
-    #[error("protocol version {theirs}, this side speaks {PROTOCOL_VERSION}")]
-    Version {
-        /// What the peer declared.
-        theirs: u64,
-    },
     /// A limit is missing or zero (a zero window would block every stream).
     #[error("limit {0} is missing or zero")]
     ZeroLimit(&'static str),
-    /// A master's HELLO carries no manifest.
-    #[error("HELLO without a manifest")]
+    /// A RELAY_NOTIFY without `meta.manifest`.
+    #[error("RELAY_NOTIFY without a manifest")]
     NoManifest,
     /// The manifest is not the JSON shape a manifest has, or has too many caps.
     #[error("bad manifest: {0}")]
@@ -71,16 +62,17 @@ pub enum HandshakeError {
         /// Why.
         error: ParseError,
     },
-    /// The manifest lacks the identity cap every master must serve.
-    #[error("manifest lacks the identity cap")]
-    NoIdentity,
-    /// The master did not answer the HELLO within the budget.
-    #[error("no HELLO within the handshake budget")]
+    /// The master said nothing (no RELAY_NOTIFY) within the handshake budget.
+    #[error("no RELAY_NOTIFY within the handshake budget")]
     Timeout,
-    /// A master proposed a smaller credit window than the switch: its peers could not know to
-    /// send it less (credit is end to end), so every side must use the switch's window.
-    #[error("initial credit {theirs} is below the switch's {ours}")]
-    WindowBelowSwitch {
+    /// The switch gave no POLICY within the handshake budget.
+    #[error("no POLICY within the handshake budget")]
+    NoPolicy,
+    /// A master proposed another credit window than the switch's. Credit is end to end, and
+    /// nothing on this link tells a master the switch's window (capdag's RELAY_NOTIFY goes one
+    /// way), so every side of every request must use the same one.
+    #[error("initial credit {theirs} is not the switch's {ours}")]
+    WindowMismatch {
         /// What the master proposed.
         theirs: u64,
         /// The switch's window.
@@ -117,30 +109,34 @@ impl Limits {
     }
 }
 
-/// A HELLO's contents.
+/// A RELAY_NOTIFY's contents: what a master tells the switch first, and again whenever its
+/// caps change (docs/spec/capdag-v6.md §11.1–§11.2). Its `meta` holds `manifest` (the JSON,
+/// as a byte string), `max_frame` and `max_chunk` (required), `max_reorder_buffer` and
+/// `initial_credit` (optional: 64 and 32 when absent or zero, as capdag reads them). Unknown
+/// keys are skipped; a known key of the wrong type is an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hello {
-    /// The proposed limits.
+pub struct RelayNotify {
+    /// The limits the master proposes.
     pub limits: Limits,
-    /// The manifest's JSON (a master's HELLO only).
-    pub manifest: Option<Bytes>,
+    /// The manifest's JSON (`{"installed_cartridges": [...]}`).
+    pub manifest: Bytes,
 }
 
-impl Hello {
-    /// The HELLO frame carrying it (id 0).
+impl RelayNotify {
+    /// The RELAY_NOTIFY frame carrying it (id 0).
     pub fn to_frame(&self) -> Frame {
-        let mut frame = Frame::new(FrameType::Hello, MessageId::Uint(0));
+        let mut frame = Frame::new(FrameType::RelayNotify, MessageId::Uint(0));
         frame.meta = Some(self.to_meta());
         frame
     }
 
-    /// Encodes as a HELLO `meta` map.
+    /// Encodes as a RELAY_NOTIFY `meta` map, in the order capdag writes it.
     pub fn to_meta(&self) -> Meta {
         let mut out = Vec::new();
-        let pairs = 5 + usize::from(self.manifest.is_some());
-        cbor::write_map(&mut out, pairs);
+        cbor::write_map(&mut out, 5);
+        cbor::write_text(&mut out, "manifest");
+        cbor::write_bytes(&mut out, &self.manifest);
         for (key, value) in [
-            ("version", PROTOCOL_VERSION),
             ("max_frame", self.limits.max_frame),
             ("max_chunk", self.limits.max_chunk),
             ("max_reorder_buffer", self.limits.max_reorder_buffer),
@@ -149,17 +145,12 @@ impl Hello {
             cbor::write_text(&mut out, key);
             cbor::write_uint(&mut out, value);
         }
-        if let Some(manifest) = &self.manifest {
-            cbor::write_text(&mut out, "manifest");
-            cbor::write_bytes(&mut out, manifest);
-        }
         Meta::from_cbor(Bytes::from(out)).expect("a map with text keys is a valid meta")
     }
 
-    /// Decodes a HELLO's `meta`. Missing limits read as 0 (refused by
-    /// [`Limits::negotiate`]); the version must be [`PROTOCOL_VERSION`].
-    pub fn from_meta(meta: Option<&Meta>) -> Result<Hello, HandshakeError> {
-        let meta = meta.ok_or(HandshakeError::Malformed("no meta"))?;
+    /// Decodes a RELAY_NOTIFY's `meta`.
+    pub fn from_meta(meta: Option<&Meta>) -> Result<RelayNotify, HandshakeError> {
+        let meta = meta.ok_or(HandshakeError::NoManifest)?;
         let mut reader = Reader::new(meta.as_cbor());
         let pairs = reader
             .map()
@@ -170,7 +161,6 @@ impl Hello {
             max_reorder_buffer: 0,
             initial_credit: 0,
         };
-        let mut version = None;
         let mut manifest = None;
         for _ in 0..pairs {
             let key = reader
@@ -180,7 +170,6 @@ impl Hello {
                 reader.uint().map_err(|_| HandshakeError::Malformed(name))
             };
             match key {
-                "version" => version = Some(number(&mut reader, "version")?),
                 "max_frame" => limits.max_frame = number(&mut reader, "max_frame")?,
                 "max_chunk" => limits.max_chunk = number(&mut reader, "max_chunk")?,
                 "max_reorder_buffer" => {
@@ -202,18 +191,35 @@ impl Hello {
                 }
             }
         }
-        match version {
-            Some(PROTOCOL_VERSION) => Ok(Hello { limits, manifest }),
-            Some(theirs) => Err(HandshakeError::Version { theirs }),
-            None => Err(HandshakeError::Malformed("no version")),
+        let manifest = manifest.ok_or(HandshakeError::NoManifest)?;
+        for (name, value) in [
+            ("max_frame", limits.max_frame),
+            ("max_chunk", limits.max_chunk),
+        ] {
+            if value == 0 {
+                return Err(HandshakeError::ZeroLimit(name));
+            }
         }
+        if limits.max_reorder_buffer == 0 {
+            limits.max_reorder_buffer = REORDER_HELD_COUNT_DEFAULT as u64;
+        }
+        if limits.initial_credit == 0 {
+            limits.initial_credit = CREDIT_WINDOW_CHUNKS_DEFAULT;
+        }
+        Ok(RelayNotify { limits, manifest })
     }
 }
 
-/// The caps a manifest advertises, in manifest order (which is registration order for ties).
+/// The caps a manifest advertises, in manifest order (which is registration order for ties):
+/// the union over `installed_cartridges[].cap_groups[].caps[].urn`. A manifest with no caps
+/// is valid (the master joins healthy and capless, and is checked when caps appear).
 pub fn manifest_caps(json: &[u8]) -> Result<Vec<CapUrn>, HandshakeError> {
     #[derive(Deserialize)]
     struct Manifest {
+        installed_cartridges: Vec<Cartridge>,
+    }
+    #[derive(Deserialize)]
+    struct Cartridge {
         #[serde(default)]
         cap_groups: Vec<Group>,
     }
@@ -228,62 +234,97 @@ pub fn manifest_caps(json: &[u8]) -> Result<Vec<CapUrn>, HandshakeError> {
     }
     let manifest: Manifest = serde_json::from_slice(json)
         .map_err(|error| HandshakeError::BadManifest(error.to_string()))?;
-    let count: usize = manifest.cap_groups.iter().map(|g| g.caps.len()).sum();
+    let entries = || {
+        manifest
+            .installed_cartridges
+            .iter()
+            .flat_map(|cartridge| &cartridge.cap_groups)
+            .flat_map(|group| &group.caps)
+    };
+    let count = entries().count();
     if count > MANIFEST_CAPS_MAX {
         return Err(HandshakeError::BadManifest(format!(
             "{count} caps, at most {MANIFEST_CAPS_MAX}"
         )));
     }
     let mut caps = Vec::with_capacity(count);
-    for (index, entry) in manifest
-        .cap_groups
-        .iter()
-        .flat_map(|group| &group.caps)
-        .enumerate()
-    {
+    for (index, entry) in entries().enumerate() {
         let cap =
             CapUrn::parse(&entry.urn).map_err(|error| HandshakeError::BadCap { index, error })?;
         caps.push(cap);
     }
-    let identity = crate::cap::identity();
-    if !caps.iter().any(|cap| cap.is_equivalent(&identity)) {
-        return Err(HandshakeError::NoIdentity);
-    }
     Ok(caps)
 }
 
-/// A manifest's JSON advertising `caps` (one group), for hosts and tests.
+/// A manifest's JSON for a host `name` serving `caps`, in the shape capdag's switch requires
+/// (docs/spec/capdag-v6.md §11.2): one installed cartridge holding one cap group, with the
+/// runtime stats and pools (one per cap, and `all`) that make each cap dispatchable.
 pub fn manifest_json(name: &str, caps: &[String]) -> Vec<u8> {
-    let caps: Vec<serde_json::Value> = caps
+    let idle = || serde_json::json!({ "declared": 0, "configured": 0, "active": 0, "queued": 0 });
+    let mut pools = serde_json::Map::new();
+    for cap in caps {
+        let key = CapUrn::parse(cap).map_or_else(|_| cap.clone(), |urn| urn.to_string());
+        pools.insert(key, idle());
+    }
+    let mut all = idle();
+    all["caps"] = serde_json::json!(pools.keys().cloned().collect::<Vec<_>>());
+    pools.insert("all".to_owned(), all);
+    let entries: Vec<serde_json::Value> = caps
         .iter()
         .map(|urn| serde_json::json!({ "urn": urn }))
         .collect();
     let manifest = serde_json::json!({
-        "name": name,
-        "version": "1.0.0",
-        "cap_groups": [{ "name": "default", "caps": caps }],
+        "installed_cartridges": [{
+            "registry_url": null,
+            "id": name,
+            "channel": "release",
+            "version": env!("CARGO_PKG_VERSION"),
+            "sha256": "0".repeat(64),
+            "cap_groups": [{ "name": name, "caps": entries, "adapter_urns": [] }],
+            "attachment_error": null,
+            "runtime_stats": {
+                "running": true,
+                "pools": pools,
+                "pid": 0,
+                "active_request_count": 0,
+                "peer_request_count": 0,
+                "memory_footprint_mb": 0,
+                "memory_rss_mb": 0,
+                "restart_count": 0,
+            },
+            "lifecycle": "operational",
+        }],
     });
     serde_json::to_vec(&manifest).expect("a JSON value serializes")
 }
 
-/// The identity check's nonce: CBOR text `bifaci` (7 bytes; docs/spec/switch.md §3.3, fixed so
-/// that it tests the protocol stack, not security).
-pub const IDENTITY_NONCE: &[u8] = b"\x66bifaci";
-
-/// The identity check's stream id.
+/// The connect-time identity check's stream id (docs/spec/capdag-v6.md §11.3).
 pub const IDENTITY_STREAM: &str = "identity-verify";
+
+/// The runtime identity probe's stream id, for a master whose caps appear after it joined
+/// (docs/spec/capdag-v6.md §11.4).
+pub const IDENTITY_PROBE_STREAM: &str = "identity-verify-runtime";
+
+/// The runtime probe's nonce: CBOR text `bifaci` (7 bytes), sent and compared as they are.
+pub const IDENTITY_PROBE_NONCE: &[u8] = b"\x66bifaci";
+
+/// The stream a host answers the identity check on.
+pub const IDENTITY_ECHO_STREAM: &str = "identity";
+
+/// Bytes of the connect-time nonce (random, from the shell).
+pub const IDENTITY_NONCE_BYTES: usize = 32;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_hello_round_trips_through_meta() {
-        let hello = Hello {
+    fn a_notify_round_trips_through_meta() {
+        let notify = RelayNotify {
             limits: Limits::default(),
-            manifest: Some(Bytes::from_static(b"{}")),
+            manifest: Bytes::from(manifest_json("m", &[crate::cap::CAP_IDENTITY.to_owned()])),
         };
-        assert_eq!(Hello::from_meta(Some(&hello.to_meta())), Ok(hello));
+        assert_eq!(RelayNotify::from_meta(Some(&notify.to_meta())), Ok(notify));
     }
 
     #[test]
@@ -308,30 +349,57 @@ mod tests {
     }
 
     #[test]
-    fn another_version_is_refused() {
-        let mut out = Vec::new();
-        cbor::write_map(&mut out, 1);
-        cbor::write_text(&mut out, "version");
-        cbor::write_uint(&mut out, 3);
-        let meta = Meta::from_cbor(Bytes::from(out)).expect("meta");
+    fn a_notify_needs_a_manifest_and_the_two_frame_limits_and_defaults_the_others() {
+        let meta = |pairs: &[(&str, u64)], manifest: bool| {
+            let mut out = Vec::new();
+            cbor::write_map(&mut out, pairs.len() + usize::from(manifest));
+            if manifest {
+                cbor::write_text(&mut out, "manifest");
+                cbor::write_bytes(&mut out, br#"{"installed_cartridges": []}"#);
+            }
+            for (key, value) in pairs {
+                cbor::write_text(&mut out, key);
+                cbor::write_uint(&mut out, *value);
+            }
+            Meta::from_cbor(Bytes::from(out)).expect("meta")
+        };
+        let limits = [("max_frame", 1000), ("max_chunk", 100)];
         assert_eq!(
-            Hello::from_meta(Some(&meta)),
-            Err(HandshakeError::Version { theirs: 3 })
+            RelayNotify::from_meta(Some(&meta(&limits, false))),
+            Err(HandshakeError::NoManifest)
         );
+        assert_eq!(
+            RelayNotify::from_meta(Some(&meta(&limits[..1], true))),
+            Err(HandshakeError::ZeroLimit("max_chunk"))
+        );
+        let notify = RelayNotify::from_meta(Some(&meta(&limits, true))).expect("valid");
+        assert_eq!(notify.limits.max_reorder_buffer, 64);
+        assert_eq!(notify.limits.initial_credit, 32);
+        assert_eq!(manifest_caps(&notify.manifest), Ok(Vec::new()));
     }
 
     #[test]
-    fn a_manifest_without_the_identity_cap_is_refused() {
-        let json = manifest_json("m", &["cap:in=media:;out=media:text".to_owned()]);
-        assert_eq!(manifest_caps(&json), Err(HandshakeError::NoIdentity));
-        let json = manifest_json("m", &[crate::cap::CAP_IDENTITY.to_owned()]);
-        assert_eq!(manifest_caps(&json).expect("parses").len(), 1);
+    fn a_manifest_is_read_from_its_installed_cartridges() {
+        let json = manifest_json(
+            "m",
+            &[
+                "cap:in=media:;out=media:text".to_owned(),
+                crate::cap::CAP_IDENTITY.to_owned(),
+            ],
+        );
+        assert_eq!(manifest_caps(&json).expect("parses").len(), 2);
+        // tether's old shape (cap groups at the top) is not a manifest.
+        let old = br#"{"name": "m", "cap_groups": [{"caps": [{"urn": "cap:effect=none"}]}]}"#;
+        assert!(matches!(
+            manifest_caps(old),
+            Err(HandshakeError::BadManifest(_))
+        ));
     }
 
     #[test]
-    fn the_nonce_is_cbor_text_bifaci() {
+    fn the_probe_nonce_is_cbor_text_bifaci() {
         let mut out = Vec::new();
         cbor::write_text(&mut out, "bifaci");
-        assert_eq!(out, IDENTITY_NONCE);
+        assert_eq!(out, IDENTITY_PROBE_NONCE);
     }
 }

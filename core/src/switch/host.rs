@@ -1,9 +1,10 @@
 //! The master side of a switch connection, for programs that serve caps (docs/spec/switch.md
-//! §1: the host runtime behind a relay master), as a sans-IO machine. Its handshake is the
-//! HELLO-first shape of docs/spec/switch.md §3.4.
+//! §1: the host runtime behind a relay master), as a sans-IO machine. Its handshake is capdag
+//! 1.524.58's (docs/spec/capdag-v6.md §11): the host speaks first.
 //!
-//! [`Host`] answers the switch's HELLO with its limits and manifest, takes the policy, echoes
-//! the identity check and HEARTBEATs by itself, and hands the application every request for
+//! [`Host`] opens with a RELAY_NOTIFY (its limits and manifest), takes the switch's POLICY
+//! (which must come first), echoes the identity check (connect-time and runtime probe) and
+//! HEARTBEATs by itself, and hands the application every request for
 //! one of its caps as [`HostEvent::Request`] followed by that request's input frames in order
 //! ([`HostEvent::Input`]). The application answers through [`Host::write`] (credit-gated per
 //! stream) and consumes input with [`Host::consume`] (batched CREDIT back). CANCEL and
@@ -25,29 +26,29 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::hello::{manifest_json, HandshakeError, Hello, Limits};
-use super::side::{delivered, pass_logs, ReadError, RequestSide, WriteError};
-use super::{error_meta, notify_meta, IDENTITY_STREAM};
+use super::hello::{manifest_json, HandshakeError, Limits, RelayNotify};
+use super::side::{delivered, pass_logs, ReadError, RequestSide, Role, WriteError};
+use super::{error_meta, IDENTITY_ECHO_STREAM};
 use crate::cap::{CapUrn, CAP_IDENTITY};
 use crate::limits::{
     SWITCH_HANDSHAKE_TIMEOUT_MS, SWITCH_HEARTBEAT_INTERVAL_MS, SWITCH_HEARTBEAT_TIMEOUT_MS,
     SWITCH_HOST_REORDER_HELD_BYTES_MAX, SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_SERVED_REQUESTS_MAX,
 };
-use crate::request::{Credits, RefusalKind, RequestKey};
+use crate::request::{Credits, ErrorClass, RefusalKind, RequestKey};
 use crate::time::Time;
-use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta};
+use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta, NetworkPolicy};
 
 /// What the application must know.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HostEvent {
-    /// The handshake is done with these limits.
+    /// The handshake is done (the switch's first POLICY came) with these limits.
     Ready {
-        /// The negotiated limits.
+        /// The limits this host proposed, which the switch meets.
         limits: Limits,
     },
     /// The switch's policy (first before anything else, then on every change).
-    Policy(Bytes),
+    Policy(NetworkPolicy),
     /// A request for one of this host's caps.
     Request {
         /// Its key (the switch's XID and the requester's RID).
@@ -117,11 +118,10 @@ pub enum HostError {
     /// A REQ with the key of a request that is live here.
     #[error("a REQ repeats the key of live request {0:?}")]
     RepeatedKey(MessageId),
-    /// No HELLO within [`HostConfig::handshake_timeout`].
-    #[error("no HELLO within the handshake timeout")]
+    /// No POLICY within [`HostConfig::handshake_timeout`].
+    #[error("no POLICY within the handshake timeout")]
     HandshakeTimeout,
-    /// Nothing heard from the switch for [`HostConfig::silence_timeout`] (a live switch
-    /// heartbeats well within it).
+    /// Nothing heard from a switch that heartbeats for [`HostConfig::silence_timeout`].
     #[error("the switch went silent")]
     Silent,
 }
@@ -160,12 +160,14 @@ pub struct HostConfig {
     pub limits: Limits,
     /// Eight bytes that make this host's peer request ids unique (e.g. random per process).
     pub rid_prefix: [u8; 8],
-    /// The switch's HELLO must come within this of the machine's start
+    /// The switch's POLICY must come within this of the machine's start
     /// ([`SWITCH_HANDSHAKE_TIMEOUT_MS`]).
     pub handshake_timeout: Duration,
-    /// Once live, the connection is given up after this long without a frame from the switch
-    /// (default: a heartbeat interval and its echo budget, [`SWITCH_HEARTBEAT_INTERVAL_MS`] +
-    /// [`SWITCH_HEARTBEAT_TIMEOUT_MS`]: a live switch heartbeats within it); `None` for never.
+    /// Once the switch has sent a HEARTBEAT, the connection is given up after this long
+    /// without a frame from it (default: a heartbeat interval and its echo budget,
+    /// [`SWITCH_HEARTBEAT_INTERVAL_MS`] + [`SWITCH_HEARTBEAT_TIMEOUT_MS`]: a switch that
+    /// heartbeats does so within it); `None` for never. A switch that never heartbeats (as
+    /// capdag's does not) is not held to it.
     pub silence_timeout: Option<Duration>,
 }
 
@@ -209,9 +211,12 @@ pub struct HostStats {
 
 #[derive(Debug)]
 enum Stage {
-    AwaitHello,
+    AwaitPolicy,
     Live(Limits),
 }
+
+/// An identity request's key: its id and XID (none for the connect-time check).
+type IdentityKey = (MessageId, Option<MessageId>);
 
 #[derive(Debug)]
 struct Identity {
@@ -227,15 +232,19 @@ pub struct Host {
     parsed: (Vec<usize>, Vec<CapUrn>),
     stage: Stage,
     served: BTreeMap<RequestKey, RequestSide>,
-    identity: BTreeMap<RequestKey, Identity>,
+    identity: BTreeMap<IdentityKey, Identity>,
     calls: BTreeMap<MessageId, RequestSide>,
     next_call: u64,
     transmits: VecDeque<Frame>,
     events: VecDeque<HostEvent>,
-    /// The HELLO must come before this.
-    hello_by: Time,
+    /// The POLICY must come before this.
+    policy_by: Time,
     /// When the switch was last heard from.
     last_heard: Time,
+    /// Whether the switch has sent a HEARTBEAT (and so is held to the silence timeout).
+    switch_heartbeats: bool,
+    /// The switch's policy, once told.
+    policy: Option<NetworkPolicy>,
     /// Bytes of early flow frames held over every request's side.
     held_total: usize,
     /// Bytes of LOG frames handed to readers and not read yet, over every request.
@@ -244,48 +253,73 @@ pub struct Host {
 }
 
 impl Host {
-    /// A host waiting for the switch's HELLO, from `now`.
+    /// A host that has queued its RELAY_NOTIFY and waits for the switch's POLICY, from `now`.
     pub fn new(config: HostConfig, now: Time) -> Self {
-        Self {
+        let mut host = Self {
             parsed: parse_caps(&config.caps),
-            hello_by: now.saturating_add(config.handshake_timeout),
+            policy_by: now.saturating_add(config.handshake_timeout),
             last_heard: now,
+            switch_heartbeats: false,
+            policy: None,
             held_total: 0,
             log_unread_total: 0,
             stats: HostStats::default(),
             config,
-            stage: Stage::AwaitHello,
+            stage: Stage::AwaitPolicy,
             served: BTreeMap::new(),
             identity: BTreeMap::new(),
             calls: BTreeMap::new(),
             next_call: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+        };
+        host.transmits.push_back(host.notify());
+        host
+    }
+
+    /// The RELAY_NOTIFY advertising this host's limits and caps.
+    fn notify(&self) -> Frame {
+        RelayNotify {
+            limits: self.config.limits,
+            manifest: Bytes::from(self.manifest()),
         }
+        .to_frame()
+    }
+
+    /// The switch's policy, once it told it.
+    pub fn policy(&self) -> Option<NetworkPolicy> {
+        self.policy
     }
 
     /// A frame from the switch.
     pub fn handle_frame(&mut self, now: Time, frame: Frame) -> Result<(), HostError> {
         self.last_heard = now;
         let limits = match self.stage {
-            Stage::AwaitHello => return self.on_hello(&frame),
+            Stage::AwaitPolicy => return self.on_first_policy(&frame),
             Stage::Live(limits) => limits,
         };
         match frame.frame_type {
-            FrameType::Hello => Err(HostError::Unexpected("HELLO")),
+            FrameType::Hello | FrameType::RelayNotify => {
+                Err(HostError::Unexpected(frame.frame_type.name()))
+            }
             FrameType::Heartbeat => {
+                self.switch_heartbeats = true;
                 // Echoed by its id alone: whatever else the switch put in it is not sent back
                 // (a heartbeat is no way to make this host write bytes of the switch's choice).
                 self.transmits
                     .push_back(Frame::new(FrameType::Heartbeat, frame.id));
                 Ok(())
             }
-            FrameType::RelayState => {
-                self.events
-                    .push_back(HostEvent::Policy(frame.payload.unwrap_or_default()));
+            FrameType::Policy => {
+                let policy = NetworkPolicy::from_meta(frame.meta.as_ref())
+                    .ok_or(HostError::Unexpected("POLICY without a network"))?;
+                self.policy = Some(policy);
+                self.events.push_back(HostEvent::Policy(policy));
                 Ok(())
             }
-            FrameType::Req if frame.routing_id.is_some() => self.on_request(limits, frame),
+            // Opaque state from the switch (capdag never sends it): nothing to act on.
+            FrameType::RelayState => Ok(()),
+            FrameType::Req => self.on_request(limits, frame),
             _ => self.on_request_frame(frame),
         }
     }
@@ -315,6 +349,7 @@ impl Host {
         let mut err = side.frame(FrameType::Err);
         err.meta = Some(error_meta(
             "HANDLER_GONE",
+            ErrorClass::Internal,
             "the handler ended without answering",
         ));
         if side.write(&mut err).is_ok() {
@@ -375,7 +410,8 @@ impl Host {
             None,
             Credits::new(limits.initial_credit),
             limits.max_reorder_buffer,
-        );
+        )
+        .accepting_unnumbered();
         let mut req = side.frame(FrameType::Req);
         req.cap = Some(cap.to_owned());
         req.meta = parent.map(super::parent_meta);
@@ -407,12 +443,11 @@ impl Host {
         }
     }
 
-    /// Advertises a new cap list (RELAY_NOTIFY with the manifest).
+    /// Advertises a new cap list (a RELAY_NOTIFY with the manifest and limits).
     pub fn set_caps(&mut self, caps: Vec<String>) {
         self.parsed = parse_caps(&caps);
         self.config.caps = caps;
-        let mut notify = Frame::new(FrameType::RelayNotify, MessageId::Uint(0));
-        notify.meta = Some(notify_meta(Some(&self.manifest()), None));
+        let notify = self.notify();
         self.transmits.push_back(notify);
     }
 
@@ -424,28 +459,31 @@ impl Host {
         HostError::Backlogged
     }
 
-    /// When [`Host::handle_timeout`] is next due: the HELLO's deadline, then the silence
-    /// deadline (none when [`HostConfig::silence_timeout`] is `None`).
+    /// When [`Host::handle_timeout`] is next due: the POLICY's deadline, then the silence
+    /// deadline (none when [`HostConfig::silence_timeout`] is `None` or the switch has never
+    /// sent a HEARTBEAT).
     pub fn poll_timeout(&self) -> Option<Time> {
         match self.stage {
-            Stage::AwaitHello => Some(self.hello_by),
+            Stage::AwaitPolicy => Some(self.policy_by),
             Stage::Live(_) => self
                 .config
                 .silence_timeout
+                .filter(|_| self.switch_heartbeats)
                 .map(|silence| self.last_heard.saturating_add(silence)),
         }
     }
 
-    /// Time passed: an error when the HELLO is overdue or the switch went silent (close the
+    /// Time passed: an error when the POLICY is overdue or the switch went silent (close the
     /// connection; every request served here ends with it). A spurious call does nothing.
     pub fn handle_timeout(&mut self, now: Time) -> Result<(), HostError> {
         let error = match self.stage {
-            Stage::AwaitHello if now >= self.hello_by => HostError::HandshakeTimeout,
+            Stage::AwaitPolicy if now >= self.policy_by => HostError::HandshakeTimeout,
             Stage::Live(_)
-                if self
-                    .config
-                    .silence_timeout
-                    .is_some_and(|silence| now >= self.last_heard.saturating_add(silence)) =>
+                if self.switch_heartbeats
+                    && self
+                        .config
+                        .silence_timeout
+                        .is_some_and(|silence| now >= self.last_heard.saturating_add(silence)) =>
             {
                 HostError::Silent
             }
@@ -497,48 +535,57 @@ impl Host {
         manifest_json(&self.config.name, &caps)
     }
 
-    fn on_hello(&mut self, frame: &Frame) -> Result<(), HostError> {
-        if frame.frame_type != FrameType::Hello {
-            return Err(HandshakeError::Malformed("the first frame must be HELLO").into());
+    /// The switch's first frame, which must be its POLICY: the host is live.
+    fn on_first_policy(&mut self, frame: &Frame) -> Result<(), HostError> {
+        if frame.frame_type != FrameType::Policy {
+            return Err(HandshakeError::Malformed("the first frame must be POLICY").into());
         }
-        let theirs = Hello::from_meta(frame.meta.as_ref())?;
-        let limits = self.config.limits.negotiate(&theirs.limits)?;
-        let hello = Hello {
-            limits: self.config.limits,
-            manifest: Some(Bytes::from(self.manifest())),
-        };
-        self.transmits.push_back(hello.to_frame());
+        let policy = NetworkPolicy::from_meta(frame.meta.as_ref())
+            .ok_or(HandshakeError::Malformed("POLICY without a network"))?;
+        let limits = self.config.limits;
         self.stage = Stage::Live(limits);
+        self.policy = Some(policy);
         self.events.push_back(HostEvent::Ready { limits });
+        self.events.push_back(HostEvent::Policy(policy));
         Ok(())
     }
 
+    /// A REQ: the identity check (with an XID or, at connect, without), or a routed request
+    /// for one of this host's caps (which always carries the switch's XID).
     fn on_request(&mut self, limits: Limits, frame: Frame) -> Result<(), HostError> {
-        let key = RequestKey {
-            xid: frame.routing_id.expect("matched with an XID"),
-            rid: frame.id,
-        };
-        if self.served.contains_key(&key) || self.identity.contains_key(&key) {
+        let cap = frame.cap.clone().unwrap_or_default();
+        let identity = cap == CAP_IDENTITY;
+        if frame.routing_id.is_none() && !identity {
+            return Err(HostError::Unexpected("REQ without an XID"));
+        }
+        let id_key = (frame.id, frame.routing_id);
+        let key = frame
+            .routing_id
+            .map(|xid| RequestKey { xid, rid: frame.id });
+        if self.identity.contains_key(&id_key)
+            || key.is_some_and(|key| self.served.contains_key(&key))
+        {
             self.stats.repeated_keys += 1;
-            return Err(HostError::RepeatedKey(key.rid));
+            return Err(HostError::RepeatedKey(frame.id));
         }
         if self.served.len() + self.identity.len() >= SWITCH_SERVED_REQUESTS_MAX {
             return Err(HostError::TooManyRequests);
         }
         let mut side = RequestSide::new(
-            key.rid,
-            Some(key.xid),
+            frame.id,
+            frame.routing_id,
             Credits::new(limits.initial_credit),
             limits.max_reorder_buffer,
-        );
-        let cap = frame.cap.clone().unwrap_or_default();
+        )
+        .with_role(Role::Handler)
+        .accepting_unnumbered();
         let meta = frame.meta.clone();
         let mut delivered = delivered();
         side.read(frame, |frame| delivered.push(frame))
-            .map_err(|error| HostError::Flow(key.rid, error))?;
-        if cap == CAP_IDENTITY {
+            .map_err(|error| HostError::Flow(id_key.0, error))?;
+        if identity {
             self.identity.insert(
-                key,
+                id_key,
                 Identity {
                     side,
                     echo: Vec::new(),
@@ -546,9 +593,14 @@ impl Host {
             );
             return Ok(());
         }
+        let key = key.expect("checked: a routed request has an XID");
         let Some(serves) = self.best_cap(&cap) else {
             let mut err = side.frame(FrameType::Err);
-            err.meta = Some(error_meta("NO_HANDLER", "no handler on this host"));
+            err.meta = Some(error_meta(
+                "NO_HANDLER",
+                ErrorClass::Input,
+                "no handler on this host",
+            ));
             if side.write(&mut err).is_ok() {
                 self.transmits.push_back(err);
             }
@@ -576,11 +628,12 @@ impl Host {
 
     fn on_request_frame(&mut self, frame: Frame) -> Result<(), HostError> {
         let rid = frame.id;
+        let id_key = (rid, frame.routing_id);
+        if self.identity.contains_key(&id_key) {
+            return self.on_identity_frame(id_key, frame);
+        }
         if let Some(xid) = frame.routing_id {
             let key = RequestKey { xid, rid };
-            if self.identity.contains_key(&key) {
-                return self.on_identity_frame(key, frame);
-            }
             match frame.frame_type {
                 FrameType::Cancel => {
                     if self.drop_served(&key).is_some() {
@@ -691,16 +744,16 @@ impl Host {
     }
 
     /// The identity check: gather the nonce, echo it back once the request ends.
-    fn on_identity_frame(&mut self, key: RequestKey, frame: Frame) -> Result<(), HostError> {
+    fn on_identity_frame(&mut self, key: IdentityKey, frame: Frame) -> Result<(), HostError> {
         let identity = self.identity.get_mut(&key).expect("checked by the caller");
         let mut delivered = delivered();
         let before = identity.side.held_bytes();
         identity
             .side
             .read(frame, |frame| delivered.push(frame))
-            .map_err(|error| HostError::Flow(key.rid, error))?;
+            .map_err(|error| HostError::Flow(key.0, error))?;
         let after = identity.side.held_bytes();
-        self.account_held(key.rid, before, after)?;
+        self.account_held(key.0, before, after)?;
         let identity = self.identity.get_mut(&key).expect("checked by the caller");
         for frame in delivered {
             match frame.frame_type {
@@ -720,7 +773,11 @@ impl Host {
                             Ok(()) => self.transmits.push_back(reply),
                             Err(_) => {
                                 let mut err = identity.side.frame(FrameType::Err);
-                                err.meta = Some(error_meta("IDENTITY", "echo refused"));
+                                err.meta = Some(error_meta(
+                                    "IDENTITY",
+                                    ErrorClass::Internal,
+                                    "echo refused",
+                                ));
                                 let _ = identity.side.write(&mut err);
                                 self.transmits.push_back(err);
                                 break;
@@ -736,18 +793,23 @@ impl Host {
     }
 }
 
+/// The echo, as capdag's in-process host answers (docs/spec/capdag-v6.md §11.3): the payload
+/// bytes back unchanged on stream `identity`, then END with `exit_code` 0.
 fn echo_frames(side: &RequestSide, echo: Bytes) -> [Frame; 4] {
     let mut start = side.frame(FrameType::StreamStart);
-    start.stream_id = Some(IDENTITY_STREAM.to_owned());
+    start.stream_id = Some(IDENTITY_ECHO_STREAM.to_owned());
     start.media_urn = Some("media:".to_owned());
     let mut chunk = side.frame(FrameType::Chunk);
-    chunk.stream_id = Some(IDENTITY_STREAM.to_owned());
+    chunk.stream_id = Some(IDENTITY_ECHO_STREAM.to_owned());
     chunk.chunk_index = Some(0);
     chunk.payload = Some(echo);
     let mut end_stream = side.frame(FrameType::StreamEnd);
-    end_stream.stream_id = Some(IDENTITY_STREAM.to_owned());
+    end_stream.stream_id = Some(IDENTITY_ECHO_STREAM.to_owned());
     end_stream.chunk_count = Some(1);
-    [start, chunk, end_stream, side.frame(FrameType::End)]
+    let mut end = side.frame(FrameType::End);
+    end.eof = Some(true);
+    end.meta = Some(super::end_ok_meta());
+    [start, chunk, end_stream, end]
 }
 
 #[cfg(test)]
@@ -779,7 +841,10 @@ mod tests {
                 now: Time::from_millis(5),
             };
             for (index, (name, caps)) in hosts.iter().enumerate() {
-                let conn = world.switch.attach(world.now, name).expect("attach");
+                let conn = world
+                    .switch
+                    .attach(world.now, name, [index as u8; 32])
+                    .expect("attach");
                 let caps = caps.iter().map(|c| (*c).to_owned()).collect();
                 let host = Host::new(HostConfig::new(name, caps, [index as u8; 8]), world.now);
                 world.hosts.push((conn, host));
@@ -920,11 +985,8 @@ mod tests {
         // Over requests: 900 KiB each is within each request's bytes; the host's bound (8
         // MiB) is passed at the tenth.
         let mut host = Host::new(HostConfig::new("b", vec![UPPER.into()], [9; 8]), now);
-        let hello = Hello {
-            limits: Limits::default(),
-            manifest: None,
-        };
-        host.handle_frame(now, hello.to_frame()).expect("hello");
+        host.handle_frame(now, NetworkPolicy::Full.to_frame())
+            .expect("policy");
         let mut outcome = Ok(());
         for (n, key) in keys.iter().enumerate() {
             let mut req = Frame::new(FrameType::Req, key.rid);
@@ -952,11 +1014,8 @@ mod tests {
     fn log_frames_wait_for_their_reader_within_their_bytes() {
         let now = Time::ZERO;
         let mut host = Host::new(HostConfig::new("h", vec![UPPER.into()], [3; 8]), now);
-        let hello = Hello {
-            limits: Limits::default(),
-            manifest: None,
-        };
-        host.handle_frame(now, hello.to_frame()).expect("hello");
+        host.handle_frame(now, NetworkPolicy::Full.to_frame())
+            .expect("policy");
         let request = |host: &mut Host, n: u64| {
             let key = RequestKey {
                 xid: MessageId::Uint(1000 + n),
@@ -1125,16 +1184,12 @@ mod tests {
                 crate::limits::SWITCH_HANDSHAKE_TIMEOUT_MS
             ))
         );
-        let hello = Hello {
-            limits: Limits::default(),
-            manifest: None,
-        };
-        host.handle_frame(Time::ZERO, hello.to_frame())
-            .expect("hello");
+        host.handle_frame(Time::ZERO, NetworkPolicy::Full.to_frame())
+            .expect("policy");
         while host.poll_transmit().is_some() {}
         let mut beat = Frame::new(FrameType::Heartbeat, MessageId::Uint(42));
         beat.payload = Some(Bytes::from(vec![7; 1 << 20]));
-        beat.meta = Some(error_meta("X", "y"));
+        beat.meta = Some(error_meta("X", ErrorClass::Internal, "y"));
         let at = Time::from_millis(1_000);
         host.handle_frame(at, beat).expect("heartbeat");
         let echo = host.poll_transmit().expect("echoed");

@@ -23,6 +23,7 @@ impl Switch {
             last_error: None,
             heartbeat_at: None,
             heartbeat: None,
+            echoes_heartbeats: false,
             policy_sent: 0,
             host_stats: None,
         });
@@ -35,90 +36,158 @@ impl Switch {
             .is_some_and(|master| master.generation == conn.generation)
     }
 
-    pub(super) fn on_hello(
+    /// The master's first frame, which must be its RELAY_NOTIFY: the limits are met, the
+    /// policy goes out before anything else, and the identity check follows when the manifest
+    /// names caps (a capless master joins at once).
+    pub(super) fn on_first_notify(
         &mut self,
         now: Time,
         slot: SlotId,
         frame: &Frame,
+        nonce: [u8; IDENTITY_NONCE_BYTES],
     ) -> Result<(), CutReason> {
-        if frame.frame_type != FrameType::Hello {
-            return Err(HandshakeError::Malformed("the first frame must be HELLO").into());
+        if frame.frame_type != FrameType::RelayNotify {
+            return Err(HandshakeError::Malformed("the first frame must be RELAY_NOTIFY").into());
         }
-        let hello = Hello::from_meta(frame.meta.as_ref())?;
-        let limits = self.config.limits.negotiate(&hello.limits)?;
-        if limits.initial_credit < self.config.limits.initial_credit {
-            return Err(HandshakeError::WindowBelowSwitch {
-                theirs: hello.limits.initial_credit,
+        let notify = RelayNotify::from_meta(frame.meta.as_ref())?;
+        let limits = self.config.limits.negotiate(&notify.limits)?;
+        if notify.limits.initial_credit != self.config.limits.initial_credit {
+            return Err(HandshakeError::WindowMismatch {
+                theirs: notify.limits.initial_credit,
                 ours: self.config.limits.initial_credit,
             }
             .into());
         }
-        let manifest = hello.manifest.ok_or(HandshakeError::NoManifest)?;
-        let caps = manifest_caps(&manifest)?;
-        let deadline = match self.masters[slot.0 as usize].stage {
-            Stage::Hello { deadline } => deadline,
-            _ => now.saturating_add(self.config.handshake_timeout),
+        let caps = manifest_caps(&notify.manifest)?;
+        let Stage::Notify { deadline, .. } = self.masters[slot.0 as usize].stage else {
+            unreachable!("called in the notify stage");
         };
+        let generation = self.masters[slot.0 as usize].generation;
         let master = &mut self.masters[slot.0 as usize];
         master.limits = Some(limits);
         master.caps = caps;
-        master.stage = Stage::Identity {
-            deadline,
-            echo: Vec::new(),
-        };
         // The policy goes before anything else reaches the host.
         self.push_policy(slot);
-        for frame in identity_request(self.masters[slot.0 as usize].generation, slot) {
+        if self.masters[slot.0 as usize].caps.is_empty() {
+            self.become_live(now, slot);
+            return Ok(());
+        }
+        let rid = identity_rid(generation, slot, false);
+        for frame in identity_request(rid, None, IDENTITY_STREAM, cbor_bytes(&nonce)) {
             self.send(Peer::Master(slot), frame);
         }
+        self.masters[slot.0 as usize].stage = Stage::Identity(Check {
+            rid,
+            nonce: nonce.to_vec(),
+            decode: true,
+            echo: Vec::new(),
+            started: false,
+            stream_ended: false,
+            deadline,
+        });
         Ok(())
     }
 
-    pub(super) fn on_identity_frame(
+    /// The master is verified (or joined capless): routable, heartbeated.
+    fn become_live(&mut self, now: Time, slot: SlotId) {
+        let master = &mut self.masters[slot.0 as usize];
+        master.stage = Stage::Live { probe: None };
+        master.heartbeat_at = Some(now.saturating_add(self.config.heartbeat_interval));
+        master.last_error = None;
+        self.rebuild_caps();
+        self.events.push_back(Event::MasterReady { slot });
+        if self.init_pending.remove(&slot) {
+            self.check_init();
+        }
+    }
+
+    /// Starts the runtime identity probe of a live master whose caps appeared after it joined:
+    /// it is unroutable until the echo passes.
+    fn start_probe(&mut self, now: Time, slot: SlotId) {
+        let xid = MessageId::Uint(self.next_xid);
+        self.next_xid += 1;
+        let master = &mut self.masters[slot.0 as usize];
+        let rid = identity_rid(master.generation, slot, true);
+        master.stage = Stage::Live {
+            probe: Some(Check {
+                rid,
+                nonce: IDENTITY_PROBE_NONCE.to_vec(),
+                decode: false,
+                echo: Vec::new(),
+                started: false,
+                stream_ended: false,
+                deadline: now
+                    .saturating_add(Duration::from_millis(SWITCH_IDENTITY_PROBE_TIMEOUT_MS)),
+            }),
+        };
+        let payload = Bytes::from_static(IDENTITY_PROBE_NONCE);
+        for frame in identity_request(rid, Some(xid), IDENTITY_PROBE_STREAM, payload) {
+            self.send(Peer::Master(slot), frame);
+        }
+    }
+
+    /// A frame of the identity echo (its id is the check's). What passes, as capdag checks it:
+    /// a STREAM_START, the CHUNKs' bytes equal to the nonce, a STREAM_END, then END. An ERR, a
+    /// wrong echo or a frame of another kind fails the check; LOG, CREDIT and HEARTBEAT are
+    /// skipped.
+    pub(super) fn on_check_frame(
         &mut self,
         now: Time,
         slot: SlotId,
         frame: Frame,
     ) -> Result<(), CutReason> {
-        let generation = self.masters[slot.0 as usize].generation;
-        if frame.id != identity_rid(generation, slot) {
-            return self.on_control_frame(now, slot, frame);
-        }
-        let Stage::Identity { echo, .. } = &mut self.masters[slot.0 as usize].stage else {
-            unreachable!("called in the identity stage");
+        let master = &mut self.masters[slot.0 as usize];
+        let (Stage::Identity(check) | Stage::Live { probe: Some(check) }) = &mut master.stage
+        else {
+            unreachable!("called with a check running");
         };
-        match frame.frame_type {
-            FrameType::StreamStart | FrameType::StreamEnd | FrameType::Log => Ok(()),
+        let verdict = match frame.frame_type {
+            FrameType::StreamStart => {
+                check.started = true;
+                None
+            }
+            FrameType::StreamEnd => {
+                check.stream_ended = true;
+                None
+            }
+            FrameType::Log | FrameType::Credit | FrameType::Heartbeat => None,
             FrameType::Chunk => {
                 let payload = frame.payload.unwrap_or_default();
-                if echo.len() + payload.len() > SWITCH_IDENTITY_ECHO_BYTES_MAX {
-                    return Err(HandshakeError::Identity("echo too long").into());
+                let bytes = if check.decode {
+                    cbor_bytes_content(&payload)
+                } else {
+                    Some(&payload[..])
+                };
+                match bytes {
+                    Some(bytes)
+                        if check.echo.len() + bytes.len() <= SWITCH_IDENTITY_ECHO_BYTES_MAX =>
+                    {
+                        check.echo.extend_from_slice(bytes);
+                        None
+                    }
+                    Some(_) => Some(Err("echo too long")),
+                    None => Some(Err("echo is not a CBOR byte string")),
                 }
-                echo.extend_from_slice(&payload);
-                Ok(())
             }
-            FrameType::End if echo.as_slice() == IDENTITY_NONCE => {
-                let master = &mut self.masters[slot.0 as usize];
-                master.stage = Stage::Live;
-                master.heartbeat_at = Some(now.saturating_add(self.config.heartbeat_interval));
-                master.last_error = None;
+            FrameType::End if check.started && check.stream_ended && check.echo == check.nonce => {
+                Some(Ok(()))
+            }
+            FrameType::End => Some(Err("wrong echo")),
+            FrameType::Err => Some(Err("answered with ERR")),
+            _ => Some(Err("unexpected frame in the echo")),
+        };
+        match verdict {
+            None => {}
+            Some(Ok(())) if matches!(master.stage, Stage::Identity(_)) => {
+                self.become_live(now, slot);
+            }
+            Some(Ok(())) => {
+                master.stage = Stage::Live { probe: None };
                 self.rebuild_caps();
-                self.events.push_back(Event::MasterReady { slot });
-                if self.init_pending.remove(&slot) {
-                    self.check_init();
-                }
-                Ok(())
             }
-            FrameType::End => {
-                self.fail_identity(slot, HandshakeError::Identity("wrong echo"));
-                Ok(())
-            }
-            FrameType::Err => {
-                self.fail_identity(slot, HandshakeError::Identity("answered with ERR"));
-                Ok(())
-            }
-            other => Err(ProtocolViolation::Unexpected(other.name()).into()),
+            Some(Err(why)) => self.fail_identity(slot, HandshakeError::Identity(why)),
         }
+        Ok(())
     }
 
     /// The identity check failed: the master stays attached (its socket is open) but is
@@ -126,8 +195,14 @@ impl Switch {
     /// connection goes (docs/spec/switch.md §9.1).
     pub(super) fn fail_identity(&mut self, slot: SlotId, reason: HandshakeError) {
         let master = &mut self.masters[slot.0 as usize];
+        let was_routable = master.routable();
         master.stage = Stage::Failed;
+        master.heartbeat = None;
+        master.heartbeat_at = None;
         master.last_error = Some(reason.to_string());
+        if was_routable {
+            self.rebuild_caps();
+        }
         self.events
             .push_back(Event::MasterUnhealthy { slot, reason });
         if self.init_pending.remove(&slot) {
@@ -149,6 +224,7 @@ impl Switch {
                 match (master.heartbeat, frame.id) {
                     (Some((id, _)), MessageId::Uint(echo)) if id == echo => {
                         master.heartbeat = None;
+                        master.echoes_heartbeats = true;
                     }
                     // The master's own heartbeat: echoed.
                     _ => self.send(Peer::Master(slot), frame),
@@ -160,9 +236,11 @@ impl Switch {
         }
     }
 
+    /// A later RELAY_NOTIFY: the manifest (and host stats) replace the master's. Caps that
+    /// appear on a live master that joined without any start the runtime identity probe.
     pub(super) fn on_notify(
         &mut self,
-        _now: Time,
+        now: Time,
         slot: SlotId,
         frame: &Frame,
     ) -> Result<(), CutReason> {
@@ -173,8 +251,13 @@ impl Switch {
             master.host_stats = Some(String::from_utf8_lossy(&stats).into_owned());
         }
         if let Some(manifest) = manifest {
-            master.caps = manifest_caps(&manifest).map_err(ProtocolViolation::Manifest)?;
-            if master.routable() {
+            let caps = manifest_caps(&manifest).map_err(ProtocolViolation::Manifest)?;
+            let appeared = master.caps.is_empty() && !caps.is_empty();
+            master.caps = caps;
+            if appeared && master.stage == (Stage::Live { probe: None }) {
+                self.start_probe(now, slot);
+            }
+            if self.masters[slot.0 as usize].attached() {
                 self.rebuild_caps();
             }
         }
@@ -188,9 +271,7 @@ impl Switch {
         }
         master.policy_sent = self.policy_version;
         self.counters.policies_sent += 1;
-        let mut frame = Frame::new(FrameType::RelayState, MessageId::Uint(0));
-        frame.payload = Some(self.policy.clone());
-        self.send(Peer::Master(slot), frame);
+        self.send(Peer::Master(slot), self.policy.to_frame());
     }
 
     pub(super) fn check_init(&mut self) {
@@ -328,7 +409,11 @@ impl Switch {
             self.end_origin(
                 key,
                 route,
-                error_meta("MASTER_DIED", "the serving master died"),
+                error_meta(
+                    "MASTER_DIED",
+                    ErrorClass::Environment,
+                    "the serving master died",
+                ),
             );
         } else {
             // The origin died: its peer request is cancelled at the destination.

@@ -3,39 +3,62 @@
 
 use super::*;
 
-/// The identity request's id on generation `generation` of `slot` (distinct per connection,
-/// so a late echo of an older attempt is not mistaken for this one).
-pub(super) fn identity_rid(generation: u64, slot: SlotId) -> MessageId {
+/// The identity check's request id on generation `generation` of `slot` (distinct per
+/// connection, so a late echo of an older attempt is not mistaken for this one, and distinct
+/// between the connect-time check and the runtime `probe`).
+pub(super) fn identity_rid(generation: u64, slot: SlotId, probe: bool) -> MessageId {
     let mut id = [0u8; 16];
-    id[..4].copy_from_slice(b"idty");
+    id[..4].copy_from_slice(if probe { b"prob" } else { b"idty" });
     id[4..8].copy_from_slice(&slot.0.to_be_bytes());
     id[8..].copy_from_slice(&generation.to_be_bytes());
     MessageId::Uuid(id)
 }
 
-/// The identity check's frames: REQ, STREAM_START, CHUNK(nonce), STREAM_END, END.
-pub(super) fn identity_request(generation: u64, slot: SlotId) -> Vec<Frame> {
-    let rid = identity_rid(generation, slot);
+/// The identity check's frames as capdag writes them (docs/spec/capdag-v6.md §11.3–§11.4):
+/// REQ for the identity cap (empty payload, `application/cbor`), STREAM_START on `stream`,
+/// one CHUNK carrying `payload`, STREAM_END, END; all at seq 0, and with `xid` (none for the
+/// connect-time check, one from the counter for the runtime probe).
+pub(super) fn identity_request(
+    rid: MessageId,
+    xid: Option<MessageId>,
+    stream: &str,
+    payload: Bytes,
+) -> Vec<Frame> {
     let mut req = Frame::new(FrameType::Req, rid);
     req.cap = Some(cap::CAP_IDENTITY.to_owned());
+    req.content_type = Some("application/cbor".to_owned());
+    req.payload = Some(Bytes::new());
     let mut start = Frame::new(FrameType::StreamStart, rid);
-    start.stream_id = Some(IDENTITY_STREAM.to_owned());
+    start.stream_id = Some(stream.to_owned());
     start.media_urn = Some("media:".to_owned());
     let mut chunk = Frame::new(FrameType::Chunk, rid);
-    chunk.stream_id = Some(IDENTITY_STREAM.to_owned());
+    chunk.stream_id = Some(stream.to_owned());
     chunk.chunk_index = Some(0);
-    chunk.payload = Some(Bytes::from_static(IDENTITY_NONCE));
+    chunk.payload = Some(payload);
     let mut end_stream = Frame::new(FrameType::StreamEnd, rid);
-    end_stream.stream_id = Some(IDENTITY_STREAM.to_owned());
+    end_stream.stream_id = Some(stream.to_owned());
     end_stream.chunk_count = Some(1);
-    let end = Frame::new(FrameType::End, rid);
+    let mut end = Frame::new(FrameType::End, rid);
+    end.eof = Some(true);
     let mut frames = [req, start, chunk, end_stream, end];
-    for (seq, frame) in frames.iter_mut().enumerate() {
-        frame.seq = seq as u64;
-        // Like every REQ the switch writes, it carries an XID (0: the switch's own request).
-        frame.routing_id = Some(MessageId::Uint(0));
+    for frame in &mut frames {
+        frame.routing_id = xid;
     }
     frames.into()
+}
+
+/// The CBOR byte string holding `bytes` (how the connect-time nonce travels).
+pub(super) fn cbor_bytes(bytes: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(bytes.len() + 9);
+    cbor::write_bytes(&mut out, bytes);
+    Bytes::from(out)
+}
+
+/// The content of a CHUNK payload that is one CBOR byte string, if it is one.
+pub(super) fn cbor_bytes_content(payload: &[u8]) -> Option<&[u8]> {
+    let mut reader = Reader::new(payload);
+    let content = reader.bytes().ok()?;
+    reader.is_empty().then_some(content)
 }
 
 pub(super) fn parse_cap(frame: &Frame) -> Result<CapUrn, String> {
@@ -43,45 +66,56 @@ pub(super) fn parse_cap(frame: &Frame) -> Result<CapUrn, String> {
     CapUrn::parse(text).map_err(|error: ParseError| error.to_string())
 }
 
-/// An ERR's `meta`: `code` and `message`.
-pub fn error_meta(code: &str, message: &str) -> Meta {
+/// An ERR's `meta`: `code`, `attribution_class` and `message`, as capdag's readers require
+/// (docs/spec/capdag-v6.md §7).
+pub fn error_meta(code: &str, class: ErrorClass, message: &str) -> Meta {
     let mut out = Vec::new();
-    cbor::write_map(&mut out, 2);
+    cbor::write_map(&mut out, 3);
     cbor::write_text(&mut out, "code");
     cbor::write_text(&mut out, code);
+    cbor::write_text(&mut out, "attribution_class");
+    cbor::write_text(&mut out, class.as_str());
     cbor::write_text(&mut out, "message");
     cbor::write_text(&mut out, message);
     Meta::from_cbor(Bytes::from(out)).expect("a map with text keys is a valid meta")
 }
 
-/// A cancel's attribution as `meta`: `code`, `class` (when attributed) and `message`.
-pub(super) fn attribution(reason: &CancelReason) -> Meta {
-    let code = match reason.code {
+/// The wire word of a cancel's code.
+fn cancel_code(reason: &CancelReason) -> &'static str {
+    match reason.code {
         CancelCode::Cancelled => "CANCELLED",
         CancelCode::AbortedCollateral => "ABORTED_COLLATERAL",
         CancelCode::Aborted => "ABORTED",
-    };
-    let class = reason.class.map(|class| match class {
-        crate::request::ErrorClass::User => "user",
-        crate::request::ErrorClass::Input => "input",
-        crate::request::ErrorClass::Resource => "resource",
-        crate::request::ErrorClass::Environment => "environment",
-        crate::request::ErrorClass::Internal => "internal",
-    });
+    }
+}
+
+/// A CANCEL's `meta`: `code`, `attribution_class` (when attributed) and `message`.
+pub(super) fn cancel_meta(reason: &CancelReason) -> Meta {
     let mut out = Vec::new();
-    cbor::write_map(&mut out, 2 + usize::from(class.is_some()));
+    cbor::write_map(&mut out, 2 + usize::from(reason.class.is_some()));
     cbor::write_text(&mut out, "code");
-    cbor::write_text(&mut out, code);
-    if let Some(class) = class {
-        cbor::write_text(&mut out, "class");
-        cbor::write_text(&mut out, class);
+    cbor::write_text(&mut out, cancel_code(reason));
+    if let Some(class) = reason.class {
+        cbor::write_text(&mut out, "attribution_class");
+        cbor::write_text(&mut out, class.as_str());
     }
     cbor::write_text(&mut out, "message");
     cbor::write_text(&mut out, &reason.message);
     Meta::from_cbor(Bytes::from(out)).expect("a map with text keys is a valid meta")
 }
 
-/// A RELAY_NOTIFY's `manifest` and `stats` (both byte strings, both optional).
+/// The ERR a cancel ends the origin's flow with: the cancel's code and message, and its class
+/// (`internal` when unattributed, as capdag's hosts answer an unattributed cancel).
+pub(super) fn cancel_error_meta(reason: &CancelReason) -> Meta {
+    error_meta(
+        cancel_code(reason),
+        reason.class.unwrap_or(ErrorClass::Internal),
+        &reason.message,
+    )
+}
+
+/// A RELAY_NOTIFY's `manifest` and `host_protocol_stats`-like `stats` (both byte strings, both
+/// optional).
 pub(super) fn notify_fields(
     meta: Option<&Meta>,
 ) -> Result<(Option<Bytes>, Option<Bytes>), &'static str> {
@@ -176,4 +210,31 @@ pub fn error_code(frame: &Frame) -> Option<String> {
         reader.skip().ok()?;
     }
     None
+}
+
+/// A successful END's `meta`: `exit_code` 0 (capdag reads an END without it as a failure).
+pub fn end_ok_meta() -> Meta {
+    let mut out = Vec::new();
+    cbor::write_map(&mut out, 1);
+    cbor::write_text(&mut out, "exit_code");
+    cbor::write_uint(&mut out, 0);
+    Meta::from_cbor(Bytes::from(out)).expect("a map with text keys is a valid meta")
+}
+
+/// A CHUNK payload as capdag's engines and hosts write one (docs/spec/capdag-v6.md §8):
+/// `bytes` as one CBOR byte string.
+pub fn payload_item(bytes: &[u8]) -> Bytes {
+    cbor_bytes(bytes)
+}
+
+/// The bytes a CHUNK payload carries when it is one CBOR byte or text string, as capdag's
+/// engines and hosts write them; `None` for anything else.
+pub fn payload_content(payload: &[u8]) -> Option<&[u8]> {
+    let mut reader = Reader::new(payload);
+    let content = match reader.peek_major()? {
+        cbor::MAJOR_BYTES => reader.bytes().ok()?,
+        cbor::MAJOR_TEXT => reader.text().ok()?.as_bytes(),
+        _ => return None,
+    };
+    reader.is_empty().then_some(content)
 }

@@ -13,15 +13,19 @@
 //! - **Master slots** with stable caller-chosen ids; a slot's index is the routing key and
 //!   never changes. Attaching an attached slot is refused; a detached one is reattached in
 //!   place with a new generation, and frames or closes of an older generation are ignored.
-//! - **The handshake** per connection (docs/spec/switch.md §3.4, which says how it departs from
-//!   capdag's): HELLO with limits (the minimum of each, a zero refused; a master's credit window
-//!   may not be below the switch's, so that every side of every request uses the same window), the
-//!   master's HELLO with its manifest (which must hold the identity cap), the policy pushed before
-//!   anything else, then the identity check (the nonce echoed), all within
-//!   [`SWITCH_HANDSHAKE_TIMEOUT_MS`]; a master that fails the identity check stays attached but
-//!   unhealthy (never routed to, its slot refusing another attach until it disconnects); then a
-//!   HEARTBEAT every [`SWITCH_HEARTBEAT_INTERVAL_MS`] that must be echoed within
-//!   [`SWITCH_HEARTBEAT_TIMEOUT_MS`].
+//! - **The handshake** per connection, as seed 001 and capdag 1.524.58 make it
+//!   (docs/spec/capdag-v6.md §11): the master speaks first with a RELAY_NOTIFY (its manifest and
+//!   limits; the minimum of each is used, a zero refused, and a master's credit window may not
+//!   be below the switch's, so that every side of every request uses the same window); the
+//!   switch answers with its POLICY before anything else; then, when the manifest names caps,
+//!   the identity check (a REQ for `cap:effect=none` with 32 random bytes from the shell, to
+//!   be echoed), all within [`SWITCH_HANDSHAKE_TIMEOUT_MS`]. A master with no caps joins
+//!   healthy and capless, and is probed (the runtime identity probe, within
+//!   [`SWITCH_IDENTITY_PROBE_TIMEOUT_MS`]) when a later RELAY_NOTIFY brings caps. A master that
+//!   fails a check stays attached but unhealthy (never routed to, its slot refusing another
+//!   attach until it disconnects). Then a HEARTBEAT every [`SWITCH_HEARTBEAT_INTERVAL_MS`]; a
+//!   master that has echoed one must echo each within [`SWITCH_HEARTBEAT_TIMEOUT_MS`], and one
+//!   that never echoes (capdag's own hosts may not) is not cut for it.
 //! - **Init phases**: masters named at construction are all verified (or failed) before routing
 //!   starts; [`Switch::attach`] adds masters at runtime.
 //! - **Routing**: a REQ's cap is matched against every routable master's caps with
@@ -44,7 +48,8 @@
 //! - **Cancel** (terminate as cancelled, CANCEL with `force_kill` to the destination, the same
 //!   for every child peer request, an ERR to the origin in the reason's words) versus
 //!   **stop-feeds** (CLOSE_STREAM only; the request ends on its own).
-//! - **Policy**: pushed to every master before anything else, never resent unchanged.
+//! - **Policy** ([`NetworkPolicy`], in POLICY frames): pushed to every master before anything
+//!   else, never resent unchanged.
 //! - **The cap table and graph**: rebuilt on every manifest change, health change or death;
 //!   [`Switch::reachable_targets`] and [`Switch::paths_to`] walk cap edges.
 //! - [`Switch::protocol_stats`]: a serde snapshot of all of it.
@@ -65,7 +70,9 @@ mod stats;
 
 use masters::RegisterFailure;
 use meta::*;
-pub use meta::{error_code, error_meta, notify_meta, parent_meta};
+pub use meta::{
+    end_ok_meta, error_code, error_meta, notify_meta, parent_meta, payload_content, payload_item,
+};
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -74,22 +81,24 @@ use bytes::Bytes;
 use serde::Serialize;
 
 pub use hello::{
-    manifest_caps, manifest_json, HandshakeError, Hello, Limits, IDENTITY_NONCE, IDENTITY_STREAM,
+    manifest_caps, manifest_json, HandshakeError, Limits, RelayNotify, IDENTITY_ECHO_STREAM,
+    IDENTITY_NONCE_BYTES, IDENTITY_PROBE_NONCE, IDENTITY_PROBE_STREAM, IDENTITY_STREAM,
 };
 pub use stats::{MasterHealth, RequestView, SwitchStats};
 
 use crate::cap::{self, CapUrn, MediaUrn, ParseError};
 use crate::limits::{
     STREAMS_PER_REQUEST_COUNT_MAX, SWITCH_HANDSHAKE_TIMEOUT_MS, SWITCH_HEARTBEAT_INTERVAL_MS,
-    SWITCH_HEARTBEAT_TIMEOUT_MS, SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_MASTERS_MAX,
-    SWITCH_POLICY_BYTES_MAX,
+    SWITCH_HEARTBEAT_TIMEOUT_MS, SWITCH_IDENTITY_ECHO_BYTES_MAX, SWITCH_IDENTITY_PROBE_TIMEOUT_MS,
+    SWITCH_MASTERS_MAX,
 };
 use crate::request::{
-    CancelCode, CancelReason, Direction, Emission, EmissionChecker, Observed, RefusalKind,
-    ReorderBuffer, RequestKey, RequestTable, RequestTableConfig, Seq, Terminated, Termination,
-    TerminationKind, WriteGate, Written,
+    CancelCode, CancelReason, Direction, Emission, EmissionChecker, ErrorClass, Observed,
+    RefusalKind, ReorderBuffer, RequestKey, RequestTable, RequestTableConfig, Seq, Terminated,
+    Termination, TerminationKind, WriteGate, Written,
 };
 use crate::time::Time;
+pub use crate::wire::bifaci::NetworkPolicy;
 use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta};
 use crate::wire::cbor::{self, Reader};
 
@@ -301,13 +310,13 @@ pub enum EngineError {
 /// Switch settings.
 #[derive(Debug, Clone)]
 pub struct SwitchConfig {
-    /// The limits this side proposes in HELLO.
+    /// The limits this side accepts at most (each master's are met at the minimum).
     pub limits: Limits,
-    /// The policy pushed to every master (at most [`SWITCH_POLICY_BYTES_MAX`] bytes).
-    pub policy: Bytes,
+    /// The policy every master is told before anything else.
+    pub policy: NetworkPolicy,
     /// Request table settings.
     pub table: RequestTableConfig,
-    /// HELLO plus identity budget.
+    /// Budget for the RELAY_NOTIFY and the identity check.
     pub handshake_timeout: Duration,
     /// Heartbeat period.
     pub heartbeat_interval: Duration,
@@ -319,7 +328,7 @@ impl Default for SwitchConfig {
     fn default() -> Self {
         Self {
             limits: Limits::default(),
-            policy: Bytes::new(),
+            policy: NetworkPolicy::default(),
             table: RequestTableConfig::default(),
             handshake_timeout: Duration::from_millis(SWITCH_HANDSHAKE_TIMEOUT_MS),
             heartbeat_interval: Duration::from_millis(SWITCH_HEARTBEAT_INTERVAL_MS),
@@ -328,18 +337,39 @@ impl Default for SwitchConfig {
     }
 }
 
+/// An identity check in progress: the connect-time check or the runtime probe
+/// (docs/spec/capdag-v6.md §11.3–§11.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Check {
+    rid: MessageId,
+    /// What the echo's bytes must be.
+    nonce: Vec<u8>,
+    /// Connect-time: each CHUNK's payload is a CBOR byte string, its content appended; the
+    /// runtime probe appends payloads as they are.
+    decode: bool,
+    echo: Vec<u8>,
+    started: bool,
+    stream_ended: bool,
+    deadline: Time,
+}
+
 /// Where a master's connection is in its lifecycle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Stage {
     /// No connection.
     Detached,
-    /// HELLO sent; waiting for the master's.
-    Hello { deadline: Time },
-    /// Identity request sent; gathering the echo.
-    Identity { deadline: Time, echo: Vec<u8> },
-    /// Verified.
-    Live,
-    /// The identity check failed (or never answered): the connection stays attached but the
+    /// Attached; waiting for the master's first RELAY_NOTIFY. The nonce is the shell's, for
+    /// the identity check.
+    Notify {
+        deadline: Time,
+        nonce: [u8; IDENTITY_NONCE_BYTES],
+    },
+    /// Policy and identity request sent; gathering the echo.
+    Identity(Check),
+    /// Verified (or capless); `probe` while the runtime probe of caps that appeared later runs
+    /// (unroutable until it passes).
+    Live { probe: Option<Check> },
+    /// An identity check failed (or never answered): the connection stays attached but the
     /// master is unhealthy and never routed to (docs/spec/switch.md §9.2).
     Failed,
 }
@@ -348,9 +378,10 @@ impl Stage {
     fn name(&self) -> &'static str {
         match self {
             Stage::Detached => "detached",
-            Stage::Hello { .. } => "hello",
+            Stage::Notify { .. } => "notify",
             Stage::Identity { .. } => "identity",
-            Stage::Live => "live",
+            Stage::Live { probe: None } => "live",
+            Stage::Live { probe: Some(_) } => "probing",
             Stage::Failed => "failed",
         }
     }
@@ -369,6 +400,9 @@ struct Master {
     heartbeat_at: Option<Time>,
     /// The outstanding HEARTBEAT: its id and echo deadline.
     heartbeat: Option<(u64, Time)>,
+    /// Whether the master has echoed a HEARTBEAT on this connection: from then on a missing
+    /// echo cuts it (one that never echoes is not held to it).
+    echoes_heartbeats: bool,
     /// The policy version last sent on this connection.
     policy_sent: u64,
     /// Host stats the master advertised (JSON text), kept for `protocol_stats`.
@@ -381,7 +415,7 @@ impl Master {
     }
 
     fn routable(&self) -> bool {
-        self.stage == Stage::Live
+        self.stage == Stage::Live { probe: None }
     }
 
     fn conn(&self, slot: SlotId) -> ConnId {
@@ -493,7 +527,7 @@ pub struct Switch {
     held_by: BTreeMap<Peer, usize>,
     next_xid: u64,
     next_heartbeat: u64,
-    policy: Bytes,
+    policy: NetworkPolicy,
     policy_version: u64,
     /// Slots named at construction not verified or failed yet.
     init_pending: BTreeSet<SlotId>,
@@ -507,8 +541,7 @@ impl Switch {
     /// A switch whose routing starts once every master in `initial` (slot ids, in slot order)
     /// is attached and verified, or has failed. With no initial masters it routes at once.
     pub fn new(config: SwitchConfig, initial: &[&str]) -> Self {
-        let mut policy = config.policy.clone();
-        policy.truncate(SWITCH_POLICY_BYTES_MAX);
+        let policy = config.policy;
         let mut switch = Self {
             table: RequestTable::new(config.table),
             peer_requests: BTreeMap::new(),
@@ -546,8 +579,14 @@ impl Switch {
     }
 
     /// A new connection for slot `id` (new, or a detached slot reattached in place): the
-    /// switch sends its HELLO and starts the handshake clock.
-    pub fn attach(&mut self, now: Time, id: &str) -> Result<ConnId, AttachError> {
+    /// handshake clock starts, and the switch waits for the master's RELAY_NOTIFY. `nonce` is
+    /// 32 random bytes from the shell, for this connection's identity check.
+    pub fn attach(
+        &mut self,
+        now: Time,
+        id: &str,
+        nonce: [u8; IDENTITY_NONCE_BYTES],
+    ) -> Result<ConnId, AttachError> {
         let slot = match self.slot_of(id) {
             Some(slot) if self.masters[slot.0 as usize].attached() => {
                 return Err(AttachError::AlreadyAttached(id.to_owned()));
@@ -561,20 +600,15 @@ impl Switch {
         let deadline = now.saturating_add(self.config.handshake_timeout);
         let master = &mut self.masters[slot.0 as usize];
         master.generation += 1;
-        master.stage = Stage::Hello { deadline };
+        master.stage = Stage::Notify { deadline, nonce };
         master.connected_at = now;
         master.limits = None;
         master.caps.clear();
         master.heartbeat = None;
         master.heartbeat_at = None;
+        master.echoes_heartbeats = false;
         master.policy_sent = 0;
-        let conn = master.conn(slot);
-        let hello = Hello {
-            limits: self.config.limits,
-            manifest: None,
-        };
-        self.send(Peer::Master(slot), hello.to_frame());
-        Ok(conn)
+        Ok(master.conn(slot))
     }
 
     /// A frame arrived from a master's connection.
@@ -586,10 +620,15 @@ impl Switch {
         let stage = self.masters[slot.0 as usize].stage.clone();
         let result = match stage {
             Stage::Detached => Ok(()),
-            Stage::Hello { .. } => self.on_hello(now, slot, &frame),
-            Stage::Identity { .. } => self.on_identity_frame(now, slot, frame),
-            Stage::Live => self.on_live_frame(now, slot, frame),
-            Stage::Failed => self.on_control_frame(now, slot, frame),
+            Stage::Notify { nonce, .. } => self.on_first_notify(now, slot, &frame, nonce),
+            Stage::Identity(check) if check.rid == frame.id => {
+                self.on_check_frame(now, slot, frame)
+            }
+            Stage::Identity(_) | Stage::Failed => self.on_control_frame(now, slot, frame),
+            Stage::Live { probe: Some(check) } if check.rid == frame.id => {
+                self.on_check_frame(now, slot, frame)
+            }
+            Stage::Live { .. } => self.on_live_frame(now, slot, frame),
         };
         if let Err(reason) = result {
             self.cut(now, slot, reason);
@@ -597,7 +636,7 @@ impl Switch {
     }
 
     /// A master's bytes did not decode into frames (garbage, a frame over the limit, a wrong
-    /// version): the master is cut off with [`CutReason::Undecodable`] and counted.
+    /// version, a CHUNK whose checksum is wrong): the master is cut off with [`CutReason::Undecodable`] and counted.
     pub fn handle_undecodable(&mut self, now: Time, conn: ConnId, error: &str) {
         if self.is_current(conn) && self.masters[conn.slot.0 as usize].attached() {
             self.cut(now, conn.slot, CutReason::Undecodable(error.to_owned()));
@@ -702,9 +741,9 @@ impl Switch {
             let mut cancel = Frame::new(FrameType::Cancel, state.key.rid);
             cancel.routing_id = Some(state.key.xid);
             cancel.force_kill = Some(reason.code != CancelCode::AbortedCollateral);
-            cancel.meta = Some(attribution(reason));
+            cancel.meta = Some(cancel_meta(reason));
             self.send_to_slot(dest, dest_generation, cancel);
-            self.end_origin(state.key, route.clone(), attribution(reason));
+            self.end_origin(state.key, route.clone(), cancel_error_meta(reason));
             self.events.push_back(Event::RequestEnded {
                 key: state.key,
                 origin: route.origin,
@@ -729,10 +768,9 @@ impl Switch {
         true
     }
 
-    /// Replaces the policy and sends it to every master past HELLO; the same policy again
-    /// sends nothing.
-    pub fn set_policy(&mut self, mut policy: Bytes) {
-        policy.truncate(SWITCH_POLICY_BYTES_MAX);
+    /// Replaces the policy and sends it to every master past its RELAY_NOTIFY; the same
+    /// policy again sends nothing.
+    pub fn set_policy(&mut self, policy: NetworkPolicy) {
         if policy == self.policy {
             return;
         }
@@ -741,7 +779,7 @@ impl Switch {
         for index in 0..self.masters.len() {
             if matches!(
                 self.masters[index].stage,
-                Stage::Identity { .. } | Stage::Live | Stage::Failed
+                Stage::Identity(_) | Stage::Live { .. } | Stage::Failed
             ) {
                 self.push_policy(SlotId(index as u32));
             }
@@ -755,11 +793,13 @@ impl Switch {
             let slot = SlotId(index as u32);
             let master = &self.masters[index];
             match &master.stage {
-                Stage::Hello { deadline } if *deadline <= now => {
+                Stage::Notify { deadline, .. } if *deadline <= now => {
                     self.cut(now, slot, HandshakeError::Timeout.into());
                     continue;
                 }
-                Stage::Identity { deadline, .. } if *deadline <= now => {
+                Stage::Identity(check) | Stage::Live { probe: Some(check) }
+                    if check.deadline <= now =>
+                {
                     self.fail_identity(slot, HandshakeError::Identity("no echo in time"));
                     continue;
                 }
@@ -769,9 +809,14 @@ impl Switch {
                 .heartbeat
                 .is_some_and(|(_, deadline)| deadline <= now)
             {
-                self.cut(now, slot, CutReason::HeartbeatTimeout);
-                continue;
+                if master.echoes_heartbeats {
+                    self.cut(now, slot, CutReason::HeartbeatTimeout);
+                    continue;
+                }
+                // A master that never echoed is not held to it (capdag's own hosts may not).
+                self.masters[index].heartbeat = None;
             }
+            let master = &self.masters[index];
             if master.heartbeat_at.is_some_and(|at| at <= now) && master.heartbeat.is_none() {
                 let id = self.next_heartbeat;
                 self.next_heartbeat += 1;
@@ -803,7 +848,10 @@ impl Switch {
             .iter()
             .flat_map(|master| {
                 let stage = match &master.stage {
-                    Stage::Hello { deadline } | Stage::Identity { deadline, .. } => Some(*deadline),
+                    Stage::Notify { deadline, .. } => Some(*deadline),
+                    Stage::Identity(check) | Stage::Live { probe: Some(check) } => {
+                        Some(check.deadline)
+                    }
                     _ => None,
                 };
                 let beat = match master.heartbeat {

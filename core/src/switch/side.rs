@@ -48,6 +48,19 @@ pub enum ReadError {
     /// Too many streams on one request.
     #[error("too many streams on one request")]
     TooManyStreams,
+    /// A flow that started unnumbered (every frame at seq 0) carried a numbered frame.
+    #[error("flow frame numbered {0} in an unnumbered flow")]
+    MixedNumbering(u64),
+}
+
+/// Which side of a request this is: it names the direction of the CREDIT frames it writes
+/// (`meta.credit_dir`, docs/spec/capdag-v6.md §7), which capdag's switch routes by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The side that made the request: it grants credit for the answer's streams (`response`).
+    Requester,
+    /// The side that serves it: it grants credit for the argument streams (`request`).
+    Handler,
 }
 
 /// One side of one request.
@@ -64,6 +77,14 @@ pub struct RequestSide {
     read_end: bool,
     /// Bytes of LOG frames handed on and not reported read ([`RequestSide::log_read`]).
     log_unread: usize,
+    role: Role,
+    /// Whether the other side may send its flow unnumbered: every frame at seq 0, as capdag's
+    /// switch forwards what its engine writes (docs/spec/capdag-v6.md §8). A flow is taken as
+    /// unnumbered when its second frame is numbered 0 again; from then on every frame must be.
+    allow_unnumbered: bool,
+    unnumbered: bool,
+    /// The next `chunk_index` of each stream this side writes.
+    chunk_indices: BTreeMap<Option<String>, u64>,
 }
 
 impl RequestSide {
@@ -81,7 +102,24 @@ impl RequestSide {
             windows: BTreeMap::new(),
             read_end: false,
             log_unread: 0,
+            role: Role::Requester,
+            allow_unnumbered: false,
+            unnumbered: false,
+            chunk_indices: BTreeMap::new(),
         }
+    }
+
+    /// The same side, as `role`.
+    pub fn with_role(mut self, role: Role) -> Self {
+        self.role = role;
+        self
+    }
+
+    /// The same side, accepting an unnumbered flow from the other side (every frame at seq 0:
+    /// a switch that does not number what it forwards, as capdag's does not).
+    pub fn accepting_unnumbered(mut self) -> Self {
+        self.allow_unnumbered = true;
+        self
     }
 
     /// The request id.
@@ -97,7 +135,8 @@ impl RequestSide {
     }
 
     /// Prepares `frame` for writing: a flow frame gets the next seq, a CHUNK spends one credit
-    /// of its stream. Refused (nothing changes) without credit or after this side's END/ERR.
+    /// of its stream (and gets its stream's next `chunk_index` unless it has one). Refused
+    /// (nothing changes) without credit or after this side's END/ERR.
     pub fn write(&mut self, frame: &mut Frame) -> Result<(), WriteError> {
         frame.id = self.id;
         frame.routing_id = self.xid;
@@ -123,6 +162,9 @@ impl RequestSide {
             if gate.acquire(Credits::new(1)) != Acquire::Acquired {
                 return Err(WriteError::NoCredit(stream));
             }
+            let next = self.chunk_indices.entry(stream).or_insert(0);
+            let index = *frame.chunk_index.get_or_insert(*next);
+            *next = index.saturating_add(1);
         }
         frame.seq = self.seqs.assign(frame.frame_type).0;
         self.wrote_end |= is_terminal(frame.frame_type);
@@ -161,10 +203,23 @@ impl RequestSide {
             return Ok(());
         }
         let mut ready = delivered();
-        let bytes = frame.held_bytes();
-        self.reorder
-            .accept_sized(Seq(frame.seq), frame, bytes, |_, frame| ready.push(frame))
-            .map_err(|refusal| ReadError::Reorder(refusal.kind))?;
+        let starts_unnumbered = self.allow_unnumbered
+            && !self.unnumbered
+            && frame.seq == 0
+            && self.reorder.expected() == Seq(1)
+            && self.reorder.held_len() == 0;
+        self.unnumbered |= starts_unnumbered;
+        if self.unnumbered {
+            if frame.seq != 0 {
+                return Err(ReadError::MixedNumbering(frame.seq));
+            }
+            ready.push(frame);
+        } else {
+            let bytes = frame.held_bytes();
+            self.reorder
+                .accept_sized(Seq(frame.seq), frame, bytes, |_, frame| ready.push(frame))
+                .map_err(|refusal| ReadError::Reorder(refusal.kind))?;
+        }
         for frame in ready {
             if self.read_end {
                 break;
@@ -244,6 +299,7 @@ impl RequestSide {
         let mut frame = self.frame(FrameType::Credit);
         frame.stream_id = stream;
         frame.credit = Some(grant.get());
+        frame.meta = Some(credit_dir_meta(self.role));
         Some(frame)
     }
 
@@ -256,6 +312,22 @@ impl RequestSide {
     pub fn read_end(&self) -> bool {
         self.read_end
     }
+}
+
+/// A CREDIT's `meta`: `credit_dir`, `response` from a requester and `request` from a handler.
+fn credit_dir_meta(role: Role) -> crate::wire::bifaci::Meta {
+    let mut out = Vec::new();
+    crate::wire::cbor::write_map(&mut out, 1);
+    crate::wire::cbor::write_text(&mut out, "credit_dir");
+    crate::wire::cbor::write_text(
+        &mut out,
+        match role {
+            Role::Requester => "response",
+            Role::Handler => "request",
+        },
+    );
+    crate::wire::bifaci::Meta::from_cbor(bytes::Bytes::from(out))
+        .expect("a map with text keys is a valid meta")
 }
 
 /// A buffer for the frames one read delivers. Almost every read delivers exactly one frame in

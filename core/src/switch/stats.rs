@@ -73,6 +73,9 @@ pub struct MasterHealth {
     pub limits: Option<Limits>,
     /// The host stats it last advertised (JSON text, as sent).
     pub host_stats: Option<String>,
+    /// Whether it has echoed a HEARTBEAT on this connection (from then on it is held to
+    /// echoing each in time).
+    pub answers_heartbeats: bool,
 }
 
 pub(super) fn snapshot(switch: &Switch, now: Time) -> SwitchStats {
@@ -115,6 +118,7 @@ pub(super) fn snapshot(switch: &Switch, now: Time) -> SwitchStats {
             last_error: master.last_error.clone(),
             limits: master.limits,
             host_stats: master.host_stats.clone(),
+            answers_heartbeats: master.echoes_heartbeats,
         })
         .collect();
     SwitchStats {

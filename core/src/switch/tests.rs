@@ -18,7 +18,7 @@ fn window_of(chunks: u64) -> SwitchConfig {
 }
 
 #[test]
-fn a_master_proposing_a_smaller_window_than_the_switch_is_refused() {
+fn a_master_proposing_another_window_than_the_switch_is_refused() {
     let mut h = Harness::new(SwitchConfig::default(), &[]);
     let small = Limits {
         initial_credit: 4,
@@ -29,11 +29,26 @@ fn a_master_proposing_a_smaller_window_than_the_switch_is_refused() {
         h.disconnected,
         [(
             conn,
-            CutReason::Handshake(HandshakeError::WindowBelowSwitch {
+            CutReason::Handshake(HandshakeError::WindowMismatch {
                 theirs: 4,
                 ours: 32
             })
         )]
+    );
+    let large = Limits {
+        initial_credit: 64,
+        ..Limits::default()
+    };
+    let conn = h.connect_with("b", &[UPPER], large, Identity::Echo);
+    assert_eq!(
+        h.disconnected[1],
+        (
+            conn,
+            CutReason::Handshake(HandshakeError::WindowMismatch {
+                theirs: 64,
+                ours: 32
+            })
+        )
     );
 }
 
@@ -55,8 +70,13 @@ fn types(frames: &[Frame]) -> Vec<FrameType> {
 fn request_frames(h: &mut Harness, slot: SlotId) -> Vec<Frame> {
     h.take_master(slot)
         .into_iter()
-        .filter(|f| !matches!(f.frame_type, FrameType::Hello | FrameType::RelayState))
-        .filter(|f| f.id != identity_rid(1, slot) && f.id != identity_rid(2, slot))
+        .filter(|f| !matches!(f.frame_type, FrameType::Policy | FrameType::Heartbeat))
+        .filter(|f| {
+            (1..=2).all(|generation| {
+                f.id != identity_rid(generation, slot, false)
+                    && f.id != identity_rid(generation, slot, true)
+            })
+        })
         .collect()
 }
 
@@ -85,19 +105,31 @@ fn a_failed_initial_master_does_not_hold_routing_back() {
 }
 
 #[test]
-fn the_handshake_sends_hello_then_policy_then_the_identity_request() {
+fn the_master_speaks_first_then_the_policy_then_the_identity_request() {
     let config = SwitchConfig {
-        policy: Bytes::from_static(b"policy-1"),
+        policy: NetworkPolicy::NoTelemetry,
         ..SwitchConfig::default()
     };
     let mut h = Harness::new(config, &[]);
-    let conn = h.connect("a", &[UPPER]);
-    let frames = h.take_master(conn.slot);
+    let conn = h.switch.attach(h.now, "a", [7; 32]).expect("new slot");
+    h.drain();
+    assert!(h.take_master(conn.slot).is_empty(), "the switch waits");
+    let notify = RelayNotify {
+        limits: Limits::default(),
+        manifest: Bytes::from(manifest_json(
+            "a",
+            &[UPPER.into(), crate::cap::CAP_IDENTITY.into()],
+        )),
+    };
+    // Outside the harness's drain, which would answer the identity check at once.
+    h.switch.handle_master_frame(h.now, conn, notify.to_frame());
+    let frames: Vec<Frame> = std::iter::from_fn(|| h.switch.poll_transmit())
+        .map(|transmit| transmit.frame)
+        .collect();
     assert_eq!(
         types(&frames),
         [
-            FrameType::Hello,
-            FrameType::RelayState,
+            FrameType::Policy,
             FrameType::Req,
             FrameType::StreamStart,
             FrameType::Chunk,
@@ -105,10 +137,119 @@ fn the_handshake_sends_hello_then_policy_then_the_identity_request() {
             FrameType::End
         ]
     );
-    assert_eq!(frames[1].payload.as_deref(), Some(&b"policy-1"[..]));
-    assert_eq!(frames[2].cap.as_deref(), Some(crate::cap::CAP_IDENTITY));
-    assert_eq!(frames[4].payload.as_deref(), Some(IDENTITY_NONCE));
+    assert_eq!(
+        NetworkPolicy::from_meta(frames[0].meta.as_ref()),
+        Some(NetworkPolicy::NoTelemetry)
+    );
+    assert_eq!(frames[1].cap.as_deref(), Some(crate::cap::CAP_IDENTITY));
+    // As capdag writes it: no XID, every frame at seq 0, the nonce a CBOR byte string.
+    assert!(frames.iter().all(|f| f.routing_id.is_none() && f.seq == 0));
+    let mut nonce = vec![0x58, 0x20];
+    nonce.extend([7; 32]);
+    assert_eq!(frames[3].payload.as_deref(), Some(&nonce[..]));
+    let upper = CapUrn::parse(UPPER).unwrap();
+    assert_eq!(
+        h.switch.route_for(&upper, None),
+        None,
+        "not routable before the echo"
+    );
+    // The echo, as capdag's host writes it.
+    let rid = frames[1].id;
+    let mut start = Frame::new(FrameType::StreamStart, rid);
+    start.stream_id = Some(IDENTITY_ECHO_STREAM.into());
+    let mut chunk = Frame::new(FrameType::Chunk, rid);
+    chunk.payload = Some(Bytes::from(nonce));
+    chunk.chunk_index = Some(0);
+    chunk.seq = 1;
+    let mut end_stream = Frame::new(FrameType::StreamEnd, rid);
+    end_stream.seq = 2;
+    let mut end = Frame::new(FrameType::End, rid);
+    end.seq = 3;
+    for frame in [start, chunk, end_stream, end] {
+        h.from_master(conn, frame);
+    }
     assert!(h.events.contains(&Event::MasterReady { slot: conn.slot }));
+    assert_eq!(h.switch.route_for(&upper, None), Some(conn.slot));
+}
+
+#[test]
+fn a_capless_master_joins_at_once_and_is_probed_when_caps_appear() {
+    let mut h = Harness::new(SwitchConfig::default(), &[]);
+    let conn = h.switch.attach(h.now, "a", [1; 32]).expect("new slot");
+    let empty = RelayNotify {
+        limits: Limits::default(),
+        manifest: Bytes::from_static(br#"{"installed_cartridges": []}"#),
+    };
+    h.from_master(conn, empty.to_frame());
+    assert_eq!(types(&h.take_master(conn.slot)), [FrameType::Policy]);
+    assert!(h.events.contains(&Event::MasterReady { slot: conn.slot }));
+    // Caps appear: the runtime probe goes out, with an XID and the `bifaci` nonce.
+    let mut update = Frame::new(FrameType::RelayNotify, MessageId::Uint(0));
+    update.meta = Some(notify_meta(
+        Some(&manifest_json(
+            "a",
+            &[UPPER.into(), crate::cap::CAP_IDENTITY.into()],
+        )),
+        None,
+    ));
+    // Outside the harness's drain, which would answer the probe at once.
+    let upper = CapUrn::parse(UPPER).unwrap();
+    h.switch.handle_master_frame(h.now, conn, update);
+    let mut probe = Vec::new();
+    while let Some(transmit) = h.switch.poll_transmit() {
+        probe.push(transmit.frame);
+    }
+    assert_eq!(probe.len(), 5);
+    assert!(probe.iter().all(|f| f.routing_id.is_some() && f.seq == 0));
+    assert_eq!(probe[2].stream_id.as_deref(), Some(IDENTITY_PROBE_STREAM));
+    assert_eq!(probe[2].payload.as_deref(), Some(IDENTITY_PROBE_NONCE));
+    assert_eq!(
+        h.switch.route_for(&upper, None),
+        None,
+        "unroutable while probed"
+    );
+    // The echo passes.
+    let rid = probe[0].id;
+    let xid = probe[0].routing_id;
+    let mut frames = vec![
+        Frame::new(FrameType::StreamStart, rid),
+        Frame::new(FrameType::Chunk, rid),
+        Frame::new(FrameType::StreamEnd, rid),
+        Frame::new(FrameType::End, rid),
+    ];
+    frames[1].payload = Some(Bytes::from_static(IDENTITY_PROBE_NONCE));
+    frames[1].chunk_index = Some(0);
+    for (seq, mut frame) in frames.into_iter().enumerate() {
+        frame.seq = seq as u64;
+        frame.routing_id = xid;
+        h.from_master(conn, frame);
+    }
+    assert_eq!(h.switch.route_for(&upper, None), Some(conn.slot));
+}
+
+#[test]
+fn a_master_that_never_echoes_heartbeats_is_not_cut_for_it_but_one_that_did_is() {
+    let (mut h, conns) = ready(&[("a", &[UPPER])]);
+    for _ in 0..3 {
+        h.advance(Duration::from_millis(
+            SWITCH_HEARTBEAT_INTERVAL_MS + SWITCH_HEARTBEAT_TIMEOUT_MS,
+        ));
+    }
+    assert!(h.disconnected.is_empty(), "capdag's hosts may never echo");
+    let beats: Vec<Frame> = h
+        .take_master(conns[0].slot)
+        .into_iter()
+        .filter(|f| f.frame_type == FrameType::Heartbeat)
+        .collect();
+    assert!(beats.len() >= 2);
+    h.advance(Duration::from_millis(SWITCH_HEARTBEAT_INTERVAL_MS));
+    let beat = h.take_master(conns[0].slot).pop().expect("a heartbeat");
+    h.from_master(conns[0], beat);
+    h.advance(Duration::from_millis(
+        SWITCH_HEARTBEAT_INTERVAL_MS + SWITCH_HEARTBEAT_TIMEOUT_MS,
+    ));
+    assert_eq!(h.disconnected.len(), 1, "once it echoed, it is held to it");
+    assert_eq!(h.disconnected[0].1, CutReason::HeartbeatTimeout);
 }
 
 #[test]
@@ -215,6 +356,37 @@ fn a_peer_request_goes_to_the_serving_master_and_its_answer_back_to_the_asker() 
     let _ = parent;
 }
 
+/// A master's peer request that routes back to the same master (capdag's shout handler calling
+/// its own host's uppercase): its continuation (no XID) goes to the destination side, its
+/// answer (with the XID) back to the asker, as capdag tells them apart.
+#[test]
+fn a_peer_request_a_master_makes_to_itself_is_told_apart_by_its_xid() {
+    let (mut h, conns) = ready(&[("a", &[UPPER, LOWER])]);
+    h.engine_request(1, UPPER).expect("routed to a");
+    let mut req = Frame::new(FrameType::Req, MessageId::Uint(90));
+    req.cap = Some(LOWER.into());
+    h.from_master(conns[0], req);
+    let routed = request_frames(&mut h, conns[0].slot);
+    let req = routed.last().expect("the peer REQ came back to a");
+    let child = RequestKey {
+        xid: req.routing_id.expect("xid"),
+        rid: MessageId::Uint(90),
+    };
+    // The asker's input, without the XID: forwarded to the serving side (with it).
+    let mut input = Frame::new(FrameType::End, MessageId::Uint(90));
+    input.seq = 1;
+    h.from_master(conns[0], input);
+    let forwarded = request_frames(&mut h, conns[0].slot);
+    assert_eq!(types(&forwarded), [FrameType::End]);
+    assert_eq!(forwarded[0].routing_id, Some(child.xid));
+    assert!(h.disconnected.is_empty(), "{:?}", h.disconnected);
+    // The answer, with the XID: back to the asker, and the request is over.
+    h.from_master(conns[0], response(child, FrameType::End, 0));
+    let back = request_frames(&mut h, conns[0].slot);
+    assert_eq!(types(&back), [FrameType::End]);
+    assert_eq!(h.switch.live_requests(), 1, "only the parent is left");
+}
+
 #[test]
 fn a_req_from_a_master_carrying_an_xid_is_a_counted_violation() {
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
@@ -317,18 +489,22 @@ fn the_policy_reaches_every_master_once_per_change() {
     let (mut h, conns) = ready(&[("a", &[UPPER]), ("b", &[LOWER])]);
     h.take_master(conns[0].slot);
     h.take_master(conns[1].slot);
-    h.switch.set_policy(Bytes::new());
+    h.switch.set_policy(NetworkPolicy::default());
     h.drain();
     assert!(
         h.take_master(conns[0].slot).is_empty(),
         "unchanged: nothing sent"
     );
-    h.switch.set_policy(Bytes::from_static(b"strict"));
-    h.switch.set_policy(Bytes::from_static(b"strict"));
+    h.switch.set_policy(NetworkPolicy::Offline);
+    h.switch.set_policy(NetworkPolicy::Offline);
     h.drain();
     for conn in &conns {
         let frames = h.take_master(conn.slot);
-        assert_eq!(types(&frames), [FrameType::RelayState]);
+        assert_eq!(types(&frames), [FrameType::Policy]);
+        assert_eq!(
+            NetworkPolicy::from_meta(frames[0].meta.as_ref()),
+            Some(NetworkPolicy::Offline)
+        );
     }
 }
 
@@ -337,7 +513,7 @@ fn attaching_an_attached_slot_is_refused_and_a_detached_one_reattaches_in_place(
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
     assert!(!h.switch.slot_accepts_attach("a"));
     assert_eq!(
-        h.switch.attach(h.now, "a"),
+        h.switch.attach(h.now, "a", [0; 32]),
         Err(AttachError::AlreadyAttached("a".into()))
     );
     h.close(conns[0]);
@@ -484,10 +660,10 @@ fn a_master_failing_the_identity_check_stays_attached_but_is_never_routed_to() {
 }
 
 #[test]
-fn a_zero_window_or_a_missing_hello_is_refused() {
+fn a_zero_chunk_limit_or_a_missing_relay_notify_is_refused() {
     let mut h = Harness::new(SwitchConfig::default(), &[]);
     let zero = Limits {
-        initial_credit: 0,
+        max_chunk: 0,
         ..Limits::default()
     };
     let conn = h.connect_with("a", &[UPPER], zero, Identity::Echo);
@@ -495,10 +671,10 @@ fn a_zero_window_or_a_missing_hello_is_refused() {
         h.disconnected,
         [(
             conn,
-            CutReason::Handshake(HandshakeError::ZeroLimit("initial_credit"))
+            CutReason::Handshake(HandshakeError::ZeroLimit("max_chunk"))
         )]
     );
-    let quiet = h.switch.attach(h.now, "b").expect("new slot");
+    let quiet = h.switch.attach(h.now, "b", [0; 32]).expect("new slot");
     h.advance(Duration::from_millis(SWITCH_HANDSHAKE_TIMEOUT_MS));
     assert_eq!(
         h.disconnected[1],
@@ -593,9 +769,9 @@ fn the_cap_graph_finds_reachable_media_and_paths() {
 }
 
 #[test]
-fn garbage_instead_of_hello_cuts_the_connection() {
+fn anything_but_a_relay_notify_first_cuts_the_connection() {
     let mut h = Harness::new(SwitchConfig::default(), &[]);
-    let conn = h.switch.attach(h.now, "a").expect("new");
+    let conn = h.switch.attach(h.now, "a", [0; 32]).expect("new");
     h.from_master(conn, Frame::new(FrameType::Chunk, MessageId::Uint(1)));
     assert!(matches!(h.disconnected[0].1, CutReason::Handshake(_)));
     assert!(h.switch.slot_accepts_attach("a"));

@@ -881,10 +881,14 @@ impl Node {
     /// connection is evicted only once it dies (report a cut with
     /// [`QuicStream::connection_cut`]).
     pub async fn dial_switch_host(&self, addr: EndpointAddr) -> Result<QuicStream, NodeError> {
-        let (conn, send, recv, cut) = self
+        let (conn, mut send, recv, cut) = self
             .inner
             .open_bi_cached(addr, Channel::Switch, SWITCH_ALPN)
             .await?;
+        // The host speaks first on this link: the opener's bytes make the stream exist there.
+        send.write_all(tether_core::wire::bifaci::QUIC_STREAM_OPENER)
+            .await
+            .map_err(|error| NodeError::Stream(Box::new(error)))?;
         Ok(QuicStream::new(conn, send, recv).with_cut(cut))
     }
 

@@ -297,6 +297,17 @@ impl Inner {
     ) {
         match (channel, &self.switch_queue, &self.substrate_queue) {
             (Channel::Switch, Some(queue), _) => {
+                // The opener announces the stream with fixed bytes, read within the open
+                // deadline; anything else (or nothing in time) is not a switch stream.
+                let deadline = self.gate.lock().driver.stream_open_timeout();
+                let opener = tether_core::wire::bifaci::QUIC_STREAM_OPENER;
+                let mut first = [0u8; 8];
+                let announced = timeout(deadline, recv.read_exact(&mut first)).await;
+                if !matches!(announced, Ok(Ok(()))) || &first != opener {
+                    debug!("a switch stream without its opener: stopped");
+                    let _ = recv.stop(0u32.into());
+                    return;
+                }
                 let stream = QuicStream::new(conn.clone(), send, recv);
                 match queue.send((hex(&peer), stream)).await {
                     Ok(()) => return,

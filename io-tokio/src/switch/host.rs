@@ -333,6 +333,7 @@ pub struct HostState {
 pub struct HostRequest {
     key: RequestKey,
     cap: String,
+    policy: NetworkPolicy,
     input: FlowReader,
     tx: mpsc::Sender<Command>,
     cancelled: Arc<AtomicBool>,
@@ -342,6 +343,12 @@ impl HostRequest {
     /// The cap the requester asked for.
     pub fn cap(&self) -> &str {
         &self.cap
+    }
+
+    /// The switch's network policy when the request arrived (the switch tells it before any
+    /// request; a handler honours it, e.g. no network under `offline`).
+    pub fn policy(&self) -> NetworkPolicy {
+        self.policy
     }
 
     /// The request's id.
@@ -418,15 +425,24 @@ impl HostRequest {
         Ok(())
     }
 
-    /// Ends the answer (END).
+    /// Ends the answer (END with `exit_code` 0, which capdag's readers require of success).
     pub async fn end(&self) -> Result<(), HostServeError> {
-        self.write(Frame::new(FrameType::End, self.key.rid)).await
+        let mut end = Frame::new(FrameType::End, self.key.rid);
+        end.eof = Some(true);
+        end.meta = Some(end_ok_meta());
+        self.write(end).await
     }
 
-    /// Ends the answer with an ERR carrying `code` and `message`.
-    pub async fn fail(&self, code: &str, message: &str) -> Result<(), HostServeError> {
+    /// Ends the answer with an ERR carrying `code`, the failure's `class` (capdag's
+    /// `attribution_class`: `input` is permanent, the others retryable) and `message`.
+    pub async fn fail(
+        &self,
+        code: &str,
+        class: ErrorClass,
+        message: &str,
+    ) -> Result<(), HostServeError> {
         let mut err = Frame::new(FrameType::Err, self.key.rid);
-        err.meta = Some(error_meta(code, message));
+        err.meta = Some(error_meta(code, class, message));
         self.write(err).await
     }
 
@@ -564,6 +580,12 @@ impl HostTask {
         &mut self,
         mut incoming: FrameReader<R>,
     ) -> Result<(), HostServeError> {
+        // The host speaks first: its RELAY_NOTIFY goes out before anything is read.
+        self.drain()?;
+        let written = std::future::poll_fn(|cx| Poll::Ready(self.writer.poll_write_queued(cx)));
+        if let Poll::Ready(Err(_)) = written.await {
+            return Ok(());
+        }
         loop {
             let deadline = self.machine.poll_timeout().map_or_else(
                 || self.epoch + std::time::Duration::from_secs(365 * 24 * 3600),
@@ -779,6 +801,7 @@ impl HostTask {
         let request = HostRequest {
             key,
             cap,
+            policy: self.machine.policy().unwrap_or_default(),
             input,
             tx: self.tx.clone(),
             cancelled: cancelled.clone(),
@@ -828,4 +851,5 @@ fn host_write_error(error: HostWriteError) -> HostServeError {
     }
 }
 
-use tether_core::switch::error_meta;
+use tether_core::request::ErrorClass;
+use tether_core::switch::{end_ok_meta, error_meta, NetworkPolicy};

@@ -42,7 +42,18 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-pub use tether_core::switch::Limits;
+pub use tether_core::request::ErrorClass;
+pub use tether_core::switch::{payload_content, payload_item, Limits, NetworkPolicy};
+
+/// 32 bytes of the OS's randomness: a connection's identity-check nonce.
+fn identity_nonce() -> [u8; tether_core::switch::IDENTITY_NONCE_BYTES] {
+    use rand::TryRng;
+    let mut nonce = [0; tether_core::switch::IDENTITY_NONCE_BYTES];
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut nonce)
+        .expect("the OS provides randomness");
+    nonce
+}
 
 use conn::{FrameReader, FrameWriter, Incoming};
 use tether_core::switch::side::pass_logs;
@@ -119,7 +130,7 @@ enum Command {
     },
     Cancel(MessageId, CancelReason, Reply<bool>),
     StopFeeds(MessageId, Reply<bool>),
-    SetPolicy(Bytes),
+    SetPolicy(NetworkPolicy),
     Capabilities(Reply<Vec<String>>),
     PathsTo(MediaUrn, MediaUrn, Reply<Vec<Vec<String>>>),
     Stats(Reply<SwitchStats>),
@@ -134,15 +145,16 @@ pub struct SwitchBuilder {
 }
 
 impl SwitchBuilder {
-    /// The limits proposed to masters (their credit window may not be smaller).
+    /// The limits this switch accepts at most (each master's are met at the minimum; its
+    /// credit window must equal the switch's).
     pub fn limits(mut self, limits: Limits) -> Self {
         self.config.limits = limits;
         self
     }
 
-    /// The policy pushed to every master before anything else.
-    pub fn policy(mut self, policy: impl Into<Bytes>) -> Self {
-        self.config.policy = policy.into();
+    /// The policy every master is told before anything else (default `full`).
+    pub fn policy(mut self, policy: NetworkPolicy) -> Self {
+        self.config.policy = policy;
         self
     }
 
@@ -357,8 +369,8 @@ impl Switch {
     }
 
     /// Replaces the policy (sent to every master when it changed).
-    pub async fn set_policy(&self, policy: impl Into<Bytes>) {
-        let _ = self.tx.send(Command::SetPolicy(policy.into())).await;
+    pub async fn set_policy(&self, policy: NetworkPolicy) {
+        let _ = self.tx.send(Command::SetPolicy(policy)).await;
     }
 
     /// Every routable master's caps.
@@ -690,7 +702,7 @@ impl Task {
                 writer,
                 unresponsive,
                 reply,
-            } => match self.machine.attach(now, &id) {
+            } => match self.machine.attach(now, &id, identity_nonce()) {
                 Ok(conn) => {
                     self.readers.insert(conn, FrameReader::new(reader));
                     self.masters.insert(
