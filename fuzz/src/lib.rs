@@ -505,27 +505,22 @@ pub fn substrate_handshake(data: &[u8]) {
     assert!(dialer_done.is_some() && dialer_done == listener_done);
 }
 
-/// Stateful: the switch host machine after a valid HELLO, fed arbitrary frames (decoded from
+/// Stateful: the switch host machine after a valid POLICY, fed arbitrary frames (decoded from
 /// the input by the real bifaci decoder), the application's ends and abandons, and time. It
 /// never panics; every request it reports ends at most once (ended + cancelled never pass the
 /// requests); what it holds stays within its bound; a timeout error leaves nothing held.
 pub fn switch_host(data: &[u8]) {
     use tether_core::limits::SWITCH_SERVED_REQUESTS_MAX;
     use tether_core::switch::host::{Host, HostConfig, HostEvent};
-    use tether_core::switch::{Hello, Limits};
     use tether_core::time::Time;
-    use tether_core::wire::bifaci::FrameType;
+    use tether_core::wire::bifaci::{FrameType, NetworkPolicy};
     const CAP: &str = "cap:in=media:text;out=media:upper";
     let mut host = Host::new(
         HostConfig::new("fuzz", vec![CAP.to_owned()], [3; 8]),
         Time::ZERO,
     );
-    let hello = Hello {
-        limits: Limits::default(),
-        manifest: None,
-    };
-    host.handle_frame(Time::ZERO, hello.to_frame())
-        .expect("a valid hello");
+    host.handle_frame(Time::ZERO, NetworkPolicy::Full.to_frame())
+        .expect("a valid policy");
     let mut decoder = StreamDecoder::new(BifaciDecoder::default());
     let mut live = Vec::new();
     let mut now = 0u64;
@@ -578,17 +573,18 @@ pub fn switch_host(data: &[u8]) {
     }
 }
 
-/// HELLO metas and manifests from arbitrary frames: `Hello::from_meta` and `manifest_caps` are
-/// total (a typed error or a value, never a panic), and a HELLO that decodes encodes to a meta
-/// that decodes to the same HELLO.
+/// RELAY_NOTIFY metas and manifests from arbitrary frames: `RelayNotify::from_meta` and
+/// `manifest_caps` are total (a typed error or a value, never a panic), and a RELAY_NOTIFY that
+/// decodes encodes to a meta that decodes to the same RELAY_NOTIFY.
 pub fn switch_hello(data: &[u8]) {
-    use tether_core::switch::{manifest_caps, Hello};
+    use tether_core::switch::{manifest_caps, RelayNotify};
     let mut decoder = StreamDecoder::new(BifaciDecoder::default());
     decoder.push(data);
     while let Ok(Some(frame)) = decoder.pop() {
-        if let Ok(hello) = Hello::from_meta(frame.meta.as_ref()) {
-            let again = Hello::from_meta(Some(&hello.to_meta())).expect("what decoded encodes");
-            assert_eq!(again, hello);
+        if let Ok(notify) = RelayNotify::from_meta(frame.meta.as_ref()) {
+            let again =
+                RelayNotify::from_meta(Some(&notify.to_meta())).expect("what decoded encodes");
+            assert_eq!(again, notify);
         }
         if let Some(payload) = &frame.payload {
             let _ = manifest_caps(payload);
