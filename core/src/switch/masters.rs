@@ -73,18 +73,11 @@ impl Switch {
             return Ok(());
         }
         let rid = identity_rid(generation, slot, false);
-        for frame in identity_request(rid, None, IDENTITY_STREAM, cbor_bytes(&nonce)) {
+        for frame in identity_request(rid, None, IDENTITY_STREAM, payload_item(&nonce)) {
             self.send(Peer::Master(slot), frame);
         }
-        self.masters[slot.0 as usize].stage = Stage::Identity(Check {
-            rid,
-            nonce: nonce.to_vec(),
-            decode: true,
-            echo: Vec::new(),
-            started: false,
-            stream_ended: false,
-            deadline,
-        });
+        self.masters[slot.0 as usize].stage =
+            Stage::Identity(Check::new(rid, nonce.to_vec(), true, deadline));
         Ok(())
     }
 
@@ -108,17 +101,14 @@ impl Switch {
         self.next_xid += 1;
         let master = &mut self.masters[slot.0 as usize];
         let rid = identity_rid(master.generation, slot, true);
+        let deadline = now.saturating_add(Duration::from_millis(SWITCH_IDENTITY_PROBE_TIMEOUT_MS));
         master.stage = Stage::Live {
-            probe: Some(Check {
+            probe: Some(Check::new(
                 rid,
-                nonce: IDENTITY_PROBE_NONCE.to_vec(),
-                decode: false,
-                echo: Vec::new(),
-                started: false,
-                stream_ended: false,
-                deadline: now
-                    .saturating_add(Duration::from_millis(SWITCH_IDENTITY_PROBE_TIMEOUT_MS)),
-            }),
+                IDENTITY_PROBE_NONCE.to_vec(),
+                false,
+                deadline,
+            )),
         };
         let payload = Bytes::from_static(IDENTITY_PROBE_NONCE);
         for frame in identity_request(rid, Some(xid), IDENTITY_PROBE_STREAM, payload) {
@@ -257,7 +247,8 @@ impl Switch {
             if appeared && master.stage == (Stage::Live { probe: None }) {
                 self.start_probe(now, slot);
             }
-            if self.masters[slot.0 as usize].attached() {
+            // A probed master's caps reach the table when its echo passes.
+            if self.masters[slot.0 as usize].routable() {
                 self.rebuild_caps();
             }
         }

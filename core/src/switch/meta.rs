@@ -47,13 +47,6 @@ pub(super) fn identity_request(
     frames.into()
 }
 
-/// The CBOR byte string holding `bytes` (how the connect-time nonce travels).
-pub(super) fn cbor_bytes(bytes: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(bytes.len() + 9);
-    cbor::write_bytes(&mut out, bytes);
-    Bytes::from(out)
-}
-
 /// The content of a CHUNK payload that is one CBOR byte string, if it is one.
 pub(super) fn cbor_bytes_content(payload: &[u8]) -> Option<&[u8]> {
     let mut reader = Reader::new(payload);
@@ -221,10 +214,12 @@ pub fn end_ok_meta() -> Meta {
     Meta::from_cbor(Bytes::from(out)).expect("a map with text keys is a valid meta")
 }
 
-/// A CHUNK payload as capdag's engines and hosts write one (docs/spec/capdag-v6.md §8):
-/// `bytes` as one CBOR byte string.
+/// A CHUNK payload as capdag's engines and hosts write one (docs/spec/capdag-v6.md §8), and as
+/// the connect-time identity nonce travels: `bytes` as one CBOR byte string.
 pub fn payload_item(bytes: &[u8]) -> Bytes {
-    cbor_bytes(bytes)
+    let mut out = Vec::with_capacity(bytes.len() + 9);
+    cbor::write_bytes(&mut out, bytes);
+    Bytes::from(out)
 }
 
 /// The bytes a CHUNK payload carries when it is one CBOR byte or text string, as capdag's

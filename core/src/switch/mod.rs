@@ -15,8 +15,8 @@
 //!   place with a new generation, and frames or closes of an older generation are ignored.
 //! - **The handshake** per connection, as seed 001 and capdag 1.524.58 make it
 //!   (docs/spec/capdag-v6.md §11): the master speaks first with a RELAY_NOTIFY (its manifest and
-//!   limits; the minimum of each is used, a zero refused, and a master's credit window may not
-//!   be below the switch's, so that every side of every request uses the same window); the
+//!   limits; the minimum of each is used, a zero refused, and a master's credit window must be
+//!   the switch's, so that every side of every request uses the same window); the
 //!   switch answers with its POLICY before anything else; then, when the manifest names caps,
 //!   the identity check (a REQ for `cap:effect=none` with 32 random bytes from the shell, to
 //!   be echoed), all within [`SWITCH_HANDSHAKE_TIMEOUT_MS`]. A master with no caps joins
@@ -351,6 +351,20 @@ struct Check {
     started: bool,
     stream_ended: bool,
     deadline: Time,
+}
+
+impl Check {
+    fn new(rid: MessageId, nonce: Vec<u8>, decode: bool, deadline: Time) -> Self {
+        Self {
+            rid,
+            nonce,
+            decode,
+            echo: Vec::new(),
+            started: false,
+            stream_ended: false,
+            deadline,
+        }
+    }
 }
 
 /// Where a master's connection is in its lifecycle.

@@ -314,19 +314,14 @@ impl RequestSide {
     }
 }
 
-/// A CREDIT's `meta`: `credit_dir`, `response` from a requester and `request` from a handler.
+/// A CREDIT's `meta`: `credit_dir`, `response` from a requester and `request` from a handler
+/// (static CBOR: no allocation per grant).
 fn credit_dir_meta(role: Role) -> crate::wire::bifaci::Meta {
-    let mut out = Vec::new();
-    crate::wire::cbor::write_map(&mut out, 1);
-    crate::wire::cbor::write_text(&mut out, "credit_dir");
-    crate::wire::cbor::write_text(
-        &mut out,
-        match role {
-            Role::Requester => "response",
-            Role::Handler => "request",
-        },
-    );
-    crate::wire::bifaci::Meta::from_cbor(bytes::Bytes::from(out))
+    let cbor: &'static [u8] = match role {
+        Role::Requester => b"\xa1\x6acredit_dir\x68response",
+        Role::Handler => b"\xa1\x6acredit_dir\x67request",
+    };
+    crate::wire::bifaci::Meta::from_cbor(bytes::Bytes::from_static(cbor))
         .expect("a map with text keys is a valid meta")
 }
 

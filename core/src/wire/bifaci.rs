@@ -37,6 +37,11 @@ use crate::limits::{BIFACI_FRAME_BYTES_CEILING, BIFACI_FRAME_BYTES_DEFAULT};
 /// bifaci frame, and never sent on a byte stream that needs no announcing (a Unix socket, TCP).
 pub const QUIC_STREAM_OPENER: &[u8; 8] = b"bifaci6\n";
 
+/// Whether the first bytes of a stream on the switch ALPN announce a switch stream.
+pub fn announces_switch_stream(first: &[u8]) -> bool {
+    first == QUIC_STREAM_OPENER
+}
+
 /// The only protocol version tether speaks: capdag 1.524.58's (docs/spec/capdag-v6.md §3).
 pub const PROTOCOL_VERSION: u64 = 6;
 

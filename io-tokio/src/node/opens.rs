@@ -2,6 +2,7 @@
 //! orders), and serving the bidirectional streams of switch and substrate connections.
 
 use super::*;
+use tether_core::wire::bifaci::{announces_switch_stream, QUIC_STREAM_OPENER};
 use tokio::time::timeout;
 
 /// A dial an [`Open::Dial`] ordered under `ticket`: unless it connected, its end is reported
@@ -297,22 +298,21 @@ impl Inner {
     ) {
         match (channel, &self.switch_queue, &self.substrate_queue) {
             (Channel::Switch, Some(queue), _) => {
-                // The opener announces the stream with fixed bytes, read within the open
-                // deadline; anything else (or nothing in time) is not a switch stream.
+                // The opener's first bytes announce a switch stream; they are read within the
+                // machine's open deadline, and whatever is not the announcement (or nothing in
+                // time) is stopped below like any stream nobody takes.
                 let deadline = self.gate.lock().driver.stream_open_timeout();
-                let opener = tether_core::wire::bifaci::QUIC_STREAM_OPENER;
-                let mut first = [0u8; 8];
-                let announced = timeout(deadline, recv.read_exact(&mut first)).await;
-                if !matches!(announced, Ok(Ok(()))) || &first != opener {
-                    debug!("a switch stream without its opener: stopped");
-                    let _ = recv.stop(0u32.into());
-                    return;
-                }
-                let stream = QuicStream::new(conn.clone(), send, recv);
-                match queue.send((hex(&peer), stream)).await {
-                    Ok(()) => return,
-                    // The host stopped taking switch streams.
-                    Err(refused) => recv = (refused.0).1.into_recv(),
+                let mut first = [0u8; QUIC_STREAM_OPENER.len()];
+                let read = timeout(deadline, recv.read_exact(&mut first)).await;
+                if matches!(read, Ok(Ok(()))) && announces_switch_stream(&first) {
+                    let stream = QuicStream::new(conn.clone(), send, recv);
+                    match queue.send((hex(&peer), stream)).await {
+                        Ok(()) => return,
+                        // The host stopped taking switch streams.
+                        Err(refused) => recv = (refused.0).1.into_recv(),
+                    }
+                } else {
+                    debug!("a switch stream without its announcement");
                 }
             }
             (Channel::Substrate, _, Some(queue)) => {
