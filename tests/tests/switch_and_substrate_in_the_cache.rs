@@ -409,3 +409,41 @@ async fn a_master_cut_for_silence_takes_its_connection_with_it() {
     engine.close().await;
     host.close().await;
 }
+
+/// From the attacker's side: a stream on the switch ALPN that does not start with the switch
+/// stream's announcement (other bytes, or too few of them before the open deadline) never
+/// reaches the host; it is stopped the way the machine stops any stream nobody takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_stream_without_its_announcement_never_reaches_the_host() {
+    let host = Node::builder()
+        .switch_host()
+        .dial_timeout(Duration::from_millis(300))
+        .bind()
+        .await
+        .expect("bind host");
+    let mut accepted = host.switch_connections().expect("switch host");
+    let raw = support::loopback_endpoint().await;
+    let conn = raw
+        .connect(host.endpoint_addr(), SWITCH_ALPN)
+        .await
+        .expect("connect");
+    let (mut wrong, _wrong_recv) = conn.open_bi().await.expect("open");
+    wrong.write_all(b"garbage!").await.expect("write");
+    assert_eq!(
+        wrong.stopped().await.expect("stopped"),
+        Some(VarInt::from_u32(STOP_UNREAD))
+    );
+    // Three bytes of it, then nothing: stopped once the open deadline passes.
+    let (mut short, _short_recv) = conn.open_bi().await.expect("open");
+    short
+        .write_all(&tether_core::wire::bifaci::QUIC_STREAM_OPENER[..3])
+        .await
+        .expect("write");
+    assert_eq!(
+        short.stopped().await.expect("stopped"),
+        Some(VarInt::from_u32(STOP_UNREAD))
+    );
+    assert!(accepted.try_recv().is_err(), "nothing reached the host");
+    raw.close().await;
+    host.close().await;
+}
