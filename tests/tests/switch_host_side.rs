@@ -188,15 +188,15 @@ async fn a_repeated_req_key_is_refused_and_the_connection_cut() {
     }
 }
 
-/// A switch that never says HELLO, or says it and then goes silent, holds the host only until
+/// A switch that never sends its POLICY, or sends it and then goes silent, holds the host only until
 /// the machine's deadline (virtual time: no test waits for it).
 #[tokio::test(start_paused = true)]
-async fn a_switch_that_never_says_hello_or_goes_silent_is_given_up() {
+async fn a_switch_that_never_sends_its_policy_or_goes_silent_is_given_up() {
     let (_quiet, h1) = socket_pair();
     let started = tokio::time::Instant::now();
     match Host::new("waits").serve(h1).await {
         Err(HostServeError::Protocol(ProtocolFault::Broken(why))) => {
-            assert!(why.to_string().contains("HELLO"), "{why}");
+            assert!(why.to_string().contains("POLICY"), "{why}");
         }
         other => panic!("{other:?}"),
     }
@@ -205,8 +205,13 @@ async fn a_switch_that_never_says_hello_or_goes_silent_is_given_up() {
         u128::from(tether_core::limits::SWITCH_HANDSHAKE_TIMEOUT_MS)
     );
 
+    // A switch that heartbeats is held to silence (one that never does, as capdag's, is not).
     let (mut silent, h2) = socket_pair();
-    silent.write_all(&encoded(&[hello()])).await.expect("write");
+    let beat = Frame::new(FrameType::Heartbeat, MessageId::Uint(1));
+    silent
+        .write_all(&encoded(&[hello(), beat]))
+        .await
+        .expect("write");
     let started = tokio::time::Instant::now();
     match Host::new("waits").serve(h2).await {
         Err(HostServeError::Protocol(ProtocolFault::Broken(why))) => {
