@@ -214,3 +214,29 @@ fn ranking() {
         );
     }
 }
+
+#[derive(Deserialize)]
+struct FormsCase {
+    candidate: String,
+    request: String,
+    capdag: bool,
+    tether_differs: bool,
+}
+
+/// capdag 1.524.58's own matcher over the optional and negated tag forms (144 pairs,
+/// `tests/capdag/dispatch_forms.py`): tether, keeping the seed's truth table, agrees with it
+/// everywhere but the pairs marked `tether_differs`, each explained in docs/spec/switch.md §4.6.
+#[test]
+fn capdag_dispatch_forms() {
+    let mut differ = Vec::new();
+    for case in cases::<FormsCase>(include_str!("data/cap/capdag_dispatch_forms.json")) {
+        let tether = is_dispatchable(&cap(&case.candidate), &cap(&case.request));
+        if (tether != case.capdag) != case.tether_differs {
+            differ.push(format!(
+                "candidate {} request {}: tether {tether}, capdag {}",
+                case.candidate, case.request, case.capdag
+            ));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}

@@ -86,7 +86,11 @@ UPPER_URN = _urn("uppercase")
 COUNT_URN = _urn("count")
 SHOUT_URN = _urn("shout")
 SLEEP_URN = _urn("sleep")
-ALL_URNS = [UPPER_URN, COUNT_URN, SHOUT_URN, SLEEP_URN]
+# Uppercase again, under a cap whose `x=*` tag capdag's matcher does not take as serving a
+# request for one value of x (`x=v`), while the seed's truth table, which tether keeps, does:
+# a request tether routes here is declined by this host (docs/spec/switch.md §4.6).
+TAGGED_URN = CapUrn.from_string(f'cap:in="{MEDIA_TEXT}";op=tagged;out="{MEDIA_TEXT}";x=*').to_string()
+ALL_URNS = [UPPER_URN, COUNT_URN, SHOUT_URN, SLEEP_URN, TAGGED_URN]
 
 MAX_COUNT = 1_000_000
 SLEEP_MAX_S = 30.0
@@ -274,6 +278,7 @@ def build_host(conn: Connection) -> iph.InProcessCartridgeHost:
             ("count", [text_cap(COUNT_URN, "Count", "tether-count", "N lines, one chunk each")], Count(conn)),
             ("shout", [text_cap(SHOUT_URN, "Shout", "tether-shout", "The text, uppercased by a peer call, then !")], Shout(conn)),
             ("sleep", [text_cap(SLEEP_URN, "Sleep", "tether-sleep", "started, then done")], Sleep(conn)),
+            ("tagged", [text_cap(TAGGED_URN, "Tagged", "tether-tagged", "The text, uppercased")], Uppercase(conn)),
         ],
     )
 

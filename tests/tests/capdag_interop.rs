@@ -30,6 +30,8 @@ const UPPER: &str = r#"cap:in="media:enc=utf-8;text";op=uppercase;out="media:enc
 const COUNT: &str = r#"cap:in="media:enc=utf-8;text";op=count;out="media:enc=utf-8;text""#;
 const SHOUT: &str = r#"cap:in="media:enc=utf-8;text";op=shout;out="media:enc=utf-8;text""#;
 const SLEEP: &str = r#"cap:in="media:enc=utf-8;text";op=sleep;out="media:enc=utf-8;text""#;
+const TAGGED_REQUEST: &str =
+    r#"cap:in="media:enc=utf-8;text";op=tagged;out="media:enc=utf-8;text";x=v"#;
 
 /// The interpreter capdag is installed in, if any.
 fn capdag_python() -> Option<PathBuf> {
@@ -205,6 +207,15 @@ async fn capdag_masters_attach_to_tethers_switch_and_serve_streams_peer_calls_ca
     // A peer call: capdag's shout handler calls uppercase through tether's switch.
     let shout = call(&switch, SHOUT, "hey").await.expect("answered");
     assert_eq!(text_of(&shout), "HEY!");
+
+    // Where the matchers differ (docs/spec/switch.md §4.6): tether routes a request for `x=v`
+    // to the master's `x=*` cap, capdag's host declines it, and its ERR ends the request.
+    assert_eq!(
+        call(&switch, TAGGED_REQUEST, "x").await,
+        Err("NO_HANDLER".to_owned())
+    );
+    let stats = switch.protocol_stats().await.expect("running");
+    assert_eq!(stats.requests.len(), 0, "nothing left: {stats:?}");
 
     // CANCEL: the request ends at once for the engine and at the master.
     let mut slow = switch.request(SLEEP).await.expect("routed");
