@@ -391,3 +391,84 @@ async fn tethers_host_serves_capdags_switch() {
         .expect("the task ran");
     assert!(served.is_ok(), "{served:?}");
 }
+
+const LOWER: &str = r#"cap:in="media:enc=utf-8;text";op=lowercase;out="media:enc=utf-8;text""#;
+
+/// A tether host answering `cap` with its input's text transformed by `f`.
+fn text_host(name: &str, cap: &str, f: fn(&str) -> String) -> Host {
+    Host::new(name).handler(cap, move |mut request| async move {
+        let text = f(&text_of(&inputs(&mut request).await));
+        let _ = request
+            .respond("result", MEDIA, [payload_item(text.as_bytes())])
+            .await;
+        let _ = request.end().await;
+    })
+}
+
+/// One tether switch with three kinds of master side by side: a capdag master over a Unix
+/// socket, a tether host over a Unix socket, and a tether host over iroh (127.0.0.1). Each
+/// request reaches the master that serves its cap, a capdag handler's peer call is routed
+/// through the same switch, and the capdag master's death leaves the tether hosts serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_switch_routes_to_capdag_masters_and_tether_hosts_over_unix_and_iroh() {
+    let Some(python) = skip_without_capdag() else {
+        return;
+    };
+    let scratch = Scratch::new("mixed");
+    let path = scratch.0.join("capdag.sock");
+    let mut capdag = Master::start(&python, &path);
+    let switch = Switch::builder().start();
+    switch
+        .connect_unix("capdag", &path)
+        .await
+        .expect("capdag's master attaches");
+
+    let (near, far) = tether_tests::socket_pair();
+    tokio::spawn(text_host("unix-host", ECHO, str::to_owned).serve(far));
+    switch
+        .add_master("tether-unix", near)
+        .await
+        .expect("tether's host over a Unix socket attaches");
+
+    let hosting = tether::node::Node::builder()
+        .switch_host()
+        .bind()
+        .await
+        .expect("bind the hosting node");
+    let mut streams = hosting.switch_connections().expect("a switch host");
+    tokio::spawn(async move {
+        while let Some((_, stream)) = streams.recv().await {
+            tokio::spawn(text_host("iroh-host", LOWER, str::to_lowercase).serve(stream));
+        }
+    });
+    let engine = tether::node::Node::builder()
+        .bind()
+        .await
+        .expect("bind the engine's node");
+    switch
+        .connect_iroh("tether-iroh", &engine, hosting.endpoint_addr())
+        .await
+        .expect("tether's host over iroh attaches");
+
+    let answer = |cap: &'static str, input: &'static str| {
+        let switch = &switch;
+        async move { text_of(&call(switch, cap, input).await.expect("answered")) }
+    };
+    assert_eq!(answer(UPPER, "Mixed").await, "MIXED");
+    assert_eq!(answer(ECHO, "Mixed").await, "Mixed");
+    assert_eq!(answer(LOWER, "Mixed").await, "mixed");
+    assert_eq!(answer(SHOUT, "Mixed").await, "MIXED!");
+
+    capdag.kill();
+    // The capdag master's death is seen before its caps go: wait on its reported state.
+    while switch.protocol_stats().await.expect("running").masters[0].attached {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(answer(ECHO, "still").await, "still");
+    assert_eq!(answer(LOWER, "STILL").await, "still");
+    let stats = switch.protocol_stats().await.expect("running");
+    assert_eq!(stats.requests.len(), 0, "nothing left: {stats:?}");
+    switch.close().await;
+    engine.close().await;
+    hosting.close().await;
+}
