@@ -11,6 +11,13 @@
 //! - `tether cap rank <request> <cap>...`: `{"ranked": [...]}`, the dispatchable caps best
 //!   first, in canonical form.
 //!
+//! - `tether switch --master unix:PATH [--master unix:PATH]... call CAP [--input TEXT]`: attach
+//!   bifaci version 6 masters (capdag's included) and make one request; the answer's text on
+//!   stdout and exit 0, or the ERR's code and message and exit 1 (2: a master could not be
+//!   attached, in a sentence).
+//! - `tether host --listen unix:PATH [--echo CAP]... [--upper CAP]...`: serve two built-in
+//!   handlers to every switch (capdag's included) that connects, until killed.
+//!
 //! A cap that does not parse prints `{"error": "<kind>", "offset": N}` (the byte offset in
 //! that cap) and exits 1.
 
@@ -20,6 +27,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bifaci;
 mod demo;
 mod node;
 pub mod procs;
@@ -130,6 +138,44 @@ enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// A request switch over Unix sockets: attach masters (capdag's or tether's), then act.
+    Switch {
+        /// A master listening on a Unix socket, as `unix:PATH`; repeat for more.
+        #[arg(long = "master", required = true)]
+        masters: Vec<String>,
+        /// The network policy every master is told: offline, no_telemetry or full.
+        #[arg(long, default_value = "full")]
+        policy: tether::switch::NetworkPolicy,
+        /// Seconds each attach, and the answer, may take.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+        #[command(subcommand)]
+        command: SwitchCommand,
+    },
+    /// A switch host on a Unix socket serving built-in handlers to every switch that connects.
+    Host {
+        /// Where to listen, as `unix:PATH`.
+        #[arg(long)]
+        listen: String,
+        /// Answer this cap with its input unchanged; repeat for more.
+        #[arg(long)]
+        echo: Vec<String>,
+        /// Answer this cap with its input uppercased; repeat for more.
+        #[arg(long)]
+        upper: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SwitchCommand {
+    /// Make one request and print its answer.
+    Call {
+        /// The cap asked for.
+        cap: String,
+        /// The request's input, as text (one chunk); none when absent.
+        #[arg(long)]
+        input: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -222,7 +268,60 @@ pub fn main() -> ExitCode {
         Command::Inspect { format, file } => run_inspect(format, file),
         Command::Cap { command } => run_cap(command),
         Command::Store { command } => run_store(command),
+        Command::Switch {
+            masters,
+            policy,
+            timeout,
+            command: SwitchCommand::Call { cap, input },
+        } => run_switch_call(masters, policy, timeout, cap, input),
+        Command::Host {
+            listen,
+            echo,
+            upper,
+        } => run_host(listen, echo, upper),
     }
+}
+
+fn run_switch_call(
+    masters: Vec<String>,
+    policy: tether::switch::NetworkPolicy,
+    timeout: u64,
+    cap: String,
+    input: Option<String>,
+) -> ExitCode {
+    let deadline = std::time::Duration::from_secs(timeout);
+    run_async(
+        "switch",
+        async move { bifaci::call(&masters, policy, &cap, input.as_deref(), deadline).await },
+        |answer| match answer {
+            bifaci::Answer::Body(body) => {
+                let mut out = io::stdout().lock();
+                let _ = out.write_all(&body).and_then(|()| out.write_all(b"\n"));
+                ExitCode::SUCCESS
+            }
+            bifaci::Answer::Failed { code, message } => {
+                eprintln!("tether switch: the request failed: {code}: {message}");
+                ExitCode::FAILURE
+            }
+        },
+        ExitCode::from(2),
+    )
+}
+
+fn run_host(listen: String, echo: Vec<String>, upper: Vec<String>) -> ExitCode {
+    if echo.is_empty() && upper.is_empty() {
+        eprintln!("tether host: nothing to serve: give at least one --echo CAP or --upper CAP");
+        return ExitCode::from(2);
+    }
+    let served = async move {
+        let path = bifaci::unix_path(&listen)?;
+        bifaci::host(&path, &echo, &upper, || {
+            println!("listening on {listen}");
+            let _ = io::stdout().flush();
+        })
+        .await
+    };
+    run_async("host", served, |()| ExitCode::SUCCESS, ExitCode::FAILURE)
 }
 
 fn run_store(command: StoreCommand) -> ExitCode {

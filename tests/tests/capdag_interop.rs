@@ -472,3 +472,112 @@ async fn a_mixed_switch_routes_to_capdag_masters_and_tether_hosts_over_unix_and_
     engine.close().await;
     hosting.close().await;
 }
+
+/// The `tether` program under test.
+fn tether() -> tokio::process::Command {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_tether-under-test"))
+}
+
+/// `tether switch ... call`: its exit code, stdout and stderr.
+async fn tether_call(master: &Path, cap: &str, input: &str) -> (i32, String, String) {
+    let mut endpoint = std::ffi::OsString::from("unix:");
+    endpoint.push(master);
+    let output = tether()
+        .args(["switch", "--timeout", "20", "--master"])
+        .arg(endpoint)
+        .args(["call", cap, "--input", input])
+        .output()
+        .await
+        .expect("tether runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The command line pointed at capdag: `tether switch ... call` against a capdag master (an
+/// answer, a declined request, nothing listening, something that is no master), and
+/// `tether host` serving capdag's switch and tether's own `switch call`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_talks_to_capdag_both_ways() {
+    let Some(python) = skip_without_capdag() else {
+        return;
+    };
+    let scratch = Scratch::new("cli");
+    let master_path = scratch.0.join("master.sock");
+    let _master = Master::start(&python, &master_path);
+    assert_eq!(
+        tether_call(&master_path, UPPER, "hello").await,
+        (0, "HELLO\n".to_owned(), String::new())
+    );
+    let (code, _, stderr) = tether_call(&master_path, TAGGED_REQUEST, "x").await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("NO_HANDLER"), "{stderr}");
+    let (code, _, stderr) = tether_call(&scratch.0.join("nothing.sock"), UPPER, "x").await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("could not reach a master"), "{stderr}");
+    // Something that answers with bytes that are no bifaci frames.
+    let junk_path = scratch.0.join("junk.sock");
+    let junk = tokio::net::UnixListener::bind(&junk_path).expect("bind");
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut stream, _)) = junk.accept().await {
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        }
+    });
+    let (code, _, stderr) = tether_call(&junk_path, UPPER, "x").await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("did not attach"), "{stderr}");
+
+    // `tether host`, for capdag's switch and for `tether switch`.
+    let host_path = scratch.0.join("host.sock");
+    let mut endpoint = std::ffi::OsString::from("unix:");
+    endpoint.push(&host_path);
+    let mut host = tether()
+        .arg("host")
+        .arg("--listen")
+        .arg(&endpoint)
+        .args(["--echo", ECHO, "--upper", UPPER])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("tether host starts");
+    let mut ready = String::new();
+    {
+        use tokio::io::AsyncBufReadExt;
+        let stdout = host.stdout.take().expect("piped");
+        tokio::io::BufReader::new(stdout)
+            .read_line(&mut ready)
+            .await
+            .expect("its ready line");
+    }
+    assert!(ready.starts_with("listening on unix:"), "{ready}");
+    assert_eq!(
+        tether_call(&host_path, UPPER, "from tether").await,
+        (0, "FROM TETHER\n".to_owned(), String::new())
+    );
+    let steps = serde_json::json!([
+        {"call": ECHO, "input": "from capdag"},
+        {"call": UPPER, "input": "from capdag"},
+    ]);
+    let steps_path = scratch.0.join("cli-steps.json");
+    std::fs::write(&steps_path, steps.to_string()).expect("write the steps");
+    let output = tokio::process::Command::new(&python)
+        .arg(script("switch.py"))
+        .arg("--master")
+        .arg(&endpoint)
+        .arg(&steps_path)
+        .output()
+        .await
+        .expect("switch.py runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let results: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(results[0]["body"], "from capdag", "{}", results[0]);
+    assert_eq!(results[1]["body"], "FROM CAPDAG", "{}", results[1]);
+    let _ = host.kill().await;
+}
