@@ -29,6 +29,10 @@ Caps served, besides ``cap:effect=none`` (exact canonical URNs, as
         sends CHUNK "started", waits (30 s; or the input's number of seconds
         when the input is a number below 30), then CHUNK "done", STREAM_END,
         END. Stops early when the request is cancelled or the connection ends.
+    cap:in="media:enc=utf-8;text";op=tagged;out="media:enc=utf-8;text";x
+        uppercase again, under a cap with a wildcard tag x (written x=*):
+        capdag's matcher does not take it as serving a request for x=v, the
+        seed's truth table (tether's) does (docs/spec/switch.md §4.6).
 
 Usage:
 

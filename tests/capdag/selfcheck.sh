@@ -46,10 +46,11 @@ start_master() {
 }
 
 URNS="$("$PY" "$MASTER" --list-caps)"
-[ "$(echo "$URNS" | wc -l)" -eq 4 ] || fail "--list-caps did not print 4 URNs"
+[ "$(echo "$URNS" | wc -l)" -eq 5 ] || fail "--list-caps did not print 5 URNs"
 UPPER="$(echo "$URNS" | sed -n 1p)"; COUNT="$(echo "$URNS" | sed -n 2p)"
 SHOUT="$(echo "$URNS" | sed -n 3p)"; SLEEP="$(echo "$URNS" | sed -n 4p)"
-export UPPER COUNT SHOUT SLEEP
+TAGGED="$(echo "$URNS" | sed -n 5p)"
+export UPPER COUNT SHOUT SLEEP TAGGED
 echo "caps: $UPPER | $COUNT | $SHOUT | $SLEEP"
 
 # check OUTFILE PYTHON-ASSERTIONS: the assertions see `steps` (list of the
@@ -62,7 +63,7 @@ lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 steps = [l for l in lines if "step" in l]
 done = lines[-1]
 assert done.get("done") is True, "no done line"
-UPPER, COUNT, SHOUT, SLEEP = (os.environ[k] for k in ("UPPER", "COUNT", "SHOUT", "SLEEP"))
+UPPER, COUNT, SHOUT, SLEEP, TAGGED = (os.environ[k] for k in ("UPPER", "COUNT", "SHOUT", "SLEEP", "TAGGED"))
 def lines_of(n): return "".join(f"line {i}\n" for i in range(n))
 try:
 $(echo "$code" | sed 's/^/    /')
@@ -114,7 +115,7 @@ s = steps[9]; assert s["ok"] and s["body"] == "nonce", s
 s = steps[10]; assert s["ok"] and s["body"] == "starteddone" and s["chunks"] == 2, s
 s = steps[11]; assert not s["ok"] and s["err_code"] == "NO_HANDLER" and s["source"] == "send_error", s
 s = steps[12]; assert not s["ok"] and s["err_code"] == "BAD_INPUT" and s["source"] == "frame" and s["attribution_class"] == "internal", s
-assert done["timeouts"] == 0 and done["healthy"] == [True] and done["masters"][0] == ["cap:effect=none", UPPER, COUNT, SHOUT, SLEEP], done
+assert done["timeouts"] == 0 and done["healthy"] == [True] and done["masters"][0] == ["cap:effect=none", UPPER, COUNT, SHOUT, SLEEP, TAGGED], done
 '
 grep -q "sleep: cancelled" "$D/a.err" || fail "the sleep handler never saw its cancel"
 echo "ok 1: every cap, N=100 and N=5000 streamed, peer call, cancel, stop_feeds, policy, heartbeat ($(since "$T") s)"
