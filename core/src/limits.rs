@@ -218,6 +218,13 @@ pub const SWITCH_HOST_REORDER_HELD_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// not by [`SWITCH_REORDER_HELD_BYTES_MAX`] times its live requests.
 pub const SWITCH_PEER_REORDER_HELD_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// Bytes of flow frames the switch holds on behalf of one sender (a master, or the engine)
+/// because it wrote them past a stream's credit window, over all its live requests. capdag's
+/// in-process cartridge host writes its answers without waiting for CREDIT; the switch holds
+/// the excess and lets it go as the receiver grants credit. Past this share the sender is cut
+/// (`credit_violation`), so a peer that never waits costs the switch at most this much.
+pub const SWITCH_PEER_OVERRUN_HELD_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 /// Bytes of LOG frames handed to one request's reader and not read yet; past it a LOG frame is
 /// dropped (counted: logs are diagnostics, and a reader that does not read them, or a peer
 /// that floods them, must not make the host buffer without bound).

@@ -996,6 +996,10 @@ pub struct SwitchNotice {
     pub seq: u64,
 }
 
+/// The code of the ERR a destination's `err` op carries (the runner writes it; the model
+/// reports it where it sees the frame written, as in a `credit` op's `released`).
+pub const SWITCH_HANDLER_ERR_CODE: &str = "HANDLER_FAILED";
+
 /// The observation after one switch op. Every key is present; the ones an op does not set are
 /// `null` (or `[]` for the lists).
 ///
@@ -1009,15 +1013,21 @@ pub struct SwitchNotice {
 ///   back to `from` says.
 /// - `outcome`: frame ops: `"routed"` (live request, forwarded), `"straggler"` (the rid ended
 ///   within the recently-terminated ring: counted, benign), `"no_route"` (never known within
-///   the ring: counted drop), `"cut"` (the sender's connection was cut).
+///   the ring: counted drop), `"cut"` (the sender's connection was cut), `"held"` (a CHUNK
+///   past its stream's window, or a frame behind one: kept until the receiver's credit lets
+///   it go, see `released`).
 /// - `cut`: the violation a master was cut for by this op: `"foreign_request"` (a frame for a
-///   live request it is no side of), `"credit_violation"` (a CHUNK past the stream's window).
+///   live request it is no side of). (`"credit_violation"`, a sender holding more past its
+///   windows than its byte share, needs megabytes of held chunks: no case reaches it.)
 /// - `ok`: `cancel`: the rid was live and is cancelled; `stop_feeds`: the rid was live and its
 ///   feeds were stopped; `reattach`: the attach was accepted.
 /// - `force_kill`: `cancel`: whether the CANCEL frames it wrote ask for a kill (`null` when it
 ///   wrote none).
 /// - `ended`: the rids this op terminated, ascending.
 /// - `notices`: the frames the switch wrote on its own account, sorted by (rid, to, frame).
+/// - `released`: `credit`: the frames the grant let go that their sender had written past its
+///   window (and held behind them), in the order written, each with the seq of its outgoing
+///   flow (absent from cases written before the rule: read as `[]`).
 /// - `live`: the live rids after the op, ascending.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1038,6 +1048,8 @@ pub struct SwitchStep {
     pub force_kill: Option<bool>,
     pub ended: Vec<u64>,
     pub notices: Vec<SwitchNotice>,
+    #[serde(default)]
+    pub released: Vec<SwitchNotice>,
     pub live: Vec<u64>,
 }
 

@@ -55,7 +55,7 @@ pub fn run_case(case: &SwitchCase) -> Result<SwitchCase, String> {
 
 /// The code the adapter's masters put in the ERR they answer with (so a forwarded ERR is told
 /// from one the switch wrote).
-const HANDLER_ERR_CODE: &str = "HANDLER_FAILED";
+const HANDLER_ERR_CODE: &str = crate::script::SWITCH_HANDLER_ERR_CODE;
 
 /// The reason core's cut counters give a connection the master closed itself.
 const CLOSED_BY_MASTER: &str = "closed";
@@ -99,6 +99,8 @@ struct Totals {
     stragglers: u64,
     no_route: u64,
     cuts: BTreeMap<String, u64>,
+    /// Frames held past their window.
+    held: u64,
 }
 
 impl CoreSwitch {
@@ -168,11 +170,25 @@ impl CoreSwitch {
             force_kill: None,
             ended: Vec::new(),
             notices: Vec::new(),
+            released: Vec::new(),
             live: Vec::new(),
         };
         let mut written = self.written();
         if let Some(sought) = &played.sought {
             self.take_primary(sought, &mut written, &mut seen);
+        }
+        if let SwitchOp::Credit { from, rid, .. } = op {
+            // Flow frames of the credited request towards the granting side: what it let go.
+            let mut kept = Vec::new();
+            for (to, frame) in written {
+                let flow = tether_core::request::is_flow(frame.frame_type);
+                if flow && &to == from && uint(&frame.id) == Some(*rid) {
+                    seen.released.extend(notice(&(to, frame)));
+                } else {
+                    kept.push((to, frame));
+                }
+            }
+            written = kept;
         }
         seen.notices = written.iter().filter_map(notice).collect();
         seen.notices.sort();
@@ -401,6 +417,7 @@ impl CoreSwitch {
         Totals {
             stragglers: table.stragglers.values().sum(),
             no_route: table.no_route.values().sum(),
+            held: self.harness.switch.counters().overrun_held,
             cuts: self
                 .harness
                 .switch
@@ -605,6 +622,8 @@ fn outcome(
         "straggler"
     } else if after.no_route > before.no_route {
         "no_route"
+    } else if after.held > before.held {
+        "held"
     } else if seen.to.is_some() {
         "routed"
     } else {
@@ -714,6 +733,7 @@ pub fn in_domain(ring: u64, masters: &[SwitchMaster], ops: &[SwitchOp]) -> Optio
 /// A case of `ops` on the world, every observation left for an engine to fill in.
 pub fn case_inputs(ring: u64, masters: &[SwitchMaster], ops: Vec<SwitchOp>) -> SwitchCase {
     let blank = SwitchStep {
+        released: Vec::new(),
         to: None,
         seq: None,
         error: None,
@@ -1014,6 +1034,9 @@ impl Laws {
         if core.live_requests() != live.len() {
             return Err("core's request count and its stats disagree".into());
         }
+        if !core.harness.switch.held_bytes_balance() {
+            return Err("the bytes held per sender are not what the live requests hold".into());
+        }
         let routed = matches!(op, SwitchOp::Request { .. } | SwitchOp::PeerRequest { .. })
             && step.to.is_some();
         self.registered += u64::from(routed);
@@ -1029,7 +1052,8 @@ impl Laws {
                 live.len()
             ));
         }
-        // Straggler iff the rid ended within the ring.
+        // Straggler iff the rid ended within the ring, or the destination wrote the frame
+        // after its own END or ERR, which is held for credit (rule 7; the rid is still live).
         let within: Vec<u64> = self.endings.iter().rev().take(self.ring).copied().collect();
         let frame_rid = match op {
             SwitchOp::Respond { rid, .. }
@@ -1039,7 +1063,10 @@ impl Laws {
         };
         if let (Some(rid), Some(outcome)) = (frame_rid, step.outcome.as_deref()) {
             let unrouted = matches!(outcome, "straggler" | "no_route");
-            if unrouted && (outcome == "straggler") != within.contains(&rid) {
+            let after_held_terminal = matches!(op, SwitchOp::Respond { .. }) && live.contains(&rid);
+            if unrouted
+                && (outcome == "straggler") != (within.contains(&rid) || after_held_terminal)
+            {
                 return Err(format!(
                     "{rid} is a {outcome} but its ending was {within:?}"
                 ));

@@ -50,9 +50,18 @@
 //!    most 32), and a master offering another is cut at its handshake (counted in `cuts`, never
 //!    attached; a reattach of it is accepted and cut again): a master's RELAY_NOTIFY tells the
 //!    switch its window and nothing tells the master the switch's (capdag's handshake, seed 001). Each stream of each leg has that window,
-//!    opened at its STREAM_START. A CHUNK takes one; a CHUNK with none left
-//!    cuts its sender (`credit_violation`) and is not forwarded. A CREDIT from the receiving
-//!    side of a stream adds its grant and is forwarded to the sending side (end to end).
+//!    opened at its STREAM_START. A CHUNK takes one when it is written. A master's
+//!    CHUNK with none left is *held* (outcome `held`, not written), and so is every frame of
+//!    that leg after it while anything is held: the switch keeps them in order. A CREDIT from
+//!    the receiving side of a stream adds its grant, is forwarded to the sending side (end to
+//!    end), and then lets the held frames of the credited leg go, oldest first, until the
+//!    first CHUNK whose stream has no window left (`released`, each numbered on its flow as
+//!    forwarded frames are); a released END or ERR of the response leg ends the request as
+//!    its arrival would have, and a flow frame the destination writes after its held END or
+//!    ERR is a straggler (rule 5: counted by type, dropped), as it would be had that terminal
+//!    gone through. Held frames go with their request when it ends otherwise.
+//!    (What one sender may hold is bounded in bytes, megabytes; past it the sender is cut
+//!    with `credit_violation`. Cases carry one-byte chunks and never reach it.)
 //! 8. **Cancel** (docs/spec/switch.md §8). Cancelling a live rid ends it and every live
 //!    descendant (children are peer requests registered with the request as parent; the link
 //!    is to that registration, so a child whose parent already ended is reached by nothing) as
@@ -77,7 +86,7 @@
 //!   request from an unhealthy one;
 //! - a side sending in the other side's role (`respond` from the origin, `continue` from the
 //!   destination), the engine sending for a request it did not originate, the engine sending a
-//!   CHUNK past its window, an origin's `err`;
+//!   CHUNK past its window (or any frame while it has one held), an origin's `err`;
 //! - stream frames out of stream order on a live request (STREAM_START of a stream already
 //!   started on that leg, CHUNK or STREAM_END of a stream not open, END while a stream of the
 //!   leg is open, anything on the request leg after the origin's END): core checks emission
@@ -98,7 +107,7 @@ use tether_core::cap::{self, CapUrn};
 
 use crate::script::{
     SwitchCancelCode, SwitchCounters, SwitchFrame, SwitchIdentity, SwitchMaster, SwitchNotice,
-    SwitchOp, SwitchStep, SwitchTerminated,
+    SwitchOp, SwitchStep, SwitchTerminated, SWITCH_HANDLER_ERR_CODE,
 };
 
 /// The switch's own initial credit offer (docs/spec/switch.md §2.4: 32 chunks).
@@ -153,6 +162,9 @@ struct LegState {
     ended: bool,
     /// The seq of the next flow frame the switch writes on this leg.
     next_seq: u64,
+    /// Frames the sender wrote past a stream's window, and every frame after the first of
+    /// them, in order (rule 7).
+    held: Vec<(SwitchFrame, Option<String>)>,
 }
 
 /// A live request.
@@ -274,6 +286,7 @@ fn step() -> SwitchStep {
         force_kill: None,
         ended: Vec::new(),
         notices: Vec::new(),
+        released: Vec::new(),
         live: Vec::new(),
     }
 }
@@ -681,6 +694,21 @@ impl SwitchModel {
         let window = self.window(at);
         let receiver = self.name(receiver);
         let state = self.live[at].leg(leg);
+        let terminal_held = state
+            .held
+            .last()
+            .is_some_and(|(held, _)| matches!(held, SwitchFrame::End | SwitchFrame::Err));
+        if leg == Leg::Response && terminal_held {
+            // Rule 7: what the destination wrote after its held END or ERR is the straggler it
+            // would be had that terminal gone through (rule 5).
+            *self
+                .counters
+                .stragglers
+                .entry(frame.wire_name().to_owned())
+                .or_default() += 1;
+            seen.outcome = Some("straggler".into());
+            return Ok(seen);
+        }
         if state.ended {
             return Err(out_of_domain(format!(
                 "a frame after the origin's END on {rid}"
@@ -688,7 +716,6 @@ impl SwitchModel {
         }
         let position = stream.and_then(|name| state.streams.iter().position(|s| s.name == name));
         let open = position.is_some_and(|p| state.streams[p].open);
-        let mut terminal = None;
         match frame {
             SwitchFrame::StreamStart if position.is_some() => {
                 return Err(out_of_domain("a stream started twice on one leg"))
@@ -701,40 +728,103 @@ impl SwitchModel {
             SwitchFrame::Chunk | SwitchFrame::StreamEnd if !open => {
                 return Err(out_of_domain("a stream frame on a stream that is not open"))
             }
-            SwitchFrame::Chunk => {
-                let remaining = &mut state.streams[position.expect("open")].remaining;
-                if *remaining == 0 {
-                    let Party::Master(m) = sender else {
-                        return Err(out_of_domain("the engine past its window"));
-                    };
-                    self.cut(m, "credit_violation", &mut seen);
-                    return Ok(seen);
-                }
-                *remaining -= 1;
-            }
+            SwitchFrame::Chunk => {}
             SwitchFrame::StreamEnd => state.streams[position.expect("open")].open = false,
             SwitchFrame::End if state.streams.iter().any(|s| s.open) => {
                 return Err(out_of_domain("END while a stream is open"))
             }
             SwitchFrame::End if leg == Leg::Request => state.ended = true,
-            SwitchFrame::End => terminal = Some(Ending::End),
-            SwitchFrame::Err => terminal = Some(Ending::Err),
-            SwitchFrame::Log => {}
+            SwitchFrame::End | SwitchFrame::Err | SwitchFrame::Log => {}
         }
-        seen.to = Some(receiver);
-        seen.seq = Some(state.next_seq);
-        state.next_seq += 1;
-        seen.outcome = Some("routed".into());
-        if let Some(ending) = terminal {
-            let ended = self.live.remove(at);
-            match ending {
-                Ending::End => self.counters.end += 1,
-                Ending::Err => self.counters.err += 1,
+        let spent =
+            frame == SwitchFrame::Chunk && state.streams[position.expect("open")].remaining == 0;
+        if spent || !state.held.is_empty() {
+            if sender == Party::Engine {
+                return Err(out_of_domain("the engine past its window"));
             }
-            self.enter_ring(vec![ended.rid]);
-            seen.ended.push(ended.rid);
+            state.held.push((frame, stream.map(str::to_owned)));
+            seen.outcome = Some("held".into());
+            return Ok(seen);
         }
+        let (seq, ended) = self.write_flow(at, leg, frame, stream);
+        seen.to = Some(receiver);
+        seen.seq = Some(seq);
+        seen.outcome = Some("routed".into());
+        seen.ended.extend(ended);
         Ok(seen)
+    }
+
+    /// Writes one flow frame of live request `at` on `leg`: a CHUNK takes one of its stream's
+    /// window, the frame gets the leg's next seq, and an END or ERR of the response leg ends
+    /// the request (rule 4). Returns the seq and the rid it ended.
+    fn write_flow(
+        &mut self,
+        at: usize,
+        leg: Leg,
+        frame: SwitchFrame,
+        stream: Option<&str>,
+    ) -> (u64, Option<u64>) {
+        let state = self.live[at].leg(leg);
+        if frame == SwitchFrame::Chunk {
+            let target = state
+                .streams
+                .iter_mut()
+                .find(|s| Some(s.name.as_str()) == stream)
+                .expect("a chunk's stream was opened");
+            target.remaining -= 1;
+        }
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        let ending = match (leg, frame) {
+            (Leg::Response, SwitchFrame::End) => Some(Ending::End),
+            (Leg::Response, SwitchFrame::Err) => Some(Ending::Err),
+            _ => None,
+        };
+        let Some(ending) = ending else {
+            return (seq, None);
+        };
+        let ended = self.live.remove(at);
+        match ending {
+            Ending::End => self.counters.end += 1,
+            Ending::Err => self.counters.err += 1,
+        }
+        self.enter_ring(vec![ended.rid]);
+        (seq, Some(ended.rid))
+    }
+
+    /// Rule 7: lets the held frames of `leg` of live request `at` go, oldest first, while the
+    /// first of them is not a CHUNK whose stream has no window left.
+    fn release(&mut self, at: usize, leg: Leg, to: &str, seen: &mut SwitchStep) {
+        let rid = self.live[at].rid;
+        loop {
+            let state = self.live[at].leg(leg);
+            let Some((frame, stream)) = state.held.first().cloned() else {
+                return;
+            };
+            if frame == SwitchFrame::Chunk {
+                let target = state
+                    .streams
+                    .iter()
+                    .find(|s| Some(&s.name) == stream.as_ref())
+                    .expect("a held chunk's stream was opened");
+                if target.remaining == 0 {
+                    return;
+                }
+            }
+            state.held.remove(0);
+            let (seq, ended) = self.write_flow(at, leg, frame, stream.as_deref());
+            seen.released.push(SwitchNotice {
+                rid,
+                to: to.to_owned(),
+                frame: frame.wire_name().to_owned(),
+                code: (frame == SwitchFrame::Err).then(|| SWITCH_HANDLER_ERR_CODE.to_owned()),
+                seq,
+            });
+            if let Some(rid) = ended {
+                seen.ended.push(rid);
+                return;
+            }
+        }
     }
 
     /// Rule 6 and the domain: which leg a frame from `sender` travels, or that `sender` is no
@@ -803,9 +893,12 @@ impl SwitchModel {
             )));
         };
         target.remaining += n;
-        seen.to = Some(self.name(to));
+        let to_name = self.name(to);
+        let granting = self.name(sender);
+        seen.to = Some(to_name);
         seen.seq = Some(0);
         seen.outcome = Some("routed".into());
+        self.release(at, leg, &granting, &mut seen);
         Ok(seen)
     }
 

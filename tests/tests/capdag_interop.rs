@@ -130,11 +130,26 @@ fn text_of(payloads: &[Bytes]) -> String {
 /// Makes a request with `input` (one CBOR byte string) and reads the answer to its END or
 /// ERR: the CHUNK payloads, or the ERR's code.
 async fn call(switch: &Switch, cap: &str, input: &str) -> Result<Vec<Bytes>, String> {
-    let mut call = switch.request(cap).await.map_err(|e| e.to_string())?;
+    let call = start_call(switch, cap, input).await?;
+    read_answer(call).await
+}
+
+/// Makes a request with `input` (one CBOR byte string) and ends its input.
+async fn start_call(
+    switch: &Switch,
+    cap: &str,
+    input: &str,
+) -> Result<tether::switch::Call, String> {
+    let call = switch.request(cap).await.map_err(|e| e.to_string())?;
     call.send_stream("input", MEDIA, [payload_item(input.as_bytes())])
         .await
         .map_err(|e| e.to_string())?;
     call.finish().await.map_err(|e| e.to_string())?;
+    Ok(call)
+}
+
+/// Reads the answer of `call` to its END or ERR: the CHUNK payloads, or the ERR's code.
+async fn read_answer(mut call: tether::switch::Call) -> Result<Vec<Bytes>, String> {
     let mut payloads = Vec::new();
     while let Some(frame) = call.next().await {
         match frame.frame_type {
@@ -197,12 +212,36 @@ async fn capdag_masters_attach_to_tethers_switch_and_serve_streams_peer_calls_ca
         .expect("answered");
     assert_eq!(text_of(&answer), "HELLO, TETHER");
 
-    // A streamed answer of 30 CHUNKs (within the window of 32: capdag's in-process host sends
-    // without waiting for credit).
+    // A streamed answer of 30 CHUNKs, within the window of 32.
     let lines = call(&switch, COUNT, "30").await.expect("answered");
     assert_eq!(lines.len(), 30);
     let expected: String = (0..30).map(|i| format!("line {i}\n")).collect();
     assert_eq!(text_of(&lines), expected);
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(
+        stats.switch.overrun_held, 0,
+        "within the window nothing waits"
+    );
+
+    // A streamed answer of 2,000 CHUNKs, far past the window: capdag's in-process host writes
+    // all of it without waiting for credit. The switch holds what is past the window (1,968
+    // CHUNKs, STREAM_END, END) until the caller reads, and the caller gets every line in order.
+    let big = start_call(&switch, COUNT, "2000").await.expect("routed");
+    loop {
+        let stats = switch.protocol_stats().await.expect("stats");
+        if stats.switch.overrun_held >= 1_970 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let lines = read_answer(big).await.expect("answered");
+    assert_eq!(lines.len(), 2_000);
+    let expected: String = (0..2_000).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(text_of(&lines), expected);
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(stats.switch.overrun_held, 1_970);
+    assert!(stats.switch.violations.is_empty(), "{:?}", stats.switch);
+    assert!(stats.requests.is_empty(), "nothing left of it");
 
     // A peer call: capdag's shout handler calls uppercase through tether's switch.
     let shout = call(&switch, SHOUT, "hey").await.expect("answered");

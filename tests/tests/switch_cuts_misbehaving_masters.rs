@@ -1,9 +1,12 @@
 //! Bad input from a master over a real socket (garbage, an oversized frame, another protocol
-//! version, CHUNKs past its credit, frames for another master's request): it is cut off with a
-//! typed reason and counted, and nothing it sends touches another master's requests.
+//! version, frames for another master's request, more CHUNKs past its credit than its share):
+//! it is cut off with a typed reason and counted, and nothing it sends touches another master's
+//! requests. CHUNKs past its credit within its share are held, not cut.
 
 use tether::switch::host::Host;
 use tether::switch::{Switch, SwitchError};
+use tether_core::limits::{CREDIT_WINDOW_CHUNKS_DEFAULT, SWITCH_PEER_OVERRUN_HELD_BYTES_MAX};
+use tether_core::request::RequestKey;
 use tether_core::switch::host::{Host as HostMachine, HostConfig, HostEvent};
 use tether_core::switch::side::stream_frames;
 use tether_core::time::Time;
@@ -189,8 +192,33 @@ async fn a_master_speaking_another_protocol_version_is_refused_with_a_reason() {
     switch.close().await;
 }
 
+/// A whole answer to `key` as a master that never waits for credit writes it: STREAM_START,
+/// a CHUNK per payload, STREAM_END and END, numbered 0, 1, 2, … on the answer's flow.
+fn answer_ignoring_credit(key: RequestKey, payloads: Vec<Vec<u8>>) -> Vec<u8> {
+    let mut frames: Vec<Frame> = stream_frames(key.rid, "out", "media:text", payloads).collect();
+    frames.push(Frame::new(FrameType::End, key.rid));
+    let mut out = Vec::new();
+    for (seq, mut frame) in frames.into_iter().enumerate() {
+        frame.seq = seq as u64;
+        frame.routing_id = Some(key.xid);
+        frame.encode(1 << 20, &mut out).expect("encodes");
+    }
+    out
+}
+
+/// Waits until the switch counted `held` frames written past their window.
+async fn until_held(switch: &Switch, held: u64) {
+    loop {
+        let stats = switch.protocol_stats().await.expect("stats");
+        if stats.switch.overrun_held >= held {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_master_writing_past_its_credit_is_cut_and_its_request_ends() {
+async fn a_master_writing_past_its_credit_is_held_to_the_window_then_cut_past_its_share() {
     let switch = Switch::builder().start();
     let (s1, h1) = socket_pair();
     let (s2, h2) = socket_pair();
@@ -214,34 +242,44 @@ async fn a_master_writing_past_its_credit_is_cut_and_its_request_ends() {
         switch.add_master("greedy", s2).await.expect("verified");
         raw.await.expect("handshake done")
     };
+    let window = CREDIT_WINDOW_CHUNKS_DEFAULT as usize;
+    let is_request = |event: &HostEvent| matches!(event, HostEvent::Request { .. });
+
+    // An answer 8 CHUNKs past the window, written at once (as capdag's in-process host
+    // does): the switch holds the excess until the caller reads, and the caller gets all of
+    // it, in order. Nobody is cut.
     let call = switch.request(OTHER).await.expect("routed to greedy");
-    let HostEvent::Request { key, .. } = serve_until(&mut greedy, &mut machine, |event| {
-        matches!(event, HostEvent::Request { .. })
-    })
-    .await
+    let HostEvent::Request { key, .. } = serve_until(&mut greedy, &mut machine, is_request).await
     else {
         unreachable!("waited for a request");
     };
-    // Every CHUNK the window allows, through core's host machine, then one more by hand.
-    let mut frames = stream_frames(key.rid, "out", "media:text", (0..).map(|_| vec![1u8; 16]));
-    loop {
-        let frame = frames.next().expect("endless");
-        if machine.write(key, frame).is_err() {
-            break;
-        }
-    }
-    let mut out = Vec::new();
-    let mut last = None;
-    while let Some(frame) = machine.poll_transmit() {
-        frame.encode(1 << 20, &mut out).expect("encodes");
-        last = Some(frame);
-    }
-    let mut extra = last.expect("chunks were written");
-    assert_eq!(extra.frame_type, FrameType::Chunk);
-    extra.seq += 1;
-    extra.chunk_index = extra.chunk_index.map(|index| index + 1);
-    extra.encode(1 << 20, &mut out).expect("encodes");
-    greedy.write_all(&out).await.expect("write");
+    let payloads: Vec<Vec<u8>> = (0..window + 8).map(|i| vec![i as u8; 16]).collect();
+    greedy
+        .write_all(&answer_ignoring_credit(key, payloads.clone()))
+        .await
+        .expect("write");
+    // 8 CHUNKs, STREAM_END and END wait: the caller has read nothing, so granted nothing.
+    until_held(&switch, 10).await;
+    assert_eq!(call.collect().await.expect("answered"), payloads.concat());
+    let stats = switch.protocol_stats().await.expect("stats");
+    assert_eq!(stats.switch.overrun_held, 10);
+    assert!(stats.switch.violations.is_empty(), "{:?}", stats.switch);
+    assert!(stats.requests.is_empty(), "zero request state left");
+
+    // An answer more than the master's share (8 MiB) past the window, to a caller that does
+    // not read: the master is cut and its request ends.
+    let call = switch.request(OTHER).await.expect("routed to greedy");
+    let HostEvent::Request { key, .. } = serve_until(&mut greedy, &mut machine, is_request).await
+    else {
+        unreachable!("waited for a request");
+    };
+    let chunk = 64 * 1024;
+    let past = SWITCH_PEER_OVERRUN_HELD_BYTES_MAX / chunk + 8;
+    let payloads: Vec<Vec<u8>> = (0..window + past).map(|_| vec![1u8; chunk]).collect();
+    // The write may fail part way: the switch cuts the master as soon as it is past its share.
+    let _ = greedy
+        .write_all(&answer_ignoring_credit(key, payloads))
+        .await;
     let mut rest = Vec::new();
     let _ = greedy.read_to_end(&mut rest).await; // cut: the switch closes it
     assert_eq!(

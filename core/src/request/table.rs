@@ -593,6 +593,17 @@ impl<T> RequestTable<T> {
         }
     }
 
+    /// Counts a frame of a live request that its sender wrote after its own terminal while
+    /// that terminal is still held on its way (the switch holds a master's answer past its
+    /// credit window): the straggler it would be had the terminal gone through at once.
+    pub fn account_straggler(&mut self, frame_type: FrameType) {
+        *self
+            .counters
+            .stragglers
+            .entry(frame_type.name())
+            .or_default() += 1;
+    }
+
     /// Records one frame of a live request in its flow stats and ledger. Returns `false` when
     /// `key` is not live (the caller then accounts the frame with
     /// [`RequestTable::account_unrouted`]).

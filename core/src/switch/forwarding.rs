@@ -285,7 +285,7 @@ impl Switch {
         };
         self.table.observe(key, observed, now);
         if !crate::request::is_flow(frame.frame_type) {
-            return self.forward_control(key, from, frame);
+            return self.forward_control(now, key, from, frame);
         }
         let state = self
             .table
@@ -326,43 +326,119 @@ impl Switch {
         Ok(())
     }
 
-    /// Checks, renumbers and writes one in-order flow frame; `false` once the request ended.
+    /// Checks one in-order flow frame, then writes it, or holds it when it is a CHUNK past its
+    /// stream's window (or queued behind one): `false` once the request ended.
+    ///
+    /// A sender past its window is not cut at once. capdag's in-process cartridge host writes
+    /// its answers without waiting for CREDIT, and capdag's own switch passes them on; tether's
+    /// switch holds the excess in the leg, in order, and lets it go as the receiver grants
+    /// credit, so a receiver never gets more than its window. What one sender has held this way
+    /// over all its requests is bounded in bytes
+    /// ([`crate::limits::SWITCH_PEER_OVERRUN_HELD_BYTES_MAX`]); past it the sender is cut
+    /// (`credit_violation`).
     pub(super) fn emit(
         &mut self,
         now: Time,
         key: RequestKey,
         from: Side,
-        mut frame: Frame,
+        frame: Frame,
     ) -> Result<bool, ProtocolViolation> {
         let Some(state) = self.table.get_mut(key) else {
             return Ok(false);
         };
         let window = state.data.window as i64;
+        let sender = state.data.sender(from);
         let leg = state.data.leg(from);
+        if from == Side::Dest
+            && leg
+                .overrun
+                .back()
+                .is_some_and(|held| crate::request::is_terminal(held.frame_type))
+        {
+            // The destination's END or ERR is held: what it wrote after it is the straggler it
+            // would be had the terminal gone through at once.
+            self.table.account_straggler(frame.frame_type);
+            return Ok(true);
+        }
+        let mut spent = false;
         if frame.frame_type == FrameType::Chunk {
-            let stream = frame.stream_id.clone();
-            if !leg.credit.contains_key(&stream)
-                && leg.credit.len() >= STREAMS_PER_REQUEST_COUNT_MAX
+            let stream = &frame.stream_id;
+            if !leg.credit.contains_key(stream) && leg.credit.len() >= STREAMS_PER_REQUEST_COUNT_MAX
             {
                 return Err(ProtocolViolation::Emission(
                     crate::request::Violation::TooManyStreams,
                 ));
             }
-            let remaining = leg.credit.entry(stream.clone()).or_insert(window);
-            if *remaining <= 0 {
-                return Err(ProtocolViolation::CreditViolation { stream });
-            }
-            *remaining -= 1;
+            spent = *leg.credit.entry(stream.clone()).or_insert(window) <= 0;
         }
         if let Some(emission) = Emission::of_frame(&frame) {
             if let Err((_, violation)) = leg.checker.step(emission) {
                 return Err(ProtocolViolation::Emission(violation.clone()));
             }
         }
+        if spent || !leg.overrun.is_empty() {
+            let stream = frame.stream_id.clone();
+            let bytes = frame.held_bytes();
+            leg.overrun.push_back(frame);
+            leg.overrun_bytes += bytes;
+            let held = self.overrun_by.entry(sender).or_default();
+            *held += bytes;
+            self.counters.overrun_held += 1;
+            if *held > crate::limits::SWITCH_PEER_OVERRUN_HELD_BYTES_MAX {
+                return Err(ProtocolViolation::CreditViolation { stream });
+            }
+            return Ok(true);
+        }
+        Ok(self.write_flow(now, key, from, frame))
+    }
+
+    /// Writes frames a sender sent past its window, oldest first, as far as the credit its
+    /// receiver granted since allows.
+    fn release_overrun(&mut self, now: Time, key: RequestKey, from: Side) {
+        loop {
+            let Some(state) = self.table.get_mut(key) else {
+                return;
+            };
+            let sender = state.data.sender(from);
+            let leg = state.data.leg(from);
+            let Some(front) = leg.overrun.front() else {
+                return;
+            };
+            if front.frame_type == FrameType::Chunk
+                && leg
+                    .credit
+                    .get(&front.stream_id)
+                    .is_some_and(|remaining| *remaining <= 0)
+            {
+                return;
+            }
+            let frame = leg.overrun.pop_front().expect("a front");
+            let bytes = frame.held_bytes();
+            leg.overrun_bytes -= bytes;
+            self.release_overrun_bytes(sender, bytes);
+            if !self.write_flow(now, key, from, frame) {
+                return;
+            }
+        }
+    }
+
+    /// Spends the credit of a checked in-order flow frame, renumbers it and writes it: `false`
+    /// once the request ended.
+    fn write_flow(&mut self, now: Time, key: RequestKey, from: Side, mut frame: Frame) -> bool {
+        let Some(state) = self.table.get_mut(key) else {
+            return false;
+        };
+        let window = state.data.window as i64;
+        let leg = state.data.leg(from);
+        if frame.frame_type == FrameType::Chunk {
+            let remaining = leg.credit.entry(frame.stream_id.clone()).or_insert(window);
+            debug_assert!(*remaining > 0, "a chunk is written only with credit");
+            *remaining -= 1;
+        }
         match leg.gate.write(frame.frame_type) {
             Written::Suppressed => {
                 self.counters.suppressed += 1;
-                return Ok(true);
+                return true;
             }
             Written::Sent { seq, .. } => frame.seq = seq.0,
         }
@@ -394,16 +470,17 @@ impl Switch {
                     });
                 }
                 self.answer_origin(key, &route, frame);
-                return Ok(!ends);
+                return !ends;
             }
         }
-        Ok(true)
+        true
     }
 
     /// CREDIT (and other non-flow frames of a request) go straight across. A CREDIT from one
     /// side refills the window of the leg that sends towards it.
     pub(super) fn forward_control(
         &mut self,
+        now: Time,
         key: RequestKey,
         from: Side,
         mut frame: Frame,
@@ -424,6 +501,7 @@ impl Switch {
                 *remaining = remaining.saturating_add(granted);
             }
         }
+        let credit = frame.frame_type == FrameType::Credit;
         frame.seq = 0;
         let route = state.data.clone();
         match from {
@@ -432,6 +510,14 @@ impl Switch {
                 self.send_to_slot(route.dest, route.dest_generation, frame);
             }
             Side::Dest => self.answer_origin(key, &route, frame),
+        }
+        if credit {
+            // What the credited side's counterpart sent past its window may go now.
+            let held_from = match from {
+                Side::Origin => Side::Dest,
+                Side::Dest => Side::Origin,
+            };
+            self.release_overrun(now, key, held_from);
         }
         Ok(())
     }

@@ -336,6 +336,8 @@ impl Switch {
             Peer::Master(route.dest),
             route.to_origin.reorder.held_bytes(),
         );
+        self.release_overrun_bytes(route.origin, route.to_dest.overrun_bytes);
+        self.release_overrun_bytes(Peer::Master(route.dest), route.to_origin.overrun_bytes);
         if let Peer::Master(slot) = route.origin {
             if let Some(live) = self.peer_requests.get_mut(&slot) {
                 *live -= 1;
@@ -348,23 +350,19 @@ impl Switch {
 
     /// `bytes` of early frames `sender` sent are no longer held.
     pub(super) fn release_held(&mut self, sender: Peer, bytes: usize) {
-        if bytes == 0 {
-            return;
-        }
-        let held = self
-            .held_by
-            .get_mut(&sender)
-            .expect("a leg's held bytes are counted under its sender");
-        *held -= bytes;
-        if *held == 0 {
-            self.held_by.remove(&sender);
-        }
+        release_share(&mut self.held_by, sender, bytes);
+    }
+
+    /// `bytes` of frames `sender` sent past its window are no longer held.
+    pub(super) fn release_overrun_bytes(&mut self, sender: Peer, bytes: usize) {
+        release_share(&mut self.overrun_by, sender, bytes);
     }
 
     /// Whether the early-frame bytes counted per sender are exactly what the live requests'
     /// legs hold (a check for harnesses and fuzzers; it walks every live request).
     pub fn held_bytes_balance(&self) -> bool {
         let mut held: BTreeMap<Peer, usize> = BTreeMap::new();
+        let mut overrun: BTreeMap<Peer, usize> = BTreeMap::new();
         for key in self.table.live_keys() {
             let route = &self.table.get(key).expect("live").data;
             for (sender, leg) in [
@@ -374,9 +372,17 @@ impl Switch {
                 if leg.reorder.held_bytes() > 0 {
                     *held.entry(sender).or_default() += leg.reorder.held_bytes();
                 }
+                if leg.overrun_bytes > 0 {
+                    *overrun.entry(sender).or_default() += leg.overrun_bytes;
+                }
             }
         }
-        held == self.held_by
+        held == self.held_by && overrun == self.overrun_by
+    }
+
+    /// Bytes of frames `sender` wrote past their window, held over its live requests.
+    pub fn overrun_bytes_of(&self, sender: Peer) -> usize {
+        self.overrun_by.get(&sender).copied().unwrap_or(0)
     }
 
     /// Bytes of early flow frames held on behalf of `sender` over its live requests.
@@ -447,5 +453,19 @@ impl Switch {
             .iter()
             .filter(|cap| !cap.is_equivalent(&identity))
             .collect()
+    }
+}
+
+/// Takes `bytes` off `sender`'s count in `shares` (a peer with nothing counted has no entry).
+fn release_share(shares: &mut BTreeMap<Peer, usize>, sender: Peer, bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
+    let held = shares
+        .get_mut(&sender)
+        .expect("a leg's held bytes are counted under its sender");
+    *held -= bytes;
+    if *held == 0 {
+        shares.remove(&sender);
     }
 }

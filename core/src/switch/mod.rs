@@ -455,6 +455,11 @@ struct Leg {
     checker: EmissionChecker,
     /// Remaining chunks per stream this leg's sender may still send.
     credit: BTreeMap<Option<String>, i64>,
+    /// Checked in-order frames the sender sent past a stream's window (and every frame after
+    /// the first of them), waiting for credit: see `Switch::emit`.
+    overrun: VecDeque<Frame>,
+    /// Bytes of `overrun` ([`Frame::held_bytes`]).
+    overrun_bytes: usize,
 }
 
 impl Leg {
@@ -465,6 +470,8 @@ impl Leg {
             gate: WriteGate::new(),
             checker: EmissionChecker::new(),
             credit: BTreeMap::new(),
+            overrun: VecDeque::new(),
+            overrun_bytes: 0,
         }
     }
 }
@@ -486,6 +493,14 @@ struct Route {
 }
 
 impl Route {
+    /// The peer that sends on the leg from side `from`.
+    fn sender(&self, from: Side) -> Peer {
+        match from {
+            Side::Origin => self.origin,
+            Side::Dest => Peer::Master(self.dest),
+        }
+    }
+
     fn leg(&mut self, from: Side) -> &mut Leg {
         match from {
             Side::Origin => &mut self.to_dest,
@@ -512,6 +527,10 @@ pub struct SwitchCounters {
     pub heartbeats_sent: u64,
     /// Flow frames suppressed after their leg ended (benign stragglers).
     pub suppressed: u64,
+    /// Flow frames held because their sender wrote past a stream's credit window (or behind
+    /// such a frame), each written once the receiver granted the credit. capdag's in-process
+    /// cartridge host does this: it writes without waiting for CREDIT.
+    pub overrun_held: u64,
     /// Frames from a master with no request (neither routable nor control), dropped.
     pub dropped: u64,
     /// LOG frames for the engine's calls dropped because the engine had not read as many LOG
@@ -539,6 +558,10 @@ pub struct Switch {
     /// them (its share: [`crate::limits::SWITCH_PEER_REORDER_HELD_BYTES_MAX`]). A peer with
     /// nothing held has no entry.
     held_by: BTreeMap<Peer, usize>,
+    /// Bytes of frames sent past their window held in the legs of live requests, by the peer
+    /// that sent them (its share: [`crate::limits::SWITCH_PEER_OVERRUN_HELD_BYTES_MAX`]). A
+    /// peer with nothing held has no entry.
+    overrun_by: BTreeMap<Peer, usize>,
     next_xid: u64,
     next_heartbeat: u64,
     policy: NetworkPolicy,
@@ -560,6 +583,7 @@ impl Switch {
             table: RequestTable::new(config.table),
             peer_requests: BTreeMap::new(),
             held_by: BTreeMap::new(),
+            overrun_by: BTreeMap::new(),
             config,
             masters: Vec::new(),
             cap_table: Vec::new(),

@@ -549,16 +549,119 @@ fn a_dead_master_ends_its_requests_and_its_late_frames_are_stragglers() {
     assert_eq!(h.switch.table_counters().stragglers["END"], 1);
 }
 
+fn engine_credit(h: &mut Harness, rid: u64, stream: &str, n: u64) {
+    let mut credit = Frame::new(FrameType::Credit, MessageId::Uint(rid));
+    credit.stream_id = Some(stream.into());
+    credit.credit = Some(n);
+    h.from_engine(credit).expect("live");
+}
+
 #[test]
-fn a_master_past_its_credit_window_is_cut_off() {
+fn a_master_past_its_credit_window_is_held_in_order_and_let_go_as_credit_comes() {
+    // capdag's in-process cartridge host writes its whole answer without waiting for CREDIT.
     let mut h = Harness::new(window_of(2), &[]);
     let conn = h.connect("a", &[UPPER]);
+    let master = Peer::Master(conn.slot);
     let key = h.engine_request(1, UPPER).expect("routed");
     h.from_master(conn, stream(key, FrameType::StreamStart, "out", 0));
-    h.from_master(conn, chunk(key, "out", 0, 1, b"1"));
-    h.from_master(conn, chunk(key, "out", 1, 2, b"2"));
+    for index in 0..6u64 {
+        h.from_master(conn, chunk(key, "out", index, index + 1, b"xyz"));
+    }
+    h.from_master(conn, stream(key, FrameType::StreamEnd, "out", 7));
+    h.from_master(conn, response(key, FrameType::End, 8));
+    assert!(h.disconnected.is_empty(), "not cut");
+    let engine = h.take_engine();
+    assert_eq!(
+        types(&engine),
+        [FrameType::StreamStart, FrameType::Chunk, FrameType::Chunk],
+        "the engine gets its window and no more"
+    );
+    assert_eq!(
+        h.switch.counters().overrun_held,
+        6,
+        "4 chunks, STREAM_END, END"
+    );
+    assert!(h.switch.overrun_bytes_of(master) > 4 * 3);
+    assert!(h.switch.held_bytes_balance());
+    assert_eq!(h.switch.live_requests(), 1);
+
+    // Each grant lets exactly that many chunks go, in the order they came.
+    engine_credit(&mut h, 1, "out", 1);
+    let engine = h.take_engine();
+    assert_eq!(types(&engine), [FrameType::Chunk]);
+    assert_eq!(engine[0].chunk_index, Some(2));
+    assert_eq!(engine[0].seq, 3, "numbered on the engine's flow");
+    engine_credit(&mut h, 1, "out", 2);
+    assert_eq!(
+        types(&h.take_engine()),
+        [FrameType::Chunk, FrameType::Chunk]
+    );
+    assert_eq!(
+        h.switch.live_requests(),
+        1,
+        "END waits behind the last chunk"
+    );
+    // The last grant lets the chunk, STREAM_END and END go: the request ends, nothing is held.
+    engine_credit(&mut h, 1, "out", 5);
+    let engine = h.take_engine();
+    assert_eq!(
+        types(&engine),
+        [FrameType::Chunk, FrameType::StreamEnd, FrameType::End]
+    );
+    assert_eq!(engine.iter().map(|f| f.seq).collect::<Vec<_>>(), [6, 7, 8]);
+    assert_eq!(h.switch.live_requests(), 0);
+    assert_eq!(h.switch.overrun_bytes_of(master), 0);
+    assert!(h.switch.held_bytes_balance());
+    // The master heard every grant (credit is end to end).
+    let at_a = request_frames(&mut h, conn.slot);
+    assert_eq!(
+        at_a.iter()
+            .filter(|f| f.frame_type == FrameType::Credit)
+            .count(),
+        3
+    );
+}
+
+#[test]
+fn a_master_past_its_credit_window_is_cut_past_its_share_over_all_its_requests() {
+    use crate::limits::SWITCH_PEER_OVERRUN_HELD_BYTES_MAX as SHARE;
+    let mut h = Harness::new(window_of(1), &[]);
+    let conn = h.connect("a", &[UPPER]);
+    let master = Peer::Master(conn.slot);
+    let payload = vec![9u8; 256 * 1024];
+    // Each request's answer runs one chunk past its window.
+    let over = |h: &mut Harness, rid: u64| {
+        let key = h.engine_request(rid, UPPER).expect("routed");
+        h.from_master(conn, stream(key, FrameType::StreamStart, "out", 0));
+        h.from_master(conn, chunk(key, "out", 0, 1, &payload));
+        h.from_master(conn, chunk(key, "out", 1, 2, &payload));
+        key
+    };
+    let first = over(&mut h, 1);
+    let per = h.switch.overrun_bytes_of(master);
+    assert!(per >= payload.len());
+    let fits = SHARE / per;
+    let mut keys = vec![first];
+    for rid in 2..=fits as u64 {
+        keys.push(over(&mut h, rid));
+    }
     assert!(h.disconnected.is_empty());
-    h.from_master(conn, chunk(key, "out", 2, 3, b"3"));
+    assert_eq!(h.switch.overrun_bytes_of(master), fits * per);
+    // A cancel ends a request and what it held comes back; so does a grant.
+    let reason = CancelReason {
+        code: CancelCode::Cancelled,
+        class: None,
+        message: "no longer wanted".into(),
+    };
+    assert!(h.switch.cancel(h.now, keys[0].rid, &reason));
+    h.drain();
+    engine_credit(&mut h, 2, "out", 1);
+    assert_eq!(h.switch.overrun_bytes_of(master), (fits - 2) * per);
+    assert!(h.switch.held_bytes_balance());
+    over(&mut h, 1_001);
+    over(&mut h, 1_002);
+    assert!(h.disconnected.is_empty());
+    over(&mut h, 1_003);
     assert_eq!(
         h.disconnected,
         [(
@@ -568,7 +671,9 @@ fn a_master_past_its_credit_window_is_cut_off() {
             })
         )]
     );
+    assert_eq!(h.switch.overrun_bytes_of(master), 0);
     assert_eq!(h.switch.live_requests(), 0);
+    assert!(h.switch.held_bytes_balance());
 }
 
 #[test]
