@@ -313,8 +313,11 @@ pub fn run_ops(data: &[u8]) -> Result<(), String> {
             0 => {
                 let mut req = Frame::new(FrameType::Req, rid);
                 req.cap = Some(CAPS[usize::from(arg()) % 3].to_owned());
-                checkers.remove(&(super::Peer::Engine, None, rid));
-                let _ = h.engine_request_frame(req, None);
+                // Only a registered REQ starts a new flow towards the engine: one refused (its
+                // rid is live) leaves the live request's flow as it was.
+                if h.engine_request_frame(req, None).is_ok() {
+                    checkers.remove(&(super::Peer::Engine, None, rid));
+                }
             }
             1 => {
                 // A peer request from a master, sometimes naming a parent, sometimes with an XID.

@@ -40,9 +40,11 @@
 //!   reordered by the sender's seq (at most the negotiated `max_reorder_buffer` early frames),
 //!   checked by an [`EmissionChecker`], renumbered by a [`WriteGate`] (nothing after the leg's
 //!   END/ERR) and forwarded. Credit is forwarded end to end: CHUNKs spend a leg's window, CREDIT
-//!   from the receiving side refills it, and the switch neither creates nor absorbs any; a
-//!   sender past its window is a `CREDIT_VIOLATION`.
-//! - **Misbehaving masters** (garbage handshake, credit violations, frames for requests they are
+//!   from the receiving side refills it, and the switch neither creates nor absorbs any. What a
+//!   sender writes past its window (capdag's in-process host does) is held in order and let go
+//!   as credit arrives, so no receiver gets more than its window; past the sender's byte share
+//!   ([`crate::limits::SWITCH_PEER_OVERRUN_HELD_BYTES_MAX`]) it is a `CREDIT_VIOLATION`.
+//! - **Misbehaving masters** (garbage handshake, credit past the share, frames for requests they are
 //!   not part of, reorder overflow, order violations) are cut off with a typed reason, counted,
 //!   and their requests end `MasterDied`; nothing they send reaches another master's request.
 //! - **Cancel** (terminate as cancelled, CANCEL with `force_kill` to the destination, the same
