@@ -26,8 +26,7 @@ fn case_of(trace: &Value) -> Value {
     let frames = trace["frames"].as_array().expect("frames");
     let notify = frames
         .iter()
-        .filter(|f| f["frame_type_name"] == "RELAY_NOTIFY")
-        .next_back()
+        .rfind(|f| f["frame_type_name"] == "RELAY_NOTIFY")
         .expect("the master's RELAY_NOTIFY");
     let meta = &notify["fields"]["meta"];
     let manifest: Value =

@@ -399,13 +399,28 @@ impl Node {
         self.inner.local
     }
 
-    /// This node's address, with its bound socket addresses as direct addresses.
+    /// This node's address: its home relay (once it has one; see [`Node::online`]) and its
+    /// bound socket addresses as direct addresses.
     pub fn endpoint_addr(&self) -> EndpointAddr {
         let mut addr = EndpointAddr::new(self.inner.endpoint.id());
+        if let Some(relay) = self.home_relay_url() {
+            addr = addr.with_relay_url(relay);
+        }
         for socket in self.direct_addresses() {
             addr = addr.with_ip_addr(socket);
         }
         addr
+    }
+
+    /// Waits until this node is homed on one of its relays, so that its
+    /// [`Node::endpoint_addr`] carries a relay others can reach it through. Returns at once
+    /// when relays are disabled. It waits as long as no relay answers: bound it with a timeout
+    /// where one may not.
+    pub async fn online(&self) {
+        if self.inner.relay_urls.is_empty() {
+            return;
+        }
+        self.inner.endpoint.online().await;
     }
 
     /// The sockets the endpoint is bound to (unspecified addresses as loopback).
