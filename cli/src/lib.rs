@@ -110,15 +110,30 @@ enum Command {
         /// Socket to listen on (default: a free port on 127.0.0.1).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
-        /// Ticket of a node to talk to (`<id>@<ip:port>`, as it prints at start).
+        /// Ticket of a node to talk to: the iroh endpoint ticket it prints at start (or
+        /// `<id>@<ip:port>`).
         #[arg(long)]
         connect: Vec<String>,
+        /// Relay to home on: a relay URL (`tether relay` prints one), `default` (iroh's public
+        /// relays) or `disabled` (direct addresses only).
+        #[arg(long, default_value = "disabled", value_parser = node::parse_relay)]
+        relay: node::RelayChoice,
         /// One JSON object per line on stdout, for scripts.
         #[arg(long)]
         json: bool,
         /// Where the substrate's state lives in --data.
         #[arg(long, value_enum, default_value_t = StoreChoice::Sqlite)]
         store: StoreChoice,
+    },
+    /// Run iroh's relay server (plain HTTP, for a network you trust, such as this machine's
+    /// tests and demo) until interrupted; prints its URL for `tether node --relay`.
+    Relay {
+        /// Socket to serve on (default: a free port on 127.0.0.1).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+        /// One JSON object per line on stdout, for scripts.
+        #[arg(long)]
+        json: bool,
     },
     /// Decode captured wire bytes into one JSON object per line.
     Inspect {
@@ -258,13 +273,21 @@ pub fn main() -> ExitCode {
             connect,
             json,
             store,
+            relay,
         } => run_node(node::Options {
             data,
             listen,
             connect,
             json,
             store,
+            relay,
         }),
+        Command::Relay { listen, json } => run_async(
+            "relay",
+            node::run_relay(listen, json),
+            |()| ExitCode::SUCCESS,
+            ExitCode::FAILURE,
+        ),
         Command::Inspect { format, file } => run_inspect(format, file),
         Command::Cap { command } => run_cap(command),
         Command::Store { command } => run_store(command),

@@ -10,9 +10,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use iroh_tickets::endpoint::EndpointTicket;
 use serde_json::{json, Value};
 use tether::iroh::{EndpointAddr, PublicKey};
-use tether::node::{Node, NodeError, TelemetryIngress, TelemetrySource};
+use tether::node::{Node, NodeError, RelayMode, RelayUrl, TelemetryIngress, TelemetrySource};
 use tether::store::{LogStore, SqliteStore, Store, StoreError};
 
 use crate::StoreChoice;
@@ -46,6 +47,65 @@ pub(crate) struct Options {
     pub(crate) json: bool,
     /// Where the substrate's state lives in `data`.
     pub(crate) store: StoreChoice,
+    /// The relay to home on.
+    pub(crate) relay: RelayChoice,
+}
+
+/// `--relay`: a relay URL, iroh's public relays, or none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RelayChoice {
+    /// Direct addresses only.
+    Disabled,
+    /// iroh's public relays.
+    Default,
+    /// This relay.
+    Url(RelayUrl),
+}
+
+impl RelayChoice {
+    fn mode(&self) -> RelayMode {
+        match self {
+            RelayChoice::Disabled => RelayMode::Disabled,
+            RelayChoice::Default => RelayMode::Default,
+            RelayChoice::Url(url) => RelayMode::custom([url.clone()]),
+        }
+    }
+}
+
+/// Parses `--relay`.
+pub(crate) fn parse_relay(text: &str) -> Result<RelayChoice, String> {
+    match text {
+        "disabled" => Ok(RelayChoice::Disabled),
+        "default" => Ok(RelayChoice::Default),
+        url => url.parse().map(RelayChoice::Url).map_err(|error| {
+            format!("{url:?} is not a relay URL, `default` or `disabled`: {error}")
+        }),
+    }
+}
+
+/// How long `tether node` waits to be homed on its relay before it gives up.
+const RELAY_HOMING_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs iroh's relay server on `listen` over plain HTTP until interrupted, printing its URL.
+pub(crate) async fn run_relay(listen: SocketAddr, json: bool) -> Result<(), NodeCliError> {
+    let out = Out { json };
+    let mut config = iroh_relay::server::ServerConfig::default();
+    config.relay = Some(iroh_relay::server::RelayConfig::new(listen));
+    let server = iroh_relay::server::Server::spawn(config)
+        .await
+        .map_err(|error| NodeCliError::Relay(error.to_string()))?;
+    let addr = server
+        .http_addr()
+        .ok_or_else(|| NodeCliError::Relay("the relay serves no HTTP".into()))?;
+    let url = format!("http://{addr}");
+    out.emit("relay", json!({ "url": url }), || {
+        format!("relay ready; nodes home on it with:\n  tether node --data DIR --relay {url}")
+    });
+    let _ = tokio::signal::ctrl_c().await;
+    server
+        .shutdown()
+        .await
+        .map_err(|error| NodeCliError::Relay(error.to_string()))
 }
 
 /// Why the node could not start or go on.
@@ -75,33 +135,42 @@ pub(crate) enum NodeCliError {
     /// A ticket that does not parse.
     #[error(transparent)]
     Ticket(#[from] TicketError),
+    /// The relay server would not start or stop cleanly.
+    #[error("relay: {0}")]
+    Relay(String),
+    /// No relay of `--relay` answered within the deadline.
+    #[error("no relay answered within {0:?}: is `--relay` right and the relay up?")]
+    Offline(std::time::Duration),
 }
 
 /// A ticket that does not parse.
 #[derive(Debug, thiserror::Error)]
-#[error("{ticket:?} is not a ticket (expected <node id in hex>@<ip:port>[,<ip:port>...]): {why}")]
+#[error("{ticket:?} is not a ticket (expected an iroh endpoint ticket, or <node id in hex>@<ip:port>[,<ip:port>...]): {why}")]
 pub(crate) struct TicketError {
     ticket: String,
     why: &'static str,
 }
 
-/// A node's ticket: its id and the sockets it listens on, `<hex id>@<ip:port>[,<ip:port>]`.
+/// A node's ticket: iroh's endpoint ticket for its address (its id, its home relay when it has
+/// one, the sockets it listens on), so iroh's own tools read it.
 pub(crate) fn ticket(node: &Node) -> String {
-    let sockets: Vec<String> = node
-        .direct_addresses()
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    format!("{}@{}", hex::encode(node.node_id()), sockets.join(","))
+    EndpointTicket::new(node.endpoint_addr()).to_string()
 }
 
-/// Parses a ticket (see [`ticket`]).
+/// Parses a ticket: an iroh endpoint ticket (see [`ticket`]), or `<hex id>@<ip:port>[,...]`.
 pub(crate) fn parse_ticket(text: &str) -> Result<EndpointAddr, TicketError> {
     let fail = |why| TicketError {
         ticket: text.to_owned(),
         why,
     };
-    let (id, sockets) = text.trim().split_once('@').ok_or(fail("no '@'"))?;
+    let text = text.trim();
+    if text.starts_with("endpoint") {
+        let ticket: EndpointTicket = text
+            .parse()
+            .map_err(|_| fail("not a valid iroh endpoint ticket"))?;
+        return Ok(ticket.endpoint_addr().clone());
+    }
+    let (id, sockets) = text.split_once('@').ok_or(fail("no '@'"))?;
     let mut key = [0u8; 32];
     hex::decode_to_slice(id, &mut key).map_err(|_| fail("the id is not 64 hex digits"))?;
     let key = PublicKey::from_bytes(&key).map_err(|_| fail("the id is not a node key"))?;
@@ -203,6 +272,7 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
     let node = Node::builder()
         .secret_key(key)
         .bind_addr(listen)
+        .relay_mode(options.relay.mode())
         .substrate()
         .switch_host()
         .telemetry_sink(sink)
@@ -222,6 +292,10 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
         .store(store)
         .authorize(Authorizer::new(AllowAll))
         .start()?;
+    // Homed on the relay first, so that the ticket carries it.
+    tokio::time::timeout(RELAY_HOMING_DEADLINE, node.online())
+        .await
+        .map_err(|_| NodeCliError::Offline(RELAY_HOMING_DEADLINE))?;
     let id = hex::encode(node.node_id());
     let ticket = ticket(&node);
     out.emit("ready", json!({ "id": id, "ticket": ticket }), || {

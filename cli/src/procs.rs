@@ -51,8 +51,21 @@ impl NodeProc {
         args: &[String],
         events: mpsc::UnboundedSender<Event>,
     ) -> std::io::Result<Self> {
+        Self::spawn_command(tether, "node", name, life, args, events)
+    }
+
+    /// Starts `<tether> <command> <args> --json` (stderr inherited); its events go to
+    /// `events`.
+    pub fn spawn_command(
+        tether: &Path,
+        command: &str,
+        name: &'static str,
+        life: u64,
+        args: &[String],
+        events: mpsc::UnboundedSender<Event>,
+    ) -> std::io::Result<Self> {
         let mut child = Command::new(tether)
-            .arg("node")
+            .arg(command)
             .args(args)
             .arg("--json")
             .stdin(Stdio::piped())

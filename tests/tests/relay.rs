@@ -123,3 +123,85 @@ async fn two_nodes_reach_each_other_through_a_real_relay_knowing_only_its_url() 
     node_b.close().await;
     relay.shutdown().await.expect("the relay stops");
 }
+
+/// The command line: `tether relay` serves iroh's relay, two `tether node --relay URL` home
+/// on it, each prints an iroh endpoint ticket carrying the relay, and a node given a ticket
+/// with the relay alone (no socket address) sends a durable message through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tether_nodes_home_on_tether_relay_and_talk_through_it() {
+    use iroh_tickets::endpoint::EndpointTicket;
+    use tether_tests::procs::{next, NodeProc};
+
+    let tether = std::path::Path::new(env!("CARGO_BIN_EXE_tether-under-test"));
+    let dir = std::env::temp_dir().join(format!("tether-relay-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let mut relay = NodeProc::spawn_command(tether, "relay", "relay", 1, &[], events_tx.clone())
+        .expect("tether relay starts");
+    let event = next(&mut events, "the relay's URL").await;
+    assert_eq!(event.kind(), "relay", "{:?}", event.value);
+    let url = event.text("url");
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+
+    let data = |who: &str| dir.join(who).display().to_string();
+    let a_args = vec![
+        "--data".to_owned(),
+        data("a"),
+        "--relay".into(),
+        url.clone(),
+    ];
+    let a = NodeProc::spawn(tether, "a", 1, &a_args, events_tx.clone()).expect("node a starts");
+    let ticket: EndpointTicket = ready(&mut events).await.parse().expect("an iroh ticket");
+    let addr = ticket.endpoint_addr();
+    assert_eq!(
+        addr.relay_urls()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        [format!("{url}/")],
+        "the ticket carries the node's home relay"
+    );
+    assert!(addr.ip_addrs().count() >= 1, "and its sockets");
+
+    let relay_url: RelayUrl = url.parse().expect("a relay URL");
+    let relay_only = EndpointTicket::new(EndpointAddr::new(addr.id).with_relay_url(relay_url));
+    let b_args = vec![
+        "--data".to_owned(),
+        data("b"),
+        "--relay".into(),
+        url.clone(),
+        "--connect".into(),
+        relay_only.to_string(),
+    ];
+    let mut b = NodeProc::spawn(tether, "b", 1, &b_args, events_tx.clone()).expect("node b starts");
+    ready(&mut events).await;
+    b.write("open queue q\nsend q hello-through-the-relay\n")
+        .await
+        .expect("commands");
+    let (mut acked, mut delivered) = (false, false);
+    while !(acked && delivered) {
+        let event = next(&mut events, "the message and its ack").await;
+        match (event.from, event.kind()) {
+            ("b", "acked") => acked = true,
+            ("a", "message") => {
+                assert_eq!(event.text("body"), "hello-through-the-relay");
+                delivered = true;
+            }
+            (_, "error") => panic!("{:?}", event.value),
+            _ => {}
+        }
+    }
+    a.quit().await;
+    b.quit().await;
+    relay.kill().await.expect("the relay stops");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The ticket of the next node that says it is ready.
+async fn ready(events: &mut mpsc::UnboundedReceiver<tether_tests::procs::Event>) -> String {
+    loop {
+        let event = tether_tests::procs::next(events, "a node ready").await;
+        if event.kind() == "ready" {
+            return event.text("ticket");
+        }
+    }
+}
