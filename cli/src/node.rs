@@ -637,17 +637,35 @@ impl Shell {
                     .iter()
                     .map(|peer| peer.as_str().to_owned())
                     .collect();
+                // The current peer's connections: each path, and whether they send through a
+                // relay or straight to an address now.
+                let paths = self
+                    .peer_addr
+                    .as_ref()
+                    .map(|addr| self.node.paths(addr.id.as_bytes()))
+                    .unwrap_or_default();
+                let route = |relay: bool| {
+                    paths
+                        .iter()
+                        .any(|path| path.selected && path.relay == relay)
+                };
+                let via = match (route(true), route(false)) {
+                    (_, true) => "direct",
+                    (true, false) => "relay",
+                    (false, false) => "none",
+                };
                 let sentence = format!(
-                    "{} substrate peer(s); actor frames enqueued {}, delivered {}; {} cached connection(s)",
+                    "{} substrate peer(s); actor frames enqueued {}, delivered {}; {} cached connection(s); to the peer: {via}",
                     peers.len(),
                     snapshot.frames_enqueued,
                     snapshot.frames_delivered,
                     snapshot.cache.len()
                 );
-                self.out
-                    .emit("stats", json!({ "peers": peers, "node": snapshot }), || {
-                        sentence
-                    });
+                self.out.emit(
+                    "stats",
+                    json!({ "peers": peers, "node": snapshot, "paths": paths, "via": via }),
+                    || sentence,
+                );
             }
             _ => self
                 .out

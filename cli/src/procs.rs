@@ -64,7 +64,29 @@ impl NodeProc {
         args: &[String],
         events: mpsc::UnboundedSender<Event>,
     ) -> std::io::Result<Self> {
-        let mut child = Command::new(tether)
+        Self::spawn_wrapped(&[], tether, command, name, life, args, events)
+    }
+
+    /// Starts `<wrapper...> <tether> <command> <args> --json` (for instance under
+    /// `ip netns exec NS`, which becomes the process it runs); its events go to `events`.
+    pub fn spawn_wrapped(
+        wrapper: &[&str],
+        tether: &Path,
+        command: &str,
+        name: &'static str,
+        life: u64,
+        args: &[String],
+        events: mpsc::UnboundedSender<Event>,
+    ) -> std::io::Result<Self> {
+        let mut line = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut line = Command::new(program);
+                line.args(rest).arg(tether);
+                line
+            }
+            None => Command::new(tether),
+        };
+        let mut child = line
             .arg(command)
             .args(args)
             .arg("--json")

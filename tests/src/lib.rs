@@ -3,6 +3,7 @@
 
 use tokio::net::UnixStream;
 
+pub mod netns;
 pub mod procs;
 
 /// A connected pair of Unix sockets, one end for a switch and one for a host.

@@ -212,6 +212,21 @@ impl From<Refused> for NodeError {
     }
 }
 
+/// One network path of a cached connection: through a relay or straight to an address.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PathView {
+    /// The plane whose connection this is.
+    pub channel: Channel,
+    /// Through a relay (`true`) or to a socket address.
+    pub relay: bool,
+    /// The relay URL or the socket address.
+    pub remote: String,
+    /// Whether the connection sends on this path now.
+    pub selected: bool,
+    /// Its round-trip time estimate, in milliseconds.
+    pub rtt_ms: f64,
+}
+
 /// Counters and cache state of a node (serde).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Snapshot {
@@ -670,6 +685,44 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         Arc::make_mut(&mut routes).unhost(actor);
+    }
+
+    /// The network paths of every cached connection to `peer` (each plane's), as iroh
+    /// sees them now: which go through a relay, which straight to an address, and which each
+    /// connection sends on.
+    pub fn paths(&self, peer: &NodeId) -> Vec<PathView> {
+        let connections: Vec<(Channel, Connection)> = {
+            let state = self.inner.gate.lock();
+            state
+                .driver
+                .connections()
+                .filter(|(cached, _, _)| cached == peer)
+                .filter_map(|(_, channel, _)| {
+                    state
+                        .driver
+                        .connection(peer, channel)
+                        .map(|(_, conn)| (channel, conn))
+                })
+                .collect()
+        };
+        let mut views = Vec::new();
+        for (channel, conn) in connections {
+            for path in conn.paths().iter() {
+                let remote = path.remote_addr();
+                views.push(PathView {
+                    channel,
+                    relay: path.is_relay(),
+                    remote: match remote {
+                        iroh::TransportAddr::Ip(socket) => socket.to_string(),
+                        iroh::TransportAddr::Relay(url) => url.to_string(),
+                        other => format!("{other:?}"),
+                    },
+                    selected: path.is_selected(),
+                    rtt_ms: path.rtt().as_secs_f64() * 1e3,
+                });
+            }
+        }
+        views
     }
 
     /// Counters, drops by reason and cache entries with their generations. Each call also
