@@ -9,7 +9,19 @@
 //! ([`Topology::set_forwarding`]), so with forwarding off the relay is their only path.
 
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::procs::{next, Event, NodeProc};
+
+/// How long a path change may take before a test fails (a hang guard: iroh finds a new
+/// direct path within seconds, and notices a dead one within its path idle timeout).
+pub const PATH_CHANGE_DEADLINE: Duration = Duration::from_secs(90);
+/// The relay's port on [`RELAY_ADDR`].
+pub const RELAY_PORT: u16 = 3340;
 
 /// Host A's address.
 pub const A_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
@@ -42,6 +54,23 @@ pub fn exec(ns: &str, program: &str, args: &[&str]) -> Result<(), String> {
     ip(&all)
 }
 
+/// Why `tc netem` cannot shape a link here (this kernel lacks `sch_netem`), or `None`.
+pub fn netem_unavailable() -> Option<String> {
+    let probe = format!("ttnetem{}", std::process::id());
+    ip(&["netns", "add", &probe]).ok()?;
+    let tried = exec(&probe, "ip", &["link", "set", "lo", "up"]).and_then(|()| {
+        exec(
+            &probe,
+            "tc",
+            &["qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+        )
+    });
+    let _ = ip(&["netns", "del", &probe]);
+    tried
+        .err()
+        .map(|error| format!("this kernel cannot run tc netem ({error})"))
+}
+
 /// Why namespaces cannot be made here, or `None` when they can.
 pub fn unavailable() -> Option<String> {
     let probe = format!("ttprobe{}", std::process::id());
@@ -65,6 +94,11 @@ pub struct Topology {
     pub b: String,
     /// The router's namespace (the relay runs here).
     pub r: String,
+    /// Each host's link to the router, as (namespace, interface): everything A and B send,
+    /// to each other or to the relay, leaves through one of these.
+    host_links: Vec<(String, String)>,
+    /// The router's end of each host's link, A's then B's.
+    router_links: Vec<String>,
 }
 
 impl Topology {
@@ -75,7 +109,10 @@ impl Topology {
             a: format!("tt{id}a"),
             b: format!("tt{id}b"),
             r: format!("tt{id}r"),
+            host_links: Vec::new(),
+            router_links: Vec::new(),
         };
+        let mut topology = topology;
         for ns in [&topology.a, &topology.b, &topology.r] {
             ip(&["netns", "add", ns])?;
             exec(ns, "ip", &["link", "set", "lo", "up"])?;
@@ -86,6 +123,8 @@ impl Topology {
             (&topology.b, "b", B_ADDR, "198.18.2.1"),
         ] {
             let (host_if, router_if) = (format!("h{side}{id}"), format!("r{side}{id}"));
+            topology.host_links.push((host.clone(), host_if.clone()));
+            topology.router_links.push(router_if.clone());
             ip(&[
                 "link", "add", &host_if, "netns", host, "type", "veth", "peer", "name", &router_if,
                 "netns", &r,
@@ -126,6 +165,33 @@ impl Topology {
         exec(&self.r, "sysctl", &["-qw", &value])
     }
 
+    /// Puts the queueing discipline `qdisc` (for instance `netem delay 50ms 20ms`, or
+    /// `tbf rate 1mbit burst 16kbit latency 50ms`) on both hosts' links, replacing what was
+    /// there; an empty `qdisc` takes it off.
+    pub fn shape(&self, qdisc: &str) -> Result<(), String> {
+        for (ns, link) in &self.host_links {
+            if qdisc.is_empty() {
+                exec(ns, "tc", &["qdisc", "del", "dev", link, "root"])?;
+            } else {
+                let mut args = vec!["qdisc", "replace", "dev", link, "root"];
+                args.extend(qdisc.split_whitespace());
+                exec(ns, "tc", &args)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes host `host`'s link (`0` for A, `1` for B) down at the router, or brings it back:
+    /// a partition of that host from everything, the relay included.
+    pub fn set_link(&self, host: usize, up: bool) -> Result<(), String> {
+        let state = if up { "up" } else { "down" };
+        exec(
+            &self.r,
+            "ip",
+            &["link", "set", &self.router_links[host], state],
+        )
+    }
+
     /// The command line prefix that runs a program inside namespace `ns`.
     pub fn inside(ns: &str) -> [&str; 4] {
         ["ip", "netns", "exec", ns]
@@ -137,5 +203,231 @@ impl Drop for Topology {
         for ns in [&self.a, &self.b, &self.r] {
             let _ = ip(&["netns", "del", ns]);
         }
+    }
+}
+
+/// Two `tether node` processes, A in namespace `a` and B in `b`, homed on `tether relay` on
+/// the router; B talks to A (a queue `q`, a session `s`) and is driven through its stdin. B
+/// sends `m0, m1, …` on `q`; every event read is accounted (what A delivered, what B had
+/// acknowledged), and an `error` or `send_failed` event fails the test.
+pub struct Pair {
+    tether: &'static Path,
+    topology: Topology,
+    events: mpsc::UnboundedReceiver<Event>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    relay: Option<NodeProc>,
+    relay_life: u64,
+    a: Option<NodeProc>,
+    b: Option<NodeProc>,
+    dir: std::path::PathBuf,
+    sent: u64,
+    acked: u64,
+    delivered: Vec<u64>,
+}
+
+impl Pair {
+    /// Starts the relay, A (on [`A_ADDR`]) and B (on [`B_ADDR`], given A's ticket), and opens
+    /// B's queue and session on A. `tether` is the program; data lives under `dir`.
+    pub async fn start(tether: &'static Path, topology: Topology, dir: std::path::PathBuf) -> Self {
+        let _ = std::fs::remove_dir_all(&dir);
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let mut pair = Self {
+            tether,
+            topology,
+            events,
+            events_tx,
+            relay: None,
+            relay_life: 0,
+            a: None,
+            b: None,
+            dir,
+            sent: 0,
+            acked: 0,
+            delivered: Vec::new(),
+        };
+        let url = pair.start_relay().await;
+        let data = |who: &str| pair.dir.join(who).display().to_string();
+        let relay_args = |who: &str, addr: Ipv4Addr| {
+            vec![
+                "--data".to_owned(),
+                data(who),
+                "--listen".into(),
+                format!("{addr}:0"),
+                "--relay".into(),
+                url.clone(),
+            ]
+        };
+        let (a_args, mut b_args) = (relay_args("a", A_ADDR), relay_args("b", B_ADDR));
+        pair.a = Some(pair.node(&pair.topology.a.clone(), "a", a_args));
+        let ticket = pair.expect("a", "ready").await.text("ticket");
+        b_args.extend(["--connect".to_owned(), ticket]);
+        pair.b = Some(pair.node(&pair.topology.b.clone(), "b", b_args));
+        pair.expect("b", "ready").await;
+        pair.write_b("open queue q\nopen session s\n").await;
+        pair.expect_each("b", &["opened"]).await;
+        pair.expect_each("b", &["opened"]).await;
+        pair
+    }
+
+    /// The namespaces.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Messages B sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// The indices of the messages A delivered, in delivery order.
+    pub fn delivered(&self) -> &[u64] {
+        &self.delivered
+    }
+
+    /// Starts (or restarts) the relay on [`RELAY_ADDR`]:[`RELAY_PORT`]; returns its URL.
+    pub async fn start_relay(&mut self) -> String {
+        self.relay_life += 1;
+        self.relay = Some(
+            NodeProc::spawn_wrapped(
+                &Topology::inside(&self.topology.r),
+                self.tether,
+                "relay",
+                "relay",
+                self.relay_life,
+                &["--listen".into(), format!("{RELAY_ADDR}:{RELAY_PORT}")],
+                self.events_tx.clone(),
+            )
+            .expect("tether relay starts"),
+        );
+        self.expect("relay", "relay").await.text("url")
+    }
+
+    /// Kills the relay (SIGKILL).
+    pub async fn kill_relay(&mut self) {
+        if let Some(mut relay) = self.relay.take() {
+            relay.kill().await.expect("the relay dies");
+        }
+    }
+
+    fn node(&self, ns: &str, name: &'static str, args: Vec<String>) -> NodeProc {
+        NodeProc::spawn_wrapped(
+            &Topology::inside(ns),
+            self.tether,
+            "node",
+            name,
+            1,
+            &args,
+            self.events_tx.clone(),
+        )
+        .expect("tether node starts")
+    }
+
+    /// The next event, with the traffic it carries accounted.
+    async fn event(&mut self, waiting_for: &str) -> Event {
+        let event = next(&mut self.events, waiting_for).await;
+        match (event.from, event.kind()) {
+            ("a", "message") => {
+                let body = event.text("body");
+                let index = body
+                    .strip_prefix('m')
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("a body the test sent: {body}"));
+                self.delivered.push(index);
+            }
+            ("b", "acked") => self.acked += 1,
+            (_, "error" | "send_failed") => panic!("{}: {:?}", event.from, event.value),
+            _ => {}
+        }
+        event
+    }
+
+    /// Writes command lines to B.
+    pub async fn write_b(&mut self, commands: &str) {
+        let b = self.b.as_mut().expect("b runs");
+        b.write(commands).await.expect("b reads commands");
+    }
+
+    /// Sends `n` more messages on the queue without waiting.
+    pub async fn send(&mut self, n: u64) {
+        let commands: String = (self.sent..self.sent + n)
+            .map(|i| format!("send q m{i}\n"))
+            .collect();
+        self.sent += n;
+        self.write_b(&commands).await;
+    }
+
+    /// Waits until every message sent is acknowledged at B and delivered at A.
+    pub async fn settle(&mut self) {
+        while self.acked < self.sent || (self.delivered.len() as u64) < self.sent {
+            self.event("acks and deliveries").await;
+        }
+    }
+
+    /// The path B's connection to A sends on now: `relay`, `direct` or `none`.
+    pub async fn via(&mut self) -> String {
+        self.write_b("stats\n").await;
+        self.expect("b", "stats").await.text("via")
+    }
+
+    /// Sends traffic round after round until B's connection sends on `path`; returns the
+    /// messages it took.
+    pub async fn until_via(&mut self, path: &str) -> u64 {
+        let (start, first) = (Instant::now(), self.sent);
+        loop {
+            self.send(5).await;
+            self.settle().await;
+            if self.via().await == path {
+                return self.sent - first;
+            }
+            assert!(
+                start.elapsed() < PATH_CHANGE_DEADLINE,
+                "B's connection never moved to the {path} path"
+            );
+        }
+    }
+
+    /// Waits for one event of `kind` from `from` (the traffic before it accounted; other
+    /// events are passed over).
+    pub async fn expect(&mut self, from: &str, kind: &str) -> Event {
+        loop {
+            let event = self.event(kind).await;
+            if event.from == from && event.kind() == kind {
+                return event;
+            }
+        }
+    }
+
+    /// Waits for one event of each kind from `from`, in whatever order they come.
+    pub async fn expect_each(&mut self, from: &str, kinds: &[&str]) -> Vec<Event> {
+        let mut seen: Vec<Option<Event>> = vec![None; kinds.len()];
+        while seen.iter().any(Option::is_none) {
+            let event = self.event("several events").await;
+            if event.from != from {
+                continue;
+            }
+            if let Some(at) = kinds
+                .iter()
+                .zip(&seen)
+                .position(|(kind, seen)| *kind == event.kind() && seen.is_none())
+            {
+                seen[at] = Some(event);
+            }
+        }
+        seen.into_iter().flatten().collect()
+    }
+
+    /// Asserts that A delivered every message B sent exactly once, in order.
+    pub fn assert_exactly_once_in_order(&self) {
+        let expected: Vec<u64> = (0..self.sent).collect();
+        assert_eq!(self.delivered, expected, "lost, duplicated or reordered");
+    }
+
+    /// Stops both nodes and the relay, and removes the data.
+    pub async fn stop(mut self) {
+        for node in [self.a.take(), self.b.take()].into_iter().flatten() {
+            node.quit().await;
+        }
+        self.kill_relay().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
