@@ -118,6 +118,9 @@ enum Command {
         /// relays) or `disabled` (direct addresses only).
         #[arg(long, default_value = "disabled", value_parser = node::parse_relay)]
         relay: node::RelayChoice,
+        /// Serve the node's metrics in Prometheus text format on this socket (GET /metrics).
+        #[arg(long)]
+        metrics: Option<std::net::SocketAddr>,
         /// One JSON object per line on stdout, for scripts.
         #[arg(long)]
         json: bool,
@@ -274,6 +277,7 @@ pub fn main() -> ExitCode {
             json,
             store,
             relay,
+            metrics,
         } => run_node(node::Options {
             data,
             listen,
@@ -281,6 +285,7 @@ pub fn main() -> ExitCode {
             json,
             store,
             relay,
+            metrics,
         }),
         Command::Relay { listen, json } => run_async(
             "relay",

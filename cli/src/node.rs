@@ -49,6 +49,23 @@ pub(crate) struct Options {
     pub(crate) store: StoreChoice,
     /// The relay to home on.
     pub(crate) relay: RelayChoice,
+    /// Where to serve metrics in Prometheus text format.
+    pub(crate) metrics: Option<SocketAddr>,
+}
+
+/// Histogram buckets of the latency metrics, in milliseconds.
+const LATENCY_BUCKETS_MS: [f64; 14] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0,
+];
+
+/// Serves everything published through the `metrics` facade on `addr` (Prometheus text
+/// format, `GET /metrics`), latencies as histograms.
+fn serve_metrics(addr: SocketAddr) -> Result<(), NodeCliError> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets(&LATENCY_BUCKETS_MS)
+        .and_then(|builder| builder.install())
+        .map_err(|error| NodeCliError::Metrics(error.to_string()))
 }
 
 /// `--relay`: a relay URL, iroh's public relays, or none.
@@ -135,6 +152,9 @@ pub(crate) enum NodeCliError {
     /// A ticket that does not parse.
     #[error(transparent)]
     Ticket(#[from] TicketError),
+    /// The metrics endpoint would not start.
+    #[error("cannot serve metrics: {0}")]
+    Metrics(String),
     /// The relay server would not start or stop cleanly.
     #[error("relay: {0}")]
     Relay(String),
@@ -292,6 +312,22 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
         .store(store)
         .authorize(Authorizer::new(AllowAll))
         .start()?;
+    if let Some(addr) = options.metrics {
+        serve_metrics(addr)?;
+        // The node's counters are published when read: read them each second for the
+        // scrapes' sake, for as long as the process runs.
+        let node = node.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                every.tick().await;
+                node.snapshot();
+            }
+        });
+        out.emit("metrics", json!({ "addr": addr.to_string() }), || {
+            format!("metrics at http://{addr}/metrics")
+        });
+    }
     // Homed on the relay first, so that the ticket carries it.
     tokio::time::timeout(RELAY_HOMING_DEADLINE, node.online())
         .await

@@ -305,7 +305,13 @@ impl Driver {
             }
             LinkMsg::Closed(generation) => {
                 if generation == self.peer.generation() {
-                    debug!("link closed");
+                    metrics::counter!(super::metric::CONN_ENDED, "peer" => self.id.as_str().to_owned(), "cause" => "closed")
+                        .increment(1);
+                    info!(
+                        event = "substrate.conn.ended",
+                        cause = "closed",
+                        "link closed"
+                    );
                 }
                 self.peer.handle_link_closed(now, generation);
             }
@@ -399,7 +405,14 @@ impl Driver {
             }
             Output::Commit(batches) => {
                 let (store, id) = (self.shared.store.clone(), self.id.clone());
-                let commit = move || store.commit(&id, &batches);
+                let commit = move || {
+                    // A commit includes its sync when the store syncs (the store's promise).
+                    let began = std::time::Instant::now();
+                    let committed = store.commit(&id, &batches);
+                    metrics::histogram!(super::metric::STORE_COMMIT_MS)
+                        .record(began.elapsed().as_secs_f64() * 1e3);
+                    committed
+                };
                 self.committing = Some(start(&self.shared, commit));
             }
             Output::Dial { attempt } => {
@@ -423,8 +436,17 @@ impl Driver {
             Output::Unbind => self.writer = None,
             Output::Reply { ticket, reply } => self.answer(ticket, reply),
             Output::App(event) => self.app(event),
-            Output::LinkUp(negotiated) => info!(?negotiated, "link up"),
-            Output::LinkDropped(close) => info!(%close, "dropping the link"),
+            Output::LinkUp(negotiated) => {
+                metrics::counter!(super::metric::CONN_READY, "peer" => self.id.as_str().to_owned())
+                    .increment(1);
+                info!(event = "substrate.conn.ready", ?negotiated, "link up");
+            }
+            Output::LinkDropped(close) => {
+                let cause = super::metric::close_cause(&close);
+                metrics::counter!(super::metric::CONN_ENDED, "peer" => self.id.as_str().to_owned(), "cause" => cause)
+                    .increment(1);
+                info!(event = "substrate.conn.ended", cause, %close, "dropping the link");
+            }
             Output::StoreFailed { call, failures } => {
                 let error = self
                     .store_error
@@ -496,7 +518,12 @@ impl Driver {
             }
             (Answer::Req(sink), Reply::End(body)) => sink.end(body),
             (Answer::Unit(tx), Reply::Failed(failure)) => drop(tx.send(Err(error(failure)))),
-            (Answer::Sent(tx), Reply::Failed(failure)) => drop(tx.send(Err(error(failure)))),
+            (Answer::Sent(tx), Reply::Failed(failure)) => {
+                if let Failure::Futile(code) = &failure {
+                    info!(event = "substrate.futile", code = %code, "an op ended futile");
+                }
+                drop(tx.send(Err(error(failure))));
+            }
             (Answer::Req(sink), Reply::Failed(failure)) => sink.fail(error(failure)),
             (answer, _) => {
                 // A reply of another kind (never made): the caller keeps waiting for its own.

@@ -152,6 +152,8 @@ pub enum ReplyPart {
 pub struct ReplyStream {
     /// The request while it waits for room in the command lane.
     slot: Option<Arc<Slot>>,
+    /// When the request was issued (its answer's latency is measured from here).
+    issued: std::time::Instant,
     parts: mpsc::UnboundedReceiver<Part>,
     /// The peer's task, told of every `res` part read.
     handle: CommandTx,
@@ -191,7 +193,11 @@ impl ReplyStream {
                 self.handle.control(Command::ReplyRead(ticket, body.len()));
                 return Some(Ok(ReplyPart::Res(body)));
             }
-            Part::End(body) => Ok(ReplyPart::End(body)),
+            Part::End(body) => {
+                metrics::histogram!(metric::ANSWER_LATENCY_MS)
+                    .record(self.issued.elapsed().as_secs_f64() * 1e3);
+                Ok(ReplyPart::End(body))
+            }
             Part::Failed(error) => Err(error),
         };
         self.done = true;
@@ -250,6 +256,7 @@ fn reply_stream(handle: CommandTx) -> (ReplySink, ReplyStream) {
     let sink = ReplySink { parts: tx };
     let stream = ReplyStream {
         slot: None,
+        issued: std::time::Instant::now(),
         parts: rx,
         handle,
         done: false,
@@ -423,6 +430,8 @@ pub struct Pending<T> {
     /// The command while it waits for room in the lane.
     slot: Option<Arc<Slot>>,
     rx: oneshot::Receiver<Result<T, Error>>,
+    /// When it was issued and the histogram its latency goes to, once it succeeds.
+    latency: Option<(std::time::Instant, &'static str)>,
 }
 
 impl<T> std::fmt::Debug for Pending<T> {
@@ -440,8 +449,11 @@ impl<T> Future for Pending<T> {
         let result = Pin::new(&mut self.rx)
             .poll(cx)
             .map(|result| result.unwrap_or(Err(Error::Shutdown)));
-        if result.is_ready() {
+        if let Poll::Ready(outcome) = &result {
             self.slot = None;
+            if let (Ok(_), Some((issued, metric))) = (outcome, self.latency.take()) {
+                metrics::histogram!(metric).record(issued.elapsed().as_secs_f64() * 1e3);
+            }
         }
         result
     }
@@ -457,7 +469,11 @@ fn send_command<T>(
         Issued::Queued => None,
         Issued::Waiting(slot) => Some(slot),
     };
-    Pending { slot, rx }
+    Pending {
+        slot,
+        rx,
+        latency: None,
+    }
 }
 
 /// Sends a control command (answers to deliveries; never held back).
@@ -467,7 +483,11 @@ fn send_control<T>(
 ) -> Pending<T> {
     let (reply, rx) = oneshot::channel();
     handle.control(command(reply));
-    Pending { slot: None, rx }
+    Pending {
+        slot: None,
+        rx,
+        latency: None,
+    }
 }
 
 /// App commands waiting for a peer's task (see [`Peer::backlog`]).
@@ -558,10 +578,12 @@ struct Object {
 impl Object {
     fn send(&self, body: Bytes, wait: bool) -> Pending<String> {
         let obj = self.obj.clone();
-        send_command(&self.handle, |reply| {
+        let mut pending = send_command(&self.handle, |reply| {
             let send = peer::Command::Send { obj, body, wait };
             Command::App(send, Some(Answer::Sent(reply)))
-        })
+        });
+        pending.latency = Some((std::time::Instant::now(), metric::ACK_LATENCY_MS));
+        pending
     }
 
     fn request(&self, body: Bytes, wait: bool) -> ReplyStream {
@@ -655,6 +677,36 @@ impl Session {
     /// Closes the session.
     pub fn close(&self, reason: &str) -> Pending<()> {
         self.0.close(reason)
+    }
+}
+
+/// What the substrate shell publishes through the `metrics` facade besides each machine's
+/// counters (`tether_substrate_<counter>`, labelled by peer): docs/spec/substrate.md's signals
+/// under Prometheus-style names.
+pub mod metric {
+    use tether_core::substrate::LinkClose;
+
+    /// Histogram: from a send to its hop ack (`substrate.ack.latency_ms`), in milliseconds.
+    pub const ACK_LATENCY_MS: &str = "tether_substrate_ack_latency_ms";
+    /// Histogram: from a request to its answer's end (`substrate.answer.latency_ms`).
+    pub const ANSWER_LATENCY_MS: &str = "tether_substrate_answer_latency_ms";
+    /// Histogram: one store commit, its sync included when the store syncs.
+    pub const STORE_COMMIT_MS: &str = "tether_store_commit_ms";
+    /// Counter: links that came up (`substrate.conn.ready`), labelled by peer.
+    pub const CONN_READY: &str = "tether_substrate_conn_ready";
+    /// Counter: links that ended (`substrate.conn.ended`), labelled by peer and cause
+    /// (`closed` by the transport, or core's `handshake`, `decode`, `dead`, `violation`).
+    pub const CONN_ENDED: &str = "tether_substrate_conn_ended";
+
+    /// The cause label of a link core dropped.
+    pub fn close_cause(close: &LinkClose) -> &'static str {
+        match close {
+            LinkClose::Handshake { .. } => "handshake",
+            LinkClose::Decode(_) => "decode",
+            LinkClose::Dead => "dead",
+            LinkClose::Violation(_) => "violation",
+            _ => "other",
+        }
     }
 }
 
