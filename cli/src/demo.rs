@@ -41,6 +41,9 @@ pub(crate) struct Options {
     pub(crate) quiet: bool,
     /// The table as one JSON object.
     pub(crate) json: bool,
+    /// Nodes: 2 runs the two-node demo above; more runs `demo_many` (a ring of queues, any
+    /// node killed).
+    pub(crate) nodes: usize,
 }
 
 /// Why the demo could not run (as opposed to an invariant it found broken).
@@ -58,7 +61,7 @@ pub(crate) enum DemoError {
     Stalled(Duration, String),
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DemoError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DemoError {
     let what = what.into();
     move |source| DemoError::Io { what, source }
 }
@@ -95,13 +98,55 @@ pub(crate) struct Summary {
     pub(crate) failures: Vec<String>,
 }
 
-/// B's application view of one object.
+/// A receiving application's view of one object: what each delivery was.
 #[derive(Default)]
-struct Seen {
-    /// seq → message index first delivered under it, and the life of B that printed it.
+pub(crate) struct Seen {
+    /// seq → message index first delivered under it, and the receiver's life that printed it.
     by_seq: BTreeMap<u64, (u64, u64)>,
     /// The last index delivered for the first time (order check).
     last: Option<u64>,
+}
+
+/// What one delivery was (see [`Seen::classify`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// Delivered for the first time, in order.
+    First,
+    /// Delivered for the first time, but not after the last first delivery.
+    Reordered,
+    /// The same message under the same seq, printed by an earlier life of the receiver that
+    /// died before consuming it: the substrate's documented redelivery.
+    Redelivered,
+    /// Anything else seen before.
+    Duplicate,
+}
+
+impl Seen {
+    /// Classifies the delivery of message `index` under `seq` by the receiver's `life`;
+    /// `seen_before` says whether `index` was delivered for the first time already.
+    pub(crate) fn classify(
+        &mut self,
+        seq: u64,
+        index: u64,
+        life: u64,
+        seen_before: bool,
+    ) -> Delivery {
+        match self.by_seq.get(&seq) {
+            Some(&(first, earlier)) if first == index && earlier < life => Delivery::Redelivered,
+            Some(_) => Delivery::Duplicate,
+            None if seen_before => Delivery::Duplicate,
+            None => {
+                self.by_seq.insert(seq, (index, life));
+                let in_order = self.last.is_none_or(|last| index > last);
+                self.last = Some(index);
+                if in_order {
+                    Delivery::First
+                } else {
+                    Delivery::Reordered
+                }
+            }
+        }
+    }
 }
 
 /// Runs the demo; its exit code says whether every invariant held.
@@ -116,21 +161,50 @@ pub(crate) async fn run(options: Options) -> Result<ExitCode, DemoError> {
     };
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(io(dir.display().to_string()))?;
+    if options.nodes > 2 {
+        let result = crate::demo_many::drive(&exe, &dir, &options).await;
+        if temporary {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let summary = result?;
+        return Ok(report(
+            &summary,
+            &summary.failures,
+            options.json,
+            crate::demo_many::print_table,
+        ));
+    }
     let result = drive(&exe, &dir, &options).await;
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
     }
     let summary = result?;
-    if options.json {
-        println!("{}", serde_json::to_string(&summary).unwrap_or_default());
+    Ok(report(
+        &summary,
+        &summary.failures,
+        options.json,
+        print_table,
+    ))
+}
+
+/// Prints `summary` (as JSON, or as `table` prints it); the exit code says whether it lists
+/// `failures`.
+fn report<S: serde::Serialize>(
+    summary: &S,
+    failures: &[String],
+    json: bool,
+    table: fn(&S),
+) -> ExitCode {
+    if json {
+        println!("{}", serde_json::to_string(summary).unwrap_or_default());
     } else {
-        print_table(&summary);
+        table(summary);
     }
-    Ok(if summary.failures.is_empty() {
+    if failures.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
 }
 
 /// The message names: `<obj>:<index>`, padded to the body size.
@@ -418,7 +492,7 @@ fn verdict(books: Books) -> Summary {
     summary
 }
 
-async fn next(
+pub(crate) async fn next(
     events: &mut mpsc::UnboundedReceiver<Event>,
     waiting_for: &str,
 ) -> Result<Event, DemoError> {
@@ -432,12 +506,12 @@ async fn next(
     }
 }
 
-async fn write(node: &mut NodeProc, commands: &str) -> Result<(), DemoError> {
+pub(crate) async fn write(node: &mut NodeProc, commands: &str) -> Result<(), DemoError> {
     node.write(commands).await.map_err(io("write to a node"))
 }
 
 /// Starts node `name` (incarnation `life`).
-fn spawn(
+pub(crate) fn spawn(
     exe: &Path,
     name: &'static str,
     life: u64,
@@ -463,21 +537,20 @@ fn account(event: &Event, books: &mut Books) -> Option<String> {
                 return None;
             };
             let seq = value["seq"].as_u64().unwrap_or_default();
-            let object = books.seen.entry(obj).or_default();
-            match object.by_seq.get(&seq) {
-                // The same message under the same seq, printed by an earlier life of B that
-                // died before consuming it: the substrate's documented redelivery.
-                Some(&(first, life)) if first == index && life < event.life => {
-                    summary.redelivered_after_restart += 1;
-                }
-                Some(_) => summary.duplicates += 1,
-                None if books.delivered.contains(&name) => summary.duplicates += 1,
-                None => {
-                    object.by_seq.insert(seq, (index, event.life));
-                    if object.last.is_some_and(|last| index <= last) {
+            let seen_before = books.delivered.contains(&name);
+            let delivery =
+                books
+                    .seen
+                    .entry(obj)
+                    .or_default()
+                    .classify(seq, index, event.life, seen_before);
+            match delivery {
+                Delivery::Redelivered => summary.redelivered_after_restart += 1,
+                Delivery::Duplicate => summary.duplicates += 1,
+                Delivery::First | Delivery::Reordered => {
+                    if delivery == Delivery::Reordered {
                         summary.reordered += 1;
                     }
-                    object.last = Some(index);
                     if let Some(at) = books.sent_at.get(&name) {
                         books.latencies.push(at.elapsed().as_secs_f64() * 1e3);
                     }
@@ -529,7 +602,7 @@ fn account(event: &Event, books: &mut Books) -> Option<String> {
 }
 
 /// A progress bar on a terminal (stderr), plain lines every tenth otherwise.
-struct Progress {
+pub(crate) struct Progress {
     total: u64,
     quiet: bool,
     terminal: bool,
@@ -537,7 +610,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(total: u64, quiet: bool) -> Self {
+    pub(crate) fn new(total: u64, quiet: bool) -> Self {
         Self {
             total: total.max(1),
             quiet,
@@ -546,7 +619,7 @@ impl Progress {
         }
     }
 
-    fn show(&self, delivered: u64) {
+    pub(crate) fn show(&self, delivered: u64) {
         if self.quiet {
             return;
         }
@@ -569,7 +642,7 @@ impl Progress {
         }
     }
 
-    fn note(&self, what: &str) {
+    pub(crate) fn note(&self, what: &str) {
         if self.quiet {
             return;
         }
@@ -579,7 +652,7 @@ impl Progress {
         eprintln!("{what}");
     }
 
-    fn done(&self) {
+    pub(crate) fn done(&self) {
         if !self.quiet && self.terminal {
             eprintln!();
         }

@@ -29,6 +29,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod bifaci;
 mod demo;
+mod demo_many;
 mod node;
 pub mod procs;
 use tether::inspect::{inspect, WireFormat};
@@ -85,9 +86,13 @@ enum Command {
         /// Body size in bytes.
         #[arg(long, default_value_t = 64)]
         size: usize,
-        /// How many times B is killed.
+        /// How many times a node is killed (B with two nodes; any node with more).
         #[arg(long, default_value_t = 2)]
         kills: u64,
+        /// Nodes: 2 (A sends to B), or more: each sends over a queue to each of its next
+        /// three, any node may be killed, and the table has a row per pair.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=256))]
+        nodes: u16,
         /// The nodes' store.
         #[arg(long, value_enum, default_value_t = StoreChoice::Sqlite)]
         store: StoreChoice,
@@ -254,6 +259,7 @@ pub fn main() -> ExitCode {
             routes,
             size,
             kills,
+            nodes,
             store,
             dir,
             quiet,
@@ -269,6 +275,7 @@ pub fn main() -> ExitCode {
             dir,
             quiet,
             json,
+            nodes: usize::from(nodes),
         }),
         Command::Node {
             data,

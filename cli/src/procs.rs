@@ -118,6 +118,11 @@ impl NodeProc {
         Ok(Self { child, stdin, life })
     }
 
+    /// Its process id, while it runs.
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Writes command lines to its stdin.
     pub async fn write(&mut self, commands: &str) -> std::io::Result<()> {
         self.stdin.write_all(commands.as_bytes()).await?;
