@@ -44,6 +44,33 @@ pub(crate) struct Options {
     /// Nodes: 2 runs the two-node demo above; more runs `demo_many` (a ring of queues, any
     /// node killed).
     pub(crate) nodes: usize,
+    /// Run `tether relay` (iroh's relay server) on 127.0.0.1 and home every node on it.
+    pub(crate) relay: bool,
+}
+
+/// With `--relay`: `tether relay` as a child process on 127.0.0.1 (an unused port), and the
+/// node arguments that home a node on it (none without).
+pub(crate) async fn local_relay(
+    exe: &Path,
+    options: &Options,
+    events_tx: &mpsc::UnboundedSender<Event>,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+) -> Result<(Option<NodeProc>, Vec<String>), DemoError> {
+    if !options.relay {
+        return Ok((None, Vec::new()));
+    }
+    let relay = NodeProc::spawn_command(exe, "relay", "relay", 1, &[], events_tx.clone())
+        .map_err(io("tether relay"))?;
+    let url = loop {
+        let event = next(events, "the relay to start").await?;
+        if event.from == "relay" && event.value["event"] == "relay" {
+            break event.value["url"].as_str().unwrap_or_default().to_owned();
+        }
+    };
+    if !options.quiet {
+        eprintln!("nodes home on iroh's relay server at {url}");
+    }
+    Ok((Some(relay), vec!["--relay".into(), url]))
 }
 
 /// Why the demo could not run (as opposed to an invariant it found broken).
@@ -249,8 +276,9 @@ const ROUTE_ATTEMPTS: u32 = 8;
 
 async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, DemoError> {
     let (events_tx, mut events) = mpsc::unbounded_channel();
+    let (relay, homed) = local_relay(exe, options, &events_tx, &mut events).await?;
     let port = free_port().map_err(io("a probe socket"))?;
-    let b_args = vec![
+    let mut b_args = vec![
         "--store".into(),
         options.store.as_str().into(),
         "--data".into(),
@@ -258,6 +286,7 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
         "--listen".into(),
         format!("127.0.0.1:{port}"),
     ];
+    b_args.extend(homed.iter().cloned());
     let mut b_life = 1;
     let mut b = spawn(exe, "b", b_life, &b_args, &events_tx)?;
     let ticket = loop {
@@ -269,7 +298,7 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
                 .to_owned();
         }
     };
-    let a_args = vec![
+    let mut a_args = vec![
         "--store".into(),
         options.store.as_str().into(),
         "--data".into(),
@@ -277,6 +306,7 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
         "--connect".into(),
         ticket,
     ];
+    a_args.extend(homed.iter().cloned());
     let mut a = spawn(exe, "a", 1, &a_args, &events_tx)?;
 
     // The objects: queues q0.., and the session s (sends and requests).
@@ -313,7 +343,6 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
 
     // A restarted B dials A itself: A's link to the dead process would otherwise wait for
     // QUIC's idle timeout to notice that it is gone.
-    let mut b_args = b_args;
     b_args.extend(["--connect".to_owned(), a_ticket.unwrap_or_default()]);
 
     // The plan: message i goes to objects[i % len]; every k-th on the session is a request;
@@ -429,6 +458,9 @@ async fn drive(exe: &Path, dir: &Path, options: &Options) -> Result<Summary, Dem
     progress.done();
     a.quit().await;
     b.quit().await;
+    if let Some(mut relay) = relay {
+        let _ = relay.kill().await;
+    }
     // What arrived while they shut down (the last telemetry batches).
     while let Ok(event) = events.try_recv() {
         let _ = account(&event, &mut books);

@@ -18,7 +18,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use crate::demo::{io, next, spawn, write, Delivery, DemoError, Options, Progress, Seen};
+use crate::demo::{
+    io, local_relay, next, spawn, write, Delivery, DemoError, Options, Progress, Seen,
+};
 use crate::procs::{free_port, Event, NodeProc};
 
 /// How many successors each node sends to (fewer when there are fewer other nodes).
@@ -266,10 +268,11 @@ pub(crate) async fn drive(
             });
         }
     }
+    let (relay, homed) = local_relay(exe, options, &events_tx, &mut events).await?;
     for i in 0..n {
         let name: &'static str = Box::leak(format!("n{i}").into_boxed_str());
         let port = free_port().map_err(io("a probe socket"))?;
-        let args = vec![
+        let mut args = vec![
             "--store".into(),
             options.store.as_str().into(),
             "--data".into(),
@@ -277,6 +280,7 @@ pub(crate) async fn drive(
             "--listen".into(),
             format!("127.0.0.1:{port}"),
         ];
+        args.extend(homed.iter().cloned());
         let process = spawn(exe, name, 1, &args, &events_tx)?;
         world.members.push(Member {
             name,
@@ -415,6 +419,9 @@ pub(crate) async fn drive(
         if let Some(process) = member.process.take() {
             process.quit().await;
         }
+    }
+    if let Some(mut relay) = relay {
+        let _ = relay.kill().await;
     }
     let mut summary = verdict(world, n, kills, disconnects, seconds);
     summary.rss_kib_max = rss_kib.iter().copied().max().unwrap_or(0);

@@ -93,6 +93,9 @@ enum Command {
         /// three, any node may be killed, and the table has a row per pair.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=256))]
         nodes: u16,
+        /// Run iroh's relay server (`tether relay`) on 127.0.0.1 and home every node on it.
+        #[arg(long)]
+        relay: bool,
         /// The nodes' store.
         #[arg(long, value_enum, default_value_t = StoreChoice::Sqlite)]
         store: StoreChoice,
@@ -260,11 +263,13 @@ pub fn main() -> ExitCode {
             size,
             kills,
             nodes,
+            relay,
             store,
             dir,
             quiet,
             json,
         } => run_demo(demo::Options {
+            relay,
             messages,
             queues,
             requests,

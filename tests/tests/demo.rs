@@ -70,15 +70,23 @@ fn the_demo_with_small_counts_reports_every_invariant_held() {
     assert!(summary["failures"].as_array().is_some_and(Vec::is_empty));
 }
 
-/// `tether demo --nodes 8`: eight node processes, each sending over a queue to each of its
-/// next three, three nodes killed with SIGKILL and restarted (senders and receivers alike),
-/// two links cut; every pair's row and the totals must show nothing acknowledged lost, nothing
+/// `tether demo --nodes 8 --relay`: eight node processes homed on iroh's relay server (a
+/// `tether relay` process), each sending over a queue to each of its next three, three nodes
+/// killed with SIGKILL and restarted (senders and receivers alike), two links cut; every pair's row and the totals must show nothing acknowledged lost, nothing
 /// duplicated, nothing reordered, and the exit code must say so.
 #[test]
 fn the_demo_with_eight_nodes_reports_every_pair_and_every_invariant_held() {
     let summary = demo(
         "demo-many",
-        &["--nodes", "8", "--messages", "2400", "--kills", "3"],
+        &[
+            "--nodes",
+            "8",
+            "--messages",
+            "2400",
+            "--kills",
+            "3",
+            "--relay",
+        ],
     );
     let count = |key: &str| summary[key].as_u64().unwrap_or_else(|| panic!("{key}"));
     assert_eq!(count("nodes"), 8);
