@@ -52,3 +52,31 @@ fn schedstat_ns(path: &std::path::Path) -> Option<u64> {
     let stat = std::fs::read_to_string(path).ok()?;
     stat.split_whitespace().next()?.parse().ok()
 }
+
+/// A process's resident memory now and at its peak, in MB (`VmRSS`, `VmHWM` of
+/// `/proc/<pid>/status`; `pid` "self" for this process; zeros where unreadable).
+pub fn memory(pid: &str) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The value after flag `name` in `args` (underscores allowed: `1_000`), else `default`.
+pub fn arg(args: &[String], name: &str, default: usize) -> usize {
+    args.windows(2)
+        .find(|pair| pair[0] == name)
+        .and_then(|pair| pair[1].replace('_', "").parse().ok())
+        .unwrap_or(default)
+}

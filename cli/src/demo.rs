@@ -59,7 +59,7 @@ pub(crate) async fn local_relay(
     if !options.relay {
         return Ok((None, Vec::new()));
     }
-    let relay = NodeProc::spawn_command(exe, "relay", "relay", 1, &[], events_tx.clone())
+    let relay = NodeProc::spawn_wrapped(&[], exe, "relay", "relay", 1, &[], events_tx.clone())
         .map_err(io("tether relay"))?;
     let url = loop {
         let event = next(events, "the relay to start").await?;

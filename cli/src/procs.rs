@@ -51,24 +51,12 @@ impl NodeProc {
         args: &[String],
         events: mpsc::UnboundedSender<Event>,
     ) -> std::io::Result<Self> {
-        Self::spawn_command(tether, "node", name, life, args, events)
+        Self::spawn_wrapped(&[], tether, "node", name, life, args, events)
     }
 
-    /// Starts `<tether> <command> <args> --json` (stderr inherited); its events go to
-    /// `events`.
-    pub fn spawn_command(
-        tether: &Path,
-        command: &str,
-        name: &'static str,
-        life: u64,
-        args: &[String],
-        events: mpsc::UnboundedSender<Event>,
-    ) -> std::io::Result<Self> {
-        Self::spawn_wrapped(&[], tether, command, name, life, args, events)
-    }
-
-    /// Starts `<wrapper...> <tether> <command> <args> --json` (for instance under
-    /// `ip netns exec NS`, which becomes the process it runs); its events go to `events`.
+    /// Starts `<wrapper...> <tether> <command> <args> --json` (no wrapper: `tether` itself;
+    /// or for instance `ip netns exec NS`, which becomes the process it runs); its events go
+    /// to `events`.
     pub fn spawn_wrapped(
         wrapper: &[&str],
         tether: &Path,

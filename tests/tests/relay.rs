@@ -3,13 +3,15 @@
 //! by id and relay alone, with no socket address. The substrate's queue and session work, and
 //! the relay counts the packets it carried.
 
+mod support;
+
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use iroh_relay::server::{RelayConfig, Server, ServerConfig};
 use tether::iroh::EndpointAddr;
 use tether::node::{Node, RelayMode, RelayUrl};
-use tether::substrate::{AllowAll, Auth, Authorizer, Inbound, Substrate};
+use tether::substrate::{AllowAll, Auth, Authorizer, Substrate};
 use tokio::sync::mpsc;
 
 /// Every wait here has this deadline: a relay on this machine answers in milliseconds.
@@ -63,25 +65,7 @@ async fn two_nodes_reach_each_other_through_a_real_relay_knowing_only_its_url() 
         .authorize(Authorizer::new(AllowAll))
         .start()
         .expect("start b");
-    let (seen_tx, mut seen) = mpsc::unbounded_channel();
-    let mut inbound = receiver.inbound().expect("inbound");
-    tokio::spawn(async move {
-        while let Some(item) = inbound.recv().await {
-            match item {
-                Inbound::Open(open) => open.accept().await.expect("accept"),
-                Inbound::Message(message) => {
-                    let _ = seen_tx.send((message.peer.clone(), message.body.clone()));
-                    message.done();
-                }
-                Inbound::Request(request) => {
-                    let mut answer = b"re:".to_vec();
-                    answer.extend_from_slice(&request.body);
-                    request.end(answer).await.expect("answer");
-                }
-                _ => {}
-            }
-        }
-    });
+    let mut seen = support::serve_receiver(&receiver);
     let sender = Substrate::builder(alice.clone(), transport_a)
         .auth(Auth::TransportIdentity)
         .authorize(Authorizer::new(AllowAll))
@@ -136,8 +120,9 @@ async fn tether_nodes_home_on_tether_relay_and_talk_through_it() {
     let dir = std::env::temp_dir().join(format!("tether-relay-cli-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (events_tx, mut events) = mpsc::unbounded_channel();
-    let mut relay = NodeProc::spawn_command(tether, "relay", "relay", 1, &[], events_tx.clone())
-        .expect("tether relay starts");
+    let mut relay =
+        NodeProc::spawn_wrapped(&[], tether, "relay", "relay", 1, &[], events_tx.clone())
+            .expect("tether relay starts");
     let event = next(&mut events, "the relay's URL").await;
     assert_eq!(event.kind(), "relay", "{:?}", event.value);
     let url = event.text("url");

@@ -1,9 +1,10 @@
 //! The substrate shell over iroh: the same shell as over TCP and in the simulator, with
 //! `transport-identity` auth bound to the QUIC connection's keying material.
 
+mod support;
+
 use tether::node::Node;
-use tether::substrate::{AllowAll, Auth, Authorizer, Inbound, Substrate};
-use tokio::sync::mpsc;
+use tether::substrate::{AllowAll, Auth, Authorizer, Substrate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_and_sessions_over_iroh_with_transport_identity() {
@@ -23,28 +24,7 @@ async fn queues_and_sessions_over_iroh_with_transport_identity() {
         .authorize(Authorizer::new(AllowAll))
         .start()
         .expect("start b");
-    let (seen_tx, mut seen) = mpsc::unbounded_channel();
-    let mut inbound = receiver.inbound().expect("inbound");
-    tokio::spawn(async move {
-        while let Some(item) = inbound.recv().await {
-            match item {
-                Inbound::Open(open) => open.accept().await.expect("accept"),
-                Inbound::Message(message) => {
-                    seen_tx
-                        .send((message.peer.clone(), message.body.clone()))
-                        .expect("test alive");
-                    message.done();
-                }
-                Inbound::Request(request) => {
-                    let mut answer = b"re:".to_vec();
-                    answer.extend_from_slice(&request.body);
-                    request.end(answer).await.expect("answer");
-                }
-                Inbound::Closed { .. } | Inbound::Store { .. } => {}
-                _ => {}
-            }
-        }
-    });
+    let mut seen = support::serve_receiver(&receiver);
     let sender = Substrate::builder(alice_id.clone(), transport_a)
         .auth(Auth::TransportIdentity)
         .authorize(Authorizer::new(AllowAll))

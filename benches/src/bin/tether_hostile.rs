@@ -26,34 +26,14 @@ use tether::iroh::{Endpoint, EndpointAddr, EndpointId, RelayMode, SecretKey};
 use tether::node::{Node, ACTOR_ALPN};
 use tether::switch::host::Host;
 use tether::switch::Switch;
+use tether_benches::arg;
 
 const UPPER: &str = "cap:in=media:text;out=media:upper";
 const WAVE: usize = 256;
 
-/// This process's resident memory now and at its peak, in MB (`VmRSS`, `VmHWM`).
+/// This process's resident memory now and at its peak, in MB.
 fn memory() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .map_or(0.0, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-fn arg(args: &[String], name: &str, default: usize) -> usize {
-    args.windows(2)
-        .find(|pair| pair[0] == name)
-        .and_then(|pair| pair[1].replace('_', "").parse().ok())
-        .unwrap_or(default)
+    tether_benches::memory("self")
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use tether::iroh::EndpointAddr;
 use tether::node::Node;
 use tether::substrate::{AllowAll, Authorizer, Peer, Queue, Substrate};
+use tether_benches::arg;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -35,25 +36,12 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut args = Args {
-        peers: 1000,
-        messages: 10,
-        fan_in_messages: 2000,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().and_then(|v| v.parse().ok());
-        match (flag.as_str(), value) {
-            ("--peers", Some(v)) => args.peers = v,
-            ("--messages", Some(v)) => args.messages = v,
-            ("--fan-in-messages", Some(v)) => args.fan_in_messages = v,
-            _ => {
-                eprintln!("usage: tether-scale [--peers N] [--messages M] [--fan-in-messages F]");
-                std::process::exit(2);
-            }
-        }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    Args {
+        peers: arg(&args, "--peers", 1000),
+        messages: arg(&args, "--messages", 10),
+        fan_in_messages: arg(&args, "--fan-in-messages", 2000),
     }
-    args
 }
 
 /// The hub: `tether node` as a child process, and its ticket.
@@ -93,16 +81,7 @@ async fn start_hub(tether: &Path, data: &Path, port: u16) -> Hub {
 
 /// A process's resident memory now and at its peak, in MB.
 fn memory(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    tether_benches::memory(&pid.to_string())
 }
 
 /// One peer: its node, substrate and queue to the hub.
