@@ -235,9 +235,12 @@ async fn soak(requests: usize, concurrency: usize) {
     while done < requests {
         let batch = (requests - done).min(tenth.max(1));
         let callers: Vec<_> = (0..concurrency.max(1))
-            .map(|_| {
+            .map(|caller| {
                 let switch = switch.clone();
-                let count = batch / concurrency.max(1);
+                // The batch split over the callers, the first ones taking its remainder (a
+                // count that is no multiple of the callers still ends).
+                let count =
+                    batch / concurrency.max(1) + usize::from(caller < batch % concurrency.max(1));
                 tokio::spawn(async move {
                     for _ in 0..count {
                         let call = switch.request(UPPER).await.expect("routed");
