@@ -23,6 +23,15 @@ pub const PATH_CHANGE_DEADLINE: Duration = Duration::from_secs(90);
 /// The relay's port on [`RELAY_ADDR`].
 pub const RELAY_PORT: u16 = 3340;
 
+/// A name no other namespace or interface of this machine has: this process's id and a count
+/// (the end-to-end tests share one process, and run side by side), at most 10 characters
+/// after `prefix`, within an interface name's 15.
+fn unique() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}x{n}", std::process::id())
+}
+
 /// Host A's address.
 pub const A_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
 /// Host B's address.
@@ -56,7 +65,7 @@ pub fn exec(ns: &str, program: &str, args: &[&str]) -> Result<(), String> {
 
 /// Why `tc netem` cannot shape a link here (this kernel lacks `sch_netem`), or `None`.
 pub fn netem_unavailable() -> Option<String> {
-    let probe = format!("ttnetem{}", std::process::id());
+    let probe = format!("ttnetem{}", unique());
     ip(&["netns", "add", &probe]).ok()?;
     let tried = exec(&probe, "ip", &["link", "set", "lo", "up"]).and_then(|()| {
         exec(
@@ -73,7 +82,7 @@ pub fn netem_unavailable() -> Option<String> {
 
 /// Why namespaces cannot be made here, or `None` when they can.
 pub fn unavailable() -> Option<String> {
-    let probe = format!("ttprobe{}", std::process::id());
+    let probe = format!("ttprobe{}", unique());
     match ip(&["netns", "add", &probe]) {
         Ok(()) => {
             let _ = ip(&["netns", "del", &probe]);
@@ -104,7 +113,7 @@ pub struct Topology {
 impl Topology {
     /// Builds the namespaces, links and addresses, forwarding off.
     pub fn build() -> Result<Self, String> {
-        let id = std::process::id();
+        let id = unique();
         let topology = Self {
             a: format!("tt{id}a"),
             b: format!("tt{id}b"),

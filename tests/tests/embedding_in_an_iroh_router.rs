@@ -13,7 +13,7 @@ use tether::node::{ActorBridge, DeliveryError, Node, NodeError, OutFrame};
 use tether::substrate::{AllowAll, Authorizer, Inbound};
 use tokio::sync::mpsc;
 
-mod support;
+use crate::support;
 
 const ECHO_ALPN: &[u8] = b"app/echo/1";
 const ACTOR: tether::node::ActorAddr = tether::node::ActorAddr::new([0xE1; 32]);

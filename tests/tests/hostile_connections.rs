@@ -5,7 +5,7 @@
 //! nothing behind; every refusal is counted once. A listed peer that dials again and again
 //! holds one connection: each one it replaces is closed.
 
-mod support;
+use crate::support;
 
 use tether::node::{Node, ACTOR_ALPN};
 use tether_core::limits::QUIC_HANDSHAKES_IN_PROGRESS_MAX;

@@ -1,7 +1,7 @@
 //! The iroh driver over real endpoints on 127.0.0.1 (relay disabled, no port mapping: the
 //! crate is built without the portmapper feature).
 
-mod common;
+use crate::common;
 
 use common::until_changed;
 use std::sync::Arc;

@@ -5,7 +5,7 @@ use tether::iroh::endpoint::VarInt;
 use tether::node::{Node, ProtocolBinding, StreamEvent, StreamFaultReason};
 use tokio::sync::mpsc;
 
-mod support;
+use crate::support;
 
 const TOTAL: usize = 64 * 1024 * 1024;
 const RING: usize = 64 * 1024;

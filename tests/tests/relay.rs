@@ -3,7 +3,7 @@
 //! by id and relay alone, with no socket address. The substrate's queue and session work, and
 //! the relay counts the packets it carried.
 
-mod support;
+use crate::support;
 
 use std::net::Ipv4Addr;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The substrate shell over iroh: the same shell as over TCP and in the simulator, with
 //! `transport-identity` auth bound to the QUIC connection's keying material.
 
-mod support;
+use crate::support;
 
 use tether::node::Node;
 use tether::substrate::{AllowAll, Auth, Authorizer, Substrate};

@@ -17,7 +17,7 @@ use tether::switch::host::Host;
 use tether::switch::Switch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-mod support;
+use crate::support;
 
 /// The cached connections of `node` on `channel`: (peer hex, generation).
 fn cached(node: &Node, channel: Channel) -> Vec<(String, u64)> {

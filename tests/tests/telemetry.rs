@@ -9,7 +9,7 @@ use tether_core::wire::telemetry::{
 };
 use tokio::sync::mpsc;
 
-mod support;
+use crate::support;
 
 const EVENTS: u64 = 100_000;
 
