@@ -141,19 +141,12 @@ struct World {
 
 impl World {
     /// The commands that (re)open node `i`'s queues: connect to each target, open its queue.
-    /// A restarted node first connects to the nodes that send to it: their links to its dead
-    /// process would otherwise wait for QUIC's idle timeout to notice it is gone (iroh's
-    /// stateless-reset key does not survive a restart), and a new link replaces a stale one.
+    /// A restarted node needs nothing for the nodes that send to it: its substrate dials
+    /// every peer it has durable state for from its peer book, and that fresh link replaces
+    /// the sender's link to the dead process (which would otherwise wait for QUIC's idle
+    /// timeout: iroh's stateless-reset key does not survive a restart).
     fn setup(&self, i: usize) -> Option<String> {
         let mut commands = String::new();
-        if self.members[i].life > 1 {
-            for (p, targets) in self.targets.iter().enumerate() {
-                if targets.contains(&i) {
-                    let ticket = self.members[p].ticket.as_ref()?;
-                    commands.push_str(&format!("connect {ticket}\n"));
-                }
-            }
-        }
         for &j in &self.targets[i] {
             let ticket = self.members[j].ticket.as_ref()?;
             commands.push_str(&format!(

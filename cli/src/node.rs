@@ -294,6 +294,7 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
         .bind_addr(listen)
         .relay_mode(options.relay.mode())
         .substrate()
+        .peer_book(options.data.join("peers"))
         .switch_host()
         .telemetry_sink(sink)
         .bind()

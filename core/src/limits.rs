@@ -538,3 +538,18 @@ pub const LOG_PREPARE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The zeros a log store's preparation writes at a time (the close flag is checked between them).
 pub const LOG_PREPARE_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// The most bytes a node's peer book file may hold: a larger one is refused when read, and
+/// writing stops at the last whole entry under it (the application's entries first).
+pub const PEER_BOOK_BYTES_MAX: usize = 1 << 20;
+
+/// The most peers a node's peer book records from inbound links (the application's own
+/// entries are not counted: it names them).
+pub const PEER_BOOK_SEEN_PEERS_MAX: usize = 4_096;
+
+/// The most addresses one peer's entry in a peer book holds, in the file and in memory.
+pub const PEER_BOOK_ADDRS_PER_PEER_MAX: usize = 8;
+
+/// Connection events (`node.conn.ready` / `node.conn.ended`) a driver keeps for its shell to
+/// report; past it the oldest is dropped and counted ([`crate::driver::Driver::conn_events_dropped`]).
+pub const DRIVER_CONN_EVENTS_QUEUED_MAX: usize = 4_096;

@@ -63,6 +63,45 @@ pub fn exec(ns: &str, program: &str, args: &[&str]) -> Result<(), String> {
     ip(&all)
 }
 
+/// Runs `<program> <args>` inside namespace `ns`; what it printed.
+pub fn exec_output(ns: &str, program: &str, args: &[&str]) -> Result<String, String> {
+    let output = Command::new("ip")
+        .args(["netns", "exec", ns, program])
+        .args(args)
+        .output()
+        .map_err(|error| format!("{program} {}: {error}", args.join(" ")))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// What an [`Impairment`] did to the packets, read from netfilter's own counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Impaired {
+    /// Packets dropped.
+    pub dropped: u64,
+    /// Packets sent twice.
+    pub duplicated: u64,
+    /// Packets held (delayed, and reordered by it).
+    pub held: u64,
+}
+
+impl std::fmt::Display for Impaired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} packets dropped, {} duplicated, {} held",
+            self.dropped, self.duplicated, self.held
+        )
+    }
+}
+
 /// Why `tc netem` cannot shape a link here (this kernel lacks `sch_netem`), or `None`.
 pub fn netem_unavailable() -> Option<String> {
     let probe = format!("ttnetem{}", unique());
@@ -108,6 +147,108 @@ pub struct Topology {
     host_links: Vec<(String, String)>,
     /// The router's end of each host's link, A's then B's.
     router_links: Vec<String>,
+    /// The `tether-impair` process serving the router's packet queue, while one runs.
+    impairer: Option<std::process::Child>,
+}
+
+/// A fault netfilter makes in the router on everything it sends toward either host (from
+/// the other host or from the relay), for kernels without `sch_netem`: loss and duplication
+/// are the kernel's own (iptables `statistic` with `DROP`; nftables `dup` at the link's
+/// egress); delay, jitter and reordering hold the packets the kernel queues (NFQUEUE) in
+/// `tether-impair`, which gives each back to the kernel when its time comes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Impairment {
+    /// Packets dropped, in tenths of a percent (every n-th packet).
+    pub loss_permille: u32,
+    /// Packets sent twice, in percent (every n-th packet).
+    pub duplicate_percent: u32,
+    /// Each packet held this long, in milliseconds…
+    pub delay_ms: u64,
+    /// …plus or minus up to this (uniform): packets overtake one another.
+    pub jitter_ms: u64,
+    /// Packets sent on at once, ahead of those held, in percent.
+    pub reorder_percent: u64,
+}
+
+impl std::fmt::Display for Impairment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.delay_ms > 0 || self.jitter_ms > 0 {
+            parts.push(format!("delay {}ms ± {}ms", self.delay_ms, self.jitter_ms));
+        }
+        if self.reorder_percent > 0 {
+            parts.push(format!("reorder {}%", self.reorder_percent));
+        }
+        if self.loss_permille > 0 {
+            parts.push(format!(
+                "loss {}.{}%",
+                self.loss_permille / 10,
+                self.loss_permille % 10
+            ));
+        }
+        if self.duplicate_percent > 0 {
+            parts.push(format!("duplicate {}%", self.duplicate_percent));
+        }
+        write!(f, "{}", parts.join(", "))
+    }
+}
+
+/// Why netfilter cannot impair packets here (no `iptables` or `nft`, or a kernel without
+/// nftables or NFQUEUE), or `None`.
+pub fn impairment_unavailable(tether_impair: &Path) -> Option<String> {
+    let probe = format!("ttnft{}", unique());
+    if let Err(error) = ip(&["netns", "add", &probe]) {
+        return Some(error);
+    }
+    let tried = exec(
+        &probe,
+        "iptables",
+        &[
+            "-A",
+            "OUTPUT",
+            "-o",
+            "lo",
+            "-j",
+            "NFQUEUE",
+            "--queue-num",
+            "0",
+            "--queue-bypass",
+        ],
+    )
+    .and_then(|()| exec(&probe, "iptables", &["-F", "OUTPUT"]))
+    .and_then(|()| exec(&probe, "nft", &["add", "table", "netdev", "probe"]))
+    .and_then(|()| {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &probe])
+            .arg(tether_impair)
+            .args(["--queue", "0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|error| format!("tether-impair: {error}"))?;
+        let ready = first_line(&mut child);
+        let _ = child.kill();
+        let output = child
+            .wait_with_output()
+            .map_err(|error| error.to_string())?;
+        match ready.as_deref() {
+            Some("ready") => Ok(()),
+            _ => Err(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
+        }
+    });
+    let _ = ip(&["netns", "del", &probe]);
+    tried
+        .err()
+        .map(|error| format!("netfilter cannot impair packets here ({error})"))
+}
+
+/// The first line a child prints on stdout (it keeps running).
+fn first_line(child: &mut std::process::Child) -> Option<String> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take()?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).ok()?;
+    Some(line.trim().to_owned())
 }
 
 impl Topology {
@@ -120,6 +261,7 @@ impl Topology {
             r: format!("tt{id}r"),
             host_links: Vec::new(),
             router_links: Vec::new(),
+            impairer: None,
         };
         let mut topology = topology;
         for ns in [&topology.a, &topology.b, &topology.r] {
@@ -190,6 +332,162 @@ impl Topology {
         Ok(())
     }
 
+    /// Puts `impairment` on everything the router sends toward either host, replacing the
+    /// one before; `None` takes it off. `tether_impair` is the `tether-impair` program (it
+    /// serves the queue while delay, jitter or reordering is asked for).
+    pub fn impair(
+        &mut self,
+        tether_impair: &Path,
+        impairment: Option<Impairment>,
+    ) -> Result<(), String> {
+        for args in [
+            ["-F", "FORWARD"],
+            ["-F", "OUTPUT"],
+            ["-F", "IMPAIR"],
+            ["-X", "IMPAIR"],
+        ] {
+            let _ = exec(&self.r, "iptables", &args);
+        }
+        let _ = exec(
+            &self.r,
+            "nft",
+            &["delete", "table", "netdev", "tether_impair"],
+        );
+        if let Some(mut child) = self.impairer.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let Some(impairment) = impairment else {
+            return Ok(());
+        };
+        let held = impairment.delay_ms > 0 || impairment.jitter_ms > 0;
+        // Loss and the queue: iptables rules (nf_tables underneath, through its xtables
+        // compatibility: kernels without nft's own `queue` expression still take them), in one
+        // chain every packet toward a host goes through, so that one count spans them all.
+        if impairment.loss_permille > 0 || held {
+            exec(&self.r, "iptables", &["-N", "IMPAIR"])?;
+            if let Some(every) = 1000u32.checked_div(impairment.loss_permille) {
+                // Every n-th packet: the rate asked for, and a run of a given length always
+                // loses some.
+                let every = every.max(1).to_string();
+                let rule = [
+                    "-A",
+                    "IMPAIR",
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "nth",
+                    "--every",
+                    &every,
+                    "--packet",
+                    "0",
+                    "-j",
+                    "DROP",
+                ];
+                exec(&self.r, "iptables", &rule)?;
+            }
+            if held {
+                let rule = [
+                    "-A",
+                    "IMPAIR",
+                    "-j",
+                    "NFQUEUE",
+                    "--queue-num",
+                    "0",
+                    "--queue-bypass",
+                ];
+                exec(&self.r, "iptables", &rule)?;
+            }
+            for chain in ["FORWARD", "OUTPUT"] {
+                for link in &self.router_links {
+                    exec(
+                        &self.r,
+                        "iptables",
+                        &["-A", chain, "-o", link, "-j", "IMPAIR"],
+                    )?;
+                }
+            }
+        }
+        if let Some(every) = 100u32.checked_div(impairment.duplicate_percent) {
+            // The copy is marked, so that it is not copied again on its own way out.
+            let mut rules = String::from("table netdev tether_impair {\n");
+            for (n, link) in self.router_links.iter().enumerate() {
+                rules.push_str(&format!(
+                    "  chain out{n} {{\n    type filter hook egress device \"{link}\" priority 0; \
+                     policy accept;\n    meta mark 0 numgen inc mod {} == 0 meta mark set 1 \
+                     counter dup to \"{link}\"\n  }}\n",
+                    every.max(1)
+                ));
+            }
+            rules.push_str("}\n");
+            let file = std::env::temp_dir().join(format!("tether-impair-{}.nft", self.r));
+            std::fs::write(&file, rules).map_err(|error| format!("nft rules: {error}"))?;
+            let applied = exec(&self.r, "nft", &["-f", &file.display().to_string()]);
+            let _ = std::fs::remove_file(&file);
+            applied?;
+        }
+        if held {
+            let mut child = Command::new("ip")
+                .args(["netns", "exec", &self.r])
+                .arg(tether_impair)
+                .args([
+                    "--queue".to_owned(),
+                    "0".to_owned(),
+                    "--delay".to_owned(),
+                    impairment.delay_ms.to_string(),
+                    "--jitter".to_owned(),
+                    impairment.jitter_ms.to_string(),
+                    "--reorder".to_owned(),
+                    impairment.reorder_percent.to_string(),
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|error| format!("tether-impair: {error}"))?;
+            if first_line(&mut child).as_deref() != Some("ready") {
+                let _ = child.kill();
+                return Err("tether-impair did not start".to_owned());
+            }
+            self.impairer = Some(child);
+        }
+        Ok(())
+    }
+
+    /// What the impairment in place did so far.
+    pub fn impaired(&self) -> Result<Impaired, String> {
+        let mut counts = Impaired::default();
+        if let Ok(listing) = exec_output(&self.r, "iptables", &["-L", "IMPAIR", "-v", "-x", "-n"]) {
+            for line in listing.lines() {
+                let mut words = line.split_whitespace();
+                let (Some(packets), Some(_bytes), Some(target)) =
+                    (words.next(), words.next(), words.next())
+                else {
+                    continue;
+                };
+                let Ok(packets) = packets.parse::<u64>() else {
+                    continue;
+                };
+                match target {
+                    "DROP" => counts.dropped += packets,
+                    "NFQUEUE" => counts.held += packets,
+                    _ => {}
+                }
+            }
+        }
+        if let Ok(listing) = exec_output(
+            &self.r,
+            "nft",
+            &["list", "table", "netdev", "tether_impair"],
+        ) {
+            let mut words = listing.split_whitespace();
+            while let Some(word) = words.next() {
+                if word == "packets" {
+                    counts.duplicated += words.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                }
+            }
+        }
+        Ok(counts)
+    }
+
     /// Takes host `host`'s link (`0` for A, `1` for B) down at the router, or brings it back:
     /// a partition of that host from everything, the relay included.
     pub fn set_link(&self, host: usize, up: bool) -> Result<(), String> {
@@ -209,6 +507,10 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
+        if let Some(mut child) = self.impairer.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         for ns in [&self.a, &self.b, &self.r] {
             let _ = ip(&["netns", "del", ns]);
         }
@@ -281,6 +583,11 @@ impl Pair {
     /// The namespaces.
     pub fn topology(&self) -> &Topology {
         &self.topology
+    }
+
+    /// The namespaces, to change.
+    pub fn topology_mut(&mut self) -> &mut Topology {
+        &mut self.topology
     }
 
     /// Messages B sent so far.

@@ -6,15 +6,18 @@
 //! - each host cut off (its link down at the router, the relay included) for seconds, with
 //!   messages sent into the partition;
 //! - a token bucket (`tc tbf`) far below the offered load, which queues and drops;
-//! - with `tc netem` (where the kernel has `sch_netem`): delay with jitter, loss, reordering,
-//!   duplication, and all of them at once.
+//! - delay with jitter, loss, reordering, duplication, and all of them at once: with `tc
+//!   netem` where the kernel has `sch_netem`, and with netfilter in the router where it does
+//!   not (`netns::Impairment`: nftables drops and duplicates, NFQUEUE holds packets for
+//!   `tether-impair` to delay and reorder), so that every kernel runs every fault.
 //!
-//! Needs root: elsewhere it says so and skips; a kernel without netem skips that part loudly.
+//! Needs root: elsewhere it says so and skips; a kernel with neither netem nor netfilter's
+//! queue skips that part loudly.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tether_tests::netns::{self, Pair, Topology};
+use tether_tests::netns::{self, Impairment, Pair, Topology};
 
 /// How long a partition lasts: the fault's own length, not a wait for an event.
 const PARTITION: Duration = Duration::from_secs(3);
@@ -47,8 +50,11 @@ async fn the_queue_is_exactly_once_and_in_order_under_kernel_made_faults() {
     }
 
     let mut faults = vec![("tbf rate 1mbit burst 32kbit latency 30ms", 300)];
-    match netns::netem_unavailable() {
-        Some(why) => eprintln!("SKIPPED kernel_made_faults, the netem faults: {why}"),
+    let netem = netns::netem_unavailable();
+    match &netem {
+        Some(why) => {
+            eprintln!("kernel_made_faults: no netem ({why}): netfilter makes those faults")
+        }
         None => faults.extend([
             ("netem delay 50ms 20ms distribution normal", 100),
             ("netem loss 3%", 200),
@@ -67,6 +73,84 @@ async fn the_queue_is_exactly_once_and_in_order_under_kernel_made_faults() {
         run.settle().await;
         figures.push(format!("{fault}: {messages} in {:?}", start.elapsed()));
         run.topology().shape("").expect("unshaped");
+    }
+
+    if netem.is_some() {
+        let impair = Path::new(env!("CARGO_BIN_EXE_tether-impair"));
+        match netns::impairment_unavailable(impair) {
+            Some(why) => eprintln!(
+                "SKIPPED kernel_made_faults, delay, loss, reordering and duplication: {why}"
+            ),
+            None => {
+                let none = Impairment::default();
+                for (impairment, messages) in [
+                    (
+                        Impairment {
+                            delay_ms: 50,
+                            jitter_ms: 20,
+                            ..none
+                        },
+                        100,
+                    ),
+                    (
+                        Impairment {
+                            loss_permille: 30,
+                            ..none
+                        },
+                        500,
+                    ),
+                    (
+                        Impairment {
+                            delay_ms: 10,
+                            reorder_percent: 25,
+                            ..none
+                        },
+                        200,
+                    ),
+                    (
+                        Impairment {
+                            duplicate_percent: 5,
+                            ..none
+                        },
+                        1000,
+                    ),
+                    (
+                        Impairment {
+                            delay_ms: 20,
+                            jitter_ms: 10,
+                            loss_permille: 20,
+                            duplicate_percent: 2,
+                            reorder_percent: 10,
+                        },
+                        1000,
+                    ),
+                ] {
+                    run.topology_mut()
+                        .impair(impair, Some(impairment))
+                        .expect("impaired");
+                    let start = Instant::now();
+                    run.send(messages).await;
+                    run.settle().await;
+                    let elapsed = start.elapsed();
+                    // The fault hit real packets (netfilter's own counters), or the run
+                    // proves nothing.
+                    let did = run.topology().impaired().expect("counters");
+                    assert_eq!(
+                        (did.dropped > 0, did.duplicated > 0, did.held > 0),
+                        (
+                            impairment.loss_permille > 0,
+                            impairment.duplicate_percent > 0,
+                            impairment.delay_ms > 0
+                        ),
+                        "{impairment}: {did}"
+                    );
+                    figures.push(format!(
+                        "netfilter {impairment}: {messages} in {elapsed:?} ({did})"
+                    ));
+                    run.topology_mut().impair(impair, None).expect("unimpaired");
+                }
+            }
+        }
     }
 
     run.assert_exactly_once_in_order();

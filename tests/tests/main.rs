@@ -26,6 +26,7 @@ mod peer_cap;
 mod protocol_stream;
 mod relay;
 mod relay_between_separated_hosts;
+mod restart_redials;
 mod store_damage_and_locks;
 mod store_faults;
 mod substrate_iroh;

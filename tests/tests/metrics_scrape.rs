@@ -106,6 +106,11 @@ async fn a_scrape_shows_latency_histograms_link_events_and_counters() {
     assert_eq!(sum(&body, "tether_substrate_answer_latency_ms_count"), 1.0);
     assert!(sum(&body, "tether_store_commit_ms_count") >= 1.0);
     assert!(sum(&body, "tether_substrate_conn_ready") >= 1.0, "{body}");
+    // The node's own QUIC connection events (the substrate's connection to a, cached).
+    assert!(
+        body.contains("tether_node_conn_ready{channel=\"substrate\"}"),
+        "{body}"
+    );
     assert!(
         body.contains("tether_node_frames_enqueued"),
         "the node's counters\n{body}"

@@ -39,8 +39,8 @@ use super::subscriptions::{
 };
 use crate::limits::{
     ANNOUNCE_CLAIMS_BATCH_MAX, CLAIM_GENERATION_MAX, CLAIM_GENERATION_STEP_MAX,
-    EGRESS_IDLE_TEARDOWN_MS_DEFAULT, FAILED_OPENS_MAX, LOCAL_CLAIMS_MAX,
-    QUIC_CONNECTIONS_INBOUND_MAX, RELAY_HINT_PEERS_MAX,
+    DRIVER_CONN_EVENTS_QUEUED_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT, FAILED_OPENS_MAX,
+    LOCAL_CLAIMS_MAX, QUIC_CONNECTIONS_INBOUND_MAX, RELAY_HINT_PEERS_MAX,
 };
 use crate::time::Time;
 
@@ -371,6 +371,66 @@ pub enum Action<C> {
     },
 }
 
+/// What happened to a cached connection, for operators (the shell reports these as the
+/// `node.conn.ready` and `node.conn.ended` events and their counters): the machine names the
+/// cause; no decision depends on them. Polled with [`Driver::poll_conn_event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnEvent {
+    /// A connection was cached under a new generation.
+    Ready {
+        /// The peer.
+        peer: NodeId,
+        /// The channel.
+        channel: Channel,
+        /// Its generation.
+        generation: Generation,
+        /// Whether the peer dialed it.
+        inbound: bool,
+    },
+    /// A cached connection left the cache.
+    Ended {
+        /// The peer.
+        peer: NodeId,
+        /// The channel.
+        channel: Channel,
+        /// Its generation.
+        generation: Generation,
+        /// Why.
+        cause: ConnEndCause,
+    },
+}
+
+/// Why a cached connection left the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnEndCause {
+    /// Its reader saw it close (the peer closed it, or the transport gave up on it).
+    Closed,
+    /// A write on it failed.
+    WriteFailed,
+    /// What ran over it stopped answering (a liveness cut; closed [`CLOSE_UNRESPONSIVE`]).
+    Unresponsive,
+    /// A newer connection to the peer took its place.
+    Replaced,
+    /// The application disconnected the peer.
+    Disconnected,
+    /// The node closed.
+    Shutdown,
+}
+
+impl ConnEndCause {
+    /// Its name in events and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnEndCause::Closed => "closed",
+            ConnEndCause::WriteFailed => "write_failed",
+            ConnEndCause::Unresponsive => "unresponsive",
+            ConnEndCause::Replaced => "replaced",
+            ConnEndCause::Disconnected => "disconnected",
+            ConnEndCause::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// Counters the machine keeps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {
@@ -500,6 +560,8 @@ pub struct Driver<C> {
     timers: BTreeSet<(Time, Timer)>,
     relay_hints: RelayHints,
     actions: VecDeque<Action<C>>,
+    conn_events: VecDeque<ConnEvent>,
+    conn_events_dropped: u64,
     drops: Drops,
     refusals: Refusals,
     counters: Counters,
@@ -534,6 +596,8 @@ impl<C: Clone> Driver<C> {
             timers: BTreeSet::new(),
             relay_hints,
             actions: VecDeque::new(),
+            conn_events: VecDeque::new(),
+            conn_events_dropped: 0,
             drops: Drops::default(),
             refusals: Refusals::default(),
             counters: Counters::default(),
@@ -548,6 +612,39 @@ impl<C: Clone> Driver<C> {
     /// The next thing to do.
     pub fn poll_action(&mut self) -> Option<Action<C>> {
         self.actions.pop_front()
+    }
+
+    /// The next connection event to report.
+    pub fn poll_conn_event(&mut self) -> Option<ConnEvent> {
+        self.conn_events.pop_front()
+    }
+
+    /// Connection events dropped unpolled past [`DRIVER_CONN_EVENTS_QUEUED_MAX`].
+    pub fn conn_events_dropped(&self) -> u64 {
+        self.conn_events_dropped
+    }
+
+    fn conn_event(&mut self, event: ConnEvent) {
+        if self.conn_events.len() >= DRIVER_CONN_EVENTS_QUEUED_MAX {
+            self.conn_events.pop_front();
+            self.conn_events_dropped += 1;
+        }
+        self.conn_events.push_back(event);
+    }
+
+    fn conn_ended(
+        &mut self,
+        peer: NodeId,
+        channel: Channel,
+        generation: Generation,
+        cause: ConnEndCause,
+    ) {
+        self.conn_event(ConnEvent::Ended {
+            peer,
+            channel,
+            generation,
+            cause,
+        });
     }
 
     /// When [`Driver::handle_timeout`] is next due.
@@ -652,6 +749,7 @@ impl<C: Clone> Driver<C> {
         generation: Generation,
     ) {
         if self.cache.fail(&(peer, channel), generation) == Eviction::Evicted {
+            self.conn_ended(peer, channel, generation, ConnEndCause::Closed);
             self.bump();
         }
     }
@@ -668,6 +766,7 @@ impl<C: Clone> Driver<C> {
         generation: Generation,
     ) {
         if let Some(entry) = self.cache.evict(&(peer, channel), generation) {
+            self.conn_ended(peer, channel, generation, ConnEndCause::Unresponsive);
             self.counters.evictions += 1;
             self.actions.push_back(Action::Close {
                 conn: entry.conn,
@@ -844,6 +943,7 @@ impl<C: Clone> Driver<C> {
     /// The application asked to close the connection to `peer` on `channel`.
     pub fn handle_disconnect(&mut self, _now: Time, peer: NodeId, channel: Channel) {
         if let Some(entry) = self.cache.remove(&(peer, channel)) {
+            self.conn_ended(peer, channel, entry.generation, ConnEndCause::Disconnected);
             self.actions.push_back(Action::Close {
                 conn: entry.conn,
                 code: CLOSE_SHUTDOWN,
@@ -926,6 +1026,7 @@ impl<C: Clone> Driver<C> {
         self.drops.add(DropReason::WriteFailed, frames);
         match self.cache.fail(&(peer, Channel::Actor), generation) {
             Eviction::Evicted => {
+                self.conn_ended(peer, Channel::Actor, generation, ConnEndCause::WriteFailed);
                 self.counters.evictions += 1;
                 if !self.closed {
                     self.dial(peer);
@@ -1336,7 +1437,8 @@ impl<C: Clone> Driver<C> {
         self.announcing.clear();
         self.opening.clear();
         self.failed_opens.clear();
-        for (_, entry) in self.cache.take_all() {
+        for ((peer, channel), entry) in self.cache.take_all() {
+            self.conn_ended(peer, channel, entry.generation, ConnEndCause::Shutdown);
             self.actions.push_back(Action::Close {
                 conn: entry.conn,
                 code: CLOSE_SHUTDOWN,
@@ -1515,6 +1617,15 @@ impl<C: Clone> Driver<C> {
         self.bump();
         self.failed_opens.remove(&(peer, channel));
         let (generation, replaced) = self.cache.insert((peer, channel), conn, inbound);
+        if let Some(old) = &replaced {
+            self.conn_ended(peer, channel, old.generation, ConnEndCause::Replaced);
+        }
+        self.conn_event(ConnEvent::Ready {
+            peer,
+            channel,
+            generation,
+            inbound,
+        });
         if let Some(old) = replaced.filter(|old| old.inbound == inbound) {
             self.actions.push_back(Action::Close {
                 conn: old.conn,

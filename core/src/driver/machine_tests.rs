@@ -561,3 +561,109 @@ fn a_connection_that_is_not_kept_is_closed_with_the_code_the_machine_names() {
     assert_eq!(unknown.close(), Some((CLOSE_SHUTDOWN, &b"no adapter"[..])));
     assert_eq!(Dispatch::Full.close(), Some((CLOSE_FULL, &b"full"[..])));
 }
+
+#[test]
+fn every_cached_connection_reports_ready_once_and_ended_once_with_its_cause() {
+    let mut d = driver();
+    let events = |d: &mut Driver<&'static str>| {
+        std::iter::from_fn(|| d.poll_conn_event()).collect::<Vec<_>>()
+    };
+    let ready = |channel, generation, inbound| ConnEvent::Ready {
+        peer: PEER,
+        channel,
+        generation,
+        inbound,
+    };
+    let ended = |channel, generation, cause| ConnEvent::Ended {
+        peer: PEER,
+        channel,
+        generation,
+        cause,
+    };
+    let (switch, actor) = (Channel::Switch, Channel::Actor);
+    let first = d
+        .handle_connected(at(0), PEER, switch, "s1")
+        .expect("cached");
+    assert_eq!(events(&mut d), [ready(switch, first, false)]);
+    // A newer connection replaces it; a failure reported for the old one changes nothing.
+    let second = d
+        .handle_connected(at(1), PEER, switch, "s2")
+        .expect("cached");
+    assert_eq!(
+        events(&mut d),
+        [
+            ended(switch, first, ConnEndCause::Replaced),
+            ready(switch, second, false)
+        ]
+    );
+    d.handle_connection_closed(at(2), PEER, switch, first);
+    assert_eq!(events(&mut d), []);
+    d.handle_unresponsive(at(2), PEER, switch, second);
+    assert_eq!(
+        events(&mut d),
+        [ended(switch, second, ConnEndCause::Unresponsive)]
+    );
+    let third = d
+        .handle_connected(at(3), PEER, switch, "s3")
+        .expect("cached");
+    d.handle_connection_closed(at(4), PEER, switch, third);
+    assert_eq!(
+        events(&mut d),
+        [
+            ready(switch, third, false),
+            ended(switch, third, ConnEndCause::Closed)
+        ]
+    );
+    let fourth = d
+        .handle_connected(at(5), PEER, switch, "s4")
+        .expect("cached");
+    d.handle_disconnect(at(6), PEER, switch);
+    assert_eq!(
+        events(&mut d),
+        [
+            ready(switch, fourth, false),
+            ended(switch, fourth, ConnEndCause::Disconnected)
+        ]
+    );
+    let a1 = d
+        .handle_connected(at(7), PEER, actor, "a1")
+        .expect("cached");
+    d.handle_write_failed(at(8), PEER, a1, 1, false);
+    assert_eq!(
+        events(&mut d),
+        [
+            ready(actor, a1, false),
+            ended(actor, a1, ConnEndCause::WriteFailed)
+        ]
+    );
+    let a2 = d
+        .handle_connected(at(9), PEER, actor, "a2")
+        .expect("cached");
+    d.handle_close(at(10));
+    assert_eq!(
+        events(&mut d),
+        [
+            ready(actor, a2, false),
+            ended(actor, a2, ConnEndCause::Shutdown)
+        ]
+    );
+    assert_eq!(d.conn_events_dropped(), 0);
+}
+
+#[test]
+fn connection_events_nobody_polls_are_bounded() {
+    let mut d = driver();
+    for n in 0..DRIVER_CONN_EVENTS_QUEUED_MAX as u64 {
+        d.handle_connected(at(n), PEER, Channel::Switch, "c")
+            .expect("cached");
+    }
+    // Each connect after the first queued an end (replaced) and a ready.
+    assert_eq!(
+        d.conn_events_dropped(),
+        DRIVER_CONN_EVENTS_QUEUED_MAX as u64 - 1
+    );
+    assert_eq!(
+        std::iter::from_fn(|| d.poll_conn_event()).count(),
+        DRIVER_CONN_EVENTS_QUEUED_MAX
+    );
+}

@@ -23,8 +23,8 @@ pub use directory::{
     HOST_CLAIM_TAG,
 };
 pub use machine::{
-    Action, Alpns, Batch, Channel, Config as DriverConfig, DialEnd, DialTicket, Dispatch, Driver,
-    DriverRecord, Open, RegisterError, Send, StreamVerdict,
+    Action, Alpns, Batch, Channel, Config as DriverConfig, ConnEndCause, ConnEvent, DialEnd,
+    DialTicket, Dispatch, Driver, DriverRecord, Open, RegisterError, Send, StreamVerdict,
 };
 pub use relay::RelayHints;
 pub use routing::{

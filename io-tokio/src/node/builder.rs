@@ -41,6 +41,7 @@ pub struct NodeBuilder {
     actor_alpn: Vec<u8>,
     join_policy: JoinPolicy,
     substrate: bool,
+    peer_book: Option<std::path::PathBuf>,
     switch_host: bool,
     telemetry_sinks: Vec<tokio::sync::mpsc::Sender<TelemetryIngress>>,
     telemetry_alpn: Vec<u8>,
@@ -99,6 +100,7 @@ impl Default for NodeBuilder {
             actor_alpn: ACTOR_ALPN.to_vec(),
             join_policy: JoinPolicy::default(),
             substrate: false,
+            peer_book: None,
             switch_host: false,
             telemetry_sinks: Vec::new(),
             telemetry_alpn: TELEMETRY_ALPN.to_vec(),
@@ -258,6 +260,17 @@ impl NodeBuilder {
         self
     }
 
+    /// Keeps where each substrate peer can be reached in the file at `path`, across restarts:
+    /// the addresses given to [`Node::add_substrate_peer`] and those inbound substrate links
+    /// came from. After a restart the substrate dials every peer with durable state whose
+    /// address the book has, as soon as that state is loaded, so a peer whose link went to
+    /// the dead process gets a fresh one at once instead of waiting for QUIC's idle timeout.
+    /// A file that cannot be read fails [`NodeBuilder::bind`] with [`NodeError::PeerBook`].
+    pub fn peer_book(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.peer_book = Some(path.into());
+        self
+    }
+
     /// Collects telemetry streams peers publish to this node into `sink`; called again, adds
     /// a sink (fanout: every sink gets every item). Without a sink, telemetry connections are
     /// refused. The sink is bounded (its capacity is the caller's choice; see
@@ -306,6 +319,13 @@ impl NodeBuilder {
 
     /// Binds the endpoint and starts the accept loop.
     pub async fn bind(self) -> Result<Node, NodeError> {
+        // Read before anything binds: a book that cannot be read binds nothing.
+        let book = match &self.peer_book {
+            Some(path) => {
+                super::peer_book::SharedBook::open(path.clone()).map_err(NodeError::PeerBook)?
+            }
+            None => super::peer_book::SharedBook::default(),
+        };
         let secret = self.secret_key.unwrap_or_else(SecretKey::generate);
         let mut alpns = vec![self.actor_alpn.clone(), self.telemetry_alpn.clone()];
         if self.substrate {
@@ -374,7 +394,7 @@ impl NodeBuilder {
             announce_batch: tether_core::limits::ANNOUNCE_CLAIMS_BATCH_MAX,
             claim_authorizer: self.claim_authorizer,
         }));
-        let substrate_peers = substrate_link::SubstratePeers::default();
+        let substrate_peers = substrate_link::SubstratePeers::new(book);
         let (switch_queue, switch_connections) = if self.switch_host {
             let (tx, rx) = tokio::sync::mpsc::channel(16);
             (Some(tx), Some(rx))

@@ -42,11 +42,13 @@ impl Gate {
         let (version, timeout) = (driver.version(), driver.poll_timeout());
         let answer = input(driver, now);
         let actions: Vec<_> = std::iter::from_fn(|| driver.poll_action()).collect();
+        let events: Vec<_> = std::iter::from_fn(|| driver.poll_conn_event()).collect();
         let moved = driver.version() != version;
         let rearm = driver.poll_timeout() != timeout;
         let refusals = (moved && *self.refusals.borrow() != *driver.refusals())
             .then(|| driver.refusals().clone());
         drop(state);
+        events.into_iter().for_each(report_conn_event);
         if let Some(refusals) = refusals {
             self.refusals.send_replace(refusals);
         }
@@ -71,6 +73,59 @@ impl Gate {
         let (admitted, _) =
             self.drive(|driver, now| driver.handle_admit(now, peer, path, direction));
         admitted.map_err(NodeError::from)
+    }
+}
+
+/// Reports a connection event of the machine: a `tracing` event (`node.conn.ready`,
+/// `node.conn.ended` with its cause) and a counter (`tether_node_conn_ready{channel}`,
+/// `tether_node_conn_ended{channel,cause}`).
+fn report_conn_event(event: ConnEvent) {
+    match event {
+        ConnEvent::Ready {
+            peer,
+            channel,
+            generation,
+            inbound,
+        } => {
+            let channel = channel_label(channel);
+            metrics::counter!("tether_node_conn_ready", "channel" => channel).increment(1);
+            info!(
+                event = "node.conn.ready",
+                peer = %hex(&peer),
+                channel,
+                generation = generation.get(),
+                inbound,
+                "connection ready"
+            );
+        }
+        ConnEvent::Ended {
+            peer,
+            channel,
+            generation,
+            cause,
+        } => {
+            let (channel, cause) = (channel_label(channel), cause.as_str());
+            metrics::counter!("tether_node_conn_ended", "channel" => channel, "cause" => cause)
+                .increment(1);
+            info!(
+                event = "node.conn.ended",
+                peer = %hex(&peer),
+                channel,
+                generation = generation.get(),
+                cause,
+                "connection ended"
+            );
+        }
+    }
+}
+
+fn channel_label(channel: Channel) -> &'static str {
+    match channel {
+        Channel::Actor => "actor",
+        Channel::Telemetry => "telemetry",
+        Channel::Protocol(_) => "protocol",
+        Channel::Switch => "switch",
+        Channel::Substrate => "substrate",
     }
 }
 

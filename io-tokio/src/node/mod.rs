@@ -45,6 +45,7 @@ mod egress;
 mod executor;
 mod ingress;
 mod opens;
+mod peer_book;
 mod protocol;
 mod publish;
 pub mod ring;
@@ -56,6 +57,7 @@ use egress::PeerQueue;
 
 pub use opens::ConnectionCut;
 use opens::Placed;
+pub use peer_book::{PeerBookError, PeerBookErrorKind};
 
 pub use protocol::{
     LogicalStream, ProtocolBinding, ProtocolIngress, StreamEvent, StreamFaultReason,
@@ -85,10 +87,10 @@ pub use tether_core::driver::machine::{
     CLOSE_FULL, CLOSE_REPLACED, CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED, CLOSE_UNRESPONSIVE,
 };
 use tether_core::driver::{
-    Action, Alpns, ClaimAuthorizer, ClaimRequest, ClaimVerdict, Control, ControlVerdict, DialEnd,
-    DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord, DropReason, Drops,
-    Generation, Handoff, HostClaim, Inbound, JoinStatus, NodeId, Open, Path, PeerAuth, PeerBook,
-    Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
+    Action, Alpns, ClaimAuthorizer, ClaimRequest, ClaimVerdict, ConnEvent, Control, ControlVerdict,
+    DialEnd, DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord, DropReason,
+    Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, NodeId, Open, Path, PeerAuth,
+    PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
     HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 pub use tether_core::driver::{ActorAddr, Channel};
@@ -184,6 +186,9 @@ pub enum NodeError {
     /// A host claim of this node was not registered.
     #[error("host claim not registered")]
     Register(#[source] tether_core::driver::machine::RegisterError),
+    /// The peer book ([`NodeBuilder::peer_book`]) could not be read.
+    #[error("peer book unreadable")]
+    PeerBook(#[source] PeerBookError),
 }
 
 /// The source of a [`NodeError::Connect`] for an open that found another open's dial to the

@@ -287,6 +287,30 @@ impl Inner {
         });
     }
 
+    /// Records in the peer book (when the node keeps one) the address an inbound substrate
+    /// connection comes from, for after a restart; the file is written off the runtime.
+    fn note_substrate_source(self: &Arc<Self>, conn: &Connection) {
+        if !self.substrate_peers.persistent() {
+            return;
+        }
+        let paths = conn.paths();
+        let Some(path) = paths.iter().find(|path| path.is_selected()) else {
+            return;
+        };
+        let source = path.remote_addr().clone();
+        if self
+            .substrate_peers
+            .with(|book| book.saw(conn.remote_id(), source))
+        {
+            let book = self.substrate_peers.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Err(error) = book.persist() {
+                    tracing::warn!(%error, "peer book not written");
+                }
+            });
+        }
+    }
+
     /// A stream `peer` opened on its switch or substrate connection, handed to what serves it.
     pub(super) async fn stream_opened(
         self: &Arc<Self>,
@@ -316,6 +340,7 @@ impl Inner {
                 }
             }
             (Channel::Substrate, _, Some(queue)) => {
+                self.note_substrate_source(conn);
                 let local = peer_id_of(&self.endpoint.id());
                 let remote = peer_id_of(&conn.remote_id());
                 match substrate_link::link(conn, send, recv, &remote, &local) {

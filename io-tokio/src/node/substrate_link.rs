@@ -9,10 +9,9 @@
 //! is TLS keying material both ends export, so `Auth::TransportIdentity` proves the handshake
 //! ran over this very QUIC connection.
 
-use std::collections::BTreeMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use iroh::endpoint::{Connection, RecvStream, SendStream};
@@ -44,7 +43,7 @@ pub struct IrohTransport {
 }
 
 /// How to reach each substrate peer: shared by the transport and its node.
-pub(super) type SubstratePeers = Arc<Mutex<BTreeMap<PeerId, EndpointAddr>>>;
+pub(super) type SubstratePeers = Arc<super::peer_book::SharedBook>;
 
 impl std::fmt::Debug for IrohTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -89,11 +88,7 @@ impl IrohTransport {
     }
 
     fn addr_of(&self, peer: &PeerId) -> Option<EndpointAddr> {
-        self.peers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(peer)
-            .cloned()
+        self.peers.with(|book| book.addr_of(peer))
     }
 }
 
@@ -105,10 +100,12 @@ pub(super) fn add_peer(
 ) -> Result<PeerId, NodeError> {
     gate.admit(addr.id.as_bytes(), Path::Substrate, Direction::Outbound)?;
     let peer = peer_id_of(&addr.id);
-    peers
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(peer.clone(), addr);
+    if peers.with(|book| book.add(addr)) {
+        if let Err(error) = peers.persist() {
+            // The address is in use now; only its copy for after a restart is missing.
+            tracing::warn!(%error, "peer book not written");
+        }
+    }
     Ok(peer)
 }
 
