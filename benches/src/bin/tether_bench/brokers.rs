@@ -221,10 +221,27 @@ impl Broker<'_> {
     }
 }
 
+/// How the JetStream client is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JetStreamShape {
+    /// async-nats's defaults for the consumer (`Consumer::messages`: pulls of 200, with
+    /// heartbeats), 256 publish acks outstanding.
+    Defaults,
+    /// As the outside harness set it: pulls of 256 messages at a time (`Consumer::batch`), 256
+    /// publish acks outstanding.
+    Tuned,
+    /// One publish at a time, its ack awaited.
+    Sync,
+}
+
 /// NATS JetStream: a file-store stream with a dedupe window, one durable pull consumer with
-/// explicit acks; the producer publishes with a `Nats-Msg-Id` and keeps 256 acks outstanding.
-/// `sync` publishes one message at a time and awaits its ack.
-pub(crate) async fn jetstream(dir: &Path, messages: u64, size: usize, sync: bool) -> Outcome {
+/// explicit acks; the producer publishes with a `Nats-Msg-Id` (see [`JetStreamShape`]).
+pub(crate) async fn jetstream(
+    dir: &Path,
+    messages: u64,
+    size: usize,
+    shape: JetStreamShape,
+) -> Outcome {
     let Some(program) = which("nats-server") else {
         return Outcome::Skipped("nats-server is not on PATH (Debian: nats-server)".into());
     };
@@ -246,13 +263,19 @@ pub(crate) async fn jetstream(dir: &Path, messages: u64, size: usize, sync: bool
     };
     broker
         .measure(dir, messages, |port, messages| {
-            jetstream_run(port, messages, size, sync)
+            jetstream_run(port, messages, size, shape)
         })
         .await
 }
 
-async fn jetstream_run(port: u16, messages: u64, size: usize, sync: bool) -> Result<Row, String> {
+async fn jetstream_run(
+    port: u16,
+    messages: u64,
+    size: usize,
+    shape: JetStreamShape,
+) -> Result<Row, String> {
     use async_nats::jetstream::{self, consumer, stream};
+    let sync = shape == JetStreamShape::Sync;
     let error = |e: &dyn std::fmt::Display| e.to_string();
     wait_listening(port).await?;
     let client = async_nats::connect(format!("127.0.0.1:{port}"))
@@ -283,19 +306,43 @@ async fn jetstream_run(port: u16, messages: u64, size: usize, sync: bool) -> Res
         .map_err(|e| error(&e))?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let (count_tx, mut count) = watch::channel(0u64);
-    let mut deliveries = consumer.messages().await.map_err(|e| error(&e))?;
     let consumer_seen = seen.clone();
-    let consumer_task = tokio::spawn(async move {
-        while let Some(message) = deliveries.next().await {
-            let Ok(message) = message else { continue };
-            consumer_seen
-                .lock()
-                .expect("lock")
-                .record("bench", index_of(&message.payload));
-            let _ = message.ack().await;
-            count_tx.send_modify(|n| *n += 1);
-        }
-    });
+    let deliver = move |message: async_nats::jetstream::Message| {
+        consumer_seen
+            .lock()
+            .expect("lock")
+            .record("bench", index_of(&message.payload));
+        count_tx.send_modify(|n| *n += 1);
+        message
+    };
+    let consumer_task = if shape == JetStreamShape::Tuned {
+        // Pulls of 256, each waiting up to 100 ms to fill.
+        tokio::spawn(async move {
+            loop {
+                let Ok(mut batch) = consumer
+                    .batch()
+                    .max_messages(256)
+                    .expires(Duration::from_millis(100))
+                    .messages()
+                    .await
+                else {
+                    return;
+                };
+                while let Some(message) = batch.next().await {
+                    let Ok(message) = message else { continue };
+                    let _ = deliver(message).ack().await;
+                }
+            }
+        })
+    } else {
+        let mut deliveries = consumer.messages().await.map_err(|e| error(&e))?;
+        tokio::spawn(async move {
+            while let Some(message) = deliveries.next().await {
+                let Ok(message) = message else { continue };
+                let _ = deliver(message).ack().await;
+            }
+        })
+    };
     let started = Instant::now();
     let mut sent_at = Vec::with_capacity(messages as usize);
     let mut latencies = Vec::new();
@@ -336,10 +383,18 @@ async fn jetstream_run(port: u16, messages: u64, size: usize, sync: bool) -> Res
     }
     let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Ok(Row {
-        what: if sync {
-            "NATS JetStream, one publish awaited at a time (ack latency)".into()
-        } else {
-            "NATS JetStream, file store, Msg-Id dedupe, 256 acks outstanding".into()
+        what: match shape {
+            JetStreamShape::Sync => {
+                "NATS JetStream, one publish awaited at a time (ack latency)".into()
+            }
+            JetStreamShape::Defaults => {
+                "NATS JetStream, file store, Msg-Id dedupe, 256 acks outstanding, client defaults"
+                    .into()
+            }
+            JetStreamShape::Tuned => {
+                "NATS JetStream, file store, Msg-Id dedupe, 256 acks outstanding, pulls of 256"
+                    .into()
+            }
         },
         messages,
         seconds,
