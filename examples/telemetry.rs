@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         token: Bytes::new(),
         stream: StreamDescriptor {
             name: "load".into(),
-            node_id: source.node_id(),
+            node_id: *source.node_id().as_bytes(),
             started_at_ms: 0,
             labels: Vec::new(),
         },

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_main, BatchSize, Criterion, Throughput};
-use tether_core::substrate::harness::{Harness, NodeId};
+use tether_core::substrate::harness::{Harness, Party};
 use tether_core::substrate::Config;
 use tether_core::wire::envelope::{Address, Env, Envelope, EnvelopeDecoder, ObjKind, Verb};
 use tether_core::wire::StreamDecoder;
@@ -31,14 +31,14 @@ fn loaded(window: usize, objects: usize, latency: Duration) -> Harness {
     h.connect();
     for object in 0..objects {
         let name = format!("q{object}");
-        h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
+        h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
             .unwrap();
     }
     h.run();
     let body = Bytes::from(vec![7u8; 1024]);
     for op in 0..OPS as usize {
         let name = format!("q{}", op % objects);
-        h.with(NodeId::A, |m, now| m.send(now, &name, body.clone()))
+        h.with(Party::A, |m, now| m.send(now, &name, body.clone()))
             .unwrap();
     }
     h

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{criterion_main, Criterion};
-use tether_core::substrate::harness::{Harness, NodeId};
+use tether_core::substrate::harness::{Harness, Party};
 use tether_core::substrate::{Config, Machine};
 use tether_core::time::Time;
 use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
@@ -29,11 +29,11 @@ fn loaded(objects: usize) -> (Machine, Time) {
         ..Config::default()
     };
     let mut h = Harness::allowing_all(config, 1);
-    h.set_auto_consume(NodeId::B, false);
+    h.set_auto_consume(Party::B, false);
     h.connect();
     for object in 0..objects {
         let name = format!("q{object}");
-        h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
+        h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
             .unwrap();
     }
     h.run();
@@ -42,7 +42,7 @@ fn loaded(objects: usize) -> (Machine, Time) {
     for object in 0..objects {
         let name = format!("q{object}");
         for _ in 0..OPS_PER_OBJECT - 1 {
-            h.with(NodeId::A, |m, now| m.send(now, &name, body.clone()))
+            h.with(Party::A, |m, now| m.send(now, &name, body.clone()))
                 .unwrap();
         }
     }

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use iroh_tickets::endpoint::EndpointTicket;
 use serde_json::{json, Value};
 use tether::iroh::{EndpointAddr, PublicKey};
-use tether::node::{Node, NodeError, RelayMode, RelayUrl, TelemetryIngress, TelemetrySource};
+use tether::node::{
+    node_id_of, Node, NodeError, RelayMode, RelayUrl, TelemetryIngress, TelemetrySource,
+};
 use tether::store::{LogStore, SqliteStore, Store, StoreError};
 
 use crate::StoreChoice;
@@ -306,7 +308,8 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
             }
         });
     }
-    let deliveries = node.telemetry_source(DELIVERIES, deliveries_header(node.node_id()));
+    let deliveries =
+        node.telemetry_source(DELIVERIES, deliveries_header(*node.node_id().as_bytes()));
     tokio::spawn(print_telemetry(out, collected));
     let substrate = node
         .substrate_builder()?
@@ -679,7 +682,7 @@ impl Shell {
                 let paths = self
                     .peer_addr
                     .as_ref()
-                    .map(|addr| self.node.paths(addr.id.as_bytes()))
+                    .map(|addr| self.node.paths(&node_id_of(&addr.id)))
                     .unwrap_or_default();
                 let route = |relay: bool| {
                     paths
@@ -854,7 +857,7 @@ impl Shell {
         };
         // A fresh connection: one cached from before the peer restarted would carry the
         // subscription nowhere.
-        self.node.disconnect(&source.id);
+        self.node.disconnect(&node_id_of(&source.id));
         self.flows += 1;
         let mut flow = [0u8; 16];
         flow[8..].copy_from_slice(&self.flows.to_be_bytes());

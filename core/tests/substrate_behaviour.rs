@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether_core::substrate::finality;
-use tether_core::substrate::harness::{Faults, Harness, NodeId};
+use tether_core::substrate::harness::{Faults, Harness, Party};
 use tether_core::substrate::{
     AllowAll, AuthorizeContext, Authorizer, Config, Denial, Event, ObjectState, ScopeAuthorizer,
 };
@@ -27,11 +27,11 @@ fn body(i: u64) -> Bytes {
 
 /// Opens queue `q` from A and sends `count` messages; returns their op ids.
 fn open_and_send(h: &mut Harness, count: u64) -> Vec<String> {
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     (0..count)
         .map(|i| {
-            h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+            h.with(Party::A, |m, now| m.send(now, "q", body(i)))
                 .unwrap()
         })
         .collect()
@@ -113,7 +113,7 @@ fn exactly_once_across_a_crash_at_every_persist_boundary() {
         commits += 1;
         false
     });
-    for crashing in [NodeId::A, NodeId::B] {
+    for crashing in [Party::A, Party::B] {
         for boundary in 0..commits {
             let mut h = harness(4);
             h.connect();
@@ -134,7 +134,7 @@ fn exactly_once_across_a_crash_at_every_persist_boundary() {
                     .filter(|op| op.verb == Verb::Send)
                     .filter_map(|op| op.body.clone())
                     .collect();
-            let crashed_before_enqueue = crashing == NodeId::A && promised.len() < 8;
+            let crashed_before_enqueue = crashing == Party::A && promised.len() < 8;
             if !crashed_before_enqueue {
                 assert_exactly_once_in_order(&h, 8);
             }
@@ -182,13 +182,13 @@ fn lossy_duplicating_reordering_link_still_delivers_exactly_once_in_order() {
 fn requests_get_their_end_to_end_answer() {
     let mut h = harness(8);
     h.connect();
-    h.with(NodeId::A, |m, now| {
+    h.with(Party::A, |m, now| {
         m.open(now, ObjKind::Session, "svc", Some("token-1"))
     })
     .unwrap();
     h.run();
     let req_id = h
-        .with(NodeId::A, |m, now| {
+        .with(Party::A, |m, now| {
             m.req(now, "svc", Bytes::from_static(b"ping"))
         })
         .unwrap();
@@ -202,7 +202,7 @@ fn requests_get_their_end_to_end_answer() {
         h.b.consumed.is_empty(),
         "a req stays delivered until it is answered"
     );
-    h.with(NodeId::B, |m, now| {
+    h.with(Party::B, |m, now| {
         m.answer(
             now,
             "svc",
@@ -245,9 +245,9 @@ fn unknown_object_bounces_once_then_the_op_id_is_tombstoned() {
     env.seq = Some(3);
     env.receipt = Some(1);
     let stray = Envelope::new(env);
-    h.inject(NodeId::A, &stray);
+    h.inject(Party::A, &stray);
     h.run();
-    h.inject(NodeId::A, &stray);
+    h.inject(Party::A, &stray);
     h.run();
     let stats = h.b.machine.stats();
     assert_eq!(
@@ -264,7 +264,7 @@ fn unknown_object_bounces_once_then_the_op_id_is_tombstoned() {
         "no object was created"
     );
     // The name was never tombstoned: a later legitimate open works.
-    h.with(NodeId::A, |m, now| {
+    h.with(Party::A, |m, now| {
         m.open(now, ObjKind::Queue, "nowhere", None)
     })
     .unwrap();
@@ -275,10 +275,10 @@ fn unknown_object_bounces_once_then_the_op_id_is_tombstoned() {
 #[test]
 fn an_err_is_never_bounced_and_close_from_a_non_participant_is_dropped() {
     let mut h = harness(1);
-    h.set_auto_accept(NodeId::A, false);
+    h.set_auto_accept(Party::A, false);
     h.connect();
     // B opens "mine"; A never accepts, so A is not a participant of it yet.
-    h.with(NodeId::B, |m, now| {
+    h.with(Party::B, |m, now| {
         m.open(now, ObjKind::Session, "mine", None)
     })
     .unwrap();
@@ -288,12 +288,12 @@ fn an_err_is_never_bounced_and_close_from_a_non_participant_is_dropped() {
     close.id = Some("rogue-close".into());
     close.seq = Some(0);
     close.receipt = Some(1);
-    h.inject(NodeId::A, &Envelope::new(close));
+    h.inject(Party::A, &Envelope::new(close));
     let mut err = Env::new(Verb::Err);
     err.obj = Some(Address::parse("elsewhere").unwrap());
     err.id = Some("rogue-err".into());
     err.code = Some("closed".into());
-    h.inject(NodeId::A, &Envelope::new(err));
+    h.inject(Party::A, &Envelope::new(err));
     h.run();
     let stats = h.b.machine.stats();
     assert_eq!(stats.finality_rejected, 2);
@@ -315,9 +315,7 @@ fn an_authorize_denial_answers_the_op_and_leaves_no_state() {
     );
     h.connect();
     let open_id = h
-        .with(NodeId::A, |m, now| {
-            m.open(now, ObjKind::Queue, "jobs", None)
-        })
+        .with(Party::A, |m, now| m.open(now, ObjKind::Queue, "jobs", None))
         .unwrap();
     h.run();
     assert!(
@@ -386,10 +384,10 @@ fn an_op_denied_in_the_middle_does_not_stall_the_object() {
 fn a_stale_receipt_is_ignored_and_counted() {
     let mut h = harness(1);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
-    h.with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+    h.with(Party::A, |m, now| m.send(now, "q", body(1)))
         .unwrap();
     // Before B answers, an ack citing an older attempt arrives.
     let mut ack = Env::new(Verb::Ack);
@@ -397,7 +395,7 @@ fn a_stale_receipt_is_ignored_and_counted() {
     ack.id = Some("whatever".into());
     ack.seq = Some(1);
     ack.receipt = Some(99);
-    h.inject(NodeId::B, &ack_envelope(ack));
+    h.inject(Party::B, &ack_envelope(ack));
     h.run();
     assert_eq!(h.a.machine.stats().stale_receipts, 1);
     assert_exactly_once_in_order_of(&h, &[body(1)]);
@@ -423,7 +421,7 @@ fn consumed_bodies(h: &Harness) -> Vec<Bytes> {
 fn a_gap_older_than_thirty_seconds_is_resynced() {
     let mut h = harness(4);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     // The first send is lost on the wire; the second arrives and is held.
@@ -431,11 +429,11 @@ fn a_gap_older_than_thirty_seconds_is_resynced() {
         drop_per_mille: 1000,
         ..Faults::default()
     };
-    h.with(NodeId::A, |m, now| m.send(now, "q", body(0)))
+    h.with(Party::A, |m, now| m.send(now, "q", body(0)))
         .unwrap();
     h.run();
     h.faults = Faults::default();
-    h.with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+    h.with(Party::A, |m, now| m.send(now, "q", body(1)))
         .unwrap();
     h.run();
     assert!(h.b.consumed.is_empty(), "seq 2 waits for seq 1");
@@ -467,10 +465,10 @@ fn close_ends_the_object_on_both_sides_and_later_ops_are_futile() {
     h.connect();
     open_and_send(&mut h, 2);
     h.run();
-    h.with(NodeId::B, |m, now| m.close(now, "q", "done"))
+    h.with(Party::B, |m, now| m.close(now, "q", "done"))
         .unwrap();
     let late = h
-        .with(NodeId::A, |m, now| m.send(now, "q", body(9)))
+        .with(Party::A, |m, now| m.send(now, "q", body(9)))
         .unwrap();
     h.run();
     assert!(matches!(
@@ -498,12 +496,12 @@ fn virtual_seconds(window: usize, ops: u64) -> f64 {
     let mut h = harness(window);
     h.latency = Duration::from_millis(5);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     let start = h.now;
     for _ in 0..ops {
-        h.with(NodeId::A, |m, now| {
+        h.with(Party::A, |m, now| {
             m.send(now, "q", Bytes::from(vec![7u8; 1024]))
         })
         .unwrap();
@@ -537,7 +535,7 @@ fn an_address_with_an_at_sign_is_answered_routing_not_supported() {
     // Same length, so the frame stays well formed apart from the address.
     let at = bytes.windows(9).position(|w| w == b"userxhost").unwrap();
     bytes[at + 4] = b'@';
-    h.inject_bytes(NodeId::A, bytes.freeze());
+    h.inject_bytes(Party::A, bytes.freeze());
     h.run();
     assert_eq!(h.b.machine.stats().malformed, 1);
     // A never sent `routed-op`, so the answer is about nothing of A's: dropped, not answered.
@@ -570,12 +568,12 @@ fn keepalives_keep_a_quiet_link_and_silence_kills_it() {
 fn an_op_that_cannot_be_sent_within_the_ttl_is_futile() {
     let mut h = harness(1);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     h.disconnect();
     let id = h
-        .with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .with(Party::A, |m, now| m.send(now, "q", body(1)))
         .unwrap();
     h.run();
     h.advance(Duration::from_secs(24 * 3600));
@@ -621,9 +619,9 @@ fn a_consumer_stalled_past_the_window_and_the_inbox_bound_loses_nothing() {
     // The case: window 32, B's app reads nothing while A keeps ~1,200 sends coming.
     let mut h = harness(32);
     let window = h.b.machine.receive_window() as usize;
-    h.set_auto_consume(NodeId::B, false);
+    h.set_auto_consume(Party::B, false);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     let total = 1_200u64;
     let (mut sent, mut refused) = (0u64, 0u64);
@@ -631,7 +629,7 @@ fn a_consumer_stalled_past_the_window_and_the_inbox_bound_loses_nothing() {
     while sent < total {
         // A's app sends until its outbox is full: the machine refuses with QueueFull, the
         // shell's `send` waits, `try_send` reports `Full`.
-        match h.with(NodeId::A, |m, now| m.send(now, "q", body(sent))) {
+        match h.with(Party::A, |m, now| m.send(now, "q", body(sent))) {
             Ok(_) => sent += 1,
             Err(tether_core::substrate::CommandError::QueueFull) => {
                 refused += 1;
@@ -640,7 +638,7 @@ fn a_consumer_stalled_past_the_window_and_the_inbox_bound_loses_nothing() {
                 // The consumer stays stopped for a long stretch, then creeps.
                 stalled_steps += 1;
                 if stalled_steps > 3 {
-                    h.consume_some(NodeId::B, 7);
+                    h.consume_some(Party::B, 7);
                 }
                 h.advance(Duration::from_secs(1));
             }
@@ -653,8 +651,8 @@ fn a_consumer_stalled_past_the_window_and_the_inbox_bound_loses_nothing() {
         "the producer outran the consumer and was pushed back"
     );
     assert!(held_for_app(&h, "q") <= window);
-    h.set_auto_consume(NodeId::B, true);
-    h.consume_all(NodeId::B);
+    h.set_auto_consume(Party::B, true);
+    h.consume_all(Party::B);
     for _ in 0..10 {
         h.run();
         h.advance(Duration::from_secs(1));
@@ -679,7 +677,7 @@ fn a_consumer_stalled_past_the_window_and_the_inbox_bound_loses_nothing() {
 fn a_receiver_restarted_without_consuming_keeps_its_window_and_loses_nothing() {
     let mut h = harness(4);
     let window = h.b.machine.receive_window() as usize;
-    h.set_auto_consume(NodeId::B, false);
+    h.set_auto_consume(Party::B, false);
     h.connect();
     open_and_send(&mut h, 3 * window as u64);
     h.run();
@@ -689,13 +687,13 @@ fn a_receiver_restarted_without_consuming_keeps_its_window_and_loses_nothing() {
         "B filled its window and no more"
     );
     // B restarts without having consumed anything, twice.
-    h.crash(NodeId::B);
+    h.crash(Party::B);
     h.run();
-    h.crash(NodeId::B);
+    h.crash(Party::B);
     h.run();
     assert!(held_for_app(&h, "q") <= window);
-    h.set_auto_consume(NodeId::B, true);
-    h.consume_all(NodeId::B);
+    h.set_auto_consume(Party::B, true);
+    h.consume_all(Party::B);
     h.run();
     assert_exactly_once_in_order(&h, 3 * window as u64);
     assert_eq!(h.b.machine.stats().out_of_seq, 0);
@@ -709,18 +707,18 @@ fn ops_acked_above_a_gap_of_expired_ops_are_delivered_not_skipped() {
     // when A has nothing left to send.
     let mut h = harness(32);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     h.disconnect();
     for i in 0..2 {
-        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+        h.with(Party::A, |m, now| m.send(now, "q", body(i)))
             .unwrap();
     }
     h.run();
-    h.crash(NodeId::A); // m0 and m1 are recovered: maybe sent, so they never expire
+    h.crash(Party::A); // m0 and m1 are recovered: maybe sent, so they never expire
     for i in 2..5 {
-        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+        h.with(Party::A, |m, now| m.send(now, "q", body(i)))
             .unwrap();
     }
     h.run();
@@ -732,7 +730,7 @@ fn ops_acked_above_a_gap_of_expired_ops_are_delivered_not_skipped() {
             .filter(|e| matches!(e, Event::Futile { code, .. } if code == finality::TTL_EXPIRED));
     assert_eq!(expired.count(), 3, "m2..m4 expired unsent");
     for i in 5..7 {
-        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+        h.with(Party::A, |m, now| m.send(now, "q", body(i)))
             .unwrap();
     }
     h.connect();
@@ -740,7 +738,7 @@ fn ops_acked_above_a_gap_of_expired_ops_are_delivered_not_skipped() {
     assert_eq!(h.a.machine.outbox_len(), 0, "everything was acked");
     assert_eq!(consumed_bodies(&h), [body(0), body(1), body(5), body(6)]);
     assert!(h.b.store.held.is_empty(), "no op is left above a gap");
-    h.with(NodeId::A, |m, now| m.send(now, "q", body(7)))
+    h.with(Party::A, |m, now| m.send(now, "q", body(7)))
         .unwrap();
     h.run();
     assert_eq!(
@@ -754,23 +752,23 @@ fn ops_acked_above_a_gap_of_expired_ops_are_delivered_not_skipped() {
 fn a_floor_the_sender_forgot_in_a_crash_is_answered_on_resync() {
     let mut h = harness(32);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     h.disconnect();
-    h.with(NodeId::A, |m, now| m.send(now, "q", body(0)))
+    h.with(Party::A, |m, now| m.send(now, "q", body(0)))
         .unwrap();
     h.run();
-    h.crash(NodeId::A);
-    h.with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+    h.crash(Party::A);
+    h.with(Party::A, |m, now| m.send(now, "q", body(1)))
         .unwrap();
     h.run();
     h.advance(Config::default().queue_ttl + Duration::from_secs(1));
     h.run();
     // A crashes again: what ended (m1) is no longer in its memory, so nothing announces the
     // floor past m1's gap when m2 is acked above it.
-    h.crash(NodeId::A);
-    h.with(NodeId::A, |m, now| m.send(now, "q", body(2)))
+    h.crash(Party::A);
+    h.with(Party::A, |m, now| m.send(now, "q", body(2)))
         .unwrap();
     h.connect();
     h.run();
@@ -798,10 +796,10 @@ fn closed_objects_are_retained_up_to_a_bound() {
     let bound = tether_core::limits::SUBSTRATE_RETAINED_OBJECTS_MAX;
     for i in 0..bound + 3 {
         let name = format!("o{i}");
-        h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
+        h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
             .unwrap();
         h.run();
-        h.with(NodeId::A, |m, now| m.close(now, &name, "done"))
+        h.with(Party::A, |m, now| m.close(now, &name, "done"))
             .unwrap();
         h.run();
     }
@@ -849,21 +847,18 @@ fn a_close_never_reports_futile_an_op_the_closer_already_delivered() {
     // ack. A must learn the op was delivered (acked), not futile; the later op is futile.
     let mut h = harness(2);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     let first = h
-        .with(NodeId::A, |m, now| m.send(now, "q", body(0)))
+        .with(Party::A, |m, now| m.send(now, "q", body(0)))
         .unwrap();
     let second = h
-        .with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .with(Party::A, |m, now| m.send(now, "q", body(1)))
         .unwrap();
-    assert!(h.commit(NodeId::A) && h.commit(NodeId::A));
-    assert!(
-        h.deliver_at(NodeId::B, 0, false),
-        "the first send reaches B"
-    );
-    h.with(NodeId::B, |m, now| m.close(now, "q", "done"))
+    assert!(h.commit(Party::A) && h.commit(Party::A));
+    assert!(h.deliver_at(Party::B, 0, false), "the first send reaches B");
+    h.with(Party::B, |m, now| m.close(now, "q", "done"))
         .unwrap();
     h.disconnect();
     h.connect();
@@ -890,13 +885,13 @@ fn a_close_never_reports_futile_an_op_the_closer_already_delivered() {
 /// Opens session `svc` from A and delivers one req to B's app (unanswered). Returns its id.
 fn session_with_one_request(h: &mut Harness) -> String {
     h.connect();
-    h.with(NodeId::A, |m, now| {
+    h.with(Party::A, |m, now| {
         m.open(now, ObjKind::Session, "svc", None)
     })
     .unwrap();
     h.run();
     let req_id = h
-        .with(NodeId::A, |m, now| {
+        .with(Party::A, |m, now| {
             m.req(now, "svc", Bytes::from_static(b"q"))
         })
         .unwrap();
@@ -909,7 +904,7 @@ fn session_with_one_request(h: &mut Harness) -> String {
 fn a_closed_session_drops_requests_it_can_no_longer_answer() {
     let mut h = harness(4);
     let req_id = session_with_one_request(&mut h);
-    h.with(NodeId::A, |m, now| m.close(now, "svc", "bye"))
+    h.with(Party::A, |m, now| m.close(now, "svc", "bye"))
         .unwrap();
     h.run();
     assert_eq!(
@@ -921,13 +916,13 @@ fn a_closed_session_drops_requests_it_can_no_longer_answer() {
         h.b.store.inbox.is_empty(),
         "nothing unanswerable is kept durably"
     );
-    let answer = h.with(NodeId::B, |m, now| {
+    let answer = h.with(Party::B, |m, now| {
         m.answer(now, "svc", &req_id, Verb::End, None, None)
     });
     assert!(answer.is_err(), "a closed session takes no answer");
     // After a restart the req is not delivered again.
     let before = h.b.events.len();
-    h.crash(NodeId::B);
+    h.crash(Party::B);
     h.run();
     assert!(!h.b.events[before..]
         .iter()
@@ -939,7 +934,7 @@ fn an_answer_waits_for_the_link_however_long_it_takes() {
     let mut h = harness(4);
     let req_id = session_with_one_request(&mut h);
     h.disconnect();
-    h.with(NodeId::B, |m, now| {
+    h.with(Party::B, |m, now| {
         m.answer(now, "svc", &req_id, Verb::End, Some(body(9)), None)
     })
     .unwrap();
@@ -959,20 +954,20 @@ fn an_answer_waits_for_the_link_however_long_it_takes() {
 fn an_op_recovered_after_a_crash_is_never_expired_as_unsent() {
     let mut h = harness(4);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     let id = h
-        .with(NodeId::A, |m, now| m.send(now, "q", body(1)))
+        .with(Party::A, |m, now| m.send(now, "q", body(1)))
         .unwrap();
     // The send reaches B and is made durable there; B's ack is lost.
-    assert!(h.commit(NodeId::A));
-    assert!(h.deliver_at(NodeId::B, 0, false));
-    while h.commit(NodeId::B) {}
-    while h.drop_at(NodeId::A, 0) {}
+    assert!(h.commit(Party::A));
+    assert!(h.deliver_at(Party::B, 0, false));
+    while h.commit(Party::B) {}
+    while h.drop_at(Party::A, 0) {}
     // A restarts without knowing whether the op left: it may have been delivered (it was).
     h.disconnect();
-    h.crash(NodeId::A);
+    h.crash(Party::A);
     h.advance(Duration::from_secs(25 * 3600));
     h.run();
     assert!(
@@ -997,21 +992,21 @@ fn simultaneous_opens_of_one_address_resolve_to_the_lower_open_id() {
         let mut h = harness(window);
         h.connect();
         let a_open = h
-            .with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "x", None))
+            .with(Party::A, |m, now| m.open(now, ObjKind::Queue, "x", None))
             .unwrap();
         let b_open = h
-            .with(NodeId::B, |m, now| m.open(now, ObjKind::Queue, "x", None))
+            .with(Party::B, |m, now| m.open(now, ObjKind::Queue, "x", None))
             .unwrap();
         // Each side queues a send behind its own open.
-        h.with(NodeId::A, |m, now| m.send(now, "x", body(1)))
+        h.with(Party::A, |m, now| m.send(now, "x", body(1)))
             .unwrap();
-        h.with(NodeId::B, |m, now| m.send(now, "x", body(2)))
+        h.with(Party::B, |m, now| m.send(now, "x", body(2)))
             .unwrap();
         h.run();
         let (winner, loser, losing_open) = if a_open < b_open {
-            (NodeId::A, NodeId::B, b_open.clone())
+            (Party::A, Party::B, b_open.clone())
         } else {
-            (NodeId::B, NodeId::A, a_open.clone())
+            (Party::B, Party::A, a_open.clone())
         };
         let node = |h: &mut Harness, id| h.node(id).clone();
         let (w, l) = (node(&mut h, winner), node(&mut h, loser));
@@ -1060,24 +1055,24 @@ fn simultaneous_opens_resolve_once_over_a_faulty_link_with_crashes() {
         };
         h.connect();
         let a_open = h
-            .with(NodeId::A, |m, now| m.open(now, ObjKind::Session, "x", None))
+            .with(Party::A, |m, now| m.open(now, ObjKind::Session, "x", None))
             .unwrap();
         let b_open = h
-            .with(NodeId::B, |m, now| m.open(now, ObjKind::Session, "x", None))
+            .with(Party::B, |m, now| m.open(now, ObjKind::Session, "x", None))
             .unwrap();
         let mut crashed = false;
         for round in 0..40 {
             h.run_with(|id| {
                 // One crash of one side, somewhere in the first rounds.
-                let crash = !crashed && round == (seed % 3) as usize && id == NodeId::B;
+                let crash = !crashed && round == (seed % 3) as usize && id == Party::B;
                 crashed |= crash;
                 crash
             });
             let live = |h: &Harness, id| {
                 h.node_ref(id).machine.object_state("x") == Some(ObjectState::Live)
             };
-            if live(&h, NodeId::A)
-                && live(&h, NodeId::B)
+            if live(&h, Party::A)
+                && live(&h, Party::B)
                 && h.a.machine.outbox_len() == 0
                 && h.b.machine.outbox_len() == 0
             {
@@ -1152,23 +1147,23 @@ fn a_floor_past_a_gap_wider_than_the_window_frees_the_credit_behind_it() {
     };
     let mut h = Harness::allowing_all(config, 7);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     h.disconnect();
-    h.with(NodeId::A, |m, now| m.send(now, "q", body(0)))
+    h.with(Party::A, |m, now| m.send(now, "q", body(0)))
         .unwrap();
     h.run();
-    h.crash(NodeId::A); // m0 is recovered and never expires
+    h.crash(Party::A); // m0 is recovered and never expires
     for i in 1..7 {
-        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+        h.with(Party::A, |m, now| m.send(now, "q", body(i)))
             .unwrap();
     }
     h.run();
     h.advance(Config::default().queue_ttl + Duration::from_secs(1));
     h.run();
     for i in 7..10 {
-        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+        h.with(Party::A, |m, now| m.send(now, "q", body(i)))
             .unwrap();
     }
     h.connect();
@@ -1190,19 +1185,19 @@ fn a_sender_that_forgot_what_ended_still_announces_the_floor_its_next_op_waits_o
     };
     let mut h = Harness::allowing_all(config, 11);
     h.connect();
-    h.with(NodeId::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     h.run();
     h.disconnect();
     for i in 0..6 {
-        h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+        h.with(Party::A, |m, now| m.send(now, "q", body(i)))
             .unwrap();
     }
     h.run();
     h.advance(Config::default().queue_ttl + Duration::from_secs(1));
     h.run();
-    h.crash(NodeId::A);
-    h.with(NodeId::A, |m, now| m.close(now, "q", "done"))
+    h.crash(Party::A);
+    h.with(Party::A, |m, now| m.close(now, "q", "done"))
         .unwrap();
     h.connect();
     h.run();
@@ -1256,7 +1251,7 @@ fn a_number_past_the_bound_is_a_counted_violation_and_the_object_keeps_working()
                 env.floor = Some(0);
             }
             set(&mut env, value);
-            h.inject(NodeId::A, &Envelope::new(env));
+            h.inject(Party::A, &Envelope::new(env));
             h.run();
             let stats = h.b.machine.stats();
             assert_eq!(stats.violations, 1, "{name} = {value}");
@@ -1269,7 +1264,7 @@ fn a_number_past_the_bound_is_a_counted_violation_and_the_object_keeps_working()
             h.disconnect();
             h.connect();
             for i in 3..6 {
-                h.with(NodeId::A, |m, now| m.send(now, "q", body(i)))
+                h.with(Party::A, |m, now| m.send(now, "q", body(i)))
                     .unwrap();
             }
             h.run();
@@ -1285,7 +1280,7 @@ fn a_number_past_the_bound_is_a_counted_violation_and_the_object_keeps_working()
     let mut env = Env::new(Verb::Resync);
     env.obj = Some(Address::parse("q").unwrap());
     env.floor = Some(SUBSTRATE_SEQ_MAX - 1);
-    h.inject(NodeId::A, &Envelope::new(env));
+    h.inject(Party::A, &Envelope::new(env));
     h.run();
     assert_eq!(h.b.machine.stats().violations, 0);
 }

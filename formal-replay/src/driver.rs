@@ -8,7 +8,7 @@ use tether_core::driver::machine::RegisterError;
 use tether_core::driver::schedule::JoinPhase;
 use tether_core::driver::{
     Action, Alpns, Channel, ControlVerdict, DialEnd, DialTicket, Direction, Dispatch, Driver,
-    DriverConfig, Open, Path, PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
+    DriverConfig, NodeId, Open, Path, PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::driver::{ActorAddr, Handoff};
 use tether_core::time::Time;
@@ -16,8 +16,8 @@ use tether_core::time::Time;
 use crate::script::{hex, DriverCase, DriverCounters, DriverEnd, DriverOp, DriverStep};
 
 /// The section's node id of peer `n`.
-fn id(n: u8) -> [u8; 32] {
-    [n; 32]
+fn id(n: u8) -> NodeId {
+    NodeId([n; 32])
 }
 
 /// The section's configuration (§1).
@@ -39,7 +39,7 @@ pub fn config(allow: Option<&[u8]>) -> DriverConfig {
         dial_attempt_timeout: Duration::from_millis(10_000),
         join_attempt_timeout: Duration::from_millis(10_000),
         join_delay_divisor: 1,
-        valid_peer: |peer| peer[0] < 250,
+        valid_peer: |peer| peer.0[0] < 250,
         failed_opens_max: 2,
         relay_hint_peers_max: 3,
         inbound_connections_max: 6,
@@ -93,15 +93,15 @@ fn direction(name: &str) -> Result<Direction, String> {
 
 fn action(action: Action<u64>) -> String {
     match action {
-        Action::Dial { peer, attempt, .. } => format!("dial:{}:{attempt}", peer[0]),
-        Action::JoinAttempt { peer, attempt, .. } => format!("join:{}:{attempt}", peer[0]),
-        Action::KickWriter { peer } => format!("kick:{}", peer[0]),
-        Action::RetireWriter { peer } => format!("retire:{}", peer[0]),
-        Action::SendFailed { peer } => format!("send_failed:{}", peer[0]),
+        Action::Dial { peer, attempt, .. } => format!("dial:{}:{attempt}", peer.0[0]),
+        Action::JoinAttempt { peer, attempt, .. } => format!("join:{}:{attempt}", peer.0[0]),
+        Action::KickWriter { peer } => format!("kick:{}", peer.0[0]),
+        Action::RetireWriter { peer } => format!("retire:{}", peer.0[0]),
+        Action::SendFailed { peer } => format!("send_failed:{}", peer.0[0]),
         Action::Close { conn, code } => format!("close:{conn}:{code}"),
         Action::Announce { peer, claim } => format!(
             "announce:{}:{}:{}",
-            peer[0], claim.actor.0[0], claim.generation
+            peer.0[0], claim.actor.0[0], claim.generation
         ),
         Action::StartPublisher {
             collector,
@@ -110,7 +110,7 @@ fn action(action: Action<u64>) -> String {
             publisher,
         } => format!(
             "publish:{}:{stream}:{}:{publisher}",
-            collector[0],
+            collector.0[0],
             hex(&flow_id)
         ),
         Action::StopPublisher {
@@ -120,7 +120,7 @@ fn action(action: Action<u64>) -> String {
             publisher,
         } => format!(
             "unpublish:{}:{stream}:{}:{publisher}",
-            collector[0],
+            collector.0[0],
             hex(&flow_id)
         ),
     }
@@ -206,11 +206,11 @@ fn checked_relays(relays: &[String]) -> Result<&[String], String> {
 
 /// Opens' dials as `end` lists them: (peer, channel, ticket, waiters).
 fn dials(
-    dials: impl Iterator<Item = ([u8; 32], Channel, DialTicket, u64)>,
+    dials: impl Iterator<Item = (NodeId, Channel, DialTicket, u64)>,
 ) -> Vec<(u8, String, u64, u64)> {
     dials
         .map(|(peer, channel, ticket, waiters)| {
-            (peer[0], channel_name(channel), ticket.get(), waiters)
+            (peer.0[0], channel_name(channel), ticket.get(), waiters)
         })
         .collect()
 }
@@ -577,7 +577,7 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
         },
         cache: driver
             .connections()
-            .map(|(peer, channel, g)| (peer[0], channel_name(channel), g.get()))
+            .map(|(peer, channel, g)| (peer.0[0], channel_name(channel), g.get()))
             .collect(),
         joins: driver
             .join_statuses()
@@ -588,7 +588,7 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
                     JoinPhase::Sent => "sent".to_owned(),
                     JoinPhase::Failed => "failed".to_owned(),
                 };
-                (peer[0].to_string(), phase)
+                (peer.0[0].to_string(), phase)
             })
             .collect(),
         claims: driver
@@ -597,7 +597,7 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
             .collect(),
         subscriptions: driver
             .subscriptions()
-            .map(|(collector, stream, flow)| (collector[0], stream.clone(), hex(flow)))
+            .map(|(collector, stream, flow)| (collector.0[0], stream.clone(), hex(flow)))
             .collect(),
         controls: driver
             .control_verdicts()
@@ -609,7 +609,7 @@ fn end(driver: &Driver<u64>) -> DriverEnd {
         failed_opens: dials(driver.failed_opens()),
         relays: driver
             .relay_hints()
-            .map(|(peer, relays)| (peer[0], relays.to_vec()))
+            .map(|(peer, relays)| (peer.0[0], relays.to_vec()))
             .collect(),
     }
 }

@@ -813,13 +813,13 @@ fn model_emission(case: &EmissionCase) -> Result<EmissionCase, String> {
 
 fn substrate_trace(case: &SubstrateCase) -> Result<SubstrateCase, String> {
     use crate::substrate::{replay as run_trace, Action};
-    use tether_core::substrate::harness::NodeId;
+    use tether_core::substrate::harness::Party;
     if case.window == 0 {
         return Err("window must be at least 1".into());
     }
     let node = |node: Node| match node {
-        Node::A => NodeId::A,
-        Node::B => NodeId::B,
+        Node::A => Party::A,
+        Node::B => Party::B,
     };
     let actions: Vec<Action> = case
         .actions
@@ -861,7 +861,7 @@ fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
     use tether_core::driver::{Driver, JoinPhase};
 
     same_length(&case.events, &case.steps)?;
-    let seed = [1u8; 32];
+    let seed = tether_core::driver::NodeId([1u8; 32]);
     let mut driver: Driver<u64> = Driver::new(crate::driver::config(None));
     driver
         .handle_join(Time::ZERO, seed, false, 1)
@@ -1001,7 +1001,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     let node = |n: u8| crate::driver::signed_claim(n, 0, 0).host;
     let named = std::cell::RefCell::new(std::collections::BTreeMap::new());
     // A peer the machine names was named to it by a claim, so its number is known.
-    let number = |id: [u8; 32]| {
+    let number = |id: tether_core::driver::NodeId| {
         named
             .borrow()
             .get(&id)
@@ -1012,8 +1012,10 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
         config.auth = PeerAuth::allow_list(list.iter().map(|n| node(*n)));
     }
     if let Some(list) = &case.authorize {
-        let allowed: std::collections::BTreeSet<(tether_core::driver::ActorAddr, [u8; 32])> =
-            list.iter().map(|(a, h)| (addr(*a), node(*h))).collect();
+        let allowed: std::collections::BTreeSet<(
+            tether_core::driver::ActorAddr,
+            tether_core::driver::NodeId,
+        )> = list.iter().map(|(a, h)| (addr(*a), node(*h))).collect();
         config.claim_authorizer = Some(tether_core::driver::ClaimAuthorizer::new(
             move |request: &tether_core::driver::ClaimRequest| {
                 allowed.contains(&(request.actor, request.host))
@@ -1021,7 +1023,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
         ));
     }
     let mut driver: Driver<u64> = Driver::new(config);
-    let mut routes: Routes<u8> = Routes::new([case.mailbox; 32]);
+    let mut routes: Routes<u8> = Routes::new(tether_core::driver::NodeId([case.mailbox; 32]));
     // The shell routes through a memo; replay both ways and let any disagreement show.
     let mut memo = RouteMemo::new();
     let now = Time::ZERO;

@@ -28,7 +28,7 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tether_core::substrate::harness::{Harness, NodeId};
+use tether_core::substrate::harness::{Harness, Party};
 use tether_core::substrate::{Config, Event, Op};
 use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
 
@@ -43,17 +43,17 @@ pub enum Action {
     /// B's app answers its oldest unanswered req with `end` (which consumes it).
     Answer,
     /// A node's store commits its oldest batch.
-    Commit(NodeId),
+    Commit(Party),
     /// The link delivers frame `n` of those towards a node.
-    Deliver(NodeId, u8),
+    Deliver(Party, u8),
     /// The link delivers frame `n` towards a node and keeps a copy in flight.
-    Duplicate(NodeId, u8),
+    Duplicate(Party, u8),
     /// The link loses frame `n` towards a node.
-    Drop(NodeId, u8),
+    Drop(Party, u8),
     /// The link goes down and comes back (a new connection).
     Reconnect,
     /// A node crashes and restarts from its store.
-    Crash(NodeId),
+    Crash(Party),
     /// 31 s pass (gap resync, keepalive).
     Wait,
     /// A stray send for an unknown object reaches B (always the same op id).
@@ -321,7 +321,7 @@ pub fn start(window: usize) -> Harness {
     let mut h = Harness::allowing_all(config, 5);
     h.connect();
     for (obj, kind) in OBJECTS {
-        h.with(NodeId::A, |m, now| m.open(now, kind, obj, None))
+        h.with(Party::A, |m, now| m.open(now, kind, obj, None))
             .expect("fresh objects open");
     }
     h.run();
@@ -335,8 +335,8 @@ pub fn apply(h: &mut Harness, action: Action) -> bool {
             let (obj, kind) = OBJECTS[usize::from(n) % OBJECTS.len()];
             let body = Bytes::from(vec![obj.as_bytes()[1]; 4]);
             match kind {
-                ObjKind::Queue => h.with(NodeId::A, |m, now| m.send(now, obj, body)).is_ok(),
-                ObjKind::Session => h.with(NodeId::A, |m, now| m.req(now, obj, body)).is_ok(),
+                ObjKind::Queue => h.with(Party::A, |m, now| m.send(now, obj, body)).is_ok(),
+                ObjKind::Session => h.with(Party::A, |m, now| m.req(now, obj, body)).is_ok(),
             }
         }
         Action::Answer => {
@@ -350,7 +350,7 @@ pub fn apply(h: &mut Harness, action: Action) -> bool {
                 return false;
             };
             let body = Some(Bytes::from_static(b"done"));
-            h.with(NodeId::B, |m, now| {
+            h.with(Party::B, |m, now| {
                 m.answer(now, &obj, &id, Verb::End, body, None)
             })
             .is_ok()
@@ -374,7 +374,7 @@ pub fn apply(h: &mut Harness, action: Action) -> bool {
         }
         Action::Close => {
             let (queue, _) = OBJECTS[0];
-            h.with(NodeId::B, |m, now| m.close(now, queue, "done"))
+            h.with(Party::B, |m, now| m.close(now, queue, "done"))
                 .is_ok()
         }
         Action::Stray => {
@@ -383,7 +383,7 @@ pub fn apply(h: &mut Harness, action: Action) -> bool {
             env.id = Some("stray-op".into());
             env.seq = Some(0);
             env.receipt = Some(1);
-            h.inject(NodeId::A, &Envelope::new(env));
+            h.inject(Party::A, &Envelope::new(env));
             true
         }
     }
@@ -403,7 +403,7 @@ fn enabled(h: &Harness, budget: &Budget) -> Vec<Action> {
     {
         actions.push(Action::Answer);
     }
-    for id in [NodeId::A, NodeId::B] {
+    for id in [Party::A, Party::B] {
         if h.uncommitted(id) > 0 {
             actions.push(Action::Commit(id));
         }

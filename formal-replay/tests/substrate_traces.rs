@@ -3,11 +3,11 @@
 //! crashes, waits, stray ops), each judged after every step and once healed.
 
 use proptest::prelude::*;
-use tether_core::substrate::harness::NodeId;
+use tether_core::substrate::harness::Party;
 use tether_formal_replay::substrate::{replay, Action};
 
-fn node() -> impl Strategy<Value = NodeId> {
-    prop_oneof![Just(NodeId::A), Just(NodeId::B)]
+fn node() -> impl Strategy<Value = Party> {
+    prop_oneof![Just(Party::A), Just(Party::B)]
 }
 
 fn action() -> impl Strategy<Value = Action> {

@@ -322,7 +322,7 @@ pub fn telemetry_control(data: &[u8]) {
     }
     let mut table = Subscriptions::default();
     table.add_stream("cpu");
-    let (verdict, _) = table.apply([1; 32], data);
+    let (verdict, _) = table.apply(tether_core::driver::NodeId::new([1; 32]), data);
     assert_eq!(
         table.live(),
         usize::from(verdict == ControlVerdict::Started)
@@ -350,7 +350,7 @@ pub fn host_claim(data: &[u8]) {
     }
     let from = match &decoded {
         Ok(claim) if choice & 1 == 0 => claim.host,
-        _ => [choice; 32],
+        _ => tether_core::driver::NodeId::new([choice; 32]),
     };
     let mut directory = Directory::default();
     let verdict = directory.apply_bytes(&from, data);
@@ -711,9 +711,7 @@ pub fn authorize(data: &[u8]) {
 /// shutdown): it must never panic, never ask for a second commit or dial while one is out,
 /// and bind connections under generations that only grow.
 pub fn peer(data: &[u8]) {
-    use tether_core::substrate::peer::{
-        Command, DialFailed, Dialed, Output, Peer, StoreFault,
-    };
+    use tether_core::substrate::peer::{Command, DialFailed, Dialed, Output, Peer, StoreFault};
     use tether_core::substrate::{AllowAll, Authorizer, Config, Machine, PeerId, PeerLink};
     use tether_core::time::Time;
     use tether_core::wire::envelope::ObjKind;
@@ -741,7 +739,10 @@ pub fn peer(data: &[u8]) {
     let case = blank_case(seed, dialable, events);
     let core = core_peer(&case).expect("core runs every well-formed case");
     let model = model_peer(&case).expect("the model runs every well-formed case");
-    assert_eq!(core.steps, model.steps, "core and the model disagree on {case:?}");
+    assert_eq!(
+        core.steps, model.steps,
+        "core and the model disagree on {case:?}"
+    );
 
     // Anything, in any order.
     let link = || {
@@ -751,7 +752,11 @@ pub fn peer(data: &[u8]) {
             std::sync::Arc::new(Authorizer::new(AllowAll)),
             3,
         );
-        PeerLink::new(machine, tether_core::substrate::handshake::Auth::None, Vec::new())
+        PeerLink::new(
+            machine,
+            tether_core::substrate::handshake::Auth::None,
+            Vec::new(),
+        )
     };
     let mut peer = Peer::new(PeerId::new("b"), true, true, 5);
     let (mut commit_out, mut dial_out, mut generation) = (false, false, 0u64);

@@ -162,14 +162,14 @@ async fn an_actor_moves_only_with_its_holders_handoff() {
 async fn a_claim_authorizer_binds_actors_to_their_owners() {
     // a's rule: an actor's address starts with its host's first 8 bytes.
     let a = Node::builder()
-        .claim_authorizer(|request| request.actor.as_bytes()[..8] == request.host[..8])
+        .claim_authorizer(|request| request.actor.as_bytes()[..8] == request.host.as_bytes()[..8])
         .bind()
         .await
         .expect("bind");
     let b_inbox = Arc::new(Inbox::default());
     let b = host([2; 32], &b_inbox).await;
     let mut owned = [7u8; 32];
-    owned[..8].copy_from_slice(&b.node_id()[..8]);
+    owned[..8].copy_from_slice(&b.node_id().as_bytes()[..8]);
     let owned = ActorAddr::new(owned);
     b.register_actor(ACTOR, 1).expect("register");
     b.register_actor(owned, 1).expect("register");

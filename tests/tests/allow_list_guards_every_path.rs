@@ -70,7 +70,7 @@ fn header(node_id: NodeId) -> Header {
         token: Bytes::from_static(b"t"),
         stream: StreamDescriptor {
             name: "metrics".into(),
-            node_id,
+            node_id: *node_id.as_bytes(),
             started_at_ms: 0,
             labels: Vec::new(),
         },

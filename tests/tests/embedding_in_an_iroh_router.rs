@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tether::iroh::endpoint::Connection;
 use tether::iroh::protocol::{AcceptError, ProtocolHandler, Router};
 use tether::iroh::Endpoint;
-use tether::node::{ActorBridge, DeliveryError, Node, NodeError, OutFrame};
+use tether::node::{node_id_of, ActorBridge, DeliveryError, Node, NodeError, OutFrame};
 use tether::substrate::{AllowAll, Authorizer, Inbound};
 use tokio::sync::mpsc;
 
@@ -96,7 +96,7 @@ async fn tether_shares_an_application_router_and_endpoint() {
         .expect("node on the application's endpoint");
     assert_eq!(
         embedded.node_id(),
-        *endpoint.id().as_bytes(),
+        node_id_of(&endpoint.id()),
         "one identity"
     );
     let router = embedded

@@ -7,7 +7,7 @@
 
 use crate::support;
 
-use tether::node::{Node, ACTOR_ALPN};
+use tether::node::{node_id_of, Node, ACTOR_ALPN};
 use tether_core::limits::QUIC_HANDSHAKES_IN_PROGRESS_MAX;
 
 const CONNECTIONS: usize = 1_000;
@@ -18,7 +18,7 @@ const WAVE: usize = 2 * QUIC_HANDSHAKES_IN_PROGRESS_MAX;
 async fn a_flood_of_unlisted_connections_is_refused_counted_and_leaves_nothing() {
     let friend = tether::iroh::SecretKey::generate().public();
     let node = Node::builder()
-        .allow([*friend.as_bytes()])
+        .allow([node_id_of(&friend)])
         .bind()
         .await
         .expect("bind");
@@ -74,7 +74,7 @@ async fn a_flood_of_unlisted_connections_is_refused_counted_and_leaves_nothing()
 async fn a_peer_that_dials_again_and_again_keeps_one_connection_per_channel() {
     let attacker = support::loopback_endpoint().await;
     let node = Node::builder()
-        .allow([*attacker.id().as_bytes()])
+        .allow([node_id_of(&attacker.id())])
         .bind()
         .await
         .expect("bind");

@@ -7,7 +7,9 @@ use common::until_changed;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tether::node::{ActorAddr, ActorBridge, DeliveryError, JoinPolicy, Node, NodeError, OutFrame};
+use tether::node::{
+    node_id_of, ActorAddr, ActorBridge, DeliveryError, JoinPolicy, Node, NodeError, OutFrame,
+};
 use tether_core::driver::{DropReason, JoinPhase, NodeId};
 use tokio::sync::mpsc;
 
@@ -141,7 +143,7 @@ async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
     }
     for n in 0..3 {
         let mut frame = chat(&b.node, n);
-        frame.to = *stranger.as_bytes();
+        frame.to = node_id_of(&stranger);
         frames.insert(10, frame);
     }
     a.node.send_batch(frames);
@@ -356,7 +358,7 @@ async fn join_sends_a_request_to_the_seed_mailbox_or_reports_failed() {
     a.node.join(vec![b.node.endpoint_addr()]);
     let (dest, tag, payload) = b.delivered.recv().await.expect("join request");
     assert_eq!((dest, tag.as_str()), (SWIM_ACTOR, "JoinRequest"));
-    assert_eq!(&payload[..], &a.node.node_id()[..]);
+    assert_eq!(&payload[..], &a.node.node_id().as_bytes()[..]);
     let b_key = hex(&b.node.node_id());
     until_changed(&a.node, || {
         a.node
@@ -417,7 +419,7 @@ async fn close_leaves_no_task_running() {
 }
 
 fn hex(id: &NodeId) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+    id.to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,7 +478,7 @@ async fn a_failure_of_a_replaced_generation_is_stale_and_evicts_nothing() {
 
     let a = node().await;
     let raw = raw_peer().await;
-    let raw_id = *raw.id().as_bytes();
+    let raw_id = node_id_of(&raw.id());
     let raw_key = hex(&raw_id);
     let mut addr = tether::iroh::EndpointAddr::new(raw.id());
     for socket in raw.bound_sockets() {

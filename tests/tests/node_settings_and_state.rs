@@ -97,7 +97,7 @@ async fn the_swim_tag_set_is_the_builders_choice() {
 }
 
 fn hex(id: &NodeId) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+    id.to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

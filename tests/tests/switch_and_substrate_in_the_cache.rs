@@ -42,7 +42,7 @@ async fn host_and_engine() -> (Node, Node, SwitchConnections) {
 }
 
 fn hex(node: &Node) -> String {
-    node.node_id().iter().map(|b| format!("{b:02x}")).collect()
+    node.node_id().to_string()
 }
 
 /// Writes `bytes` on a link `dialer` just opened (a QUIC stream shows up at the peer with its

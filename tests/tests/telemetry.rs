@@ -3,7 +3,7 @@
 //! faults.
 
 use bytes::Bytes;
-use tether::node::{Node, TelemetryFault, TelemetryIngress, TELEMETRY_ALPN};
+use tether::node::{Node, NodeId, TelemetryFault, TelemetryIngress, TELEMETRY_ALPN};
 use tether_core::wire::telemetry::{
     ChannelDescriptor, Compression, Header, StreamDescriptor, TelemetryFrame,
 };
@@ -13,13 +13,13 @@ use crate::support;
 
 const EVENTS: u64 = 100_000;
 
-fn header(node_id: [u8; 32]) -> Header {
+fn header(node_id: NodeId) -> Header {
     Header {
         flow_id: [9; 16],
         token: Bytes::from_static(b"token"),
         stream: StreamDescriptor {
             name: "metrics".into(),
-            node_id,
+            node_id: *node_id.as_bytes(),
             started_at_ms: 1_767_225_600_000,
             labels: vec![("host".into(), "a".into())],
         },
@@ -171,7 +171,9 @@ async fn broken_streams_are_reported_as_typed_faults() {
         .await
         .expect("collector");
     let mut good_header = bytes::BytesMut::new();
-    header([1; 32]).encode(&mut good_header).expect("encode");
+    header(NodeId::new([1; 32]))
+        .encode(&mut good_header)
+        .expect("encode");
     let cases: Vec<(Vec<u8>, TelemetryFault)> = vec![
         (
             b"NOPE and more bytes here".to_vec(),
@@ -243,7 +245,7 @@ async fn every_sink_of_a_fanout_gets_every_item_on_a_custom_alpn() {
 /// Reads one published stream from `ingress`: its publisher and the events it carried.
 async fn one_stream(
     ingress: &mut mpsc::Receiver<TelemetryIngress>,
-) -> ([u8; 32], Vec<TelemetryFrame>) {
+) -> (NodeId, Vec<TelemetryFrame>) {
     let (mut from, mut frames) = (None, Vec::new());
     loop {
         match ingress.recv().await.expect("item") {

@@ -5,20 +5,20 @@
 //! publisher stopped before it.
 
 use bytes::Bytes;
-use tether::node::{Node, NodeError, TelemetryIngress};
+use tether::node::{Node, NodeError, NodeId, TelemetryIngress};
 use tether_core::driver::ControlVerdict;
 use tether_core::wire::telemetry::{ChannelDescriptor, Header, StreamDescriptor, TelemetryFrame};
 use tokio::sync::mpsc;
 
 const FLOW: [u8; 16] = [5; 16];
 
-fn header(node_id: [u8; 32]) -> Header {
+fn header(node_id: NodeId) -> Header {
     Header {
         flow_id: [0; 16],
         token: Bytes::from_static(b"token"),
         stream: StreamDescriptor {
             name: "metrics".into(),
-            node_id,
+            node_id: *node_id.as_bytes(),
             started_at_ms: 1_767_225_600_000,
             labels: Vec::new(),
         },

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use tether::iroh::endpoint::presets;
 use tether::iroh::{Endpoint, EndpointAddr, EndpointId, RelayMode, SecretKey};
-use tether::node::{Node, ACTOR_ALPN};
+use tether::node::{node_id_of, Node, ACTOR_ALPN};
 use tether::switch::host::Host;
 use tether::switch::Switch;
 use tether_benches::arg;
@@ -66,12 +66,12 @@ async fn main() {
 async fn flood(connections: usize) {
     let friend = SecretKey::generate().public();
     let node = Node::builder()
-        .allow([*friend.as_bytes()])
+        .allow([node_id_of(&friend)])
         .bind()
         .await
         .expect("bind");
     let (rss_before, _) = memory();
-    let id = hex(&node.node_id());
+    let id = node.node_id().to_string();
     let port = node.listen_addr().expect("bound").port().to_string();
     let started = Instant::now();
     let status = tokio::process::Command::new(std::env::current_exe().expect("exe"))
@@ -131,7 +131,7 @@ async fn endpoint(secret: SecretKey) -> Endpoint {
 async fn stall(streams: usize) {
     let secret = SecretKey::generate();
     let node = Node::builder()
-        .allow([*secret.public().as_bytes()])
+        .allow([node_id_of(&secret.public())])
         .bind()
         .await
         .expect("bind");
@@ -140,7 +140,7 @@ async fn stall(streams: usize) {
     let mut child = tokio::process::Command::new(std::env::current_exe().expect("exe"))
         .args([
             "stall-attack",
-            &hex(&node.node_id()),
+            &node.node_id().to_string(),
             &port,
             &hex(&secret.to_bytes()),
             "--streams",

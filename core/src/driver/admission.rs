@@ -141,12 +141,12 @@ mod tests {
 
     #[test]
     fn only_listed_peers_are_admitted_and_refusals_count_by_path() {
-        let auth = PeerAuth::allow_list([[1; 32]]);
+        let auth = PeerAuth::allow_list([NodeId([1; 32])]);
         assert_eq!(
-            admit(&auth, &[1; 32], Path::Join, Direction::Outbound),
+            admit(&auth, &NodeId([1; 32]), Path::Join, Direction::Outbound),
             Ok(())
         );
-        let refused = admit(&auth, &[2; 32], Path::Switch, Direction::Inbound).unwrap_err();
+        let refused = admit(&auth, &NodeId([2; 32]), Path::Switch, Direction::Inbound).unwrap_err();
         assert_eq!(
             refused,
             Refused {
@@ -165,7 +165,13 @@ mod tests {
             r#"{"switch/inbound":2}"#
         );
         // An open node admits everyone.
-        assert!(admit(&PeerAuth::open(), &[2; 32], Path::Actor, Direction::Inbound).is_ok());
+        assert!(admit(
+            &PeerAuth::open(),
+            &NodeId([2; 32]),
+            Path::Actor,
+            Direction::Inbound
+        )
+        .is_ok());
     }
 }
 

@@ -74,7 +74,7 @@ mod tests {
     fn peer(n: u64) -> NodeId {
         let mut id = [0u8; 32];
         id[..8].copy_from_slice(&n.to_be_bytes());
-        id
+        NodeId(id)
     }
 
     #[test]

@@ -93,14 +93,14 @@ fn signed_bytes(domain: &[u8], actor: &ActorAddr, host: &NodeId, generation: u64
     let mut message = Vec::with_capacity(domain.len() + 72);
     message.extend_from_slice(domain);
     message.extend_from_slice(actor.as_bytes());
-    message.extend_from_slice(host);
+    message.extend_from_slice(host.as_bytes());
     message.extend_from_slice(&generation.to_be_bytes());
     message
 }
 
 /// Strict Ed25519 (no malleable or small-order forms) of `key` over `message`.
 fn verify_strict(key: &NodeId, message: &[u8], signature: &[u8; 64]) -> bool {
-    let Ok(key) = VerifyingKey::from_bytes(key) else {
+    let Ok(key) = VerifyingKey::from_bytes(key.as_bytes()) else {
         return false;
     };
     key.verify_strict(message, &Signature::from_bytes(signature))
@@ -114,7 +114,7 @@ impl Handoff {
         let key = SigningKey::from_bytes(secret);
         let signature = key.sign(&signed_bytes(HANDOFF_DOMAIN, actor, to, generation));
         Self {
-            from: key.verifying_key().to_bytes(),
+            from: NodeId(key.verifying_key().to_bytes()),
             signature: signature.to_bytes(),
         }
     }
@@ -134,7 +134,7 @@ impl HostClaim {
     /// host is the key's public half).
     pub fn sign(secret: &[u8; 32], actor: ActorAddr, generation: u64) -> Self {
         let key = SigningKey::from_bytes(secret);
-        let host = key.verifying_key().to_bytes();
+        let host = NodeId(key.verifying_key().to_bytes());
         let signature = key.sign(&signed_bytes(CLAIM_DOMAIN, &actor, &host, generation));
         Self {
             actor,
@@ -169,11 +169,11 @@ impl HostClaim {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(CLAIM_WITH_HANDOFF_BYTES);
         out.extend_from_slice(self.actor.as_bytes());
-        out.extend_from_slice(&self.host);
+        out.extend_from_slice(self.host.as_bytes());
         out.extend_from_slice(&self.generation.to_be_bytes());
         out.extend_from_slice(&self.signature);
         if let Some(handoff) = &self.handoff {
-            out.extend_from_slice(&handoff.from);
+            out.extend_from_slice(handoff.from.as_bytes());
             out.extend_from_slice(&handoff.signature);
         }
         out
@@ -199,11 +199,11 @@ impl HostClaim {
         generation.copy_from_slice(&bytes[64..72]);
         Ok(Self {
             actor: ActorAddr(array(0..32)),
-            host: array(32..64),
+            host: NodeId(array(32..64)),
             generation: u64::from_be_bytes(generation),
             signature: signature(72),
             handoff: (bytes.len() == CLAIM_WITH_HANDOFF_BYTES).then(|| Handoff {
-                from: array(CLAIM_BYTES..CLAIM_BYTES + 32),
+                from: NodeId(array(CLAIM_BYTES..CLAIM_BYTES + 32)),
                 signature: signature(CLAIM_BYTES + 32),
             }),
         })
@@ -474,7 +474,7 @@ mod tests {
     const SECRET_C: [u8; 32] = [9; 32];
 
     fn id(secret: &[u8; 32]) -> NodeId {
-        SigningKey::from_bytes(secret).verifying_key().to_bytes()
+        NodeId(SigningKey::from_bytes(secret).verifying_key().to_bytes())
     }
 
     #[test]
@@ -485,7 +485,7 @@ mod tests {
         assert_eq!(HostClaim::decode(&bytes), Ok(claim));
         // Golden bytes: the layout is actor, host, generation (big endian), signature.
         assert_eq!(&bytes[..32], &[1; 32]);
-        assert_eq!(&bytes[32..64], &claim.host);
+        assert_eq!(&bytes[32..64], claim.host.as_bytes());
         assert_eq!(&bytes[64..72], &[0, 0, 0, 0, 0, 0, 0, 3]);
         assert_eq!(hex::encode(claim.host), hex::encode(id(&SECRET_A)));
         // Ed25519 is deterministic: the same claim is the same bytes on every machine.
@@ -506,7 +506,10 @@ mod tests {
         let bytes = claim.encode();
         assert_eq!(bytes.len(), CLAIM_WITH_HANDOFF_BYTES);
         assert_eq!(HostClaim::decode(&bytes), Ok(claim));
-        assert_eq!(&bytes[CLAIM_BYTES..CLAIM_BYTES + 32], &id(&SECRET_A));
+        assert_eq!(
+            &bytes[CLAIM_BYTES..CLAIM_BYTES + 32],
+            id(&SECRET_A).as_bytes()
+        );
         // Golden: the consent's signature is deterministic too.
         assert_eq!(
             hex::encode(&bytes[CLAIM_BYTES + 32..]),
@@ -795,7 +798,7 @@ mod tests {
             let mut actor = [0u8; 32];
             actor[..4].copy_from_slice(&n.to_be_bytes());
             let actor = ActorAddr(actor);
-            directory.set(actor, [1; 32], 1);
+            directory.set(actor, NodeId([1; 32]), 1);
             assert!(directory.locate(&actor).is_some());
         }
         assert_eq!(

@@ -24,9 +24,9 @@ use crate::time::Time;
 /// Nodes in the world.
 const NODES: usize = 3;
 /// A peer that never answers (not in the world).
-const STRANGER: NodeId = [9; 32];
+const STRANGER: NodeId = NodeId([9; 32]);
 /// A peer id that is not a valid key.
-const INVALID: NodeId = [250; 32];
+const INVALID: NodeId = NodeId([250; 32]);
 /// Frames a writer's queue holds.
 const QUEUE_MAX: usize = 6;
 /// Frames per batch.
@@ -73,7 +73,7 @@ fn publishes(n: usize, name: &str) -> bool {
 }
 
 fn id(node: usize) -> NodeId {
-    [node as u8 + 1; 32]
+    NodeId([node as u8 + 1; 32])
 }
 
 fn index_of(peer: &NodeId) -> Option<usize> {
@@ -290,7 +290,7 @@ fn config(n: usize, auth: PeerAuth) -> Config {
         },
         idle_peer_timeout: IDLE,
         join_delay_divisor: 1,
-        valid_peer: |peer| peer[0] < 250,
+        valid_peer: |peer| peer.0[0] < 250,
         ..Config::default()
     }
 }
@@ -373,19 +373,22 @@ impl World {
             match action {
                 Action::Dial { peer, attempt, .. } => {
                     if self.dials.iter().any(|(m, p, _)| *m == n && *p == peer) {
-                        return Err(format!("node {n}: a second dial of {} in flight", peer[0]));
+                        return Err(format!(
+                            "node {n}: a second dial of {} in flight",
+                            peer.0[0]
+                        ));
                     }
                     if attempt > DIAL_ATTEMPTS || !self.auths[n].permits(&peer) || peer == INVALID {
-                        return Err(format!("node {n}: dial {} attempt {attempt}", peer[0]));
+                        return Err(format!("node {n}: dial {} attempt {attempt}", peer.0[0]));
                     }
                     self.dials.push((n, peer, attempt));
                 }
                 Action::JoinAttempt { peer, attempt, .. } => {
                     if self.joins.iter().any(|(m, p, _)| *m == n && *p == peer) {
-                        return Err(format!("node {n}: a second join attempt to {}", peer[0]));
+                        return Err(format!("node {n}: a second join attempt to {}", peer.0[0]));
                     }
                     if attempt > JOIN_ATTEMPTS || !self.auths[n].permits(&peer) {
-                        return Err(format!("node {n}: join {} attempt {attempt}", peer[0]));
+                        return Err(format!("node {n}: join {} attempt {attempt}", peer.0[0]));
                     }
                     self.joins.push((n, peer, attempt));
                 }
@@ -400,7 +403,7 @@ impl World {
                     if !self.auths[n].permits(&collector) {
                         return Err(format!(
                             "node {n} publishes to {}, off its list",
-                            collector[0]
+                            collector.0[0]
                         ));
                     }
                     let newest = self.publishers.newest.entry(n).or_default();
@@ -440,7 +443,7 @@ impl World {
                     if !writer.idle_reported || idle_for < IDLE.as_millis() as u64 {
                         return Err(format!(
                             "node {n}: writer of {} retired after {idle_for} ms idle",
-                            peer[0]
+                            peer.0[0]
                         ));
                     }
                     if writer.queue.is_empty() {
@@ -449,7 +452,10 @@ impl World {
                 }
                 Action::SendFailed { peer } => {
                     if self.expect_send_failed != Some((n, peer)) {
-                        return Err(format!("node {n}: unexplained SendFailed for {}", peer[0]));
+                        return Err(format!(
+                            "node {n}: unexplained SendFailed for {}",
+                            peer.0[0]
+                        ));
                     }
                     self.expect_send_failed = None;
                     self.sims[n].send_failed += 1;
@@ -567,13 +573,13 @@ impl World {
                 Err(_) if !permitted => self.nothing_ordered(n),
                 other => Err(format!(
                     "closed node {n}: an open to {} answered {other:?}",
-                    peer[0]
+                    peer.0[0]
                 )),
             };
         }
         match verdict {
-            Ok(_) if !permitted => Err(format!("node {n} opened to {}, off its list", peer[0])),
-            Err(_) if permitted => Err(format!("node {n} refused an open to {}", peer[0])),
+            Ok(_) if !permitted => Err(format!("node {n} opened to {}, off its list", peer.0[0])),
+            Err(_) if permitted => Err(format!("node {n} refused an open to {}", peer.0[0])),
             Err(_) => self.actions(n),
             Ok(verdict) => {
                 self.opens.asked += 1;
@@ -611,7 +617,7 @@ impl World {
                         return Err(format!(
                             "node {n}: an open to {} on {channel:?} was placed on connection \
                              {conn} (generation {}), not the pair's",
-                            peer[0],
+                            peer.0[0],
                             generation.get()
                         ));
                     }
@@ -633,7 +639,7 @@ impl World {
                     {
                         return Err(format!(
                             "node {n}: a second open dial to {} on {channel:?}",
-                            peer[0]
+                            peer.0[0]
                         ));
                     }
                     self.opens.dials.push((n, peer, channel, ticket));
@@ -643,7 +649,7 @@ impl World {
                     if !self.opens.dials.contains(&(n, peer, channel, ticket)) {
                         return Err(format!(
                             "node {n}: an open to {} waits on dial {} not in flight",
-                            peer[0],
+                            peer.0[0],
                             ticket.get()
                         ));
                     }
@@ -663,7 +669,7 @@ impl World {
                         return Err(format!(
                             "node {n}: an open to {} failed, waiting on {waited:?}, which did \
                              not fail",
-                            peer[0]
+                            peer.0[0]
                         ));
                     }
                     self.opens.failed_waiters += 1;
@@ -829,7 +835,7 @@ impl World {
         let Some((_, conn)) = self.sims[n].driver.connection(&peer, Channel::Actor) else {
             return Err(format!(
                 "node {n} announced to {}, with no connection",
-                peer[0]
+                peer.0[0]
             ));
         };
         // Written on a connection that already died (its close not yet reported): lost.
@@ -1277,7 +1283,7 @@ impl World {
                         "node {n}: failed dial {} to {} on {channel:?} keeps {waiters} waiters, \
                          the world has {}",
                         ticket.get(),
-                        peer[0],
+                        peer.0[0],
                         waiting(peer, channel, ticket)
                     ));
                 }
@@ -1310,7 +1316,7 @@ impl World {
             return Err(format!(
                 "node {}: an open to {} waits on dial {} and is never woken",
                 waiter.node,
-                waiter.peer[0],
+                waiter.peer.0[0],
                 waiter.ticket.get()
             ));
         }
@@ -1422,14 +1428,14 @@ impl World {
                     return Err(format!(
                         "node {n}: batch to {} on generation {} over conn {conn} with stream \
                          {open:?} opened a stream: {open_stream}",
-                        peer[0],
+                        peer.0[0],
                         generation.get()
                     ));
                 }
                 if open.is_some_and(|(was, _)| was > generation) {
                     return Err(format!(
                         "node {n}: writer of {} went back from {open:?} to generation {}",
-                        peer[0],
+                        peer.0[0],
                         generation.get()
                     ));
                 }
@@ -1563,7 +1569,7 @@ impl World {
         self.actions(n)?;
         if let Some((m, p)) = self.expect_send_failed.take() {
             if !self.sims[m].closed {
-                return Err(format!("node {m}: SWIM loss to {} unreported", p[0]));
+                return Err(format!("node {m}: SWIM loss to {} unreported", p.0[0]));
             }
         }
         Ok(())
@@ -1666,7 +1672,7 @@ impl World {
             // Admission: nothing cached for a peer off the list.
             for (peer, _, _) in sim.driver.connections() {
                 if !self.auths[n].permits(&peer) {
-                    return Err(format!("node {n} caches a connection of {}", peer[0]));
+                    return Err(format!("node {n} caches a connection of {}", peer.0[0]));
                 }
             }
             // Every frame is delivered, dropped (and counted by its reason), queued or in a
@@ -1707,10 +1713,10 @@ impl World {
                 if *m == n && !sim.driver.is_dialing(peer) {
                     return Err(format!(
                         "node {n}: a dial of {} the machine forgot (world dials {:?}, now {})",
-                        peer[0],
+                        peer.0[0],
                         self.dials
                             .iter()
-                            .map(|(a, p, k)| (*a, p[0], *k))
+                            .map(|(a, p, k)| (*a, p.0[0], *k))
                             .collect::<Vec<_>>(),
                         self.now
                     ));

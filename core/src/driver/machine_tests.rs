@@ -2,8 +2,8 @@
 
 use super::*;
 
-const PEER: NodeId = [1; 32];
-const STRANGER: NodeId = [2; 32];
+const PEER: NodeId = NodeId([1; 32]);
+const STRANGER: NodeId = NodeId([2; 32]);
 
 fn at(millis: u64) -> Time {
     Time::from_millis(millis)
@@ -316,7 +316,7 @@ fn failed_opens_are_bounded_and_a_connection_clears_them() {
         failed_opens_max: 2,
         ..Config::default()
     });
-    let peers = [[1u8; 32], [2; 32], [3; 32]];
+    let peers = [NodeId([1u8; 32]), NodeId([2; 32]), NodeId([3; 32])];
     let channel = Channel::Protocol(0);
     for (n, peer) in peers.iter().enumerate() {
         let ticket = DialTicket(n as u64 + 1);

@@ -74,18 +74,18 @@ mod tests {
     fn an_address_without_a_relay_gets_the_one_last_seen() {
         let mut hints = RelayHints::default();
         let relay = vec!["https://relay.example/".to_owned()];
-        hints.record([1; 32], Vec::new());
+        hints.record(NodeId([1; 32]), Vec::new());
         assert!(hints.is_empty(), "an empty list is no hint");
-        hints.record([1; 32], relay.clone());
-        assert_eq!(hints.normalize(&[1; 32], &[]), relay);
+        hints.record(NodeId([1; 32]), relay.clone());
+        assert_eq!(hints.normalize(&NodeId([1; 32]), &[]), relay);
         let given = vec!["https://other.example/".to_owned()];
         assert_eq!(
-            hints.normalize(&[1; 32], &given),
+            hints.normalize(&NodeId([1; 32]), &given),
             given,
             "a given relay wins"
         );
         assert!(
-            hints.normalize(&[2; 32], &[]).is_empty(),
+            hints.normalize(&NodeId([2; 32]), &[]).is_empty(),
             "no hint for a stranger"
         );
     }
@@ -96,7 +96,7 @@ mod tests {
         let peer = |n: usize| {
             let mut id = [0u8; 32];
             id[..8].copy_from_slice(&(n as u64).to_be_bytes());
-            id
+            NodeId(id)
         };
         for n in 0..=RELAY_HINT_PEERS_MAX {
             hints.record(peer(n), vec![format!("https://r{n}.example/")]);

@@ -11,21 +11,77 @@ pub const HOST_CLAIM_TAG: &str = "tether.HostClaim";
 /// itself reads.
 pub const TELEMETRY_CONTROL_TAG: &str = "tether.TelemetryControl";
 
-/// A node id: the 32-byte endpoint public key. A peer's mailbox address is its node id.
-pub type NodeId = [u8; 32];
+/// A node id: the 32-byte endpoint public key, a type of its own so that no other 32 bytes
+/// (an actor's address, a key, a hash) are taken for one. A peer's mailbox address is its node
+/// id ([`ActorAddr::mailbox`]).
+///
+/// ```compile_fail
+/// let bytes = [1u8; 32];
+/// let node: tether_core::driver::NodeId = bytes; // 32 bytes are not a node id until named one
+/// ```
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct NodeId(pub [u8; 32]);
+
+impl NodeId {
+    /// The node id with these bytes (an endpoint's public key).
+    pub const fn new(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// Its bytes, as the wire and iroh carry them.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl AsRef<[u8]> for NodeId {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<[u8; 32]> for NodeId {
+    fn from(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+}
+
+impl std::fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeId(")?;
+        for byte in &self.0[..4] {
+            write!(f, "{byte:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
+impl std::fmt::Display for NodeId {
+    /// The whole id in lowercase hex.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for byte in &self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
 /// An actor's address: 32 bytes on the wire, a type of its own so that it is never taken for
 /// a [`NodeId`] (a frame names both: the node it goes to and the actor it is for).
 ///
 /// ```compile_fail
-/// let node: tether_core::driver::NodeId = [1; 32];
+/// let node = tether_core::driver::NodeId::new([1; 32]);
 /// let actor: tether_core::driver::ActorAddr = node; // a node id is not an actor's address
 /// ```
 ///
 /// ```
 /// use tether_core::driver::{ActorAddr, NodeId};
-/// let node: NodeId = [1; 32];
+/// let node = NodeId::new([1; 32]);
 /// // A peer's mailbox is the one actor address made from a node id, and says so.
-/// assert_eq!(ActorAddr::mailbox(node).as_bytes(), &node);
+/// assert_eq!(ActorAddr::mailbox(node).as_bytes(), node.as_bytes());
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ActorAddr(pub [u8; 32]);
@@ -43,7 +99,7 @@ impl ActorAddr {
 
     /// A peer's mailbox: the actor address that is the node's own id.
     pub const fn mailbox(node: NodeId) -> Self {
-        Self(node)
+        Self(node.0)
     }
 }
 
@@ -87,9 +143,9 @@ pub const SWIM_TAGS: [&str; 6] = [
 /// (its node id), tagged [`JOIN_REQUEST`], its payload the joining node's id.
 pub fn join_request(seed: NodeId, local: NodeId) -> crate::wire::actor::ActorRecord {
     crate::wire::actor::ActorRecord::from_parts(
-        seed,
+        seed.0,
         bytes::Bytes::from_static(JOIN_REQUEST.as_bytes()),
-        bytes::Bytes::copy_from_slice(&local),
+        bytes::Bytes::copy_from_slice(local.as_bytes()),
     )
 }
 
@@ -375,7 +431,7 @@ mod tests {
     use super::*;
 
     fn id(n: u8) -> NodeId {
-        [n; 32]
+        NodeId([n; 32])
     }
 
     fn actor(n: u8) -> ActorAddr {
@@ -508,10 +564,10 @@ mod tests {
 
     #[test]
     fn a_join_request_is_addressed_to_the_seed_and_carries_the_joining_node() {
-        let (seed, local) = ([7u8; 32], [9u8; 32]);
+        let (seed, local) = (NodeId([7u8; 32]), NodeId([9u8; 32]));
         let record = join_request(seed, local);
-        assert_eq!(record.dest(), &seed);
+        assert_eq!(record.dest(), seed.as_bytes());
         assert_eq!(record.tag(), "JoinRequest");
-        assert_eq!(record.payload(), &local[..]);
+        assert_eq!(record.payload(), &local.as_bytes()[..]);
     }
 }

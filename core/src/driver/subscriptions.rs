@@ -297,24 +297,30 @@ mod tests {
             control.encode().expect("fits")
         };
         assert_eq!(
-            table.apply([9; 32], &sub("cpu", true)).0,
+            table.apply(NodeId([9; 32]), &sub("cpu", true)).0,
             ControlVerdict::Started
         );
         assert_eq!(
-            table.apply([9; 32], &sub("cpu", true)).0,
+            table.apply(NodeId([9; 32]), &sub("cpu", true)).0,
             ControlVerdict::Ignored
         );
         assert_eq!(
-            table.apply([9; 32], &sub("disk", true)).0,
+            table.apply(NodeId([9; 32]), &sub("disk", true)).0,
             ControlVerdict::UnknownStream
         );
-        assert_eq!(table.apply([9; 32], b"junk").0, ControlVerdict::Malformed);
-        assert_eq!(table.live(), 1);
-        let (verdict, stopped) = table.apply([9; 32], &sub("cpu", false));
-        assert_eq!(verdict, ControlVerdict::Stopped);
-        assert_eq!(stopped, Some((([9; 32], "cpu".to_owned(), [1; 16]), 1)));
         assert_eq!(
-            table.apply([9; 32], &sub("cpu", false)).0,
+            table.apply(NodeId([9; 32]), b"junk").0,
+            ControlVerdict::Malformed
+        );
+        assert_eq!(table.live(), 1);
+        let (verdict, stopped) = table.apply(NodeId([9; 32]), &sub("cpu", false));
+        assert_eq!(verdict, ControlVerdict::Stopped);
+        assert_eq!(
+            stopped,
+            Some(((NodeId([9; 32]), "cpu".to_owned(), [1; 16]), 1))
+        );
+        assert_eq!(
+            table.apply(NodeId([9; 32]), &sub("cpu", false)).0,
             ControlVerdict::Ignored
         );
         assert_eq!(table.live(), 0);
@@ -336,7 +342,7 @@ mod tests {
             .encode()
             .expect("fits")
         };
-        let greedy = [6; 32];
+        let greedy = NodeId([6; 32]);
         let started = (0..1_000)
             .filter(|flow| table.apply(greedy, &subscribe(*flow)).0 == ControlVerdict::Started)
             .count();
@@ -350,7 +356,7 @@ mod tests {
             if collector == 6 {
                 continue;
             }
-            let verdict = table.apply([collector; 32], &subscribe(0)).0;
+            let verdict = table.apply(NodeId([collector; 32]), &subscribe(0)).0;
             if verdict == ControlVerdict::Full {
                 break;
             }
@@ -377,17 +383,17 @@ mod tests {
             };
             control.encode().expect("fits")
         };
-        let key = ([9; 32], "cpu".to_owned(), [1; 16]);
+        let key = (NodeId([9; 32]), "cpu".to_owned(), [1; 16]);
         assert_eq!(
-            table.apply([9; 32], &control(true)).1,
+            table.apply(NodeId([9; 32]), &control(true)).1,
             Some((key.clone(), 1))
         );
         assert_eq!(
-            table.apply([9; 32], &control(false)).1,
+            table.apply(NodeId([9; 32]), &control(false)).1,
             Some((key.clone(), 1))
         );
         assert_eq!(
-            table.apply([9; 32], &control(true)).1,
+            table.apply(NodeId([9; 32]), &control(true)).1,
             Some((key.clone(), 2))
         );
         // Publisher 1 (stopped) ends now: publisher 2's subscription stays.

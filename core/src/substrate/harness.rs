@@ -20,20 +20,20 @@ use crate::time::Time;
 use crate::wire::envelope::{Envelope, EnvelopeDecoder};
 use crate::wire::{FormatError, StreamDecoder};
 
-/// Which node.
+/// Which party of the two the harness runs (not a [`crate::driver::NodeId`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum NodeId {
+pub enum Party {
     /// The first node (usually the opener).
     A,
     /// The second node.
     B,
 }
 
-impl NodeId {
-    fn other(self) -> NodeId {
+impl Party {
+    fn other(self) -> Party {
         match self {
-            NodeId::A => NodeId::B,
-            NodeId::B => NodeId::A,
+            Party::A => Party::B,
+            Party::B => Party::A,
         }
     }
 }
@@ -197,38 +197,38 @@ impl Harness {
     }
 
     /// The node `id`.
-    pub fn node(&mut self, id: NodeId) -> &mut Node {
+    pub fn node(&mut self, id: Party) -> &mut Node {
         match id {
-            NodeId::A => &mut self.a,
-            NodeId::B => &mut self.b,
+            Party::A => &mut self.a,
+            Party::B => &mut self.b,
         }
     }
 
     /// The node `id`, read-only.
-    pub fn node_ref(&self, id: NodeId) -> &Node {
+    pub fn node_ref(&self, id: Party) -> &Node {
         match id {
-            NodeId::A => &self.a,
-            NodeId::B => &self.b,
+            Party::A => &self.a,
+            Party::B => &self.b,
         }
     }
 
     /// Whether node `id` answers opens by itself (default true).
-    pub fn set_auto_accept(&mut self, id: NodeId, accept: bool) {
+    pub fn set_auto_accept(&mut self, id: Party, accept: bool) {
         self.node(id).auto_accept = accept;
     }
 
     /// Whether node `id`'s app consumes sends as they are delivered (default true).
-    pub fn set_auto_consume(&mut self, id: NodeId, consume: bool) {
+    pub fn set_auto_consume(&mut self, id: Party, consume: bool) {
         self.node(id).auto_consume = consume;
     }
 
     /// Node `id`'s app consumes every pending send now.
-    pub fn consume_all(&mut self, id: NodeId) {
+    pub fn consume_all(&mut self, id: Party) {
         self.consume_some(id, usize::MAX);
     }
 
     /// Node `id`'s app consumes its `count` oldest pending sends (by object, then seq).
-    pub fn consume_some(&mut self, id: NodeId, count: usize) {
+    pub fn consume_some(&mut self, id: Party, count: usize) {
         let now = self.now;
         let node = self.node(id);
         let pending: Vec<(String, u64)> = node
@@ -269,7 +269,7 @@ impl Harness {
 
     /// Crashes node `id`: its machine and every uncommitted batch are gone; it restarts from
     /// its store. The link drops (a crash ends connections).
-    pub fn crash(&mut self, id: NodeId) {
+    pub fn crash(&mut self, id: Party) {
         let was_up = self.link_up;
         self.disconnect();
         let node = self.node(id);
@@ -293,7 +293,7 @@ impl Harness {
     pub fn advance(&mut self, by: Duration) {
         self.now = self.now.saturating_add(by);
         let now = self.now;
-        for id in [NodeId::A, NodeId::B] {
+        for id in [Party::A, Party::B] {
             let node = self.node(id);
             if node.machine.poll_timeout().is_some_and(|at| at <= now) {
                 node.machine.handle_timeout(now);
@@ -303,7 +303,7 @@ impl Harness {
     }
 
     /// Runs an app command on node `id` and collects its outputs.
-    pub fn with<T>(&mut self, id: NodeId, command: impl FnOnce(&mut Machine, Time) -> T) -> T {
+    pub fn with<T>(&mut self, id: Party, command: impl FnOnce(&mut Machine, Time) -> T) -> T {
         let now = self.now;
         let result = command(&mut self.node(id).machine, now);
         self.collect(id);
@@ -318,13 +318,13 @@ impl Harness {
 
     /// Like [`Harness::run`], but before each commit asks `crash_before(id)` whether node `id`
     /// crashes instead of committing (the crash switch).
-    pub fn run_with(&mut self, mut crash_before: impl FnMut(NodeId) -> bool) -> u64 {
+    pub fn run_with(&mut self, mut crash_before: impl FnMut(Party) -> bool) -> u64 {
         let mut steps = 0;
         loop {
             steps += 1;
             assert!(steps < 1_000_000, "the harness did not settle");
             let mut moved = false;
-            for id in [NodeId::A, NodeId::B] {
+            for id in [Party::A, Party::B] {
                 if !self.node(id).uncommitted.is_empty() {
                     if crash_before(id) {
                         self.crash(id);
@@ -338,7 +338,7 @@ impl Harness {
                     moved = true;
                 }
             }
-            if self.deliver_one(NodeId::A) | self.deliver_one(NodeId::B) {
+            if self.deliver_one(Party::A) | self.deliver_one(Party::B) {
                 moved = true;
             }
             if !moved {
@@ -353,10 +353,10 @@ impl Harness {
     }
 
     /// Delivers the next frame travelling towards `to`, applying faults.
-    fn deliver_one(&mut self, to: NodeId) -> bool {
+    fn deliver_one(&mut self, to: Party) -> bool {
         let queue = match to {
-            NodeId::A => &mut self.b_to_a,
-            NodeId::B => &mut self.a_to_b,
+            Party::A => &mut self.b_to_a,
+            Party::B => &mut self.a_to_b,
         };
         if queue.front().is_none_or(|(at, _)| *at > self.now) {
             return false;
@@ -371,8 +371,8 @@ impl Harness {
         }
         if self.chance(faults.reorder_per_mille) {
             let queue = match to {
-                NodeId::A => &mut self.b_to_a,
-                NodeId::B => &mut self.a_to_b,
+                Party::A => &mut self.b_to_a,
+                Party::B => &mut self.a_to_b,
             };
             if !queue.is_empty() {
                 queue.insert(1.min(queue.len()), (arrives, bytes));
@@ -404,13 +404,13 @@ impl Harness {
     }
 
     fn collect_all(&mut self) {
-        self.collect(NodeId::A);
-        self.collect(NodeId::B);
+        self.collect(Party::A);
+        self.collect(Party::B);
     }
 
     /// Drains node `id`'s outputs: batches to its store queue, frames onto the link, events to
     /// its app (which accepts opens and consumes deliveries).
-    fn collect(&mut self, id: NodeId) {
+    fn collect(&mut self, id: Party) {
         loop {
             let now = self.now;
             let link_up = self.link_up;
@@ -451,8 +451,8 @@ impl Harness {
             node.events.extend(events);
             if link_up {
                 let queue = match id {
-                    NodeId::A => &mut self.a_to_b,
-                    NodeId::B => &mut self.b_to_a,
+                    Party::A => &mut self.a_to_b,
+                    Party::B => &mut self.b_to_a,
                 };
                 let arrives = now.saturating_add(self.latency);
                 queue.extend(frames.into_iter().map(|bytes| (arrives, bytes)));
@@ -465,7 +465,7 @@ impl Harness {
 
     /// Commits node `id`'s oldest uncommitted batch and reports it persisted. False when there
     /// is none.
-    pub fn commit(&mut self, id: NodeId) -> bool {
+    pub fn commit(&mut self, id: Party) -> bool {
         let Some(committed) = self.node(id).commit_one() else {
             return false;
         };
@@ -476,27 +476,27 @@ impl Harness {
     }
 
     /// Batches node `id` emitted and has not committed.
-    pub fn uncommitted(&self, id: NodeId) -> usize {
+    pub fn uncommitted(&self, id: Party) -> usize {
         match id {
-            NodeId::A => self.a.uncommitted.len(),
-            NodeId::B => self.b.uncommitted.len(),
+            Party::A => self.a.uncommitted.len(),
+            Party::B => self.b.uncommitted.len(),
         }
     }
 
     /// Frames on the wire towards `to`.
-    pub fn in_flight(&self, to: NodeId) -> usize {
+    pub fn in_flight(&self, to: Party) -> usize {
         match to {
-            NodeId::A => self.b_to_a.len(),
-            NodeId::B => self.a_to_b.len(),
+            Party::A => self.b_to_a.len(),
+            Party::B => self.a_to_b.len(),
         }
     }
 
     /// Delivers frame `index` of those travelling towards `to` (any index: the link
     /// reorders), ignoring latency and faults. False when there is no such frame.
-    pub fn deliver_at(&mut self, to: NodeId, index: usize, keep_copy: bool) -> bool {
+    pub fn deliver_at(&mut self, to: Party, index: usize, keep_copy: bool) -> bool {
         let queue = match to {
-            NodeId::A => &mut self.b_to_a,
-            NodeId::B => &mut self.a_to_b,
+            Party::A => &mut self.b_to_a,
+            Party::B => &mut self.a_to_b,
         };
         let Some((arrives, bytes)) = queue.remove(index) else {
             return false;
@@ -512,10 +512,10 @@ impl Harness {
     }
 
     /// Loses frame `index` of those travelling towards `to`.
-    pub fn drop_at(&mut self, to: NodeId, index: usize) -> bool {
+    pub fn drop_at(&mut self, to: Party, index: usize) -> bool {
         let queue = match to {
-            NodeId::A => &mut self.b_to_a,
-            NodeId::B => &mut self.a_to_b,
+            Party::A => &mut self.b_to_a,
+            Party::B => &mut self.a_to_b,
         };
         queue.remove(index).is_some()
     }
@@ -535,17 +535,17 @@ impl Harness {
     }
 
     /// Injects a frame as if node `from` had sent it.
-    pub fn inject(&mut self, from: NodeId, frame: &Envelope) {
+    pub fn inject(&mut self, from: Party, frame: &Envelope) {
         let mut bytes = BytesMut::new();
         frame.encode(&mut bytes).expect("test frames are valid");
         self.inject_bytes(from, bytes.freeze());
     }
 
     /// Injects raw bytes as if node `from` had sent them (for frames no encoder would write).
-    pub fn inject_bytes(&mut self, from: NodeId, bytes: Bytes) {
+    pub fn inject_bytes(&mut self, from: Party, bytes: Bytes) {
         let queue = match from.other() {
-            NodeId::A => &mut self.b_to_a,
-            NodeId::B => &mut self.a_to_b,
+            Party::A => &mut self.b_to_a,
+            Party::B => &mut self.a_to_b,
         };
         queue.push_back((self.now, bytes));
     }

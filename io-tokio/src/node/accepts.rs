@@ -35,7 +35,7 @@ impl Inner {
 
     /// An accepted connection: the machine admits and dispatches it by ALPN.
     pub(super) fn accepted(self: &Arc<Self>, conn: Connection) {
-        let peer = *conn.remote_id().as_bytes();
+        let peer = NodeId(*conn.remote_id().as_bytes());
         let dispatch =
             self.drive(|driver, now| driver.handle_accepted(now, peer, conn.alpn(), conn.clone()));
         if let Some((code, reason)) = dispatch.close() {

@@ -354,7 +354,7 @@ impl NodeBuilder {
                 .await
                 .map_err(|error| NodeError::Bind(error.into()))?,
         };
-        let local = *endpoint.id().as_bytes();
+        let local = NodeId(*endpoint.id().as_bytes());
         let mut routes = Routes::new(local);
         for tag in &self.tags {
             routes.know_tag(tag);
@@ -387,7 +387,7 @@ impl NodeBuilder {
             dial_attempt_timeout: self.dial_timeout,
             join_attempt_timeout: self.join_policy.attempt_timeout,
             join_delay_divisor: self.join_policy.delay_divisor,
-            valid_peer: |peer| PublicKey::from_bytes(peer).is_ok(),
+            valid_peer: |peer| PublicKey::from_bytes(peer.as_bytes()).is_ok(),
             failed_opens_max: tether_core::limits::FAILED_OPENS_MAX,
             relay_hint_peers_max: tether_core::limits::RELAY_HINT_PEERS_MAX,
             inbound_connections_max: self.inbound_connections_max,

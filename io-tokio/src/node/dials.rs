@@ -5,7 +5,7 @@ use super::*;
 impl Inner {
     /// Records `addr` as how to reach its peer, with its relays as hints.
     pub(super) fn remember(self: &Arc<Self>, addr: &EndpointAddr) {
-        let peer = *addr.id.as_bytes();
+        let peer = NodeId(*addr.id.as_bytes());
         let relays = relay_strings(addr);
         self.drive(|driver, now| driver.handle_relays_seen(now, peer, relays));
         self.gate.lock().addrs.record(peer, addr.clone());
@@ -19,7 +19,7 @@ impl Inner {
             .gate
             .lock()
             .driver
-            .relays_for(addr.id.as_bytes(), &given);
+            .relays_for(&NodeId(*addr.id.as_bytes()), &given);
         if relays == given {
             return addr;
         }
@@ -34,7 +34,9 @@ impl Inner {
         let known = self.gate.lock().addrs.get(peer).cloned();
         match known {
             Some(addr) => Some(self.normalized(addr)),
-            None => PublicKey::from_bytes(peer).ok().map(EndpointAddr::new),
+            None => PublicKey::from_bytes(peer.as_bytes())
+                .ok()
+                .map(EndpointAddr::new),
         }
     }
 

@@ -9,7 +9,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use tether::node::{ActorAddr, ActorBridge, DeliveryError, Node, OutFrame};
+//! use tether::node::{node_id_of, ActorAddr, ActorBridge, DeliveryError, Node, OutFrame};
 //!
 //! struct Print;
 //! impl ActorBridge for Print {
@@ -22,7 +22,7 @@
 //! let node = Node::builder().bridge(Arc::new(Print)).know_tag("Chat").bind().await?;
 //! let peer_addr = node.endpoint_addr(); // a real peer's address in practice
 //! node.connect(peer_addr.clone()).await?;
-//! let to = *peer_addr.id.as_bytes();
+//! let to = node_id_of(&peer_addr.id);
 //! let dest = ActorAddr::mailbox(to); // the peer's mailbox
 //! node.send(OutFrame { to, dest, type_tag: "Chat".into(), payload: "hi".into() });
 //! node.close().await;
@@ -62,7 +62,7 @@ pub use peer_book::{PeerBookError, PeerBookErrorKind};
 pub use protocol::{
     LogicalStream, ProtocolBinding, ProtocolIngress, StreamEvent, StreamFaultReason,
 };
-pub use substrate_link::{peer_id_of, IrohTransport, QuicStream, SUBSTRATE_ALPN};
+pub use substrate_link::{node_id_of, peer_id_of, IrohTransport, QuicStream, SUBSTRATE_ALPN};
 
 /// The ALPN of request-switch connections: a switch opens one bidirectional stream to each
 /// host (master) it attaches, on the connection cached for that host (dialed when there is
@@ -89,11 +89,11 @@ pub use tether_core::driver::machine::{
 use tether_core::driver::{
     Action, Alpns, ClaimAuthorizer, ClaimRequest, ClaimVerdict, ConnEvent, Control, ControlVerdict,
     DialEnd, DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord, DropReason,
-    Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, NodeId, Open, Path, PeerAuth,
-    PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
+    Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, Open, Path, PeerAuth, PeerBook,
+    Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
     HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
-pub use tether_core::driver::{ActorAddr, Channel};
+pub use tether_core::driver::{ActorAddr, Channel, NodeId};
 use tether_core::limits::{
     ACTOR_PAYLOAD_BYTES_DEFAULT, ADDRESS_BOOK_PEERS_MAX, EGRESS_IDLE_TEARDOWN_MS_DEFAULT,
     EGRESS_RUN_FRAMES_MAX, EGRESS_SPILL_BYTES_MAX, EGRESS_SPILL_FRAMES_MAX,
@@ -400,8 +400,8 @@ fn relay_strings(addr: &EndpointAddr) -> Vec<String> {
     addr.relay_urls().map(ToString::to_string).collect()
 }
 
-fn hex(id: &[u8; 32]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+fn hex(id: &NodeId) -> String {
+    id.to_string()
 }
 
 fn bump(counter: &AtomicU64) {
@@ -480,7 +480,7 @@ impl Node {
     /// own). The connection is cached and its streams read. A peer with a cached connection
     /// keeps it (nothing is dialed; [`Node::disconnect`] first to replace it).
     pub async fn connect(&self, addr: EndpointAddr) -> Result<(), NodeError> {
-        let peer = *addr.id.as_bytes();
+        let peer = NodeId(*addr.id.as_bytes());
         let ticket = match self
             .inner
             .open_verdict(peer, Path::Actor, Channel::Actor)
@@ -527,7 +527,7 @@ impl Node {
     /// A seed off the allow-list is refused (counted under `join/outbound`) and not tried.
     pub fn join(&self, seeds: Vec<EndpointAddr>) {
         for seed in seeds {
-            let peer = *seed.id.as_bytes();
+            let peer = NodeId(*seed.id.as_bytes());
             let seed = self.inner.normalized(seed);
             let (relay, direct) = (seed.relay_urls().next().is_some(), seed.ip_addrs().count());
             let (joined, actions) = self
@@ -831,7 +831,7 @@ impl Node {
             flow_id,
         };
         control.encode().ok_or(NodeError::InvalidStreamName)?;
-        let peer = *source.id.as_bytes();
+        let peer = NodeId(*source.id.as_bytes());
         // The record must reach the source: on the cached connection, or a new one.
         self.connect(source).await?;
         self.send_control(peer, &control)
@@ -908,7 +908,7 @@ impl Node {
             .find(|(_, adapter)| adapter.binding.protocol_id == protocol_id)
             .and_then(|(index, adapter)| Some((u16::try_from(index).ok()?, adapter.clone())))
             .ok_or_else(|| NodeError::NoBinding(protocol_id.to_owned()))?;
-        let peer = *to.id.as_bytes();
+        let peer = NodeId(*to.id.as_bytes());
         // One connection per peer and protocol (either side may have dialed it): the machine
         // says which carries the stream, and what follows a dead one.
         let channel = Channel::Protocol(index);

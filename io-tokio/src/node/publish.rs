@@ -55,7 +55,7 @@ impl Inner {
         header: Header,
         events: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
     ) -> Result<(), NodeError> {
-        let peer = *to.id.as_bytes();
+        let peer = NodeId(*to.id.as_bytes());
         let send = self
             .open_stream_to(
                 to,

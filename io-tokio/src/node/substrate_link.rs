@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use iroh::endpoint::{Connection, RecvStream, SendStream};
 use iroh::{EndpointAddr, PublicKey};
 use tether_core::driver::machine::Channel as DriverChannel;
-use tether_core::driver::{Direction, Path};
+use tether_core::driver::{Direction, NodeId, Path};
 use tether_core::substrate::handshake::Channel;
 use tether_core::substrate::PeerId;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -53,9 +53,14 @@ impl std::fmt::Debug for IrohTransport {
     }
 }
 
+/// The node id the driver uses for an iroh endpoint: its public key's bytes.
+pub fn node_id_of(key: &PublicKey) -> NodeId {
+    NodeId::new(*key.as_bytes())
+}
+
 /// The peer id the substrate uses for an iroh node: its key in lowercase hex.
 pub fn peer_id_of(key: &PublicKey) -> PeerId {
-    PeerId::new(super::hex(key.as_bytes()))
+    PeerId::new(node_id_of(key).to_string())
 }
 
 impl IrohTransport {
@@ -98,7 +103,7 @@ pub(super) fn add_peer(
     peers: &SubstratePeers,
     addr: EndpointAddr,
 ) -> Result<PeerId, NodeError> {
-    gate.admit(addr.id.as_bytes(), Path::Substrate, Direction::Outbound)?;
+    gate.admit(&node_id_of(&addr.id), Path::Substrate, Direction::Outbound)?;
     let peer = peer_id_of(&addr.id);
     if peers.with(|book| book.add(addr)) {
         if let Err(error) = peers.persist() {
