@@ -85,7 +85,7 @@ impl DirectEngine {
         let epoch = Instant::now();
         let mut machine = Machine::new(SwitchConfig::default(), &[]);
         let conn = machine
-            .attach(Time::ZERO, "direct", [3; 32])
+            .handle_attach(Time::ZERO, "direct", [3; 32])
             .expect("attach");
         let mut direct = Self {
             machine,

@@ -8,7 +8,7 @@
 //! request id (capdag's is a fresh UUID; tether's names the connection) and the seq of the
 //! engine's frames (tether's engine numbers its flow, and the switch forwards that numbering;
 //! capdag's engine writes every frame at seq 0, which its masters do not check). The
-//! identity nonce is the trace's, given to `attach` as the shell would give its random one.
+//! identity nonce is the trace's, given to `handle_attach` as the shell would give its random one.
 //! The trace's last step (a HEARTBEAT the engine sends through the switch) has no counterpart:
 //! tether's engine cannot send one, and tether's switch sends its own on a timer.
 
@@ -68,7 +68,9 @@ fn replay(json: &str) -> usize {
     };
     let now = Time::from_millis(1);
     let mut switch = Switch::new(config, &[]);
-    let conn = switch.attach(now, "capdag", nonce).expect("a new slot");
+    let conn = switch
+        .handle_attach(now, "capdag", nonce)
+        .expect("a new slot");
     // capdag's ids for tether's, learnt from what tether sends.
     let mut ids: BTreeMap<MessageId, MessageId> = BTreeMap::new();
     let mut engine_seq = 0;

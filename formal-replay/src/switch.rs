@@ -295,15 +295,15 @@ impl CoreSwitch {
             SwitchOp::Cancel { rid, code } => {
                 let now = self.harness.now;
                 let reason = cancel_reason(*code);
-                played.ok = Some(
-                    self.harness
-                        .switch
-                        .cancel(now, MessageId::Uint(*rid), &reason),
-                );
+                played.ok = Some(self.harness.switch.handle_cancel(
+                    now,
+                    MessageId::Uint(*rid),
+                    &reason,
+                ));
                 self.harness.drain();
             }
             SwitchOp::StopFeeds { rid } => {
-                played.ok = Some(self.harness.switch.stop_feeds(MessageId::Uint(*rid)));
+                played.ok = Some(self.harness.switch.handle_stop_feeds(MessageId::Uint(*rid)));
                 self.harness.drain();
             }
             SwitchOp::Close { master } => {
@@ -554,7 +554,7 @@ impl CoreSwitch {
         let slot = self.slot(id)?;
         if !self.harness.switch.slot_accepts_attach(id) {
             let now = self.harness.now;
-            return Ok(self.harness.switch.attach(now, id, [0; 32]).is_ok());
+            return Ok(self.harness.switch.handle_attach(now, id, [0; 32]).is_ok());
         }
         let master = self.masters[slot].clone();
         let conn = connect(&mut self.harness, &master, Identity::Echo);

@@ -257,9 +257,9 @@ impl Switch {
                 class: None,
                 message: "cancelled by the requesting master".to_owned(),
             };
-            self.cancel(now, key.rid, &reason);
+            self.handle_cancel(now, key.rid, &reason);
         } else {
-            self.stop_feeds(key.rid);
+            self.handle_stop_feeds(key.rid);
         }
         Ok(())
     }

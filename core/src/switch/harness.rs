@@ -81,7 +81,7 @@ impl Harness {
         self.attaches = self.attaches.wrapping_add(1);
         let conn = self
             .switch
-            .attach(self.now, id, [self.attaches; super::IDENTITY_NONCE_BYTES])
+            .handle_attach(self.now, id, [self.attaches; super::IDENTITY_NONCE_BYTES])
             .expect("the slot accepts an attach");
         self.identity.insert(conn, identity);
         self.drain();
@@ -383,11 +383,11 @@ pub fn run_ops(data: &[u8]) -> Result<(), String> {
             }
             7 => {
                 let reason = crate::request::CancelReason::operator("fuzz");
-                h.switch.cancel(h.now, rid, &reason);
+                h.switch.handle_cancel(h.now, rid, &reason);
                 h.drain();
             }
             8 => {
-                h.switch.stop_feeds(rid);
+                h.switch.handle_stop_feeds(rid);
                 h.drain();
             }
             9 => {

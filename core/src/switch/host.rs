@@ -843,7 +843,7 @@ mod tests {
             for (index, (name, caps)) in hosts.iter().enumerate() {
                 let conn = world
                     .switch
-                    .attach(world.now, name, [index as u8; 32])
+                    .handle_attach(world.now, name, [index as u8; 32])
                     .expect("attach");
                 let caps = caps.iter().map(|c| (*c).to_owned()).collect();
                 let host = Host::new(HostConfig::new(name, caps, [index as u8; 8]), world.now);

@@ -4,10 +4,10 @@
 //!
 //! [`Switch`] is one sans-IO machine with the substrate's shape: inputs are `handle_*` calls
 //! with `now` first (a master connection attached, a frame from a master or from the engine,
-//! a connection closed, a timeout) and the engine-facing commands (`cancel`, `stop_feeds`,
-//! `set_policy`); outputs are drained with [`Switch::poll_transmit`] (frames to write, each to
-//! a master or to the engine), [`Switch::poll_event`] (what the shell must act on or may
-//! report) and [`Switch::poll_timeout`]. The shell decides nothing.
+//! a connection closed, a timeout, the engine-facing commands `handle_cancel` and
+//! `handle_stop_feeds`), and `set_policy`; outputs are drained with [`Switch::poll_transmit`]
+//! (frames to write, each to a master or to the engine), [`Switch::poll_event`] (what the shell
+//! must act on or may report) and [`Switch::poll_timeout`]. The shell decides nothing.
 //!
 //! What the machine owns:
 //! - **Master slots** with stable caller-chosen ids; a slot's index is the routing key and
@@ -27,7 +27,7 @@
 //!   master that has echoed one must echo each within [`SWITCH_HEARTBEAT_TIMEOUT_MS`], and one
 //!   that never echoes (capdag's own hosts may not) is not cut for it.
 //! - **Init phases**: masters named at construction are all verified (or failed) before routing
-//!   starts; [`Switch::attach`] adds masters at runtime.
+//!   starts; [`Switch::handle_attach`] adds masters at runtime.
 //! - **Routing**: a REQ's cap is matched against every routable master's caps with
 //!   [`crate::cap::rank`] (most specific first, a preferred cap wins among equivalents); the
 //!   switch assigns the XID; a REQ that already carries one is a counted violation. No handler
@@ -266,7 +266,7 @@ pub enum Event {
     },
 }
 
-/// Why [`Switch::attach`] refused.
+/// Why [`Switch::handle_attach`] refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AttachError {
@@ -621,7 +621,7 @@ impl Switch {
     /// A new connection for slot `id` (new, or a detached slot reattached in place): the
     /// handshake clock starts, and the switch waits for the master's RELAY_NOTIFY. `nonce` is
     /// 32 random bytes from the shell, for this connection's identity check.
-    pub fn attach(
+    pub fn handle_attach(
         &mut self,
         now: Time,
         id: &str,
@@ -768,7 +768,7 @@ impl Switch {
     /// cancelled, its destination gets CANCEL (`force_kill` unless the code is
     /// `ABORTED_COLLATERAL`), its origin an ERR in the reason's words. `false` when `rid` is
     /// not live.
-    pub fn cancel(&mut self, now: Time, rid: MessageId, reason: &CancelReason) -> bool {
+    pub fn handle_cancel(&mut self, now: Time, rid: MessageId, reason: &CancelReason) -> bool {
         let Some(key) = self.table.key_of(rid) else {
             return false;
         };
@@ -796,7 +796,7 @@ impl Switch {
     /// Sends CLOSE_STREAM for request `rid` to its destination without touching its state:
     /// the request ends on its own once its feeds drain. `true` when it was live and the
     /// stop was sent.
-    pub fn stop_feeds(&mut self, rid: MessageId) -> bool {
+    pub fn handle_stop_feeds(&mut self, rid: MessageId) -> bool {
         let Some(key) = self.table.key_of(rid) else {
             return false;
         };

@@ -111,7 +111,10 @@ fn the_master_speaks_first_then_the_policy_then_the_identity_request() {
         ..SwitchConfig::default()
     };
     let mut h = Harness::new(config, &[]);
-    let conn = h.switch.attach(h.now, "a", [7; 32]).expect("new slot");
+    let conn = h
+        .switch
+        .handle_attach(h.now, "a", [7; 32])
+        .expect("new slot");
     h.drain();
     assert!(h.take_master(conn.slot).is_empty(), "the switch waits");
     let notify = RelayNotify {
@@ -175,7 +178,10 @@ fn the_master_speaks_first_then_the_policy_then_the_identity_request() {
 #[test]
 fn a_capless_master_joins_at_once_and_is_probed_when_caps_appear() {
     let mut h = Harness::new(SwitchConfig::default(), &[]);
-    let conn = h.switch.attach(h.now, "a", [1; 32]).expect("new slot");
+    let conn = h
+        .switch
+        .handle_attach(h.now, "a", [1; 32])
+        .expect("new slot");
     let empty = RelayNotify {
         limits: Limits::default(),
         manifest: Bytes::from_static(br#"{"installed_cartridges": []}"#),
@@ -414,7 +420,7 @@ fn cancel_cascades_to_children_under_the_same_reason() {
     h.take_master(conns[0].slot);
     h.take_master(conns[1].slot);
     let reason = CancelReason::operator("stop it");
-    assert!(h.switch.cancel(h.now, MessageId::Uint(1), &reason));
+    assert!(h.switch.handle_cancel(h.now, MessageId::Uint(1), &reason));
     h.drain();
     assert_eq!(h.switch.live_requests(), 0);
     let at_a = h.take_master(conns[0].slot);
@@ -442,7 +448,10 @@ fn cancel_cascades_to_children_under_the_same_reason() {
     let counters = h.switch.table_counters();
     assert_eq!(counters.stragglers["CHUNK"], 1);
     assert!(counters.no_route.is_empty());
-    assert!(!h.switch.cancel(h.now, MessageId::Uint(1), &reason), "once");
+    assert!(
+        !h.switch.handle_cancel(h.now, MessageId::Uint(1), &reason),
+        "once"
+    );
 }
 
 #[test]
@@ -455,7 +464,7 @@ fn a_collateral_abort_never_force_kills() {
         class: Some(ErrorClass::Resource),
         message: "a sibling ran out of memory".into(),
     };
-    h.switch.cancel(h.now, MessageId::Uint(1), &reason);
+    h.switch.handle_cancel(h.now, MessageId::Uint(1), &reason);
     h.drain();
     let at_a = h.take_master(conns[0].slot);
     assert_eq!(at_a[0].force_kill, Some(false));
@@ -470,9 +479,9 @@ fn stop_feeds_sends_close_stream_and_leaves_the_request_live() {
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
     let key = h.engine_request(1, UPPER).expect("routed");
     h.take_master(conns[0].slot);
-    assert!(h.switch.stop_feeds(MessageId::Uint(1)));
+    assert!(h.switch.handle_stop_feeds(MessageId::Uint(1)));
     assert!(
-        !h.switch.stop_feeds(MessageId::Uint(2)),
+        !h.switch.handle_stop_feeds(MessageId::Uint(2)),
         "an unknown request is not stopped"
     );
     h.drain();
@@ -513,7 +522,7 @@ fn attaching_an_attached_slot_is_refused_and_a_detached_one_reattaches_in_place(
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
     assert!(!h.switch.slot_accepts_attach("a"));
     assert_eq!(
-        h.switch.attach(h.now, "a", [0; 32]),
+        h.switch.handle_attach(h.now, "a", [0; 32]),
         Err(AttachError::AlreadyAttached("a".into()))
     );
     h.close(conns[0]);
@@ -653,7 +662,7 @@ fn a_master_past_its_credit_window_is_cut_past_its_share_over_all_its_requests()
         class: None,
         message: "no longer wanted".into(),
     };
-    assert!(h.switch.cancel(h.now, keys[0].rid, &reason));
+    assert!(h.switch.handle_cancel(h.now, keys[0].rid, &reason));
     h.drain();
     engine_credit(&mut h, 2, "out", 1);
     assert_eq!(h.switch.overrun_bytes_of(master), (fits - 2) * per);
@@ -779,7 +788,10 @@ fn a_zero_chunk_limit_or_a_missing_relay_notify_is_refused() {
             CutReason::Handshake(HandshakeError::ZeroLimit("max_chunk"))
         )]
     );
-    let quiet = h.switch.attach(h.now, "b", [0; 32]).expect("new slot");
+    let quiet = h
+        .switch
+        .handle_attach(h.now, "b", [0; 32])
+        .expect("new slot");
     h.advance(Duration::from_millis(SWITCH_HANDSHAKE_TIMEOUT_MS));
     assert_eq!(
         h.disconnected[1],
@@ -876,7 +888,7 @@ fn the_cap_graph_finds_reachable_media_and_paths() {
 #[test]
 fn anything_but_a_relay_notify_first_cuts_the_connection() {
     let mut h = Harness::new(SwitchConfig::default(), &[]);
-    let conn = h.switch.attach(h.now, "a", [0; 32]).expect("new");
+    let conn = h.switch.handle_attach(h.now, "a", [0; 32]).expect("new");
     h.from_master(conn, Frame::new(FrameType::Chunk, MessageId::Uint(1)));
     assert!(matches!(h.disconnected[0].1, CutReason::Handshake(_)));
     assert!(h.switch.slot_accepts_attach("a"));
@@ -1081,7 +1093,7 @@ fn early_frames_are_held_within_their_bytes_per_sender_over_all_its_requests() {
         class: None,
         message: "no longer wanted".into(),
     };
-    assert!(h.switch.cancel(h.now, keys[1].rid, &reason));
+    assert!(h.switch.handle_cancel(h.now, keys[1].rid, &reason));
     h.drain();
     assert_eq!(h.switch.held_bytes_of(master), (fits - 2) * per);
 

@@ -702,7 +702,7 @@ impl Task {
                 writer,
                 unresponsive,
                 reply,
-            } => match self.machine.attach(now, &id, identity_nonce()) {
+            } => match self.machine.handle_attach(now, &id, identity_nonce()) {
                 Ok(conn) => {
                     self.readers.insert(conn, FrameReader::new(reader));
                     self.masters.insert(
@@ -743,10 +743,10 @@ impl Task {
                 }
             }
             Command::Cancel(rid, reason, reply) => {
-                let _ = reply.send(self.machine.cancel(now, rid, &reason));
+                let _ = reply.send(self.machine.handle_cancel(now, rid, &reason));
             }
             Command::StopFeeds(rid, reply) => {
-                let _ = reply.send(self.machine.stop_feeds(rid));
+                let _ = reply.send(self.machine.handle_stop_feeds(rid));
             }
             Command::SetPolicy(policy) => self.machine.set_policy(policy),
             Command::Capabilities(reply) => {
