@@ -407,6 +407,8 @@ pub enum ConnEndCause {
     Closed,
     /// A write on it failed.
     WriteFailed,
+    /// A stream could not be opened on it (in time).
+    OpenFailed,
     /// What ran over it stopped answering (a liveness cut; closed [`CLOSE_UNRESPONSIVE`]).
     Unresponsive,
     /// A newer connection to the peer took its place.
@@ -423,6 +425,7 @@ impl ConnEndCause {
         match self {
             ConnEndCause::Closed => "closed",
             ConnEndCause::WriteFailed => "write_failed",
+            ConnEndCause::OpenFailed => "open_failed",
             ConnEndCause::Unresponsive => "unresponsive",
             ConnEndCause::Replaced => "replaced",
             ConnEndCause::Disconnected => "disconnected",
@@ -923,13 +926,34 @@ impl<C: Clone> Driver<C> {
     /// caller's error), or a wait for another open's dial.
     pub fn handle_open_failed(
         &mut self,
-        now: Time,
+        _now: Time,
         peer: NodeId,
         channel: Channel,
         generation: Generation,
     ) -> Open<C> {
-        self.handle_connection_closed(now, peer, channel, generation);
+        self.open_failed(peer, channel, generation);
         self.open_on(peer, channel)
+    }
+
+    /// Opening a stream on the connection this open's own dial just made failed: the
+    /// connection is dead, and that generation is evicted (a newer one stays). The open fails
+    /// with the error it met; it does not dial again (a cached connection that fails gets one
+    /// fresh dial, [`Driver::handle_open_failed`]; a fresh one that fails is the caller's).
+    pub fn handle_fresh_open_failed(
+        &mut self,
+        _now: Time,
+        peer: NodeId,
+        channel: Channel,
+        generation: Generation,
+    ) {
+        self.open_failed(peer, channel, generation);
+    }
+
+    fn open_failed(&mut self, peer: NodeId, channel: Channel, generation: Generation) {
+        if self.cache.fail(&(peer, channel), generation) == Eviction::Evicted {
+            self.conn_ended(peer, channel, generation, ConnEndCause::OpenFailed);
+            self.bump();
+        }
     }
 
     /// How long opening a stream on a connection an open was placed on may take (cached or

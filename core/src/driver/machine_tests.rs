@@ -667,3 +667,34 @@ fn connection_events_nobody_polls_are_bounded() {
         DRIVER_CONN_EVENTS_QUEUED_MAX
     );
 }
+
+#[test]
+fn a_fresh_connection_that_cannot_open_the_stream_is_evicted_and_not_redialed() {
+    let mut d = driver();
+    let channel = Channel::Switch;
+    assert_eq!(
+        d.handle_open(at(0), PEER, Path::Switch, channel),
+        Ok(dial(DialTicket(1)))
+    );
+    let fresh = d
+        .handle_connected(at(1), PEER, channel, "fresh")
+        .expect("cached");
+    let _ = std::iter::from_fn(|| d.poll_conn_event()).count();
+    d.handle_fresh_open_failed(at(2), PEER, channel, fresh);
+    assert!(d.connection(&PEER, channel).is_none(), "evicted");
+    assert!(d.poll_action().is_none(), "no dial of its own");
+    assert_eq!(
+        std::iter::from_fn(|| d.poll_conn_event()).collect::<Vec<_>>(),
+        [ConnEvent::Ended {
+            peer: PEER,
+            channel,
+            generation: fresh,
+            cause: ConnEndCause::OpenFailed
+        }]
+    );
+    // The next open dials afresh.
+    assert_eq!(
+        d.handle_open(at(3), PEER, Path::Switch, channel),
+        Ok(dial(DialTicket(2)))
+    );
+}

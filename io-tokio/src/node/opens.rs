@@ -134,11 +134,10 @@ impl Inner {
             Ok(Err(error)) => error.into(),
             Err(_) => Box::new(OpenTimedOut(deadline)),
         };
-        // The fresh connection could not open the stream: it is dead, as a cached one that
-        // fails is (the next open dials afresh). This open ends with the error; it does not
-        // dial again itself.
+        // The fresh connection could not open the stream: the machine evicts it, and this
+        // open ends with the error.
         self.drive(|driver, now| {
-            driver.handle_connection_closed(now, peer, channel, generation);
+            driver.handle_fresh_open_failed(now, peer, channel, generation);
         });
         Err(NodeError::Connect(error))
     }
