@@ -553,3 +553,8 @@ pub const PEER_BOOK_ADDRS_PER_PEER_MAX: usize = 8;
 /// Connection events (`node.conn.ready` / `node.conn.ended`) a driver keeps for its shell to
 /// report; past it the oldest is dropped and counted ([`crate::driver::Driver::conn_events_dropped`]).
 pub const DRIVER_CONN_EVENTS_QUEUED_MAX: usize = 4_096;
+
+/// The least time between two writes of a node's peer book for what inbound links showed:
+/// changes within it are written together, so a peer reconnecting from ever-new addresses
+/// costs the disk one write per interval, not one per connection.
+pub const PEER_BOOK_WRITE_INTERVAL_MS: u64 = 1_000;

@@ -301,12 +301,7 @@ impl Inner {
             .substrate_peers
             .with(|book| book.saw(conn.remote_id(), source))
         {
-            let book = self.substrate_peers.clone();
-            tokio::task::spawn_blocking(move || {
-                if let Err(error) = book.persist() {
-                    tracing::warn!(%error, "peer book not written");
-                }
-            });
+            self.substrate_peers.persist_soon();
         }
     }
 

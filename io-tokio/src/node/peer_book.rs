@@ -35,6 +35,7 @@ use super::substrate_link::peer_id_of;
 
 use tether_core::limits::{
     PEER_BOOK_ADDRS_PER_PEER_MAX, PEER_BOOK_BYTES_MAX, PEER_BOOK_SEEN_PEERS_MAX,
+    PEER_BOOK_WRITE_INTERVAL_MS,
 };
 
 const HEADER: &str = "# tether peer book v1: <endpoint id> <ip:port | relay url>...\n";
@@ -241,6 +242,10 @@ pub(super) struct SharedBook {
     file: Option<PathBuf>,
     /// The version last written; held while writing, so writes are in order.
     written: Mutex<u64>,
+    /// Whether a coalescing writer ([`SharedBook::persist_soon`]) is scheduled or running.
+    writer: std::sync::atomic::AtomicBool,
+    /// Coalescing writers started.
+    writers_started: std::sync::atomic::AtomicU64,
 }
 
 impl SharedBook {
@@ -273,6 +278,8 @@ impl SharedBook {
             book: Mutex::new(Book::with(entries)),
             file: Some(path),
             written: Mutex::new(0),
+            writer: std::sync::atomic::AtomicBool::new(false),
+            writers_started: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -284,6 +291,39 @@ impl SharedBook {
     /// Whether there is a file to write.
     pub(super) fn persistent(&self) -> bool {
         self.file.is_some()
+    }
+
+    /// Writes the book soon, off the runtime: one writer at a time, at most one write per
+    /// [`PEER_BOOK_WRITE_INTERVAL_MS`], each of the newest version (changes meanwhile are
+    /// written together). For what inbound links show, which a peer drives.
+    pub(super) fn persist_soon(self: &std::sync::Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        if self.file.is_none() || self.writer.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.writers_started.fetch_add(1, Ordering::Relaxed);
+        let book = self.clone();
+        tokio::task::spawn_blocking(move || loop {
+            let failed = book.persist().err();
+            std::thread::sleep(std::time::Duration::from_millis(
+                PEER_BOOK_WRITE_INTERVAL_MS,
+            ));
+            book.writer.store(false, Ordering::Release);
+            if let Some(error) = failed {
+                // The next change tries again; this writer does not retry forever.
+                tracing::warn!(%error, "peer book not written");
+                return;
+            }
+            // A change that came while this writer slept is written by this writer, unless
+            // a new one took over.
+            let (version, written) = (
+                book.with(|book| book.version),
+                *book.written.lock().unwrap_or_else(PoisonError::into_inner),
+            );
+            if version == written || book.writer.swap(true, Ordering::AcqRel) {
+                return;
+            }
+        });
     }
 
     /// Writes the book to its file if it changed since the last write (blocking: the file
@@ -408,6 +448,34 @@ mod tests {
             book.with(|book| book.addr_of(&peer_id_of(&key(3))))
         );
         std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    /// A peer reconnecting from ever-new addresses: every change lands in the book, and one
+    /// writer takes them all (not a blocking task, and a file write, per connection).
+    #[tokio::test]
+    async fn writes_for_what_inbound_links_show_are_coalesced() {
+        let dir = std::env::temp_dir().join(format!("tether-book-flood-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("peers");
+        let _ = std::fs::remove_file(&path);
+        let book = std::sync::Arc::new(SharedBook::open(path.clone()).expect("open"));
+        for port in 0..200u16 {
+            let source = TransportAddr::Ip(SocketAddr::from(([127, 0, 0, 1], port)));
+            assert!(book.with(|book| book.saw(key(1), source)));
+            book.persist_soon();
+        }
+        assert_eq!(
+            book.writers_started
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        let entry = book.with(|book| book.seen.get(&peer_id_of(&key(1))).cloned());
+        assert_eq!(
+            entry.expect("seen").addrs.len(),
+            PEER_BOOK_ADDRS_PER_PEER_MAX
+        );
+        drop(book);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
