@@ -42,7 +42,7 @@ impl Inner {
             conn.close(code.into(), reason);
         }
         match dispatch {
-            Dispatch::Refused(_) => warn!(peer = %hex(&peer), "unauthorized peer refused"),
+            Dispatch::Refused(_) => warn!(peer = %peer, "unauthorized peer refused"),
             Dispatch::Actor(generation) => self.read_actor_connection(peer, generation, conn),
             Dispatch::Telemetry(generation) => self.serve_telemetry(peer, generation, conn),
             Dispatch::Protocol(index, generation) => {
@@ -61,7 +61,7 @@ impl Inner {
                 debug!(alpn = %String::from_utf8_lossy(conn.alpn()), "no adapter for this ALPN");
             }
             Dispatch::Full => {
-                warn!(peer = %hex(&peer), "inbound connections at their bound: refused");
+                warn!(peer = %peer, "inbound connections at their bound: refused");
             }
         }
     }

@@ -461,7 +461,7 @@ impl NodeBuilder {
         }
         let timer = inner.clone();
         inner.spawn(async move { timer.timer_loop().await });
-        info!(node = %hex(&local), "node bound");
+        info!(node = %local, "node bound");
         Ok(Node { inner })
     }
 }

@@ -47,7 +47,7 @@ impl Inner {
             self.drive(|driver, now| driver.handle_dialed(now, peer, failed));
             return;
         };
-        debug!(peer = %hex(&peer), attempt, "dialing");
+        debug!(peer = %peer, attempt, "dialing");
         let connect = self.endpoint.connect(addr, &self.actor_alpn);
         let result = match tokio::time::timeout(timeout, connect).await {
             Ok(Ok(conn)) => Ok(conn),
@@ -73,7 +73,7 @@ impl Inner {
             self.drive(|driver, now| driver.handle_join_failed(now, peer, "invalid node id"));
             return;
         };
-        debug!(seed = %hex(&peer), attempt, "join attempt");
+        debug!(seed = %peer, attempt, "join attempt");
         let connect = self.endpoint.connect(seed, &self.actor_alpn);
         let conn = match tokio::time::timeout(timeout, connect).await {
             Ok(Ok(conn)) => conn,

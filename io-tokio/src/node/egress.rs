@@ -176,7 +176,7 @@ impl Inner {
             let (inner, wake) = (self.clone(), queue.wake.clone());
             self.spawn(
                 async move { inner.write_peer(peer, channel, wake).await }
-                    .instrument(tracing::debug_span!("writer", peer = %hex(&peer))),
+                    .instrument(tracing::debug_span!("writer", peer = %peer)),
             );
             queue
         });
@@ -262,7 +262,7 @@ impl Inner {
             queues.remove(peer);
             bump(&self.counters.queues_retired);
             self.egress_count.send_replace(queues.len());
-            debug!(peer = %hex(peer), "idle egress queue torn down");
+            debug!(peer = %peer, "idle egress queue torn down");
         }
         true
     }

@@ -87,11 +87,11 @@ fn report_conn_event(event: ConnEvent) {
             generation,
             inbound,
         } => {
-            let channel = channel_label(channel);
+            let channel = channel.path().as_str();
             metrics::counter!("tether_node_conn_ready", "channel" => channel).increment(1);
             info!(
                 event = "node.conn.ready",
-                peer = %hex(&peer),
+                peer = %peer,
                 channel,
                 generation = generation.get(),
                 inbound,
@@ -104,28 +104,18 @@ fn report_conn_event(event: ConnEvent) {
             generation,
             cause,
         } => {
-            let (channel, cause) = (channel_label(channel), cause.as_str());
+            let (channel, cause) = (channel.path().as_str(), cause.as_str());
             metrics::counter!("tether_node_conn_ended", "channel" => channel, "cause" => cause)
                 .increment(1);
             info!(
                 event = "node.conn.ended",
-                peer = %hex(&peer),
+                peer = %peer,
                 channel,
                 generation = generation.get(),
                 cause,
                 "connection ended"
             );
         }
-    }
-}
-
-fn channel_label(channel: Channel) -> &'static str {
-    match channel {
-        Channel::Actor => "actor",
-        Channel::Telemetry => "telemetry",
-        Channel::Protocol(_) => "protocol",
-        Channel::Switch => "switch",
-        Channel::Substrate => "substrate",
     }
 }
 

@@ -11,7 +11,7 @@ impl Inner {
         generation: Generation,
         conn: Connection,
     ) {
-        debug!(peer = %hex(&peer), generation = generation.get(), "connection cached");
+        debug!(peer = %peer, generation = generation.get(), "connection cached");
         let inner = self.clone();
         self.spawn(
             async move {
@@ -23,7 +23,7 @@ impl Inner {
                     driver.handle_connection_closed(now, peer, Channel::Actor, generation)
                 });
             }
-            .instrument(tracing::debug_span!("reader", peer = %hex(&peer))),
+            .instrument(tracing::debug_span!("reader", peer = %peer)),
         );
     }
 

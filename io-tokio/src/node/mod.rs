@@ -377,7 +377,7 @@ pub struct Node {
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
-            .field("id", &hex(&self.inner.local))
+            .field("id", &self.inner.local.to_string())
             .finish_non_exhaustive()
     }
 }
@@ -398,10 +398,6 @@ pub(crate) struct Gate {
 /// An address's relay URLs as text.
 fn relay_strings(addr: &EndpointAddr) -> Vec<String> {
     addr.relay_urls().map(ToString::to_string).collect()
-}
-
-fn hex(id: &NodeId) -> String {
-    id.to_string()
 }
 
 fn bump(counter: &AtomicU64) {
@@ -538,7 +534,7 @@ impl Node {
             // the address remembered); a refused one leaves no state.
             match joined {
                 Ok(()) => self.inner.remember(&seed),
-                Err(_) => warn!(seed = %hex(&peer), "join seed not allowed"),
+                Err(_) => warn!(seed = %peer, "join seed not allowed"),
             }
             for action in actions {
                 self.inner.execute(action);
@@ -552,7 +548,7 @@ impl Node {
         state
             .driver
             .join_statuses()
-            .map(|(id, s)| (hex(id), s.clone()))
+            .map(|(id, s)| (id.to_string(), s.clone()))
             .collect()
     }
 
@@ -771,7 +767,7 @@ impl Node {
             (handshakes.refused(), handshakes.in_progress())
         };
         Snapshot {
-            node_id: hex(&self.inner.local),
+            node_id: self.inner.local.to_string(),
             frames_enqueued: c.enqueued.load(Ordering::Relaxed),
             frames_written: c.written.load(Ordering::Relaxed),
             frames_received: c.received.load(Ordering::Relaxed),
@@ -792,11 +788,11 @@ impl Node {
             cache: driver
                 .connections()
                 .filter(|(_, channel, _)| *channel == Channel::Actor)
-                .map(|(peer, _, generation)| (hex(&peer), generation.get()))
+                .map(|(peer, _, generation)| (peer.to_string(), generation.get()))
                 .collect(),
             connections: driver
                 .connections()
-                .map(|(peer, channel, generation)| (hex(&peer), channel, generation.get()))
+                .map(|(peer, channel, generation)| (peer.to_string(), channel, generation.get()))
                 .collect(),
         }
     }
@@ -1056,7 +1052,7 @@ impl Node {
         );
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
-        info!(node = %hex(&self.inner.local), "node closed");
+        info!(node = %self.inner.local, "node closed");
     }
 }
 
@@ -1069,7 +1065,7 @@ pub struct NodeProtocol {
 impl std::fmt::Debug for NodeProtocol {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeProtocol")
-            .field("node", &hex(&self.inner.local))
+            .field("node", &self.inner.local.to_string())
             .finish()
     }
 }

@@ -324,7 +324,7 @@ impl Inner {
                 let read = timeout(deadline, recv.read_exact(&mut first)).await;
                 if matches!(read, Ok(Ok(()))) && announces_switch_stream(&first) {
                     let stream = QuicStream::new(conn.clone(), send, recv);
-                    match queue.send((hex(&peer), stream)).await {
+                    match queue.send((peer.to_string(), stream)).await {
                         Ok(()) => return,
                         // The host stopped taking switch streams.
                         Err(refused) => recv = (refused.0).1.into_recv(),
