@@ -96,7 +96,7 @@ pub const PREAMBLE_READS_IN_PROGRESS_MAX: usize = 256;
 pub const QUIC_CONNECTIONS_INBOUND_MAX: usize = 1_024;
 
 /// Bytes an answer (or a request's input) gathered whole may reach (`collect`, `read_all` of
-/// `tether::switch`); past it `collect` fails `TOO_LARGE` and `read_all` stops gathering.
+/// `tether::switch`); past it `collect` fails `TooLarge` and `read_all` stops gathering.
 /// Longer bodies are read frame by frame.
 pub const SWITCH_COLLECT_BYTES_MAX: usize = 64 * 1024 * 1024;
 

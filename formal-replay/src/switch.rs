@@ -672,7 +672,7 @@ fn engine_error(debug: &str) -> String {
         "duplicate".into()
     } else if debug.starts_with("NoHandler") {
         "no_handler".into()
-    } else if debug.starts_with("BadCap") {
+    } else if debug.starts_with("BadCap") || debug.starts_with("NoCap") {
         "bad_cap".into()
     } else {
         debug.to_owned()

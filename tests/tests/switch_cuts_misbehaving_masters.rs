@@ -284,7 +284,7 @@ async fn a_master_writing_past_its_credit_is_held_to_the_window_then_cut_past_it
     let _ = greedy.read_to_end(&mut rest).await; // cut: the switch closes it
     assert_eq!(
         call.collect().await,
-        Err(SwitchError::Failed("MASTER_DIED".into()))
+        Err(SwitchError::Failed(tether::switch::ErrCode::MasterDied))
     );
     let stats = switch.protocol_stats().await.expect("stats");
     assert_eq!(stats.switch.violations.get("credit_violation"), Some(&1));

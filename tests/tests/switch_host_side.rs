@@ -43,7 +43,9 @@ async fn a_host_that_gains_or_loses_a_handler_re_advertises_its_caps() {
     switch.add_master("letters", s1).await.expect("verified");
     assert_eq!(
         answer(&switch, LOWER, b"X").await,
-        Err(SwitchError::Engine(EngineError::NoHandler(LOWER.into())))
+        Err(SwitchError::Engine(EngineError::NoHandler(Box::new(
+            tether_core::cap::CapUrn::parse(LOWER).expect("a cap")
+        ))))
     );
 
     handle
@@ -74,7 +76,9 @@ async fn a_host_that_gains_or_loses_a_handler_re_advertises_its_caps() {
     assert_eq!(answer(&switch, UPPER, b"b").await.expect("answered"), b"B");
     assert_eq!(
         answer(&switch, LOWER, b"X").await,
-        Err(SwitchError::Engine(EngineError::NoHandler(LOWER.into())))
+        Err(SwitchError::Engine(EngineError::NoHandler(Box::new(
+            tether_core::cap::CapUrn::parse(LOWER).expect("a cap")
+        ))))
     );
     assert!(matches!(
         handle.add_handler("not a cap", |_| async {}).await,

@@ -69,7 +69,9 @@ async fn requests_reach_the_most_specific_host_and_their_answers_come_back() {
     assert_eq!(
         switch.request(LOWER).await.err(),
         Some(SwitchError::Engine(
-            tether_core::switch::EngineError::NoHandler(LOWER.into())
+            tether_core::switch::EngineError::NoHandler(Box::new(
+                tether_core::cap::CapUrn::parse(LOWER).expect("a cap")
+            ))
         ))
     );
     switch.close().await;
@@ -136,7 +138,7 @@ async fn cancel_reaches_the_host_and_a_killed_host_ends_its_requests() {
     );
     assert_eq!(
         first.collect().await,
-        Err(SwitchError::Failed("CANCELLED".into()))
+        Err(SwitchError::Failed(tether::switch::ErrCode::Cancelled))
     );
     // A second request, then the host dies: the request ends MASTER_DIED.
     let mut second = switch.request(SLOW).await.expect("routed");
@@ -348,7 +350,7 @@ async fn a_peer_request_nobody_serves_is_answered_no_handler() {
         let _ = peer.finish().await;
         // The switch answers the peer request itself: nobody serves that cap.
         let code = match peer.collect().await {
-            Err(tether::switch::host::HostServeError::Failed(code)) => code,
+            Err(tether::switch::host::HostServeError::Failed(code)) => code.to_string(),
             other => format!("not an ERR: {other:?}"),
         };
         let _ = request

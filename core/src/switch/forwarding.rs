@@ -72,7 +72,13 @@ impl Switch {
         }
         let cap = match parse_cap(&frame) {
             Ok(cap) => cap,
-            Err(message) => return refuse(self, "BAD_CAP", ErrorClass::Input, message),
+            Err(error) => {
+                let message = match error {
+                    EngineError::BadCap(error) => error.to_string(),
+                    error => error.to_string(),
+                };
+                return refuse(self, "BAD_CAP", ErrorClass::Input, message);
+            }
         };
         let Some(dest) = self.route(&cap, None) else {
             self.counters.no_handler += 1;

@@ -37,6 +37,37 @@ impl Default for Limits {
     }
 }
 
+/// Why a manifest was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// It is not JSON (or not UTF-8, or cut short).
+    #[error("not JSON (line {line}, column {column})")]
+    NotJson {
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column of the error.
+        column: usize,
+    },
+    /// It is JSON, but not a manifest: `installed_cartridges` missing, or a field of the
+    /// wrong type.
+    #[error("not a manifest's shape (line {line}, column {column})")]
+    Shape {
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column of the error.
+        column: usize,
+    },
+    /// It lists more caps than the switch takes.
+    #[error("{count} caps, at most {max}")]
+    TooManyCaps {
+        /// How many it lists.
+        count: usize,
+        /// The bound (`MANIFEST_CAPS_MAX`).
+        max: usize,
+    },
+}
+
 /// Why a handshake failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -53,7 +84,7 @@ pub enum HandshakeError {
     NoManifest,
     /// The manifest is not the JSON shape a manifest has, or has too many caps.
     #[error("bad manifest: {0}")]
-    BadManifest(String),
+    BadManifest(#[source] ManifestError),
     /// A cap in the manifest does not parse.
     #[error("manifest cap {index} does not parse: {error}")]
     BadCap {
@@ -232,8 +263,13 @@ pub fn manifest_caps(json: &[u8]) -> Result<Vec<CapUrn>, HandshakeError> {
     struct Entry {
         urn: String,
     }
-    let manifest: Manifest = serde_json::from_slice(json)
-        .map_err(|error| HandshakeError::BadManifest(error.to_string()))?;
+    let manifest: Manifest = serde_json::from_slice(json).map_err(|error| {
+        let (line, column) = (error.line(), error.column());
+        HandshakeError::BadManifest(match error.classify() {
+            serde_json::error::Category::Data => ManifestError::Shape { line, column },
+            _ => ManifestError::NotJson { line, column },
+        })
+    })?;
     let entries = || {
         manifest
             .installed_cartridges
@@ -243,9 +279,10 @@ pub fn manifest_caps(json: &[u8]) -> Result<Vec<CapUrn>, HandshakeError> {
     };
     let count = entries().count();
     if count > MANIFEST_CAPS_MAX {
-        return Err(HandshakeError::BadManifest(format!(
-            "{count} caps, at most {MANIFEST_CAPS_MAX}"
-        )));
+        return Err(HandshakeError::BadManifest(ManifestError::TooManyCaps {
+            count,
+            max: MANIFEST_CAPS_MAX,
+        }));
     }
     let mut caps = Vec::with_capacity(count);
     for (index, entry) in entries().enumerate() {
@@ -392,7 +429,7 @@ mod tests {
         let old = br#"{"name": "m", "cap_groups": [{"caps": [{"urn": "cap:effect=none"}]}]}"#;
         assert!(matches!(
             manifest_caps(old),
-            Err(HandshakeError::BadManifest(_))
+            Err(HandshakeError::BadManifest(ManifestError::Shape { .. }))
         ));
     }
 

@@ -54,9 +54,9 @@ pub(super) fn cbor_bytes_content(payload: &[u8]) -> Option<&[u8]> {
     reader.is_empty().then_some(content)
 }
 
-pub(super) fn parse_cap(frame: &Frame) -> Result<CapUrn, String> {
-    let text = frame.cap.as_deref().ok_or("REQ without a cap")?;
-    CapUrn::parse(text).map_err(|error: ParseError| error.to_string())
+pub(super) fn parse_cap(frame: &Frame) -> Result<CapUrn, EngineError> {
+    let text = frame.cap.as_deref().ok_or(EngineError::NoCap)?;
+    CapUrn::parse(text).map_err(EngineError::BadCap)
 }
 
 /// An ERR's `meta`: `code`, `attribution_class` and `message`, as capdag's readers require

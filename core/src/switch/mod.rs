@@ -59,6 +59,7 @@
 //! Drain order after any input: `poll_transmit` until `None`, then `poll_event` until `None`,
 //! then `poll_timeout`.
 
+mod codes;
 mod forwarding;
 mod graph;
 #[cfg(any(test, feature = "harness"))]
@@ -82,9 +83,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Serialize;
 
+pub use codes::ErrCode;
 pub use hello::{
-    manifest_caps, manifest_json, HandshakeError, Limits, RelayNotify, IDENTITY_ECHO_STREAM,
-    IDENTITY_NONCE_BYTES, IDENTITY_PROBE_NONCE, IDENTITY_PROBE_STREAM, IDENTITY_STREAM,
+    manifest_caps, manifest_json, HandshakeError, Limits, ManifestError, RelayNotify,
+    IDENTITY_ECHO_STREAM, IDENTITY_NONCE_BYTES, IDENTITY_PROBE_NONCE, IDENTITY_PROBE_STREAM,
+    IDENTITY_STREAM,
 };
 pub use stats::{MasterHealth, RequestView, SwitchStats};
 
@@ -101,8 +104,9 @@ use crate::request::{
 };
 use crate::time::Time;
 pub use crate::wire::bifaci::NetworkPolicy;
-use crate::wire::bifaci::{Frame, FrameType, MessageId, Meta};
+use crate::wire::bifaci::{BifaciError, Frame, FrameType, MessageId, Meta};
 use crate::wire::cbor::{self, Reader};
+use crate::wire::DecodeError;
 
 /// A master slot's index: the routing key, stable across reattachment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -155,9 +159,10 @@ pub enum CutReason {
     /// The master broke the protocol.
     #[error("protocol violation: {0}")]
     Violation(#[from] ProtocolViolation),
-    /// The master's bytes are not frames (garbage, an oversized frame, a wrong version).
+    /// The master's bytes are not frames (garbage, an oversized frame, a wrong version, a
+    /// CHUNK whose checksum is wrong): the decoder's error, with the offset it stopped at.
     #[error("undecodable bytes: {0}")]
-    Undecodable(String),
+    Undecodable(DecodeError<BifaciError>),
     /// The master stopped reading: its socket's queue reached the shell's bound.
     #[error("not reading its socket")]
     Backlogged,
@@ -273,7 +278,7 @@ pub enum AttachError {
     /// The slot's connection is alive (healthy or not): the same master must not be attached
     /// twice.
     #[error("slot {0:?} is already attached")]
-    AlreadyAttached(String),
+    AlreadyAttached(SlotId),
     /// [`SWITCH_MASTERS_MAX`] slots exist.
     #[error("too many master slots")]
     TooManySlots,
@@ -286,12 +291,15 @@ pub enum EngineError {
     /// Routing has not started (a master named at construction is still being verified).
     #[error("the switch is still verifying its masters")]
     NotReady,
-    /// The REQ carries no cap, or one that does not parse.
+    /// The REQ carries no cap.
+    #[error("REQ without a cap")]
+    NoCap,
+    /// The REQ's cap does not parse.
     #[error("bad cap: {0}")]
-    BadCap(String),
+    BadCap(#[source] ParseError),
     /// No healthy master serves the cap.
     #[error("no handler for {0}")]
-    NoHandler(String),
+    NoHandler(Box<CapUrn>),
     /// The request id is live already.
     #[error("request id already live")]
     DuplicateRequest,
@@ -629,7 +637,7 @@ impl Switch {
     ) -> Result<ConnId, AttachError> {
         let slot = match self.slot_of(id) {
             Some(slot) if self.masters[slot.0 as usize].attached() => {
-                return Err(AttachError::AlreadyAttached(id.to_owned()));
+                return Err(AttachError::AlreadyAttached(slot));
             }
             Some(slot) => slot,
             None if self.masters.len() >= SWITCH_MASTERS_MAX => {
@@ -677,9 +685,9 @@ impl Switch {
 
     /// A master's bytes did not decode into frames (garbage, a frame over the limit, a wrong
     /// version, a CHUNK whose checksum is wrong): the master is cut off with [`CutReason::Undecodable`] and counted.
-    pub fn handle_undecodable(&mut self, now: Time, conn: ConnId, error: &str) {
+    pub fn handle_undecodable(&mut self, now: Time, conn: ConnId, error: DecodeError<BifaciError>) {
         if self.is_current(conn) && self.masters[conn.slot.0 as usize].attached() {
-            self.cut(now, conn.slot, CutReason::Undecodable(error.to_owned()));
+            self.cut(now, conn.slot, CutReason::Undecodable(error));
         }
     }
 
@@ -721,10 +729,10 @@ impl Switch {
         if !self.routing {
             return Err(EngineError::NotReady);
         }
-        let cap = parse_cap(&frame).map_err(EngineError::BadCap)?;
+        let cap = parse_cap(&frame)?;
         let Some(dest) = self.route(&cap, preferred) else {
             self.counters.no_handler += 1;
-            return Err(EngineError::NoHandler(cap.to_string()));
+            return Err(EngineError::NoHandler(Box::new(cap)));
         };
         self.register(now, Peer::Engine, dest, frame)
             .map_err(|error| match error {

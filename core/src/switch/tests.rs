@@ -100,7 +100,9 @@ fn a_failed_initial_master_does_not_hold_routing_back() {
     assert!(h.switch.is_routing());
     assert_eq!(
         h.engine_request(1, LOWER),
-        Err(EngineError::NoHandler(LOWER.into()))
+        Err(EngineError::NoHandler(Box::new(
+            crate::cap::CapUrn::parse(LOWER).expect("a cap")
+        )))
     );
 }
 
@@ -328,7 +330,9 @@ fn no_handler_is_answered_never_dropped() {
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
     assert_eq!(
         h.engine_request(1, LOWER),
-        Err(EngineError::NoHandler(LOWER.into()))
+        Err(EngineError::NoHandler(Box::new(
+            crate::cap::CapUrn::parse(LOWER).expect("a cap")
+        )))
     );
     // A peer request for a cap nobody serves is answered with an ERR NO_HANDLER.
     let mut req = Frame::new(FrameType::Req, MessageId::Uint(50));
@@ -523,7 +527,7 @@ fn attaching_an_attached_slot_is_refused_and_a_detached_one_reattaches_in_place(
     assert!(!h.switch.slot_accepts_attach("a"));
     assert_eq!(
         h.switch.handle_attach(h.now, "a", [0; 32]),
-        Err(AttachError::AlreadyAttached("a".into()))
+        Err(AttachError::AlreadyAttached(SlotId(0)))
     );
     h.close(conns[0]);
     assert!(h.switch.slot_accepts_attach("a"));
@@ -551,7 +555,9 @@ fn a_dead_master_ends_its_requests_and_its_late_frames_are_stragglers() {
     );
     assert_eq!(
         h.engine_request(3, UPPER),
-        Err(EngineError::NoHandler(UPPER.into()))
+        Err(EngineError::NoHandler(Box::new(
+            crate::cap::CapUrn::parse(UPPER).expect("a cap")
+        )))
     );
     let again = h.connect("a", &[UPPER]);
     h.from_master(again, response(key, FrameType::End, 0));
@@ -753,7 +759,9 @@ fn a_master_failing_the_identity_check_stays_attached_but_is_never_routed_to() {
     );
     assert_eq!(
         h.engine_request(1, UPPER),
-        Err(EngineError::NoHandler(UPPER.into()))
+        Err(EngineError::NoHandler(Box::new(
+            crate::cap::CapUrn::parse(UPPER).expect("a cap")
+        )))
     );
     let stats = h.switch.protocol_stats(h.now);
     assert_eq!(stats.masters[0].stage, "failed");
@@ -834,7 +842,9 @@ fn a_manifest_update_rebuilds_the_cap_table() {
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
     assert_eq!(
         h.engine_request(1, LOWER),
-        Err(EngineError::NoHandler(LOWER.into()))
+        Err(EngineError::NoHandler(Box::new(
+            crate::cap::CapUrn::parse(LOWER).expect("a cap")
+        )))
     );
     let manifest = manifest_json("a", &[LOWER.into(), crate::cap::CAP_IDENTITY.into()]);
     let mut notify = Frame::new(FrameType::RelayNotify, MessageId::Uint(0));
@@ -844,7 +854,9 @@ fn a_manifest_update_rebuilds_the_cap_table() {
     assert!(h.engine_request(2, LOWER).is_ok());
     assert_eq!(
         h.engine_request(3, UPPER),
-        Err(EngineError::NoHandler(UPPER.into()))
+        Err(EngineError::NoHandler(Box::new(
+            crate::cap::CapUrn::parse(UPPER).expect("a cap")
+        )))
     );
     let stats = h.switch.protocol_stats(h.now);
     assert_eq!(
@@ -961,13 +973,13 @@ mod routing_index {
 #[test]
 fn undecodable_bytes_cut_the_master_with_a_typed_reason() {
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
-    h.switch
-        .handle_undecodable(h.now, conns[0], "frame too large");
+    let error = crate::wire::DecodeError {
+        offset: 7,
+        error: crate::wire::bifaci::BifaciError::FrameTooLarge { len: 9, max: 8 },
+    };
+    h.switch.handle_undecodable(h.now, conns[0], error.clone());
     h.drain();
-    assert_eq!(
-        h.disconnected,
-        [(conns[0], CutReason::Undecodable("frame too large".into()))]
-    );
+    assert_eq!(h.disconnected, [(conns[0], CutReason::Undecodable(error))]);
     assert_eq!(h.switch.counters().cuts["undecodable"], 1);
 }
 

@@ -31,6 +31,7 @@ use tether_core::limits::{SWITCH_HOST_COMMANDS_MAX, SWITCH_HOST_WRITER_FRAMES_MA
 use tether_core::request::RequestKey;
 use tether_core::switch::host::{Host as Machine, HostError, HostEvent, HostWriteError};
 use tether_core::switch::side::{stream_frames, HeldWrites, WriteError};
+use tether_core::switch::ErrCode;
 use tether_core::time::Time;
 use tether_core::wire::bifaci::{BifaciError, Frame, FrameType, MessageId};
 use tether_core::wire::DecodeError;
@@ -68,11 +69,13 @@ pub enum HostServeError {
     /// A cap given to [`HostHandle::add_handler`] does not parse.
     #[error("bad cap: {0}")]
     BadCap(#[source] ParseError),
-    /// A peer request was answered with ERR carrying this code (`TOO_LARGE` when
-    /// [`PeerCall::collect`] would hold more than
-    /// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]).
+    /// A peer request was answered with ERR carrying this code.
     #[error("answered with error {0}")]
-    Failed(String),
+    Failed(ErrCode),
+    /// [`PeerCall::collect`] would hold more than this many bytes
+    /// ([`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]).
+    #[error("the answer is longer than {0} bytes")]
+    TooLarge(usize),
 }
 
 /// How the switch broke the protocol ([`HostServeError::Protocol`]).
@@ -384,7 +387,7 @@ impl HostRequest {
         let mut body = Vec::new();
         while let Some(frame) = self.next_input().await {
             if let Some(end) = gather(&mut body, &frame) {
-                if end.is_err_and(|code| code == super::COLLECT_TOO_LARGE) {
+                if end == Err(super::Unfinished::TooLarge) {
                     // Past the bound: the rest is drained unread (its credit flows back).
                     while self.next_input().await.is_some() {}
                 }
@@ -521,13 +524,19 @@ impl PeerCall {
     }
 
     /// The answer's CHUNK payloads concatenated; [`HostServeError::Failed`] with the ERR's
-    /// code (`TOO_LARGE` past [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]), or
+    /// code, [`HostServeError::TooLarge`] past
+    /// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`], or
     /// [`HostServeError::Gone`] when the answer ended without END or ERR.
     pub async fn collect(mut self) -> Result<Vec<u8>, HostServeError> {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {
             if let Some(end) = gather(&mut body, &frame) {
-                return end.map(|()| body).map_err(HostServeError::Failed);
+                return end.map(|()| body).map_err(|end| match end {
+                    super::Unfinished::Err(code) => HostServeError::Failed(code),
+                    super::Unfinished::TooLarge => {
+                        HostServeError::TooLarge(tether_core::limits::SWITCH_COLLECT_BYTES_MAX)
+                    }
+                });
             }
         }
         Err(HostServeError::Gone)

@@ -43,6 +43,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub use tether_core::request::ErrorClass;
+pub use tether_core::switch::ErrCode;
 pub use tether_core::switch::{payload_content, payload_item, Limits, NetworkPolicy};
 
 /// 32 bytes of the OS's randomness: a connection's identity-check nonce.
@@ -78,7 +79,12 @@ pub enum SwitchError {
     Unhealthy(#[source] HandshakeError),
     /// The request ended with an ERR (its code).
     #[error("request failed: {0}")]
-    Failed(String),
+    Failed(ErrCode),
+    /// [`Call::collect`] would hold more than this many bytes
+    /// ([`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]): read a longer answer frame by
+    /// frame with [`Call::next`].
+    #[error("the answer is longer than {0} bytes")]
+    TooLarge(usize),
     /// This side may not write the frame (the request's input already ended).
     #[error(transparent)]
     Write(#[from] WriteError),
@@ -87,11 +93,48 @@ pub enum SwitchError {
     BadUrn(#[source] ParseError),
     /// Connecting to the master failed.
     #[error("connect: {0}")]
-    Connect(String),
+    Connect(#[source] ConnectError),
     /// The switch is closed.
     #[error("the switch is closed")]
     Closed,
 }
+
+/// Why connecting to a master failed: the transport's own error (an `io::Error` for Unix and
+/// TCP, a [`crate::node::NodeError`] over iroh), shared so that [`SwitchError`] stays `Clone`.
+/// Two are equal when they are the same failure.
+#[derive(Debug, Clone)]
+pub struct ConnectError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl ConnectError {
+    fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(error))
+    }
+
+    /// The transport's error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl PartialEq for ConnectError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ConnectError {}
 
 type Reply<T> = oneshot::Sender<T>;
 /// Called when a master is cut for a reason that implicates its connection.
@@ -271,7 +314,7 @@ impl Switch {
         let stream = node
             .dial_switch_host(addr)
             .await
-            .map_err(|error| SwitchError::Connect(error.to_string()))?;
+            .map_err(|error| SwitchError::Connect(ConnectError::new(error)))?;
         let unresponsive = stream
             .connection_cut()
             .map(|cut| Box::new(move || cut.unresponsive()) as Unresponsive);
@@ -287,7 +330,7 @@ impl Switch {
     ) -> Result<(), SwitchError> {
         let stream = tokio::net::UnixStream::connect(path)
             .await
-            .map_err(|error| SwitchError::Connect(error.to_string()))?;
+            .map_err(|error| SwitchError::Connect(ConnectError::new(error)))?;
         self.add_master(id, stream).await
     }
 
@@ -299,7 +342,7 @@ impl Switch {
     ) -> Result<(), SwitchError> {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|error| SwitchError::Connect(error.to_string()))?;
+            .map_err(|error| SwitchError::Connect(ConnectError::new(error)))?;
         let _ = stream.set_nodelay(true);
         self.add_master(id, stream).await
     }
@@ -462,28 +505,33 @@ impl FlowReader {
     }
 }
 
-/// Adds `frame` to a whole answer's `body`: `Some` once the answer ended, with the ERR's code
-/// when it failed.
-/// What `collect` fails with once the body would pass
-/// [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`].
-pub const COLLECT_TOO_LARGE: &str = "TOO_LARGE";
+/// How a whole answer (or input) ended without a body to return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unfinished {
+    /// It ended with an ERR with this code.
+    Err(ErrCode),
+    /// The body would pass [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`].
+    TooLarge,
+}
 
-pub(crate) fn gather(body: &mut Vec<u8>, frame: &Frame) -> Option<Result<(), String>> {
+/// Adds `frame` to a whole answer's `body`: `Some` once the answer ended, with why when it
+/// has no body to return.
+pub(crate) fn gather(body: &mut Vec<u8>, frame: &Frame) -> Option<Result<(), Unfinished>> {
     match frame.frame_type {
         FrameType::Chunk => {
             let payload = frame.payload.as_deref().unwrap_or(&[]);
             if body.len().saturating_add(payload.len())
                 > tether_core::limits::SWITCH_COLLECT_BYTES_MAX
             {
-                return Some(Err(COLLECT_TOO_LARGE.to_owned()));
+                return Some(Err(Unfinished::TooLarge));
             }
             body.extend_from_slice(payload);
             None
         }
         FrameType::End => Some(Ok(())),
-        FrameType::Err => Some(Err(
-            tether_core::switch::error_code(frame).unwrap_or_default()
-        )),
+        FrameType::Err => Some(Err(Unfinished::Err(ErrCode::of_meta(
+            tether_core::switch::error_code(frame).as_deref(),
+        )))),
         _ => None,
     }
 }
@@ -579,13 +627,18 @@ impl Call {
     }
 
     /// Reads the whole answer: the payloads of its CHUNKs concatenated, or the ERR's code
-    /// ([`COLLECT_TOO_LARGE`] past [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]: read a
-    /// longer answer frame by frame with `next`).
+    /// ([`SwitchError::TooLarge`] past [`tether_core::limits::SWITCH_COLLECT_BYTES_MAX`]: read
+    /// a longer answer frame by frame with `next`).
     pub async fn collect(mut self) -> Result<Vec<u8>, SwitchError> {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {
             if let Some(end) = gather(&mut body, &frame) {
-                return end.map(|()| body).map_err(SwitchError::Failed);
+                return end.map(|()| body).map_err(|end| match end {
+                    Unfinished::Err(code) => SwitchError::Failed(code),
+                    Unfinished::TooLarge => {
+                        SwitchError::TooLarge(tether_core::limits::SWITCH_COLLECT_BYTES_MAX)
+                    }
+                });
             }
         }
         Err(SwitchError::Closed)
@@ -870,8 +923,7 @@ impl Task {
         match incoming {
             Incoming::Frame(frame) => self.machine.handle_master_frame(now, conn, frame),
             Incoming::Undecodable(error) => {
-                self.machine
-                    .handle_undecodable(now, conn, &error.error.to_string());
+                self.machine.handle_undecodable(now, conn, error);
             }
             Incoming::Closed => self.machine.handle_closed(now, conn),
         }
@@ -1037,7 +1089,7 @@ mod gather_tests {
         assert_eq!(body.len(), max);
         assert_eq!(
             gather(&mut body, &chunk(1)),
-            Some(Err(COLLECT_TOO_LARGE.to_owned()))
+            Some(Err(Unfinished::TooLarge))
         );
         assert_eq!(body.len(), max, "nothing past the bound was appended");
     }
