@@ -530,7 +530,7 @@ async fn serve(out: Out, item: Inbound, deliveries: &TelemetrySource, consumed: 
             );
         }
         Inbound::Store { peer, op, error } => {
-            let error = error.unwrap_or_else(|| "recovered".into());
+            let error = error.map_or_else(|| "recovered".into(), |error| error.to_string());
             out.emit(
                 "store",
                 json!({ "peer": peer.as_str(), "op": op.as_str(), "error": error }),

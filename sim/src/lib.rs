@@ -26,7 +26,9 @@ use std::time::Duration;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use sha2::{Digest, Sha256};
-use tether::substrate::{Auth, Authorizer, Config, Denial, Error, Inbound, PeerId, Substrate};
+use tether::substrate::{
+    Auth, Authorizer, Code, Config, Denial, Error, Inbound, PeerId, Substrate,
+};
 use tether_core::limits::SUBSTRATE_COMMANDS_MAX;
 use tether_core::substrate::AuthorizeContext;
 use tether_core::time::Time;
@@ -241,7 +243,7 @@ impl Ledger {
             Error::Futile(code) => {
                 self.note(format!("futile {obj} #{n} {code}"));
                 let waited = sim_now().saturating_sub(issued_ms);
-                if code != "ttl_expired" || waited < QUEUE_TTL.as_millis() as u64 {
+                if code != Code::TtlExpired || waited < QUEUE_TTL.as_millis() as u64 {
                     self.violation(format!(
                         "{obj} #{n} ended futile ({code}) after {waited} ms: no cause in the schedule"
                     ));
@@ -250,7 +252,7 @@ impl Ledger {
                     .get_mut(obj)
                     .expect("entry")
                     .futile
-                    .insert(n, code);
+                    .insert(n, code.to_string());
             }
             Error::Shutdown => {
                 self.violation(format!(

@@ -54,7 +54,7 @@ impl Store for SimStore {
         let mut disk = self.disk.lock().unwrap_or_else(PoisonError::into_inner);
         if disk.failing {
             disk.failed_loads += 1;
-            return Err(StoreError::Unavailable("simulated disk fault".to_owned()));
+            return Err(StoreError::Injected("simulated disk fault"));
         }
         Ok(disk.peers.get(peer).cloned().unwrap_or_default())
     }
@@ -63,7 +63,7 @@ impl Store for SimStore {
         let mut disk = self.disk.lock().unwrap_or_else(PoisonError::into_inner);
         if disk.failing {
             disk.failed_commits += 1;
-            return Err(StoreError::Unavailable("simulated disk fault".to_owned()));
+            return Err(StoreError::Injected("simulated disk fault"));
         }
         disk.commits += 1;
         if disk

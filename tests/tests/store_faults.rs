@@ -27,9 +27,7 @@ impl FlakyStore {
     fn fail(&self) -> Result<(), StoreError> {
         self.failures.fetch_add(1, Ordering::SeqCst);
         self.failed.notify_one();
-        Err(StoreError::Unavailable(
-            "the test broke the disk".to_owned(),
-        ))
+        Err(StoreError::Injected("the test broke the disk"))
     }
 
     /// Waits until `n` calls have failed in all.
@@ -123,7 +121,10 @@ async fn a_load_failure_refuses_the_peer_and_recovers() {
     match next_message(&mut inbound).await {
         Inbound::Store { op, error, .. } => {
             assert_eq!(op, StoreOp::Load);
-            assert!(error.expect("a failure").contains("broke the disk"));
+            assert!(matches!(
+                error.expect("a failure").error(),
+                StoreError::Injected("the test broke the disk")
+            ));
         }
         other => panic!("expected a store report, got {other:?}"),
     }

@@ -86,9 +86,151 @@ pub fn class_of(code: &str) -> Class {
     }
 }
 
+/// A code an op, an open or a request ended with, typed: every code of the table and tether's
+/// own are variants; a code the application or the peer made up is [`Code::Other`], as
+/// written. [`Code::class`] is the class the receiver derives (unknown codes are terminal).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// [`CLOSED`].
+    Closed,
+    /// [`UNKNOWN_ENDPOINT`].
+    UnknownEndpoint,
+    /// [`NO_SUCH_OBJECT`].
+    NoSuchObject,
+    /// [`APPROVAL_DENIED`].
+    ApprovalDenied,
+    /// [`SCOPE_DENIED`].
+    ScopeDenied,
+    /// [`UNSUPPORTED_SERVICE`].
+    UnsupportedService,
+    /// [`ROUTING_NOT_SUPPORTED`].
+    RoutingNotSupported,
+    /// [`PAYLOAD_TOO_LARGE`].
+    PayloadTooLarge,
+    /// [`DIRECTION_NOT_GRANTED`].
+    DirectionNotGranted,
+    /// [`UPGRADE_REQUIRED`].
+    UpgradeRequired,
+    /// [`AUTH_FAILED`].
+    AuthFailed,
+    /// [`OUT_OF_SEQ`].
+    OutOfSeq,
+    /// [`SHA256_MISMATCH`].
+    Sha256Mismatch,
+    /// [`RATE_LIMITED`] (transient).
+    RateLimited,
+    /// [`QUEUE_FULL`] (transient).
+    QueueFull,
+    /// [`QUOTA`] (transient).
+    Quota,
+    /// [`BUSY`] (transient).
+    Busy,
+    /// [`TTL_EXPIRED`].
+    TtlExpired,
+    /// [`OPEN_CONFLICT`].
+    OpenConflict,
+    /// No code was given (an open rejected, a request failed or an object closed without
+    /// one).
+    None,
+    /// A code outside the table, as written.
+    Other(String),
+}
+
+/// Every variant without data, with its wire word.
+const WORDS: [(Code, &str); 19] = [
+    (Code::Closed, CLOSED),
+    (Code::UnknownEndpoint, UNKNOWN_ENDPOINT),
+    (Code::NoSuchObject, NO_SUCH_OBJECT),
+    (Code::ApprovalDenied, APPROVAL_DENIED),
+    (Code::ScopeDenied, SCOPE_DENIED),
+    (Code::UnsupportedService, UNSUPPORTED_SERVICE),
+    (Code::RoutingNotSupported, ROUTING_NOT_SUPPORTED),
+    (Code::PayloadTooLarge, PAYLOAD_TOO_LARGE),
+    (Code::DirectionNotGranted, DIRECTION_NOT_GRANTED),
+    (Code::UpgradeRequired, UPGRADE_REQUIRED),
+    (Code::AuthFailed, AUTH_FAILED),
+    (Code::OutOfSeq, OUT_OF_SEQ),
+    (Code::Sha256Mismatch, SHA256_MISMATCH),
+    (Code::RateLimited, RATE_LIMITED),
+    (Code::QueueFull, QUEUE_FULL),
+    (Code::Quota, QUOTA),
+    (Code::Busy, BUSY),
+    (Code::TtlExpired, TTL_EXPIRED),
+    (Code::OpenConflict, OPEN_CONFLICT),
+];
+
+impl Code {
+    /// The code a word names (empty: [`Code::None`]; outside the table: [`Code::Other`]).
+    pub fn parse(word: &str) -> Self {
+        if word.is_empty() {
+            return Self::None;
+        }
+        WORDS
+            .iter()
+            .find(|(_, known)| *known == word)
+            .map_or_else(|| Self::Other(word.to_owned()), |(code, _)| code.clone())
+    }
+
+    /// The code of an optional word (absent: [`Code::None`]).
+    pub fn of(word: Option<&str>) -> Self {
+        word.map_or(Self::None, Self::parse)
+    }
+
+    /// The wire word (empty for [`Code::None`]).
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Other(word) => word,
+            Self::None => "",
+            known => WORDS
+                .iter()
+                .find(|(code, _)| code == known)
+                .map_or("", |(_, word)| word),
+        }
+    }
+
+    /// The class the receiver derives from it ([`class_of`]).
+    pub fn class(&self) -> Class {
+        class_of(self.as_str())
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => f.write_str("(no code)"),
+            code => f.write_str(code.as_str()),
+        }
+    }
+}
+
+impl PartialEq<&str> for Code {
+    fn eq(&self, word: &&str) -> bool {
+        self.as_str() == *word
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_word_of_the_table_is_a_code_of_its_own_and_others_are_kept_as_written() {
+        for word in TERMINAL_CODES.iter().chain(&TRANSIENT_CODES) {
+            let code = Code::parse(word);
+            assert!(!matches!(code, Code::Other(_)), "{word}");
+            assert_eq!(code.as_str(), *word);
+            assert_eq!(code.class(), class_of(word));
+        }
+        assert_eq!(Code::parse(TTL_EXPIRED), Code::TtlExpired);
+        assert_eq!(Code::parse(OPEN_CONFLICT), Code::OpenConflict);
+        assert_eq!(Code::parse("mine"), Code::Other("mine".into()));
+        assert_eq!(Code::parse("mine").class(), Class::Terminal);
+        assert_eq!(Code::parse(""), Code::None);
+        assert_eq!(Code::of(None), Code::None);
+        assert_eq!(Code::QueueFull, "queue_full");
+        assert_eq!(Code::None.to_string(), "(no code)");
+    }
 
     #[test]
     fn the_code_table_classifies_every_listed_code_and_defaults_to_terminal() {

@@ -38,6 +38,7 @@ pub use durable::{
     effective_records, BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record,
     Side,
 };
+pub use finality::Code;
 pub use link::{capabilities, LinkClose, PeerLink};
 pub use machine::{CommandError, Event, Machine, TYPE_KEEPALIVE};
 

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
+use super::finality::Code;
 use super::handshake::{Channel, Negotiated, Role};
 use super::link::{LinkClose, PeerLink};
 use super::machine::{CommandError, Event, Machine};
@@ -160,16 +161,16 @@ pub enum Failure {
     Command(#[from] CommandError),
     /// The op ended without effect; the code says why.
     #[error("futile: {0}")]
-    Futile(String),
-    /// The remote rejected the open.
+    Futile(Code),
+    /// The remote rejected the open, with this code.
     #[error("rejected: {0}")]
-    Rejected(String),
+    Rejected(Code),
     /// The remote answered the request with an error code.
     #[error("remote error: {0}")]
-    Remote(String),
-    /// The object was closed before the open completed.
+    Remote(Code),
+    /// The object was closed before the open completed, with this code.
     #[error("closed: {0}")]
-    Closed(String),
+    Closed(Code),
     /// The peer's durable state is not loaded (the store is failing); nothing was done.
     #[error("the peer's state cannot be loaded from the store")]
     StoreUnavailable,
@@ -1083,14 +1084,14 @@ impl Peer {
                 match self.waiters.remove(&op_id) {
                     Some(Waiter::Send(ticket) | Waiter::Req(ticket)) => {
                         self.unread.remove(&ticket);
-                        self.reply(ticket, Reply::Failed(Failure::Futile(code)));
+                        self.reply(ticket, Reply::Failed(Failure::Futile(Code::parse(&code))));
                     }
                     None => {
                         let its_open = self.opens.get(&obj).is_some_and(|(id, _)| *id == op_id);
                         if let Some((_, ticket)) =
                             its_open.then(|| self.opens.remove(&obj)).flatten()
                         {
-                            self.reply(ticket, Reply::Failed(Failure::Futile(code)));
+                            self.reply(ticket, Reply::Failed(Failure::Futile(Code::parse(&code))));
                         }
                     }
                 }
@@ -1102,7 +1103,7 @@ impl Peer {
             }
             Event::Rejected { obj, code } => {
                 if let Some((_, ticket)) = self.opens.remove(&obj) {
-                    let failure = Failure::Rejected(code.unwrap_or_default());
+                    let failure = Failure::Rejected(Code::of(code.as_deref()));
                     self.reply(ticket, Reply::Failed(failure));
                 }
             }
@@ -1132,7 +1133,7 @@ impl Peer {
                         }
                     }
                     Verb::End => Reply::End(body),
-                    _ => Reply::Failed(Failure::Remote(code.unwrap_or_default())),
+                    _ => Reply::Failed(Failure::Remote(Code::of(code.as_deref()))),
                 };
                 if !matches!(reply, Reply::Res(_)) {
                     self.waiters.remove(&req_id);
@@ -1146,7 +1147,7 @@ impl Peer {
                 by_remote,
             } => {
                 if let Some((_, ticket)) = self.opens.remove(&obj) {
-                    let failure = Failure::Closed(reason.clone().unwrap_or_default());
+                    let failure = Failure::Closed(Code::of(reason.as_deref()));
                     self.reply(ticket, Reply::Failed(failure));
                 }
                 if by_remote {

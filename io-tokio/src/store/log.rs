@@ -1018,9 +1018,11 @@ fn replay(path: &Path, bytes: &[u8], repair: bool) -> Result<Option<Replayed>, S
         Ok(Some(scan)) => scan,
         Ok(None) => return Ok(None),
         Err(LogError::Version(version)) => {
-            return Err(StoreError::Schema(format!(
-                "the log is of version {version}; this tether reads versions 1 and {LOG_VERSION}"
-            )))
+            return Err(StoreError::Schema {
+                store: "log",
+                found: i64::from(version),
+                reads: i64::from(LOG_VERSION),
+            })
         }
         Err(error) => {
             return Err(StoreError::Corrupt {
@@ -1298,7 +1300,10 @@ mod tests {
         let mut newer = header.clone();
         newer[8] = 3;
         std::fs::write(&path, &newer).expect("write");
-        assert!(matches!(LogStore::open(&path), Err(StoreError::Schema(_))));
+        assert!(matches!(
+            LogStore::open(&path),
+            Err(StoreError::Schema { store: "log", .. })
+        ));
         assert_eq!(std::fs::read(&path).expect("read"), newer, "left alone");
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }

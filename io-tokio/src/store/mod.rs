@@ -25,6 +25,45 @@ pub use log::{
 };
 pub use sqlite::{SqliteStore, PAGE_SIZE, SCHEMA_VERSION};
 
+/// A store's error as callers of the substrate see it ([`crate::substrate::Error::Store`],
+/// [`crate::substrate::Inbound::Store`]): the [`StoreError`] itself, shared so that those stay
+/// `Clone`. Two are equal when they are the same failure.
+#[derive(Debug, Clone)]
+pub struct StoreFailure(std::sync::Arc<StoreError>);
+
+impl StoreFailure {
+    /// The store's error.
+    pub fn error(&self) -> &StoreError {
+        &self.0
+    }
+}
+
+impl From<StoreError> for StoreFailure {
+    fn from(error: StoreError) -> Self {
+        Self(std::sync::Arc::new(error))
+    }
+}
+
+impl std::fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for StoreFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl PartialEq for StoreFailure {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for StoreFailure {}
+
 /// Why a store could not load or commit.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -40,16 +79,31 @@ pub enum StoreError {
         /// What is wrong.
         detail: String,
     },
-    /// The database holds tether tables of a schema this version cannot read (written by a
-    /// newer tether).
-    #[error("schema: {0}")]
-    Schema(String),
+    /// The database's tether tables, or the log, are of a version this tether cannot read
+    /// (written by a newer tether).
+    #[error(
+        "{store} of version {found}; this tether reads version {reads} (and migrates older ones)"
+    )]
+    Schema {
+        /// What holds it: `"sqlite tables"` or `"log"`.
+        store: &'static str,
+        /// The version found.
+        found: i64,
+        /// The version this tether writes.
+        reads: i64,
+    },
     /// The file system refused (the log store's file).
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
-    /// A store failed on purpose (simulated crash or disk fault).
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    /// A fault injected on purpose (the simulator's disk faults, a test's broken disk).
+    #[error("a fault injected on purpose: {0}")]
+    Injected(&'static str),
+    /// The task running the store call panicked or was cancelled.
+    #[error("the store call's task failed")]
+    TaskFailed,
+    /// A SQLite table prefix that is not at most 32 of `[A-Za-z0-9_]`.
+    #[error("table prefix {0:?} must be at most 32 of [A-Za-z0-9_]")]
+    BadTablePrefix(String),
     /// Another store (in this process or another) has the path open: one store at a time.
     #[error("{} is already open by another store (its lock {} is held)", path.display(), lock_file(path).display())]
     Locked {

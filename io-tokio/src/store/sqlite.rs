@@ -521,11 +521,11 @@ fn prepare_schema(conn: &mut Connection, t: &Tables) -> Result<(), StoreError> {
     match version {
         Some(SCHEMA_VERSION) => return Ok(()),
         Some(version) => {
-            return Err(StoreError::Schema(format!(
-                "tables {}* are at schema version {version}; this tether reads version \
-                 {SCHEMA_VERSION} (and migrates version 1)",
-                t.meta.trim_end_matches("meta")
-            )))
+            return Err(StoreError::Schema {
+                store: "sqlite tables",
+                found: version,
+                reads: SCHEMA_VERSION,
+            })
         }
         None if table_exists(&tx, &t.peers)? => migrate_from_v1(&tx, t)?,
         None => tx.execute_batch(&schema(t))?,
@@ -618,9 +618,7 @@ fn check_prefix(prefix: &str) -> Result<(), StoreError> {
     {
         Ok(())
     } else {
-        Err(StoreError::Unavailable(format!(
-            "table prefix {prefix:?} must be at most 32 of [A-Za-z0-9_]"
-        )))
+        Err(StoreError::BadTablePrefix(prefix.to_owned()))
     }
 }
 
@@ -1050,7 +1048,14 @@ pub(crate) mod tests {
             .expect("bump");
         let error = SqliteStore::with_connection(conn.clone(), "").expect_err("refused");
         assert!(
-            matches!(&error, StoreError::Schema(detail) if detail.contains("version 3")),
+            matches!(
+                &error,
+                StoreError::Schema {
+                    found: 3,
+                    reads: 2,
+                    ..
+                }
+            ),
             "{error}"
         );
         let version: i64 = conn

@@ -28,7 +28,7 @@ use tracing::{debug, info, Instrument};
 use super::commands::{Answer, Command, CommandRx, CommandTx};
 use super::transport::Link;
 use super::{Delivery, Error, Inbound, OpenRequest, Request, Shared};
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreFailure};
 
 /// What woke the task.
 enum Wake {
@@ -58,9 +58,7 @@ async fn finished<T>(
     call: Option<&mut JoinHandle<Result<T, StoreError>>>,
 ) -> Result<T, StoreError> {
     match call {
-        Some(task) => task
-            .await
-            .unwrap_or_else(|join| Err(StoreError::Unavailable(join.to_string()))),
+        Some(task) => task.await.unwrap_or_else(|_| Err(StoreError::TaskFailed)),
         None => std::future::pending().await,
     }
 }
@@ -101,9 +99,9 @@ pub(super) struct Driver {
     loading: Option<JoinHandle<Result<DurableState, StoreError>>>,
     committing: Option<JoinHandle<Result<(), StoreError>>>,
     /// The last store error, reported with the peer's [`Output::StoreFailed`].
-    store_error: Option<StoreError>,
-    /// The last load error's words, for commands refused while the state cannot load.
-    load_error: String,
+    store_error: Option<StoreFailure>,
+    /// The last load error, for commands refused while the state cannot load.
+    load_error: Option<StoreFailure>,
     answers: HashMap<Ticket, Answer>,
     next_ticket: Ticket,
     pinned: Arc<AtomicBool>,
@@ -150,7 +148,7 @@ impl Driver {
             loading: None,
             committing: None,
             store_error: None,
-            load_error: String::new(),
+            load_error: None,
             answers: HashMap::new(),
             next_ticket: 0,
             pinned,
@@ -346,7 +344,8 @@ impl Driver {
                 self.peer.handle_loaded(now, Ok(link));
             }
             Err(error) => {
-                self.load_error = error.to_string();
+                let error = StoreFailure::from(error);
+                self.load_error = Some(error.clone());
                 self.store_error = Some(error);
                 self.peer.handle_loaded(now, Err(StoreFault));
             }
@@ -358,7 +357,7 @@ impl Driver {
         self.committing = None;
         let now = self.now();
         let result = result.map_err(|error| {
-            self.store_error = Some(error);
+            self.store_error = Some(error.into());
             StoreFault
         });
         self.peer.handle_committed(now, result);
@@ -451,7 +450,7 @@ impl Driver {
                 let error = self
                     .store_error
                     .take()
-                    .unwrap_or_else(|| StoreError::Unavailable("store failed".into()));
+                    .unwrap_or_else(|| StoreError::TaskFailed.into());
                 self.shared.store_failed(&self.id, call, &error, failures);
             }
             Output::StoreRecovered { call } => self.shared.store_recovered(&self.id, call),
@@ -505,7 +504,7 @@ impl Driver {
         let Some(answer) = self.answers.remove(&ticket) else {
             return;
         };
-        let error = |failure: Failure| failure_error(failure, &self.load_error);
+        let error = |failure: Failure| failure_error(failure, self.load_error.as_ref());
         match (answer, reply) {
             (Answer::Unit(tx), Reply::Done) => drop(tx.send(Ok(()))),
             (Answer::Sent(tx), Reply::Sent(op_id)) => {
@@ -589,15 +588,19 @@ impl Driver {
     }
 }
 
-/// The error a caller sees for `failure`; `load_error` words a store that cannot load.
-fn failure_error(failure: Failure, load_error: &str) -> Error {
+/// The error a caller sees for `failure`; `load_error` is why the store cannot load.
+fn failure_error(failure: Failure, load_error: Option<&StoreFailure>) -> Error {
     match failure {
         Failure::Command(error) => Error::Command(error),
         Failure::Futile(code) => Error::Futile(code),
         Failure::Rejected(code) => Error::Rejected(code),
         Failure::Remote(code) => Error::Remote(code),
         Failure::Closed(reason) => Error::Closed(reason),
-        Failure::StoreUnavailable => Error::Store(load_error.to_owned()),
+        Failure::StoreUnavailable => Error::Store(
+            load_error
+                .cloned()
+                .unwrap_or_else(|| StoreError::TaskFailed.into()),
+        ),
         Failure::ReplyTooLarge(max) => {
             metrics::counter!("tether_substrate_replies_too_large").increment(1);
             Error::ReplyTooLarge(max)

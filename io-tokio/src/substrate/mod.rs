@@ -63,12 +63,12 @@ use tracing::{info, warn};
 
 pub use tether_core::substrate::handshake::{Auth, PeerKeys};
 pub use tether_core::substrate::{
-    AllowAll, Authorizer, CommandError, Config, Denial, Interceptor, PeerId, ScopeAuthorizer,
+    AllowAll, Authorizer, Code, CommandError, Config, Denial, Interceptor, PeerId, ScopeAuthorizer,
 };
 pub use tether_core::wire::envelope::ObjKind;
 pub use transport::{Link, LinkStream, TcpTransport, Transport};
 
-use crate::store::{MemoryStore, Store, StoreError};
+use crate::store::{MemoryStore, Store, StoreError, StoreFailure};
 use commands::{Answer, Command};
 use commands::{CommandTx, Issued, Slot};
 use driver::Driver;
@@ -81,18 +81,19 @@ pub enum Error {
     /// The machine refused the command (nothing changed).
     #[error(transparent)]
     Command(#[from] CommandError),
-    /// The op ended without effect (terminal error from the peer, close, TTL expiry).
+    /// The op ended without effect (terminal error from the peer, close, TTL expiry): the
+    /// code says why.
     #[error("futile: {0}")]
-    Futile(String),
-    /// The peer rejected the open.
+    Futile(Code),
+    /// The peer rejected the open, with this code.
     #[error("rejected: {0}")]
-    Rejected(String),
-    /// The peer answered the request with an error.
+    Rejected(Code),
+    /// The peer answered the request with an error code.
     #[error("remote error: {0}")]
-    Remote(String),
-    /// The object was closed before the open completed.
+    Remote(Code),
+    /// The object was closed before the open completed, with this code.
     #[error("closed: {0}")]
-    Closed(String),
+    Closed(Code),
     /// The substrate is shutting down.
     #[error("shut down")]
     Shutdown,
@@ -103,7 +104,7 @@ pub enum Error {
     /// The peer's durable state cannot be loaded from the store right now; nothing was done.
     /// The load is retried with backoff; try again later.
     #[error("store unavailable: {0}")]
-    Store(String),
+    Store(#[source] StoreFailure),
 }
 
 /// Which store call failed (core's [`StoreCall`](tether_core::substrate::peer::StoreCall)).
@@ -293,7 +294,7 @@ pub enum Inbound {
         /// The call that failed or recovered.
         op: StoreOp,
         /// The error, or `None` when the store recovered.
-        error: Option<String>,
+        error: Option<StoreFailure>,
     },
 }
 
@@ -1035,12 +1036,12 @@ impl Shared {
 
     /// The store failed for `peer`: logged and counted on every failure, told to the app on the
     /// first of an outage.
-    fn store_failed(&self, peer: &PeerId, op: StoreOp, error: &StoreError, failures: u32) {
+    fn store_failed(&self, peer: &PeerId, op: StoreOp, error: &StoreFailure, failures: u32) {
         warn!(%error, peer = peer.as_str(), op = op.as_str(), failures, "store failed; retrying");
         metrics::counter!("tether_substrate_store_failures", "peer" => peer.as_str().to_owned(), "op" => op.as_str())
             .increment(1);
         if failures == 1 {
-            let error = Some(error.to_string());
+            let error = Some(error.clone());
             let _ = self.inbound_tx.send(Inbound::Store {
                 peer: peer.clone(),
                 op,
