@@ -99,6 +99,7 @@ fn action(action: Action<u64>) -> String {
         Action::RetireWriter { peer } => format!("retire:{}", peer.0[0]),
         Action::SendFailed { peer } => format!("send_failed:{}", peer.0[0]),
         Action::Close { conn, code } => format!("close:{conn}:{code}"),
+        Action::Dispatch { conn, .. } => format!("dispatch:{conn}"),
         Action::Announce { peer, claim } => format!(
             "announce:{}:{}:{}",
             peer.0[0], claim.actor.0[0], claim.generation
@@ -236,8 +237,12 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
         let result = match op {
             DriverOp::Accept {
                 peer, alpn, conn, ..
-            } => Some(
-                match driver.handle_accepted(now, id(*peer), alpn.as_bytes(), *conn) {
+            } => Some({
+                driver.handle_accepted(now, id(*peer), alpn.as_bytes(), *conn);
+                match driver
+                    .take_dispatch()
+                    .ok_or("an accept queued no dispatch")?
+                {
                     Dispatch::Refused(_) => "refused".to_owned(),
                     Dispatch::Actor(g) => format!("actor:{}", g.get()),
                     Dispatch::Telemetry(g) => {
@@ -250,8 +255,8 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                     Dispatch::Substrate(g) => format!("substrate:{}", g.get()),
                     Dispatch::NoAdapter => "no_adapter".to_owned(),
                     Dispatch::Full => "full".to_owned(),
-                },
-            ),
+                }
+            }),
             DriverOp::Connected {
                 peer,
                 channel: name,

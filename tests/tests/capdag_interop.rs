@@ -20,9 +20,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether::switch::host::Host;
-use tether::switch::{payload_content, payload_item, NetworkPolicy, Switch};
+use tether::switch::{payload_content, payload_item, NetworkPolicy, Switch, SwitchError};
 use tether_core::request::CancelReason;
 use tether_core::switch::error_code;
+use tether_core::switch::EngineError;
 use tether_core::wire::bifaci::{Frame, FrameType};
 
 const MEDIA: &str = "media:enc=utf-8;text";
@@ -134,18 +135,26 @@ async fn call(switch: &Switch, cap: &str, input: &str) -> Result<Vec<Bytes>, Str
     read_answer(call).await
 }
 
-/// Makes a request with `input` (one CBOR byte string) and ends its input.
+/// Makes a request with `input` (one CBOR byte string) and ends its input. A host may answer
+/// before it has the input (an ERR for a request it declines): then the request is no longer
+/// live for the input, and its answer says the rest.
 async fn start_call(
     switch: &Switch,
     cap: &str,
     input: &str,
 ) -> Result<tether::switch::Call, String> {
     let call = switch.request(cap).await.map_err(|e| e.to_string())?;
-    call.send_stream("input", MEDIA, [payload_item(input.as_bytes())])
+    let written = match call
+        .send_stream("input", MEDIA, [payload_item(input.as_bytes())])
         .await
-        .map_err(|e| e.to_string())?;
-    call.finish().await.map_err(|e| e.to_string())?;
-    Ok(call)
+    {
+        Ok(()) => call.finish().await,
+        Err(error) => Err(error),
+    };
+    match written {
+        Ok(()) | Err(SwitchError::Engine(EngineError::NotLive) | SwitchError::Write(_)) => Ok(call),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// Reads the answer of `call` to its END or ERR: the CHUNK payloads, or the ERR's code.

@@ -81,11 +81,18 @@ async fn a_peer_that_dials_again_and_again_keeps_one_connection_per_channel() {
     let target = node.endpoint_addr();
     const DIALS: u64 = 64;
     let mut previous: Option<tether::iroh::endpoint::Connection> = None;
-    for _ in 0..DIALS {
+    for dial in 1..=DIALS {
         let conn = attacker
             .connect(target.clone(), ACTOR_ALPN)
             .await
             .expect("a listed peer connects");
+        // The dialer's handshake can end before the node's: the node takes each connection
+        // before the next is dialed, so that they reach it in the order they were made (a late
+        // older one would replace a newer one, and the newer one would be closed instead).
+        let mut changes = node.changes();
+        while node.snapshot().accepted < dial {
+            changes.changed().await.expect("alive");
+        }
         // The node caches the new connection and closes the one it replaces, as "replaced".
         if let Some(old) = previous.replace(conn) {
             match old.closed().await {

@@ -461,6 +461,9 @@ impl World {
                     self.sims[n].send_failed += 1;
                 }
                 Action::Close { conn, .. } => self.kill(conn),
+                Action::Dispatch { conn, .. } => {
+                    return Err(format!("node {n}: a dispatch of {conn} nobody accepted"))
+                }
             }
         }
         Ok(())
@@ -509,9 +512,13 @@ impl World {
             Channel::Protocol(_) => PROTOCOL,
             Channel::Substrate => SUBSTRATE,
         };
-        let dispatch = self.sims[to]
+        self.sims[to]
             .driver
             .handle_accepted(now, id(from), alpn, conn);
+        let dispatch = self.sims[to]
+            .driver
+            .take_dispatch()
+            .ok_or_else(|| format!("node {to}: an accept queued no dispatch"))?;
         match (channel, dispatch) {
             (Channel::Actor, Dispatch::Actor(generation))
             | (Channel::Switch, Dispatch::Switch(generation))

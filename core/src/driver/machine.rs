@@ -369,6 +369,16 @@ pub enum Action<C> {
         /// The close code.
         code: u32,
     },
+    /// An accepted connection from `peer` goes where `dispatch` says (closed with
+    /// [`Dispatch::close`] when it is not kept): the answer to [`Driver::handle_accepted`].
+    Dispatch {
+        /// The peer that connected.
+        peer: NodeId,
+        /// The connection.
+        conn: C,
+        /// Where it goes.
+        dispatch: Dispatch,
+    },
 }
 
 /// What happened to a cached connection, for operators (the shell reports these as the
@@ -673,8 +683,32 @@ impl<C: Clone> Driver<C> {
         })
     }
 
-    /// A connection was accepted from `peer` on `alpn`.
-    pub fn handle_accepted(&mut self, now: Time, peer: NodeId, alpn: &[u8], conn: C) -> Dispatch {
+    /// A connection was accepted from `peer` on `alpn`: where it goes is the
+    /// [`Action::Dispatch`] it queues (after whatever caching it displaced queued).
+    pub fn handle_accepted(&mut self, now: Time, peer: NodeId, alpn: &[u8], conn: C) {
+        let dispatch = self.dispatch(now, peer, alpn, conn.clone());
+        self.actions.push_back(Action::Dispatch {
+            peer,
+            conn,
+            dispatch,
+        });
+    }
+
+    /// Takes the [`Action::Dispatch`] an accept queued out of the actions (the rest stay in
+    /// order): for harnesses and tests that follow an accept's answer at once.
+    #[cfg(any(test, feature = "harness"))]
+    pub fn take_dispatch(&mut self) -> Option<Dispatch> {
+        let at = self
+            .actions
+            .iter()
+            .position(|action| matches!(action, Action::Dispatch { .. }))?;
+        match self.actions.remove(at)? {
+            Action::Dispatch { dispatch, .. } => Some(dispatch),
+            _ => None,
+        }
+    }
+
+    fn dispatch(&mut self, now: Time, peer: NodeId, alpn: &[u8], conn: C) -> Dispatch {
         let (path, channel) = self.classify(alpn);
         if let Err(refused) = self.handle_admit(now, &peer, path, Direction::Inbound) {
             return Dispatch::Refused(refused);

@@ -182,11 +182,11 @@ fn a_replaced_connection_is_closed_when_dialed_the_same_way_only() {
     let alpn = b"s";
     // The peer dials again and again: each older inbound connection is closed.
     assert!(matches!(
-        d.handle_accepted(at(0), PEER, alpn, "in-1"),
+        accept(&mut d, at(0), PEER, alpn, "in-1"),
         Dispatch::Switch(_)
     ));
     assert!(d.poll_action().is_none());
-    d.handle_accepted(at(1), PEER, alpn, "in-2");
+    accept(&mut d, at(1), PEER, alpn, "in-2");
     assert_eq!(
         d.poll_action(),
         Some(Action::Close {
@@ -201,10 +201,10 @@ fn a_replaced_connection_is_closed_when_dialed_the_same_way_only() {
         .expect("cached");
     assert!(d.poll_action().is_none());
     assert_eq!(d.connection(&PEER, channel), Some((out, "out-1")));
-    d.handle_accepted(at(3), PEER, alpn, "in-3");
+    accept(&mut d, at(3), PEER, alpn, "in-3");
     assert!(d.poll_action().is_none());
     // Another channel is another entry: nothing replaced.
-    d.handle_accepted(at(4), PEER, b"u", "sub-1");
+    accept(&mut d, at(4), PEER, b"u", "sub-1");
     assert!(d.poll_action().is_none());
 }
 
@@ -271,7 +271,7 @@ fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhi
         [(PEER, channel, ticket, 2)]
     );
     // The peer dials us meanwhile: a waiter asking again takes that connection.
-    let Dispatch::Switch(generation) = d.handle_accepted(at(2), PEER, b"s", "theirs") else {
+    let Dispatch::Switch(generation) = accept(&mut d, at(2), PEER, b"s", "theirs") else {
         panic!("cached");
     };
     assert_eq!(
@@ -363,10 +363,10 @@ fn switch_and_substrate_connections_are_cached_and_evicted_by_generation() {
         (&b"s"[..], Channel::Switch, Path::Switch),
         (b"u", Channel::Substrate, Path::Substrate),
     ] {
-        let Dispatch::Refused(_) = d.handle_accepted(at(0), STRANGER, alpn, "stranger") else {
+        let Dispatch::Refused(_) = accept(&mut d, at(0), STRANGER, alpn, "stranger") else {
             panic!("a peer off the list is refused on {channel:?}");
         };
-        let accepted = match d.handle_accepted(at(0), PEER, alpn, "accepted") {
+        let accepted = match accept(&mut d, at(0), PEER, alpn, "accepted") {
             Dispatch::Switch(generation) | Dispatch::Substrate(generation) => generation,
             other => panic!("{other:?}"),
         };
@@ -547,16 +547,16 @@ fn a_connection_that_is_not_kept_is_closed_with_the_code_the_machine_names() {
         },
         ..Config::default()
     });
-    let refused = d.handle_accepted(at(0), STRANGER, b"s", "stranger");
+    let refused = accept(&mut d, at(0), STRANGER, b"s", "stranger");
     assert!(matches!(refused, Dispatch::Refused(_)));
     assert_eq!(
         refused.close(),
         Some((CLOSE_UNAUTHORIZED, &b"unauthorized"[..]))
     );
-    let kept = d.handle_accepted(at(0), PEER, b"s", "peer");
+    let kept = accept(&mut d, at(0), PEER, b"s", "peer");
     assert!(matches!(kept, Dispatch::Switch(_)));
     assert_eq!(kept.close(), None);
-    let unknown = d.handle_accepted(at(0), PEER, b"no/such/alpn", "peer");
+    let unknown = accept(&mut d, at(0), PEER, b"no/such/alpn", "peer");
     assert_eq!(unknown, Dispatch::NoAdapter);
     assert_eq!(unknown.close(), Some((CLOSE_SHUTDOWN, &b"no adapter"[..])));
     assert_eq!(Dispatch::Full.close(), Some((CLOSE_FULL, &b"full"[..])));
@@ -697,4 +697,60 @@ fn a_fresh_connection_that_cannot_open_the_stream_is_evicted_and_not_redialed() 
         d.handle_open(at(3), PEER, Path::Switch, channel),
         Ok(dial(DialTicket(2)))
     );
+}
+
+/// An accept and its answer (the [`Action::Dispatch`] it queued, taken out of the actions).
+fn accept<C: Clone>(d: &mut Driver<C>, now: Time, peer: NodeId, alpn: &[u8], conn: C) -> Dispatch {
+    d.handle_accepted(now, peer, alpn, conn);
+    d.take_dispatch()
+        .expect("an accept is answered with a dispatch")
+}
+
+#[test]
+fn an_accept_is_answered_by_a_dispatch_action_after_what_its_caching_displaced() {
+    let mut d = Driver::new(Config {
+        auth: PeerAuth::allow_list([PEER]),
+        alpns: Alpns {
+            switch: Some(b"s".to_vec()),
+            ..Alpns::default()
+        },
+        ..Config::default()
+    });
+    d.handle_accepted(at(0), PEER, b"s", "in-1");
+    let Some(Action::Dispatch {
+        peer,
+        conn: "in-1",
+        dispatch: Dispatch::Switch(first),
+    }) = d.poll_action()
+    else {
+        panic!("the accept's answer");
+    };
+    assert_eq!(peer, PEER);
+    assert!(d.poll_action().is_none());
+    d.handle_accepted(at(1), PEER, b"s", "in-2");
+    assert_eq!(
+        d.poll_action(),
+        Some(Action::Close {
+            conn: "in-1",
+            code: CLOSE_REPLACED
+        })
+    );
+    let Some(Action::Dispatch {
+        conn: "in-2",
+        dispatch: Dispatch::Switch(second),
+        ..
+    }) = d.poll_action()
+    else {
+        panic!("the second accept's answer, after the close it caused");
+    };
+    assert!(second > first);
+    d.handle_accepted(at(2), STRANGER, b"s", "stranger");
+    assert!(matches!(
+        d.poll_action(),
+        Some(Action::Dispatch {
+            conn: "stranger",
+            dispatch: Dispatch::Refused(_),
+            ..
+        })
+    ));
 }

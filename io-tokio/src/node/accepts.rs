@@ -33,11 +33,17 @@ impl Inner {
         }
     }
 
-    /// An accepted connection: the machine admits and dispatches it by ALPN.
+    /// An accepted connection: the machine admits it and says where it goes by ALPN (its
+    /// [`Action::Dispatch`], which [`Inner::dispatch`] carries out).
     pub(super) fn accepted(self: &Arc<Self>, conn: Connection) {
         let peer = NodeId(*conn.remote_id().as_bytes());
-        let dispatch =
-            self.drive(|driver, now| driver.handle_accepted(now, peer, conn.alpn(), conn.clone()));
+        let alpn = conn.alpn().to_vec();
+        self.drive(|driver, now| driver.handle_accepted(now, peer, &alpn, conn));
+    }
+
+    /// Carries out the machine's [`Action::Dispatch`] of an accepted connection: closes it
+    /// with the code the machine names, or serves it where it was cached.
+    pub(super) fn dispatch(self: &Arc<Self>, peer: NodeId, conn: Connection, dispatch: Dispatch) {
         if let Some((code, reason)) = dispatch.close() {
             conn.close(code.into(), reason);
         }

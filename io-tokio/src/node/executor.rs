@@ -235,6 +235,11 @@ impl Inner {
                 }
             }
             Action::Close { conn, code } => conn.close(code.into(), b"closed"),
+            Action::Dispatch {
+                peer,
+                conn,
+                dispatch,
+            } => self.dispatch(peer, conn, dispatch),
         }
     }
 

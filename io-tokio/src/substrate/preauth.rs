@@ -52,7 +52,11 @@ pub(super) struct Counters {
     failed: AtomicU64,
     pub(super) bound: AtomicU64,
     pub(super) at_cap: AtomicU64,
-    /// Bumped when an inbound link is settled (bound or dropped, for any reason).
+    /// Inbound links settled (bound or dropped, for any reason). Read by snapshots: a
+    /// snapshot never borrows `settled`, so it may be taken inside a `wait_for` on it (a
+    /// second read lock of the watch, while a settle waits to write, would deadlock).
+    settled_total: AtomicU64,
+    /// Set to `settled_total` when an inbound link is settled, for waiters.
     pub(super) settled: tokio::sync::watch::Sender<u64>,
 }
 
@@ -64,6 +68,7 @@ impl Default for Counters {
             failed: AtomicU64::default(),
             bound: AtomicU64::default(),
             at_cap: AtomicU64::default(),
+            settled_total: AtomicU64::default(),
             settled: tokio::sync::watch::channel(0).0,
         }
     }
@@ -79,13 +84,15 @@ impl Counters {
             failed: self.failed.load(Ordering::Relaxed),
             bound: self.bound.load(Ordering::Relaxed),
             at_cap: self.at_cap.load(Ordering::Relaxed),
-            settled: *self.settled.borrow(),
+            settled: self.settled_total.load(Ordering::SeqCst),
         }
     }
 
     /// One more inbound link settled.
     pub(super) fn settle(&self) {
-        self.settled.send_modify(|settled| *settled += 1);
+        let total = self.settled_total.fetch_add(1, Ordering::SeqCst) + 1;
+        self.settled
+            .send_modify(|settled| *settled = (*settled).max(total));
     }
 }
 
