@@ -194,3 +194,37 @@ async fn flush(handshake: &mut Handshake, link: &mut Link) -> std::io::Result<()
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter's `wait_for` closure runs under the watch's lock; `link_counts` is what it
+    /// calls there. A snapshot that touched the watch would then wait on itself (here, under
+    /// the write lock, at once; in the field, a read lock behind a settle queued to write).
+    #[test]
+    fn a_snapshot_never_touches_the_watch_waiters_hold_while_they_read_it() {
+        let (done, finished) = std::sync::mpsc::channel();
+        // On a thread of its own, so that a snapshot that deadlocks fails this test at the
+        // deadline below instead of hanging it.
+        std::thread::spawn(move || {
+            let counters = Counters::default();
+            counters.settle();
+            let mut seen = None;
+            counters.settled.send_modify(|settled| {
+                seen = Some((*settled, counters.snapshot(0, 0).settled));
+            });
+            counters.settle();
+            let after = (
+                *counters.settled.subscribe().borrow(),
+                counters.snapshot(0, 0).settled,
+            );
+            let _ = done.send((seen, after));
+        });
+        let (seen, after) = finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("a snapshot taken under the watch's lock deadlocked");
+        assert_eq!(seen, Some((1, 1)));
+        assert_eq!(after, (2, 2));
+    }
+}
