@@ -17,7 +17,7 @@ use std::time::Duration;
 use tether::switch::host::{Host, HostRequest};
 use tether::switch::{payload_content, payload_item, NetworkPolicy, Switch, SwitchError};
 use tether_core::cap::CapUrn;
-use tether_core::switch::{error_code, EngineError};
+use tether_core::switch::error_code;
 use tether_core::wire::bifaci::{meta_text, Frame, FrameType};
 
 /// Why a `tether switch` or `tether host` run failed, in a sentence.
@@ -136,20 +136,11 @@ async fn request(
     input: Option<&str>,
 ) -> Result<Answer, BifaciError> {
     let mut call = switch.request(cap).await.map_err(BifaciError::Request)?;
-    let written = match input {
-        Some(input) => {
-            let media = parsed.input().to_string();
-            call.send_stream("input", &media, [payload_item(input.as_bytes())])
-                .await
-        }
-        None => Ok(()),
-    };
-    match written.and(call.finish().await) {
-        // The master answered before it took the input (an ERR for a request it declines):
-        // the request is over for the input, and its answer says how.
-        Ok(()) | Err(SwitchError::Engine(EngineError::NotLive) | SwitchError::Write(_)) => {}
-        Err(error) => return Err(BifaciError::Request(error)),
-    }
+    let media = parsed.input().to_string();
+    let chunks = input.map(|input| payload_item(input.as_bytes()));
+    call.send_input("input", &media, chunks)
+        .await
+        .map_err(BifaciError::Request)?;
     let mut body = Vec::new();
     while let Some(frame) = call.next().await {
         match frame.frame_type {

@@ -20,10 +20,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether::switch::host::Host;
-use tether::switch::{payload_content, payload_item, NetworkPolicy, Switch, SwitchError};
+use tether::switch::{payload_content, payload_item, NetworkPolicy, Switch};
 use tether_core::request::CancelReason;
 use tether_core::switch::error_code;
-use tether_core::switch::EngineError;
 use tether_core::wire::bifaci::{Frame, FrameType};
 
 const MEDIA: &str = "media:enc=utf-8;text";
@@ -144,17 +143,10 @@ async fn start_call(
     input: &str,
 ) -> Result<tether::switch::Call, String> {
     let call = switch.request(cap).await.map_err(|e| e.to_string())?;
-    let written = match call
-        .send_stream("input", MEDIA, [payload_item(input.as_bytes())])
+    call.send_input("input", MEDIA, [payload_item(input.as_bytes())])
         .await
-    {
-        Ok(()) => call.finish().await,
-        Err(error) => Err(error),
-    };
-    match written {
-        Ok(()) | Err(SwitchError::Engine(EngineError::NotLive) | SwitchError::Write(_)) => Ok(call),
-        Err(error) => Err(error.to_string()),
-    }
+        .map_err(|e| e.to_string())?;
+    Ok(call)
 }
 
 /// Reads the answer of `call` to its END or ERR: the CHUNK payloads, or the ERR's code.

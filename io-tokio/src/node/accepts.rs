@@ -36,7 +36,7 @@ impl Inner {
     /// An accepted connection: the machine admits it and says where it goes by ALPN (its
     /// [`Action::Dispatch`], which [`Inner::dispatch`] carries out).
     pub(super) fn accepted(self: &Arc<Self>, conn: Connection) {
-        let peer = NodeId(*conn.remote_id().as_bytes());
+        let peer = node_id_of(&conn.remote_id());
         let alpn = conn.alpn().to_vec();
         self.drive(|driver, now| driver.handle_accepted(now, peer, &alpn, conn));
     }

@@ -5,7 +5,7 @@ use super::*;
 impl Inner {
     /// Records `addr` as how to reach its peer, with its relays as hints.
     pub(super) fn remember(self: &Arc<Self>, addr: &EndpointAddr) {
-        let peer = NodeId(*addr.id.as_bytes());
+        let peer = node_id_of(&addr.id);
         let relays = relay_strings(addr);
         self.drive(|driver, now| driver.handle_relays_seen(now, peer, relays));
         self.gate.lock().addrs.record(peer, addr.clone());
@@ -19,7 +19,7 @@ impl Inner {
             .gate
             .lock()
             .driver
-            .relays_for(&NodeId(*addr.id.as_bytes()), &given);
+            .relays_for(&node_id_of(&addr.id), &given);
         if relays == given {
             return addr;
         }

@@ -476,7 +476,7 @@ impl Node {
     /// own). The connection is cached and its streams read. A peer with a cached connection
     /// keeps it (nothing is dialed; [`Node::disconnect`] first to replace it).
     pub async fn connect(&self, addr: EndpointAddr) -> Result<(), NodeError> {
-        let peer = NodeId(*addr.id.as_bytes());
+        let peer = node_id_of(&addr.id);
         let ticket = match self
             .inner
             .open_verdict(peer, Path::Actor, Channel::Actor)
@@ -523,7 +523,7 @@ impl Node {
     /// A seed off the allow-list is refused (counted under `join/outbound`) and not tried.
     pub fn join(&self, seeds: Vec<EndpointAddr>) {
         for seed in seeds {
-            let peer = NodeId(*seed.id.as_bytes());
+            let peer = node_id_of(&seed.id);
             let seed = self.inner.normalized(seed);
             let (relay, direct) = (seed.relay_urls().next().is_some(), seed.ip_addrs().count());
             let (joined, actions) = self
@@ -827,7 +827,7 @@ impl Node {
             flow_id,
         };
         control.encode().ok_or(NodeError::InvalidStreamName)?;
-        let peer = NodeId(*source.id.as_bytes());
+        let peer = node_id_of(&source.id);
         // The record must reach the source: on the cached connection, or a new one.
         self.connect(source).await?;
         self.send_control(peer, &control)
@@ -904,7 +904,7 @@ impl Node {
             .find(|(_, adapter)| adapter.binding.protocol_id == protocol_id)
             .and_then(|(index, adapter)| Some((u16::try_from(index).ok()?, adapter.clone())))
             .ok_or_else(|| NodeError::NoBinding(protocol_id.to_owned()))?;
-        let peer = NodeId(*to.id.as_bytes());
+        let peer = node_id_of(&to.id);
         // One connection per peer and protocol (either side may have dialed it): the machine
         // says which carries the stream, and what follows a dead one.
         let channel = Channel::Protocol(index);

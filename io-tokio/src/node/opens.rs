@@ -107,7 +107,7 @@ impl Inner {
         F: std::future::Future<Output = Result<S, E>>,
         E: Into<BoxError>,
     {
-        let peer = NodeId(*addr.id.as_bytes());
+        let peer = node_id_of(&addr.id);
         let deadline = self.gate.lock().driver.stream_open_timeout();
         let mut placed = self.open_verdict(peer, path, channel).await?;
         let ticket = loop {
@@ -202,7 +202,7 @@ impl Inner {
         channel: Channel,
         (ticket, timeout): (DialTicket, Duration),
     ) -> Result<(Generation, Connection), NodeError> {
-        let peer = NodeId(*addr.id.as_bytes());
+        let peer = node_id_of(&addr.id);
         let mut dial = OpenDial {
             inner: self.clone(),
             peer,
@@ -238,7 +238,7 @@ impl Inner {
         channel: Channel,
         alpn: &[u8],
     ) -> Result<(Connection, SendStream, RecvStream, ConnectionCut), NodeError> {
-        let peer = NodeId(*addr.id.as_bytes());
+        let peer = node_id_of(&addr.id);
         self.open_stream_to(
             addr,
             channel.path(),

@@ -55,7 +55,7 @@ impl Inner {
         header: Header,
         events: tokio::sync::mpsc::Receiver<tether_core::wire::telemetry::TelemetryFrame>,
     ) -> Result<(), NodeError> {
-        let peer = NodeId(*to.id.as_bytes());
+        let peer = node_id_of(&to.id);
         let send = self
             .open_stream_to(
                 to,

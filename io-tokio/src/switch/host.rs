@@ -78,6 +78,17 @@ pub enum HostServeError {
     TooLarge(usize),
 }
 
+impl From<super::Unfinished> for HostServeError {
+    fn from(end: super::Unfinished) -> Self {
+        match end {
+            super::Unfinished::Err(code) => Self::Failed(code),
+            super::Unfinished::TooLarge => {
+                Self::TooLarge(tether_core::limits::SWITCH_COLLECT_BYTES_MAX)
+            }
+        }
+    }
+}
+
 /// How the switch broke the protocol ([`HostServeError::Protocol`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -531,12 +542,7 @@ impl PeerCall {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {
             if let Some(end) = gather(&mut body, &frame) {
-                return end.map(|()| body).map_err(|end| match end {
-                    super::Unfinished::Err(code) => HostServeError::Failed(code),
-                    super::Unfinished::TooLarge => {
-                        HostServeError::TooLarge(tether_core::limits::SWITCH_COLLECT_BYTES_MAX)
-                    }
-                });
+                return end.map(|()| body).map_err(HostServeError::from);
             }
         }
         Err(HostServeError::Gone)

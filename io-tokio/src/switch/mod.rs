@@ -514,6 +514,15 @@ pub(crate) enum Unfinished {
     TooLarge,
 }
 
+impl From<Unfinished> for SwitchError {
+    fn from(end: Unfinished) -> Self {
+        match end {
+            Unfinished::Err(code) => Self::Failed(code),
+            Unfinished::TooLarge => Self::TooLarge(tether_core::limits::SWITCH_COLLECT_BYTES_MAX),
+        }
+    }
+}
+
 /// Adds `frame` to a whole answer's `body`: `Some` once the answer ended, with why when it
 /// has no body to return.
 pub(crate) fn gather(body: &mut Vec<u8>, frame: &Frame) -> Option<Result<(), Unfinished>> {
@@ -611,6 +620,30 @@ impl Call {
         self.send(Frame::new(FrameType::End, self.rid)).await
     }
 
+    /// Writes the whole input, one stream of `chunks` and END, for a caller that reads the
+    /// answer next. A master may answer before it takes the input (an ERR for a request it
+    /// declines): the request is then over, the rest of the input is moot, and this is `Ok`;
+    /// the answer says how it ended.
+    pub async fn send_input<I, B>(
+        &self,
+        stream: &str,
+        media: &str,
+        chunks: I,
+    ) -> Result<(), SwitchError>
+    where
+        I: IntoIterator<Item = B>,
+        B: Into<Bytes>,
+    {
+        let written = match self.send_stream(stream, media, chunks).await {
+            Ok(()) => self.finish().await,
+            error => error,
+        };
+        match written {
+            Err(SwitchError::Engine(EngineError::NotLive)) => Ok(()),
+            written => written,
+        }
+    }
+
     /// The next frame of the answer, in order; `None` after END or ERR. Each CHUNK is
     /// consumed (its credit granted back) when the next frame is asked for, so a slow reader
     /// holds the master back.
@@ -633,12 +666,7 @@ impl Call {
         let mut body = Vec::new();
         while let Some(frame) = self.next().await {
             if let Some(end) = gather(&mut body, &frame) {
-                return end.map(|()| body).map_err(|end| match end {
-                    Unfinished::Err(code) => SwitchError::Failed(code),
-                    Unfinished::TooLarge => {
-                        SwitchError::TooLarge(tether_core::limits::SWITCH_COLLECT_BYTES_MAX)
-                    }
-                });
+                return end.map(|()| body).map_err(SwitchError::from);
             }
         }
         Err(SwitchError::Closed)
