@@ -106,9 +106,9 @@ fn group_commit(c: &mut Criterion) {
                     insert
                         .execute(params![
                             "peer",
-                            op.obj,
+                            op.obj.as_str(),
                             op.seq as i64,
-                            op.id,
+                            op.id.as_str(),
                             op.verb.as_str(),
                             Option::<&str>::None,
                             op.body.as_deref(),

@@ -56,7 +56,7 @@ fn loaded(objects: usize) -> (Machine, Time) {
 fn stale_ack() -> Envelope {
     let mut env = Env::new(Verb::Ack);
     env.obj = Some(Address::parse("q0").expect("valid"));
-    env.id = Some("stale".to_owned());
+    env.id = Some("stale".into());
     env.seq = Some(u64::MAX);
     env.receipt = Some(1);
     Envelope::new(env)

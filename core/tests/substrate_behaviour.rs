@@ -11,7 +11,7 @@ use tether_core::substrate::harness::{Faults, Harness, Party};
 use tether_core::substrate::{
     AllowAll, AuthorizeContext, Authorizer, Config, Denial, Event, ObjectState, ScopeAuthorizer,
 };
-use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, Verb};
+use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, OpId, Verb};
 
 fn harness(window: usize) -> Harness {
     let config = Config {
@@ -25,8 +25,13 @@ fn body(i: u64) -> Bytes {
     Bytes::from(i.to_be_bytes().to_vec())
 }
 
+/// The address `text` (a test's own, valid).
+fn addr(text: &str) -> Address {
+    Address::parse(text).expect("a valid address")
+}
+
 /// Opens queue `q` from A and sends `count` messages; returns their op ids.
-fn open_and_send(h: &mut Harness, count: u64) -> Vec<String> {
+fn open_and_send(h: &mut Harness, count: u64) -> Vec<OpId> {
     h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
         .unwrap();
     (0..count)
@@ -59,7 +64,7 @@ fn queue_messages_are_delivered_once_in_order_and_acked() {
         let ids = open_and_send(&mut h, 50);
         h.run();
         assert_exactly_once_in_order(&h, 50);
-        let acked: Vec<&String> =
+        let acked: Vec<&OpId> =
             h.a.events
                 .iter()
                 .filter_map(|e| match e {
@@ -70,7 +75,7 @@ fn queue_messages_are_delivered_once_in_order_and_acked() {
         assert_eq!(acked.len(), 51, "the open and every send are hop-acked");
         assert!(ids.iter().all(|id| acked.contains(&id)));
         assert_eq!(h.a.machine.outbox_len(), 0);
-        assert!(h.a.events.contains(&Event::Opened { obj: "q".into() }));
+        assert!(h.a.events.contains(&Event::Opened { obj: addr("q") }));
     }
 }
 
@@ -328,7 +333,7 @@ fn an_authorize_denial_answers_the_op_and_leaves_no_state() {
         Some(&1)
     );
     assert!(h.a.events.contains(&Event::Rejected {
-        obj: "jobs".into(),
+        obj: addr("jobs"),
         code: Some(finality::SCOPE_DENIED.into())
     }));
     assert!(!h
@@ -372,7 +377,7 @@ fn an_op_denied_in_the_middle_does_not_stall_the_object() {
                 .collect();
         assert_eq!(bodies, [body(0), body(2)], "window {window}");
         assert!(h.a.events.contains(&Event::Futile {
-            obj: "q".into(),
+            obj: addr("q"),
             op_id: ids[1].clone(),
             code: "unauthorized".into()
         }));
@@ -579,7 +584,7 @@ fn an_op_that_cannot_be_sent_within_the_ttl_is_futile() {
     h.advance(Duration::from_secs(24 * 3600));
     h.run();
     assert!(h.a.events.contains(&Event::Futile {
-        obj: "q".into(),
+        obj: addr("q"),
         op_id: id,
         code: finality::TTL_EXPIRED.into()
     }));
@@ -883,7 +888,7 @@ fn a_close_never_reports_futile_an_op_the_closer_already_delivered() {
 }
 
 /// Opens session `svc` from A and delivers one req to B's app (unanswered). Returns its id.
-fn session_with_one_request(h: &mut Harness) -> String {
+fn session_with_one_request(h: &mut Harness) -> OpId {
     h.connect();
     h.with(Party::A, |m, now| {
         m.open(now, ObjKind::Session, "svc", None)
@@ -1011,12 +1016,12 @@ fn simultaneous_opens_of_one_address_resolve_to_the_lower_open_id() {
         let node = |h: &mut Harness, id| h.node(id).clone();
         let (w, l) = (node(&mut h, winner), node(&mut h, loser));
         assert!(
-            w.events.contains(&Event::Opened { obj: "x".into() }),
+            w.events.contains(&Event::Opened { obj: addr("x") }),
             "the winner's open is accepted"
         );
         assert!(
             l.events.contains(&Event::Futile {
-                obj: "x".into(),
+                obj: addr("x"),
                 op_id: losing_open,
                 code: finality::OPEN_CONFLICT.into()
             }),

@@ -308,7 +308,7 @@ fn obj_of(h: &Harness, id: &str) -> String {
     h.a.enqueued
         .iter()
         .find(|op| op.id == id)
-        .map(|op| op.obj.clone())
+        .map(|op| op.obj.to_string())
         .unwrap_or_default()
 }
 

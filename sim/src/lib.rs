@@ -433,7 +433,7 @@ async fn drive_object(
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .ever_received
-                        .contains(&op_id);
+                        .contains(op_id.as_str());
                     if !durable {
                         l.violation(format!("{obj} #{n} acked but not durable at b"));
                     }
@@ -442,7 +442,7 @@ async fn drive_object(
                         .get_mut(obj)
                         .expect("entry")
                         .acked
-                        .insert(n, op_id);
+                        .insert(n, op_id.to_string());
                 }
                 Err(error) => l.failed(obj, n, issued, error),
             }
@@ -570,7 +570,7 @@ async fn consume(ledger: &Shared, item: Inbound) {
         Inbound::Closed { obj, .. } => {
             let mut l = lock(ledger);
             l.note(format!("closed {obj}"));
-            l.closed_at_receiver.insert(obj);
+            l.closed_at_receiver.insert(obj.to_string());
         }
         Inbound::Store { op, error, .. } => {
             lock(ledger).note(format!("store b {} {error:?}", op.as_str()));
@@ -1071,7 +1071,10 @@ fn outstanding(ledger: &Shared, disk_a: &Arc<Mutex<Disk>>, disk_b: &Arc<Mutex<Di
     for (name, disk) in [("a", disk_a), ("b", disk_b)] {
         let disk = disk.lock().unwrap_or_else(PoisonError::into_inner);
         for state in disk.peers.values() {
-            let rows = |map: &BTreeMap<(String, u64), tether_core::substrate::Op>| {
+            let rows = |map: &BTreeMap<
+                (tether_core::substrate::Address, u64),
+                tether_core::substrate::Op,
+            >| {
                 map.keys()
                     .map(|(o, s)| format!("{o}:{s}"))
                     .take(4)

@@ -75,7 +75,7 @@ impl Store for SimStore {
         for batch in batches {
             for record in &batch.records {
                 if let Record::Held(op) | Record::Inbox(op) = record {
-                    disk.ever_received.insert(op.id.clone());
+                    disk.ever_received.insert(op.id.to_string());
                 }
             }
         }

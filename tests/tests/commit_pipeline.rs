@@ -88,7 +88,7 @@ impl Store for GatedStore {
         let result = self.inner.commit(peer, batches);
         for record in batches.iter().flat_map(|batch| &batch.records) {
             if let Record::Inbox(op) | Record::Held(op) = record {
-                gate.committed_ops.insert(op.id.clone());
+                gate.committed_ops.insert(op.id.to_string());
             }
         }
         drop(gate);

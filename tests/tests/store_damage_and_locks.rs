@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tether::store::{LogOptions, LogStore, SqliteStore, Store, StoreError};
-use tether_core::substrate::{BatchId, Op, PeerId, PersistBatch, Record};
+use tether_core::substrate::{Address, BatchId, Op, PeerId, PersistBatch, Record};
 use tether_core::time::Time;
 use tether_core::wire::envelope::Verb;
 
@@ -34,9 +34,9 @@ fn temp_dir(name: &str) -> PathBuf {
 
 fn send(seq: u64) -> Record {
     Record::Outbox(Op {
-        obj: "q".to_owned(),
+        obj: Address::parse("q").expect("an address"),
         seq,
-        id: format!("m-{seq}"),
+        id: format!("m-{seq}").into(),
         verb: Verb::Send,
         obj_kind: None,
         body: Some(bytes::Bytes::from(format!("message {seq}"))),

@@ -118,7 +118,7 @@ async fn start_receiver(
                         .by_object
                         .lock()
                         .expect("lock")
-                        .entry(message.obj.clone())
+                        .entry(message.obj.to_string())
                         .or_default()
                         .push(n);
                     message.done();

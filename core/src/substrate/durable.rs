@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 
 use crate::time::Time;
-use crate::wire::envelope::{ObjKind, Verb};
+use crate::wire::envelope::{Address, ObjKind, OpId, Verb};
 
 /// Identifies a persist batch; batches are applied and reported in id order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
@@ -62,13 +62,13 @@ impl ObjectState {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectRecord {
     /// Its address.
-    pub obj: String,
+    pub obj: Address,
     /// Session or queue, recorded on first introduction.
     pub kind: ObjKind,
     /// Who opened it.
     pub opened_by: Side,
     /// The op id of its `open`.
-    pub open_id: String,
+    pub open_id: OpId,
     /// Lifecycle state.
     pub state: ObjectState,
     /// The seq the next op of this side's direction gets.
@@ -82,11 +82,11 @@ pub struct ObjectRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Op {
     /// Object address.
-    pub obj: String,
+    pub obj: Address,
     /// Seq in its direction.
     pub seq: u64,
     /// The op's id; for answers (accept, reject, res, end, err) the id of the op answered.
-    pub id: String,
+    pub id: OpId,
     /// The verb.
     pub verb: Verb,
     /// For opens: the object kind.
@@ -111,14 +111,14 @@ pub enum Record {
     /// Forget an object (retention over).
     ObjectRemoved {
         /// Address.
-        obj: String,
+        obj: Address,
     },
     /// An op enters the outbox (before it is ever transmitted).
     Outbox(Op),
     /// An outbox op was acked or ended.
     OutboxRemoved {
         /// Address.
-        obj: String,
+        obj: Address,
         /// Seq.
         seq: u64,
     },
@@ -127,7 +127,7 @@ pub enum Record {
     /// A held op was delivered or skipped.
     HeldRemoved {
         /// Address.
-        obj: String,
+        obj: Address,
         /// Seq.
         seq: u64,
     },
@@ -136,14 +136,14 @@ pub enum Record {
     /// The app consumed a delivery.
     InboxRemoved {
         /// Address.
-        obj: String,
+        obj: Address,
         /// Seq.
         seq: u64,
     },
     /// An op id bounced (unknown object): its stored outcome, re-served to duplicates.
     Bounce {
         /// The op id.
-        op_id: String,
+        op_id: OpId,
         /// The code it was answered with.
         code: String,
         /// When.
@@ -152,7 +152,7 @@ pub enum Record {
     /// A tombstone's retention is over.
     BounceRemoved {
         /// The op id.
-        op_id: String,
+        op_id: OpId,
     },
 }
 
@@ -216,15 +216,15 @@ pub fn effective_records(batches: &[PersistBatch]) -> Vec<&Record> {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DurableState {
     /// Objects by address.
-    pub objects: BTreeMap<String, ObjectRecord>,
+    pub objects: BTreeMap<Address, ObjectRecord>,
     /// Outbox ops by (address, seq).
-    pub outbox: BTreeMap<(String, u64), Op>,
+    pub outbox: BTreeMap<(Address, u64), Op>,
     /// Held ops by (address, seq).
-    pub held: BTreeMap<(String, u64), Op>,
+    pub held: BTreeMap<(Address, u64), Op>,
     /// Unconsumed deliveries by (address, seq).
-    pub inbox: BTreeMap<(String, u64), Op>,
+    pub inbox: BTreeMap<(Address, u64), Op>,
     /// Bounce tombstones by op id: (code, when).
-    pub bounces: BTreeMap<String, (String, Time)>,
+    pub bounces: BTreeMap<OpId, (String, Time)>,
 }
 
 impl DurableState {
@@ -234,7 +234,7 @@ impl DurableState {
     }
 
     fn apply_record(&mut self, record: &Record) {
-        let key = |obj: &str, seq: u64| (obj.to_owned(), seq);
+        let key = |obj: &Address, seq: u64| (obj.clone(), seq);
         match record {
             Record::Object(object) => {
                 self.objects.insert(object.obj.clone(), object.clone());
@@ -291,11 +291,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn addr(text: &str) -> Address {
+        Address::parse(text).expect("a valid address")
+    }
+
     fn op(obj: &str, seq: u64, body: u8) -> Op {
         Op {
-            obj: obj.to_owned(),
+            obj: addr(obj),
             seq,
-            id: format!("{obj}-{seq}"),
+            id: format!("{obj}-{seq}").into(),
             verb: Verb::Send,
             obj_kind: None,
             body: Some(Bytes::from(vec![body])),
@@ -308,10 +312,10 @@ mod tests {
 
     fn object(obj: &str, next: u64) -> ObjectRecord {
         ObjectRecord {
-            obj: obj.to_owned(),
+            obj: addr(obj),
             kind: ObjKind::Queue,
             opened_by: Side::Local,
-            open_id: "o".to_owned(),
+            open_id: "o".into(),
             state: ObjectState::Live,
             tx_next: next,
             rx_next: next,
@@ -324,33 +328,25 @@ mod tests {
         let seq = 0u64..3;
         prop_oneof![
             (obj.clone(), 0u64..4).prop_map(|(obj, next)| Record::Object(object(obj, next))),
-            obj.clone().prop_map(|obj| Record::ObjectRemoved {
-                obj: obj.to_owned()
-            }),
+            obj.clone()
+                .prop_map(|obj| Record::ObjectRemoved { obj: addr(obj) }),
             (obj.clone(), seq.clone(), any::<u8>())
                 .prop_map(|(o, s, b)| Record::Outbox(op(o, s, b))),
-            (obj.clone(), seq.clone()).prop_map(|(o, seq)| Record::OutboxRemoved {
-                obj: o.to_owned(),
-                seq
-            }),
+            (obj.clone(), seq.clone())
+                .prop_map(|(o, seq)| Record::OutboxRemoved { obj: addr(o), seq }),
             (obj.clone(), seq.clone(), any::<u8>()).prop_map(|(o, s, b)| Record::Held(op(o, s, b))),
-            (obj.clone(), seq.clone()).prop_map(|(o, seq)| Record::HeldRemoved {
-                obj: o.to_owned(),
-                seq
-            }),
+            (obj.clone(), seq.clone())
+                .prop_map(|(o, seq)| Record::HeldRemoved { obj: addr(o), seq }),
             (obj.clone(), seq.clone(), any::<u8>())
                 .prop_map(|(o, s, b)| Record::Inbox(op(o, s, b))),
-            (obj, seq).prop_map(|(o, seq)| Record::InboxRemoved {
-                obj: o.to_owned(),
-                seq
-            }),
+            (obj, seq).prop_map(|(o, seq)| Record::InboxRemoved { obj: addr(o), seq }),
             (0u8..2, any::<u8>()).prop_map(|(n, at)| Record::Bounce {
-                op_id: format!("x{n}"),
+                op_id: format!("x{n}").into(),
                 code: "no_such_object".to_owned(),
                 at: Time::from_millis(u64::from(at)),
             }),
             (0u8..2).prop_map(|n| Record::BounceRemoved {
-                op_id: format!("x{n}")
+                op_id: format!("x{n}").into()
             }),
         ]
     }
@@ -406,7 +402,7 @@ mod tests {
                 Record::Object(object("a", 3)),
                 Record::Outbox(op("a", 2, 3)),
                 Record::OutboxRemoved {
-                    obj: "a".to_owned(),
+                    obj: addr("a"),
                     seq: 0,
                 },
             ],
@@ -419,7 +415,7 @@ mod tests {
                 &Record::Object(object("a", 3)),
                 &Record::Outbox(op("a", 2, 3)),
                 &Record::OutboxRemoved {
-                    obj: "a".to_owned(),
+                    obj: addr("a"),
                     seq: 0
                 },
             ]

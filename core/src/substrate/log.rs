@@ -41,7 +41,7 @@ use bytes::Bytes;
 use super::{ObjectRecord, ObjectState, Op, Record, Side};
 use crate::limits::LOG_ENTRY_BYTES_MAX;
 use crate::time::Time;
-use crate::wire::envelope::{ObjKind, Verb};
+use crate::wire::envelope::{Address, ObjKind, OpId, Verb};
 
 /// The first bytes of a log file.
 pub const LOG_MAGIC: [u8; 8] = *b"TTHRLOG\0";
@@ -556,6 +556,19 @@ impl<'a> Reader<'a> {
             .map_err(|_| LogError::Malformed("a string is not UTF-8"))
     }
 
+    /// An object's address: refused unless it is one the machine could have made.
+    fn address(&mut self) -> Result<Address, LogError> {
+        let text = std::str::from_utf8(self.bytes()?)
+            .map_err(|_| LogError::Malformed("a string is not UTF-8"))?;
+        Address::parse(text).map_err(|_| LogError::Malformed("an object address is not valid"))
+    }
+
+    fn op_id(&mut self) -> Result<OpId, LogError> {
+        std::str::from_utf8(self.bytes()?)
+            .map(OpId::new)
+            .map_err(|_| LogError::Malformed("a string is not UTF-8"))
+    }
+
     fn present(&mut self) -> Result<bool, LogError> {
         match self.u8()? {
             0 => Ok(false),
@@ -594,14 +607,14 @@ impl<'a> Reader<'a> {
             }
             TAG_COMMIT => return Ok(Entry::Commit),
             TAG_OBJECT => {
-                let obj = self.string()?;
+                let obj = self.address()?;
                 let kind = self.kind()?;
                 let opened_by = match self.u8()? {
                     0 => Side::Local,
                     1 => Side::Remote,
                     _ => return Err(LogError::Malformed("unknown side")),
                 };
-                let open_id = self.string()?;
+                let open_id = self.op_id()?;
                 let state = match self.u8()? {
                     0 => ObjectState::Opening,
                     1 => ObjectState::AwaitingAccept,
@@ -621,30 +634,30 @@ impl<'a> Reader<'a> {
                 })
             }
             TAG_OBJECT_REMOVED => Record::ObjectRemoved {
-                obj: self.string()?,
+                obj: self.address()?,
             },
             TAG_OUTBOX => Record::Outbox(self.op()?),
             TAG_HELD => Record::Held(self.op()?),
             TAG_INBOX => Record::Inbox(self.op()?),
             TAG_OUTBOX_REMOVED => Record::OutboxRemoved {
-                obj: self.string()?,
+                obj: self.address()?,
                 seq: self.u64()?,
             },
             TAG_HELD_REMOVED => Record::HeldRemoved {
-                obj: self.string()?,
+                obj: self.address()?,
                 seq: self.u64()?,
             },
             TAG_INBOX_REMOVED => Record::InboxRemoved {
-                obj: self.string()?,
+                obj: self.address()?,
                 seq: self.u64()?,
             },
             TAG_BOUNCE => Record::Bounce {
-                op_id: self.string()?,
+                op_id: self.op_id()?,
                 code: self.string()?,
                 at: self.time()?,
             },
             TAG_BOUNCE_REMOVED => Record::BounceRemoved {
-                op_id: self.string()?,
+                op_id: self.op_id()?,
             },
             _ => return Err(LogError::Malformed("unknown entry tag")),
         };
@@ -652,9 +665,9 @@ impl<'a> Reader<'a> {
     }
 
     fn op(&mut self) -> Result<Op, LogError> {
-        let obj = self.string()?;
+        let obj = self.address()?;
         let seq = self.u64()?;
-        let id = self.string()?;
+        let id = self.op_id()?;
         let verb = std::str::from_utf8(self.bytes()?)
             .ok()
             .and_then(Verb::parse)
@@ -691,9 +704,9 @@ mod tests {
 
     fn op(verb: Verb, body: Option<&[u8]>) -> Op {
         Op {
-            obj: "q".to_owned(),
+            obj: Address::parse("q").expect("an address"),
             seq: 7,
-            id: "m-1".to_owned(),
+            id: "m-1".into(),
             verb,
             obj_kind: (verb == Verb::Open).then_some(ObjKind::Queue),
             body: body.map(Bytes::copy_from_slice),
@@ -997,6 +1010,32 @@ mod tests {
                 &[TAG_BEGIN, 9, 0, 0, 0, b'a'][..],
                 "a field runs past the entry",
             ),
+            // An address the machine could never have made (upper case, or `@`).
+            (
+                &[TAG_OBJECT_REMOVED, 1, 0, 0, 0, b'Q'][..],
+                "an object address is not valid",
+            ),
+            (
+                &[
+                    TAG_INBOX_REMOVED,
+                    3,
+                    0,
+                    0,
+                    0,
+                    b'a',
+                    b'@',
+                    b'b',
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ][..],
+                "an object address is not valid",
+            ),
         ] {
             assert_eq!(
                 decode_entry(v2(), &sealed(payload)),
@@ -1018,11 +1057,14 @@ mod tests {
 
     pub(crate) fn record() -> impl Strategy<Value = Record> {
         let text = "[a-z/.]{0,6}";
+        // Addresses are never empty (a log naming one is refused as malformed).
+        let address = "[a-z/.]{1,6}".prop_map(|text| Address::parse(&text).expect("valid"));
+        let id = text.prop_map(OpId::from);
         let time = any::<u64>().prop_map(Time::from_millis);
         let verb = prop::sample::select(Verb::ALL.to_vec());
         let kind = prop::sample::select(vec![ObjKind::Session, ObjKind::Queue]);
         let op = (
-            (text, any::<u64>(), text, verb),
+            (address.clone(), any::<u64>(), id.clone(), verb),
             prop::option::of(kind.clone()),
             prop::option::of(prop::collection::vec(any::<u8>(), 0..32)),
             (
@@ -1055,28 +1097,44 @@ mod tests {
         ];
         let side = prop::sample::select(vec![Side::Local, Side::Remote]);
         prop_oneof![
-            (text, kind, side, text, state, any::<u64>(), any::<u64>()).prop_map(
-                |(obj, kind, opened_by, open_id, state, tx_next, rx_next)| {
-                    Record::Object(ObjectRecord {
-                        obj,
-                        kind,
-                        opened_by,
-                        open_id,
-                        state,
-                        tx_next,
-                        rx_next,
-                    })
-                }
-            ),
-            text.prop_map(|obj| Record::ObjectRemoved { obj }),
+            (
+                address.clone(),
+                kind,
+                side,
+                id.clone(),
+                state,
+                any::<u64>(),
+                any::<u64>()
+            )
+                .prop_map(
+                    |(obj, kind, opened_by, open_id, state, tx_next, rx_next)| {
+                        Record::Object(ObjectRecord {
+                            obj,
+                            kind,
+                            opened_by,
+                            open_id,
+                            state,
+                            tx_next,
+                            rx_next,
+                        })
+                    }
+                ),
+            address
+                .clone()
+                .prop_map(|obj| Record::ObjectRemoved { obj }),
             op.clone().prop_map(Record::Outbox),
             op.clone().prop_map(Record::Held),
             op.prop_map(Record::Inbox),
-            (text, any::<u64>()).prop_map(|(obj, seq)| Record::OutboxRemoved { obj, seq }),
-            (text, any::<u64>()).prop_map(|(obj, seq)| Record::HeldRemoved { obj, seq }),
-            (text, any::<u64>()).prop_map(|(obj, seq)| Record::InboxRemoved { obj, seq }),
-            (text, text, time).prop_map(|(op_id, code, at)| Record::Bounce { op_id, code, at }),
-            text.prop_map(|op_id| Record::BounceRemoved { op_id }),
+            (address.clone(), any::<u64>())
+                .prop_map(|(obj, seq)| Record::OutboxRemoved { obj, seq }),
+            (address.clone(), any::<u64>()).prop_map(|(obj, seq)| Record::HeldRemoved { obj, seq }),
+            (address, any::<u64>()).prop_map(|(obj, seq)| Record::InboxRemoved { obj, seq }),
+            (id.clone(), text, time).prop_map(|(op_id, code, at)| Record::Bounce {
+                op_id,
+                code,
+                at
+            }),
+            id.prop_map(|op_id| Record::BounceRemoved { op_id }),
         ]
     }
 

@@ -32,7 +32,7 @@ use super::finality::Code;
 use super::handshake::{Channel, Negotiated, Role};
 use super::link::{LinkClose, PeerLink};
 use super::machine::{CommandError, Event, Machine};
-use super::{PeerId, PersistBatch};
+use super::{Address, OpId, PeerId, PersistBatch};
 use crate::limits::{
     SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS,
     SUBSTRATE_REPLY_BYTES_MAX, SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS,
@@ -95,9 +95,9 @@ pub enum Command {
     /// Answer a request the remote made (res, end or err); always waits for room.
     Answer {
         /// The object.
-        obj: String,
+        obj: Address,
         /// The request's op id.
-        req_id: String,
+        req_id: OpId,
         /// Res, End or Err.
         verb: Verb,
         /// The body.
@@ -108,7 +108,7 @@ pub enum Command {
     /// Accept (`reject: None`) or reject an open the remote asked for.
     Decide {
         /// The object.
-        obj: String,
+        obj: Address,
         /// The reject code.
         reject: Option<String>,
     },
@@ -122,7 +122,7 @@ pub enum Command {
     /// The app is done with a delivery (no reply).
     Consume {
         /// The object.
-        obj: String,
+        obj: Address,
         /// The delivery's seq.
         seq: u64,
     },
@@ -135,9 +135,9 @@ impl Command {
             Command::Open { obj, .. }
             | Command::Send { obj, .. }
             | Command::Req { obj, .. }
-            | Command::Answer { obj, .. }
+            | Command::Close { obj, .. } => obj,
+            Command::Answer { obj, .. }
             | Command::Decide { obj, .. }
-            | Command::Close { obj, .. }
             | Command::Consume { obj, .. } => obj,
         }
     }
@@ -189,7 +189,7 @@ pub enum Reply {
     /// Done (open accepted, answer enqueued, decision or close made).
     Done,
     /// The send is durable at the remote (hop ack): its op id.
-    Sent(String),
+    Sent(OpId),
     /// A `res` part of the request's answer (more follow).
     Res(Bytes),
     /// The request's answer ended, with a last body.
@@ -400,11 +400,11 @@ pub struct Peer {
     /// Commands waiting for room in their object's outbox, in arrival order per object.
     parked: BTreeMap<String, VecDeque<(Ticket, Command)>>,
     /// Objects whose outbox may have room again (an op left it).
-    freed: BTreeSet<String>,
+    freed: BTreeSet<Address>,
     /// Sends and reqs in flight, by op id.
-    waiters: BTreeMap<String, Waiter>,
+    waiters: BTreeMap<OpId, Waiter>,
     /// Opens in flight, by object: the open's op id and ticket.
-    opens: BTreeMap<String, (String, Ticket)>,
+    opens: BTreeMap<String, (OpId, Ticket)>,
     /// Bytes of `res` parts handed to the app and not read yet, by the req's ticket.
     unread: BTreeMap<Ticket, usize>,
     /// Started for an inbound link not handed in yet ([`Peer::awaiting_link`]).
@@ -995,15 +995,21 @@ impl Peer {
     /// one is refused again.
     fn unpark(&mut self, now: Time) {
         for obj in std::mem::take(&mut self.freed) {
-            while let Some((ticket, command)) =
-                self.parked.get_mut(&obj).and_then(VecDeque::pop_front)
+            while let Some((ticket, command)) = self
+                .parked
+                .get_mut(obj.as_str())
+                .and_then(VecDeque::pop_front)
             {
                 if self.try_command(now, ticket, command) == Parked::Again {
                     break;
                 }
             }
-            if self.parked.get(&obj).is_some_and(VecDeque::is_empty) {
-                self.parked.remove(&obj);
+            if self
+                .parked
+                .get(obj.as_str())
+                .is_some_and(VecDeque::is_empty)
+            {
+                self.parked.remove(obj.as_str());
             }
         }
     }
@@ -1087,9 +1093,12 @@ impl Peer {
                         self.reply(ticket, Reply::Failed(Failure::Futile(Code::parse(&code))));
                     }
                     None => {
-                        let its_open = self.opens.get(&obj).is_some_and(|(id, _)| *id == op_id);
+                        let its_open = self
+                            .opens
+                            .get(obj.as_str())
+                            .is_some_and(|(id, _)| *id == op_id);
                         if let Some((_, ticket)) =
-                            its_open.then(|| self.opens.remove(&obj)).flatten()
+                            its_open.then(|| self.opens.remove(obj.as_str())).flatten()
                         {
                             self.reply(ticket, Reply::Failed(Failure::Futile(Code::parse(&code))));
                         }
@@ -1097,12 +1106,12 @@ impl Peer {
                 }
             }
             Event::Opened { obj } => {
-                if let Some((_, ticket)) = self.opens.remove(&obj) {
+                if let Some((_, ticket)) = self.opens.remove(obj.as_str()) {
                     self.reply(ticket, Reply::Done);
                 }
             }
             Event::Rejected { obj, code } => {
-                if let Some((_, ticket)) = self.opens.remove(&obj) {
+                if let Some((_, ticket)) = self.opens.remove(obj.as_str()) {
                     let failure = Failure::Rejected(Code::of(code.as_deref()));
                     self.reply(ticket, Reply::Failed(failure));
                 }
@@ -1146,7 +1155,7 @@ impl Peer {
                 reason,
                 by_remote,
             } => {
-                if let Some((_, ticket)) = self.opens.remove(&obj) {
+                if let Some((_, ticket)) = self.opens.remove(obj.as_str()) {
                     let failure = Failure::Closed(Code::of(reason.as_deref()));
                     self.reply(ticket, Reply::Failed(failure));
                 }
@@ -1408,8 +1417,8 @@ mod tests {
         let mut peer = loaded(true, false);
         let _ = outputs(&mut peer);
         let answered = |verb: Verb, body: &[u8]| Event::Answered {
-            obj: "s".to_owned(),
-            req_id: "r1".to_owned(),
+            obj: Address::parse("s").expect("an address"),
+            req_id: "r1".into(),
             verb,
             body: Some(Bytes::copy_from_slice(body)),
             code: None,
@@ -1423,7 +1432,7 @@ mod tests {
                 })
                 .collect()
         };
-        peer.waiters.insert("r1".to_owned(), Waiter::Req(7));
+        peer.waiters.insert("r1".into(), Waiter::Req(7));
         let part = vec![0u8; 64 * 1024];
         let size = part.len() + SUBSTRATE_REPLY_PART_OVERHEAD_BYTES;
         let fit = SUBSTRATE_REPLY_BYTES_MAX / size;

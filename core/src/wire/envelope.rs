@@ -17,6 +17,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::cbor::{self, CborError, Reader};
+use std::sync::Arc;
+
 use super::{take_length_prefixed, Format, FormatError};
 use crate::limits::{
     ADDRESS_BYTES_MAX, ENVELOPE_CHUNK_BODY_BYTES_MAX, ENVELOPE_ENV_KEYS_MAX,
@@ -32,8 +34,13 @@ pub const TYPE_ENVELOPE: u8 = 0x01;
 pub const TYPE_BULK_CHUNK: u8 = 0x02;
 
 /// A substrate address: an opaque token matched, never parsed (`[a-z0-9._/-]{1,128}`).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Address(String);
+///
+/// It is also the object's handle everywhere past the decoder: shared, not copied (a clone is
+/// a reference count), so the records, frames and events of one object all point at the one
+/// name its machine holds. It compares, orders and hashes as its text, and borrows as `str`,
+/// so maps keyed by it are looked up with a plain `&str`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Address(Arc<str>);
 
 /// Why a string is not an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -57,12 +64,231 @@ impl Address {
         if text.is_empty() || text.len() > ADDRESS_BYTES_MAX || !text.bytes().all(allowed) {
             return Err(AddressError::Invalid);
         }
-        Ok(Self(text.to_owned()))
+        Ok(Self(Arc::from(text)))
     }
 
     /// The address text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl std::fmt::Debug for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::ops::Deref for Address {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::borrow::Borrow<str> for Address {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for Address {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq<str> for Address {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Address {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl serde::Serialize for Address {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// The longest op id kept inline: tether's own ids (two 64-bit words in hex) fit.
+const OP_ID_INLINE_BYTES: usize = 32;
+
+/// An op's id (`id`): producer-stable text, at most [`ENVELOPE_TEXT_BYTES_MAX`] bytes.
+///
+/// Ids of up to 32 bytes (every id tether mints, and most any producer would) are held inline,
+/// so making, cloning and dropping one allocates nothing; a longer id is shared. The two forms
+/// never hold the same text, so it compares, orders and hashes as its text.
+#[derive(Clone)]
+pub struct OpId(OpIdRepr);
+
+#[derive(Clone)]
+enum OpIdRepr {
+    Inline {
+        len: u8,
+        bytes: [u8; OP_ID_INLINE_BYTES],
+    },
+    Shared(Arc<str>),
+}
+
+impl OpId {
+    /// The id `text`.
+    pub fn new(text: &str) -> Self {
+        if text.len() <= OP_ID_INLINE_BYTES {
+            let mut bytes = [0u8; OP_ID_INLINE_BYTES];
+            bytes[..text.len()].copy_from_slice(text.as_bytes());
+            // Fits: at most 32.
+            let len = text.len() as u8;
+            Self(OpIdRepr::Inline { len, bytes })
+        } else {
+            Self(OpIdRepr::Shared(Arc::from(text)))
+        }
+    }
+
+    /// Two 64-bit words as 32 lowercase hex digits, written in place (tether's own ids: the
+    /// machine's boot and its counter).
+    pub fn from_words(high: u64, low: u64) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut bytes = [0u8; OP_ID_INLINE_BYTES];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            let (word, at) = if i < 16 { (high, i) } else { (low, i - 16) };
+            *byte = HEX[((word >> (60 - 4 * at)) & 0xf) as usize];
+        }
+        Self(OpIdRepr::Inline {
+            len: OP_ID_INLINE_BYTES as u8,
+            bytes,
+        })
+    }
+
+    /// The id's text.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            OpIdRepr::Inline { len, bytes } => std::str::from_utf8(&bytes[..usize::from(*len)])
+                .expect("inline ids are copied from a str or written as hex"),
+            OpIdRepr::Shared(text) => text,
+        }
+    }
+}
+
+impl PartialEq for OpId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for OpId {}
+
+impl PartialOrd for OpId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OpId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl std::hash::Hash for OpId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl std::fmt::Debug for OpId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for OpId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::ops::Deref for OpId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::borrow::Borrow<str> for OpId {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for OpId {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<&str> for OpId {
+    fn from(text: &str) -> Self {
+        Self::new(text)
+    }
+}
+
+impl From<String> for OpId {
+    fn from(text: String) -> Self {
+        Self::new(&text)
+    }
+}
+
+impl From<&String> for OpId {
+    fn from(text: &String) -> Self {
+        Self::new(text)
+    }
+}
+
+impl PartialEq<str> for OpId {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for OpId {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for OpId {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl PartialEq<OpId> for String {
+    fn eq(&self, other: &OpId) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl PartialEq<OpId> for &str {
+    fn eq(&self, other: &OpId) -> bool {
+        *self == other.as_str()
+    }
+}
+
+impl serde::Serialize for OpId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -162,7 +388,7 @@ pub struct Env {
     /// The object's kind (`objKind`), carried on first introduction.
     pub obj_kind: Option<ObjKind>,
     /// Producer-stable op id (`id`).
-    pub id: Option<String>,
+    pub id: Option<OpId>,
     /// Per-object sequence number (`seq`).
     pub seq: Option<u64>,
     /// Delivery attempt, from 1 (`receipt`).
@@ -283,7 +509,7 @@ pub enum EnvelopeError {
     #[error("substrate address with `@`: routing is not supported")]
     RoutingNotSupported {
         /// The op's id, if the frame carried one.
-        id: Option<String>,
+        id: Option<OpId>,
     },
     /// A body above its bound (64 KiB inline, 256 KiB bulk chunk).
     #[error("substrate body of {len} bytes exceeds {max}")]
@@ -405,16 +631,13 @@ impl Envelope {
         }
         self.check_body()?;
         let texts = [
-            &self.env.id,
-            &self.env.code,
-            &self.env.message,
-            &self.env.reason,
+            self.env.id.as_deref(),
+            self.env.code.as_deref(),
+            self.env.message.as_deref(),
+            self.env.reason.as_deref(),
+            self.env.cap.as_deref(),
         ];
-        if texts
-            .iter()
-            .chain([&&self.env.cap])
-            .any(|t| t.as_deref().is_some_and(too_long))
-        {
+        if texts.into_iter().any(|t| t.is_some_and(too_long)) {
             return Err(EnvelopeError::Invalid { field: "text" });
         }
         if self.env.receipt == Some(0) {
@@ -476,12 +699,16 @@ fn too_long(text: &str) -> bool {
     text.len() > ENVELOPE_TEXT_BYTES_MAX
 }
 
-fn read_text(reader: &mut Reader<'_>, field: &'static str) -> Result<String, EnvelopeError> {
+fn read_str<'a>(reader: &mut Reader<'a>, field: &'static str) -> Result<&'a str, EnvelopeError> {
     let text = reader.text().map_err(invalid(field))?;
     if text.len() > ENVELOPE_TEXT_BYTES_MAX {
         return Err(EnvelopeError::Invalid { field });
     }
-    Ok(text.to_owned())
+    Ok(text)
+}
+
+fn read_text(reader: &mut Reader<'_>, field: &'static str) -> Result<String, EnvelopeError> {
+    read_str(reader, field).map(str::to_owned)
 }
 
 fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
@@ -528,7 +755,7 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
             "fromSeq" => env.from_seq = Some(uint(reader)?),
             "floor" => env.floor = Some(uint(reader)?),
             "limit" => env.limit = Some(uint(reader)?),
-            "id" => env.id = Some(read_text(reader, field)?),
+            "id" => env.id = Some(OpId::new(read_str(reader, field)?)),
             "code" => env.code = Some(read_text(reader, field)?),
             "message" => env.message = Some(read_text(reader, field)?),
             "reason" => env.reason = Some(read_text(reader, field)?),
@@ -558,7 +785,7 @@ fn write_env<'a>(env: &'a Env, out: &mut Vec<u8>) {
         Some(V::Text(env.kind.as_str())),
         env.obj.as_ref().map(|a| V::Text(a.as_str())),
         env.obj_kind.map(|k| V::Text(k.as_str())),
-        text(&env.id),
+        env.id.as_deref().map(V::Text),
         env.seq.map(V::Uint),
         env.receipt.map(V::Uint),
         text(&env.code),
@@ -602,7 +829,7 @@ mod tests {
     }
 
     fn golden_envelopes() -> Vec<Envelope> {
-        let op = Some("01HZX3K9Q4M2".to_string());
+        let op = Some(OpId::from("01HZX3K9Q4M2"));
         let send = Env {
             obj_kind: Some(ObjKind::Queue),
             id: op.clone(),
@@ -772,7 +999,7 @@ mod tests {
             let mut env = Env::new(head.1);
             (env.obj, env.obj_kind, env.receipt) = (head.2, head.3, head.4);
             (env.id, env.code, env.message, env.reason, env.cap) =
-                (rest.0, rest.1, rest.2, rest.3, rest.4);
+                (rest.0.map(OpId::from), rest.1, rest.2, rest.3, rest.4);
             (env.seq, env.from_seq, env.floor, env.limit) = (rest.5, rest.6, rest.7, rest.8);
             Envelope {
                 type_byte: head.0,
@@ -804,6 +1031,43 @@ mod tests {
                 let again = Envelope::decode_frame(&Bytes::from(bytes).split_off(4));
                 prop_assert_eq!(again, Ok(envelope));
             }
+        }
+    }
+
+    #[test]
+    fn minted_op_ids_are_the_two_words_in_hex_held_inline() {
+        let id = OpId::from_words(0x0123_4567_89ab_cdef, 42);
+        assert_eq!(
+            id,
+            format!("{:016x}{:016x}", 0x0123_4567_89ab_cdef_u64, 42u64)
+        );
+        assert_eq!(id, OpId::new(id.as_str()));
+        assert!(matches!(id.0, OpIdRepr::Inline { len: 32, .. }));
+    }
+
+    proptest! {
+        /// Inline and shared ids compare, order and hash as their text, whichever form each
+        /// side took (the form follows the length alone).
+        #[test]
+        fn op_ids_behave_as_their_text(a in "[a-z0-9-]{0,40}", b in "[a-z0-9-]{0,40}") {
+            use std::hash::{BuildHasher, RandomState};
+            let (x, y) = (OpId::new(&a), OpId::new(&b));
+            prop_assert_eq!(x.as_str(), a.as_str());
+            prop_assert_eq!(x == y, a == b);
+            prop_assert_eq!(x.cmp(&y), a.cmp(&b));
+            let hasher = RandomState::new();
+            prop_assert_eq!(hasher.hash_one(&x), hasher.hash_one(a.as_str()));
+            prop_assert_eq!(matches!(x.0, OpIdRepr::Inline { .. }), a.len() <= 32);
+        }
+
+        /// A map keyed by addresses is looked up by the text alone.
+        #[test]
+        fn addresses_borrow_as_their_text(text in "[a-z0-9._/-]{1,128}") {
+            let address = Address::parse(&text).expect("valid");
+            let mut map = std::collections::BTreeMap::new();
+            map.insert(address.clone(), ());
+            prop_assert!(map.contains_key(text.as_str()));
+            prop_assert_eq!(address.to_string(), text);
         }
     }
 }

@@ -1126,7 +1126,7 @@ impl Store for LogStore {
 mod tests {
     use super::*;
     use crate::store::sqlite::tests::batches;
-    use tether_core::substrate::BatchId;
+    use tether_core::substrate::{Address, BatchId};
 
     #[test]
     fn a_compaction_never_writes_over_the_log_whatever_its_name() {
@@ -1481,7 +1481,7 @@ mod tests {
             let mut records = vec![Record::Outbox(send(round))];
             if let Some(before) = round.checked_sub(1) {
                 records.push(Record::OutboxRemoved {
-                    obj: "q".to_owned(),
+                    obj: Address::parse("q").expect("an address"),
                     seq: before,
                 });
             }
@@ -1551,7 +1551,7 @@ mod tests {
         let removal = PersistBatch {
             id: BatchId(41),
             records: vec![Record::OutboxRemoved {
-                obj: "q".to_owned(),
+                obj: Address::parse("q").expect("an address"),
                 seq: 0,
             }],
         };
@@ -1643,7 +1643,7 @@ mod tests {
                 let mut records = vec![Record::Outbox(send(seq))];
                 if let Some(before) = seq.checked_sub(1) {
                     records.push(Record::OutboxRemoved {
-                        obj: "q".to_owned(),
+                        obj: Address::parse("q").expect("an address"),
                         seq: before,
                     });
                 }
@@ -1674,9 +1674,9 @@ mod tests {
 
     fn send(seq: u64) -> tether_core::substrate::Op {
         tether_core::substrate::Op {
-            obj: "q".to_owned(),
+            obj: Address::parse("q").expect("an address"),
             seq,
-            id: format!("m-{seq}"),
+            id: format!("m-{seq}").into(),
             verb: tether_core::wire::envelope::Verb::Send,
             obj_kind: None,
             body: Some(bytes::Bytes::from(vec![7; 100])),

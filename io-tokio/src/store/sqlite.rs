@@ -31,7 +31,7 @@ use tether_core::substrate::{
     Side,
 };
 use tether_core::time::Time;
-use tether_core::wire::envelope::{ObjKind, Verb};
+use tether_core::wire::envelope::{Address, ObjKind, OpId, Verb};
 
 use super::{lock_path, resolved, Store, StoreError};
 
@@ -277,10 +277,10 @@ impl SqliteStore {
                 let (state, at) = state_to_sql(object.state);
                 prepared.get(Statement::Object)?.execute(params![
                     peer,
-                    object.obj,
+                    object.obj.as_str(),
                     object.kind.as_str(),
                     side_to_sql(object.opened_by),
-                    object.open_id,
+                    object.open_id.as_str(),
                     state,
                     at,
                     to_sql_u64(object.tx_next),
@@ -290,7 +290,7 @@ impl SqliteStore {
             Record::ObjectRemoved { obj } => {
                 prepared
                     .get(Statement::ObjectRemoved)?
-                    .execute(params![peer, obj])?;
+                    .execute(params![peer, obj.as_str()])?;
             }
             Record::Outbox(op) => insert_op(prepared.get(Statement::Outbox)?, peer, None, op)?,
             Record::Held(op) => insert_op(prepared.get(Statement::Inbox)?, peer, Some("held"), op)?,
@@ -303,7 +303,7 @@ impl SqliteStore {
             Record::Bounce { op_id, code, at } => {
                 prepared.get(Statement::Bounce)?.execute(params![
                     peer,
-                    op_id,
+                    op_id.as_str(),
                     code,
                     to_sql_time(*at)
                 ])?;
@@ -311,7 +311,7 @@ impl SqliteStore {
             Record::BounceRemoved { op_id } => {
                 prepared
                     .get(Statement::BounceRemoved)?
-                    .execute(params![peer, op_id])?;
+                    .execute(params![peer, op_id.as_str()])?;
             }
         }
         Ok(())
@@ -427,7 +427,7 @@ impl Store for SqliteStore {
             let op_id: String = row.get(0)?;
             let code: String = row.get(1)?;
             let at = from_sql_time(row.get(2)?);
-            state.bounces.insert(op_id, (code, at));
+            state.bounces.insert(OpId::from(op_id), (code, at));
         }
         Ok(state)
     }
@@ -631,9 +631,9 @@ fn insert_op(
 ) -> rusqlite::Result<()> {
     let values = params![
         peer,
-        op.obj,
+        op.obj.as_str(),
         to_sql_u64(op.seq),
-        op.id,
+        op.id.as_str(),
         op.verb.as_str(),
         op.obj_kind.map(ObjKind::as_str),
         op.body.as_deref(),
@@ -654,10 +654,12 @@ fn op_from_row(row: &Row<'_>) -> Result<Op, StoreError> {
     let verb: String = row.get(3)?;
     let obj_kind: Option<String> = row.get(4)?;
     let body: Option<Vec<u8>> = row.get(5)?;
+    let obj: String = row.get(0)?;
+    let id: String = row.get(2)?;
     Ok(Op {
-        obj: row.get(0)?,
+        obj: address_from_sql("ops", &obj)?,
         seq: from_sql_u64(row.get(1)?),
-        id: row.get(2)?,
+        id: OpId::from(id),
         verb: Verb::parse(&verb).ok_or_else(|| corrupt("ops", format!("verb {verb:?}")))?,
         obj_kind: obj_kind.as_deref().map(kind_from_sql).transpose()?,
         body: body.map(Bytes::from),
@@ -673,19 +675,26 @@ fn object_from_row(row: &Row<'_>) -> Result<ObjectRecord, StoreError> {
     let opened_by: String = row.get(2)?;
     let state: String = row.get(4)?;
     let at: Option<i64> = row.get(5)?;
+    let obj: String = row.get(0)?;
+    let open_id: String = row.get(3)?;
     Ok(ObjectRecord {
-        obj: row.get(0)?,
+        obj: address_from_sql("objects", &obj)?,
         kind: kind_from_sql(&kind)?,
         opened_by: match opened_by.as_str() {
             "local" => Side::Local,
             "remote" => Side::Remote,
             other => return Err(corrupt("objects", format!("opened_by {other:?}"))),
         },
-        open_id: row.get(3)?,
+        open_id: OpId::from(open_id),
         state: state_from_sql(&state, at)?,
         tx_next: from_sql_u64(row.get(6)?),
         rx_next: from_sql_u64(row.get(7)?),
     })
+}
+
+/// An object's address as stored: refused (corrupt) unless the machine could have made it.
+fn address_from_sql(table: &'static str, obj: &str) -> Result<Address, StoreError> {
+    Address::parse(obj).map_err(|_| corrupt(table, format!("address {obj:?}")))
 }
 
 fn kind_from_sql(kind: &str) -> Result<ObjKind, StoreError> {
@@ -752,9 +761,9 @@ pub(crate) mod tests {
 
     fn op(obj: &str, seq: u64, verb: Verb) -> Op {
         Op {
-            obj: obj.to_owned(),
+            obj: Address::parse(obj).expect("an address"),
             seq,
-            id: format!("id-{seq}"),
+            id: format!("id-{seq}").into(),
             verb,
             obj_kind: (verb == Verb::Open).then_some(ObjKind::Session),
             body: Some(Bytes::from(vec![seq as u8; 3])),
@@ -767,10 +776,10 @@ pub(crate) mod tests {
 
     fn object(obj: &str, state: ObjectState) -> ObjectRecord {
         ObjectRecord {
-            obj: obj.to_owned(),
+            obj: Address::parse(obj).expect("an address"),
             kind: ObjKind::Queue,
             opened_by: Side::Remote,
-            open_id: "open-1".to_owned(),
+            open_id: "open-1".into(),
             state,
             tx_next: 7,
             rx_next: u64::MAX,
@@ -789,7 +798,7 @@ pub(crate) mod tests {
                     Record::Held(op("a", 4, Verb::Send)),
                     Record::Inbox(op("a", 2, Verb::Req)),
                     Record::Bounce {
-                        op_id: "x".to_owned(),
+                        op_id: "x".into(),
                         code: "no_such_object".to_owned(),
                         at: Time::from_millis(3),
                     },
@@ -799,12 +808,12 @@ pub(crate) mod tests {
                 id: BatchId(2),
                 records: vec![
                     Record::OutboxRemoved {
-                        obj: "a".to_owned(),
+                        obj: Address::parse("a").expect("an address"),
                         seq: 0,
                     },
                     Record::Inbox(op("a", 4, Verb::Send)),
                     Record::HeldRemoved {
-                        obj: "a".to_owned(),
+                        obj: Address::parse("a").expect("an address"),
                         seq: 4,
                     },
                 ],
@@ -1096,9 +1105,9 @@ pub(crate) mod tests {
                 prop::option::of(prop::collection::vec(any::<u8>(), 0..8)),
             )
                 .prop_map(|(obj, seq, verb, body)| Op {
-                    obj: obj.to_owned(),
+                    obj: Address::parse(obj).expect("an address"),
                     seq,
-                    id: format!("id{seq}"),
+                    id: format!("id{seq}").into(),
                     verb,
                     obj_kind: (verb == Verb::Open).then_some(ObjKind::Queue),
                     body: body.map(Bytes::from),
@@ -1121,10 +1130,10 @@ pub(crate) mod tests {
                     .prop_map(
                         |(obj, kind, opened_by, open_id, state, (tx, rx))| {
                             Record::Object(ObjectRecord {
-                                obj: obj.to_owned(),
+                                obj: Address::parse(obj).expect("an address"),
                                 kind,
                                 opened_by,
-                                open_id: open_id.to_owned(),
+                                open_id: open_id.into(),
                                 state,
                                 tx_next: tx,
                                 rx_next: rx,
@@ -1132,30 +1141,30 @@ pub(crate) mod tests {
                         }
                     ),
                 obj.clone().prop_map(|obj| Record::ObjectRemoved {
-                    obj: obj.to_owned()
+                    obj: Address::parse(obj).expect("an address")
                 }),
                 op.clone().prop_map(Record::Outbox),
                 op.clone().prop_map(Record::Held),
                 op.prop_map(Record::Inbox),
                 (obj.clone(), seq.clone()).prop_map(|(obj, seq)| Record::OutboxRemoved {
-                    obj: obj.to_owned(),
+                    obj: Address::parse(obj).expect("an address"),
                     seq
                 }),
                 (obj.clone(), seq.clone()).prop_map(|(obj, seq)| Record::HeldRemoved {
-                    obj: obj.to_owned(),
+                    obj: Address::parse(obj).expect("an address"),
                     seq
                 }),
                 (obj, seq).prop_map(|(obj, seq)| Record::InboxRemoved {
-                    obj: obj.to_owned(),
+                    obj: Address::parse(obj).expect("an address"),
                     seq
                 }),
                 (0u8..4, 0u64..50).prop_map(|(n, at)| Record::Bounce {
-                    op_id: format!("b{n}"),
+                    op_id: format!("b{n}").into(),
                     code: "no_such_object".to_owned(),
                     at: Time::from_millis(at),
                 }),
                 (0u8..4).prop_map(|n| Record::BounceRemoved {
-                    op_id: format!("b{n}")
+                    op_id: format!("b{n}").into()
                 }),
             ]
         }
@@ -1194,7 +1203,7 @@ pub(crate) mod tests {
     #[test]
     fn removals_are_deleted_in_runs_that_never_cross_the_sign_of_a_stored_seq() {
         let removed = |seq| Record::OutboxRemoved {
-            obj: "a".to_owned(),
+            obj: Address::parse("a").expect("an address"),
             seq,
         };
         let edge = i64::MAX as u64;
@@ -1208,7 +1217,7 @@ pub(crate) mod tests {
             removed(edge + 1),
             removed(edge + 2),
             Record::InboxRemoved {
-                obj: "a".to_owned(),
+                obj: Address::parse("a").expect("an address"),
                 seq: 6,
             },
         ];
@@ -1254,7 +1263,7 @@ pub(crate) mod tests {
         let inserts = seqs.iter().map(|seq| {
             Record::Outbox(Op {
                 seq: *seq,
-                id: format!("id-{seq}"),
+                id: format!("id-{seq}").into(),
                 ..op("a", 0, Verb::Send)
             })
         });

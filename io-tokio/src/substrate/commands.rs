@@ -22,7 +22,7 @@ use std::task::{Context, Poll, Waker};
 
 use tether_core::limits::SUBSTRATE_COMMANDS_MAX;
 
-use tether_core::substrate::peer;
+use tether_core::substrate::{peer, OpId};
 use tokio::sync::oneshot;
 
 use super::{Error, ReplySink};
@@ -50,7 +50,7 @@ pub(super) enum Command {
 /// Where the answers to one command go.
 pub(super) enum Answer {
     Unit(Reply1<()>),
-    Sent(Reply1<String>),
+    Sent(Reply1<OpId>),
     Req(ReplySink),
 }
 
@@ -286,7 +286,7 @@ mod tests {
         let (op, _op_reply) = close("op");
         assert!(matches!(tx.issue(op), Issued::Queued));
         let consume = PeerCommand::Consume {
-            obj: "q".to_owned(),
+            obj: tether_core::substrate::Address::parse("q").expect("an address"),
             seq: 1,
         };
         tx.control(Command::App(consume, None));

@@ -65,7 +65,7 @@ pub use tether_core::substrate::handshake::{Auth, PeerKeys};
 pub use tether_core::substrate::{
     AllowAll, Authorizer, Code, CommandError, Config, Denial, Interceptor, PeerId, ScopeAuthorizer,
 };
-pub use tether_core::wire::envelope::ObjKind;
+pub use tether_core::wire::envelope::{Address, ObjKind, OpId};
 pub use transport::{Link, LinkStream, TcpTransport, Transport};
 
 use crate::store::{MemoryStore, Store, StoreError, StoreFailure};
@@ -281,7 +281,7 @@ pub enum Inbound {
         /// The peer.
         peer: PeerId,
         /// The object.
-        obj: String,
+        obj: Address,
         /// The reason given.
         reason: Option<String>,
     },
@@ -304,7 +304,7 @@ pub struct OpenRequest {
     /// The peer.
     pub peer: PeerId,
     /// The object.
-    pub obj: String,
+    pub obj: Address,
     /// Session or queue.
     pub kind: ObjKind,
     /// The capability token presented.
@@ -345,11 +345,11 @@ pub struct Delivery {
     /// The sender.
     pub peer: PeerId,
     /// The object.
-    pub obj: String,
+    pub obj: Address,
     /// Its seq in the object's direction (strictly increasing per object).
     pub seq: u64,
     /// The sender's op id.
-    pub op_id: String,
+    pub op_id: OpId,
     /// The body.
     pub body: Bytes,
     handle: CommandTx,
@@ -374,11 +374,11 @@ pub struct Request {
     /// The requester.
     pub peer: PeerId,
     /// The session.
-    pub obj: String,
+    pub obj: Address,
     /// Its seq.
     pub seq: u64,
     /// The req's op id.
-    pub req_id: String,
+    pub req_id: OpId,
     /// The body.
     pub body: Bytes,
     handle: CommandTx,
@@ -577,7 +577,7 @@ struct Object {
 }
 
 impl Object {
-    fn send(&self, body: Bytes, wait: bool) -> Pending<String> {
+    fn send(&self, body: Bytes, wait: bool) -> Pending<OpId> {
         let obj = self.obj.clone();
         let mut pending = send_command(&self.handle, |reply| {
             let send = peer::Command::Send { obj, body, wait };
@@ -618,13 +618,13 @@ impl Queue {
     /// is queued when this is called, so sends issued one after another keep their order
     /// and can be awaited together. When the object's outbox is full (the peer's app is
     /// behind) it waits for room: backpressure reaches the caller, nothing is dropped.
-    pub fn send(&self, body: impl Into<Bytes>) -> Pending<String> {
+    pub fn send(&self, body: impl Into<Bytes>) -> Pending<OpId> {
         self.0.send(body.into(), true)
     }
 
     /// Like [`Queue::send`], but resolves at once to
     /// `Err(Error::Command(CommandError::QueueFull))` when the object's outbox is full.
-    pub fn try_send(&self, body: impl Into<Bytes>) -> Pending<String> {
+    pub fn try_send(&self, body: impl Into<Bytes>) -> Pending<OpId> {
         self.0.send(body.into(), false)
     }
 
@@ -666,12 +666,12 @@ impl Session {
     }
 
     /// A one-way message on the session; resolves at the hop ack. Waits for room when full.
-    pub fn send(&self, body: impl Into<Bytes>) -> Pending<String> {
+    pub fn send(&self, body: impl Into<Bytes>) -> Pending<OpId> {
         self.0.send(body.into(), true)
     }
 
     /// Like [`Session::send`], but fails at once with `CommandError::QueueFull` when full.
-    pub fn try_send(&self, body: impl Into<Bytes>) -> Pending<String> {
+    pub fn try_send(&self, body: impl Into<Bytes>) -> Pending<OpId> {
         self.0.send(body.into(), false)
     }
 

@@ -34,13 +34,9 @@ pub(super) fn open_requested(record: &ObjectRecord, cap: Option<String>) -> Even
     }
 }
 
-pub(super) fn address(obj: &str) -> Address {
-    Address::parse(obj).expect("the machine only stores addresses it parsed")
-}
-
 pub(super) fn op_frame(op: &Op, receipt: u64, floor: u64) -> Envelope {
     let mut env = Env::new(op.verb);
-    env.obj = Some(address(&op.obj));
+    env.obj = Some(op.obj.clone());
     env.obj_kind = op.obj_kind;
     env.id = Some(op.id.clone());
     env.seq = Some(op.seq);
@@ -56,15 +52,15 @@ pub(super) fn op_frame(op: &Op, receipt: u64, floor: u64) -> Envelope {
 }
 
 pub(super) fn ack_frame(
-    obj: &str,
-    id: &str,
+    obj: &Address,
+    id: &OpId,
     seq: u64,
     receipt: u64,
     limit: Option<u64>,
 ) -> Envelope {
     let mut env = Env::new(Verb::Ack);
-    env.obj = Some(address(obj));
-    env.id = Some(id.to_owned());
+    env.obj = Some(obj.clone());
+    env.id = Some(id.clone());
     env.seq = Some(seq);
     env.receipt = Some(receipt);
     env.limit = limit;
@@ -72,9 +68,9 @@ pub(super) fn ack_frame(
 }
 
 /// A credit update: the peer may transmit seqs of `obj` below `limit`.
-pub(super) fn credit_frame(obj: &str, limit: u64) -> Envelope {
+pub(super) fn credit_frame(obj: &Address, limit: u64) -> Envelope {
     let mut env = Env::new(Verb::Ack);
-    env.obj = Some(address(obj));
+    env.obj = Some(obj.clone());
     env.limit = Some(limit);
     Envelope::new(env)
 }
@@ -95,18 +91,18 @@ pub(super) fn dishonest_number(env: &Env) -> Option<&'static str> {
 
 /// A floor announcement: every seq of this side's direction of `obj` below `floor` ended or
 /// was acked.
-pub(super) fn floor_frame(obj: &str, floor: u64) -> Envelope {
+pub(super) fn floor_frame(obj: &Address, floor: u64) -> Envelope {
     let mut env = Env::new(Verb::Resync);
-    env.obj = Some(address(obj));
+    env.obj = Some(obj.clone());
     env.floor = Some(floor);
     Envelope::new(env)
 }
 
 /// An unsequenced terminal or transient `err` about op `id` (bounce, denial, out_of_seq).
-pub(super) fn substrate_err(obj: &str, id: &str, code: &str) -> Envelope {
+pub(super) fn substrate_err(obj: &Address, id: &OpId, code: &str) -> Envelope {
     let mut env = Env::new(Verb::Err);
-    env.obj = Some(address(obj));
-    env.id = Some(id.to_owned());
+    env.obj = Some(obj.clone());
+    env.id = Some(id.clone());
     env.code = Some(code.to_owned());
     Envelope::new(env)
 }

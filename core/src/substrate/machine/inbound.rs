@@ -9,7 +9,8 @@ impl Machine {
             self.stats.malformed += 1;
             return;
         };
-        let obj = obj.as_str().to_owned();
+        // The name the machine holds, when it holds the object: the decoded copy is dropped.
+        let obj = self.interned(&obj).unwrap_or(obj);
         let initiating = matches!(env.kind, Verb::Open | Verb::Send | Verb::Req | Verb::Close);
         if initiating {
             let ctx = AuthorizeContext {
@@ -157,7 +158,7 @@ impl Machine {
     /// The peer's floor: every seq of its direction below `floor` ended there or was acked.
     /// The acked ones are held here (durably): they are delivered, in order. Only the seqs
     /// never received are skipped.
-    pub(super) fn advance_to_floor(&mut self, now: Time, obj: &str, floor: u64) {
+    pub(super) fn advance_to_floor(&mut self, now: Time, obj: &Address, floor: u64) {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
@@ -174,7 +175,7 @@ impl Machine {
             let op = entry.remove();
             object.record.rx_next = op.seq + 1;
             self.staged.push(Record::HeldRemoved {
-                obj: obj.to_owned(),
+                obj: obj.clone(),
                 seq: op.seq,
             });
             self.apply(now, op);
@@ -187,7 +188,7 @@ impl Machine {
 
     /// A hop ack of the peer's op `seq`, with news of this side's credit when there is any,
     /// released with the batch that made the op durable.
-    pub(super) fn stage_ack(&mut self, obj: &str, id: &str, seq: u64, receipt: u64) {
+    pub(super) fn stage_ack(&mut self, obj: &Address, id: &OpId, seq: u64, receipt: u64) {
         let limit = self.credit_news(obj);
         let frame = ack_frame(obj, id, seq, receipt, limit);
         self.staged_outputs.push(Deferred::Transmit(frame));
@@ -195,7 +196,7 @@ impl Machine {
 
     /// The app freed room in `obj`: a credit update if there is news worth one. It waits for
     /// the batch that freed the room.
-    pub(super) fn stage_credit(&mut self, obj: &str) {
+    pub(super) fn stage_credit(&mut self, obj: &Address) {
         if let Some(limit) = self.credit_news(obj) {
             self.stats.credits_sent += 1;
             self.staged_outputs
@@ -224,7 +225,7 @@ impl Machine {
     }
 
     /// Delivers every held op the frontier has reached, then records the frontier.
-    pub(super) fn deliver_held(&mut self, now: Time, obj: &str) {
+    pub(super) fn deliver_held(&mut self, now: Time, obj: &Address) {
         loop {
             let Some(object) = self.objects.get_mut(obj) else {
                 return;
@@ -241,7 +242,7 @@ impl Machine {
             };
             object.record.rx_next = next + 1;
             self.staged.push(Record::HeldRemoved {
-                obj: obj.to_owned(),
+                obj: obj.clone(),
                 seq: next,
             });
             self.apply(now, op);
@@ -344,14 +345,14 @@ impl Machine {
 
     /// An answer arrived for op `id`: it was received, so it leaves the outbox (its ack may
     /// have been lost with a connection).
-    pub(super) fn end_answered(&mut self, obj: &str, id: &str) {
+    pub(super) fn end_answered(&mut self, obj: &Address, id: &str) {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
         if let Some(seq) = object.outbox.seq_of(id) {
             object.outbox.remove(seq);
             self.staged.push(Record::OutboxRemoved {
-                obj: obj.to_owned(),
+                obj: obj.clone(),
                 seq,
             });
         }
@@ -360,7 +361,7 @@ impl Machine {
     /// Ends every outbox op of `obj` matching `filter` as futile with `code` (law 5).
     pub(super) fn purge_outbox(
         &mut self,
-        obj: &str,
+        obj: &Address,
         code: &str,
         filter: impl Fn(&Outgoing) -> bool,
     ) {
@@ -377,12 +378,12 @@ impl Machine {
             let entry = object.outbox.remove(seq).expect("listed above");
             object.ended_max = object.ended_max.max(Some(seq));
             self.staged.push(Record::OutboxRemoved {
-                obj: obj.to_owned(),
+                obj: obj.clone(),
                 seq,
             });
             *self.stats.futile.entry(code.to_owned()).or_default() += 1;
             let event = Event::Futile {
-                obj: obj.to_owned(),
+                obj: obj.clone(),
                 op_id: entry.op.id,
                 code: code.to_owned(),
             };
@@ -405,7 +406,7 @@ impl Machine {
         // The object names where to look; an answer to an address the peer could not parse
         // (`routing_not_supported`) names none, so every object is searched.
         let found = self.objects.iter().find_map(|(name, object)| {
-            let named = env.obj.as_ref().is_none_or(|obj| obj.as_str() == name);
+            let named = env.obj.as_ref().is_none_or(|obj| obj == name);
             let seq = object.outbox.transmitted_seq_of(id).filter(|_| named)?;
             Some((name.clone(), seq))
         });
@@ -414,7 +415,7 @@ impl Machine {
             self.stats.finality_rejected += 1;
             return;
         };
-        let obj = obj.as_str();
+        let obj = &obj;
         self.touch(obj);
         let object = self.objects.get_mut(obj).expect("found above");
         match class_of(&code) {
@@ -431,7 +432,7 @@ impl Machine {
                 if is_open && object.record.state == ObjectState::Opening {
                     object.record.state = ObjectState::Rejected(now);
                     let event = Event::Rejected {
-                        obj: obj.to_owned(),
+                        obj: obj.clone(),
                         code: Some(code.clone()),
                     };
                     self.staged_outputs.push(Deferred::Event(event));
@@ -448,7 +449,6 @@ impl Machine {
             self.stats.malformed += 1;
             return;
         };
-        let obj = obj.as_str();
         if let (Some(limit), Some(object)) = (env.limit, self.objects.get_mut(obj)) {
             object.tx_limit = object.tx_limit.max(limit);
         }
@@ -467,12 +467,12 @@ impl Machine {
             Some(entry) if entry.in_flight && entry.receipt == receipt => {
                 let entry = object.outbox.remove(seq).expect("matched above");
                 self.staged.push(Record::OutboxRemoved {
-                    obj: obj.to_owned(),
+                    obj: obj.clone(),
                     seq,
                 });
                 self.stats.ops_acked += 1;
                 let event = Event::Acked {
-                    obj: obj.to_owned(),
+                    obj: obj.clone(),
                     op_id: entry.op.id,
                 };
                 self.staged_outputs.push(Deferred::Event(event));
@@ -484,7 +484,7 @@ impl Machine {
     /// A `resync` asks this side (as sender) to resend from `fromSeq` and to say its floor; one
     /// carrying `floor` instead is the peer (as sender) announcing its floor.
     pub(super) fn on_resync(&mut self, now: Time, env: &Env) {
-        let Some(obj) = env.obj.as_ref().map(Address::as_str) else {
+        let Some(obj) = env.obj.as_ref() else {
             self.stats.malformed += 1;
             return;
         };

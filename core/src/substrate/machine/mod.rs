@@ -56,7 +56,7 @@ use super::{Config, PeerId, Stats};
 use crate::limits::{ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX};
 use crate::retry::{Backoff, Jitter};
 use crate::time::Time;
-use crate::wire::envelope::{Address, Env, Envelope, EnvelopeError, ObjKind, Verb};
+use crate::wire::envelope::{Address, Env, Envelope, EnvelopeError, ObjKind, OpId, Verb};
 
 mod frames;
 mod inbound;
@@ -76,23 +76,23 @@ pub enum Event {
     /// The remote opened an object; answer with [`Machine::accept`] or [`Machine::reject`].
     OpenRequested {
         /// Address.
-        obj: String,
+        obj: Address,
         /// Session or queue.
         kind: ObjKind,
         /// The open's op id.
-        op_id: String,
+        op_id: OpId,
         /// The capability token presented, unparsed.
         cap: Option<String>,
     },
     /// The remote accepted an object this side opened.
     Opened {
         /// Address.
-        obj: String,
+        obj: Address,
     },
     /// The remote rejected an object this side opened.
     Rejected {
         /// Address.
-        obj: String,
+        obj: Address,
         /// The reject code.
         code: Option<String>,
     },
@@ -101,9 +101,9 @@ pub enum Event {
     /// The remote's app answered a req of this side (res, end or err).
     Answered {
         /// Address.
-        obj: String,
+        obj: Address,
         /// The req's op id.
-        req_id: String,
+        req_id: OpId,
         /// Res, End or Err.
         verb: Verb,
         /// Its body.
@@ -114,7 +114,7 @@ pub enum Event {
     /// The object was closed (by the remote when `by_remote`).
     Closed {
         /// Address.
-        obj: String,
+        obj: Address,
         /// The reason given.
         reason: Option<String>,
         /// Whether the remote closed it.
@@ -123,16 +123,16 @@ pub enum Event {
     /// An op of this side is durable at the remote (hop ack).
     Acked {
         /// Address.
-        obj: String,
+        obj: Address,
         /// The op id.
-        op_id: String,
+        op_id: OpId,
     },
     /// An op of this side ended without effect (a terminal error, a close, TTL expiry).
     Futile {
         /// Address.
-        obj: String,
+        obj: Address,
         /// The op id.
-        op_id: String,
+        op_id: OpId,
         /// Why.
         code: String,
     },
@@ -281,20 +281,20 @@ pub struct Machine {
     /// Prefix of op ids minted in this boot (a seed passed in, distinct per boot).
     boot: u64,
     minted: u64,
-    objects: BTreeMap<String, Object>,
-    bounces: BTreeMap<String, (String, Time)>,
+    objects: BTreeMap<Address, Object>,
+    bounces: BTreeMap<OpId, (String, Time)>,
     /// Bounce tombstones by when they were made (the oldest is evicted or expires first).
-    bounce_order: BTreeSet<(Time, String)>,
+    bounce_order: BTreeSet<(Time, OpId)>,
     /// The timer table: each object's next deadline (gap resync, transient retry, TTL expiry,
     /// retention), ordered, so the next wake and the due objects cost O(log n).
-    timers: BTreeSet<(Time, String)>,
+    timers: BTreeSet<(Time, Address)>,
     /// Each armed object's entry in `timers`.
-    deadlines: BTreeMap<String, Time>,
+    deadlines: BTreeMap<Address, Time>,
     /// Objects the step in progress touched: their deadlines are re-armed and their outboxes
     /// offered to the link when it ends (no step walks every object).
-    touched: BTreeSet<String>,
+    touched: BTreeSet<Address>,
     /// Objects with entries in each unpersisted batch: persisting it may let them transmit.
-    awaiting_persist: VecDeque<(BatchId, String)>,
+    awaiting_persist: VecDeque<(BatchId, Address)>,
     link_up: bool,
     last_heard: Time,
     /// The peer broke the protocol on this link ([`Event::Violation`]): nothing more it sends
@@ -411,7 +411,7 @@ impl Machine {
             .iter()
             .map(|(op_id, (_, at))| (*at, op_id.clone()))
             .collect();
-        let names: Vec<String> = machine.objects.keys().cloned().collect();
+        let names: Vec<Address> = machine.objects.keys().cloned().collect();
         for name in names {
             machine.rearm(&name);
         }
@@ -468,7 +468,7 @@ impl Machine {
             .objects
             .iter()
             .filter(|(_, object)| !object.outbox.is_empty())
-            .map(|(name, object)| (name.clone(), object.outbox.len() as u64))
+            .map(|(name, object)| (name.to_string(), object.outbox.len() as u64))
             .collect();
         stats
     }
@@ -663,7 +663,7 @@ impl Machine {
             return;
         }
         if let Some(obj) = &env.obj {
-            self.touch(obj.as_str());
+            self.touch(obj);
         }
         match env.kind {
             Verb::Ack => self.on_ack(&env),
@@ -699,9 +699,10 @@ impl Machine {
         kind: ObjKind,
         obj: &str,
         cap: Option<&str>,
-    ) -> Result<String, CommandError> {
-        Address::parse(obj)?;
-        self.touch(obj);
+    ) -> Result<OpId, CommandError> {
+        let name = Address::parse(obj)?;
+        let name = self.interned(obj).unwrap_or(name);
+        self.touch(&name);
         check_text(cap)?;
         if self
             .objects
@@ -716,7 +717,7 @@ impl Machine {
         self.bound_retained_objects();
         let open_id = self.mint();
         let record = ObjectRecord {
-            obj: obj.to_owned(),
+            obj: name.clone(),
             kind,
             opened_by: Side::Local,
             open_id: open_id.clone(),
@@ -725,8 +726,8 @@ impl Machine {
             rx_next: 0,
         };
         let object = Object::new(record);
-        self.objects.insert(obj.to_owned(), object);
-        let mut op = self.op(now, obj, Verb::Open, open_id.clone());
+        self.objects.insert(name.clone(), object);
+        let mut op = self.op(now, &name, Verb::Open, open_id.clone());
         op.obj_kind = Some(kind);
         op.cap = cap.map(str::to_owned);
         self.enqueue(op);
@@ -747,12 +748,12 @@ impl Machine {
 
     /// A one-way message on a live object (or one still opening: it follows the open).
     /// Returns its op id; [`Event::Acked`] reports it durable at the peer.
-    pub fn send(&mut self, now: Time, obj: &str, body: Bytes) -> Result<String, CommandError> {
+    pub fn send(&mut self, now: Time, obj: &str, body: Bytes) -> Result<OpId, CommandError> {
         self.message(now, obj, Verb::Send, body)
     }
 
     /// A request on a live session; the peer's answers arrive as [`Event::Answered`].
-    pub fn req(&mut self, now: Time, obj: &str, body: Bytes) -> Result<String, CommandError> {
+    pub fn req(&mut self, now: Time, obj: &str, body: Bytes) -> Result<OpId, CommandError> {
         self.message(now, obj, Verb::Req, body)
     }
 
@@ -774,9 +775,10 @@ impl Machine {
         check_text(Some(req_id))?;
         check_body(body.as_ref())?;
         self.live_for_app(obj)?;
-        self.touch(obj);
+        let name = self.interned(obj).ok_or_else(|| no_such(obj))?;
+        self.touch(&name);
         self.check_room(obj)?;
-        let mut op = self.op(now, obj, verb, req_id.to_owned());
+        let mut op = self.op(now, &name, verb, OpId::new(req_id));
         op.body = body;
         op.code = code.map(str::to_owned);
         self.enqueue(op);
@@ -791,10 +793,10 @@ impl Machine {
             if let Some(seq) = seq {
                 object.inbox.remove(&seq);
                 self.staged.push(Record::InboxRemoved {
-                    obj: obj.to_owned(),
+                    obj: name.clone(),
                     seq,
                 });
-                self.stage_credit(obj);
+                self.stage_credit(&name);
             }
         }
         self.end_step(now);
@@ -804,18 +806,18 @@ impl Machine {
     /// Closes an object. Ops enqueued before the close still go first.
     pub fn close(&mut self, now: Time, obj: &str, reason: &str) -> Result<(), CommandError> {
         check_text(Some(reason))?;
-        self.touch_open(obj)?;
+        let name = self.touch_open(obj)?;
         let id = self.mint();
-        let mut op = self.op(now, obj, Verb::Close, id);
+        let mut op = self.op(now, &name, Verb::Close, id);
         op.reason = Some(reason.to_owned());
         self.enqueue(op);
         if let Some(object) = self.objects.get_mut(obj) {
             object.record.state = ObjectState::Closed(now);
             self.staged.push(Record::Object(object.record.clone()));
         }
-        self.drop_unanswerable_reqs(obj);
+        self.drop_unanswerable_reqs(&name);
         let event = Event::Closed {
-            obj: obj.to_owned(),
+            obj: name,
             reason: Some(reason.to_owned()),
             by_remote: false,
         };
@@ -826,20 +828,21 @@ impl Machine {
 
     /// The app is done with delivery `seq` of `obj`: its durable copy is dropped.
     pub fn consume(&mut self, now: Time, obj: &str, seq: u64) -> bool {
-        if self.objects.contains_key(obj) {
-            self.touch(obj);
+        let name = self.interned(obj);
+        if let Some(name) = &name {
+            self.touch(name);
         }
         let removed = self
             .objects
             .get_mut(obj)
             .and_then(|object| object.inbox.remove(&seq))
             .is_some();
-        if removed {
+        if let (true, Some(name)) = (removed, name) {
             self.staged.push(Record::InboxRemoved {
-                obj: obj.to_owned(),
+                obj: name.clone(),
                 seq,
             });
-            self.stage_credit(obj);
+            self.stage_credit(&name);
         }
         self.end_step(now);
         removed

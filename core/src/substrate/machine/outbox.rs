@@ -53,7 +53,7 @@ pub(super) struct Outbox {
     pub(super) cursor: u64,
     /// Seqs by op id (answers share the id of the req they answer), so that finding the op
     /// an answer or an err names costs a lookup, not a scan.
-    pub(super) by_id: BTreeMap<String, std::collections::BTreeSet<u64>>,
+    pub(super) by_id: BTreeMap<OpId, std::collections::BTreeSet<u64>>,
 }
 
 /// The entries alone: the indexes and the cursor follow from them (a fingerprint that

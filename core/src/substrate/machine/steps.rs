@@ -6,16 +6,26 @@ use super::*;
 impl Machine {
     /// Marks `obj` touched; it must exist and be live or opening (an open in flight still
     /// takes ops, which wait behind it).
-    pub(super) fn touch_open(&mut self, obj: &str) -> Result<(), CommandError> {
-        self.touched.insert(obj.to_owned());
-        let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
-        if !matches!(
-            object.record.state,
-            ObjectState::Live | ObjectState::Opening
-        ) {
+    /// Returns the object's name as the machine holds it.
+    pub(super) fn touch_open(&mut self, obj: &str) -> Result<Address, CommandError> {
+        let (name, object) = self
+            .objects
+            .get_key_value(obj)
+            .ok_or_else(|| no_such(obj))?;
+        let (name, state) = (name.clone(), object.record.state);
+        self.touched.insert(name.clone());
+        if !matches!(state, ObjectState::Live | ObjectState::Opening) {
             return Err(CommandError::WrongState(obj.to_owned()));
         }
-        Ok(())
+        Ok(name)
+    }
+
+    /// The name the machine holds for `obj`, if it holds the object: records and frames share
+    /// it instead of copying the app's text.
+    pub(super) fn interned(&self, obj: &str) -> Option<Address> {
+        self.objects
+            .get_key_value(obj)
+            .map(|(name, _)| name.clone())
     }
 
     pub(super) fn decide(
@@ -24,7 +34,8 @@ impl Machine {
         obj: &str,
         reject: Option<&str>,
     ) -> Result<(), CommandError> {
-        self.touched.insert(obj.to_owned());
+        let name = self.interned(obj).ok_or_else(|| no_such(obj))?;
+        self.touched.insert(name.clone());
         let object = self.objects.get_mut(obj).ok_or_else(|| no_such(obj))?;
         if object.record.state != ObjectState::AwaitingAccept {
             return Err(CommandError::WrongState(obj.to_owned()));
@@ -39,7 +50,7 @@ impl Machine {
         } else {
             Verb::Accept
         };
-        let mut op = self.op(now, obj, verb, open_id);
+        let mut op = self.op(now, &name, verb, open_id);
         op.code = reject.map(str::to_owned);
         self.enqueue(op);
         self.end_step(now);
@@ -52,12 +63,12 @@ impl Machine {
         obj: &str,
         verb: Verb,
         body: Bytes,
-    ) -> Result<String, CommandError> {
+    ) -> Result<OpId, CommandError> {
         check_body(Some(&body))?;
-        self.touch_open(obj)?;
+        let name = self.touch_open(obj)?;
         self.check_room(obj)?;
         let id = self.mint();
-        let mut op = self.op(now, obj, verb, id.clone());
+        let mut op = self.op(now, &name, verb, id.clone());
         op.body = Some(body);
         self.enqueue(op);
         self.end_step(now);
@@ -68,7 +79,7 @@ impl Machine {
     /// object becomes the peer's, awaiting this side's decision, and this side's open and
     /// everything queued behind it end futile with `open_conflict` (only the open can have
     /// left: nothing follows an open on the wire before it is accepted).
-    pub(super) fn lose_open_race(&mut self, obj: &str, theirs: Op) {
+    pub(super) fn lose_open_race(&mut self, obj: &Address, theirs: Op) {
         let ours = self.objects[obj].record.open_id.clone();
         let open_pending = self.objects[obj].outbox.seq_of(&ours).is_some();
         self.purge_outbox(obj, finality::OPEN_CONFLICT, |_| true);
@@ -80,7 +91,7 @@ impl Machine {
                 .entry(finality::OPEN_CONFLICT.to_owned())
                 .or_default() += 1;
             let event = Event::Futile {
-                obj: obj.to_owned(),
+                obj: obj.clone(),
                 op_id: ours,
                 code: finality::OPEN_CONFLICT.to_owned(),
             };
@@ -100,7 +111,7 @@ impl Machine {
 
     /// A closed object's reqs can never be answered: their deliveries leave the inbox (and
     /// are not delivered again after a restart). Sends stay until the app consumes them.
-    pub(super) fn drop_unanswerable_reqs(&mut self, obj: &str) {
+    pub(super) fn drop_unanswerable_reqs(&mut self, obj: &Address) {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
@@ -114,7 +125,7 @@ impl Machine {
         for seq in reqs {
             object.inbox.remove(&seq);
             self.staged.push(Record::InboxRemoved {
-                obj: obj.to_owned(),
+                obj: obj.clone(),
                 seq,
             });
         }
@@ -175,14 +186,14 @@ impl Machine {
             .count()
     }
 
-    pub(super) fn mint(&mut self) -> String {
+    pub(super) fn mint(&mut self) -> OpId {
         self.minted += 1;
-        format!("{:016x}{:016x}", self.boot, self.minted)
+        OpId::from_words(self.boot, self.minted)
     }
 
-    pub(super) fn op(&self, now: Time, obj: &str, verb: Verb, id: String) -> Op {
+    pub(super) fn op(&self, now: Time, obj: &Address, verb: Verb, id: OpId) -> Op {
         Op {
-            obj: obj.to_owned(),
+            obj: obj.clone(),
             seq: 0,
             id,
             verb,
@@ -273,7 +284,7 @@ impl Machine {
     /// Puts every persisted, transmittable outbox op of the `touched` objects on the wire,
     /// within each object's window and credit (an object no input touched has nothing new
     /// to send: what unblocks an object is an input about it).
-    pub(super) fn transmit_ready(&mut self, now: Time, touched: &BTreeSet<String>) {
+    pub(super) fn transmit_ready(&mut self, now: Time, touched: &BTreeSet<Address>) {
         let window = self.window;
         let persisted = self.persisted_through;
         let initial_credit = self.initial_credit;

@@ -4,7 +4,7 @@
 use super::*;
 
 impl Machine {
-    pub(super) fn object_timers(&mut self, now: Time, name: &str) {
+    pub(super) fn object_timers(&mut self, now: Time, name: &Address) {
         let config = self.config.clone();
         let link_up = self.link_up;
         let object = self.objects.get_mut(name).expect("listed by the caller");
@@ -16,7 +16,7 @@ impl Machine {
             if due && allowed && link_up {
                 object.last_resync = Some(now);
                 let mut env = Env::new(Verb::Resync);
-                env.obj = Some(Address::parse(name).expect("stored objects have valid names"));
+                env.obj = Some(name.clone());
                 env.from_seq = Some(object.record.rx_next);
                 self.stats.resyncs_sent += 1;
                 self.send_now(now, Envelope::new(env));
@@ -46,7 +46,7 @@ impl Machine {
     }
 
     /// Forgets `obj` (retired or evicted), its timer with it.
-    pub(super) fn remove_object(&mut self, obj: &str) {
+    pub(super) fn remove_object(&mut self, obj: &Address) {
         self.objects.remove(obj);
         if let Some(at) = self.deadlines.remove(obj) {
             self.timers.remove(&(at, obj.to_owned()));
@@ -58,7 +58,7 @@ impl Machine {
     }
 
     /// The step in progress concerns `obj`.
-    pub(super) fn touch(&mut self, obj: &str) {
+    pub(super) fn touch(&mut self, obj: &Address) {
         if !self.touched.contains(obj) {
             self.touched.insert(obj.to_owned());
         }
@@ -70,7 +70,7 @@ impl Machine {
     }
 
     /// Sets `obj`'s entry in the timer table to its next deadline (or none).
-    pub(super) fn rearm(&mut self, obj: &str) {
+    pub(super) fn rearm(&mut self, obj: &Address) {
         let next = self.objects.get(obj).and_then(|o| self.next_deadline(o));
         let before = self.deadlines.get(obj).copied();
         if before == next {
