@@ -107,7 +107,7 @@ fn group_commit(c: &mut Criterion) {
                         .execute(params![
                             "peer",
                             op.obj.as_str(),
-                            op.seq as i64,
+                            op.seq.get() as i64,
                             op.id.as_str(),
                             op.verb.as_str(),
                             Option::<&str>::None,

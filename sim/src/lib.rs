@@ -527,17 +527,17 @@ async fn receiver(
                     Inbound::Request(r) => (&r.obj, r.seq, &r.req_id, &r.body),
                     _ => unreachable!("matched above"),
                 };
-                record_delivery(&ledger, obj, seq, op_id, body);
+                record_delivery(&ledger, obj, seq.get(), op_id, body);
                 holding.push_back(item);
                 let mut l = lock(&ledger);
                 l.stall_held_max = l.stall_held_max.max(holding.len() as u64);
             }
             item => {
                 if let Inbound::Message(m) = &item {
-                    record_delivery(&ledger, &m.obj, m.seq, &m.op_id, &m.body);
+                    record_delivery(&ledger, &m.obj, m.seq.get(), &m.op_id, &m.body);
                 }
                 if let Inbound::Request(r) = &item {
-                    record_delivery(&ledger, &r.obj, r.seq, &r.req_id, &r.body);
+                    record_delivery(&ledger, &r.obj, r.seq.get(), &r.req_id, &r.body);
                 }
                 consume(&ledger, item).await;
             }
@@ -1072,7 +1072,7 @@ fn outstanding(ledger: &Shared, disk_a: &Arc<Mutex<Disk>>, disk_b: &Arc<Mutex<Di
         let disk = disk.lock().unwrap_or_else(PoisonError::into_inner);
         for state in disk.peers.values() {
             let rows = |map: &BTreeMap<
-                (tether_core::substrate::Address, u64),
+                (tether_core::substrate::Address, tether_core::substrate::Seq),
                 tether_core::substrate::Op,
             >| {
                 map.keys()

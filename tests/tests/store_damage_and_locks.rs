@@ -35,7 +35,7 @@ fn temp_dir(name: &str) -> PathBuf {
 fn send(seq: u64) -> Record {
     Record::Outbox(Op {
         obj: Address::parse("q").expect("an address"),
-        seq,
+        seq: seq.into(),
         id: format!("m-{seq}").into(),
         verb: Verb::Send,
         obj_kind: None,
@@ -65,7 +65,7 @@ fn store_command(verb: &str, path: &Path) -> (i32, Option<serde_json::Value>, St
 
 fn seqs(store: &LogStore, peer: &PeerId) -> Vec<u64> {
     let state = store.load(peer).expect("load");
-    state.outbox.values().map(|op| op.seq).collect()
+    state.outbox.values().map(|op| op.seq.get()).collect()
 }
 
 #[test]

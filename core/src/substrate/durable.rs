@@ -25,6 +25,64 @@ use crate::wire::envelope::{Address, ObjKind, OpId, Verb};
 #[serde(transparent)]
 pub struct BatchId(pub u64);
 
+/// A position in one direction of one object's op sequence (`seq`): ops are numbered from 0
+/// in the order their sender enqueued them. Frontiers, floors and credit limits are positions
+/// too ("every seq below it ..."); a count of ops is a plain number, and adding one to a
+/// position or taking two apart is the only arithmetic between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
+#[serde(transparent)]
+pub struct Seq(pub u64);
+
+impl Seq {
+    /// The first position.
+    pub const ZERO: Seq = Seq(0);
+
+    /// The position as a number (on the wire, in a store).
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// `count` positions further on, stopping at the last one.
+    pub const fn saturating_add(self, count: u64) -> Seq {
+        Seq(self.0.saturating_add(count))
+    }
+}
+
+impl std::fmt::Display for Seq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<u64> for Seq {
+    fn from(seq: u64) -> Self {
+        Seq(seq)
+    }
+}
+
+/// `count` positions further on. Positions stay below `SUBSTRATE_SEQ_MAX` (a peer's number past
+/// it is refused), so this never nears overflow; overflow checks in debug builds still hold it.
+impl std::ops::Add<u64> for Seq {
+    type Output = Seq;
+    fn add(self, count: u64) -> Seq {
+        Seq(self.0 + count)
+    }
+}
+
+impl std::ops::AddAssign<u64> for Seq {
+    fn add_assign(&mut self, count: u64) {
+        self.0 += count;
+    }
+}
+
+/// How many positions lie from `earlier` up to `self` (callers compare first).
+impl std::ops::Sub for Seq {
+    type Output = u64;
+    fn sub(self, earlier: Seq) -> u64 {
+        self.0 - earlier.0
+    }
+}
+
 /// Which side opened an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -72,9 +130,9 @@ pub struct ObjectRecord {
     /// Lifecycle state.
     pub state: ObjectState,
     /// The seq the next op of this side's direction gets.
-    pub tx_next: u64,
+    pub tx_next: Seq,
     /// The frontier of the remote's direction: every seq below it is delivered.
-    pub rx_next: u64,
+    pub rx_next: Seq,
 }
 
 /// One op as persisted: in the outbox (this side's), held above the frontier or in the inbox
@@ -84,7 +142,7 @@ pub struct Op {
     /// Object address.
     pub obj: Address,
     /// Seq in its direction.
-    pub seq: u64,
+    pub seq: Seq,
     /// The op's id; for answers (accept, reject, res, end, err) the id of the op answered.
     pub id: OpId,
     /// The verb.
@@ -120,7 +178,7 @@ pub enum Record {
         /// Address.
         obj: Address,
         /// Seq.
-        seq: u64,
+        seq: Seq,
     },
     /// An op of the remote held above the frontier (persisted before its hop ack).
     Held(Op),
@@ -129,7 +187,7 @@ pub enum Record {
         /// Address.
         obj: Address,
         /// Seq.
-        seq: u64,
+        seq: Seq,
     },
     /// A delivered op the app has not consumed yet.
     Inbox(Op),
@@ -138,7 +196,7 @@ pub enum Record {
         /// Address.
         obj: Address,
         /// Seq.
-        seq: u64,
+        seq: Seq,
     },
     /// An op id bounced (unknown object): its stored outcome, re-served to duplicates.
     Bounce {
@@ -169,9 +227,9 @@ pub struct PersistBatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Row<'a> {
     Object(&'a str),
-    Outbox(&'a str, u64),
-    Held(&'a str, u64),
-    Inbox(&'a str, u64),
+    Outbox(&'a str, Seq),
+    Held(&'a str, Seq),
+    Inbox(&'a str, Seq),
     Bounce(&'a str),
 }
 
@@ -218,11 +276,11 @@ pub struct DurableState {
     /// Objects by address.
     pub objects: BTreeMap<Address, ObjectRecord>,
     /// Outbox ops by (address, seq).
-    pub outbox: BTreeMap<(Address, u64), Op>,
+    pub outbox: BTreeMap<(Address, Seq), Op>,
     /// Held ops by (address, seq).
-    pub held: BTreeMap<(Address, u64), Op>,
+    pub held: BTreeMap<(Address, Seq), Op>,
     /// Unconsumed deliveries by (address, seq).
-    pub inbox: BTreeMap<(Address, u64), Op>,
+    pub inbox: BTreeMap<(Address, Seq), Op>,
     /// Bounce tombstones by op id: (code, when).
     pub bounces: BTreeMap<OpId, (String, Time)>,
 }
@@ -234,7 +292,7 @@ impl DurableState {
     }
 
     fn apply_record(&mut self, record: &Record) {
-        let key = |obj: &Address, seq: u64| (obj.clone(), seq);
+        let key = |obj: &Address, seq: Seq| (obj.clone(), seq);
         match record {
             Record::Object(object) => {
                 self.objects.insert(object.obj.clone(), object.clone());
@@ -298,7 +356,7 @@ mod tests {
     fn op(obj: &str, seq: u64, body: u8) -> Op {
         Op {
             obj: addr(obj),
-            seq,
+            seq: Seq(seq),
             id: format!("{obj}-{seq}").into(),
             verb: Verb::Send,
             obj_kind: None,
@@ -317,8 +375,8 @@ mod tests {
             opened_by: Side::Local,
             open_id: "o".into(),
             state: ObjectState::Live,
-            tx_next: next,
-            rx_next: next,
+            tx_next: Seq(next),
+            rx_next: Seq(next),
         }
     }
 
@@ -332,14 +390,21 @@ mod tests {
                 .prop_map(|obj| Record::ObjectRemoved { obj: addr(obj) }),
             (obj.clone(), seq.clone(), any::<u8>())
                 .prop_map(|(o, s, b)| Record::Outbox(op(o, s, b))),
-            (obj.clone(), seq.clone())
-                .prop_map(|(o, seq)| Record::OutboxRemoved { obj: addr(o), seq }),
+            (obj.clone(), seq.clone()).prop_map(|(o, seq)| Record::OutboxRemoved {
+                obj: addr(o),
+                seq: Seq(seq)
+            }),
             (obj.clone(), seq.clone(), any::<u8>()).prop_map(|(o, s, b)| Record::Held(op(o, s, b))),
-            (obj.clone(), seq.clone())
-                .prop_map(|(o, seq)| Record::HeldRemoved { obj: addr(o), seq }),
+            (obj.clone(), seq.clone()).prop_map(|(o, seq)| Record::HeldRemoved {
+                obj: addr(o),
+                seq: Seq(seq)
+            }),
             (obj.clone(), seq.clone(), any::<u8>())
                 .prop_map(|(o, s, b)| Record::Inbox(op(o, s, b))),
-            (obj, seq).prop_map(|(o, seq)| Record::InboxRemoved { obj: addr(o), seq }),
+            (obj, seq).prop_map(|(o, seq)| Record::InboxRemoved {
+                obj: addr(o),
+                seq: Seq(seq)
+            }),
             (0u8..2, any::<u8>()).prop_map(|(n, at)| Record::Bounce {
                 op_id: format!("x{n}").into(),
                 code: "no_such_object".to_owned(),
@@ -403,7 +468,7 @@ mod tests {
                 Record::Outbox(op("a", 2, 3)),
                 Record::OutboxRemoved {
                     obj: addr("a"),
-                    seq: 0,
+                    seq: Seq::ZERO,
                 },
             ],
         ]);
@@ -416,7 +481,7 @@ mod tests {
                 &Record::Outbox(op("a", 2, 3)),
                 &Record::OutboxRemoved {
                     obj: addr("a"),
-                    seq: 0
+                    seq: Seq::ZERO
                 },
             ]
         );

@@ -231,7 +231,7 @@ impl Harness {
     pub fn consume_some(&mut self, id: Party, count: usize) {
         let now = self.now;
         let node = self.node(id);
-        let pending: Vec<(crate::wire::envelope::Address, u64)> = node
+        let pending: Vec<(crate::wire::envelope::Address, super::Seq)> = node
             .machine
             .pending_deliveries()
             .into_iter()

@@ -38,7 +38,7 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use super::{ObjectRecord, ObjectState, Op, Record, Side};
+use super::{ObjectRecord, ObjectState, Op, Record, Seq, Side};
 use crate::limits::LOG_ENTRY_BYTES_MAX;
 use crate::time::Time;
 use crate::wire::envelope::{Address, ObjKind, OpId, Verb};
@@ -257,8 +257,8 @@ pub fn encode_record(format: LogFormat, record: &Record, out: &mut Vec<u8>) {
             if let Some(at) = at {
                 put_u64(p, at.as_millis());
             }
-            put_u64(p, object.tx_next);
-            put_u64(p, object.rx_next);
+            put_u64(p, object.tx_next.get());
+            put_u64(p, object.rx_next.get());
         }
         Record::ObjectRemoved { obj } => {
             p.push(TAG_OBJECT_REMOVED);
@@ -497,7 +497,7 @@ fn put_opt_str(out: &mut Vec<u8>, text: Option<&str>) {
 fn put_op(out: &mut Vec<u8>, tag: u8, op: &Op) {
     out.push(tag);
     put_str(out, &op.obj);
-    put_u64(out, op.seq);
+    put_u64(out, op.seq.get());
     put_str(out, &op.id);
     put_str(out, op.verb.as_str());
     put_opt_str(out, op.obj_kind.map(ObjKind::as_str));
@@ -514,10 +514,10 @@ fn put_op(out: &mut Vec<u8>, tag: u8, op: &Op) {
     put_u64(out, op.at.as_millis());
 }
 
-fn put_removal(out: &mut Vec<u8>, tag: u8, obj: &str, seq: u64) {
+fn put_removal(out: &mut Vec<u8>, tag: u8, obj: &str, seq: Seq) {
     out.push(tag);
     put_str(out, obj);
-    put_u64(out, seq);
+    put_u64(out, seq.get());
 }
 
 /// Reads fields off the front of one entry's payload.
@@ -543,6 +543,10 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("eight bytes"),
         ))
+    }
+
+    fn seq(&mut self) -> Result<Seq, LogError> {
+        self.u64().map(Seq)
     }
 
     fn bytes(&mut self) -> Result<&'a [u8], LogError> {
@@ -629,8 +633,8 @@ impl<'a> Reader<'a> {
                     opened_by,
                     open_id,
                     state,
-                    tx_next: self.u64()?,
-                    rx_next: self.u64()?,
+                    tx_next: self.seq()?,
+                    rx_next: self.seq()?,
                 })
             }
             TAG_OBJECT_REMOVED => Record::ObjectRemoved {
@@ -641,15 +645,15 @@ impl<'a> Reader<'a> {
             TAG_INBOX => Record::Inbox(self.op()?),
             TAG_OUTBOX_REMOVED => Record::OutboxRemoved {
                 obj: self.address()?,
-                seq: self.u64()?,
+                seq: self.seq()?,
             },
             TAG_HELD_REMOVED => Record::HeldRemoved {
                 obj: self.address()?,
-                seq: self.u64()?,
+                seq: self.seq()?,
             },
             TAG_INBOX_REMOVED => Record::InboxRemoved {
                 obj: self.address()?,
-                seq: self.u64()?,
+                seq: self.seq()?,
             },
             TAG_BOUNCE => Record::Bounce {
                 op_id: self.op_id()?,
@@ -666,7 +670,7 @@ impl<'a> Reader<'a> {
 
     fn op(&mut self) -> Result<Op, LogError> {
         let obj = self.address()?;
-        let seq = self.u64()?;
+        let seq = self.seq()?;
         let id = self.op_id()?;
         let verb = std::str::from_utf8(self.bytes()?)
             .ok()
@@ -705,7 +709,7 @@ mod tests {
     fn op(verb: Verb, body: Option<&[u8]>) -> Op {
         Op {
             obj: Address::parse("q").expect("an address"),
-            seq: 7,
+            seq: Seq(7),
             id: "m-1".into(),
             verb,
             obj_kind: (verb == Verb::Open).then_some(ObjKind::Queue),
@@ -1077,7 +1081,7 @@ mod tests {
             .prop_map(
                 |((obj, seq, id, verb), obj_kind, body, (code, reason, cap), at)| Op {
                     obj,
-                    seq,
+                    seq: Seq(seq),
                     id,
                     verb,
                     obj_kind,
@@ -1114,8 +1118,8 @@ mod tests {
                             opened_by,
                             open_id,
                             state,
-                            tx_next,
-                            rx_next,
+                            tx_next: Seq(tx_next),
+                            rx_next: Seq(rx_next),
                         })
                     }
                 ),
@@ -1126,9 +1130,11 @@ mod tests {
             op.clone().prop_map(Record::Held),
             op.prop_map(Record::Inbox),
             (address.clone(), any::<u64>())
-                .prop_map(|(obj, seq)| Record::OutboxRemoved { obj, seq }),
-            (address.clone(), any::<u64>()).prop_map(|(obj, seq)| Record::HeldRemoved { obj, seq }),
-            (address, any::<u64>()).prop_map(|(obj, seq)| Record::InboxRemoved { obj, seq }),
+                .prop_map(|(obj, seq)| Record::OutboxRemoved { obj, seq: Seq(seq) }),
+            (address.clone(), any::<u64>())
+                .prop_map(|(obj, seq)| Record::HeldRemoved { obj, seq: Seq(seq) }),
+            (address, any::<u64>())
+                .prop_map(|(obj, seq)| Record::InboxRemoved { obj, seq: Seq(seq) }),
             (id.clone(), text, time).prop_map(|(op_id, code, at)| Record::Bounce {
                 op_id,
                 code,

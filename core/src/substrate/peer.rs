@@ -32,7 +32,7 @@ use super::finality::Code;
 use super::handshake::{Channel, Negotiated, Role};
 use super::link::{LinkClose, PeerLink};
 use super::machine::{CommandError, Event, Machine};
-use super::{Address, OpId, PeerId, PersistBatch};
+use super::{Address, OpId, PeerId, PersistBatch, Seq};
 use crate::limits::{
     SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS,
     SUBSTRATE_REPLY_BYTES_MAX, SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS,
@@ -124,7 +124,7 @@ pub enum Command {
         /// The object.
         obj: Address,
         /// The delivery's seq.
-        seq: u64,
+        seq: Seq,
     },
 }
 

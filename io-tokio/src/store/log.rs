@@ -1126,7 +1126,7 @@ impl Store for LogStore {
 mod tests {
     use super::*;
     use crate::store::sqlite::tests::batches;
-    use tether_core::substrate::{Address, BatchId};
+    use tether_core::substrate::{Address, BatchId, Seq};
 
     #[test]
     fn a_compaction_never_writes_over_the_log_whatever_its_name() {
@@ -1361,7 +1361,11 @@ mod tests {
             for (peer, seq) in [("a", 0), ("c", 2)] {
                 let state = store.load(&PeerId::new(peer)).expect("load");
                 assert_eq!(
-                    state.outbox.values().map(|op| op.seq).collect::<Vec<_>>(),
+                    state
+                        .outbox
+                        .values()
+                        .map(|op| op.seq.get())
+                        .collect::<Vec<_>>(),
                     [seq]
                 );
             }
@@ -1482,7 +1486,7 @@ mod tests {
             if let Some(before) = round.checked_sub(1) {
                 records.push(Record::OutboxRemoved {
                     obj: Address::parse("q").expect("an address"),
-                    seq: before,
+                    seq: Seq(before),
                 });
             }
             let batch = PersistBatch {
@@ -1552,7 +1556,7 @@ mod tests {
             id: BatchId(41),
             records: vec![Record::OutboxRemoved {
                 obj: Address::parse("q").expect("an address"),
-                seq: 0,
+                seq: Seq::ZERO,
             }],
         };
         store.commit(&peer, &[removal]).expect("commit");
@@ -1644,7 +1648,7 @@ mod tests {
                 if let Some(before) = seq.checked_sub(1) {
                     records.push(Record::OutboxRemoved {
                         obj: Address::parse("q").expect("an address"),
-                        seq: before,
+                        seq: Seq(before),
                     });
                 }
                 let batch = PersistBatch {
@@ -1675,7 +1679,7 @@ mod tests {
     fn send(seq: u64) -> tether_core::substrate::Op {
         tether_core::substrate::Op {
             obj: Address::parse("q").expect("an address"),
-            seq,
+            seq: Seq(seq),
             id: format!("m-{seq}").into(),
             verb: tether_core::wire::envelope::Verb::Send,
             obj_kind: None,

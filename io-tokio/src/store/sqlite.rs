@@ -28,7 +28,7 @@ use bytes::Bytes;
 use rusqlite::{params, CachedStatement, Connection, OptionalExtension, Row, Transaction};
 use tether_core::substrate::{
     effective_records, DurableState, ObjectRecord, ObjectState, Op, PeerId, PersistBatch, Record,
-    Side,
+    Seq, Side,
 };
 use tether_core::time::Time;
 use tether_core::wire::envelope::{Address, ObjKind, OpId, Verb};
@@ -283,8 +283,8 @@ impl SqliteStore {
                     object.open_id.as_str(),
                     state,
                     at,
-                    to_sql_u64(object.tx_next),
-                    to_sql_u64(object.rx_next),
+                    to_sql_u64(object.tx_next.get()),
+                    to_sql_u64(object.rx_next.get()),
                 ])?;
             }
             Record::ObjectRemoved { obj } => {
@@ -297,9 +297,9 @@ impl SqliteStore {
             Record::Inbox(op) => {
                 insert_op(prepared.get(Statement::Inbox)?, peer, Some("delivered"), op)?;
             }
-            Record::OutboxRemoved { obj, seq } => removals.add(None, obj, *seq),
-            Record::HeldRemoved { obj, seq } => removals.add(Some("held"), obj, *seq),
-            Record::InboxRemoved { obj, seq } => removals.add(Some("delivered"), obj, *seq),
+            Record::OutboxRemoved { obj, seq } => removals.add(None, obj, seq.get()),
+            Record::HeldRemoved { obj, seq } => removals.add(Some("held"), obj, seq.get()),
+            Record::InboxRemoved { obj, seq } => removals.add(Some("delivered"), obj, seq.get()),
             Record::Bounce { op_id, code, at } => {
                 prepared.get(Statement::Bounce)?.execute(params![
                     peer,
@@ -632,7 +632,7 @@ fn insert_op(
     let values = params![
         peer,
         op.obj.as_str(),
-        to_sql_u64(op.seq),
+        to_sql_u64(op.seq.get()),
         op.id.as_str(),
         op.verb.as_str(),
         op.obj_kind.map(ObjKind::as_str),
@@ -658,7 +658,7 @@ fn op_from_row(row: &Row<'_>) -> Result<Op, StoreError> {
     let id: String = row.get(2)?;
     Ok(Op {
         obj: address_from_sql("ops", &obj)?,
-        seq: from_sql_u64(row.get(1)?),
+        seq: Seq(from_sql_u64(row.get(1)?)),
         id: OpId::from(id),
         verb: Verb::parse(&verb).ok_or_else(|| corrupt("ops", format!("verb {verb:?}")))?,
         obj_kind: obj_kind.as_deref().map(kind_from_sql).transpose()?,
@@ -687,8 +687,8 @@ fn object_from_row(row: &Row<'_>) -> Result<ObjectRecord, StoreError> {
         },
         open_id: OpId::from(open_id),
         state: state_from_sql(&state, at)?,
-        tx_next: from_sql_u64(row.get(6)?),
-        rx_next: from_sql_u64(row.get(7)?),
+        tx_next: Seq(from_sql_u64(row.get(6)?)),
+        rx_next: Seq(from_sql_u64(row.get(7)?)),
     })
 }
 
@@ -762,7 +762,7 @@ pub(crate) mod tests {
     fn op(obj: &str, seq: u64, verb: Verb) -> Op {
         Op {
             obj: Address::parse(obj).expect("an address"),
-            seq,
+            seq: Seq(seq),
             id: format!("id-{seq}").into(),
             verb,
             obj_kind: (verb == Verb::Open).then_some(ObjKind::Session),
@@ -781,8 +781,8 @@ pub(crate) mod tests {
             opened_by: Side::Remote,
             open_id: "open-1".into(),
             state,
-            tx_next: 7,
-            rx_next: u64::MAX,
+            tx_next: Seq(7),
+            rx_next: Seq(u64::MAX),
         }
     }
 
@@ -809,12 +809,12 @@ pub(crate) mod tests {
                 records: vec![
                     Record::OutboxRemoved {
                         obj: Address::parse("a").expect("an address"),
-                        seq: 0,
+                        seq: Seq::ZERO,
                     },
                     Record::Inbox(op("a", 4, Verb::Send)),
                     Record::HeldRemoved {
                         obj: Address::parse("a").expect("an address"),
-                        seq: 4,
+                        seq: Seq(4),
                     },
                 ],
             },
@@ -1106,7 +1106,7 @@ pub(crate) mod tests {
             )
                 .prop_map(|(obj, seq, verb, body)| Op {
                     obj: Address::parse(obj).expect("an address"),
-                    seq,
+                    seq: Seq(seq),
                     id: format!("id{seq}").into(),
                     verb,
                     obj_kind: (verb == Verb::Open).then_some(ObjKind::Queue),
@@ -1135,8 +1135,8 @@ pub(crate) mod tests {
                                 opened_by,
                                 open_id: open_id.into(),
                                 state,
-                                tx_next: tx,
-                                rx_next: rx,
+                                tx_next: Seq(tx),
+                                rx_next: Seq(rx),
                             })
                         }
                     ),
@@ -1148,15 +1148,15 @@ pub(crate) mod tests {
                 op.prop_map(Record::Inbox),
                 (obj.clone(), seq.clone()).prop_map(|(obj, seq)| Record::OutboxRemoved {
                     obj: Address::parse(obj).expect("an address"),
-                    seq
+                    seq: Seq(seq)
                 }),
                 (obj.clone(), seq.clone()).prop_map(|(obj, seq)| Record::HeldRemoved {
                     obj: Address::parse(obj).expect("an address"),
-                    seq
+                    seq: Seq(seq)
                 }),
                 (obj, seq).prop_map(|(obj, seq)| Record::InboxRemoved {
                     obj: Address::parse(obj).expect("an address"),
-                    seq
+                    seq: Seq(seq)
                 }),
                 (0u8..4, 0u64..50).prop_map(|(n, at)| Record::Bounce {
                     op_id: format!("b{n}").into(),
@@ -1204,7 +1204,7 @@ pub(crate) mod tests {
     fn removals_are_deleted_in_runs_that_never_cross_the_sign_of_a_stored_seq() {
         let removed = |seq| Record::OutboxRemoved {
             obj: Address::parse("a").expect("an address"),
-            seq,
+            seq: Seq(seq),
         };
         let edge = i64::MAX as u64;
         let records = [
@@ -1218,7 +1218,7 @@ pub(crate) mod tests {
             removed(edge + 2),
             Record::InboxRemoved {
                 obj: Address::parse("a").expect("an address"),
-                seq: 6,
+                seq: Seq(6),
             },
         ];
         let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
@@ -1262,7 +1262,7 @@ pub(crate) mod tests {
         ];
         let inserts = seqs.iter().map(|seq| {
             Record::Outbox(Op {
-                seq: *seq,
+                seq: Seq(*seq),
                 id: format!("id-{seq}").into(),
                 ..op("a", 0, Verb::Send)
             })
@@ -1282,7 +1282,7 @@ pub(crate) mod tests {
             .expect("load")
             .outbox
             .keys()
-            .map(|(_, seq)| *seq)
+            .map(|(_, seq)| seq.get())
             .collect();
         assert_eq!(left, vec![4, 8, edge - 2, edge + 3]);
     }

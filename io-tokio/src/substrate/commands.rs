@@ -287,12 +287,18 @@ mod tests {
         assert!(matches!(tx.issue(op), Issued::Queued));
         let consume = PeerCommand::Consume {
             obj: tether_core::substrate::Address::parse("q").expect("an address"),
-            seq: 1,
+            seq: tether_core::substrate::Seq(1),
         };
         tx.control(Command::App(consume, None));
         assert!(matches!(
             rx.try_recv(false),
-            Some(Command::App(PeerCommand::Consume { seq: 1, .. }, None))
+            Some(Command::App(
+                PeerCommand::Consume {
+                    seq: tether_core::substrate::Seq(1),
+                    ..
+                },
+                None
+            ))
         ));
         assert!(rx.try_recv(false).is_none(), "ops held back");
         assert!(matches!(

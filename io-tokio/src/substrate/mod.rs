@@ -64,6 +64,7 @@ use tracing::{info, warn};
 pub use tether_core::substrate::handshake::{Auth, PeerKeys};
 pub use tether_core::substrate::{
     AllowAll, Authorizer, Code, CommandError, Config, Denial, Interceptor, PeerId, ScopeAuthorizer,
+    Seq,
 };
 pub use tether_core::wire::envelope::{Address, ObjKind, OpId};
 pub use transport::{Link, LinkStream, TcpTransport, Transport};
@@ -347,7 +348,7 @@ pub struct Delivery {
     /// The object.
     pub obj: Address,
     /// Its seq in the object's direction (strictly increasing per object).
-    pub seq: u64,
+    pub seq: Seq,
     /// The sender's op id.
     pub op_id: OpId,
     /// The body.
@@ -376,7 +377,7 @@ pub struct Request {
     /// The session.
     pub obj: Address,
     /// Its seq.
-    pub seq: u64,
+    pub seq: Seq,
     /// The req's op id.
     pub req_id: OpId,
     /// The body.

@@ -34,17 +34,17 @@ pub(super) fn open_requested(record: &ObjectRecord, cap: Option<String>) -> Even
     }
 }
 
-pub(super) fn op_frame(op: &Op, receipt: u64, floor: u64) -> Envelope {
+pub(super) fn op_frame(op: &Op, receipt: u64, floor: Seq) -> Envelope {
     let mut env = Env::new(op.verb);
     env.obj = Some(op.obj.clone());
     env.obj_kind = op.obj_kind;
     env.id = Some(op.id.clone());
-    env.seq = Some(op.seq);
+    env.seq = Some(op.seq.get());
     env.receipt = Some(receipt);
     env.code = op.code.clone();
     env.reason = op.reason.clone();
     env.cap = op.cap.clone();
-    env.floor = Some(floor);
+    env.floor = Some(floor.get());
     Envelope {
         body: op.body.clone(),
         ..Envelope::new(env)
@@ -54,24 +54,24 @@ pub(super) fn op_frame(op: &Op, receipt: u64, floor: u64) -> Envelope {
 pub(super) fn ack_frame(
     obj: &Address,
     id: &OpId,
-    seq: u64,
+    seq: Seq,
     receipt: u64,
-    limit: Option<u64>,
+    limit: Option<Seq>,
 ) -> Envelope {
     let mut env = Env::new(Verb::Ack);
     env.obj = Some(obj.clone());
     env.id = Some(id.clone());
-    env.seq = Some(seq);
+    env.seq = Some(seq.get());
     env.receipt = Some(receipt);
-    env.limit = limit;
+    env.limit = limit.map(Seq::get);
     Envelope::new(env)
 }
 
 /// A credit update: the peer may transmit seqs of `obj` below `limit`.
-pub(super) fn credit_frame(obj: &Address, limit: u64) -> Envelope {
+pub(super) fn credit_frame(obj: &Address, limit: Seq) -> Envelope {
     let mut env = Env::new(Verb::Ack);
     env.obj = Some(obj.clone());
-    env.limit = Some(limit);
+    env.limit = Some(limit.get());
     Envelope::new(env)
 }
 
@@ -91,10 +91,10 @@ pub(super) fn dishonest_number(env: &Env) -> Option<&'static str> {
 
 /// A floor announcement: every seq of this side's direction of `obj` below `floor` ended or
 /// was acked.
-pub(super) fn floor_frame(obj: &Address, floor: u64) -> Envelope {
+pub(super) fn floor_frame(obj: &Address, floor: Seq) -> Envelope {
     let mut env = Env::new(Verb::Resync);
     env.obj = Some(obj.clone());
-    env.floor = Some(floor);
+    env.floor = Some(floor.get());
     Envelope::new(env)
 }
 

@@ -5,7 +5,8 @@ use super::*;
 
 impl Machine {
     pub(super) fn on_op(&mut self, now: Time, env: Env, body: Option<Bytes>) {
-        let (Some(obj), Some(id), Some(seq)) = (env.obj.clone(), env.id.clone(), env.seq) else {
+        let (Some(obj), Some(id), Some(seq)) = (env.obj.clone(), env.id.clone(), env.seq.map(Seq))
+        else {
             self.stats.malformed += 1;
             return;
         };
@@ -56,7 +57,7 @@ impl Machine {
             self.stats.finality_rejected += 1;
             return;
         }
-        self.sequence(now, op, receipt, env.floor.unwrap_or(0));
+        self.sequence(now, op, receipt, Seq(env.floor.unwrap_or(0)));
     }
 
     /// An op for an object this side does not know.
@@ -74,12 +75,12 @@ impl Machine {
                     opened_by: Side::Remote,
                     open_id: op.id.clone(),
                     state: ObjectState::AwaitingAccept,
-                    tx_next: 0,
-                    rx_next: 0,
+                    tx_next: Seq::ZERO,
+                    rx_next: Seq::ZERO,
                 };
                 let object = Object::new(record);
                 self.objects.insert(op.obj.clone(), object);
-                self.sequence(now, op, receipt, 0);
+                self.sequence(now, op, receipt, Seq::ZERO);
             }
             // Laws 2 and 4: a killing verb or an err to an unknown object is never bounced.
             Verb::Close | Verb::Err => self.stats.finality_rejected += 1,
@@ -118,7 +119,7 @@ impl Machine {
     }
 
     /// The receiving half of per-object FIFO.
-    pub(super) fn sequence(&mut self, now: Time, op: Op, receipt: u64, floor: u64) {
+    pub(super) fn sequence(&mut self, now: Time, op: Op, receipt: u64, floor: Seq) {
         let obj = op.obj.clone();
         self.advance_to_floor(now, &obj, floor);
         let window = self.config.receive_window;
@@ -158,7 +159,7 @@ impl Machine {
     /// The peer's floor: every seq of its direction below `floor` ended there or was acked.
     /// The acked ones are held here (durably): they are delivered, in order. Only the seqs
     /// never received are skipped.
-    pub(super) fn advance_to_floor(&mut self, now: Time, obj: &Address, floor: u64) {
+    pub(super) fn advance_to_floor(&mut self, now: Time, obj: &Address, floor: Seq) {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
@@ -188,7 +189,7 @@ impl Machine {
 
     /// A hop ack of the peer's op `seq`, with news of this side's credit when there is any,
     /// released with the batch that made the op durable.
-    pub(super) fn stage_ack(&mut self, obj: &Address, id: &OpId, seq: u64, receipt: u64) {
+    pub(super) fn stage_ack(&mut self, obj: &Address, id: &OpId, seq: Seq, receipt: u64) {
         let limit = self.credit_news(obj);
         let frame = ack_frame(obj, id, seq, receipt, limit);
         self.staged_outputs.push(Deferred::Transmit(frame));
@@ -207,7 +208,7 @@ impl Machine {
     /// The credit to tell the peer now, if any: more than it was told, and either it may be
     /// waiting for it (it used every seq it was told) or the news is worth half a window.
     /// Telling less often keeps acks small and identical across histories.
-    pub(super) fn credit_news(&mut self, obj: &str) -> Option<u64> {
+    pub(super) fn credit_news(&mut self, obj: &str) -> Option<Seq> {
         let window = self.config.receive_window;
         let initial = self.initial_credit;
         let object = self.objects.get_mut(obj)?;
@@ -368,7 +369,7 @@ impl Machine {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
-        let seqs: Vec<u64> = object
+        let seqs: Vec<Seq> = object
             .outbox
             .values()
             .filter(|e| filter(e))
@@ -428,7 +429,7 @@ impl Machine {
                 *self.stats.transient.entry(code).or_default() += 1;
             }
             Class::Terminal => {
-                let is_open = seq == 0 && object.record.opened_by == Side::Local;
+                let is_open = seq == Seq::ZERO && object.record.opened_by == Side::Local;
                 if is_open && object.record.state == ObjectState::Opening {
                     object.record.state = ObjectState::Rejected(now);
                     let event = Event::Rejected {
@@ -450,9 +451,9 @@ impl Machine {
             return;
         };
         if let (Some(limit), Some(object)) = (env.limit, self.objects.get_mut(obj)) {
-            object.tx_limit = object.tx_limit.max(limit);
+            object.tx_limit = object.tx_limit.max(Seq(limit));
         }
-        let (Some(seq), Some(receipt)) = (env.seq, env.receipt) else {
+        let (Some(seq), Some(receipt)) = (env.seq.map(Seq), env.receipt) else {
             // A credit update carries only the object and its limit.
             if env.limit.is_none() {
                 self.stats.malformed += 1;
@@ -488,7 +489,7 @@ impl Machine {
             self.stats.malformed += 1;
             return;
         };
-        match (env.from_seq, env.floor) {
+        match (env.from_seq.map(Seq), env.floor.map(Seq)) {
             (Some(from), _) => {
                 self.stats.resyncs_received += 1;
                 let Some(object) = self.objects.get_mut(obj) else {

@@ -49,7 +49,7 @@ use bytes::Bytes;
 
 use super::authorize::{AuthorizeContext, Authorizer};
 use super::durable::{
-    BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record, Side,
+    BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record, Seq, Side,
 };
 use super::finality::{self, class_of, Class};
 use super::{Config, PeerId, Stats};
@@ -186,21 +186,21 @@ struct Object {
     record: ObjectRecord,
     outbox: Outbox,
     /// Early ops of the remote, with their arrival time.
-    held: BTreeMap<u64, Op>,
+    held: BTreeMap<Seq, Op>,
     /// Delivered, not yet consumed by the app.
-    inbox: BTreeMap<u64, Op>,
+    inbox: BTreeMap<Seq, Op>,
     /// When the current gap was first seen.
     gap_since: Option<Time>,
     last_resync: Option<Time>,
     /// Sending: the credit the peer gave beyond the link's initial credit (memory; the peer
     /// repeats it on every link).
-    tx_limit: u64,
+    tx_limit: Seq,
     /// Sending: the highest floor told to the peer on this link.
-    floor_sent: u64,
+    floor_sent: Seq,
     /// Sending: the highest seq of this side that ended without an ack (memory).
-    ended_max: Option<u64>,
+    ended_max: Option<Seq>,
     /// Receiving: the highest credit told to the peer on this link (beyond the initial one).
-    limit_sent: u64,
+    limit_sent: Seq,
 }
 
 impl Object {
@@ -214,21 +214,21 @@ impl Object {
             inbox: BTreeMap::new(),
             gap_since: None,
             last_resync: None,
-            tx_limit: 0,
-            floor_sent: 0,
+            tx_limit: Seq::ZERO,
+            floor_sent: Seq::ZERO,
             ended_max: None,
-            limit_sent: 0,
+            limit_sent: Seq::ZERO,
         }
     }
 
     /// The lowest seq still in the outbox, or the next to assign: the sender's `floor`.
-    fn floor(&self) -> u64 {
+    fn floor(&self) -> Seq {
         self.outbox.first_seq().unwrap_or(self.record.tx_next)
     }
 
     /// The credit this side gives the peer: seqs below it fit in `window` (held plus
     /// unconsumed). Never falls: a delivery into the inbox moves the frontier with it.
-    fn receive_limit(&self, window: u64) -> u64 {
+    fn receive_limit(&self, window: u64) -> Seq {
         let unconsumed = self.inbox.len() as u64;
         self.record
             .rx_next
@@ -236,10 +236,10 @@ impl Object {
     }
 
     /// The highest seq of the peer seen here, plus one.
-    fn seen_end(&self) -> u64 {
+    fn seen_end(&self) -> Seq {
         self.held
             .last_key_value()
-            .map_or(self.record.rx_next, |(seq, _)| seq + 1)
+            .map_or(self.record.rx_next, |(seq, _)| *seq + 1)
     }
 
     /// Whether the peer must be told the floor: an op of this side ended at or above what the
@@ -274,7 +274,8 @@ pub struct Machine {
     window: usize,
     /// The receive window both sides agreed on in the handshake: the credit every object
     /// starts with, in both directions.
-    initial_credit: u64,
+    /// As a limit: positions start at 0, so the credit is also the first limit.
+    initial_credit: Seq,
     /// Jitter for transient retries, seeded per boot.
     jitter: Jitter,
     authorizer: Arc<Authorizer>,
@@ -334,7 +335,7 @@ impl Machine {
         Self {
             remote,
             window: config.in_flight_max,
-            initial_credit: config.receive_window,
+            initial_credit: Seq(config.receive_window),
             jitter: Jitter::new(boot ^ 0x7e7e_7e7e),
             config,
             authorizer,
@@ -535,12 +536,12 @@ impl Machine {
         self.touch_all();
         let window = self.config.receive_window;
         for (name, object) in &mut self.objects {
-            object.outbox.land_from(0);
-            object.floor_sent = 0;
+            object.outbox.land_from(Seq::ZERO);
+            object.floor_sent = Seq::ZERO;
             // The peer's credit may have grown on a link it never heard of (or the peer
             // restarted): tell it wherever it is above the start.
             let limit = object.receive_limit(window);
-            object.limit_sent = 0;
+            object.limit_sent = Seq::ZERO;
             // A peer that never got past the starting credit learns of more from the ack of
             // the op that uses its last seq; only one beyond it needs telling now.
             if limit > self.initial_credit && object.seen_end() >= self.initial_credit {
@@ -571,7 +572,7 @@ impl Machine {
     /// agreed on (the smaller of the two offers, never above this side's). Both sides know it,
     /// so neither needs telling. Call before [`Machine::handle_link_up`].
     pub fn set_initial_credit(&mut self, negotiated: u64) {
-        self.initial_credit = negotiated.clamp(1, self.config.receive_window);
+        self.initial_credit = Seq(negotiated.clamp(1, self.config.receive_window));
     }
 
     /// The link is gone. Nothing is lost: un-acked ops stay in the outbox.
@@ -722,8 +723,8 @@ impl Machine {
             opened_by: Side::Local,
             open_id: open_id.clone(),
             state: ObjectState::Opening,
-            tx_next: 0,
-            rx_next: 0,
+            tx_next: Seq::ZERO,
+            rx_next: Seq::ZERO,
         };
         let object = Object::new(record);
         self.objects.insert(name.clone(), object);
@@ -827,7 +828,7 @@ impl Machine {
     }
 
     /// The app is done with delivery `seq` of `obj`: its durable copy is dropped.
-    pub fn consume(&mut self, now: Time, obj: &str, seq: u64) -> bool {
+    pub fn consume(&mut self, now: Time, obj: &str, seq: Seq) -> bool {
         let name = self.interned(obj);
         if let Some(name) = &name {
             self.touch(name);

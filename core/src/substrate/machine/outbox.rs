@@ -42,18 +42,18 @@ impl Outgoing {
 /// resumes.
 #[derive(Clone, Default)]
 pub(super) struct Outbox {
-    pub(super) entries: BTreeMap<u64, Outgoing>,
+    pub(super) entries: BTreeMap<Seq, Outgoing>,
     pub(super) in_flight: usize,
     /// Seqs of entries the queue TTL applies to (never sent), in seq order, which is also
     /// the order of their enqueue times within a boot.
-    pub(super) expirable: BTreeSet<u64>,
+    pub(super) expirable: BTreeSet<Seq>,
     /// Entries waiting on a transient retry, by when.
-    pub(super) retrying: BTreeSet<(Time, u64)>,
+    pub(super) retrying: BTreeSet<(Time, Seq)>,
     /// No entry below this seq needs transmitting (they are in flight or waiting).
-    pub(super) cursor: u64,
+    pub(super) cursor: Seq,
     /// Seqs by op id (answers share the id of the req they answer), so that finding the op
     /// an answer or an err names costs a lookup, not a scan.
-    pub(super) by_id: BTreeMap<OpId, std::collections::BTreeSet<u64>>,
+    pub(super) by_id: BTreeMap<OpId, std::collections::BTreeSet<Seq>>,
 }
 
 /// The entries alone: the indexes and the cursor follow from them (a fingerprint that
@@ -92,7 +92,7 @@ impl Outbox {
         self.entries.insert(entry.op.seq, entry);
     }
 
-    pub(super) fn remove(&mut self, seq: u64) -> Option<Outgoing> {
+    pub(super) fn remove(&mut self, seq: Seq) -> Option<Outgoing> {
         let entry = self.entries.remove(&seq)?;
         self.in_flight -= usize::from(entry.in_flight);
         self.expirable.remove(&seq);
@@ -108,7 +108,7 @@ impl Outbox {
         Some(entry)
     }
 
-    pub(super) fn get(&self, seq: u64) -> Option<&Outgoing> {
+    pub(super) fn get(&self, seq: Seq) -> Option<&Outgoing> {
         self.entries.get(&seq)
     }
 
@@ -124,13 +124,13 @@ impl Outbox {
         self.entries.is_empty()
     }
 
-    pub(super) fn first_seq(&self) -> Option<u64> {
+    pub(super) fn first_seq(&self) -> Option<Seq> {
         self.entries.keys().next().copied()
     }
 
     /// The seq of the op with id `id`, if it was ever transmitted (only such ops can be
     /// answered by the peer's substrate).
-    pub(super) fn transmitted_seq_of(&self, id: &str) -> Option<u64> {
+    pub(super) fn transmitted_seq_of(&self, id: &str) -> Option<Seq> {
         self.by_id
             .get(id)?
             .iter()
@@ -138,12 +138,12 @@ impl Outbox {
             .find(|seq| self.entries.get(seq).is_some_and(|e| e.receipt > 0))
     }
 
-    pub(super) fn seq_of(&self, id: &str) -> Option<u64> {
+    pub(super) fn seq_of(&self, id: &str) -> Option<Seq> {
         self.by_id.get(id)?.iter().next().copied()
     }
 
     /// Marks entries from `from` on as not in flight: they go out again with new receipts.
-    pub(super) fn land_from(&mut self, from: u64) {
+    pub(super) fn land_from(&mut self, from: Seq) {
         for entry in self.entries.range_mut(from..).map(|(_, entry)| entry) {
             self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
         }
@@ -152,7 +152,7 @@ impl Outbox {
 
     /// Counts a transient answer to entry `seq`; returns the count before it (the backoff
     /// attempt).
-    pub(super) fn note_transient(&mut self, seq: u64) -> u32 {
+    pub(super) fn note_transient(&mut self, seq: Seq) -> u32 {
         let Some(entry) = self.entries.get_mut(&seq) else {
             return 0;
         };
@@ -162,7 +162,7 @@ impl Outbox {
     }
 
     /// A transient error: the entry waits until `at`, then goes out again.
-    pub(super) fn retry_at(&mut self, seq: u64, at: Time) {
+    pub(super) fn retry_at(&mut self, seq: Seq, at: Time) {
         if let Some(entry) = self.entries.get_mut(&seq) {
             self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
             if let Some(before) = entry.retry_at.replace(at) {
@@ -186,7 +186,7 @@ impl Outbox {
     }
 
     /// Seqs of never-sent entries enqueued `ttl` or more before `now`.
-    pub(super) fn expired(&self, now: Time, ttl: std::time::Duration) -> Vec<u64> {
+    pub(super) fn expired(&self, now: Time, ttl: std::time::Duration) -> Vec<Seq> {
         self.expirable
             .iter()
             .copied()
@@ -208,7 +208,7 @@ impl Outbox {
         persisted: BatchId,
         opening: bool,
         window: usize,
-        (floor, limit): (u64, u64),
+        (floor, limit): (Seq, Seq),
         out: &mut VecDeque<Envelope>,
     ) -> bool {
         let mut sent = false;
@@ -240,8 +240,12 @@ impl Outbox {
         }
         // Everything before `resume` is in flight or waiting on a retry (which lowers the
         // cursor again when it ends).
-        self.cursor =
-            resume.unwrap_or_else(|| self.entries.keys().next_back().map_or(0, |s| s + 1));
+        self.cursor = resume.unwrap_or_else(|| {
+            self.entries
+                .keys()
+                .next_back()
+                .map_or(Seq::ZERO, |s| *s + 1)
+        });
         debug_assert_eq!(
             self.in_flight,
             self.entries.values().filter(|e| e.in_flight).count()

@@ -115,7 +115,7 @@ impl Machine {
         let Some(object) = self.objects.get_mut(obj) else {
             return;
         };
-        let reqs: Vec<u64> = object
+        let reqs: Vec<Seq> = object
             .inbox
             .iter()
             .filter(|(_, op)| op.verb == Verb::Req)
@@ -194,7 +194,7 @@ impl Machine {
     pub(super) fn op(&self, now: Time, obj: &Address, verb: Verb, id: OpId) -> Op {
         Op {
             obj: obj.clone(),
-            seq: 0,
+            seq: Seq::ZERO,
             id,
             verb,
             obj_kind: None,

@@ -17,7 +17,7 @@ impl Machine {
                 object.last_resync = Some(now);
                 let mut env = Env::new(Verb::Resync);
                 env.obj = Some(name.clone());
-                env.from_seq = Some(object.record.rx_next);
+                env.from_seq = Some(object.record.rx_next.get());
                 self.stats.resyncs_sent += 1;
                 self.send_now(now, Envelope::new(env));
             }
