@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use tether_core::driver::ask::Ask;
 use tether_core::driver::machine::RegisterError;
 use tether_core::driver::schedule::JoinPhase;
 use tether_core::driver::{
@@ -262,7 +263,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel: name,
                 conn,
                 ..
-            } => generation(driver.handle_connected(now, id(*peer), channel(name)?, *conn)),
+            } => generation(driver.ask_connected(now, id(*peer), channel(name)?, *conn)),
             DriverOp::Closed {
                 peer,
                 channel: name,
@@ -286,12 +287,12 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 direction: d,
                 ..
             } => Some(
-                match driver.handle_admit(now, &id(*peer), path(p)?, direction(d)?) {
+                match driver.ask_admit(now, &id(*peer), path(p)?, direction(d)?) {
                     Ok(()) => "ok".to_owned(),
                     Err(_) => "refused".to_owned(),
                 },
             ),
-            DriverOp::Send { peer, .. } => Some(match driver.handle_send(now, id(*peer)) {
+            DriverOp::Send { peer, .. } => Some(match driver.ask_send(now, id(*peer)) {
                 Send::Enqueue => "enqueue".to_owned(),
                 Send::Dropped(reason) => format!("drop:{}", reason.as_str()),
             }),
@@ -307,7 +308,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                     None => None,
                 };
                 Some(
-                    match driver.handle_batch(now, id(*peer), *frames, *swim, stream) {
+                    match driver.ask_batch(now, id(*peer), *frames, *swim, stream) {
                         Some(batch) => {
                             let kept = if batch.open_stream { "" } else { ":kept" };
                             format!("write:{}:{}{kept}", batch.generation.get(), batch.conn)
@@ -328,7 +329,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel: name,
                 ..
             } => Some(
-                match driver.handle_open(now, id(*peer), path(p)?, channel(name)?) {
+                match driver.ask_open(now, id(*peer), path(p)?, channel(name)?) {
                     Ok(open) => opened(open),
                     Err(_) => "refused".to_owned(),
                 },
@@ -338,7 +339,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel: name,
                 generation: g,
                 ..
-            } => Some(opened(driver.handle_open_failed(
+            } => Some(opened(driver.ask_open_failed(
                 now,
                 id(*peer),
                 channel(name)?,
@@ -367,7 +368,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 channel: name,
                 ticket,
                 ..
-            } => Some(opened(driver.handle_open_waited(
+            } => Some(opened(driver.ask_open_waited(
                 now,
                 id(*peer),
                 channel(name)?,
@@ -424,7 +425,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
             }
             DriverOp::Dialed { peer, conn, .. } => {
                 let result = conn.ok_or_else(|| "failed".to_owned());
-                generation(driver.handle_dialed(now, id(*peer), result))
+                generation(driver.ask_dialed(now, id(*peer), result))
             }
             DriverOp::Join {
                 peer,
@@ -433,7 +434,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 ..
             } => {
                 let direct = usize::try_from(*direct).unwrap_or(usize::MAX);
-                Some(match driver.handle_join(now, id(*peer), *relay, direct) {
+                Some(match driver.ask_join(now, id(*peer), *relay, direct) {
                     Ok(()) => "ok".to_owned(),
                     Err(_) => "refused".to_owned(),
                 })
@@ -443,7 +444,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 None
             }
             DriverOp::JoinSent { peer, conn, .. } => {
-                generation(driver.handle_join_sent(now, id(*peer), *conn))
+                generation(driver.ask_join_sent(now, id(*peer), *conn))
             }
             DriverOp::JoinFailed { peer, .. } => {
                 driver.handle_join_failed(now, id(*peer), "failed");
@@ -456,7 +457,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 ..
             } => {
                 let channel = channel(name.as_deref().unwrap_or("actor"))?;
-                Some(verdict(driver.handle_stream_fault(
+                Some(verdict(driver.ask_stream_fault(
                     now,
                     id(*peer),
                     channel,
@@ -467,7 +468,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 peer,
                 channel: name,
                 ..
-            } => Some(verdict(driver.handle_stream_unread(
+            } => Some(verdict(driver.ask_stream_unread(
                 now,
                 id(*peer),
                 channel(name)?,
@@ -486,7 +487,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 if *forged {
                     claim.signature[63] ^= 1;
                 }
-                Some(registered(driver.handle_register(now, claim)))
+                Some(registered(driver.ask_register(now, claim)))
             }
             DriverOp::HandOff {
                 actor,
@@ -501,7 +502,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 if *forged {
                     handoff.signature[63] ^= 1;
                 }
-                Some(registered(driver.handle_hand_off(
+                Some(registered(driver.ask_hand_off(
                     now,
                     ActorAddr([*actor; 32]),
                     to,

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+use tether_core::driver::ask::Ask;
 use tether_core::request::{
     self as core_request, Acquire, CreditGate, Credits, Direction, EmissionChecker, GrantOutcome,
     GrantRouter, Observed, ReceiveWindow, RefusalKind, ReorderBuffer, RequestKey, RequestTable,
@@ -864,7 +865,7 @@ fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
     let seed = tether_core::driver::NodeId([1u8; 32]);
     let mut driver: Driver<u64> = Driver::new(crate::driver::config(None));
     driver
-        .handle_join(Time::ZERO, seed, false, 1)
+        .ask_join(Time::ZERO, seed, false, 1)
         .map_err(|_| "the seed was refused".to_owned())?;
     // The attempts the machine starts: attempt 1 at once, each later one when it is due.
     let attempts = |driver: &mut Driver<u64>| {
@@ -904,7 +905,7 @@ fn core_join(case: &JoinCase) -> Result<JoinCase, String> {
         match event.event {
             JoinEventKind::Connected => driver.handle_join_connected(at, seed),
             JoinEventKind::Sent => {
-                driver.handle_join_sent(at, seed, conn);
+                driver.ask_join_sent(at, seed, conn);
             }
             JoinEventKind::Failed => driver.handle_join_failed(at, seed, "failed"),
         }
@@ -1072,7 +1073,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                 }
                 let sender = node(from.unwrap_or(*host));
                 step.claim = Some(
-                    match driver.handle_claim(now, sender, &bytes) {
+                    match driver.ask_claim(now, sender, &bytes) {
                         ClaimVerdict::Accepted => "accepted",
                         ClaimVerdict::Stale => "stale",
                         ClaimVerdict::Forged => "forged",
@@ -1108,15 +1109,15 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                 // The section is about where frames go, not dialing: every peer has a cached
                 // actor connection (connected before its first frame).
                 if driver.connection(&node(*peer), Channel::Actor).is_none() {
-                    driver.handle_connected(now, node(*peer), Channel::Actor, u64::from(*peer));
+                    driver.ask_connected(now, node(*peer), Channel::Actor, u64::from(*peer));
                 }
-                step.egress = Some(match driver.handle_send(now, node(*peer)) {
+                step.egress = Some(match driver.ask_send(now, node(*peer)) {
                     Send::Enqueue => format!("peer:{peer}"),
                     Send::Dropped(why) => format!("drop:{}", why.as_str()),
                 });
             }
             RoutingOp::EgressActor { actor } => {
-                step.egress = Some(match driver.handle_send_to_actor(now, addr(*actor)) {
+                step.egress = Some(match driver.ask_send_to_actor(now, addr(*actor)) {
                     Ok(peer) => format!("peer:{}", number(peer)),
                     Err(why) => format!("drop:{}", why.as_str()),
                 });

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+use super::ask::Ask;
 use super::directory::{ClaimVerdict, Handoff, HostClaim};
 use super::machine::RegisterError;
 use super::machine::{
@@ -567,7 +568,7 @@ impl World {
         let now = self.time();
         let verdict = self.sims[n]
             .driver
-            .handle_open(now, peer, channel.path(), channel);
+            .ask_open(now, peer, channel.path(), channel);
         let permitted = self.auths[n].permits(&peer);
         if self.sims[n].closed {
             // A closed node still judges the peer first, then opens nothing and orders
@@ -635,7 +636,7 @@ impl World {
                     self.opens.dead_cached += 1;
                     self.sims[n]
                         .driver
-                        .handle_open_failed(now, peer, channel, generation)
+                        .ask_open_failed(now, peer, channel, generation)
                 }
                 Open::Dial { ticket, .. } => {
                     if self
@@ -719,9 +720,7 @@ impl World {
         };
         match conn {
             Some(conn) => {
-                let generation = self.sims[n]
-                    .driver
-                    .handle_connected(now, peer, channel, conn);
+                let generation = self.sims[n].driver.ask_connected(now, peer, channel, conn);
                 self.cached_by(n, conn, peer, channel, generation);
                 self.opens.placed(channel);
             }
@@ -759,7 +758,7 @@ impl World {
         }
         let waiter = self.opens.waiters.remove(woken[pick % woken.len()]);
         let now = self.time();
-        let verdict = self.sims[waiter.node].driver.handle_open_waited(
+        let verdict = self.sims[waiter.node].driver.ask_open_waited(
             now,
             waiter.peer,
             waiter.channel,
@@ -881,7 +880,7 @@ impl World {
                 claim.signature[usize::from(a) % 64] ^= 1 << (b & 7);
             }
             let now = self.time();
-            let result = self.sims[n].driver.handle_register(now, claim);
+            let result = self.sims[n].driver.ask_register(now, claim);
             let held = self.claims.local.get(&(n, actor)).copied();
             let expected = match held {
                 _ if bad => Err(RegisterError::BadSignature),
@@ -933,7 +932,7 @@ impl World {
         let handoff = Handoff::sign(&secret(n), &actor, &new_host, generation);
         let result = self.sims[n]
             .driver
-            .handle_hand_off(now, actor, new_host, generation, handoff);
+            .ask_hand_off(now, actor, new_host, generation, handoff);
         let expected = match held {
             None => Err(RegisterError::NotHosted),
             Some(_) => Ok(()),
@@ -958,7 +957,7 @@ impl World {
             return Ok(());
         }
         let claim = HostClaim::sign(&secret(to), actor, generation).with_handoff(handoff);
-        let result = self.sims[to].driver.handle_register(now, claim);
+        let result = self.sims[to].driver.ask_register(now, claim);
         let mine = self.claims.local.get(&(to, actor)).copied();
         let expected = match mine {
             Some(mine) if mine >= generation => Err(RegisterError::Stale),
@@ -1002,7 +1001,7 @@ impl World {
             self.claims.apply(to, &claim)
         };
         let now = self.time();
-        let verdict = self.sims[to].driver.handle_claim(now, sender, &bytes);
+        let verdict = self.sims[to].driver.ask_claim(now, sender, &bytes);
         *self.claims.verdicts.entry(verdict).or_default() += 1;
         if verdict != expected {
             return Err(format!(
@@ -1116,7 +1115,7 @@ impl World {
         let now = self.time();
         let verdict = self.sims[source]
             .driver
-            .handle_telemetry_control(now, collector, &bytes);
+            .ask_telemetry_control(now, collector, &bytes);
         if verdict != expected {
             return Err(format!(
                 "node {source}: {control:?} from {from} (malformed {malformed}) judged {verdict:?}, \
@@ -1371,7 +1370,7 @@ impl World {
         sim.sent += 1;
         let now = Time::from_millis(self.now);
         if !sim.writers.contains_key(&peer) {
-            match sim.driver.handle_send(now, peer) {
+            match sim.driver.ask_send(now, peer) {
                 Send::Enqueue => {
                     sim.writers.insert(
                         peer,
@@ -1417,7 +1416,7 @@ impl World {
         let swim = frames.iter().any(|f| f.swim);
         writer.last_swim = swim;
         let open = writer.stream;
-        match sim.driver.handle_batch(
+        match sim.driver.ask_batch(
             now,
             peer,
             frames.len() as u64,
@@ -1594,7 +1593,7 @@ impl World {
         };
         let now = self.time();
         let result = conn.ok_or_else(|| "no answer".to_owned());
-        let generation = self.sims[n].driver.handle_dialed(now, peer, result);
+        let generation = self.sims[n].driver.ask_dialed(now, peer, result);
         if let Some(conn) = conn {
             self.cached_by(n, conn, peer, Channel::Actor, generation);
         }
@@ -1615,7 +1614,7 @@ impl World {
         match conn {
             Some(conn) => {
                 self.sims[n].driver.handle_join_connected(now, peer);
-                let generation = self.sims[n].driver.handle_join_sent(now, peer, conn);
+                let generation = self.sims[n].driver.ask_join_sent(now, peer, conn);
                 self.cached_by(n, conn, peer, Channel::Actor, generation);
             }
             None => self.sims[n]
@@ -1977,7 +1976,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
             9 => {
                 let seed = peers[usize::from(arg()) % peers.len()];
                 if !world.sims[n].closed {
-                    let _ = world.sims[n].driver.handle_join(now, seed, false, 1);
+                    let _ = world.sims[n].driver.ask_join(now, seed, false, 1);
                     world.actions(n)?;
                 }
             }
@@ -2000,7 +1999,7 @@ pub fn run_ops(data: &[u8]) -> Result<Report, String> {
                 let a = arg();
                 match a & 3 {
                     0 => {
-                        world.sims[n].driver.handle_stream_fault(
+                        world.sims[n].driver.ask_stream_fault(
                             now,
                             id(0),
                             Channel::Actor,

@@ -292,6 +292,78 @@ pub enum StreamVerdict {
     Stop(u32),
 }
 
+/// The machine's answer to an input whose caller waits on it ([`Driver::poll_answer`]): where
+/// an open goes, whether a frame is queued, what a writer writes on, what becomes of an
+/// unreadable stream, whether an app command was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Answer<C> {
+    /// [`Driver::handle_admit`], [`Driver::handle_join`]: admitted, or refused and counted.
+    Admitted(Result<(), Refused>),
+    /// [`Driver::handle_connected`], [`Driver::handle_dialed`], [`Driver::handle_join_sent`]:
+    /// the generation the connection is cached under, or `None` (a failed dial, or the node
+    /// closing: the connection is closed).
+    Cached(Option<Generation>),
+    /// [`Driver::handle_open`], [`Driver::handle_open_waited`], [`Driver::handle_open_failed`]:
+    /// where the open goes, or its refusal.
+    Open(Result<Open<C>, Refused>),
+    /// [`Driver::handle_send`]: queue the frame, or it was dropped.
+    Send(Send),
+    /// [`Driver::handle_batch`]: the connection to write the batch on, or `None` (dropped).
+    Batch(Option<Batch<C>>),
+    /// [`Driver::handle_stream_fault`], [`Driver::handle_stream_unread`].
+    Stream(StreamVerdict),
+    /// [`Driver::handle_register`], [`Driver::handle_hand_off`].
+    Registered(Result<(), RegisterError>),
+    /// [`Driver::handle_telemetry_control`].
+    Control(Option<ControlVerdict>),
+    /// [`Driver::handle_claim`], [`Driver::handle_checked_claim`].
+    Claim(ClaimVerdict),
+    /// [`Driver::handle_send_to_actor`]: the peer hosting the actor, or why the frame was
+    /// dropped.
+    Route(Result<NodeId, DropReason>),
+}
+
+/// Takes the one kind of answer an input gives out of an [`Answer`] (`None` for another kind).
+macro_rules! answer_of {
+    ($($(#[$doc:meta])* $name:ident: $variant:ident => $ty:ty;)*) => {
+        impl<C> Answer<C> {
+            $(
+                $(#[$doc])*
+                pub fn $name(self) -> Option<$ty> {
+                    match self {
+                        Answer::$variant(answer) => Some(answer),
+                        _ => None,
+                    }
+                }
+            )*
+        }
+    };
+}
+
+answer_of! {
+    /// An [`Answer::Admitted`].
+    admitted: Admitted => Result<(), Refused>;
+    /// An [`Answer::Cached`].
+    cached: Cached => Option<Generation>;
+    /// An [`Answer::Open`].
+    open: Open => Result<Open<C>, Refused>;
+    /// An [`Answer::Send`].
+    send: Send => Send;
+    /// An [`Answer::Batch`].
+    batch: Batch => Option<Batch<C>>;
+    /// An [`Answer::Stream`].
+    stream: Stream => StreamVerdict;
+    /// An [`Answer::Registered`].
+    registered: Registered => Result<(), RegisterError>;
+    /// An [`Answer::Control`].
+    control: Control => Option<ControlVerdict>;
+    /// An [`Answer::Claim`].
+    claim: Claim => ClaimVerdict;
+    /// An [`Answer::Route`].
+    route: Route => Result<NodeId, DropReason>;
+}
+
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action<C> {
@@ -574,6 +646,8 @@ pub struct Driver<C> {
     relay_hints: RelayHints,
     actions: VecDeque<Action<C>>,
     conn_events: VecDeque<ConnEvent>,
+    /// The answer to the input just handled, until [`Driver::poll_answer`] takes it.
+    answer: Option<Answer<C>>,
     conn_events_dropped: u64,
     drops: Drops,
     refusals: Refusals,
@@ -610,6 +684,7 @@ impl<C: Clone> Driver<C> {
             relay_hints,
             actions: VecDeque::new(),
             conn_events: VecDeque::new(),
+            answer: None,
             conn_events_dropped: 0,
             drops: Drops::default(),
             refusals: Refusals::default(),
@@ -625,6 +700,13 @@ impl<C: Clone> Driver<C> {
     /// The next thing to do.
     pub fn poll_action(&mut self) -> Option<Action<C>> {
         self.actions.pop_front()
+    }
+
+    /// The answer to the input just handled, for the inputs a caller waits on (each says which
+    /// [`Answer`] it gives); `None` after any other input. Poll it before the next input: the
+    /// next one's answer replaces it.
+    pub fn poll_answer(&mut self) -> Option<Answer<C>> {
+        self.answer.take()
     }
 
     /// The next connection event to report.
@@ -670,7 +752,15 @@ impl<C: Clone> Driver<C> {
 
     /// The allow-list check of `path` alone (a path whose other decisions are not the
     /// machine's: the substrate's peer book); counted when refused.
-    pub fn handle_admit(
+    ///
+    /// Answered by [`Answer::Admitted`] ([`Driver::poll_answer`]).
+    pub fn handle_admit(&mut self, now: Time, peer: &NodeId, path: Path, direction: Direction) {
+        let answer = self.answer_admit(now, peer, path, direction);
+        self.answer = Some(Answer::Admitted(answer));
+    }
+
+    /// What [`Driver::handle_admit`] answers.
+    fn answer_admit(
         &mut self,
         _now: Time,
         peer: &NodeId,
@@ -710,7 +800,7 @@ impl<C: Clone> Driver<C> {
 
     fn dispatch(&mut self, now: Time, peer: NodeId, alpn: &[u8], conn: C) -> Dispatch {
         let (path, channel) = self.classify(alpn);
-        if let Err(refused) = self.handle_admit(now, &peer, path, Direction::Inbound) {
+        if let Err(refused) = self.answer_admit(now, &peer, path, Direction::Inbound) {
             return Dispatch::Refused(refused);
         }
         if self.closed {
@@ -749,7 +839,15 @@ impl<C: Clone> Driver<C> {
     /// it is cached under the returned generation, and an open's dial in flight for the pair
     /// ends (whatever its ticket: its waiters take this connection), and a failure kept for
     /// the pair's waiters goes. Admission was asked before dialing.
-    pub fn handle_connected(
+    ///
+    /// Answered by [`Answer::Cached`] ([`Driver::poll_answer`]).
+    pub fn handle_connected(&mut self, now: Time, peer: NodeId, channel: Channel, conn: C) {
+        let answer = self.answer_connected(now, peer, channel, conn);
+        self.answer = Some(Answer::Cached(answer));
+    }
+
+    /// What [`Driver::handle_connected`] answers.
+    fn answer_connected(
         &mut self,
         _now: Time,
         peer: NodeId,
@@ -816,21 +914,43 @@ impl<C: Clone> Driver<C> {
     /// The application opens a stream to `peer` on `channel` (a protocol stream, or a record
     /// that must reach the peer, such as a subscription): the allow-list for `path` first
     /// (refused: counted, nothing else changes), then the cache decides where it goes.
-    pub fn handle_open(
+    ///
+    /// Answered by [`Answer::Open`] ([`Driver::poll_answer`]).
+    pub fn handle_open(&mut self, now: Time, peer: NodeId, path: Path, channel: Channel) {
+        let answer = self.answer_open(now, peer, path, channel);
+        self.answer = Some(Answer::Open(answer));
+    }
+
+    /// What [`Driver::handle_open`] answers.
+    fn answer_open(
         &mut self,
         now: Time,
         peer: NodeId,
         path: Path,
         channel: Channel,
     ) -> Result<Open<C>, Refused> {
-        self.handle_admit(now, &peer, path, Direction::Outbound)?;
+        self.answer_admit(now, &peer, path, Direction::Outbound)?;
         Ok(self.open_on(peer, channel))
     }
 
     /// An open told [`Open::Wait`] with `ticket` asks again (the machine's state moved): it
     /// takes a connection cached meanwhile, fails if that dial failed, waits on if it is still
     /// in flight, and otherwise goes where an open would now go.
+    ///
+    /// Answered by [`Answer::Open`] ([`Driver::poll_answer`]).
     pub fn handle_open_waited(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        channel: Channel,
+        ticket: DialTicket,
+    ) {
+        let answer = self.answer_open_waited(now, peer, channel, ticket);
+        self.answer = Some(Answer::Open(Ok(answer)));
+    }
+
+    /// What [`Driver::handle_open_waited`] answers.
+    fn answer_open_waited(
         &mut self,
         _now: Time,
         peer: NodeId,
@@ -958,7 +1078,21 @@ impl<C: Clone> Driver<C> {
     /// dead. That generation is evicted (a newer one stays) and the stream goes where an open
     /// would now go: a newer cached connection, a fresh dial (once: a failure there is the
     /// caller's error), or a wait for another open's dial.
+    ///
+    /// Answered by [`Answer::Open`] ([`Driver::poll_answer`]).
     pub fn handle_open_failed(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        channel: Channel,
+        generation: Generation,
+    ) {
+        let answer = self.answer_open_failed(now, peer, channel, generation);
+        self.answer = Some(Answer::Open(Ok(answer)));
+    }
+
+    /// What [`Driver::handle_open_failed`] answers.
+    fn answer_open_failed(
         &mut self,
         _now: Time,
         peer: NodeId,
@@ -1012,9 +1146,17 @@ impl<C: Clone> Driver<C> {
 
     /// A frame for `peer`, which has no egress queue (a peer with a queue was admitted when
     /// its queue started; the allow-list is fixed for the node's life).
-    pub fn handle_send(&mut self, now: Time, peer: NodeId) -> Send {
+    ///
+    /// Answered by [`Answer::Send`] ([`Driver::poll_answer`]).
+    pub fn handle_send(&mut self, now: Time, peer: NodeId) {
+        let answer = self.answer_send(now, peer);
+        self.answer = Some(Answer::Send(answer));
+    }
+
+    /// What [`Driver::handle_send`] answers.
+    fn answer_send(&mut self, now: Time, peer: NodeId) -> Send {
         if self
-            .handle_admit(now, &peer, Path::Actor, Direction::Outbound)
+            .answer_admit(now, &peer, Path::Actor, Direction::Outbound)
             .is_err()
         {
             return self.dropped(DropReason::Unauthorized);
@@ -1036,7 +1178,22 @@ impl<C: Clone> Driver<C> {
     /// stream open on the connection of generation `stream`, if any: the connection to write
     /// the batch on and whether to open a stream there first, or `None` (the batch is
     /// dropped, counted, and a dial starts).
+    ///
+    /// Answered by [`Answer::Batch`] ([`Driver::poll_answer`]).
     pub fn handle_batch(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        frames: u64,
+        swim: bool,
+        stream: Option<Generation>,
+    ) {
+        let answer = self.answer_batch(now, peer, frames, swim, stream);
+        self.answer = Some(Answer::Batch(answer));
+    }
+
+    /// What [`Driver::handle_batch`] answers.
+    fn answer_batch(
         &mut self,
         now: Time,
         peer: NodeId,
@@ -1120,7 +1277,15 @@ impl<C: Clone> Driver<C> {
     /// stream cannot be read further. An actor stream counts the malformed record and reads
     /// on past one it could skip. A telemetry or protocol stream has no record boundary to
     /// resume at: it stops (its consumer hears of the fault from the shell).
-    pub fn handle_stream_fault(
+    ///
+    /// Answered by [`Answer::Stream`] ([`Driver::poll_answer`]).
+    pub fn handle_stream_fault(&mut self, now: Time, peer: NodeId, channel: Channel, fatal: bool) {
+        let answer = self.answer_stream_fault(now, peer, channel, fatal);
+        self.answer = Some(Answer::Stream(answer));
+    }
+
+    /// What [`Driver::handle_stream_fault`] answers.
+    fn answer_stream_fault(
         &mut self,
         _now: Time,
         _peer: NodeId,
@@ -1142,7 +1307,15 @@ impl<C: Clone> Driver<C> {
     /// The local consumer of an inbound stream from `peer` on `channel` went away (a protocol
     /// dropped its ingress ring, every telemetry sink closed): the peer is told to stop
     /// sending with [`STOP_UNREAD`]; the connection and its other streams stay.
-    pub fn handle_stream_unread(
+    ///
+    /// Answered by [`Answer::Stream`] ([`Driver::poll_answer`]).
+    pub fn handle_stream_unread(&mut self, now: Time, peer: NodeId, channel: Channel) {
+        let answer = self.answer_stream_unread(now, peer, channel);
+        self.answer = Some(Answer::Stream(answer));
+    }
+
+    /// What [`Driver::handle_stream_unread`] answers.
+    fn answer_stream_unread(
         &mut self,
         _now: Time,
         _peer: NodeId,
@@ -1162,7 +1335,15 @@ impl<C: Clone> Driver<C> {
     }
 
     /// Dial attempt to `peer` ended: connected (cached; the returned generation) or failed.
-    pub fn handle_dialed(
+    ///
+    /// Answered by [`Answer::Cached`] ([`Driver::poll_answer`]).
+    pub fn handle_dialed(&mut self, now: Time, peer: NodeId, result: Result<C, String>) {
+        let answer = self.answer_dialed(now, peer, result);
+        self.answer = Some(Answer::Cached(answer));
+    }
+
+    /// What [`Driver::handle_dialed`] answers.
+    fn answer_dialed(
         &mut self,
         now: Time,
         peer: NodeId,
@@ -1177,7 +1358,7 @@ impl<C: Clone> Driver<C> {
                 if attempt.is_some() {
                     self.dials.remove(&peer);
                 }
-                self.handle_connected(now, peer, Channel::Actor, conn)
+                self.answer_connected(now, peer, Channel::Actor, conn)
             }
             Err(_) => {
                 self.counters.dial_failures += 1;
@@ -1205,14 +1386,28 @@ impl<C: Clone> Driver<C> {
 
     /// Joins through seed `peer` (its address has a relay, and `direct_addresses`): refused
     /// (counted) off the allow-list; a join already running for the seed goes on.
+    ///
+    /// Answered by [`Answer::Admitted`] ([`Driver::poll_answer`]).
     pub fn handle_join(
         &mut self,
         now: Time,
         peer: NodeId,
         has_relay: bool,
         direct_addresses: usize,
+    ) {
+        let answer = self.answer_join(now, peer, has_relay, direct_addresses);
+        self.answer = Some(Answer::Admitted(answer));
+    }
+
+    /// What [`Driver::handle_join`] answers.
+    fn answer_join(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        has_relay: bool,
+        direct_addresses: usize,
     ) -> Result<(), Refused> {
-        self.handle_admit(now, &peer, Path::Join, Direction::Outbound)?;
+        self.answer_admit(now, &peer, Path::Join, Direction::Outbound)?;
         if self.closed
             || self
                 .joins
@@ -1243,7 +1438,15 @@ impl<C: Clone> Driver<C> {
     }
 
     /// The join request to `peer` was written on `conn`, which is cached (the generation).
-    pub fn handle_join_sent(&mut self, now: Time, peer: NodeId, conn: C) -> Option<Generation> {
+    ///
+    /// Answered by [`Answer::Cached`] ([`Driver::poll_answer`]).
+    pub fn handle_join_sent(&mut self, now: Time, peer: NodeId, conn: C) {
+        let answer = self.answer_join_sent(now, peer, conn);
+        self.answer = Some(Answer::Cached(answer));
+    }
+
+    /// What [`Driver::handle_join_sent`] answers.
+    fn answer_join_sent(&mut self, now: Time, peer: NodeId, conn: C) -> Option<Generation> {
         if let Some(state) = self.join_in_flight(&peer) {
             // Written implies connected, reported or not.
             state.join.connected(now);
@@ -1251,7 +1454,7 @@ impl<C: Clone> Driver<C> {
             self.join_next(now, peer, next);
             self.bump();
         }
-        self.handle_connected(now, peer, Channel::Actor, conn)
+        self.answer_connected(now, peer, Channel::Actor, conn)
     }
 
     /// The join attempt to `peer` failed (dial, timeout or write).
@@ -1266,7 +1469,15 @@ impl<C: Clone> Driver<C> {
     /// This node hosts `claim.actor` (a claim it signed with its key; a [`Handoff`] it
     /// carries is the previous holder's consent): the claim is announced to every peer with an
     /// actor connection now, and to every peer connected later.
-    pub fn handle_register(&mut self, _now: Time, claim: HostClaim) -> Result<(), RegisterError> {
+    ///
+    /// Answered by [`Answer::Registered`] ([`Driver::poll_answer`]).
+    pub fn handle_register(&mut self, now: Time, claim: HostClaim) {
+        let answer = self.answer_register(now, claim);
+        self.answer = Some(Answer::Registered(answer));
+    }
+
+    /// What [`Driver::handle_register`] answers.
+    fn answer_register(&mut self, _now: Time, claim: HostClaim) -> Result<(), RegisterError> {
         if !claim.verify() {
             return Err(RegisterError::BadSignature);
         }
@@ -1298,7 +1509,22 @@ impl<C: Clone> Driver<C> {
     /// to `to` at `generation`: it hosts the actor no more (nothing more is announced for it)
     /// and its own route names `to`. `to` registers the actor with the handoff attached; peers
     /// that hold this node's route take it.
+    ///
+    /// Answered by [`Answer::Registered`] ([`Driver::poll_answer`]).
     pub fn handle_hand_off(
+        &mut self,
+        now: Time,
+        actor: ActorAddr,
+        to: NodeId,
+        generation: u64,
+        handoff: Handoff,
+    ) {
+        let answer = self.answer_hand_off(now, actor, to, generation, handoff);
+        self.answer = Some(Answer::Registered(answer));
+    }
+
+    /// What [`Driver::handle_hand_off`] answers.
+    fn answer_hand_off(
         &mut self,
         _now: Time,
         actor: ActorAddr,
@@ -1334,10 +1560,10 @@ impl<C: Clone> Driver<C> {
     pub fn handle_checked_record(&mut self, now: Time, peer: NodeId, record: DriverRecord<'_>) {
         match record {
             DriverRecord::Claim(claim) => {
-                self.handle_checked_claim(now, peer, claim);
+                self.answer_checked_claim(now, peer, claim);
             }
             DriverRecord::Control(payload) => {
-                self.handle_telemetry_control(now, peer, payload);
+                self.answer_telemetry_control(now, peer, payload);
             }
             DriverRecord::Other => {}
         }
@@ -1350,13 +1576,21 @@ impl<C: Clone> Driver<C> {
 
     /// A subscription control record from `collector`: a publisher starts or stops. The
     /// collector must be admitted on the telemetry path (the publisher dials it).
-    pub fn handle_telemetry_control(
+    ///
+    /// Answered by [`Answer::Control`] ([`Driver::poll_answer`]).
+    pub fn handle_telemetry_control(&mut self, now: Time, collector: NodeId, payload: &[u8]) {
+        let answer = self.answer_telemetry_control(now, collector, payload);
+        self.answer = Some(Answer::Control(answer));
+    }
+
+    /// What [`Driver::handle_telemetry_control`] answers.
+    fn answer_telemetry_control(
         &mut self,
         now: Time,
         collector: NodeId,
         payload: &[u8],
     ) -> Option<ControlVerdict> {
-        self.handle_admit(now, &collector, Path::Telemetry, Direction::Outbound)
+        self.answer_admit(now, &collector, Path::Telemetry, Direction::Outbound)
             .ok()?;
         let (verdict, subscription) = self.subscriptions.apply(collector, payload);
         if let Some(((collector, stream, flow_id), publisher)) = subscription {
@@ -1396,12 +1630,28 @@ impl<C: Clone> Driver<C> {
     /// A host claim arrived from `peer` (the payload of a record tagged
     /// [`super::directory::HOST_CLAIM_TAG`] to this node's mailbox): the ownership rule of
     /// [`super::directory`] says whether it is taken.
-    pub fn handle_claim(&mut self, now: Time, peer: NodeId, bytes: &[u8]) -> ClaimVerdict {
-        self.handle_checked_claim(now, peer, CheckedClaim::check(bytes))
+    ///
+    /// Answered by [`Answer::Claim`] ([`Driver::poll_answer`]).
+    pub fn handle_claim(&mut self, now: Time, peer: NodeId, bytes: &[u8]) {
+        let answer = self.answer_claim(now, peer, bytes);
+        self.answer = Some(Answer::Claim(answer));
+    }
+
+    /// What [`Driver::handle_claim`] answers.
+    fn answer_claim(&mut self, now: Time, peer: NodeId, bytes: &[u8]) -> ClaimVerdict {
+        self.answer_checked_claim(now, peer, CheckedClaim::check(bytes))
     }
 
     /// [`Driver::handle_claim`] on claim bytes the shell checked before taking its lock.
-    pub fn handle_checked_claim(
+    ///
+    /// Answered by [`Answer::Claim`] ([`Driver::poll_answer`]).
+    pub fn handle_checked_claim(&mut self, now: Time, peer: NodeId, claim: CheckedClaim) {
+        let answer = self.answer_checked_claim(now, peer, claim);
+        self.answer = Some(Answer::Claim(answer));
+    }
+
+    /// What [`Driver::handle_checked_claim`] answers.
+    fn answer_checked_claim(
         &mut self,
         _now: Time,
         peer: NodeId,
@@ -1416,11 +1666,15 @@ impl<C: Clone> Driver<C> {
     /// Where a frame for `actor` (hosted elsewhere) goes: the peer the route view names
     /// (through the location cache), admitted; else dropped, counted (`no_route` or
     /// `unauthorized`).
-    pub fn handle_send_to_actor(
-        &mut self,
-        _now: Time,
-        actor: ActorAddr,
-    ) -> Result<NodeId, DropReason> {
+    ///
+    /// Answered by [`Answer::Route`] ([`Driver::poll_answer`]).
+    pub fn handle_send_to_actor(&mut self, now: Time, actor: ActorAddr) {
+        let answer = self.answer_send_to_actor(now, actor);
+        self.answer = Some(Answer::Route(answer));
+    }
+
+    /// What [`Driver::handle_send_to_actor`] answers.
+    fn answer_send_to_actor(&mut self, _now: Time, actor: ActorAddr) -> Result<NodeId, DropReason> {
         let directory = &mut self.directory;
         let resolved = resolve_egress(
             Egress::Actor(actor),

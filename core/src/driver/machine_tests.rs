@@ -1,6 +1,7 @@
 //! Tests of the driver machine (`machine.rs`).
 
 use super::*;
+use crate::driver::ask::Ask;
 
 const PEER: NodeId = NodeId([1; 32]);
 const STRANGER: NodeId = NodeId([2; 32]);
@@ -25,23 +26,48 @@ fn driver() -> Driver<&'static str> {
 }
 
 #[test]
+fn an_input_a_caller_waits_on_is_answered_once_and_no_other_input_answers() {
+    let mut d = driver();
+    let channel = Channel::Protocol(0);
+    d.handle_open(at(0), PEER, Path::Protocol, channel);
+    assert_eq!(d.poll_answer(), Some(Answer::Open(Ok(dial(DialTicket(1))))));
+    assert_eq!(d.poll_answer(), None, "an answer is taken once");
+    d.handle_open(at(0), STRANGER, Path::Protocol, channel);
+    assert!(matches!(d.poll_answer(), Some(Answer::Open(Err(_)))));
+    d.handle_send(at(0), PEER);
+    // The next input's answer replaces one nobody took.
+    d.handle_batch(at(0), PEER, 1, false, None);
+    assert_eq!(d.poll_answer(), Some(Answer::Batch(None)));
+    d.handle_timeout(at(1));
+    d.handle_connection_closed(at(1), PEER, channel, Generation::new(7).expect("not 0"));
+    assert_eq!(
+        d.poll_answer(),
+        None,
+        "inputs nobody waits on answer nothing"
+    );
+    d.handle_connected(at(1), PEER, channel, "conn");
+    let answer = d.poll_answer().and_then(Answer::cached);
+    assert!(matches!(answer, Some(Some(_))), "{answer:?}");
+}
+
+#[test]
 fn open_dials_a_peer_with_no_connection_and_reuses_a_cached_one() {
     let mut d = driver();
     let channel = Channel::Protocol(0);
     assert_eq!(
-        d.handle_open(at(0), PEER, Path::Protocol, channel),
+        d.ask_open(at(0), PEER, Path::Protocol, channel),
         Ok(dial(DialTicket(1)))
     );
     let generation = d
-        .handle_connected(at(0), PEER, channel, "first")
+        .ask_connected(at(0), PEER, channel, "first")
         .expect("cached");
     assert_eq!(
-        d.handle_open(at(0), PEER, Path::Protocol, channel),
+        d.ask_open(at(0), PEER, Path::Protocol, channel),
         Ok(Open::Cached(generation, "first"))
     );
     // Another channel to the same peer has its own connection.
     assert_eq!(
-        d.handle_open(at(0), PEER, Path::Actor, Channel::Actor),
+        d.ask_open(at(0), PEER, Path::Actor, Channel::Actor),
         Ok(dial(DialTicket(2)))
     );
 }
@@ -49,7 +75,7 @@ fn open_dials_a_peer_with_no_connection_and_reuses_a_cached_one() {
 #[test]
 fn open_refuses_a_peer_off_the_list_and_changes_nothing_else() {
     let mut d = driver();
-    let refused = d.handle_open(at(0), STRANGER, Path::Protocol, Channel::Protocol(0));
+    let refused = d.ask_open(at(0), STRANGER, Path::Protocol, Channel::Protocol(0));
     assert!(refused.is_err());
     assert_eq!(d.refusals().get(Path::Protocol, Direction::Outbound), 1);
     assert!(d.connection(&STRANGER, Channel::Protocol(0)).is_none());
@@ -60,11 +86,11 @@ fn open_refuses_a_peer_off_the_list_and_changes_nothing_else() {
 fn a_malformed_stream_stops_unless_an_actor_stream_can_skip_the_record() {
     let mut d = driver();
     assert_eq!(
-        d.handle_stream_fault(at(0), PEER, Channel::Actor, false),
+        d.ask_stream_fault(at(0), PEER, Channel::Actor, false),
         StreamVerdict::Continue
     );
     assert_eq!(
-        d.handle_stream_fault(at(0), PEER, Channel::Actor, true),
+        d.ask_stream_fault(at(0), PEER, Channel::Actor, true),
         StreamVerdict::Stop(STOP_MALFORMED)
     );
     assert_eq!(d.drops().get(DropReason::MalformedStream), 2);
@@ -72,7 +98,7 @@ fn a_malformed_stream_stops_unless_an_actor_stream_can_skip_the_record() {
     // count as dropped.
     for channel in [Channel::Telemetry, Channel::Protocol(0)] {
         assert_eq!(
-            d.handle_stream_fault(at(1), PEER, channel, false),
+            d.ask_stream_fault(at(1), PEER, channel, false),
             StreamVerdict::Stop(STOP_MALFORMED)
         );
     }
@@ -83,7 +109,7 @@ fn a_malformed_stream_stops_unless_an_actor_stream_can_skip_the_record() {
 fn concurrent_opens_share_one_dial() {
     let mut d = driver();
     let channel = Channel::Telemetry;
-    let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Telemetry, channel);
+    let open = |d: &mut Driver<&'static str>| d.ask_open(at(0), PEER, Path::Telemetry, channel);
     let first = DialTicket(1);
     assert_eq!(open(&mut d), Ok(dial(first)));
     assert_eq!(
@@ -96,34 +122,31 @@ fn concurrent_opens_share_one_dial() {
     d.handle_open_dial_failed(at(1), PEER, channel, first, DialEnd::Abandoned);
     assert_ne!(d.version(), version);
     let second = DialTicket(2);
+    assert_eq!(d.ask_open_waited(at(1), PEER, channel, first), dial(second));
     assert_eq!(
-        d.handle_open_waited(at(1), PEER, channel, first),
-        dial(second)
-    );
-    assert_eq!(
-        d.handle_open_waited(at(1), PEER, channel, second),
+        d.ask_open_waited(at(1), PEER, channel, second),
         Open::Wait(second),
         "asked again while its dial is in flight, it waits on"
     );
     let generation = d
-        .handle_connected(at(2), PEER, channel, "one")
+        .ask_connected(at(2), PEER, channel, "one")
         .expect("cached");
     assert_eq!(open(&mut d), Ok(Open::Cached(generation, "one")));
     // Its connection is dead: one open dials again, the others wait for it.
     assert_eq!(
-        d.handle_open_failed(at(3), PEER, channel, generation),
+        d.ask_open_failed(at(3), PEER, channel, generation),
         dial(DialTicket(3))
     );
     assert_eq!(open(&mut d), Ok(Open::Wait(DialTicket(3))));
     // Another channel, or another peer, has its own dial.
     assert_eq!(
-        d.handle_open(at(3), PEER, Path::Protocol, Channel::Protocol(0)),
+        d.ask_open(at(3), PEER, Path::Protocol, Channel::Protocol(0)),
         Ok(dial(DialTicket(4)))
     );
     d.handle_close(at(4));
     assert_eq!(open(&mut d), Ok(Open::Closed), "nothing opens once closed");
     assert_eq!(
-        d.handle_open_waited(at(4), PEER, channel, DialTicket(3)),
+        d.ask_open_waited(at(4), PEER, channel, DialTicket(3)),
         Open::Closed
     );
     assert_eq!(d.opening().count(), 0, "closing forgets dials in flight");
@@ -133,7 +156,7 @@ fn concurrent_opens_share_one_dial() {
 fn a_failed_dial_fails_each_open_that_waited_on_it_once() {
     let mut d = driver();
     let channel = Channel::Switch;
-    let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Switch, channel);
+    let open = |d: &mut Driver<&'static str>| d.ask_open(at(0), PEER, Path::Switch, channel);
     let ticket = DialTicket(1);
     assert_eq!(open(&mut d), Ok(dial(ticket)));
     assert_eq!(open(&mut d), Ok(Open::Wait(ticket)));
@@ -153,11 +176,11 @@ fn a_failed_dial_fails_each_open_that_waited_on_it_once() {
     );
     // Each waiter hears the failure once, and then nothing of it is left.
     assert_eq!(
-        d.handle_open_waited(at(3), PEER, channel, ticket),
+        d.ask_open_waited(at(3), PEER, channel, ticket),
         Open::Failed
     );
     assert_eq!(
-        d.handle_open_waited(at(3), PEER, channel, ticket),
+        d.ask_open_waited(at(3), PEER, channel, ticket),
         Open::Failed
     );
     assert_eq!(d.failed_opens().count(), 0);
@@ -197,7 +220,7 @@ fn a_replaced_connection_is_closed_when_dialed_the_same_way_only() {
     // Both sides dialed at once: the inbound one is uncached but left open (the peer may
     // have cached it), and the outbound one does not close it either way.
     let out = d
-        .handle_connected(at(2), PEER, channel, "out-1")
+        .ask_connected(at(2), PEER, channel, "out-1")
         .expect("cached");
     assert!(d.poll_action().is_none());
     assert_eq!(d.connection(&PEER, channel), Some((out, "out-1")));
@@ -213,10 +236,10 @@ fn a_liveness_cut_evicts_and_closes_its_generation_only() {
     let mut d = driver();
     let channel = Channel::Switch;
     let old = d
-        .handle_connected(at(0), PEER, channel, "old")
+        .ask_connected(at(0), PEER, channel, "old")
         .expect("cached");
     let new = d
-        .handle_connected(at(1), PEER, channel, "new")
+        .ask_connected(at(1), PEER, channel, "new")
         .expect("cached");
     // The replaced connection (dialed the same way) is closed.
     assert_eq!(
@@ -242,7 +265,7 @@ fn a_liveness_cut_evicts_and_closes_its_generation_only() {
     assert_eq!(d.counters().evictions, 1);
     // The next open dials afresh.
     assert!(matches!(
-        d.handle_open(at(4), PEER, Path::Switch, channel),
+        d.ask_open(at(4), PEER, Path::Switch, channel),
         Ok(Open::Dial { .. })
     ));
 }
@@ -257,7 +280,7 @@ fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhi
         ..Config::default()
     });
     let channel = Channel::Switch;
-    let open = |d: &mut Driver<&'static str>| d.handle_open(at(0), PEER, Path::Switch, channel);
+    let open = |d: &mut Driver<&'static str>| d.ask_open(at(0), PEER, Path::Switch, channel);
     let ticket = DialTicket(1);
     assert_eq!(open(&mut d), Ok(dial(ticket)));
     for _ in 0..3 {
@@ -275,7 +298,7 @@ fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhi
         panic!("cached");
     };
     assert_eq!(
-        d.handle_open_waited(at(3), PEER, channel, ticket),
+        d.ask_open_waited(at(3), PEER, channel, ticket),
         Open::Cached(generation, "theirs")
     );
     assert_eq!(
@@ -286,7 +309,7 @@ fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhi
     d.handle_open_dial_failed(at(4), PEER, channel, ticket, DialEnd::Failed);
     assert_eq!(d.failed_opens().count(), 0);
     assert_eq!(
-        d.handle_open_waited(at(5), PEER, channel, ticket),
+        d.ask_open_waited(at(5), PEER, channel, ticket),
         Open::Cached(generation, "theirs")
     );
 
@@ -303,7 +326,7 @@ fn waiters_are_counted_out_as_they_leave_and_take_a_connection_that_came_meanwhi
         [(PEER, channel, ticket, 1)]
     );
     assert_eq!(
-        d.handle_open_waited(at(9), PEER, channel, ticket),
+        d.ask_open_waited(at(9), PEER, channel, ticket),
         Open::Failed
     );
     assert_eq!(d.failed_opens().count(), 0);
@@ -321,11 +344,11 @@ fn failed_opens_are_bounded_and_a_connection_clears_them() {
     for (n, peer) in peers.iter().enumerate() {
         let ticket = DialTicket(n as u64 + 1);
         assert_eq!(
-            d.handle_open(at(0), *peer, Path::Protocol, channel),
+            d.ask_open(at(0), *peer, Path::Protocol, channel),
             Ok(dial(ticket))
         );
         assert_eq!(
-            d.handle_open(at(0), *peer, Path::Protocol, channel),
+            d.ask_open(at(0), *peer, Path::Protocol, channel),
             Ok(Open::Wait(ticket))
         );
         d.handle_open_dial_failed(at(1), *peer, channel, ticket, DialEnd::Failed);
@@ -334,15 +357,15 @@ fn failed_opens_are_bounded_and_a_connection_clears_them() {
     let kept: Vec<_> = d.failed_opens().map(|(peer, ..)| peer).collect();
     assert_eq!(kept, [peers[1], peers[2]]);
     assert_eq!(
-        d.handle_open_waited(at(2), peers[0], channel, DialTicket(1)),
+        d.ask_open_waited(at(2), peers[0], channel, DialTicket(1)),
         dial(DialTicket(4))
     );
     // A connection to a peer clears its failure: the waiter takes the connection.
     let generation = d
-        .handle_connected(at(3), peers[1], channel, "up")
+        .ask_connected(at(3), peers[1], channel, "up")
         .expect("cached");
     assert_eq!(
-        d.handle_open_waited(at(3), peers[1], channel, DialTicket(2)),
+        d.ask_open_waited(at(3), peers[1], channel, DialTicket(2)),
         Open::Cached(generation, "up")
     );
     assert_eq!(d.failed_opens().count(), 1);
@@ -373,16 +396,16 @@ fn switch_and_substrate_connections_are_cached_and_evicted_by_generation() {
         assert_eq!(channel.path(), path);
         // Either side's streams ride the accepted connection.
         assert_eq!(
-            d.handle_open(at(1), PEER, path, channel),
+            d.ask_open(at(1), PEER, path, channel),
             Ok(Open::Cached(accepted, "accepted"))
         );
         // It dies: a fresh one is dialed and cached; the old one's close report is stale.
         assert!(matches!(
-            d.handle_open_failed(at(2), PEER, channel, accepted),
+            d.ask_open_failed(at(2), PEER, channel, accepted),
             Open::Dial { .. }
         ));
         let dialed = d
-            .handle_connected(at(3), PEER, channel, "dialed")
+            .ask_connected(at(3), PEER, channel, "dialed")
             .expect("cached");
         d.handle_connection_closed(at(4), PEER, channel, accepted);
         assert_eq!(d.connection(&PEER, channel), Some((dialed, "dialed")));
@@ -400,12 +423,12 @@ fn switch_and_substrate_connections_are_cached_and_evicted_by_generation() {
 fn a_stream_nobody_reads_stops_with_its_own_code_and_keeps_the_connection() {
     let mut d = driver();
     let generation = d
-        .handle_connected(at(0), PEER, Channel::Protocol(0), "one")
+        .ask_connected(at(0), PEER, Channel::Protocol(0), "one")
         .expect("cached");
     let version = d.version();
     for channel in [Channel::Actor, Channel::Telemetry, Channel::Protocol(0)] {
         assert_eq!(
-            d.handle_stream_unread(at(1), PEER, channel),
+            d.ask_stream_unread(at(1), PEER, channel),
             StreamVerdict::Stop(STOP_UNREAD)
         );
     }
@@ -426,15 +449,15 @@ fn a_stream_nobody_reads_stops_with_its_own_code_and_keeps_the_connection() {
 fn a_writer_opens_a_stream_on_each_connection_it_writes_to_and_keeps_it() {
     let mut d = driver();
     let first = d
-        .handle_connected(at(0), PEER, Channel::Actor, "one")
+        .ask_connected(at(0), PEER, Channel::Actor, "one")
         .expect("cached");
-    let batch = d.handle_batch(at(1), PEER, 3, false, None).expect("cached");
+    let batch = d.ask_batch(at(1), PEER, 3, false, None).expect("cached");
     assert_eq!(
         (batch.generation, batch.conn, batch.open_stream),
         (first, "one", true)
     );
     let batch = d
-        .handle_batch(at(2), PEER, 1, false, Some(first))
+        .ask_batch(at(2), PEER, 1, false, Some(first))
         .expect("cached");
     assert!(
         !batch.open_stream,
@@ -442,17 +465,15 @@ fn a_writer_opens_a_stream_on_each_connection_it_writes_to_and_keeps_it() {
     );
     // A newer connection: the stream on the old one is left, a new one opened.
     let second = d
-        .handle_connected(at(3), PEER, Channel::Actor, "two")
+        .ask_connected(at(3), PEER, Channel::Actor, "two")
         .expect("cached");
     let batch = d
-        .handle_batch(at(4), PEER, 1, false, Some(first))
+        .ask_batch(at(4), PEER, 1, false, Some(first))
         .expect("cached");
     assert_eq!((batch.generation, batch.open_stream), (second, true));
     // No connection: the batch drops and a dial starts.
     d.handle_connection_closed(at(5), PEER, Channel::Actor, second);
-    assert!(d
-        .handle_batch(at(6), PEER, 2, false, Some(second))
-        .is_none());
+    assert!(d.ask_batch(at(6), PEER, 2, false, Some(second)).is_none());
     assert_eq!(d.drops().get(DropReason::CacheMiss), 2);
     assert!(std::iter::from_fn(|| d.poll_action()).any(|a| matches!(a, Action::Dial { .. })));
 }
@@ -461,9 +482,9 @@ fn a_writer_opens_a_stream_on_each_connection_it_writes_to_and_keeps_it() {
 fn a_stream_stopped_while_idle_fails_its_generation_and_reports_a_swim_batch() {
     let mut d = driver();
     let generation = d
-        .handle_connected(at(0), PEER, Channel::Actor, "one")
+        .ask_connected(at(0), PEER, Channel::Actor, "one")
         .expect("cached");
-    d.handle_batch(at(1), PEER, 2, true, None).expect("cached");
+    d.ask_batch(at(1), PEER, 2, true, None).expect("cached");
     d.handle_writer_idle(at(2), PEER);
     while d.poll_action().is_some() {}
     d.handle_stream_stopped(at(3), PEER, generation);
@@ -483,9 +504,9 @@ fn a_stream_stopped_while_idle_fails_its_generation_and_reports_a_swim_batch() {
 
     // After a batch without SWIM frames, a stop of a stale generation only counts.
     let newer = d
-        .handle_connected(at(4), PEER, Channel::Actor, "two")
+        .ask_connected(at(4), PEER, Channel::Actor, "two")
         .expect("cached");
-    d.handle_batch(at(5), PEER, 1, false, None).expect("cached");
+    d.ask_batch(at(5), PEER, 1, false, None).expect("cached");
     while d.poll_action().is_some() {}
     d.handle_stream_stopped(at(6), PEER, generation);
     assert_eq!(
@@ -502,10 +523,10 @@ fn a_failed_open_evicts_its_generation_only_and_dials_at_most_once() {
     let mut d = driver();
     let channel = Channel::Protocol(3);
     let old = d
-        .handle_connected(at(0), PEER, channel, "old")
+        .ask_connected(at(0), PEER, channel, "old")
         .expect("cached");
     assert_eq!(
-        d.handle_open_failed(at(1), PEER, channel, old),
+        d.ask_open_failed(at(1), PEER, channel, old),
         dial(DialTicket(1))
     );
     assert!(
@@ -513,26 +534,22 @@ fn a_failed_open_evicts_its_generation_only_and_dials_at_most_once() {
         "the dead one is gone"
     );
     assert_eq!(
-        d.handle_open(at(2), PEER, Path::Protocol, channel),
+        d.ask_open(at(2), PEER, Path::Protocol, channel),
         Ok(Open::Wait(DialTicket(1))),
         "the failed open's dial is in flight"
     );
 
     // A failure seen on an older generation leaves the newer connection cached, and the
     // stream goes there instead.
-    let stale = d
-        .handle_connected(at(3), PEER, channel, "a")
-        .expect("cached");
-    let fresh = d
-        .handle_connected(at(4), PEER, channel, "b")
-        .expect("cached");
+    let stale = d.ask_connected(at(3), PEER, channel, "a").expect("cached");
+    let fresh = d.ask_connected(at(4), PEER, channel, "b").expect("cached");
     assert_ne!(stale, fresh);
     assert_eq!(
-        d.handle_open_failed(at(5), PEER, channel, stale),
+        d.ask_open_failed(at(5), PEER, channel, stale),
         Open::Cached(fresh, "b")
     );
     assert_eq!(
-        d.handle_open(at(6), PEER, Path::Protocol, channel),
+        d.ask_open(at(6), PEER, Path::Protocol, channel),
         Ok(Open::Cached(fresh, "b"))
     );
 }
@@ -581,14 +598,10 @@ fn every_cached_connection_reports_ready_once_and_ended_once_with_its_cause() {
         cause,
     };
     let (switch, actor) = (Channel::Switch, Channel::Actor);
-    let first = d
-        .handle_connected(at(0), PEER, switch, "s1")
-        .expect("cached");
+    let first = d.ask_connected(at(0), PEER, switch, "s1").expect("cached");
     assert_eq!(events(&mut d), [ready(switch, first, false)]);
     // A newer connection replaces it; a failure reported for the old one changes nothing.
-    let second = d
-        .handle_connected(at(1), PEER, switch, "s2")
-        .expect("cached");
+    let second = d.ask_connected(at(1), PEER, switch, "s2").expect("cached");
     assert_eq!(
         events(&mut d),
         [
@@ -603,9 +616,7 @@ fn every_cached_connection_reports_ready_once_and_ended_once_with_its_cause() {
         events(&mut d),
         [ended(switch, second, ConnEndCause::Unresponsive)]
     );
-    let third = d
-        .handle_connected(at(3), PEER, switch, "s3")
-        .expect("cached");
+    let third = d.ask_connected(at(3), PEER, switch, "s3").expect("cached");
     d.handle_connection_closed(at(4), PEER, switch, third);
     assert_eq!(
         events(&mut d),
@@ -614,9 +625,7 @@ fn every_cached_connection_reports_ready_once_and_ended_once_with_its_cause() {
             ended(switch, third, ConnEndCause::Closed)
         ]
     );
-    let fourth = d
-        .handle_connected(at(5), PEER, switch, "s4")
-        .expect("cached");
+    let fourth = d.ask_connected(at(5), PEER, switch, "s4").expect("cached");
     d.handle_disconnect(at(6), PEER, switch);
     assert_eq!(
         events(&mut d),
@@ -625,9 +634,7 @@ fn every_cached_connection_reports_ready_once_and_ended_once_with_its_cause() {
             ended(switch, fourth, ConnEndCause::Disconnected)
         ]
     );
-    let a1 = d
-        .handle_connected(at(7), PEER, actor, "a1")
-        .expect("cached");
+    let a1 = d.ask_connected(at(7), PEER, actor, "a1").expect("cached");
     d.handle_write_failed(at(8), PEER, a1, 1, false);
     assert_eq!(
         events(&mut d),
@@ -636,9 +643,7 @@ fn every_cached_connection_reports_ready_once_and_ended_once_with_its_cause() {
             ended(actor, a1, ConnEndCause::WriteFailed)
         ]
     );
-    let a2 = d
-        .handle_connected(at(9), PEER, actor, "a2")
-        .expect("cached");
+    let a2 = d.ask_connected(at(9), PEER, actor, "a2").expect("cached");
     d.handle_close(at(10));
     assert_eq!(
         events(&mut d),
@@ -654,7 +659,7 @@ fn every_cached_connection_reports_ready_once_and_ended_once_with_its_cause() {
 fn connection_events_nobody_polls_are_bounded() {
     let mut d = driver();
     for n in 0..DRIVER_CONN_EVENTS_QUEUED_MAX as u64 {
-        d.handle_connected(at(n), PEER, Channel::Switch, "c")
+        d.ask_connected(at(n), PEER, Channel::Switch, "c")
             .expect("cached");
     }
     // Each connect after the first queued an end (replaced) and a ready.
@@ -673,11 +678,11 @@ fn a_fresh_connection_that_cannot_open_the_stream_is_evicted_and_not_redialed() 
     let mut d = driver();
     let channel = Channel::Switch;
     assert_eq!(
-        d.handle_open(at(0), PEER, Path::Switch, channel),
+        d.ask_open(at(0), PEER, Path::Switch, channel),
         Ok(dial(DialTicket(1)))
     );
     let fresh = d
-        .handle_connected(at(1), PEER, channel, "fresh")
+        .ask_connected(at(1), PEER, channel, "fresh")
         .expect("cached");
     let _ = std::iter::from_fn(|| d.poll_conn_event()).count();
     d.handle_fresh_open_failed(at(2), PEER, channel, fresh);
@@ -694,7 +699,7 @@ fn a_fresh_connection_that_cannot_open_the_stream_is_evicted_and_not_redialed() 
     );
     // The next open dials afresh.
     assert_eq!(
-        d.handle_open(at(3), PEER, Path::Switch, channel),
+        d.ask_open(at(3), PEER, Path::Switch, channel),
         Ok(dial(DialTicket(2)))
     );
 }

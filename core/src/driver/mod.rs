@@ -4,6 +4,8 @@
 //! them.
 
 pub mod admission;
+#[cfg(any(test, feature = "harness"))]
+pub mod ask;
 pub mod book;
 pub mod cache;
 pub mod directory;
@@ -23,8 +25,8 @@ pub use directory::{
     HOST_CLAIM_TAG,
 };
 pub use machine::{
-    Action, Alpns, Batch, Channel, Config as DriverConfig, ConnEndCause, ConnEvent, DialEnd,
-    DialTicket, Dispatch, Driver, DriverRecord, Open, RegisterError, Send, StreamVerdict,
+    Action, Alpns, Answer, Batch, Channel, Config as DriverConfig, ConnEndCause, ConnEvent,
+    DialEnd, DialTicket, Dispatch, Driver, DriverRecord, Open, RegisterError, Send, StreamVerdict,
 };
 pub use relay::RelayHints;
 pub use routing::{

@@ -55,7 +55,10 @@ impl Inner {
             Err(_) => Err("attempt timed out".to_owned()),
         };
         let conn = result.as_ref().ok().cloned();
-        let generation = self.drive(|driver, now| driver.handle_dialed(now, peer, result));
+        let generation = self.ask(
+            |driver, now| driver.handle_dialed(now, peer, result),
+            Answer::cached,
+        );
         if let Some(conn) = conn {
             self.adopt(peer, conn, generation);
         }
@@ -90,8 +93,10 @@ impl Inner {
         self.drive(|driver, now| driver.handle_join_connected(now, peer));
         match self.write_join_request(&conn, peer).await {
             Ok(()) => {
-                let generation =
-                    self.drive(|driver, now| driver.handle_join_sent(now, peer, conn.clone()));
+                let generation = self.ask(
+                    |driver, now| driver.handle_join_sent(now, peer, conn.clone()),
+                    Answer::cached,
+                );
                 self.adopt(peer, conn, generation);
             }
             Err(error) => self.drive(|driver, now| driver.handle_join_failed(now, peer, error)),

@@ -153,7 +153,8 @@ impl Inner {
         if frames.peek().is_none() {
             return;
         }
-        if self.drive(|driver, now| driver.handle_send(now, peer)) != SendVerdict::Enqueue {
+        let verdict = self.ask(|driver, now| driver.handle_send(now, peer), Answer::send);
+        if verdict != SendVerdict::Enqueue {
             // The slow path: each further frame is judged (and counted) as a lone send is.
             frames.next();
             for frame in frames {
@@ -361,9 +362,11 @@ impl Inner {
                     break;
                 }
                 let on = stream.as_ref().map(|(generation, _)| *generation);
-                let Some(batch) =
-                    self.drive(|driver, now| driver.handle_batch(now, peer, frames, swim, on))
-                else {
+                let batch = self.ask(
+                    |driver, now| driver.handle_batch(now, peer, frames, swim, on),
+                    Answer::batch,
+                );
+                let Some(batch) = batch else {
                     continue;
                 };
                 let generation = batch.generation;

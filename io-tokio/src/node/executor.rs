@@ -31,7 +31,24 @@ impl Gate {
         tokio::time::Instant::from_std(self.started + Duration::from_millis(at.as_millis()))
     }
 
-    /// Runs one input on the machine: its answer and the actions it queued.
+    /// Runs one input whose caller waits on the machine's answer (`pick` takes its kind out
+    /// of the [`Answer`], polled under the lock): the answer and the actions the input queued.
+    pub(super) fn ask<T>(
+        &self,
+        input: impl FnOnce(&mut Driver<Connection>, Time),
+        pick: impl FnOnce(Answer<Connection>) -> Option<T>,
+    ) -> (T, Vec<Action<Connection>>) {
+        let (answer, actions) = self.drive(|driver, now| {
+            input(driver, now);
+            driver.poll_answer()
+        });
+        let answer = answer
+            .and_then(pick)
+            .expect("each input that asks is answered, with its own kind of answer");
+        (answer, actions)
+    }
+
+    /// Runs one input on the machine: what `input` returns and the actions it queued.
     pub(super) fn drive<R>(
         &self,
         input: impl FnOnce(&mut Driver<Connection>, Time) -> R,
@@ -41,6 +58,8 @@ impl Gate {
         let driver = &mut state.driver;
         let (version, timeout) = (driver.version(), driver.poll_timeout());
         let answer = input(driver, now);
+        // An answer nobody asked for (the input's caller does not wait on it) goes here.
+        drop(driver.poll_answer());
         let actions: Vec<_> = std::iter::from_fn(|| driver.poll_action()).collect();
         let events: Vec<_> = std::iter::from_fn(|| driver.poll_conn_event()).collect();
         let moved = driver.version() != version;
@@ -70,8 +89,10 @@ impl Gate {
         path: Path,
         direction: Direction,
     ) -> Result<(), NodeError> {
-        let (admitted, _) =
-            self.drive(|driver, now| driver.handle_admit(now, peer, path, direction));
+        let (admitted, _) = self.ask(
+            |driver, now| driver.handle_admit(now, peer, path, direction),
+            Answer::admitted,
+        );
         admitted.map_err(NodeError::from)
     }
 }
@@ -174,6 +195,20 @@ impl Inner {
         input: impl FnOnce(&mut Driver<Connection>, Time) -> R,
     ) -> R {
         let (answer, actions) = self.gate.drive(input);
+        if !actions.is_empty() {
+            Executor::run(self, actions);
+        }
+        answer
+    }
+
+    /// Runs one input whose caller waits on the machine's answer (`pick` takes its kind out
+    /// of the [`Answer`]), polled under the gate's lock before any action runs.
+    pub(super) fn ask<T>(
+        self: &Arc<Self>,
+        input: impl FnOnce(&mut Driver<Connection>, Time),
+        pick: impl FnOnce(Answer<Connection>) -> Option<T>,
+    ) -> T {
+        let (answer, actions) = self.gate.ask(input, pick);
         if !actions.is_empty() {
             Executor::run(self, actions);
         }

@@ -72,9 +72,10 @@ impl Inner {
                 .fetch_add(delivered, Ordering::Relaxed);
             if let Some(error) = fault {
                 let fatal = error.error.is_fatal();
-                let verdict = self.drive(|driver, now| {
-                    driver.handle_stream_fault(now, peer, Channel::Actor, fatal)
-                });
+                let verdict = self.ask(
+                    |driver, now| driver.handle_stream_fault(now, peer, Channel::Actor, fatal),
+                    Answer::stream,
+                );
                 if let StreamVerdict::Stop(code) = verdict {
                     let _ = recv.stop(code.into());
                     return;

@@ -87,10 +87,10 @@ pub use tether_core::driver::machine::{
     CLOSE_FULL, CLOSE_REPLACED, CLOSE_SHUTDOWN, CLOSE_UNAUTHORIZED, CLOSE_UNRESPONSIVE,
 };
 use tether_core::driver::{
-    Action, Alpns, ClaimAuthorizer, ClaimRequest, ClaimVerdict, ConnEvent, Control, ControlVerdict,
-    DialEnd, DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord, DropReason,
-    Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, Open, Path, PeerAuth, PeerBook,
-    Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
+    Action, Alpns, Answer, ClaimAuthorizer, ClaimRequest, ClaimVerdict, ConnEvent, Control,
+    ControlVerdict, DialEnd, DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord,
+    DropReason, Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, Open, Path, PeerAuth,
+    PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
     HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 pub use tether_core::driver::{ActorAddr, Channel, NodeId};
@@ -526,10 +526,10 @@ impl Node {
             let peer = node_id_of(&seed.id);
             let seed = self.inner.normalized(seed);
             let (relay, direct) = (seed.relay_urls().next().is_some(), seed.ip_addrs().count());
-            let (joined, actions) = self
-                .inner
-                .gate
-                .drive(|driver, now| driver.handle_join(now, peer, relay, direct));
+            let (joined, actions) = self.inner.gate.ask(
+                |driver, now| driver.handle_join(now, peer, relay, direct),
+                Answer::admitted,
+            );
             // A seed the machine admitted is remembered before its attempts run (they dial
             // the address remembered); a refused one leaves no state.
             match joined {
@@ -601,7 +601,10 @@ impl Node {
 
     fn register_claim(&self, actor: ActorAddr, claim: HostClaim) -> Result<(), NodeError> {
         self.inner
-            .drive(|driver, now| driver.handle_register(now, claim))
+            .ask(
+                |driver, now| driver.handle_register(now, claim),
+                Answer::registered,
+            )
             .map_err(NodeError::Register)?;
         self.host(actor);
         Ok(())
@@ -621,7 +624,10 @@ impl Node {
         let secret = self.inner.endpoint.secret_key().to_bytes();
         let handoff = Handoff::sign(&secret, &actor, &to, generation);
         self.inner
-            .drive(|driver, now| driver.handle_hand_off(now, actor, to, generation, handoff))
+            .ask(
+                |driver, now| driver.handle_hand_off(now, actor, to, generation, handoff),
+                Answer::registered,
+            )
             .map_err(NodeError::Register)?;
         self.unhost(&actor);
         Ok(handoff)
@@ -638,7 +644,10 @@ impl Node {
     ) -> Result<(), NodeError> {
         let to = self
             .inner
-            .drive(|driver, now| driver.handle_send_to_actor(now, actor))
+            .ask(
+                |driver, now| driver.handle_send_to_actor(now, actor),
+                Answer::route,
+            )
             .map_err(|reason| match reason {
                 DropReason::Unauthorized => NodeError::Unauthorized,
                 _ => NodeError::NoRoute,
@@ -1099,10 +1108,13 @@ impl Inner {
     fn judge(self: &Arc<Self>, peer: NodeId, channel: Channel) -> StreamJudge {
         let inner = self.clone();
         StreamJudge(Arc::new(move |why| {
-            inner.drive(|driver, now| match why {
-                Unreadable::Malformed => driver.handle_stream_fault(now, peer, channel, true),
-                Unreadable::Unread => driver.handle_stream_unread(now, peer, channel),
-            })
+            inner.ask(
+                |driver, now| match why {
+                    Unreadable::Malformed => driver.handle_stream_fault(now, peer, channel, true),
+                    Unreadable::Unread => driver.handle_stream_unread(now, peer, channel),
+                },
+                Answer::stream,
+            )
         }))
     }
 }

@@ -118,7 +118,7 @@ impl Inner {
                         // Failed, or no stream within the deadline: the connection is dead.
                         Ok(Err(_)) | Err(_) => {
                             self.place(peer, channel, |driver, now| {
-                                Ok(driver.handle_open_failed(now, peer, channel, generation))
+                                driver.handle_open_failed(now, peer, channel, generation);
                             })
                             .await?
                         }
@@ -165,10 +165,10 @@ impl Inner {
         self: &Arc<Self>,
         peer: NodeId,
         channel: Channel,
-        ask: impl FnOnce(&mut Driver<Connection>, Time) -> Result<Open<Connection>, Refused>,
+        ask: impl FnOnce(&mut Driver<Connection>, Time),
     ) -> Result<Placed, NodeError> {
         let mut changes = self.gate.changes.subscribe();
-        let mut verdict = self.drive(ask)?;
+        let mut verdict = self.ask(ask, Answer::open)?;
         // Dropped while waiting on a dial, the open reports it went away.
         let mut waiting = OpenWait {
             inner: self.clone(),
@@ -186,7 +186,10 @@ impl Inner {
                 Open::Wait(ticket) => {
                     waiting.ticket = Some(ticket);
                     changes.changed().await.map_err(|_| NodeError::Closed)?;
-                    self.drive(|driver, now| driver.handle_open_waited(now, peer, channel, ticket))
+                    self.ask(
+                        |driver, now| driver.handle_open_waited(now, peer, channel, ticket),
+                        Answer::open,
+                    )?
                 }
             };
         }
@@ -223,7 +226,10 @@ impl Inner {
         };
         dial.end = None;
         let generation = self
-            .drive(|driver, now| driver.handle_connected(now, peer, channel, conn.clone()))
+            .ask(
+                |driver, now| driver.handle_connected(now, peer, channel, conn.clone()),
+                Answer::cached,
+            )
             .ok_or(NodeError::Closed)?;
         Ok((generation, conn))
     }
