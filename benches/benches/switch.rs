@@ -15,6 +15,7 @@ use tether_core::cap::CapUrn;
 use tether_core::request::{
     Credits, RequestKey, RequestTable, RequestTableConfig, TerminationKind,
 };
+use tether_core::switch::ask::Ask;
 use tether_core::switch::harness::{response, Harness};
 use tether_core::switch::SwitchConfig;
 use tether_core::time::Time;
@@ -73,10 +74,7 @@ fn req_end(c: &mut Criterion) {
             rid += 1;
             let mut req = Frame::new(FrameType::Req, MessageId::Uint(rid));
             req.cap = Some("cap:in=media:text;out=media:upper".to_owned());
-            let key = h
-                .switch
-                .handle_engine_request(now, req, None)
-                .expect("routed");
+            let key = h.switch.ask_engine_request(now, req, None).expect("routed");
             while let Some(t) = h.switch.poll_transmit() {
                 black_box(t);
             }

@@ -16,6 +16,7 @@ use criterion::{criterion_main, Criterion, Throughput};
 use tether::switch::host::Host;
 use tether::switch::Switch;
 use tether_core::request::Credits;
+use tether_core::switch::ask::Ask;
 use tether_core::switch::side::RequestSide;
 use tether_core::switch::{ConnId, Event, Peer, Switch as Machine, SwitchConfig};
 use tether_core::time::Time;
@@ -85,7 +86,7 @@ impl DirectEngine {
         let epoch = Instant::now();
         let mut machine = Machine::new(SwitchConfig::default(), &[]);
         let conn = machine
-            .handle_attach(Time::ZERO, "direct", [3; 32])
+            .ask_attach(Time::ZERO, "direct", [3; 32])
             .expect("attach");
         let mut direct = Self {
             machine,
@@ -154,12 +155,12 @@ impl DirectEngine {
         req.cap = Some(cap.to_owned());
         side.write(&mut req).expect("numbered");
         self.machine
-            .handle_engine_request(now, req, None)
+            .ask_engine_request(now, req, None)
             .expect("routed");
         let mut end = side.frame(FrameType::End);
         side.write(&mut end).expect("numbered");
         // The host may have answered already: an END after that is refused, harmlessly.
-        let _ = self.machine.handle_engine_frame(now, end);
+        let _ = self.machine.ask_engine_frame(now, end);
         side
     }
 
@@ -202,7 +203,7 @@ impl DirectEngine {
                 for stream in chunks {
                     if let Some(credit) = side.consume(stream.as_deref()) {
                         let now = self.now();
-                        let _ = self.machine.handle_engine_frame(now, credit);
+                        let _ = self.machine.ask_engine_frame(now, credit);
                     }
                 }
             }

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
+use tether_core::switch::ask::Ask;
 use tether_core::switch::{Event, NetworkPolicy, Peer, Switch, SwitchConfig};
 use tether_core::time::Time;
 use tether_core::wire::bifaci::{BifaciDecoder, Frame, FrameType, MessageId};
@@ -68,9 +69,7 @@ fn replay(json: &str) -> usize {
     };
     let now = Time::from_millis(1);
     let mut switch = Switch::new(config, &[]);
-    let conn = switch
-        .handle_attach(now, "capdag", nonce)
-        .expect("a new slot");
+    let conn = switch.ask_attach(now, "capdag", nonce).expect("a new slot");
     // capdag's ids for tether's, learnt from what tether sends.
     let mut ids: BTreeMap<MessageId, MessageId> = BTreeMap::new();
     let mut engine_seq = 0;
@@ -96,11 +95,11 @@ fn replay(json: &str) -> usize {
             engine_seq += 1;
             if from_engine.frame_type == FrameType::Req {
                 switch
-                    .handle_engine_request(now, from_engine, None)
+                    .ask_engine_request(now, from_engine, None)
                     .expect("routed to the capdag master");
             } else {
                 switch
-                    .handle_engine_frame(now, from_engine)
+                    .ask_engine_frame(now, from_engine)
                     .expect("forwarded");
             }
         } else if traced.step == "set_policy" {

@@ -19,6 +19,7 @@ use tether_core::cap::CapUrn;
 use tether_core::request::{
     CancelCode, CancelReason, ErrorClass, RequestKey, RequestTableConfig, TerminationKind,
 };
+use tether_core::switch::ask::Ask;
 use tether_core::switch::harness::{chunk, response, stream, Harness, Identity};
 use tether_core::switch::{error_code, parent_meta, ConnId, Event, Limits, SwitchConfig};
 use tether_core::wire::bifaci::{Frame, FrameType, MessageId, Meta};
@@ -295,7 +296,7 @@ impl CoreSwitch {
             SwitchOp::Cancel { rid, code } => {
                 let now = self.harness.now;
                 let reason = cancel_reason(*code);
-                played.ok = Some(self.harness.switch.handle_cancel(
+                played.ok = Some(self.harness.switch.ask_cancel(
                     now,
                     MessageId::Uint(*rid),
                     &reason,
@@ -303,7 +304,11 @@ impl CoreSwitch {
                 self.harness.drain();
             }
             SwitchOp::StopFeeds { rid } => {
-                played.ok = Some(self.harness.switch.handle_stop_feeds(MessageId::Uint(*rid)));
+                played.ok = Some(
+                    self.harness
+                        .switch
+                        .ask_stop_feeds(self.harness.now, MessageId::Uint(*rid)),
+                );
                 self.harness.drain();
             }
             SwitchOp::Close { master } => {
@@ -554,7 +559,7 @@ impl CoreSwitch {
         let slot = self.slot(id)?;
         if !self.harness.switch.slot_accepts_attach(id) {
             let now = self.harness.now;
-            return Ok(self.harness.switch.handle_attach(now, id, [0; 32]).is_ok());
+            return Ok(self.harness.switch.ask_attach(now, id, [0; 32]).is_ok());
         }
         let master = self.masters[slot].clone();
         let conn = connect(&mut self.harness, &master, Identity::Echo);

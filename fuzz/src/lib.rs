@@ -511,6 +511,7 @@ pub fn substrate_handshake(data: &[u8]) {
 /// requests); what it holds stays within its bound; a timeout error leaves nothing held.
 pub fn switch_host(data: &[u8]) {
     use tether_core::limits::SWITCH_SERVED_REQUESTS_MAX;
+    use tether_core::switch::ask::HostAsk;
     use tether_core::switch::host::{Host, HostConfig, HostEvent};
     use tether_core::time::Time;
     use tether_core::wire::bifaci::{FrameType, NetworkPolicy};
@@ -519,7 +520,7 @@ pub fn switch_host(data: &[u8]) {
         HostConfig::new("fuzz", vec![CAP.to_owned()], [3; 8]),
         Time::ZERO,
     );
-    host.handle_frame(Time::ZERO, NetworkPolicy::Full.to_frame())
+    host.ask_frame(Time::ZERO, NetworkPolicy::Full.to_frame())
         .expect("a valid policy");
     let mut decoder = StreamDecoder::new(BifaciDecoder::default());
     let mut live = Vec::new();
@@ -531,7 +532,7 @@ pub fn switch_host(data: &[u8]) {
         let closed = match op % 6 {
             0 => {
                 now += u64::from(op) * 500;
-                host.handle_timeout(Time::from_millis(now)).is_err()
+                host.ask_timeout(Time::from_millis(now)).is_err()
             }
             1 | 2 => {
                 if let Some(key) = live.pop() {
@@ -552,7 +553,7 @@ pub fn switch_host(data: &[u8]) {
                 rest = &tail[len..];
                 let mut closed = false;
                 while let Ok(Some(frame)) = decoder.pop() {
-                    closed |= host.handle_frame(at, frame).is_err();
+                    closed |= host.ask_frame(at, frame).is_err();
                 }
                 closed
             }

@@ -263,9 +263,9 @@ impl Switch {
                 class: None,
                 message: "cancelled by the requesting master".to_owned(),
             };
-            self.handle_cancel(now, key.rid, &reason);
+            self.answer_cancel(now, key.rid, &reason);
         } else {
-            self.handle_stop_feeds(key.rid);
+            self.answer_stop_feeds(key.rid);
         }
         Ok(())
     }

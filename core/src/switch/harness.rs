@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::ask::Ask;
 use super::{
     manifest_json, ConnId, CutReason, EngineError, Event, Limits, RelayNotify, SlotId, Switch,
     SwitchConfig,
@@ -81,7 +82,7 @@ impl Harness {
         self.attaches = self.attaches.wrapping_add(1);
         let conn = self
             .switch
-            .handle_attach(self.now, id, [self.attaches; super::IDENTITY_NONCE_BYTES])
+            .ask_attach(self.now, id, [self.attaches; super::IDENTITY_NONCE_BYTES])
             .expect("the slot accepts an attach");
         self.identity.insert(conn, identity);
         self.drain();
@@ -124,16 +125,14 @@ impl Harness {
         frame: Frame,
         preferred: Option<&CapUrn>,
     ) -> Result<RequestKey, EngineError> {
-        let result = self
-            .switch
-            .handle_engine_request(self.now, frame, preferred);
+        let result = self.switch.ask_engine_request(self.now, frame, preferred);
         self.drain();
         result
     }
 
     /// The engine sends a later frame of one of its requests.
     pub fn from_engine(&mut self, frame: Frame) -> Result<(), EngineError> {
-        let result = self.switch.handle_engine_frame(self.now, frame);
+        let result = self.switch.ask_engine_frame(self.now, frame);
         self.drain();
         result
     }
@@ -383,11 +382,11 @@ pub fn run_ops(data: &[u8]) -> Result<(), String> {
             }
             7 => {
                 let reason = crate::request::CancelReason::operator("fuzz");
-                h.switch.handle_cancel(h.now, rid, &reason);
+                h.switch.ask_cancel(h.now, rid, &reason);
                 h.drain();
             }
             8 => {
-                h.switch.handle_stop_feeds(rid);
+                h.switch.ask_stop_feeds(h.now, rid);
                 h.drain();
             }
             9 => {

@@ -237,6 +237,8 @@ pub struct Host {
     next_call: u64,
     transmits: VecDeque<Frame>,
     events: VecDeque<HostEvent>,
+    /// Why the connection is over, until [`Host::poll_failure`] takes it.
+    failure: Option<HostError>,
     /// The POLICY must come before this.
     policy_by: Time,
     /// When the switch was last heard from.
@@ -272,6 +274,7 @@ impl Host {
             next_call: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            failure: None,
         };
         host.transmits.push_back(host.notify());
         host
@@ -291,8 +294,20 @@ impl Host {
         self.policy
     }
 
-    /// A frame from the switch.
-    pub fn handle_frame(&mut self, now: Time, frame: Frame) -> Result<(), HostError> {
+    /// A frame from the switch. A frame no honest switch sends ends the connection: the error
+    /// is the output [`Host::poll_failure`].
+    pub fn handle_frame(&mut self, now: Time, frame: Frame) {
+        if let Err(error) = self.on_frame(now, frame) {
+            self.fail(error);
+        }
+    }
+
+    /// The connection is over, with `error` (the first one is kept until polled).
+    fn fail(&mut self, error: HostError) {
+        self.failure.get_or_insert(error);
+    }
+
+    fn on_frame(&mut self, now: Time, frame: Frame) -> Result<(), HostError> {
         self.last_heard = now;
         let limits = match self.stage {
             Stage::AwaitPolicy => return self.on_first_policy(&frame),
@@ -453,10 +468,11 @@ impl Host {
 
     /// The shell could not queue a frame for the switch: its queue
     /// ([`crate::limits::SWITCH_HOST_WRITER_FRAMES_MAX`]) is full because the switch stopped
-    /// reading. The connection is useless: close it (every request served here ends with it).
-    pub fn handle_backlogged(&mut self, _now: Time) -> HostError {
+    /// reading. The connection is useless: close it (every request served here ends with it;
+    /// [`Host::poll_failure`] says [`HostError::Backlogged`]).
+    pub fn handle_backlogged(&mut self, _now: Time) {
         self.give_up();
-        HostError::Backlogged
+        self.fail(HostError::Backlogged);
     }
 
     /// When [`Host::handle_timeout`] is next due: the POLICY's deadline, then the silence
@@ -473,9 +489,16 @@ impl Host {
         }
     }
 
-    /// Time passed: an error when the POLICY is overdue or the switch went silent (close the
-    /// connection; every request served here ends with it). A spurious call does nothing.
-    pub fn handle_timeout(&mut self, now: Time) -> Result<(), HostError> {
+    /// Time passed: when the POLICY is overdue or the switch went silent the connection is
+    /// over (every request served here ends with it; [`Host::poll_failure`] says why). A
+    /// spurious call does nothing.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if let Err(error) = self.timed_out(now) {
+            self.fail(error);
+        }
+    }
+
+    fn timed_out(&mut self, now: Time) -> Result<(), HostError> {
         let error = match self.stage {
             Stage::AwaitPolicy if now >= self.policy_by => HostError::HandshakeTimeout,
             Stage::Live(_)
@@ -517,6 +540,12 @@ impl Host {
     /// The next event.
     pub fn poll_event(&mut self) -> Option<HostEvent> {
         self.events.pop_front()
+    }
+
+    /// Why the connection is over, once an input ended it: close it (the shell drops it and
+    /// reports the error). Poll it after every input.
+    pub fn poll_failure(&mut self) -> Option<HostError> {
+        self.failure.take()
     }
 
     /// Requests being served.
@@ -818,6 +847,7 @@ mod tests {
     use crate::limits::{
         SWITCH_HOST_LOG_UNREAD_BYTES_MAX, SWITCH_LOG_UNREAD_BYTES_PER_REQUEST_MAX,
     };
+    use crate::switch::ask::{Ask, HostAsk};
     use crate::switch::{ConnId, Peer, Switch, SwitchConfig};
 
     const UPPER: &str = "cap:in=media:text;out=media:upper";
@@ -843,7 +873,7 @@ mod tests {
             for (index, (name, caps)) in hosts.iter().enumerate() {
                 let conn = world
                     .switch
-                    .handle_attach(world.now, name, [index as u8; 32])
+                    .ask_attach(world.now, name, [index as u8; 32])
                     .expect("attach");
                 let caps = caps.iter().map(|c| (*c).to_owned()).collect();
                 let host = Host::new(HostConfig::new(name, caps, [index as u8; 8]), world.now);
@@ -867,7 +897,7 @@ mod tests {
                                 .iter_mut()
                                 .find(|(conn, _)| conn.slot == slot)
                                 .expect("a host per slot");
-                            host.handle_frame(self.now, transmit.frame).expect("valid");
+                            host.ask_frame(self.now, transmit.frame).expect("valid");
                         }
                     }
                 }
@@ -896,7 +926,7 @@ mod tests {
         let mut req = Frame::new(FrameType::Req, MessageId::Uint(1));
         req.cap = Some(UPPER.into());
         w.switch
-            .handle_engine_request(w.now, req, None)
+            .ask_engine_request(w.now, req, None)
             .expect("routed to the host");
         w.pump();
         let key = w.host_events[0]
@@ -948,7 +978,7 @@ mod tests {
             let mut req = Frame::new(FrameType::Req, MessageId::Uint(id));
             req.cap = Some(UPPER.into());
             w.switch
-                .handle_engine_request(w.now, req, None)
+                .ask_engine_request(w.now, req, None)
                 .expect("routed");
             w.pump();
         }
@@ -969,9 +999,9 @@ mod tests {
         let host = &mut w.hosts[0].1;
         let now = w.now;
         // One request: 600 KiB early is held; 600 KiB more passes the request's bytes.
-        host.handle_frame(now, early(keys[0], 5, 600 << 10))
+        host.ask_frame(now, early(keys[0], 5, 600 << 10))
             .expect("held");
-        let refused = host.handle_frame(now, early(keys[0], 6, 600 << 10));
+        let refused = host.ask_frame(now, early(keys[0], 6, 600 << 10));
         assert!(
             matches!(
                 refused,
@@ -985,15 +1015,15 @@ mod tests {
         // Over requests: 900 KiB each is within each request's bytes; the host's bound (8
         // MiB) is passed at the tenth.
         let mut host = Host::new(HostConfig::new("b", vec![UPPER.into()], [9; 8]), now);
-        host.handle_frame(now, NetworkPolicy::Full.to_frame())
+        host.ask_frame(now, NetworkPolicy::Full.to_frame())
             .expect("policy");
         let mut outcome = Ok(());
         for (n, key) in keys.iter().enumerate() {
             let mut req = Frame::new(FrameType::Req, key.rid);
             req.routing_id = Some(key.xid);
             req.cap = Some(UPPER.into());
-            host.handle_frame(now, req).expect("request");
-            outcome = host.handle_frame(now, early(*key, 3, 900 << 10));
+            host.ask_frame(now, req).expect("request");
+            outcome = host.ask_frame(now, early(*key, 3, 900 << 10));
             if n < 9 {
                 assert!(outcome.is_ok(), "request {n}: {outcome:?}");
             }
@@ -1014,7 +1044,7 @@ mod tests {
     fn log_frames_wait_for_their_reader_within_their_bytes() {
         let now = Time::ZERO;
         let mut host = Host::new(HostConfig::new("h", vec![UPPER.into()], [3; 8]), now);
-        host.handle_frame(now, NetworkPolicy::Full.to_frame())
+        host.ask_frame(now, NetworkPolicy::Full.to_frame())
             .expect("policy");
         let request = |host: &mut Host, n: u64| {
             let key = RequestKey {
@@ -1024,7 +1054,7 @@ mod tests {
             let mut req = Frame::new(FrameType::Req, key.rid);
             req.routing_id = Some(key.xid);
             req.cap = Some(UPPER.into());
-            host.handle_frame(now, req).expect("request");
+            host.ask_frame(now, req).expect("request");
             key
         };
         let log = |key: RequestKey, seq: u64| {
@@ -1044,13 +1074,13 @@ mod tests {
         // A reader that reads nothing: LOG frames pass up to the request's bound, then drop.
         let key = request(&mut host, 1);
         for seq in 1..=(per_request as u64 + 10) {
-            host.handle_frame(now, log(key, seq)).expect("in order");
+            host.ask_frame(now, log(key, seq)).expect("in order");
         }
         assert_eq!(inputs(&mut host), per_request);
         assert_eq!(host.stats().logs_dropped, 10);
         // The reader reads them: room comes back.
         host.consume_log(key, per_request * bytes);
-        host.handle_frame(now, log(key, per_request as u64 + 11))
+        host.ask_frame(now, log(key, per_request as u64 + 11))
             .expect("in order");
         assert_eq!(inputs(&mut host), 1);
         // Many requests whose readers read nothing: the host's bound holds over them all.
@@ -1058,7 +1088,7 @@ mod tests {
         for n in 2..40 {
             let key = request(&mut host, n);
             for seq in 1..=per_request as u64 {
-                host.handle_frame(now, log(key, seq)).expect("in order");
+                host.ask_frame(now, log(key, seq)).expect("in order");
             }
             passed += inputs(&mut host);
         }
@@ -1113,7 +1143,7 @@ mod tests {
         };
         req.routing_id = Some(key.xid);
         let host = &mut w.hosts[0].1;
-        host.handle_frame(w.now, req).expect("valid");
+        host.ask_frame(w.now, req).expect("valid");
         let answer = host.poll_transmit().expect("answered");
         assert_eq!(answer.frame_type, FrameType::Err);
         assert_eq!(
@@ -1130,7 +1160,7 @@ mod tests {
         let mut req = Frame::new(FrameType::Req, MessageId::Uint(1));
         req.cap = Some(UPPER.into());
         w.switch
-            .handle_engine_request(w.now, req, None)
+            .ask_engine_request(w.now, req, None)
             .expect("routed");
         w.pump();
         let key = w.host_events[0]
@@ -1166,7 +1196,7 @@ mod tests {
         let mut credit = Frame::new(FrameType::Credit, MessageId::Uint(1));
         credit.stream_id = Some("out".into());
         credit.credit = Some(1);
-        w.switch.handle_engine_frame(w.now, credit).expect("live");
+        w.switch.ask_engine_frame(w.now, credit).expect("live");
         w.pump();
         w.hosts[0].1.write(key, over).expect("granted");
     }
@@ -1184,31 +1214,31 @@ mod tests {
                 crate::limits::SWITCH_HANDSHAKE_TIMEOUT_MS
             ))
         );
-        host.handle_frame(Time::ZERO, NetworkPolicy::Full.to_frame())
+        host.ask_frame(Time::ZERO, NetworkPolicy::Full.to_frame())
             .expect("policy");
         while host.poll_transmit().is_some() {}
         let mut beat = Frame::new(FrameType::Heartbeat, MessageId::Uint(42));
         beat.payload = Some(Bytes::from(vec![7; 1 << 20]));
         beat.meta = Some(error_meta("X", ErrorClass::Internal, "y"));
         let at = Time::from_millis(1_000);
-        host.handle_frame(at, beat).expect("heartbeat");
+        host.ask_frame(at, beat).expect("heartbeat");
         let echo = host.poll_transmit().expect("echoed");
         assert_eq!(echo, Frame::new(FrameType::Heartbeat, MessageId::Uint(42)));
 
         let mut req = Frame::new(FrameType::Req, MessageId::Uint(5));
         req.routing_id = Some(MessageId::Uint(9));
         req.cap = Some(UPPER.to_owned());
-        host.handle_frame(at, req.clone()).expect("a request");
+        host.ask_frame(at, req.clone()).expect("a request");
         assert_eq!(
-            host.handle_frame(at, req),
+            host.ask_frame(at, req),
             Err(HostError::RepeatedKey(MessageId::Uint(5)))
         );
         assert_eq!(host.stats().repeated_keys, 1);
 
         let silence = host.poll_timeout().expect("a silence deadline");
         assert_eq!(silence.saturating_since(at).as_millis() as u64, 40_000);
-        assert_eq!(host.handle_timeout(Time::from_millis(2_000)), Ok(()));
-        assert_eq!(host.handle_timeout(silence), Err(HostError::Silent));
+        assert_eq!(host.ask_timeout(Time::from_millis(2_000)), Ok(()));
+        assert_eq!(host.ask_timeout(silence), Err(HostError::Silent));
         assert_eq!((host.served_len(), host.stats().timeouts), (0, 1));
     }
 }

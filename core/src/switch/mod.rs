@@ -59,6 +59,8 @@
 //! Drain order after any input: `poll_transmit` until `None`, then `poll_event` until `None`,
 //! then `poll_timeout`.
 
+#[cfg(any(test, feature = "harness"))]
+pub mod ask;
 mod codes;
 mod forwarding;
 mod graph;
@@ -131,6 +133,56 @@ pub enum Peer {
     Engine,
     /// A master, by slot.
     Master(SlotId),
+}
+
+/// The switch's answer to an input whose caller waits on it ([`Switch::poll_answer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Answer {
+    /// [`Switch::handle_attach`]: the connection's name, or why its slot refused it.
+    Attached(Result<ConnId, AttachError>),
+    /// [`Switch::handle_engine_request`]: the request's key in the table, or its refusal.
+    Request(Result<RequestKey, EngineError>),
+    /// [`Switch::handle_engine_frame`]: forwarded, or refused.
+    Frame(Result<(), EngineError>),
+    /// [`Switch::handle_cancel`]: whether the request was live.
+    Cancelled(bool),
+    /// [`Switch::handle_stop_feeds`]: whether the request was live and the stop was sent.
+    FeedsStopped(bool),
+}
+
+impl Answer {
+    /// An [`Answer::Attached`].
+    pub fn attached(self) -> Option<Result<ConnId, AttachError>> {
+        match self {
+            Answer::Attached(answer) => Some(answer),
+            _ => None,
+        }
+    }
+
+    /// An [`Answer::Request`].
+    pub fn request(self) -> Option<Result<RequestKey, EngineError>> {
+        match self {
+            Answer::Request(answer) => Some(answer),
+            _ => None,
+        }
+    }
+
+    /// An [`Answer::Frame`].
+    pub fn frame(self) -> Option<Result<(), EngineError>> {
+        match self {
+            Answer::Frame(answer) => Some(answer),
+            _ => None,
+        }
+    }
+
+    /// An [`Answer::Cancelled`] or [`Answer::FeedsStopped`]: whether the request was live.
+    pub fn live(self) -> Option<bool> {
+        match self {
+            Answer::Cancelled(live) | Answer::FeedsStopped(live) => Some(live),
+            _ => None,
+        }
+    }
 }
 
 /// A frame to write.
@@ -581,6 +633,8 @@ pub struct Switch {
     routing: bool,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
+    /// The answer to the input just handled, until [`Switch::poll_answer`] takes it.
+    answer: Option<Answer>,
     counters: SwitchCounters,
 }
 
@@ -607,6 +661,7 @@ impl Switch {
             routing: false,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            answer: None,
             counters: SwitchCounters::default(),
         };
         for id in initial.iter().take(SWITCH_MASTERS_MAX) {
@@ -629,7 +684,15 @@ impl Switch {
     /// A new connection for slot `id` (new, or a detached slot reattached in place): the
     /// handshake clock starts, and the switch waits for the master's RELAY_NOTIFY. `nonce` is
     /// 32 random bytes from the shell, for this connection's identity check.
-    pub fn handle_attach(
+    ///
+    /// Answered by [`Answer::Attached`] ([`Switch::poll_answer`]).
+    pub fn handle_attach(&mut self, now: Time, id: &str, nonce: [u8; IDENTITY_NONCE_BYTES]) {
+        let answer = self.answer_attach(now, id, nonce);
+        self.answer = Some(Answer::Attached(answer));
+    }
+
+    /// What [`Switch::handle_attach`] answers.
+    fn answer_attach(
         &mut self,
         now: Time,
         id: &str,
@@ -717,7 +780,15 @@ impl Switch {
 
     /// The engine's REQ: routed to the best healthy master (`preferred` wins when an
     /// equivalent cap is served). The REQ's id is the request id; its XID is assigned here.
-    pub fn handle_engine_request(
+    ///
+    /// Answered by [`Answer::Request`] ([`Switch::poll_answer`]).
+    pub fn handle_engine_request(&mut self, now: Time, frame: Frame, preferred: Option<&CapUrn>) {
+        let answer = self.answer_engine_request(now, frame, preferred);
+        self.answer = Some(Answer::Request(answer));
+    }
+
+    /// What [`Switch::handle_engine_request`] answers.
+    fn answer_engine_request(
         &mut self,
         now: Time,
         frame: Frame,
@@ -744,7 +815,15 @@ impl Switch {
 
     /// A later frame of one of the engine's requests (STREAM_START, CHUNK, STREAM_END, END,
     /// ERR, LOG, CREDIT), found by its request id.
-    pub fn handle_engine_frame(&mut self, now: Time, frame: Frame) -> Result<(), EngineError> {
+    ///
+    /// Answered by [`Answer::Frame`] ([`Switch::poll_answer`]).
+    pub fn handle_engine_frame(&mut self, now: Time, frame: Frame) {
+        let answer = self.answer_engine_frame(now, frame);
+        self.answer = Some(Answer::Frame(answer));
+    }
+
+    /// What [`Switch::handle_engine_frame`] answers.
+    fn answer_engine_frame(&mut self, now: Time, frame: Frame) -> Result<(), EngineError> {
         if matches!(
             frame.frame_type,
             FrameType::Req
@@ -776,7 +855,15 @@ impl Switch {
     /// cancelled, its destination gets CANCEL (`force_kill` unless the code is
     /// `ABORTED_COLLATERAL`), its origin an ERR in the reason's words. `false` when `rid` is
     /// not live.
-    pub fn handle_cancel(&mut self, now: Time, rid: MessageId, reason: &CancelReason) -> bool {
+    ///
+    /// Answered by [`Answer::Cancelled`] ([`Switch::poll_answer`]).
+    pub fn handle_cancel(&mut self, now: Time, rid: MessageId, reason: &CancelReason) {
+        let answer = self.answer_cancel(now, rid, reason);
+        self.answer = Some(Answer::Cancelled(answer));
+    }
+
+    /// What [`Switch::handle_cancel`] answers.
+    fn answer_cancel(&mut self, now: Time, rid: MessageId, reason: &CancelReason) -> bool {
         let Some(key) = self.table.key_of(rid) else {
             return false;
         };
@@ -804,7 +891,15 @@ impl Switch {
     /// Sends CLOSE_STREAM for request `rid` to its destination without touching its state:
     /// the request ends on its own once its feeds drain. `true` when it was live and the
     /// stop was sent.
-    pub fn handle_stop_feeds(&mut self, rid: MessageId) -> bool {
+    ///
+    /// Answered by [`Answer::FeedsStopped`] ([`Switch::poll_answer`]).
+    pub fn handle_stop_feeds(&mut self, _now: Time, rid: MessageId) {
+        let answer = self.answer_stop_feeds(rid);
+        self.answer = Some(Answer::FeedsStopped(answer));
+    }
+
+    /// What [`Switch::handle_stop_feeds`] answers.
+    fn answer_stop_feeds(&mut self, rid: MessageId) -> bool {
         let Some(key) = self.table.key_of(rid) else {
             return false;
         };
@@ -888,6 +983,13 @@ impl Switch {
     /// The next event.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+
+    /// The answer to the input just handled, for the inputs a caller waits on (each says which
+    /// [`Answer`] it gives); `None` after any other input. Poll it before the next input: the
+    /// next one's answer replaces it.
+    pub fn poll_answer(&mut self) -> Option<Answer> {
+        self.answer.take()
     }
 
     /// When [`Switch::handle_timeout`] must next be called.

@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use super::ask::Ask;
 use super::harness::{chunk, response, stream, Harness, Identity};
 use super::*;
 use crate::request::{ErrorClass, TerminationKind};
@@ -107,16 +108,43 @@ fn a_failed_initial_master_does_not_hold_routing_back() {
 }
 
 #[test]
+fn an_attach_is_answered_once_and_a_master_frame_answers_nothing() {
+    let mut h = Harness::new(SwitchConfig::default(), &[]);
+    h.switch.handle_attach(h.now, "a", [7; 32]);
+    let conn = match h.switch.poll_answer() {
+        Some(Answer::Attached(Ok(conn))) => conn,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(h.switch.poll_answer(), None, "an answer is taken once");
+    h.switch.handle_attach(h.now, "a", [7; 32]);
+    assert_eq!(
+        h.switch.poll_answer(),
+        Some(Answer::Attached(Err(AttachError::AlreadyAttached(
+            conn.slot
+        ))))
+    );
+    h.switch.handle_master_frame(
+        h.now,
+        conn,
+        Frame::new(FrameType::Heartbeat, MessageId::Uint(1)),
+    );
+    assert_eq!(
+        h.switch.poll_answer(),
+        None,
+        "inputs nobody waits on answer nothing"
+    );
+    h.switch.handle_stop_feeds(h.now, MessageId::Uint(9));
+    assert_eq!(h.switch.poll_answer(), Some(Answer::FeedsStopped(false)));
+}
+
+#[test]
 fn the_master_speaks_first_then_the_policy_then_the_identity_request() {
     let config = SwitchConfig {
         policy: NetworkPolicy::NoTelemetry,
         ..SwitchConfig::default()
     };
     let mut h = Harness::new(config, &[]);
-    let conn = h
-        .switch
-        .handle_attach(h.now, "a", [7; 32])
-        .expect("new slot");
+    let conn = h.switch.ask_attach(h.now, "a", [7; 32]).expect("new slot");
     h.drain();
     assert!(h.take_master(conn.slot).is_empty(), "the switch waits");
     let notify = RelayNotify {
@@ -180,10 +208,7 @@ fn the_master_speaks_first_then_the_policy_then_the_identity_request() {
 #[test]
 fn a_capless_master_joins_at_once_and_is_probed_when_caps_appear() {
     let mut h = Harness::new(SwitchConfig::default(), &[]);
-    let conn = h
-        .switch
-        .handle_attach(h.now, "a", [1; 32])
-        .expect("new slot");
+    let conn = h.switch.ask_attach(h.now, "a", [1; 32]).expect("new slot");
     let empty = RelayNotify {
         limits: Limits::default(),
         manifest: Bytes::from_static(br#"{"installed_cartridges": []}"#),
@@ -424,7 +449,7 @@ fn cancel_cascades_to_children_under_the_same_reason() {
     h.take_master(conns[0].slot);
     h.take_master(conns[1].slot);
     let reason = CancelReason::operator("stop it");
-    assert!(h.switch.handle_cancel(h.now, MessageId::Uint(1), &reason));
+    assert!(h.switch.ask_cancel(h.now, MessageId::Uint(1), &reason));
     h.drain();
     assert_eq!(h.switch.live_requests(), 0);
     let at_a = h.take_master(conns[0].slot);
@@ -453,7 +478,7 @@ fn cancel_cascades_to_children_under_the_same_reason() {
     assert_eq!(counters.stragglers["CHUNK"], 1);
     assert!(counters.no_route.is_empty());
     assert!(
-        !h.switch.handle_cancel(h.now, MessageId::Uint(1), &reason),
+        !h.switch.ask_cancel(h.now, MessageId::Uint(1), &reason),
         "once"
     );
 }
@@ -468,7 +493,7 @@ fn a_collateral_abort_never_force_kills() {
         class: Some(ErrorClass::Resource),
         message: "a sibling ran out of memory".into(),
     };
-    h.switch.handle_cancel(h.now, MessageId::Uint(1), &reason);
+    h.switch.ask_cancel(h.now, MessageId::Uint(1), &reason);
     h.drain();
     let at_a = h.take_master(conns[0].slot);
     assert_eq!(at_a[0].force_kill, Some(false));
@@ -483,9 +508,9 @@ fn stop_feeds_sends_close_stream_and_leaves_the_request_live() {
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
     let key = h.engine_request(1, UPPER).expect("routed");
     h.take_master(conns[0].slot);
-    assert!(h.switch.handle_stop_feeds(MessageId::Uint(1)));
+    assert!(h.switch.ask_stop_feeds(h.now, MessageId::Uint(1)));
     assert!(
-        !h.switch.handle_stop_feeds(MessageId::Uint(2)),
+        !h.switch.ask_stop_feeds(h.now, MessageId::Uint(2)),
         "an unknown request is not stopped"
     );
     h.drain();
@@ -526,7 +551,7 @@ fn attaching_an_attached_slot_is_refused_and_a_detached_one_reattaches_in_place(
     let (mut h, conns) = ready(&[("a", &[UPPER])]);
     assert!(!h.switch.slot_accepts_attach("a"));
     assert_eq!(
-        h.switch.handle_attach(h.now, "a", [0; 32]),
+        h.switch.ask_attach(h.now, "a", [0; 32]),
         Err(AttachError::AlreadyAttached(SlotId(0)))
     );
     h.close(conns[0]);
@@ -668,7 +693,7 @@ fn a_master_past_its_credit_window_is_cut_past_its_share_over_all_its_requests()
         class: None,
         message: "no longer wanted".into(),
     };
-    assert!(h.switch.handle_cancel(h.now, keys[0].rid, &reason));
+    assert!(h.switch.ask_cancel(h.now, keys[0].rid, &reason));
     h.drain();
     engine_credit(&mut h, 2, "out", 1);
     assert_eq!(h.switch.overrun_bytes_of(master), (fits - 2) * per);
@@ -796,10 +821,7 @@ fn a_zero_chunk_limit_or_a_missing_relay_notify_is_refused() {
             CutReason::Handshake(HandshakeError::ZeroLimit("max_chunk"))
         )]
     );
-    let quiet = h
-        .switch
-        .handle_attach(h.now, "b", [0; 32])
-        .expect("new slot");
+    let quiet = h.switch.ask_attach(h.now, "b", [0; 32]).expect("new slot");
     h.advance(Duration::from_millis(SWITCH_HANDSHAKE_TIMEOUT_MS));
     assert_eq!(
         h.disconnected[1],
@@ -900,7 +922,7 @@ fn the_cap_graph_finds_reachable_media_and_paths() {
 #[test]
 fn anything_but_a_relay_notify_first_cuts_the_connection() {
     let mut h = Harness::new(SwitchConfig::default(), &[]);
-    let conn = h.switch.handle_attach(h.now, "a", [0; 32]).expect("new");
+    let conn = h.switch.ask_attach(h.now, "a", [0; 32]).expect("new");
     h.from_master(conn, Frame::new(FrameType::Chunk, MessageId::Uint(1)));
     assert!(matches!(h.disconnected[0].1, CutReason::Handshake(_)));
     assert!(h.switch.slot_accepts_attach("a"));
@@ -1105,7 +1127,7 @@ fn early_frames_are_held_within_their_bytes_per_sender_over_all_its_requests() {
         class: None,
         message: "no longer wanted".into(),
     };
-    assert!(h.switch.handle_cancel(h.now, keys[1].rid, &reason));
+    assert!(h.switch.ask_cancel(h.now, keys[1].rid, &reason));
     h.drain();
     assert_eq!(h.switch.held_bytes_of(master), (fits - 2) * per);
 

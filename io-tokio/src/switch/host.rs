@@ -611,9 +611,8 @@ impl HostTask {
                     Some(Incoming::Frame(frame)) => {
                         let flows = [(frame.routing_id, frame.id), (None, frame.id)];
                         let now = self.now();
-                        self.machine
-                            .handle_frame(now, frame)
-                            .map_err(|error| HostServeError::Protocol(error.into()))?;
+                        self.machine.handle_frame(now, frame);
+                        self.failed()?;
                         // A frame of a request (its credit, say) may let its parked writes go.
                         for flow in flows {
                             self.retry_parked(flow);
@@ -635,9 +634,8 @@ impl HostTask {
                 // The HELLO's deadline, or the switch's silence: the machine decides.
                 () = sleep_until(deadline) => {
                     let now = self.now();
-                    self.machine
-                        .handle_timeout(now)
-                        .map_err(|error| HostServeError::Protocol(error.into()))?;
+                    self.machine.handle_timeout(now);
+                    self.failed()?;
                 }
                 // The socket was full and took more, or a write failed (the switch is gone).
                 Err(_) = std::future::poll_fn(|cx| match self.writer.poll_write_queued(cx) {
@@ -740,6 +738,15 @@ impl HostTask {
         }
     }
 
+    /// The connection's end, if the last input ended it (the machine's output).
+    fn failed(&mut self) -> Result<(), HostServeError> {
+        match self.machine.poll_failure() {
+            None => Ok(()),
+            Some(HostError::Backlogged) => Err(HostServeError::Backlogged),
+            Some(error) => Err(HostServeError::Protocol(error.into())),
+        }
+    }
+
     /// Queues what the machine sends and handles what it reports; `Err` when the switch
     /// stopped reading (the connection is dropped).
     fn drain(&mut self) -> Result<(), HostServeError> {
@@ -747,10 +754,8 @@ impl HostTask {
             while let Some(frame) = self.machine.poll_transmit() {
                 if !self.writer.push(frame) {
                     let now = self.now();
-                    return Err(match self.machine.handle_backlogged(now) {
-                        HostError::Backlogged => HostServeError::Backlogged,
-                        error => HostServeError::Protocol(error.into()),
-                    });
+                    self.machine.handle_backlogged(now);
+                    self.failed()?;
                 }
             }
             let Some(event) = self.machine.poll_event() else {

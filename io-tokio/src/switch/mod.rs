@@ -32,7 +32,7 @@ use tether_core::cap::{CapUrn, MediaUrn, ParseError};
 use tether_core::request::{CancelReason, Credits};
 use tether_core::switch::side::{stream_frames, HeldWrites, RequestSide, WriteError};
 use tether_core::switch::{
-    AttachError, ConnId, CutReason, EngineError, Event, HandshakeError, Peer, SlotId,
+    Answer, AttachError, ConnId, CutReason, EngineError, Event, HandshakeError, Peer, SlotId,
     Switch as Machine, SwitchConfig, SwitchStats,
 };
 use tether_core::time::Time;
@@ -783,7 +783,10 @@ impl Task {
                 writer,
                 unresponsive,
                 reply,
-            } => match self.machine.handle_attach(now, &id, identity_nonce()) {
+            } => match self.ask(
+                |machine| machine.handle_attach(now, &id, identity_nonce()),
+                Answer::attached,
+            ) {
                 Ok(conn) => {
                     self.readers.insert(conn, FrameReader::new(reader));
                     self.masters.insert(
@@ -820,14 +823,19 @@ impl Task {
                     .get_mut(&rid)
                     .and_then(|call| call.side.consume(stream.as_deref()));
                 if let Some(credit) = credit {
-                    let _ = self.machine.handle_engine_frame(now, credit);
+                    self.machine.handle_engine_frame(now, credit);
                 }
             }
             Command::Cancel(rid, reason, reply) => {
-                let _ = reply.send(self.machine.handle_cancel(now, rid, &reason));
+                let live = self.ask(
+                    |machine| machine.handle_cancel(now, rid, &reason),
+                    Answer::live,
+                );
+                let _ = reply.send(live);
             }
             Command::StopFeeds(rid, reply) => {
-                let _ = reply.send(self.machine.handle_stop_feeds(rid));
+                let live = self.ask(|machine| machine.handle_stop_feeds(now, rid), Answer::live);
+                let _ = reply.send(live);
             }
             Command::SetPolicy(policy) => self.machine.set_policy(policy),
             Command::Capabilities(reply) => {
@@ -873,7 +881,10 @@ impl Task {
         let mut req = side.frame(FrameType::Req);
         req.cap = Some(cap.to_owned());
         side.write(&mut req)?;
-        self.machine.handle_engine_request(now, req, preferred)?;
+        self.ask(
+            |machine| machine.handle_engine_request(now, req, preferred),
+            Answer::request,
+        )?;
         let (answers_tx, answers) = FlowReader::channel();
         self.calls.insert(
             rid,
@@ -914,7 +925,10 @@ impl Task {
         let Some(call) = self.calls.get_mut(&rid) else {
             // The call ended: the machine tells a straggler of a request that ended lately
             // from a frame for no request, counts it, and refuses it.
-            let result = self.machine.handle_engine_frame(now, frame);
+            let result = self.ask(
+                |machine| machine.handle_engine_frame(now, frame),
+                Answer::frame,
+            );
             answer(reply, result.map_err(SwitchError::from));
             return;
         };
@@ -937,13 +951,29 @@ impl Task {
             };
             let result = match written {
                 Ok(frame) => self
-                    .machine
-                    .handle_engine_frame(now, frame)
+                    .ask(
+                        |machine| machine.handle_engine_frame(now, frame),
+                        Answer::frame,
+                    )
                     .map_err(SwitchError::from),
                 Err(error) => Err(error.into()),
             };
             answer(reply, result);
         }
+    }
+
+    /// Runs one input whose caller waits on the machine's answer (`pick` takes its kind out
+    /// of the [`Answer`]).
+    fn ask<T>(
+        &mut self,
+        input: impl FnOnce(&mut Machine),
+        pick: impl FnOnce(Answer) -> Option<T>,
+    ) -> T {
+        input(&mut self.machine);
+        self.machine
+            .poll_answer()
+            .and_then(pick)
+            .expect("each input that asks is answered, with its own kind of answer")
     }
 
     fn incoming(&mut self, conn: ConnId, incoming: Incoming) {
