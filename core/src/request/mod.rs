@@ -4,7 +4,7 @@
 //! Pure decisions and small machines; no I/O, no clock (time is passed in):
 //!
 //! - the decisions, as plain functions over frame types: [`terminal_of`], [`is_flow`],
-//!   [`dispose`], [`ledger`], [`write`], [`negotiate`], [`grant_target`];
+//!   [`dispose`], [`ledger`], [`write`](fn@write), [`negotiate`], [`grant_target`];
 //! - [`RequestTable`]: requests keyed by (XID, RID), registered once, terminated once, leaving
 //!   no state behind, with a bounded ring of recent terminations that tells a benign straggler
 //!   from a genuine no-route drop;

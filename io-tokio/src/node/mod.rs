@@ -504,7 +504,7 @@ impl Node {
     /// Queues every frame as [`Node::send`] does, in order, without blocking: a run of
     /// consecutive frames for one peer takes the egress table once, is counted once, wakes its
     /// writer once, and goes into the ring in slots of up to
-    /// [`EGRESS_RUN_FRAMES_MAX`](tether_core::limits::EGRESS_RUN_FRAMES_MAX) frames, one
+    /// [`tether_core::limits::EGRESS_RUN_FRAMES_MAX`] frames, one
     /// hand-off to the writer per slot (what an actor flushing its outbox wants). A run the
     /// ring has no room for spills frame by frame, as lone frames do.
     pub fn send_batch(&self, frames: impl IntoIterator<Item = OutFrame>) {

@@ -78,7 +78,7 @@ pub struct LogOptions {
     /// file grows with its commits.
     pub prepare_bytes: u64,
     /// A damaged file is repaired at open instead of refused: every commit that verifies is
-    /// kept, the damaged bytes are dropped ([`LogStats::repaired`] says how many). Off by
+    /// kept, the damaged bytes are dropped ([`LogStats::repaired_bytes`] says how many). Off by
     /// default: a repair loses whatever the damaged commits held, so it is asked for.
     pub repair: bool,
 }
