@@ -60,6 +60,12 @@ asks! {
     ) -> Option<Batch<C>>, Answer::batch;
     ask_stream_fault = handle_stream_fault(now: Time, peer: NodeId, channel: Channel, fatal: bool)
         -> StreamVerdict, Answer::stream;
+    ask_stream_opener = handle_stream_opener(
+        now: Time,
+        peer: NodeId,
+        channel: Channel,
+        first: Option<&[u8]>
+    ) -> StreamVerdict, Answer::stream;
     ask_stream_unread = handle_stream_unread(now: Time, peer: NodeId, channel: Channel)
         -> StreamVerdict, Answer::stream;
     ask_dialed = handle_dialed(now: Time, peer: NodeId, result: Result<C, String>)

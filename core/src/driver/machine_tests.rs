@@ -446,6 +446,30 @@ fn a_stream_nobody_reads_stops_with_its_own_code_and_keeps_the_connection() {
 }
 
 #[test]
+fn a_switch_stream_is_taken_only_when_its_first_bytes_announce_it() {
+    use crate::wire::bifaci::QUIC_STREAM_OPENER;
+    let mut d = driver();
+    let opener = &QUIC_STREAM_OPENER[..];
+    assert_eq!(
+        d.ask_stream_opener(at(0), PEER, Channel::Switch, Some(opener)),
+        StreamVerdict::Continue
+    );
+    for first in [None, Some(&b"bifaci5\n"[..]), Some(&b"GET / HT"[..])] {
+        assert_eq!(
+            d.ask_stream_opener(at(0), PEER, Channel::Switch, first),
+            StreamVerdict::Stop(STOP_UNREAD),
+            "{first:?}"
+        );
+    }
+    assert_eq!(
+        d.ask_stream_opener(at(0), PEER, Channel::Substrate, None),
+        StreamVerdict::Continue,
+        "only switch streams are announced"
+    );
+    assert!(d.poll_action().is_none());
+}
+
+#[test]
 fn a_writer_opens_a_stream_on_each_connection_it_writes_to_and_keeps_it() {
     let mut d = driver();
     let first = d

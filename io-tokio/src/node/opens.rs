@@ -2,7 +2,7 @@
 //! orders), and serving the bidirectional streams of switch and substrate connections.
 
 use super::*;
-use tether_core::wire::bifaci::{announces_switch_stream, QUIC_STREAM_OPENER};
+use tether_core::wire::bifaci::QUIC_STREAM_OPENER;
 use tokio::time::timeout;
 
 /// A dial an [`Open::Dial`] ordered under `ticket`: unless it connected, its end is reported
@@ -328,15 +328,25 @@ impl Inner {
                 let deadline = self.gate.lock().driver.stream_open_timeout();
                 let mut first = [0u8; QUIC_STREAM_OPENER.len()];
                 let read = timeout(deadline, recv.read_exact(&mut first)).await;
-                if matches!(read, Ok(Ok(()))) && announces_switch_stream(&first) {
-                    let stream = QuicStream::new(conn.clone(), send, recv);
-                    match queue.send((peer.to_string(), stream)).await {
-                        Ok(()) => return,
-                        // The host stopped taking switch streams.
-                        Err(refused) => recv = (refused.0).1.into_recv(),
+                let first = matches!(read, Ok(Ok(()))).then_some(&first[..]);
+                let verdict = self.ask(
+                    |driver, now| driver.handle_stream_opener(now, peer, channel, first),
+                    Answer::stream,
+                );
+                match verdict {
+                    StreamVerdict::Continue => {
+                        let stream = QuicStream::new(conn.clone(), send, recv);
+                        match queue.send((peer.to_string(), stream)).await {
+                            Ok(()) => return,
+                            // The host stopped taking switch streams.
+                            Err(refused) => recv = (refused.0).1.into_recv(),
+                        }
                     }
-                } else {
-                    debug!("a switch stream without its announcement");
+                    StreamVerdict::Stop(code) => {
+                        debug!("a switch stream without its announcement");
+                        let _ = recv.stop(code.into());
+                        return;
+                    }
                 }
             }
             (Channel::Substrate, _, Some(queue)) => {

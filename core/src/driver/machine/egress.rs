@@ -183,6 +183,29 @@ impl<C: Clone> Driver<C> {
         StreamVerdict::Stop(STOP_UNREAD)
     }
 
+    /// The first bytes `peer` sent on a stream it opened on `channel`, read within
+    /// [`Driver::stream_open_timeout`] (`None`: fewer came in time). A stream on the switch
+    /// channel is taken only when they announce a switch stream
+    /// ([`crate::wire::bifaci::announces_switch_stream`]); any other is stopped as a stream
+    /// nobody reads. Streams on other channels announce nothing and are taken.
+    ///
+    /// Answered by [`Answer::Stream`]: [`StreamVerdict::Continue`] hands the stream to what
+    /// serves the channel.
+    pub fn handle_stream_opener(
+        &mut self,
+        now: Time,
+        peer: NodeId,
+        channel: Channel,
+        first: Option<&[u8]>,
+    ) {
+        let announced = first.is_some_and(crate::wire::bifaci::announces_switch_stream);
+        let answer = match channel {
+            Channel::Switch if !announced => self.answer_stream_unread(now, peer, channel),
+            _ => StreamVerdict::Continue,
+        };
+        self.answer = Some(Answer::Stream(answer));
+    }
+
     /// Inbound records dropped by routing (core's `Routes`), counted.
     pub fn handle_inbound_drop(&mut self, _now: Time, reason: DropReason) {
         self.drops.count(reason);

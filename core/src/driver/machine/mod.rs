@@ -289,10 +289,11 @@ pub enum Open<C> {
     Closed,
 }
 
-/// What a malformed inbound stream gets.
+/// What an inbound stream gets: a malformed one, one nobody reads, a switch stream that was
+/// not announced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamVerdict {
-    /// Keep reading (the bad record was skipped).
+    /// Keep reading (the bad record was skipped), or take the stream.
     Continue,
     /// Stop the stream with this code; the connection stays.
     Stop(u32),
