@@ -1048,6 +1048,34 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_stored_address_the_machine_could_not_have_made_is_refused_as_corrupt() {
+        for (table, bad) in [("objects", "Q"), ("outbox", "a@b"), ("inbox", "")] {
+            let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+            let store = SqliteStore::with_connection(conn.clone(), "").expect("create");
+            let peer = PeerId::new("peer-a");
+            store.commit(&peer, &batches()).expect("commit");
+            let rows = conn
+                .lock()
+                .expect("lock")
+                .execute(
+                    &format!(
+                        "UPDATE {table} SET obj = ?1 WHERE rowid = (SELECT min(rowid) FROM {table})"
+                    ),
+                    params![bad],
+                )
+                .expect("tamper");
+            assert!(rows > 0, "{table} holds rows to tamper with");
+            let error = store.load(&peer).expect_err("refused");
+            // Ops of either place are read by one reader, which names them `ops`.
+            let named = if table == "objects" { "objects" } else { "ops" };
+            assert!(
+                matches!(&error, StoreError::Corrupt { table: t, .. } if *t == named),
+                "{table}: {error}"
+            );
+        }
+    }
+
+    #[test]
     fn a_newer_schema_is_refused_and_left_alone() {
         let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
         SqliteStore::with_connection(conn.clone(), "").expect("create");
