@@ -30,6 +30,25 @@
 
 #![forbid(unsafe_code)]
 
+/// Takes each kind of answer out of a machine's `Answer` (`None` for another kind): one
+/// method per kind, named in the list, for the shells and harnesses that poll it.
+macro_rules! answer_picks {
+    ($ty:ty $(, $g:ident)?; $($(#[$doc:meta])* $name:ident: $($variant:ident)|+ => $out:ty;)*) => {
+        impl$(<$g>)? $ty {
+            $(
+                $(#[$doc])*
+                pub fn $name(self) -> Option<$out> {
+                    match self {
+                        $(Self::$variant(answer))|+ => Some(answer),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    }
+                }
+            )*
+        }
+    };
+}
+
 pub mod cap;
 pub mod channel;
 pub mod driver;

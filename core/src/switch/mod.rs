@@ -151,38 +151,16 @@ pub enum Answer {
     FeedsStopped(bool),
 }
 
-impl Answer {
+answer_picks! {
+    Answer;
     /// An [`Answer::Attached`].
-    pub fn attached(self) -> Option<Result<ConnId, AttachError>> {
-        match self {
-            Answer::Attached(answer) => Some(answer),
-            _ => None,
-        }
-    }
-
+    attached: Attached => Result<ConnId, AttachError>;
     /// An [`Answer::Request`].
-    pub fn request(self) -> Option<Result<RequestKey, EngineError>> {
-        match self {
-            Answer::Request(answer) => Some(answer),
-            _ => None,
-        }
-    }
-
+    request: Request => Result<RequestKey, EngineError>;
     /// An [`Answer::Frame`].
-    pub fn frame(self) -> Option<Result<(), EngineError>> {
-        match self {
-            Answer::Frame(answer) => Some(answer),
-            _ => None,
-        }
-    }
-
+    frame: Frame => Result<(), EngineError>;
     /// An [`Answer::Cancelled`] or [`Answer::FeedsStopped`]: whether the request was live.
-    pub fn live(self) -> Option<bool> {
-        match self {
-            Answer::Cancelled(live) | Answer::FeedsStopped(live) => Some(live),
-            _ => None,
-        }
-    }
+    live: Cancelled | FeedsStopped => bool;
 }
 
 /// A frame to write.

@@ -33,6 +33,61 @@ pub const TYPE_ENVELOPE: u8 = 0x01;
 /// Type byte of a bulk-chunk frame (body bound [`ENVELOPE_CHUNK_BODY_BYTES_MAX`]).
 pub const TYPE_BULK_CHUNK: u8 = 0x02;
 
+/// What a type that is its text (an [`Address`], an [`OpId`]) implements through its
+/// `as_str`: formatting, borrowing as `str`, comparing with text, serializing as a string.
+macro_rules! text_handle {
+    ($ty:ty) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Debug::fmt(self.as_str(), f)
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::ops::Deref for $ty {
+            type Target = str;
+            fn deref(&self) -> &str {
+                self.as_str()
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $ty {
+            fn borrow(&self) -> &str {
+                self.as_str()
+            }
+        }
+
+        impl AsRef<str> for $ty {
+            fn as_ref(&self) -> &str {
+                self.as_str()
+            }
+        }
+
+        impl PartialEq<str> for $ty {
+            fn eq(&self, other: &str) -> bool {
+                self.as_str() == other
+            }
+        }
+
+        impl PartialEq<&str> for $ty {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
 /// A substrate address: an opaque token matched, never parsed (`[a-z0-9._/-]{1,128}`).
 ///
 /// It is also the object's handle everywhere past the decoder: shared, not copied (a clone is
@@ -73,54 +128,7 @@ impl Address {
     }
 }
 
-impl std::fmt::Debug for Address {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-impl std::fmt::Display for Address {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::ops::Deref for Address {
-    type Target = str;
-    fn deref(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl std::borrow::Borrow<str> for Address {
-    fn borrow(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl AsRef<str> for Address {
-    fn as_ref(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl PartialEq<str> for Address {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
-impl PartialEq<&str> for Address {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
-impl serde::Serialize for Address {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
+text_handle!(Address);
 
 /// The longest op id kept inline: tether's own ids (two 64-bit words in hex) fit.
 const OP_ID_INLINE_BYTES: usize = 32;
@@ -207,36 +215,7 @@ impl std::hash::Hash for OpId {
     }
 }
 
-impl std::fmt::Debug for OpId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-impl std::fmt::Display for OpId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::ops::Deref for OpId {
-    type Target = str;
-    fn deref(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl std::borrow::Borrow<str> for OpId {
-    fn borrow(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl AsRef<str> for OpId {
-    fn as_ref(&self) -> &str {
-        self.as_str()
-    }
-}
+text_handle!(OpId);
 
 impl From<&str> for OpId {
     fn from(text: &str) -> Self {
@@ -247,24 +226,6 @@ impl From<&str> for OpId {
 impl From<String> for OpId {
     fn from(text: String) -> Self {
         Self::new(&text)
-    }
-}
-
-impl From<&String> for OpId {
-    fn from(text: &String) -> Self {
-        Self::new(text)
-    }
-}
-
-impl PartialEq<str> for OpId {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
-impl PartialEq<&str> for OpId {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
     }
 }
 
@@ -283,12 +244,6 @@ impl PartialEq<OpId> for String {
 impl PartialEq<OpId> for &str {
     fn eq(&self, other: &OpId) -> bool {
         *self == other.as_str()
-    }
-}
-
-impl serde::Serialize for OpId {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
     }
 }
 

@@ -331,24 +331,8 @@ pub enum Answer<C> {
     Route(Result<NodeId, DropReason>),
 }
 
-/// Takes the one kind of answer an input gives out of an [`Answer`] (`None` for another kind).
-macro_rules! answer_of {
-    ($($(#[$doc:meta])* $name:ident: $variant:ident => $ty:ty;)*) => {
-        impl<C> Answer<C> {
-            $(
-                $(#[$doc])*
-                pub fn $name(self) -> Option<$ty> {
-                    match self {
-                        Answer::$variant(answer) => Some(answer),
-                        _ => None,
-                    }
-                }
-            )*
-        }
-    };
-}
-
-answer_of! {
+answer_picks! {
+    Answer<C>, C;
     /// An [`Answer::Admitted`].
     admitted: Admitted => Result<(), Refused>;
     /// An [`Answer::Cached`].

@@ -701,8 +701,11 @@ impl Machine {
         obj: &str,
         cap: Option<&str>,
     ) -> Result<OpId, CommandError> {
-        let name = Address::parse(obj)?;
-        let name = self.interned(obj).unwrap_or(name);
+        // A name the machine holds was parsed when it came in.
+        let name = match self.interned(obj) {
+            Some(name) => name,
+            None => Address::parse(obj)?,
+        };
         self.touch(&name);
         check_text(cap)?;
         if self
