@@ -325,6 +325,62 @@ fn node(c: &mut Criterion) {
             }
             took
         };
+        // Profiling: `TETHER_BENCH_ONLY=node,channel_floor` (any of node, node_batch, raw,
+        // channel_floor, comma-separated) runs those kinds of round in turn and nothing else, at
+        // every size or at `TETHER_BENCH_SIZE` bytes alone; with two kinds it also reports the
+        // median of the paired ratios of the first to the second.
+        if let Ok(only) = std::env::var("TETHER_BENCH_ONLY") {
+            if std::env::var("TETHER_BENCH_SIZE").is_ok_and(|want| want != size.to_string()) {
+                continue;
+            }
+            let names = ["node", "node_batch", "raw", "channel_floor"];
+            let kinds: Vec<usize> = only
+                .split(',')
+                .map(|name| {
+                    names
+                        .iter()
+                        .position(|known| *known == name)
+                        .expect("TETHER_BENCH_ONLY names kinds of round")
+                })
+                .collect();
+            let mut took = vec![Vec::new(); kinds.len()];
+            for _ in 0..PAIRED_ROUNDS {
+                for (at, &kind) in kinds.iter().enumerate() {
+                    took[at].push(on_cpu(kind, &|| match kind {
+                        0 => node_round(&a, payload, false),
+                        1 => node_round(&a, payload, true),
+                        2 => raw_round(payload),
+                        _ => floor_round(payload),
+                    }));
+                }
+            }
+            let frames = (PAIRED_ROUNDS as u64 * FRAMES) as f64;
+            for (at, &kind) in kinds.iter().enumerate() {
+                let total: Duration = took[at].iter().sum();
+                println!(
+                    "node/actor_frames/only/{}/{size}B: {:.0} frames/s, {:.0} ns of CPU per \
+                     frame ({:.0} on the sending thread)",
+                    names[kind],
+                    frames / total.as_secs_f64(),
+                    cpu[kind] as f64 / frames,
+                    caller[kind] as f64 / frames,
+                );
+            }
+            if let [first, second] = &took[..] {
+                let mut ratios: Vec<f64> = first
+                    .iter()
+                    .zip(second)
+                    .map(|(first, second)| second.as_secs_f64() / first.as_secs_f64())
+                    .collect();
+                println!(
+                    "node/actor_frames/only/{}_vs_{}/{size}B: {:.1}% (median of paired rounds)",
+                    names[kinds[0]],
+                    names[kinds[1]],
+                    quantile(&mut ratios, 0.5) * 100.0,
+                );
+            }
+            continue;
+        }
         for _ in 0..PAIRED_ROUNDS {
             let node = on_cpu(0, &|| node_round(&a, payload, false));
             let batch = on_cpu(1, &|| node_round(&a, payload, true));

@@ -116,6 +116,7 @@ impl<T> HybridChannel<T> {
     }
 
     /// The next item: ring first, then spillover.
+    #[inline]
     pub fn pop(&self) -> Option<T> {
         self.shared.ring.pop().or_else(|| {
             let (item, bytes) = self.shared.spill.pop()?;
@@ -125,11 +126,13 @@ impl<T> HybridChannel<T> {
     }
 
     /// Items queued (a snapshot; producers may be pushing).
+    #[inline]
     pub fn len(&self) -> usize {
         self.shared.ring.len() + self.shared.spill.len()
     }
 
     /// Whether nothing is queued (a snapshot).
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -149,6 +152,7 @@ impl<T> Default for HybridChannel<T> {
 impl<T> Sender<T> {
     /// Queues `item` without blocking; hands it back when the spillover holds its bound (see
     /// [`HybridChannel::with_bounds`]).
+    #[inline]
     pub fn push(&self, item: T) -> Result<(), T> {
         self.push_sized(item, 0)
     }
@@ -156,6 +160,7 @@ impl<T> Sender<T> {
     /// [`Sender::push`] of an item holding `bytes` bytes: should it spill, it is handed back
     /// when the spillover's bytes would pass their bound too (see
     /// [`HybridChannel::with_limits`]).
+    #[inline]
     pub fn push_sized(&self, item: T, bytes: usize) -> Result<(), T> {
         let shared = &*self.shared;
         let item = if shared.spill.is_empty() {
@@ -182,6 +187,7 @@ impl<T> Sender<T> {
     /// and the ring has room); otherwise hands it back and queues nothing. A producer that
     /// packs several items into one (a run) uses it to keep the spillover's bound in single
     /// items: a packed item that does not fit is unpacked and pushed item by item.
+    #[inline]
     pub fn push_ring(&self, item: T) -> Result<(), T> {
         let shared = &*self.shared;
         if !shared.spill.is_empty() {

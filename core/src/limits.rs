@@ -420,6 +420,13 @@ pub const EGRESS_SPILL_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// stays bounded in frames ([`EGRESS_SPILL_FRAMES_MAX`]).
 pub const EGRESS_RUN_FRAMES_MAX: usize = 64;
 
+/// Distinct type tags a node's egress table names by number. A queued frame carries its tag's
+/// number instead of the tag (a ring slot of 72 bytes instead of 88: the slot crosses from the
+/// sending core to the writer's on every frame); a frame whose tag is not (yet) in the table is
+/// queued with its tag, boxed, and its writer adds the tag while there is room. Tags are the
+/// application's own (message types), so this is plenty; past it every new tag is boxed.
+pub const EGRESS_TAGS_MAX: usize = 1024;
+
 /// How long a peer's egress queue and writer live with nothing to write before they are torn
 /// down (the default; `NodeBuilder::idle_peer_timeout` sets it). A node talking to many
 /// short-lived peers keeps memory for the live ones only.

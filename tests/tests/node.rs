@@ -190,6 +190,51 @@ async fn long_batches_cross_write_boundaries_in_order() {
     }
 }
 
+/// A queued frame names its tag by number in the node's tag table, up to
+/// `EGRESS_TAGS_MAX` tags; a frame whose tag has none yet (its first frames, or every frame
+/// past the bound) is queued with its tag. Order and tags survive either way, lone and in
+/// batches, and a tag too long for the wire is counted, never numbered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_keep_order_and_tags_past_the_egress_tag_table() {
+    use tether_core::limits::{ACTOR_TAG_BYTES_MAX, EGRESS_TAGS_MAX};
+    let tags = EGRESS_TAGS_MAX + 50;
+    let tag = |n: usize| format!("T{}", n % tags);
+    let a = node().await;
+    let mut b =
+        node_with(|builder| (0..tags).fold(builder, |builder, n| builder.know_tag(&tag(n)))).await;
+    a.node.connect(b.node.endpoint_addr()).await.expect("a-b");
+    let frame = |n: usize| OutFrame {
+        to: b.node.node_id(),
+        dest: APP_ACTOR,
+        type_tag: tag(n).into(),
+        payload: Bytes::from((n as u32).to_be_bytes().to_vec()),
+    };
+    // Every tag twice, lone and then in batches of 100; one unsendable tag among them.
+    let total = 2 * tags;
+    for n in 0..tags {
+        a.node.send(frame(n));
+    }
+    a.node.send(OutFrame {
+        type_tag: "x".repeat(ACTOR_TAG_BYTES_MAX + 1).into(),
+        ..frame(0)
+    });
+    for start in (tags..total).step_by(100) {
+        a.node
+            .send_batch((start..(start + 100).min(total)).map(frame));
+    }
+    for n in 0..total {
+        let (dest, got, payload) = b.delivered.recv().await.expect("bridge alive");
+        let number = u32::from_be_bytes(payload[..4].try_into().expect("4 bytes"));
+        assert_eq!((dest, number as usize, got), (APP_ACTOR, n, tag(n)));
+    }
+    let snapshot = a.node.snapshot();
+    assert_eq!(snapshot.frames_written, total as u64);
+    assert_eq!(snapshot.drops.get(DropReason::WriteFailed), 1);
+    for n in [a, b] {
+        n.node.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_is_routed_by_tag_and_unroutable_frames_are_counted() {
     let a = node().await;

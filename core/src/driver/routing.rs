@@ -341,6 +341,7 @@ impl<R: Clone> Routes<R> {
     /// lookup or a UTF-8 check. A tag that is not UTF-8 is unknown (and not remembered). After
     /// any other decision, [`RouteMemo::tag`] is this record's tag as text. A memo is valid
     /// only while these tables stay unchanged; clear it whenever they may have changed.
+    #[inline]
     pub fn inbound_memo(
         &self,
         memo: &mut RouteMemo<R>,
@@ -348,10 +349,20 @@ impl<R: Clone> Routes<R> {
         tag: &[u8],
     ) -> Inbound<R> {
         if let Some((last_dest, last_tag, decision)) = &memo.last {
-            if last_dest == dest && last_tag.as_bytes() == tag {
+            if last_tag.len() == tag.len() && last_dest == dest && last_tag.as_bytes() == tag {
                 return decision.clone();
             }
         }
+        self.inbound_remembered(memo, dest, tag)
+    }
+
+    /// [`Routes::inbound_memo`] past its memo: decides and remembers.
+    fn inbound_remembered(
+        &self,
+        memo: &mut RouteMemo<R>,
+        dest: &ActorAddr,
+        tag: &[u8],
+    ) -> Inbound<R> {
         let Ok(text) = std::str::from_utf8(tag) else {
             return Inbound::Drop(DropReason::UnknownTag);
         };
@@ -388,6 +399,7 @@ impl<R> RouteMemo<R> {
     }
 
     /// The tag of the remembered decision.
+    #[inline]
     pub fn tag(&self) -> Option<&str> {
         self.last.as_ref().map(|(_, tag, _)| tag.as_str())
     }

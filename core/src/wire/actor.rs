@@ -81,6 +81,7 @@ impl ActorRecord {
     }
 
     /// The addressed actor (or peer mailbox).
+    #[inline]
     pub fn dest(&self) -> &[u8; DEST_LEN] {
         &self.dest
     }
@@ -108,6 +109,7 @@ impl ActorRecord {
     }
 
     /// The payload, consuming the record without touching a reference count.
+    #[inline]
     pub fn into_payload(self) -> Bytes {
         match self.parts {
             Parts::Received { mut bytes, tag_len } => {
@@ -119,6 +121,7 @@ impl ActorRecord {
     }
 
     /// The tag's bytes (valid UTF-8), for comparisons that need no `&str`.
+    #[inline]
     pub fn tag_bytes(&self) -> &[u8] {
         match &self.parts {
             Parts::Received { bytes, tag_len } => &bytes[..*tag_len],
@@ -151,6 +154,7 @@ impl ActorRecord {
 /// Appends the record `[dest][tag_len][tag][payload_len][payload]` to `out` without building
 /// an [`ActorRecord`] (the sending hot path): refuses a tag above [`ACTOR_TAG_BYTES_MAX`] and a
 /// payload above `payload_bytes_max`, writing nothing then.
+#[inline]
 pub fn encode_record(
     dest: &[u8; DEST_LEN],
     tag: &str,
@@ -158,12 +162,31 @@ pub fn encode_record(
     payload_bytes_max: usize,
     out: &mut impl BufMut,
 ) -> Result<(), ActorError> {
+    check_record(tag, payload.len(), payload_bytes_max)?;
+    put_record(dest, tag.as_bytes(), payload, payload_bytes_max, out)
+}
+
+/// Whether a record tagged `tag` with a payload of `payload_len` bytes can be encoded under
+/// `payload_bytes_max` (what [`encode_record`] refuses, judged without encoding): a sender
+/// refuses such a frame when it is handed over, not when its batch is written.
+#[inline]
+pub fn check_record(
+    tag: &str,
+    payload_len: usize,
+    payload_bytes_max: usize,
+) -> Result<(), ActorError> {
     if tag.len() > ACTOR_TAG_BYTES_MAX {
         return Err(ActorError::TagTooLong {
             len: tag.len() as u64,
         });
     }
-    put_record(dest, tag.as_bytes(), payload, payload_bytes_max, out)
+    if payload_len > payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING) {
+        return Err(ActorError::PayloadTooLarge {
+            len: payload_len as u64,
+            max: payload_bytes_max as u64,
+        });
+    }
+    Ok(())
 }
 
 fn put_record(
@@ -181,10 +204,23 @@ fn put_record(
         });
     }
     debug_assert!(tag.len() <= ACTOR_TAG_BYTES_MAX);
-    out.put_slice(dest);
-    out.put_u32(tag.len() as u32);
-    out.put_slice(tag);
-    out.put_u32(payload.len() as u32);
+    // The header (and a short tag) goes in as one slice: each `put_*` checks for room.
+    const SHORT_TAG: usize = 32;
+    if tag.len() <= SHORT_TAG {
+        let mut head = [0u8; TAG_AT + SHORT_TAG + 4];
+        head[..DEST_LEN].copy_from_slice(dest);
+        head[DEST_LEN..TAG_AT].copy_from_slice(&(tag.len() as u32).to_be_bytes());
+        let payload_len_at = TAG_AT + tag.len();
+        head[TAG_AT..payload_len_at].copy_from_slice(tag);
+        head[payload_len_at..payload_len_at + 4]
+            .copy_from_slice(&(payload.len() as u32).to_be_bytes());
+        out.put_slice(&head[..payload_len_at + 4]);
+    } else {
+        out.put_slice(dest);
+        out.put_u32(tag.len() as u32);
+        out.put_slice(tag);
+        out.put_u32(payload.len() as u32);
+    }
     out.put_slice(payload);
     Ok(())
 }

@@ -2,6 +2,81 @@
 //! task that drains it in batches, asking the machine for the connection per batch.
 
 use super::*;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use tether_core::limits::EGRESS_TAGS_MAX;
+use tether_core::wire::actor::check_record;
+
+/// The egress table, behind the node's egress lock: each peer's queue, and the tags the queued
+/// frames name by number.
+#[derive(Default)]
+pub(super) struct Egress {
+    /// By peer, hashed: a lookup compares one id (a `BTreeMap` compares several, each a
+    /// `memcmp` of 32 bytes, on every frame).
+    pub(super) queues: HashMap<NodeId, PeerQueue, foldhash::fast::RandomState>,
+    pub(super) tags: TagTable,
+}
+
+/// Tags by number, up to [`EGRESS_TAGS_MAX`]: a queued frame carries its tag's number, so its
+/// slot holds 72 bytes instead of 88. Only writers add tags (those of boxed frames), so a
+/// `send` takes the egress lock for reading only.
+#[derive(Default)]
+pub(super) struct TagTable {
+    /// Every tag in the order it was added, shared with the writers (a new tag copies it).
+    list: Arc<Vec<Cow<'static, str>>>,
+    /// The same, by text, for the tags past the first few.
+    index: HashMap<Cow<'static, str>, u32>,
+}
+
+/// Tags a lookup compares in turn before it hashes: a node sends a handful of tags, and a
+/// static tag compares by its pointer.
+const TAG_SCAN: usize = 8;
+
+impl TagTable {
+    /// The number of `tag`, if it has one.
+    #[inline]
+    pub(super) fn find(&self, tag: &str) -> Option<u32> {
+        for (number, known) in self.list.iter().take(TAG_SCAN).enumerate() {
+            if same_tag(known, tag) {
+                return Some(number as u32);
+            }
+        }
+        if self.list.len() <= TAG_SCAN {
+            return None;
+        }
+        self.find_hashed(tag)
+    }
+
+    #[inline(never)]
+    fn find_hashed(&self, tag: &str) -> Option<u32> {
+        self.index.get(tag).copied()
+    }
+
+    /// Gives `tag` a number, unless it has one, the table is full, or the tag could never be
+    /// sent (longer than the wire takes).
+    pub(super) fn add(&mut self, tag: Cow<'static, str>) {
+        if self.find(&tag).is_some()
+            || self.list.len() >= EGRESS_TAGS_MAX
+            || tag.len() > tether_core::limits::ACTOR_TAG_BYTES_MAX
+        {
+            return;
+        }
+        let number = self.list.len() as u32;
+        Arc::make_mut(&mut self.list).push(tag.clone());
+        self.index.insert(tag, number);
+    }
+
+    /// The tags by number, for a writer to read without the lock.
+    pub(super) fn snapshot(&self) -> Arc<Vec<Cow<'static, str>>> {
+        self.list.clone()
+    }
+
+    /// Tags with a number.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.list.len()
+    }
+}
 
 /// A peer's egress queue: producers push, the writer task drains.
 pub(super) struct PeerQueue {
@@ -9,42 +84,96 @@ pub(super) struct PeerQueue {
     pub(super) wake: Arc<WriterWake>,
 }
 
-/// A frame in a peer's egress queue (the peer is the queue's, so the slot does not carry it).
+/// A frame in a peer's egress queue (the peer is the queue's, so the slot does not carry it),
+/// its tag named by number in the egress table's [`TagTable`].
 pub(super) struct Queued {
     pub(super) dest: ActorAddr,
-    pub(super) type_tag: std::borrow::Cow<'static, str>,
+    pub(super) payload: Bytes,
+    pub(super) tag: u32,
+}
+
+/// A frame whose tag had no number when it was queued: it carries the tag itself.
+pub(super) struct Loose {
+    pub(super) dest: ActorAddr,
+    pub(super) type_tag: Cow<'static, str>,
     pub(super) payload: Bytes,
 }
 
-impl Queued {
-    /// Bytes it holds while queued.
-    pub(super) fn bytes(&self) -> usize {
-        std::mem::size_of::<Self>() + self.type_tag.len() + self.payload.len()
-    }
+/// A frame as queued and as the writer pops it: its tag by number, or the tag itself.
+pub(super) enum Popped {
+    Numbered(Queued),
+    Loose(Loose),
 }
 
-impl From<OutFrame> for Queued {
-    fn from(frame: OutFrame) -> Self {
-        Self {
-            dest: frame.dest,
-            type_tag: frame.type_tag,
-            payload: frame.payload,
+impl Popped {
+    /// `frame` as queued: its tag numbered if `tags` has it.
+    #[inline(always)]
+    fn of(frame: OutFrame, tags: &TagTable) -> Self {
+        match tags.find(&frame.type_tag) {
+            Some(tag) => Self::Numbered(Queued {
+                dest: frame.dest,
+                payload: frame.payload,
+                tag,
+            }),
+            None => Self::Loose(Loose {
+                dest: frame.dest,
+                type_tag: frame.type_tag,
+                payload: frame.payload,
+            }),
+        }
+    }
+
+    /// Bytes it holds while queued.
+    #[inline]
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Numbered(frame) => std::mem::size_of::<Slot>() + frame.payload.len(),
+            Self::Loose(frame) => {
+                std::mem::size_of::<Slot>()
+                    + std::mem::size_of::<More>()
+                    + frame.type_tag.len()
+                    + frame.payload.len()
+            }
+        }
+    }
+
+    /// The slot that holds it alone.
+    #[inline]
+    fn into_slot(self) -> Slot {
+        match self {
+            Self::Numbered(frame) => Slot::One(frame),
+            Self::Loose(frame) => Slot::More(Box::new(More::Loose(frame))),
         }
     }
 }
 
-/// One slot of a peer's egress queue: a frame, or a run of at most [`EGRESS_RUN_FRAMES_MAX`]
-/// frames handed over together (what [`Node::send_batch`] packs; only the ring takes runs).
+/// One slot of a peer's egress queue: a frame whose tag has a number (the hot path), or, boxed,
+/// a run of at most [`EGRESS_RUN_FRAMES_MAX`] frames handed over together (what
+/// [`Node::send_batch`] packs; only the ring takes runs) or a frame carrying its own tag.
 pub(super) enum Slot {
     One(Queued),
-    Run(Vec<Queued>),
+    More(Box<More>),
+}
+
+// The slot crosses from the sending core to the writer's with every frame: as small as the
+// channel floor's (an actor address and a payload handle).
+const _: () = assert!(std::mem::size_of::<Slot>() <= 72);
+
+/// The slots that are not a lone numbered frame.
+pub(super) enum More {
+    Run(Vec<Popped>),
+    Loose(Loose),
 }
 
 impl Slot {
-    pub(super) fn into_frames(self) -> Vec<Queued> {
+    /// The frames of a run the ring handed back.
+    fn into_run(self) -> Vec<Popped> {
         match self {
-            Self::One(frame) => vec![frame],
-            Self::Run(run) => run,
+            Self::One(frame) => vec![Popped::Numbered(frame)],
+            Self::More(more) => match *more {
+                More::Run(run) => run,
+                More::Loose(frame) => vec![Popped::Loose(frame)],
+            },
         }
     }
 }
@@ -53,7 +182,7 @@ impl Slot {
 /// written come before the next slot.
 pub(super) struct Drain {
     pub(super) channel: HybridChannel<Slot>,
-    pub(super) run: std::vec::IntoIter<Queued>,
+    pub(super) run: std::vec::IntoIter<Popped>,
 }
 
 impl Drain {
@@ -64,16 +193,20 @@ impl Drain {
         }
     }
 
-    pub(super) fn pop(&mut self) -> Option<Queued> {
+    #[inline]
+    pub(super) fn pop(&mut self) -> Option<Popped> {
         if let Some(frame) = self.run.next() {
             return Some(frame);
         }
         match self.channel.pop()? {
-            Slot::One(frame) => Some(frame),
-            Slot::Run(run) => {
-                self.run = run.into_iter();
-                self.run.next()
-            }
+            Slot::One(frame) => Some(Popped::Numbered(frame)),
+            Slot::More(more) => match *more {
+                More::Loose(frame) => Some(Popped::Loose(frame)),
+                More::Run(run) => {
+                    self.run = run.into_iter();
+                    self.run.next()
+                }
+            },
         }
     }
 
@@ -124,15 +257,27 @@ impl WriterWake {
 }
 
 impl Inner {
+    /// Whether the wire can carry `frame` (core's rule); a frame it cannot is counted (the
+    /// machine's drop) and goes no further, so a writer never meets one.
+    pub(super) fn sendable(self: &Arc<Self>, frame: &OutFrame) -> bool {
+        let payload = frame.payload.len();
+        let checked = check_record(&frame.type_tag, payload, self.payload_bytes_max);
+        if checked.is_err() {
+            self.drive(|driver, now| driver.handle_unencodable(now, 1));
+        }
+        checked.is_ok()
+    }
+
     /// One frame: as [`Inner::send_run`] with a run of one, without the run's iterator
     /// layers (each moves the frame once more, which a lone 64 B frame feels).
+    #[inline]
     pub(super) fn send(self: &Arc<Self>, frame: OutFrame) {
         {
-            let queues = self.egress_read();
-            if let Some(queue) = queues.get(&frame.to) {
-                let frame = Queued::from(frame);
+            let egress = self.egress_read();
+            if let Some(queue) = egress.queues.get(&frame.to) {
+                let frame = Popped::of(frame, &egress.tags);
                 let bytes = frame.bytes();
-                let queued = queue.sender.push_sized(Slot::One(frame), bytes).is_ok();
+                let queued = queue.sender.push_sized(frame.into_slot(), bytes).is_ok();
                 return self.enqueued(queue, u64::from(queued), u64::from(!queued));
             }
         }
@@ -145,9 +290,9 @@ impl Inner {
         // The hot path: the peer has a queue (it was admitted when the queue started, and the
         // allow-list is fixed). Its writer asks the machine for the connection per batch.
         {
-            let queues = self.egress_read();
-            if let Some(queue) = queues.get(&peer) {
-                return self.enqueue(queue, frames);
+            let egress = self.egress_read();
+            if let Some(queue) = egress.queues.get(&peer) {
+                return self.enqueue(queue, &egress.tags, frames);
             }
         }
         if frames.peek().is_none() {
@@ -162,7 +307,8 @@ impl Inner {
             }
             return;
         }
-        let mut queues = self.egress_write();
+        let mut egress = self.egress_write();
+        let Egress { queues, tags } = &mut *egress;
         let fresh = !queues.contains_key(&peer);
         let queue = queues.entry(peer).or_insert_with(|| {
             let channel = HybridChannel::with_limits(
@@ -181,7 +327,7 @@ impl Inner {
             );
             queue
         });
-        self.enqueue(queue, frames);
+        self.enqueue(queue, tags, frames);
         if fresh {
             bump(&self.counters.queues_started);
             self.egress_count.send_replace(queues.len());
@@ -194,6 +340,7 @@ impl Inner {
     pub(super) fn enqueue(
         self: &Arc<Self>,
         queue: &PeerQueue,
+        tags: &TagTable,
         frames: impl Iterator<Item = OutFrame>,
     ) {
         let (mut enqueued, mut full) = (0u64, 0u64);
@@ -204,23 +351,23 @@ impl Inner {
                 full += frames;
             }
         };
-        let mut frames = frames.map(Queued::from).peekable();
+        let mut frames = frames.map(|frame| Popped::of(frame, tags)).peekable();
         while let Some(first) = frames.next() {
             if frames.peek().is_none() {
                 let bytes = first.bytes();
-                count(1, queue.sender.push_sized(Slot::One(first), bytes).is_ok());
+                count(1, queue.sender.push_sized(first.into_slot(), bytes).is_ok());
                 break;
             }
             let mut run = Vec::with_capacity(EGRESS_RUN_FRAMES_MAX);
             run.push(first);
             run.extend(frames.by_ref().take(EGRESS_RUN_FRAMES_MAX - 1));
             let frames_in_run = run.len() as u64;
-            match queue.sender.push_ring(Slot::Run(run)) {
+            match queue.sender.push_ring(Slot::More(Box::new(More::Run(run)))) {
                 Ok(()) => count(frames_in_run, true),
                 Err(refused) => {
-                    for frame in refused.into_frames() {
+                    for frame in refused.into_run() {
                         let bytes = frame.bytes();
-                        count(1, queue.sender.push_sized(Slot::One(frame), bytes).is_ok());
+                        count(1, queue.sender.push_sized(frame.into_slot(), bytes).is_ok());
                     }
                 }
             }
@@ -252,10 +399,11 @@ impl Inner {
         wake: &Arc<WriterWake>,
         queue: &Drain,
     ) -> bool {
-        let mut queues = self.egress_write();
+        let mut egress = self.egress_write();
         if !queue.is_empty() {
             return false;
         }
+        let queues = &mut egress.queues;
         if queues
             .get(peer)
             .is_some_and(|queue| Arc::ptr_eq(&queue.wake, wake))
@@ -268,15 +416,11 @@ impl Inner {
         true
     }
 
-    pub(super) fn egress_read(
-        &self,
-    ) -> std::sync::RwLockReadGuard<'_, BTreeMap<NodeId, PeerQueue>> {
+    pub(super) fn egress_read(&self) -> std::sync::RwLockReadGuard<'_, Egress> {
         self.egress.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn egress_write(
-        &self,
-    ) -> std::sync::RwLockWriteGuard<'_, BTreeMap<NodeId, PeerQueue>> {
+    pub(super) fn egress_write(&self) -> std::sync::RwLockWriteGuard<'_, Egress> {
         self.egress.write().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -289,6 +433,7 @@ impl Inner {
         wake: Arc<WriterWake>,
     ) {
         let mut queue = Drain::new(channel);
+        let mut tags = self.egress_read().tags.snapshot();
         let mut stream: Option<(Generation, SendStream)> = None;
         let mut buf = BytesMut::new();
         loop {
@@ -331,16 +476,35 @@ impl Inner {
             loop {
                 let (mut frames, mut swim, mut unencodable) = (0u64, false, 0u64);
                 buf.clear();
+                // The tag of a boxed frame, for the table (one per batch: a new tag is rare,
+                // and once it has a number its frames come numbered).
+                let mut new_tag: Option<Cow<'static, str>> = None;
                 {
                     let routes = self.routes_now();
                     // A batch is usually one tag over and over: look the set up once per run.
-                    let mut last_tag: Option<std::borrow::Cow<'static, str>> = None;
+                    let mut last_tag: Option<u32> = None;
                     while buf.len() < NODE_WRITE_BATCH_BYTES {
                         let Some(frame) = queue.pop() else { break };
+                        let (dest, tag, payload, number) = match &frame {
+                            Popped::Numbered(frame) => {
+                                if tags.get(frame.tag as usize).is_none() {
+                                    // Numbered by another writer after this one looked.
+                                    tags = self.egress_read().tags.snapshot();
+                                }
+                                let tag = &tags[frame.tag as usize];
+                                (&frame.dest, &**tag, &frame.payload, Some(frame.tag))
+                            }
+                            Popped::Loose(frame) => {
+                                if new_tag.is_none() {
+                                    new_tag = Some(frame.type_tag.clone());
+                                }
+                                (&frame.dest, &*frame.type_tag, &frame.payload, None)
+                            }
+                        };
                         let encoded = encode_record(
-                            frame.dest.as_bytes(),
-                            &frame.type_tag,
-                            &frame.payload,
+                            dest.as_bytes(),
+                            tag,
+                            payload,
                             self.payload_bytes_max,
                             &mut buf,
                         );
@@ -349,11 +513,16 @@ impl Inner {
                             continue;
                         }
                         frames += 1;
-                        if !swim && last_tag.as_ref() != Some(&frame.type_tag) {
-                            swim = routes.is_swim(&frame.type_tag);
-                            last_tag = Some(frame.type_tag);
+                        if !swim && (number.is_none() || number != last_tag) {
+                            swim = routes.is_swim(tag);
+                            last_tag = number;
                         }
                     }
+                }
+                if let Some(tag) = new_tag {
+                    let mut egress = self.egress_write();
+                    egress.tags.add(tag);
+                    tags = egress.tags.snapshot();
                 }
                 if unencodable > 0 {
                     self.drive(|driver, now| driver.handle_unencodable(now, unencodable));
@@ -390,5 +559,71 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// Whether two tags are the same text: the same static string (the usual case, one pointer
+/// compare) or equal bytes.
+#[inline]
+fn same_tag(a: &str, b: &str) -> bool {
+    (a.as_ptr() == b.as_ptr() && a.len() == b.len()) || a == b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(tag: &str) -> Cow<'static, str> {
+        Cow::Owned(tag.to_owned())
+    }
+
+    #[test]
+    fn a_tag_is_numbered_once_in_order_of_adding_by_pointer_or_by_text() {
+        let mut tags = TagTable::default();
+        assert_eq!(tags.find("Chat"), None);
+        tags.add(Cow::Borrowed("Chat"));
+        tags.add(owned("Chat"));
+        assert_eq!(tags.len(), 1, "the same text twice is one tag");
+        assert_eq!(tags.find("Chat"), Some(0));
+        assert_eq!(tags.find(&owned("Chat")), Some(0), "found by text too");
+        for n in 0..3 * TAG_SCAN {
+            tags.add(owned(&format!("t{n}")));
+        }
+        // Past the scanned few, the index finds them.
+        for n in 0..3 * TAG_SCAN {
+            assert_eq!(tags.find(&format!("t{n}")), Some(n as u32 + 1));
+        }
+        let snapshot = tags.snapshot();
+        assert_eq!(snapshot.len(), 3 * TAG_SCAN + 1);
+        assert_eq!(&*snapshot[5], "t4");
+    }
+
+    #[test]
+    fn the_table_holds_at_most_its_bound_and_never_an_unsendable_tag() {
+        let mut tags = TagTable::default();
+        tags.add(owned(
+            &"x".repeat(tether_core::limits::ACTOR_TAG_BYTES_MAX + 1),
+        ));
+        assert_eq!(tags.len(), 0);
+        for n in 0..EGRESS_TAGS_MAX + 10 {
+            tags.add(owned(&format!("t{n}")));
+        }
+        assert_eq!(tags.len(), EGRESS_TAGS_MAX);
+        assert_eq!(
+            tags.find(&format!("t{}", EGRESS_TAGS_MAX - 1)),
+            Some(EGRESS_TAGS_MAX as u32 - 1)
+        );
+        assert_eq!(tags.find(&format!("t{EGRESS_TAGS_MAX}")), None);
+    }
+
+    #[test]
+    fn a_snapshot_a_writer_holds_keeps_its_numbers_while_the_table_grows() {
+        let mut tags = TagTable::default();
+        tags.add(owned("a"));
+        let held = tags.snapshot();
+        tags.add(owned("b"));
+        assert_eq!(held.len(), 1, "the writer's copy is unchanged");
+        assert_eq!(&*tags.snapshot()[0], "a");
+        assert_eq!(&*tags.snapshot()[1], "b");
     }
 }

@@ -235,12 +235,12 @@ impl Inner {
                 self.spawn(async move { inner.join_attempt(peer, attempt, timeout).await });
             }
             Action::KickWriter { peer } => {
-                if let Some(queue) = self.egress_read().get(&peer) {
+                if let Some(queue) = self.egress_read().queues.get(&peer) {
                     queue.wake.kick();
                 }
             }
             Action::RetireWriter { peer } => {
-                if let Some(queue) = self.egress_read().get(&peer) {
+                if let Some(queue) = self.egress_read().queues.get(&peer) {
                     queue.wake.retire.store(true, Ordering::Release);
                     queue.wake.kick();
                 }

@@ -53,7 +53,7 @@ mod substrate_link;
 mod telemetry;
 
 pub use builder::{quic_transport_config, JoinPolicy, NodeBuilder};
-use egress::PeerQueue;
+use egress::Egress;
 
 pub use opens::ConnectionCut;
 use opens::Placed;
@@ -360,7 +360,7 @@ struct Inner {
     /// Each peer's egress queue, created by its first frame; read by every `send`. On a
     /// cache line of its own: the lock word changes twice per lone send, and a neighbour that
     /// a writer or reader task touches would pull the line away from the producing thread.
-    egress: CachePadded<RwLock<BTreeMap<NodeId, PeerQueue>>>,
+    egress: CachePadded<RwLock<Egress>>,
     counters: Counters,
     /// Inbound handshakes in progress, under their bound (core decides).
     handshakes: crate::handshakes::SharedHandshakes,
@@ -496,9 +496,13 @@ impl Node {
     }
 
     /// Queues `frame` for its peer without blocking. With no cached connection the frame is
-    /// dropped (counted) and a background dial starts (at most one per peer).
+    /// dropped (counted) and a background dial starts (at most one per peer). A frame the wire
+    /// cannot carry (a tag over [`tether_core::limits::ACTOR_TAG_BYTES_MAX`] bytes, or a payload
+    /// over [`NodeBuilder::payload_bytes_max`]) is dropped here and counted as a failed write.
     pub fn send(&self, frame: OutFrame) {
-        self.inner.send(frame);
+        if self.inner.sendable(&frame) {
+            self.inner.send(frame);
+        }
     }
 
     /// Queues every frame as [`Node::send`] does, in order, without blocking: a run of
@@ -508,7 +512,10 @@ impl Node {
     /// hand-off to the writer per slot (what an actor flushing its outbox wants). A run the
     /// ring has no room for spills frame by frame, as lone frames do.
     pub fn send_batch(&self, frames: impl IntoIterator<Item = OutFrame>) {
-        let mut frames = frames.into_iter().peekable();
+        let mut frames = frames
+            .into_iter()
+            .filter(|frame| self.inner.sendable(frame))
+            .peekable();
         while let Some(first) = frames.next() {
             let peer = first.to;
             let run = std::iter::once(first).chain(std::iter::from_fn(|| {
@@ -1045,7 +1052,7 @@ impl Node {
     /// returns when all of them have ended.
     pub async fn close(&self) {
         self.inner.closed.send_replace(true);
-        self.inner.egress_write().clear();
+        self.inner.egress_write().queues.clear();
         self.inner.egress_count.send_replace(0);
         // The machine closes every cached connection (its actions) and starts nothing new.
         self.inner.drive(|driver, now| driver.handle_close(now));
