@@ -509,6 +509,10 @@ impl Inner {
                             &mut buf,
                         );
                         if encoded.is_err() {
+                            // Not met: every frame was judged by the same rule when it was
+                            // handed over (`Inner::sendable`). Were one to fail, it is
+                            // counted, never written.
+                            debug_assert!(false, "a queued frame the wire cannot carry");
                             unencodable += 1;
                             continue;
                         }

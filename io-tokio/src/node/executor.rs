@@ -250,12 +250,17 @@ impl Inner {
                     bridge.send_failed(peer);
                 }
             }
-            Action::Announce { peer, claim } => self.send(OutFrame {
-                to: peer,
-                dest: ActorAddr::mailbox(peer),
-                type_tag: HOST_CLAIM_TAG.into(),
-                payload: Bytes::copy_from_slice(&claim.encode()),
-            }),
+            Action::Announce { peer, claim } => {
+                let frame = OutFrame {
+                    to: peer,
+                    dest: ActorAddr::mailbox(peer),
+                    type_tag: HOST_CLAIM_TAG.into(),
+                    payload: Bytes::copy_from_slice(&claim.encode()),
+                };
+                if self.sendable(&frame) {
+                    self.send(frame);
+                }
+            }
             Action::StartPublisher {
                 collector,
                 stream,
