@@ -141,6 +141,9 @@ pub struct Stats {
     pub ops_enqueued: u64,
     /// Ops of this side hop-acked by the peer.
     pub ops_acked: u64,
+    /// Of those, the acks reported to the app before this side's removal of the op was
+    /// committed (the peer applied the op in order).
+    pub acks_reported_early: u64,
     /// Un-acked ops per object (filled in by [`Machine::stats`]).
     pub outbox_depth: BTreeMap<String, u64>,
     /// Ops of the peer seen again (below the frontier or already held): re-acked only.

@@ -476,7 +476,15 @@ impl Machine {
                     obj: obj.clone(),
                     op_id: entry.op.id,
                 };
-                self.staged_outputs.push(Deferred::Event(event));
+                // The ack reports the peer's commit; this side's forgetting of the op adds
+                // nothing to it when the peer applied the op in order (see
+                // `Object::acked_in_order`), so the report does not wait for it.
+                if object.acked_in_order(seq) {
+                    self.stats.acks_reported_early += 1;
+                    self.events.push_back(event);
+                } else {
+                    self.staged_outputs.push(Deferred::Event(event));
+                }
             }
             _ => self.stats.stale_receipts += 1,
         }

@@ -199,6 +199,9 @@ struct Object {
     floor_sent: Seq,
     /// Sending: the highest seq of this side that ended without an ack (memory).
     ended_max: Option<Seq>,
+    /// Sending: this side's ops of the object were all made in this boot (the object was not
+    /// recovered from the store), so which of them were acked is known here.
+    made_here: bool,
     /// Receiving: the highest credit told to the peer on this link (beyond the initial one).
     limit_sent: Seq,
 }
@@ -218,7 +221,23 @@ impl Object {
             floor_sent: Seq::ZERO,
             ended_max: None,
             limit_sent: Seq::ZERO,
+            made_here: true,
         }
+    }
+
+    /// Whether the hop ack of `seq`, just taken out of the outbox, can be reported before
+    /// that removal is committed. It can when the peer applied the op in order: then the op
+    /// is below the peer's frontier for good, so should this side die before the removal is
+    /// committed, the op comes back, goes out again, and is answered by an ack again, never by
+    /// anything else. This side knows it when every op of its below `seq` was acked and none
+    /// ended otherwise (in this boot, for an object made in it). An op the peer acked while it
+    /// held it out of order is not known to be applied (a close there may discard it, and its
+    /// resend would be answered `closed`): it waits for its removal's commit, as everything
+    /// did before.
+    fn acked_in_order(&self, seq: Seq) -> bool {
+        self.made_here
+            && self.ended_max.is_none()
+            && self.outbox.first_seq().is_none_or(|first| first > seq)
     }
 
     /// The lowest seq still in the outbox, or the next to assign: the sender's `floor`.
@@ -376,7 +395,8 @@ impl Machine {
     ) -> Self {
         let mut machine = Self::new(remote, config, authorizer, boot);
         for (name, record) in &state.objects {
-            let object = Object::new(record.clone());
+            let mut object = Object::new(record.clone());
+            object.made_here = false;
             machine.objects.insert(name.clone(), object);
         }
         for ((obj, seq), op) in &state.outbox {
