@@ -16,7 +16,10 @@
 //!   durably, then goes on the wire; it leaves the outbox only when a hop ack citing its
 //!   current receipt arrives (or a terminal answer ends it).
 //! - Nothing is acknowledged or reported before the batch that made it durable is persisted:
-//!   hop acks, re-acks of duplicates, bounces and every app event wait for their batch.
+//!   hop acks, re-acks of duplicates, bounces and every app event wait for their batch. One
+//!   report names a commit of the peer instead: the hop ack of an op the peer applied in order
+//!   ([`Event::Acked`]) is reported as it arrives, before this side's removal of the op is
+//!   persisted (see `Object::acked_in_order` for why a crash in between cannot contradict it).
 //!
 //! Each object has one sequence authority per direction. The receiver delivers in seq order,
 //! holds early ops (persisted before they are acked), re-acks anything below the frontier and
