@@ -1,0 +1,393 @@
+//! The peer machine from its inputs: loads, dials, commits, their retries, and commands
+//! waiting for room.
+
+use super::*;
+use crate::substrate::handshake::{Auth, Channel};
+use crate::substrate::{AllowAll, Authorizer, Config};
+use crate::wire::envelope::ObjKind;
+
+const T0: Time = Time::from_millis(1_000);
+
+fn link(id: &str) -> PeerLink {
+    let authorizer = Arc::new(Authorizer::new(AllowAll));
+    let machine = Machine::new(PeerId::new(id), Config::default(), authorizer, 7);
+    PeerLink::new(machine, Auth::None, Vec::new())
+}
+
+fn outputs(peer: &mut Peer) -> Vec<Output> {
+    std::iter::from_fn(|| peer.poll_output()).collect()
+}
+
+fn without_stats(outputs: Vec<Output>) -> Vec<Output> {
+    outputs
+        .into_iter()
+        .filter(|output| *output != Output::PublishStats)
+        .collect()
+}
+
+fn loaded(named: bool, dialable: bool) -> Peer {
+    let mut peer = Peer::new(PeerId::new("b"), named, dialable, 42);
+    assert_eq!(outputs(&mut peer), [Output::Load]);
+    peer.handle_loaded(T0, Ok(link("b")));
+    peer
+}
+
+fn channel() -> Channel {
+    Channel {
+        conn_id: b"a-b".to_vec(),
+        binding: Vec::new(),
+    }
+}
+
+fn open(obj: &str) -> Command {
+    Command::Open {
+        kind: ObjKind::Queue,
+        obj: obj.to_owned(),
+        cap: None,
+    }
+}
+
+fn dials(outputs: &[Output]) -> Vec<u32> {
+    outputs
+        .iter()
+        .filter_map(|output| match output {
+            Output::Dial { attempt } => Some(*attempt),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Moves frames both ways between `peer` (bound under `generation`) and a listener's
+/// link until neither has more.
+fn pump(peer: &mut Peer, listener: &mut PeerLink, now: Time, generation: u64) {
+    loop {
+        let (mut out, mut back) = (BytesMut::new(), BytesMut::new());
+        while peer.poll_transmit(&mut out) {}
+        if !out.is_empty() {
+            listener.handle_bytes(now, out.freeze());
+        }
+        while listener.poll_transmit(&mut back) {}
+        if back.is_empty() {
+            return;
+        }
+        peer.handle_link_bytes(now, generation, back.freeze());
+    }
+}
+
+#[test]
+fn a_failing_load_is_retried_with_backoff_and_commands_fail_meanwhile() {
+    let mut peer = Peer::new(PeerId::new("b"), true, true, 42);
+    assert_eq!(outputs(&mut peer), [Output::Load]);
+    assert!(!peer.finished(), "a peer loading is not idle");
+    assert!(
+        !peer.hears_commands(),
+        "commands wait for the load in flight"
+    );
+    let mut now = T0;
+    for failures in 1..=5 {
+        peer.handle_loaded(now, Err(StoreFault));
+        let failed = Output::StoreFailed {
+            call: StoreCall::Load,
+            failures,
+        };
+        assert_eq!(outputs(&mut peer), [failed]);
+        assert!(
+            peer.hears_commands(),
+            "while the retry waits, commands are refused"
+        );
+        peer.handle_command(now, 9, open("q"));
+        let refused = Output::Reply {
+            ticket: 9,
+            reply: Reply::Failed(Failure::StoreUnavailable),
+        };
+        assert_eq!(outputs(&mut peer), [refused]);
+        let due = peer.poll_timeout().expect("a load retry is scheduled");
+        let ceiling = STORE_RETRY.ceiling(failures - 1);
+        let wait = due.saturating_since(now);
+        assert!(
+            wait >= ceiling / 2 && wait <= ceiling,
+            "{wait:?} vs {ceiling:?}"
+        );
+        peer.handle_timeout(Time::from_millis(due.as_millis() - 1));
+        assert!(outputs(&mut peer).is_empty(), "not before it is due");
+        peer.handle_timeout(due);
+        assert_eq!(outputs(&mut peer), [Output::Load]);
+        assert_eq!(peer.poll_timeout(), None, "one load at a time");
+        now = due;
+    }
+    peer.handle_loaded(now, Ok(link("b")));
+    let out = outputs(&mut peer);
+    assert_eq!(
+        out[0],
+        Output::StoreRecovered {
+            call: StoreCall::Load
+        }
+    );
+    // Loaded with an address known: it dials at once.
+    assert_eq!(peer.poll_timeout(), Some(now));
+    peer.handle_timeout(now);
+    assert_eq!(dials(&outputs(&mut peer)), [0]);
+}
+
+#[test]
+fn failed_dials_back_off_and_a_link_that_comes_up_resets_the_backoff() {
+    let mut peer = loaded(true, true);
+    for attempt in 0..6 {
+        let now = peer.poll_timeout().expect("a dial is scheduled");
+        peer.handle_timeout(now);
+        assert_eq!(dials(&outputs(&mut peer)), [attempt]);
+        peer.handle_timeout(now);
+        assert!(dials(&outputs(&mut peer)).is_empty(), "one dial at a time");
+        assert_eq!(peer.poll_timeout(), None, "nothing due while it dials");
+        peer.handle_dialed(now, Err(DialFailed));
+        let ceiling = REDIAL.ceiling(attempt);
+        let wait = peer.poll_timeout().expect("redial").saturating_since(now);
+        assert!(
+            wait >= ceiling / 2 && wait <= ceiling,
+            "{wait:?} vs {ceiling:?}"
+        );
+    }
+    let due = peer.poll_timeout().expect("a dial is scheduled");
+    peer.handle_timeout(due);
+    assert_eq!(dials(&outputs(&mut peer)), [6]);
+    let dialed = Dialed {
+        channel: channel(),
+        nonce: vec![1; 16],
+    };
+    peer.handle_dialed(due, Ok(dialed));
+    let generation = peer.generation();
+    assert!(outputs(&mut peer).contains(&Output::Bind { generation }));
+    let mut listener = link("a");
+    listener.link_up(due, Role::Listener, channel(), vec![2; 16]);
+    pump(&mut peer, &mut listener, due, generation);
+    assert!(listener.is_up());
+    assert!(outputs(&mut peer)
+        .iter()
+        .any(|output| matches!(output, Output::LinkUp(_))));
+    // Bytes of an older connection are not this link's.
+    peer.handle_link_bytes(due, generation - 1, Bytes::from_static(b"\xff\xff\xff"));
+    assert!(peer.link().is_some_and(PeerLink::is_up));
+
+    // The link is lost: the redial starts from the base again.
+    peer.handle_link_closed(due, generation);
+    assert_eq!(without_stats(outputs(&mut peer)), [Output::Unbind]);
+    let wait = peer.poll_timeout().expect("redial").saturating_since(due);
+    assert!(wait <= REDIAL.ceiling(0));
+    // Its end reported twice changes nothing.
+    peer.handle_link_closed(due, generation);
+    assert!(without_stats(outputs(&mut peer)).is_empty());
+}
+
+#[test]
+fn a_failed_commit_goes_again_first_after_a_backoff_and_commits_take_turns() {
+    let mut peer = loaded(true, false);
+    let _ = outputs(&mut peer);
+    let commits = |outputs: &[Output]| -> Vec<Vec<BatchIdOf>> {
+        outputs
+            .iter()
+            .filter_map(|output| match output {
+                Output::Commit(batches) => Some(batches.iter().map(|b| b.id).collect()),
+                _ => None,
+            })
+            .collect()
+    };
+    peer.handle_command(T0, 1, open("q"));
+    let first = commits(&outputs(&mut peer));
+    assert_eq!(first.len(), 1, "the open is persisted before it is sent");
+    // While that commit is in flight, the next batch waits for it.
+    peer.handle_command(T0, 2, open("r"));
+    assert_eq!(commits(&outputs(&mut peer)), Vec::<Vec<BatchIdOf>>::new());
+    assert!(!peer.finished());
+
+    peer.handle_committed(T0, Err(StoreFault));
+    let failed = Output::StoreFailed {
+        call: StoreCall::Commit,
+        failures: 1,
+    };
+    assert_eq!(without_stats(outputs(&mut peer)), [failed]);
+    let due = peer.poll_timeout().expect("a store retry");
+    let wait = due.saturating_since(T0);
+    assert!(wait <= STORE_RETRY.ceiling(0) && wait >= STORE_RETRY.ceiling(0) / 2);
+    peer.handle_timeout(due);
+    let again = commits(&outputs(&mut peer));
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        again[0][..first[0].len()],
+        first[0][..],
+        "the failed batches first"
+    );
+    assert!(again[0].len() > first[0].len(), "then the ones that waited");
+    peer.handle_committed(due, Ok(()));
+    let recovered = Output::StoreRecovered {
+        call: StoreCall::Commit,
+    };
+    assert!(outputs(&mut peer).contains(&recovered));
+}
+
+#[test]
+fn a_reply_the_app_leaves_unread_past_its_bound_fails_and_the_rest_is_dropped() {
+    let mut peer = loaded(true, false);
+    let _ = outputs(&mut peer);
+    let answered = |verb: Verb, body: &[u8]| Event::Answered {
+        obj: Address::parse("s").expect("an address"),
+        req_id: "r1".into(),
+        verb,
+        body: Some(Bytes::copy_from_slice(body)),
+        code: None,
+    };
+    let replies = |peer: &mut Peer| -> Vec<Reply> {
+        outputs(peer)
+            .into_iter()
+            .filter_map(|output| match output {
+                Output::Reply { ticket: 7, reply } => Some(reply),
+                _ => None,
+            })
+            .collect()
+    };
+    peer.waiters.insert("r1".into(), Waiter::Req(7));
+    let part = vec![0u8; 64 * 1024];
+    let size = part.len() + SUBSTRATE_REPLY_PART_OVERHEAD_BYTES;
+    let fit = SUBSTRATE_REPLY_BYTES_MAX / size;
+    // A reader that keeps up is never cut off, however long the answer.
+    for _ in 0..fit * 3 {
+        peer.event(answered(Verb::Res, &part));
+        assert_eq!(replies(&mut peer), [Reply::Res(Bytes::from(part.clone()))]);
+        peer.handle_reply_read(7, part.len());
+        assert_eq!(peer.reply_unread(7), 0);
+    }
+    // The reader stops: parts are handed out up to the bound, and the one past it ends
+    // the request with a typed failure.
+    for held in 1..=fit {
+        peer.event(answered(Verb::Res, &part));
+        assert_eq!(replies(&mut peer).len(), 1);
+        assert_eq!(peer.reply_unread(7), held * size);
+    }
+    peer.event(answered(Verb::Res, &part));
+    assert_eq!(
+        replies(&mut peer),
+        [Reply::Failed(Failure::ReplyTooLarge(
+            SUBSTRATE_REPLY_BYTES_MAX
+        ))]
+    );
+    assert_eq!(peer.reply_unread(7), 0, "nothing is held for it any more");
+    // The rest of that answer, its end included, reaches nobody.
+    peer.event(answered(Verb::Res, &part));
+    peer.event(answered(Verb::End, b"end"));
+    assert!(replies(&mut peer).is_empty());
+    // A late read of a part the app had already taken changes nothing.
+    peer.handle_reply_read(7, part.len());
+    assert_eq!(peer.reply_unread(7), 0);
+}
+
+#[test]
+fn links_from_peers_nobody_named_start_work_only_under_the_cap_and_never_while_closing() {
+    use Admission::{Refused, Running, Start};
+    // (origin, closing, running, peers, max) -> admission
+    let cases = [
+        (Origin::Link, false, false, 3, 4, Start),
+        (Origin::Link, false, false, 4, 4, Refused(Refusal::PeerCap)),
+        (Origin::Link, false, false, 9, 4, Refused(Refusal::PeerCap)),
+        (Origin::Link, false, true, 4, 4, Running),
+        (Origin::Link, true, true, 1, 4, Refused(Refusal::Closing)),
+        (Origin::Link, true, false, 0, 4, Refused(Refusal::Closing)),
+        (Origin::App, false, false, 4, 4, Start),
+        (Origin::App, true, false, 9, 4, Start),
+        (Origin::App, false, true, 4, 4, Running),
+        (Origin::Link, false, false, 0, 0, Refused(Refusal::PeerCap)),
+    ];
+    for (origin, closing, running, peers, max, want) in cases {
+        assert_eq!(
+            admit(origin, closing, running, peers, max),
+            want,
+            "{origin:?} closing={closing} running={running} {peers}/{max}"
+        );
+    }
+}
+
+#[test]
+fn a_peer_started_for_a_link_waits_for_it_after_loading_and_ends_if_it_never_comes() {
+    let mut peer = Peer::new(PeerId::new("b"), false, false, 42).awaiting_link();
+    assert_eq!(outputs(&mut peer), [Output::Load]);
+    peer.handle_loaded(T0, Ok(link("b")));
+    assert!(
+        !peer.finished(),
+        "loaded and idle, but the link it was started for is on its way"
+    );
+    let by = T0.saturating_add(Duration::from_millis(SUBSTRATE_ADOPT_WAIT_MS));
+    assert_eq!(peer.timers().adopt, Some(by));
+    assert_eq!(peer.poll_timeout(), Some(by));
+    peer.handle_timeout(Time::from_millis(by.as_millis() - 1));
+    assert!(!peer.finished(), "not before the wait ends");
+    peer.handle_timeout(by);
+    assert!(peer.finished(), "the link never came: the peer is idle");
+    assert_eq!(peer.timers().adopt, None);
+    // A peer the app started (or one the shell did not mark) is idle once loaded.
+    assert!(loaded(false, false).finished());
+}
+
+type BatchIdOf = crate::substrate::BatchId;
+
+#[test]
+fn an_address_learned_while_loading_is_dialed_once_loaded_and_a_reach_dials_now() {
+    // Started for a peer found in the store: nobody named it, no address yet.
+    let mut peer = Peer::new(PeerId::new("b"), false, false, 42);
+    assert_eq!(outputs(&mut peer), [Output::Load]);
+    // The app adds the address and names the peer while the load is in flight.
+    peer.handle_reachability(true, true);
+    peer.handle_loaded(T0, Ok(link("b")));
+    assert_eq!(peer.timers().redial, Some(T0));
+    peer.handle_timeout(T0);
+    assert_eq!(dials(&outputs(&mut peer)), [0]);
+
+    // Loaded first, the address learned after: the app's reach dials at once.
+    let mut peer = loaded(false, false);
+    assert_eq!(peer.timers().redial, None);
+    peer.handle_reachability(true, true);
+    peer.handle_reach(T0);
+    assert_eq!(peer.timers().redial, Some(T0));
+}
+
+#[test]
+fn a_peer_ends_when_idle_and_shutdown_commits_once_then_fails_what_waits() {
+    // Named by nobody, no address, nothing to do: its work is over.
+    let peer = loaded(false, false);
+    assert!(peer.finished());
+    let mut peer = loaded(true, false);
+    assert!(!peer.finished(), "the app named it");
+    peer.handle_reachability(false, true);
+    assert!(!peer.finished(), "it can be dialed");
+    peer.handle_reachability(false, false);
+    assert!(peer.finished());
+
+    let mut peer = loaded(true, false);
+    let _ = outputs(&mut peer);
+    peer.handle_command(T0, 1, open("q"));
+    let _ = outputs(&mut peer);
+    peer.handle_command(T0, 2, open("r"));
+    peer.handle_shutdown(T0);
+    assert!(!peer.accepts_commands());
+    assert!(!peer.finished(), "a commit is in flight");
+    peer.handle_command(T0, 3, open("s"));
+    let refused = Output::Reply {
+        ticket: 3,
+        reply: Reply::Failed(Failure::Shutdown),
+    };
+    assert!(outputs(&mut peer).contains(&refused));
+    peer.handle_committed(T0, Ok(()));
+    let next = outputs(&mut peer);
+    assert!(
+        next.iter().any(|o| matches!(o, Output::Commit(_))),
+        "what waited"
+    );
+    peer.handle_committed(T0, Err(StoreFault));
+    assert!(peer.finished(), "a failure at shutdown is not retried");
+    peer.finish(T0);
+    let out = outputs(&mut peer);
+    for ticket in [1, 2] {
+        let failed = Output::Reply {
+            ticket,
+            reply: Reply::Failed(Failure::Shutdown),
+        };
+        assert!(out.contains(&failed), "open {ticket} fails: {out:?}");
+    }
+}
