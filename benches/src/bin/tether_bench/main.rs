@@ -9,7 +9,9 @@
 //!   on `PATH` and skipped with a sentence otherwise; their fsyncs are counted under `strace`
 //!   when it is on `PATH`.
 //! - The bounds tether sits against, in the same process: raw SQLite inserts of the same rows
-//!   committed 1, 32 and 512 at a time, and raw iroh stream frames of the same size.
+//!   committed 1, 32 and 512 at a time, raw iroh stream frames of the same size, and (with
+//!   `--sync`) the disk's own sync latency: one append and `fdatasync` at a time, which the
+//!   awaited send's p50 is read against.
 //!
 //! Every run is checked: each message delivered exactly once and in order per queue (the
 //! table says so, and the process exits non-zero otherwise). Latency is from the producer's
