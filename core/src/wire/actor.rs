@@ -141,13 +141,10 @@ impl ActorRecord {
         payload_bytes_max: usize,
         out: &mut impl BufMut,
     ) -> Result<(), ActorError> {
-        put_record(
-            &self.dest,
-            self.tag_bytes(),
-            self.payload(),
-            payload_bytes_max,
-            out,
-        )
+        // The tag was checked when the record was made or decoded.
+        check_payload(self.payload().len(), payload_bytes_max)?;
+        put_record(&self.dest, self.tag_bytes(), self.payload(), out);
+        Ok(())
     }
 }
 
@@ -163,7 +160,8 @@ pub fn encode_record(
     out: &mut impl BufMut,
 ) -> Result<(), ActorError> {
     check_record(tag, payload.len(), payload_bytes_max)?;
-    put_record(dest, tag.as_bytes(), payload, payload_bytes_max, out)
+    put_record(dest, tag.as_bytes(), payload, out);
+    Ok(())
 }
 
 /// Whether a record tagged `tag` with a payload of `payload_len` bytes can be encoded under
@@ -180,6 +178,12 @@ pub fn check_record(
             len: tag.len() as u64,
         });
     }
+    check_payload(payload_len, payload_bytes_max)
+}
+
+/// The payload half of [`check_record`].
+#[inline]
+fn check_payload(payload_len: usize, payload_bytes_max: usize) -> Result<(), ActorError> {
     if payload_len > payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING) {
         return Err(ActorError::PayloadTooLarge {
             len: payload_len as u64,
@@ -189,20 +193,8 @@ pub fn check_record(
     Ok(())
 }
 
-fn put_record(
-    dest: &[u8; DEST_LEN],
-    tag: &[u8],
-    payload: &[u8],
-    payload_bytes_max: usize,
-    out: &mut impl BufMut,
-) -> Result<(), ActorError> {
-    if payload.len() > payload_bytes_max.min(ACTOR_PAYLOAD_BYTES_CEILING) {
-        let len = payload.len() as u64;
-        return Err(ActorError::PayloadTooLarge {
-            len,
-            max: payload_bytes_max as u64,
-        });
-    }
+/// Appends a record whose tag and payload were checked.
+fn put_record(dest: &[u8; DEST_LEN], tag: &[u8], payload: &[u8], out: &mut impl BufMut) {
     debug_assert!(tag.len() <= ACTOR_TAG_BYTES_MAX);
     // The header (and a short tag) goes in as one slice: each `put_*` checks for room.
     const SHORT_TAG: usize = 32;
@@ -222,7 +214,6 @@ fn put_record(
         out.put_u32(payload.len() as u32);
     }
     out.put_slice(payload);
-    Ok(())
 }
 
 /// Why an actor stream could not be decoded. All of these end the stream.

@@ -1130,16 +1130,15 @@ fn print_goals(rounds: &[Vec<Row>]) {
     for (store, queues, of, goal) in GOALS {
         let what = durable_what(Carrier::Iroh, store, queues, GOAL_WINDOW);
         let ratios = paired_ratios(rounds, &what, of);
-        let Some(median) = median(ratios.clone()) else {
-            continue;
-        };
-        let by_round: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        let met = ratios.iter().filter(|ratio| **ratio >= goal).count();
-        lines.push(format!(
-            "| {what} | {of} | ≥ {goal:.1}× | {} | {median:.2}× | {} | {met} of {} |",
-            by_round.join(" / "),
-            if median >= goal { "met" } else { "not met" },
-            ratios.len(),
+        let goal_text = format!("≥ {goal:.1}×");
+        lines.extend(goal_line(
+            &what,
+            of,
+            &goal_text,
+            &ratios,
+            |r| r >= goal,
+            2,
+            "×",
         ));
     }
     // One send awaited at a time: its p50 over the disk's own sync p50, at most 2.5 (the
@@ -1154,16 +1153,16 @@ fn print_goals(rounds: &[Vec<Row>]) {
                 Some(sync / disk.max(1e-9))
             })
             .collect();
-        let Some(median) = median(ratios.clone()) else {
-            continue;
-        };
-        let by_round: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        let met = ratios.iter().filter(|ratio| **ratio <= 2.5).count();
-        lines.push(format!(
-            "| {what}: p50 | the disk's sync p50 | ≤ 2.5× | {} | {median:.2}× | {} | {met} of {} |",
-            by_round.join(" / "),
-            if median <= 2.5 { "met" } else { "not met" },
-            ratios.len(),
+        let label = format!("{what}: p50");
+        let of = "the disk's sync p50";
+        lines.extend(goal_line(
+            &label,
+            of,
+            "≤ 2.5×",
+            &ratios,
+            |r| r <= 2.5,
+            2,
+            "×",
         ));
     }
     // CPU per durable message on the log store, 16 queues: at most 12 µs.
@@ -1172,16 +1171,16 @@ fn print_goals(rounds: &[Vec<Row>]) {
         .iter()
         .filter_map(|rows| rows.iter().find(|row| row.what == what)?.cpu_us_per_message)
         .collect();
-    if let Some(median) = median(cpu.clone()) {
-        let by_round: Vec<String> = cpu.iter().map(|c| format!("{c:.1}")).collect();
-        let met = cpu.iter().filter(|cpu| **cpu <= 12.0).count();
-        lines.push(format!(
-            "| {what}: CPU µs per message | – | ≤ 12 µs | {} | {median:.1} µs | {} | {met} of {} |",
-            by_round.join(" / "),
-            if median <= 12.0 { "met" } else { "not met" },
-            cpu.len(),
-        ));
-    }
+    let label = format!("{what}: CPU µs per message");
+    lines.extend(goal_line(
+        &label,
+        "–",
+        "≤ 12 µs",
+        &cpu,
+        |c| c <= 12.0,
+        1,
+        " µs",
+    ));
     if lines.is_empty() {
         return;
     }
@@ -1191,6 +1190,29 @@ fn print_goals(rounds: &[Vec<Row>]) {
     for line in lines {
         println!("{line}");
     }
+}
+
+/// One line of the goals table: `values` by round and their median (written with `digits`
+/// decimals and `unit`), whether the median meets the goal, and in how many rounds it is met;
+/// none when no round has a value.
+fn goal_line(
+    label: &str,
+    of: &str,
+    goal: &str,
+    values: &[f64],
+    meets: impl Fn(f64) -> bool,
+    digits: usize,
+    unit: &str,
+) -> Option<String> {
+    let median = median(values.to_vec())?;
+    let by_round: Vec<String> = values.iter().map(|v| format!("{v:.digits$}")).collect();
+    let met = values.iter().filter(|value| meets(**value)).count();
+    Some(format!(
+        "| {label} | {of} | {goal} | {} | {median:.digits$}{unit} | {} | {met} of {} |",
+        by_round.join(" / "),
+        if meets(median) { "met" } else { "not met" },
+        values.len(),
+    ))
 }
 
 #[cfg(test)]
