@@ -377,6 +377,18 @@ pub const SUBSTRATE_REPLY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// outage of normal traffic.
 pub const SUBSTRATE_UNCOMMITTED_BATCHES_MAX: usize = 1024;
 
+/// The longest a peer holds back persist batches that nothing waits on (an acked op
+/// forgotten, a consumed delivery, an expired tombstone) before committing them on their own.
+/// They normally ride with the next commit something waits on; a crash before it only
+/// repeats what the protocol repeats (the resend is acked again, the delivery delivered
+/// again). 10 ms is a few disk syncs: an idle peer settles in that time.
+pub const SUBSTRATE_LAZY_COMMIT_MS: u64 = 10;
+
+/// Batches held back (as [`SUBSTRATE_LAZY_COMMIT_MS`]) past which they are committed at once,
+/// far below [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`] so that holding back never stops the
+/// peer taking commands or reading its link.
+pub const SUBSTRATE_LAZY_COMMIT_BATCHES_MAX: usize = 64;
+
 /// Encoded chunks (each up to 256 KiB) queued for one link's socket. When the socket is
 /// slower, frames wait in the machine, whose windows and credit bound them: 2 MiB per peer.
 pub const SUBSTRATE_WRITE_CHUNKS_MAX: usize = 8;

@@ -6,14 +6,16 @@
 //! list of timed events. Events answer what the peer asked for (`loaded`, `load_failed`,
 //! `dial_ok`, `dial_failed`, `commit_ok`, `commit_failed`), or are the world's (`tick`: time
 //! passes to `at`; `lost`: the connection ends; `write`: the app opens one more queue, which
-//! the peer must persist). An answer the peer did not ask for is not given: its step reads
-//! `["unasked"]`.
+//! the peer must persist; `ack`: the remote, whose store commits at once, hears what the peer
+//! transmitted and answers it, so every op the peer committed is hop-acked and the peer
+//! forgets it). An answer the peer did not ask for is not given: its step reads `["unasked"]`.
 //!
 //! After each event the step records what the peer asked for or reported, in order (`load`,
 //! `dial:N` with N the failed dials before it, `commit`, `bind`, `unbind`, `link_up`,
 //! `store_failed:load:N`, `store_failed:commit:N`, `store_recovered:load`,
 //! `store_recovered:commit`, `refused` for a write before the state is loaded), and when the
-//! next dial (`redial_at`) and the next store retry (`retry_at`) are due.
+//! next dial (`redial_at`), the next store retry (`retry_at`) and the commit of what was held
+//! back (`commit_at`, left out while none is due) are due.
 //!
 //! The rules the model holds (from issue "machines decide", and the retry policy's doc):
 //!
@@ -26,6 +28,11 @@
 //! - Every write is persisted: one commit at a time, holding everything written since the last
 //!   one; a failed commit is retried, first and whole, after the store backoff, and no commit
 //!   starts while a retry waits.
+//! - What nothing waits on is held back (issue "durable messaging past the commit chain"):
+//!   forgetting acked ops starts no commit of its own. It rides with the next commit a write
+//!   starts, or, when no commit is in flight and no retry waits, is committed on its own
+//!   at the first input 10 ms after the oldest batch still uncommitted was made (a failed
+//!   commit's batches count as made when it failed).
 //! - Jitter: one SplitMix64 stream seeded with `seed`, one value per failure (a failed load, a
 //!   failed commit, a failed dial, a lost link), in the order they happen.
 
@@ -65,6 +72,8 @@ pub enum PeerEventKind {
     Lost,
     /// The app opens one more queue.
     Write,
+    /// The remote hears what was transmitted and answers it (its store commits at once).
+    Ack,
 }
 
 /// An event at `at` ms.
@@ -89,6 +98,9 @@ pub struct PeerStep {
     /// When the next store retry (load or commit) is due.
     #[serde(deserialize_with = "crate::script::required")]
     pub retry_at: Option<u64>,
+    /// When what was held back is committed on its own, if it is (absent: not due).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_at: Option<u64>,
 }
 
 /// A case.
@@ -197,14 +209,22 @@ fn drain(peer: &mut Peer, asks: &mut Asks, out: &mut Vec<String>) {
     }
 }
 
-/// Runs the handshake between the peer (bound under its generation) and a listener.
-fn pump(peer: &mut Peer, listener: &mut PeerLink, now: Time) {
+/// Moves bytes between the peer (bound under its generation) and a listener until both are
+/// quiet; with `commit`, the listener's store commits everything it is given at once (so its
+/// acks go out), otherwise it never does.
+fn pump(peer: &mut Peer, listener: &mut PeerLink, now: Time, commit: bool) {
     let generation = peer.generation();
     loop {
         let (mut out, mut back) = (BytesMut::new(), BytesMut::new());
         while peer.poll_transmit(&mut out) {}
         if !out.is_empty() {
             listener.handle_bytes(now, out.freeze());
+        }
+        if commit {
+            let machine = listener.machine_mut();
+            if let Some(last) = std::iter::from_fn(|| machine.poll_persist()).last() {
+                machine.handle_persisted(now, last.id);
+            }
         }
         while listener.poll_transmit(&mut back) {}
         if back.is_empty() {
@@ -225,6 +245,7 @@ pub fn core_peer(case: &PeerCase) -> Result<PeerCase, String> {
         return Err(format!("the peer began with {first:?}"));
     }
     let mut writes = 0u32;
+    let mut listener: Option<PeerLink> = None;
     let mut steps = Vec::with_capacity(case.events.len());
     for event in &case.events {
         let now = Time::from_millis(event.at);
@@ -249,15 +270,23 @@ pub fn core_peer(case: &PeerCase) -> Result<PeerCase, String> {
                     };
                     peer.handle_dialed(now, Ok(dialed));
                     drain(&mut peer, &mut asks, &mut out);
-                    let mut listener = quiet_link("a");
-                    listener.link_up(now, Role::Listener, channel(), vec![2; 16]);
-                    pump(&mut peer, &mut listener, now);
+                    let remote = listener.insert(quiet_link("a"));
+                    remote.link_up(now, Role::Listener, channel(), vec![2; 16]);
+                    pump(&mut peer, remote, now, false);
                 }
                 PeerEventKind::DialFailed => peer.handle_dialed(now, Err(DialFailed)),
                 PeerEventKind::CommitOk => peer.handle_committed(now, Ok(())),
                 PeerEventKind::CommitFailed => peer.handle_committed(now, Err(StoreFault)),
                 PeerEventKind::Tick => peer.handle_timeout(now),
-                PeerEventKind::Lost => peer.handle_link_closed(now, peer.generation()),
+                PeerEventKind::Lost => {
+                    listener = None;
+                    peer.handle_link_closed(now, peer.generation());
+                }
+                PeerEventKind::Ack => {
+                    if let Some(remote) = listener.as_mut() {
+                        pump(&mut peer, remote, now, true);
+                    }
+                }
                 PeerEventKind::Write => {
                     writes += 1;
                     let open = Command::Open {
@@ -275,6 +304,7 @@ pub fn core_peer(case: &PeerCase) -> Result<PeerCase, String> {
             out,
             redial_at: timers.redial.map(Time::as_millis),
             retry_at: timers.store_retry.map(Time::as_millis),
+            commit_at: timers.commit.map(Time::as_millis),
         });
     }
     Ok(PeerCase {
@@ -309,6 +339,8 @@ fn wait(base: u64, cap: u64, failures: u32, entropy: u64) -> u64 {
 }
 
 const STORE: (u64, u64) = (50, 5_000);
+/// How long what nothing waits on is held back, in ms.
+const LAZY: u64 = 10;
 const REDIAL: (u64, u64) = (100, 10_000);
 
 #[derive(Default)]
@@ -322,8 +354,17 @@ struct Model {
     redial_at: Option<u64>,
     commit_failures: u32,
     retry_at: Option<u64>,
+    /// Writes in the commit in flight, and whether it holds forgetting too.
     committing: u32,
+    committing_forgets: bool,
+    /// Writes not handed to the store yet.
     written: u32,
+    /// Forgetting not handed to the store yet.
+    forgets: bool,
+    /// When the oldest batch not handed to the store was made.
+    held_since: Option<u64>,
+    /// Writes committed and not acked yet.
+    unacked: u32,
 }
 
 /// The section on the model.
@@ -341,13 +382,21 @@ pub fn model_peer(case: &PeerCase) -> Result<PeerCase, String> {
         let asked = match event.event {
             PeerEventKind::Loaded | PeerEventKind::LoadFailed => m.load_asked,
             PeerEventKind::DialOk | PeerEventKind::DialFailed => m.dialing,
-            PeerEventKind::CommitOk | PeerEventKind::CommitFailed => m.committing > 0,
+            PeerEventKind::CommitOk | PeerEventKind::CommitFailed => {
+                m.committing > 0 || m.committing_forgets
+            }
             _ => true,
         };
         if !asked {
             out.push("unasked".into());
         }
-        let mut may_commit = true;
+        // Whether the event reaches the peer at all: a lost connection that was not bound, or
+        // an ack with nothing to acknowledge, is no input (and so no moment to decide at).
+        let mut may_commit = match event.event {
+            PeerEventKind::Lost => m.bound,
+            PeerEventKind::Ack => m.bound && m.unacked > 0,
+            _ => true,
+        };
         match event.event {
             _ if !asked => may_commit = false,
             PeerEventKind::Loaded => {
@@ -383,7 +432,9 @@ pub fn model_peer(case: &PeerCase) -> Result<PeerCase, String> {
                 m.redial_at = Some(at + wait(base, cap, m.dial_failures, jitter.next()));
             }
             PeerEventKind::CommitOk => {
+                m.unacked += m.committing;
                 m.committing = 0;
+                m.committing_forgets = false;
                 if m.commit_failures > 0 {
                     out.push("store_recovered:commit".into());
                 }
@@ -393,7 +444,10 @@ pub fn model_peer(case: &PeerCase) -> Result<PeerCase, String> {
             PeerEventKind::CommitFailed => {
                 // Everything of the failed commit waits again, in front.
                 m.written += m.committing;
+                m.forgets |= m.committing_forgets;
                 m.committing = 0;
+                m.committing_forgets = false;
+                m.held_since.get_or_insert(at);
                 m.commit_failures += 1;
                 let (base, cap) = STORE;
                 m.retry_at = Some(at + wait(base, cap, m.commit_failures, jitter.next()));
@@ -431,20 +485,41 @@ pub fn model_peer(case: &PeerCase) -> Result<PeerCase, String> {
             PeerEventKind::Write => {
                 if m.loaded {
                     m.written += 1;
+                    m.held_since.get_or_insert(at);
                 } else {
                     out.push("refused".into());
                 }
             }
+            PeerEventKind::Ack => {
+                if m.bound && m.unacked > 0 {
+                    m.unacked = 0;
+                    m.forgets = true;
+                    m.held_since.get_or_insert(at);
+                }
+            }
         }
-        if may_commit && m.loaded && m.committing == 0 && m.written > 0 && m.retry_at.is_none() {
+        let may_start = m.loaded && m.committing == 0 && !m.committing_forgets;
+        let may_start = may_start && m.retry_at.is_none();
+        let lazy_due = m.held_since.map(|since| since + LAZY);
+        let due = m.written > 0 || lazy_due.is_some_and(|due| due <= at);
+        if may_commit && may_start && (m.written > 0 || m.forgets) && due {
             m.committing = m.written;
+            m.committing_forgets = m.forgets;
             m.written = 0;
+            m.forgets = false;
+            m.held_since = None;
             out.push("commit".into());
         }
+        let commit_at = if m.loaded && m.committing == 0 && !m.committing_forgets {
+            lazy_due.filter(|_| m.retry_at.is_none() && m.held_since.is_some())
+        } else {
+            None
+        };
         steps.push(PeerStep {
             out,
             redial_at: m.redial_at,
             retry_at: m.retry_at,
+            commit_at,
         });
     }
     Ok(PeerCase {
@@ -461,6 +536,7 @@ pub fn blank_case(seed: u64, dialable: bool, events: Vec<PeerEvent>) -> PeerCase
             out: Vec::new(),
             redial_at: None,
             retry_at: None,
+            commit_at: None,
         })
         .collect();
     PeerCase {
@@ -472,7 +548,7 @@ pub fn blank_case(seed: u64, dialable: bool, events: Vec<PeerEvent>) -> PeerCase
 }
 
 /// The events a generated case draws from, in enumeration order.
-pub const ALPHABET: [PeerEventKind; 9] = [
+pub const ALPHABET: [PeerEventKind; 10] = [
     PeerEventKind::Tick,
     PeerEventKind::Loaded,
     PeerEventKind::LoadFailed,
@@ -482,6 +558,7 @@ pub const ALPHABET: [PeerEventKind; 9] = [
     PeerEventKind::CommitOk,
     PeerEventKind::CommitFailed,
     PeerEventKind::Lost,
+    PeerEventKind::Ack,
 ];
 
 #[cfg(test)]
@@ -519,6 +596,49 @@ mod tests {
         assert_eq!(core.steps[0].out, ["store_failed:load:1"]);
         assert_eq!(core.steps[3].out, ["refused"]);
         assert!(core.steps[15].out.contains(&"link_up".to_owned()));
+    }
+
+    #[test]
+    fn forgetting_acked_ops_is_held_back_until_a_write_or_its_deadline() {
+        use PeerEventKind::*;
+        let events = [
+            (0, Loaded),
+            (0, Tick),
+            (0, DialOk),
+            (1, Write),
+            (2, CommitOk),
+            // The remote acks the open: its forgetting waits.
+            (3, Ack),
+            (12, Tick),
+            // A write takes it along.
+            (12, Write),
+            (14, CommitOk),
+            (15, Ack),
+            // Alone, it goes 10 ms after it was made.
+            (25, Tick),
+            (26, CommitFailed),
+            (30, Tick),
+            (90, Tick),
+            (91, CommitOk),
+        ]
+        .map(|(at, event)| PeerEvent { at, event })
+        .to_vec();
+        let case = blank_case(4, true, events);
+        let core = core_peer(&case).expect("core runs it");
+        let model = model_peer(&case).expect("the model runs it");
+        assert_eq!(core.steps, model.steps);
+        let outs: Vec<_> = core.steps.iter().map(|step| step.out.clone()).collect();
+        assert_eq!(outs[2], ["bind", "link_up"], "{outs:?}");
+        assert!(outs[5].is_empty());
+        assert_eq!(core.steps[5].commit_at, Some(13));
+        assert!(outs[6].is_empty());
+        assert_eq!(outs[7], ["commit"]);
+        assert_eq!(core.steps[9].commit_at, Some(25));
+        assert_eq!(outs[10], ["commit"]);
+        assert_eq!(outs[11], ["store_failed:commit:1"]);
+        assert!(outs[12].is_empty());
+        assert_eq!(outs[13], ["commit"]);
+        assert_eq!(outs[14], ["store_recovered:commit"]);
     }
 
     #[test]

@@ -537,6 +537,27 @@ impl Machine {
             && self.events.is_empty()
     }
 
+    /// Whether anything waits for batch `from` or a later one to be persisted: an output
+    /// (an ack, a credit, an app event, a report) released by its commit, or an outbox op
+    /// that may only go on the wire once its insert is durable. A batch nothing waits on
+    /// (an outbox op forgotten after its ack, a consumed delivery, an expired tombstone) can
+    /// be committed later, with the next batch something waits on; losing it in a crash
+    /// only repeats what the protocol repeats anyway (a resend acked again, a delivery
+    /// delivered again).
+    pub fn awaits_persist_from(&self, from: BatchId) -> bool {
+        let outbox = self
+            .awaiting_persist
+            .back()
+            .is_some_and(|(id, _)| *id >= from);
+        outbox
+            || self
+                .waiting
+                .iter()
+                .rev()
+                .take_while(|(id, _)| *id >= from)
+                .any(|(_, outputs)| !outputs.is_empty())
+    }
+
     /// Un-acked ops across all objects.
     pub fn outbox_len(&self) -> usize {
         self.objects

@@ -204,6 +204,9 @@ pub struct Timers {
     /// The end of the wait for the inbound link a peer was started for
     /// ([`Peer::awaiting_link`](super::Peer::awaiting_link)).
     pub adopt: Option<Time>,
+    /// The commit of batches held back because nothing waits on them
+    /// ([`LAZY_COMMIT`](super::LAZY_COMMIT)).
+    pub commit: Option<Time>,
 }
 
 /// What the shell must do, or may report.

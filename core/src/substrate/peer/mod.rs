@@ -34,10 +34,10 @@ use super::link::PeerLink;
 use super::machine::{CommandError, Event, Machine};
 use super::{Address, OpId, PeerId, PersistBatch};
 use crate::limits::{
-    SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS,
-    SUBSTRATE_REPLY_BYTES_MAX, SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS,
-    SUBSTRATE_STORE_RETRY_BASE_MS, SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
-    SUBSTRATE_WAITING_SENDS_MAX,
+    SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_LAZY_COMMIT_BATCHES_MAX, SUBSTRATE_LAZY_COMMIT_MS,
+    SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
+    SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS, SUBSTRATE_STORE_RETRY_BASE_MS,
+    SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX, SUBSTRATE_WAITING_SENDS_MAX,
 };
 use crate::retry::{Backoff, Jitter, Retry};
 use crate::time::Time;
@@ -54,6 +54,10 @@ pub const STORE_RETRY: Backoff = Backoff::new(
     Duration::from_millis(SUBSTRATE_STORE_RETRY_BASE_MS),
     Duration::from_millis(SUBSTRATE_STORE_RETRY_CAP_MS),
 );
+
+/// The longest a batch nothing waits on is held back before it is committed on its own
+/// ([`SUBSTRATE_LAZY_COMMIT_MS`]).
+pub const LAZY_COMMIT: Duration = Duration::from_millis(SUBSTRATE_LAZY_COMMIT_MS);
 
 /// How often a peer's counters are published ([`Output::PublishStats`]).
 pub const STATS_EVERY: Duration = Duration::from_millis(SUBSTRATE_STATS_EVERY_MS);
@@ -95,6 +99,9 @@ pub struct Peer {
     /// Batches not handed to the store yet: they collect while a commit is in flight and go
     /// in the next one (a failed commit puts its batches back in front for the retry).
     uncommitted: Vec<PersistBatch>,
+    /// Since when the oldest of `uncommitted` waits: batches nothing waits on are held back
+    /// until one that something waits on comes, or [`LAZY_COMMIT`] after this.
+    held_since: Option<Time>,
     committing: Option<Arc<Vec<PersistBatch>>>,
     store_retry: Retry,
     /// Commands waiting for room in their object's outbox, in arrival order per object.
@@ -136,6 +143,7 @@ impl Peer {
             redial: Retry::new(REDIAL),
             was_up: false,
             uncommitted: Vec::new(),
+            held_since: None,
             committing: None,
             store_retry: Retry::new(STORE_RETRY),
             parked: BTreeMap::new(),
@@ -215,6 +223,7 @@ impl Peer {
             redial: self.redial.due(),
             store_retry: load_retry.or(self.store_retry.due()),
             adopt: self.adopt_by,
+            commit: self.lazy_commit_due(),
         }
     }
 
@@ -225,8 +234,9 @@ impl Peer {
             redial,
             store_retry,
             adopt,
+            commit,
         } = self.timers();
-        [link, redial, store_retry, adopt]
+        [link, redial, store_retry, adopt, commit]
             .into_iter()
             .flatten()
             .min()
@@ -723,11 +733,16 @@ impl Peer {
             };
             self.uncommitted
                 .extend(std::iter::from_fn(|| link.machine_mut().poll_persist()));
+            if !self.uncommitted.is_empty() {
+                self.held_since.get_or_insert(now);
+            }
             if self.committing.is_none()
                 && !self.uncommitted.is_empty()
                 && self.store_retry.due().is_none()
+                && self.commit_now(now)
             {
                 let batches = Arc::new(std::mem::take(&mut self.uncommitted));
+                self.held_since = None;
                 self.committing = Some(batches.clone());
                 self.outputs.push_back(Output::Commit(batches));
             }
@@ -766,6 +781,34 @@ impl Peer {
             self.stats_due = Some(now.saturating_add(STATS_EVERY));
             self.outputs.push_back(Output::PublishStats);
         }
+    }
+
+    /// Whether the batches waiting go to the store now: something waits on one of them (an
+    /// output or an outbox op to transmit), the peer is stopping, enough of them piled up, or
+    /// the oldest was held [`LAZY_COMMIT`]. Otherwise they ride with the next commit that
+    /// something waits on, so a side that forgets acked ops and consumed deliveries does not
+    /// put a sync of its own in front of the next send or the next arrival.
+    fn commit_now(&self, now: Time) -> bool {
+        let Some(first) = self.uncommitted.first() else {
+            return false;
+        };
+        let awaited = match &self.stage {
+            Stage::Ready(link) => link.machine().awaits_persist_from(first.id),
+            Stage::Loading { .. } => true,
+        };
+        awaited
+            || self.stopping
+            || self.uncommitted.len() >= SUBSTRATE_LAZY_COMMIT_BATCHES_MAX
+            || self.lazy_commit_due().is_some_and(|at| at <= now)
+    }
+
+    /// When the batches held back are committed on their own, if a commit could start.
+    fn lazy_commit_due(&self) -> Option<Time> {
+        if self.committing.is_some() || self.store_retry.due().is_some() {
+            return None;
+        }
+        self.held_since
+            .map(|since| since.saturating_add(LAZY_COMMIT))
     }
 
     fn poll_link_event(&mut self) -> Option<Event> {

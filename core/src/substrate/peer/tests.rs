@@ -391,3 +391,199 @@ fn a_peer_ends_when_idle_and_shutdown_commits_once_then_fails_what_waits() {
         assert!(out.contains(&failed), "open {ticket} fails: {out:?}");
     }
 }
+
+/// Answers every commit the peer asks for with success; how many it asked for.
+fn commit_all(peer: &mut Peer, now: Time) -> usize {
+    let mut commits = 0;
+    loop {
+        let asked = outputs(peer)
+            .iter()
+            .any(|output| matches!(output, Output::Commit(_)));
+        if !asked {
+            return commits;
+        }
+        commits += 1;
+        peer.handle_committed(now, Ok(()));
+    }
+}
+
+/// The listener's store commits everything it was given.
+fn listener_commits(listener: &mut PeerLink, now: Time) {
+    let machine = listener.machine_mut();
+    if let Some(last) = std::iter::from_fn(|| machine.poll_persist()).last() {
+        machine.handle_persisted(now, last.id);
+    }
+}
+
+/// Moves frames both ways, the listener committing as it goes and the peer's commits
+/// answered at once.
+fn settle(peer: &mut Peer, listener: &mut PeerLink, now: Time, generation: u64) -> usize {
+    let mut commits = 0;
+    loop {
+        let (mut out, mut back) = (BytesMut::new(), BytesMut::new());
+        commits += commit_all(peer, now);
+        while peer.poll_transmit(&mut out) {}
+        let sent = !out.is_empty();
+        if sent {
+            listener.handle_bytes(now, out.freeze());
+        }
+        listener_commits(listener, now);
+        while listener.poll_transmit(&mut back) {}
+        if back.is_empty() && !sent {
+            return commits;
+        }
+        peer.handle_link_bytes(now, generation, back.freeze());
+    }
+}
+
+#[test]
+fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_its_deadline() {
+    // A window wide enough for a pile of held consumptions.
+    let wide = |id: &str| {
+        let config = Config {
+            receive_window: 4 * SUBSTRATE_LAZY_COMMIT_BATCHES_MAX as u64,
+            ..Config::default()
+        };
+        let machine = Machine::new(
+            PeerId::new(id),
+            config,
+            Arc::new(Authorizer::new(AllowAll)),
+            7,
+        );
+        PeerLink::new(machine, Auth::None, Vec::new())
+    };
+    let mut peer = Peer::new(PeerId::new("b"), true, true, 42);
+    assert_eq!(outputs(&mut peer), [Output::Load]);
+    peer.handle_loaded(T0, Ok(wide("b")));
+    let _ = outputs(&mut peer);
+    peer.handle_dialed(
+        T0,
+        Ok(Dialed {
+            channel: channel(),
+            nonce: vec![1; 16],
+        }),
+    );
+    let generation = peer.generation();
+    let mut listener = wide("a");
+    listener.link_up(T0, Role::Listener, channel(), vec![2; 16]);
+    settle(&mut peer, &mut listener, T0, generation);
+    assert!(listener.is_up());
+    // The listener opens a queue and the peer's app accepts it.
+    listener
+        .machine_mut()
+        .open(T0, ObjKind::Queue, "q", None)
+        .expect("opens");
+    settle(&mut peer, &mut listener, T0, generation);
+    peer.handle_command(
+        T0,
+        1,
+        Command::Decide {
+            obj: Address::parse("q").expect("an address"),
+            reject: None,
+        },
+    );
+    settle(&mut peer, &mut listener, T0, generation);
+    let send = |listener: &mut PeerLink, n: usize| {
+        for _ in 0..n {
+            listener
+                .machine_mut()
+                .send(T0, "q", Bytes::from_static(b"m"))
+                .expect("credit");
+        }
+    };
+    // Arrivals are committed at once: their acks wait for it.
+    send(&mut listener, 3);
+    assert!(settle(&mut peer, &mut listener, T0, generation) >= 1);
+    let seqs: Vec<crate::substrate::Seq> = peer
+        .machine()
+        .expect("loaded")
+        .pending_deliveries()
+        .iter()
+        .map(|op| op.seq)
+        .collect();
+    assert_eq!(seqs.len(), 3);
+    let consume = |peer: &mut Peer, seq: crate::substrate::Seq, now: Time| {
+        peer.handle_command(
+            now,
+            2,
+            Command::Consume {
+                obj: Address::parse("q").expect("an address"),
+                seq,
+            },
+        );
+    };
+    // One more arrives and is committed, but its ack is lost with the connection.
+    send(&mut listener, 1);
+    listener_commits(&mut listener, T0);
+    let mut out = BytesMut::new();
+    while listener.poll_transmit(&mut out) {}
+    peer.handle_link_bytes(T0, generation, out.freeze());
+    assert_eq!(commit_all(&mut peer, T0), 1);
+    // A consumption is held back, with its deadline as a timer.
+    let now = T0.saturating_add(Duration::from_millis(1));
+    consume(&mut peer, seqs[0], now);
+    assert_eq!(commit_all(&mut peer, now), 0, "nothing waits on it");
+    let deadline = now.saturating_add(LAZY_COMMIT);
+    assert_eq!(peer.timers().commit, Some(deadline));
+    assert_eq!(peer.poll_timeout(), Some(deadline));
+    assert!(!peer.finished());
+    // An ack re-served for a duplicate waits for the held batch: that makes it urgent.
+    listener.link_down(now);
+    peer.handle_link_closed(now, generation);
+    let _ = outputs(&mut peer);
+    peer.handle_dialed(
+        now,
+        Ok(Dialed {
+            channel: channel(),
+            nonce: vec![3; 16],
+        }),
+    );
+    let generation = peer.generation();
+    listener.link_up(now, Role::Listener, channel(), vec![4; 16]);
+    assert_eq!(
+        settle(&mut peer, &mut listener, now, generation),
+        1,
+        "the resent op is acked again after the held batch, so that is committed"
+    );
+    assert_eq!(peer.timers().commit, None);
+    // Alone, it goes at its deadline, not before.
+    consume(&mut peer, seqs[1], now);
+    assert_eq!(commit_all(&mut peer, now), 0);
+    peer.handle_timeout(Time::from_millis(deadline.as_millis() - 1));
+    assert_eq!(commit_all(&mut peer, now), 0, "not before its deadline");
+    peer.handle_timeout(deadline);
+    assert_eq!(commit_all(&mut peer, deadline), 1);
+    // An arrival takes what is held along in its own commit.
+    consume(&mut peer, seqs[2], deadline);
+    assert_eq!(commit_all(&mut peer, deadline), 0);
+    send(&mut listener, 1);
+    assert_eq!(settle(&mut peer, &mut listener, deadline, generation), 1);
+    assert_eq!(peer.timers().commit, None);
+    // A pile of held batches goes at once.
+    send(&mut listener, SUBSTRATE_LAZY_COMMIT_BATCHES_MAX);
+    settle(&mut peer, &mut listener, deadline, generation);
+    let pending: Vec<crate::substrate::Seq> = peer
+        .machine()
+        .expect("loaded")
+        .pending_deliveries()
+        .iter()
+        .map(|op| op.seq)
+        .collect();
+    assert!(pending.len() > SUBSTRATE_LAZY_COMMIT_BATCHES_MAX);
+    let (last, pile) = pending.split_last().expect("deliveries");
+    for (n, seq) in pile.iter().enumerate() {
+        consume(&mut peer, *seq, deadline);
+        let commits = commit_all(&mut peer, deadline);
+        let expected = usize::from(n + 1 == SUBSTRATE_LAZY_COMMIT_BATCHES_MAX);
+        assert_eq!(commits, expected, "consumption {n}");
+    }
+    let later = deadline.saturating_add(LAZY_COMMIT);
+    peer.handle_timeout(later);
+    commit_all(&mut peer, later);
+    // Shutting down commits what is held at once.
+    consume(&mut peer, *last, later);
+    assert_eq!(commit_all(&mut peer, later), 0);
+    peer.handle_shutdown(later);
+    assert_eq!(commit_all(&mut peer, later), 1);
+    assert!(peer.finished());
+}
