@@ -536,6 +536,11 @@ pub const SUBSTRATE_READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Bytes of frames a substrate link coalesces into one write.
 pub const SUBSTRATE_WRITE_CHUNK_BYTES: usize = 256 * 1024;
 
+/// Space a substrate link's encoder makes ready before it takes a wake's frames (a quarter of
+/// [`SUBSTRATE_WRITE_CHUNK_BYTES`]): the usual wake's frames fit without the buffer growing,
+/// and the space is used again once the writer has sent them.
+pub const SUBSTRATE_WRITE_RESERVE_BYTES: usize = SUBSTRATE_WRITE_CHUNK_BYTES / 4;
+
 /// Bytes an unread `res` part is counted as beyond its body, so that a peer sending empty
 /// parts cannot grow memory either.
 pub const SUBSTRATE_REPLY_PART_OVERHEAD_BYTES: usize = 64;

@@ -187,11 +187,22 @@ impl OpId {
             OpIdRepr::Shared(text) => text,
         }
     }
+
+    /// The id's bytes (UTF-8), without the check [`OpId::as_str`] makes: comparing ids as
+    /// bytes orders them as their text, and tables keyed by ids compare on every lookup.
+    #[inline]
+    fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            OpIdRepr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            OpIdRepr::Shared(text) => text.as_bytes(),
+        }
+    }
 }
 
 impl PartialEq for OpId {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
+        self.as_bytes() == other.as_bytes()
     }
 }
 
@@ -204,8 +215,10 @@ impl PartialOrd for OpId {
 }
 
 impl Ord for OpId {
+    #[inline]
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.as_str().cmp(other.as_str())
+        // Byte order is the text's order (as `str` compares), so lookups by `&str` agree.
+        self.as_bytes().cmp(other.as_bytes())
     }
 }
 
@@ -598,21 +611,25 @@ impl Envelope {
         if self.env.receipt == Some(0) {
             return Err(EnvelopeError::Invalid { field: "receipt" });
         }
-        let mut cbor = Vec::with_capacity(96 + self.body.as_ref().map_or(0, Bytes::len));
-        cbor::write_map(&mut cbor, 1 + usize::from(self.body.is_some()));
-        cbor::write_text(&mut cbor, "env");
-        write_env(&self.env, &mut cbor);
+        // Everything but the body's bytes is written first, so that the body is copied once,
+        // straight into `out`, after the length it counts in.
+        let mut head = Vec::with_capacity(128);
+        cbor::write_map(&mut head, 1 + usize::from(self.body.is_some()));
+        cbor::write_text(&mut head, "env");
+        write_env(&self.env, &mut head);
         if let Some(body) = &self.body {
-            cbor::write_text(&mut cbor, "body");
-            cbor::write_bytes(&mut cbor, body);
+            cbor::write_text(&mut head, "body");
+            cbor::write_head(&mut head, cbor::MAJOR_BYTES, body.len() as u64);
         }
-        let len = 1 + cbor.len();
+        let body = self.body.as_deref().unwrap_or_default();
+        let len = 1 + head.len() + body.len();
         if len > ENVELOPE_FRAME_BYTES_MAX {
             return Err(EnvelopeError::FrameTooLarge { len: len as u64 });
         }
         out.put_u32(len as u32);
         out.put_u8(self.type_byte);
-        out.put_slice(&cbor);
+        out.put_slice(&head);
+        out.put_slice(body);
         Ok(())
     }
 
@@ -1002,9 +1019,10 @@ mod tests {
 
     proptest! {
         /// Inline and shared ids compare, order and hash as their text, whichever form each
-        /// side took (the form follows the length alone).
+        /// side took (the form follows the length in bytes alone), multi-byte characters
+        /// included (ids compare as bytes).
         #[test]
-        fn op_ids_behave_as_their_text(a in "[a-z0-9-]{0,40}", b in "[a-z0-9-]{0,40}") {
+        fn op_ids_behave_as_their_text(a in "[a-z0-9é€𝄞-]{0,40}", b in "[a-z0-9é€𝄞-]{0,40}") {
             use std::hash::{BuildHasher, RandomState};
             let (x, y) = (OpId::new(&a), OpId::new(&b));
             prop_assert_eq!(x.as_str(), a.as_str());

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tether_core::limits::{
     SUBSTRATE_COMMANDS_PER_WAKE, SUBSTRATE_READS_PER_WAKE, SUBSTRATE_READ_CHUNK_BYTES,
-    SUBSTRATE_WRITE_CHUNKS_MAX, SUBSTRATE_WRITE_CHUNK_BYTES,
+    SUBSTRATE_WRITE_CHUNKS_MAX, SUBSTRATE_WRITE_CHUNK_BYTES, SUBSTRATE_WRITE_RESERVE_BYTES,
 };
 
 use bytes::{Bytes, BytesMut};
@@ -93,6 +93,9 @@ pub(super) struct Driver {
     /// The bound connection's writer: at most [`SUBSTRATE_WRITE_CHUNKS_MAX`] chunks queued;
     /// when it is full, frames wait in the peer (bounded by windows and credit).
     writer: Option<mpsc::Sender<Bytes>>,
+    /// Where frames are encoded: each chunk handed to the writer is split off it, and its
+    /// space is used again once the writer drops the chunk (no allocation per wake).
+    out: BytesMut,
     /// A connection handed to the peer and not bound yet: bound on [`Output::Bind`], dropped
     /// otherwise once the outputs are drained.
     pending: Option<Box<dyn super::transport::LinkStream>>,
@@ -144,6 +147,7 @@ impl Driver {
             link_tx,
             link_rx,
             writer: None,
+            out: BytesMut::new(),
             pending: None,
             loading: None,
             committing: None,
@@ -372,18 +376,21 @@ impl Driver {
                 progress = true;
                 self.output(output);
             }
-            let mut out = BytesMut::new();
             // Frames leave the peer only when the writer has room for them: a slow socket
             // holds them there instead of in an ever longer queue.
             let room = self.writer.as_ref().is_some_and(|w| w.capacity() > 0);
+            if room {
+                self.out.reserve(SUBSTRATE_WRITE_RESERVE_BYTES);
+            }
             while room
-                && out.len() < SUBSTRATE_WRITE_CHUNK_BYTES
-                && self.peer.poll_transmit(&mut out)
+                && self.out.len() < SUBSTRATE_WRITE_CHUNK_BYTES
+                && self.peer.poll_transmit(&mut self.out)
             {}
-            if !out.is_empty() {
+            if !self.out.is_empty() {
+                let chunk = self.out.split().freeze();
                 if let Some(writer) = &self.writer {
                     // Room was checked before the frames were taken.
-                    let _ = writer.try_send(out.freeze());
+                    let _ = writer.try_send(chunk);
                 }
                 progress = true;
             }
@@ -468,12 +475,15 @@ impl Driver {
         let (mut reader, mut writer) = tokio::io::split(stream);
         let tx = self.link_tx.clone();
         tokio::spawn(async move {
+            // Each read is split off one buffer, whose space is used again once what was read
+            // is dropped.
+            let mut buf = BytesMut::new();
             loop {
-                let mut buf = BytesMut::with_capacity(SUBSTRATE_READ_CHUNK_BYTES);
+                buf.reserve(SUBSTRATE_READ_CHUNK_BYTES);
                 match reader.read_buf(&mut buf).await {
                     Ok(n) if n > 0 => {
                         if tx
-                            .send(LinkMsg::Bytes(generation, buf.freeze()))
+                            .send(LinkMsg::Bytes(generation, buf.split().freeze()))
                             .await
                             .is_err()
                         {
