@@ -11,7 +11,9 @@
 //! - The bounds tether sits against, in the same process: raw SQLite inserts of the same rows
 //!   committed 1, 32 and 512 at a time, raw iroh stream frames of the same size, and (with
 //!   `--sync`) the disk's own sync latency: one append and `fdatasync` at a time, which the
-//!   awaited send's p50 is read against.
+//!   awaited send's p50 is read against, and the network's round trip: one message and a
+//!   16-byte answer at a time over a raw iroh stream. An awaited send's floor is one sync on
+//!   each side plus that round trip; below the goals table is how far above it the send is.
 //!
 //! Every run is checked: each message delivered exactly once and in order per queue (the
 //! table says so, and the process exits non-zero otherwise). Latency is from the producer's
@@ -508,6 +510,11 @@ fn run_round(
         eprintln!("{}: {:.0} frames/s", row.what, row.rate());
         rows.push(row);
     }
+    if options.sync && options.runs("iroh-round-trip") {
+        let row = runtime.block_on(iroh_round_trip(options.messages.min(2_000), options.size));
+        eprintln!("{}: p50 {:.3} ms", row.what, row.p50_ms);
+        rows.push(row);
+    }
     for group in [1u64, 32, 512] {
         if !options.runs(&format!("raw-sqlite-{group}")) {
             continue;
@@ -997,6 +1004,74 @@ async fn raw_iroh(frames: u64, size: usize) -> Row {
     }
 }
 
+/// How the round-trip row is named.
+const IROH_ROUND_TRIP: &str =
+    "raw iroh: one message and a 16-byte answer at a time on one stream (round trip)";
+
+/// The network's share of an awaited send: `trips` bodies of `size` bytes, each answered with
+/// 16 bytes before the next goes, over one raw iroh bidi stream between two bare endpoints on
+/// 127.0.0.1 (no store, no substrate).
+async fn iroh_round_trip(trips: u64, size: usize) -> Row {
+    const ALPN: &[u8] = b"tether/bench/rtt";
+    let (tx, rx) = (
+        tether_benches::loopback_endpoint(ALPN).await,
+        tether_benches::loopback_endpoint(ALPN).await,
+    );
+    let echo = {
+        let rx = rx.clone();
+        tokio::spawn(async move {
+            let conn = rx
+                .accept()
+                .await
+                .expect("incoming")
+                .await
+                .expect("connection");
+            let (mut send, mut recv) = conn.accept_bi().await.expect("bidi stream");
+            let mut frame = vec![0u8; size];
+            for _ in 0..trips {
+                recv.read_exact(&mut frame).await.expect("body");
+                send.write_all(&[1u8; 16]).await.expect("answer");
+            }
+            conn
+        })
+    };
+    let conn = tx
+        .connect(tether_benches::direct_addr(&rx), ALPN)
+        .await
+        .expect("connect");
+    let (mut send, mut recv) = conn.open_bi().await.expect("bidi stream");
+    let message = body(0, size);
+    let mut answer = [0u8; 16];
+    let mut latencies = Vec::with_capacity(trips as usize);
+    let cpu_before = cpu_seconds(None);
+    let started = Instant::now();
+    for _ in 0..trips {
+        let sent = Instant::now();
+        send.write_all(&message).await.expect("write");
+        recv.read_exact(&mut answer).await.expect("answer");
+        latencies.push(sent.elapsed().as_secs_f64() * 1e3);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_per_message(cpu_before, cpu_seconds(None), trips);
+    let _conn = echo.await.expect("echo");
+    tx.close().await;
+    rx.close().await;
+    latencies.sort_by(f64::total_cmp);
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    Row {
+        what: IROH_ROUND_TRIP.into(),
+        messages: trips,
+        seconds,
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+        verdict: "ok".into(),
+        fsyncs_per_message: None,
+        cpu_us_per_message: cpu,
+        store_busy: None,
+        written_kb_per_message: None,
+    }
+}
+
 /// A table cell: `value` shown, or a dash where nothing was measured.
 fn or_dash<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
     value.map_or_else(|| "–".to_owned(), show)
@@ -1165,6 +1240,17 @@ fn print_goals(rounds: &[Vec<Row>]) {
             "×",
         ));
     }
+    // What an awaited send on the log store is made of: one sync on each side and the
+    // network's round trip are its floor; the rest is tether's (and the runtime's) own.
+    let awaited = sync_what(Carrier::Iroh, StoreKind::Log);
+    let above: Vec<f64> = rounds
+        .iter()
+        .filter_map(|rows| {
+            let p50 = |name: &str| Some(rows.iter().find(|row| row.what == name)?.p50_ms);
+            let floor = 2.0 * p50(DISK_SYNC)? + p50(IROH_ROUND_TRIP)?;
+            Some(p50(&awaited)? - floor)
+        })
+        .collect();
     // CPU per durable message on the log store, 16 queues: at most 12 µs.
     let what = durable_what(Carrier::Iroh, StoreKind::Log, 16, GOAL_WINDOW);
     let cpu: Vec<f64> = rounds
@@ -1189,6 +1275,14 @@ fn print_goals(rounds: &[Vec<Row>]) {
     println!("|---|---|---:|---:|---:|---|---:|");
     for line in lines {
         println!("{line}");
+    }
+    if let Some(median) = median(above.clone()) {
+        let by_round: Vec<String> = above.iter().map(|ms| format!("{ms:.3}")).collect();
+        println!(
+            "\n{awaited}: p50 above its floor (two disk syncs and the iroh round trip): {} ms by \
+             round, median {median:.3} ms",
+            by_round.join(" / ")
+        );
     }
 }
 
