@@ -197,11 +197,19 @@ impl Machine {
 
     /// The app freed room in `obj`: a credit update if there is news worth one. It waits for
     /// the batch that freed the room.
+    /// An update given only because the news is worth half a window (the peer still has
+    /// credit) goes whenever its batch is committed: nothing waits on it, so it does not make
+    /// the batch urgent ([`Deferred::Lazily`]). The peer's next op, whose arrival is committed
+    /// at once, takes it along; should the peer stop first, it had credit left.
     pub(super) fn stage_credit(&mut self, obj: &Address) {
-        if let Some(limit) = self.credit_news(obj) {
+        if let Some((limit, peer_may_wait)) = self.credit_news_why(obj) {
             self.stats.credits_sent += 1;
-            self.staged_outputs
-                .push(Deferred::Transmit(credit_frame(obj, limit)));
+            let frame = credit_frame(obj, limit);
+            self.staged_outputs.push(if peer_may_wait {
+                Deferred::Transmit(frame)
+            } else {
+                Deferred::Lazily(frame)
+            });
         }
     }
 
@@ -209,6 +217,12 @@ impl Machine {
     /// waiting for it (it used every seq it was told) or the news is worth half a window.
     /// Telling less often keeps acks small and identical across histories.
     pub(super) fn credit_news(&mut self, obj: &str) -> Option<Seq> {
+        self.credit_news_why(obj).map(|(limit, _)| limit)
+    }
+
+    /// [`Machine::credit_news`], and whether the peer may be waiting for it (it used every
+    /// seq it was told).
+    pub(super) fn credit_news_why(&mut self, obj: &str) -> Option<(Seq, bool)> {
         let window = self.config.receive_window;
         let initial = self.initial_credit;
         let object = self.objects.get_mut(obj)?;
@@ -220,7 +234,7 @@ impl Machine {
         let peer_may_wait = object.seen_end() >= told;
         if peer_may_wait || limit - told >= (window / 2).max(1) {
             object.limit_sent = limit;
-            return Some(limit);
+            return Some((limit, peer_may_wait));
         }
         None
     }

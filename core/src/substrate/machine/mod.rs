@@ -284,6 +284,9 @@ impl Object {
 #[derive(Debug, Clone, Hash)]
 enum Deferred {
     Transmit(Envelope),
+    /// Transmitted as [`Deferred::Transmit`], but nothing waits on it: it does not make its
+    /// batch urgent ([`Machine::awaits_persist_from`]).
+    Lazily(Envelope),
     Event(Event),
 }
 
@@ -555,7 +558,8 @@ impl Machine {
                 .iter()
                 .rev()
                 .take_while(|(id, _)| *id >= from)
-                .any(|(_, outputs)| !outputs.is_empty())
+                .flat_map(|(_, outputs)| outputs)
+                .any(|output| !matches!(output, Deferred::Lazily(_)))
     }
 
     /// Un-acked ops across all objects.

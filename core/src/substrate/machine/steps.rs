@@ -246,7 +246,7 @@ impl Machine {
     pub(super) fn release(&mut self, outputs: Vec<Deferred>) {
         for output in outputs {
             match output {
-                Deferred::Transmit(frame) => {
+                Deferred::Transmit(frame) | Deferred::Lazily(frame) => {
                     if self.link_up {
                         self.transmit.push_back(frame);
                     }

@@ -587,3 +587,122 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
     assert_eq!(commit_all(&mut peer, later), 1);
     assert!(peer.finished());
 }
+
+#[test]
+fn a_credit_update_the_sender_does_not_wait_for_is_held_back_and_one_it_waits_for_is_not() {
+    let narrow = |id: &str| {
+        let config = Config {
+            receive_window: 8,
+            ..Config::default()
+        };
+        let machine = Machine::new(
+            PeerId::new(id),
+            config,
+            Arc::new(Authorizer::new(AllowAll)),
+            7,
+        );
+        PeerLink::new(machine, Auth::None, Vec::new())
+    };
+    let mut peer = Peer::new(PeerId::new("b"), true, true, 42);
+    assert_eq!(outputs(&mut peer), [Output::Load]);
+    peer.handle_loaded(T0, Ok(narrow("b")));
+    let _ = outputs(&mut peer);
+    peer.handle_dialed(
+        T0,
+        Ok(Dialed {
+            channel: channel(),
+            nonce: vec![1; 16],
+        }),
+    );
+    let generation = peer.generation();
+    let mut listener = narrow("a");
+    listener.link_up(T0, Role::Listener, channel(), vec![2; 16]);
+    settle(&mut peer, &mut listener, T0, generation);
+    listener
+        .machine_mut()
+        .open(T0, ObjKind::Queue, "q", None)
+        .expect("opens");
+    settle(&mut peer, &mut listener, T0, generation);
+    let q = Address::parse("q").expect("an address");
+    peer.handle_command(
+        T0,
+        1,
+        Command::Decide {
+            obj: q.clone(),
+            reject: None,
+        },
+    );
+    settle(&mut peer, &mut listener, T0, generation);
+    let send = |listener: &mut PeerLink, n: usize| {
+        for _ in 0..n {
+            listener
+                .machine_mut()
+                .send(T0, "q", Bytes::from_static(b"m"))
+                .expect("outbox room");
+        }
+    };
+    let pending = |peer: &Peer| -> Vec<crate::substrate::Seq> {
+        let machine = peer.machine().expect("loaded");
+        let mut seqs: Vec<_> = machine
+            .pending_deliveries()
+            .iter()
+            .map(|op| op.seq)
+            .collect();
+        seqs.sort();
+        seqs
+    };
+    let consume = |peer: &mut Peer, seqs: &[crate::substrate::Seq]| {
+        for seq in seqs {
+            peer.handle_command(
+                T0,
+                2,
+                Command::Consume {
+                    obj: Address::parse("q").expect("an address"),
+                    seq: *seq,
+                },
+            );
+        }
+    };
+    // Seven of the eight seqs of credit used: the sender still has one.
+    send(&mut listener, 7);
+    settle(&mut peer, &mut listener, T0, generation);
+    let held = pending(&peer);
+    assert_eq!(held.len(), 7);
+    // Consuming four is news worth half a window, but nobody waits on it: held back.
+    let credits = peer.machine().expect("loaded").stats().credits_sent;
+    consume(&mut peer, &held[..4]);
+    assert_eq!(
+        peer.machine().expect("loaded").stats().credits_sent,
+        credits + 1
+    );
+    assert_eq!(
+        commit_all(&mut peer, T0),
+        0,
+        "a lazy credit does not make its batch urgent"
+    );
+    assert!(peer.timers().commit.is_some());
+    // The sender's next op is committed at once, and the credit goes with it: the sender,
+    // told of four more seqs, sends them without any timer firing.
+    send(&mut listener, 5);
+    settle(&mut peer, &mut listener, T0, generation);
+    assert_eq!(
+        pending(&peer).len(),
+        3 + 5,
+        "all five arrived on the credit"
+    );
+    assert_eq!(peer.timers().commit, None);
+    // Now every seq it was told is used: a consumption's credit is waited for, so it is
+    // committed at once.
+    send(&mut listener, 1);
+    settle(&mut peer, &mut listener, T0, generation);
+    assert_eq!(pending(&peer).len(), 8, "the sender is out of credit");
+    let first = pending(&peer)[0];
+    consume(&mut peer, &[first]);
+    assert_eq!(
+        commit_all(&mut peer, T0),
+        1,
+        "the peer waits for this credit"
+    );
+    settle(&mut peer, &mut listener, T0, generation);
+    assert_eq!(pending(&peer).len(), 8, "the ninth op came on it");
+}
