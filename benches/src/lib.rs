@@ -1,7 +1,7 @@
 //! tether-benches: criterion benchmarks, each reported beside a baseline measured in the same
 //! run (`cargo bench -p tether-benches`).
 
-use iroh::endpoint::presets;
+use iroh::endpoint::{presets, Connection};
 use iroh::{Endpoint, EndpointAddr, RelayMode, SecretKey};
 
 /// A bare iroh endpoint on 127.0.0.1 (no relay, no discovery) accepting `alpn`: the raw
@@ -24,6 +24,31 @@ pub fn direct_addr(endpoint: &Endpoint) -> EndpointAddr {
         .bound_sockets()
         .into_iter()
         .fold(EndpointAddr::new(endpoint.id()), EndpointAddr::with_ip_addr)
+}
+
+/// Two bare endpoints on 127.0.0.1 accepting `alpn` ([`loopback_endpoint`]) and one
+/// connection between them: the dialer, the listener, the dialer's side and the listener's.
+pub async fn loopback_connection(
+    alpn: &'static [u8],
+) -> (Endpoint, Endpoint, Connection, Connection) {
+    let (dialer, listener) = (loopback_endpoint(alpn).await, loopback_endpoint(alpn).await);
+    let accepting = {
+        let listener = listener.clone();
+        tokio::spawn(async move {
+            listener
+                .accept()
+                .await
+                .expect("incoming")
+                .await
+                .expect("connection")
+        })
+    };
+    let dialed = dialer
+        .connect(direct_addr(&listener), alpn)
+        .await
+        .expect("connect");
+    let accepted = accepting.await.expect("the accepting task");
+    (dialer, listener, dialed, accepted)
 }
 
 /// CPU time this process's threads have been on a CPU so far, in nanoseconds: the sum of the

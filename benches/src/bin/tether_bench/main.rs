@@ -939,35 +939,18 @@ const DISK_SYNC: &str = "the disk alone: one append and fdatasync at a time (syn
 /// stream between two bare endpoints on 127.0.0.1, until the reader has them all.
 async fn raw_iroh(frames: u64, size: usize) -> Row {
     use tokio::io::AsyncReadExt;
-    const ALPN: &[u8] = b"tether/bench/raw";
-    let (tx, rx) = (
-        tether_benches::loopback_endpoint(ALPN).await,
-        tether_benches::loopback_endpoint(ALPN).await,
-    );
-    let reader = {
-        let rx = rx.clone();
-        tokio::spawn(async move {
-            let conn = rx
-                .accept()
-                .await
-                .expect("incoming")
-                .await
-                .expect("connection");
-            let mut recv = conn.accept_uni().await.expect("uni stream");
-            let mut received = 0u64;
-            let mut frame = vec![0u8; size];
-            while received < frames {
-                let len = recv.read_u32().await.expect("length") as usize;
-                recv.read_exact(&mut frame[..len]).await.expect("body");
-                received += 1;
-            }
-            (received, conn)
-        })
-    };
-    let conn = tx
-        .connect(tether_benches::direct_addr(&rx), ALPN)
-        .await
-        .expect("connect");
+    let (tx, rx, conn, accepted) = tether_benches::loopback_connection(b"tether/bench/raw").await;
+    let reader = tokio::spawn(async move {
+        let mut recv = accepted.accept_uni().await.expect("uni stream");
+        let mut received = 0u64;
+        let mut frame = vec![0u8; size];
+        while received < frames {
+            let len = recv.read_u32().await.expect("length") as usize;
+            recv.read_exact(&mut frame[..len]).await.expect("body");
+            received += 1;
+        }
+        (received, accepted)
+    });
     let mut send = conn.open_uni().await.expect("uni stream");
     let cpu_before = cpu_seconds(None);
     let mut chunk = Vec::with_capacity(64 * 1024);
@@ -1012,33 +995,16 @@ const IROH_ROUND_TRIP: &str =
 /// 16 bytes before the next goes, over one raw iroh bidi stream between two bare endpoints on
 /// 127.0.0.1 (no store, no substrate).
 async fn iroh_round_trip(trips: u64, size: usize) -> Row {
-    const ALPN: &[u8] = b"tether/bench/rtt";
-    let (tx, rx) = (
-        tether_benches::loopback_endpoint(ALPN).await,
-        tether_benches::loopback_endpoint(ALPN).await,
-    );
-    let echo = {
-        let rx = rx.clone();
-        tokio::spawn(async move {
-            let conn = rx
-                .accept()
-                .await
-                .expect("incoming")
-                .await
-                .expect("connection");
-            let (mut send, mut recv) = conn.accept_bi().await.expect("bidi stream");
-            let mut frame = vec![0u8; size];
-            for _ in 0..trips {
-                recv.read_exact(&mut frame).await.expect("body");
-                send.write_all(&[1u8; 16]).await.expect("answer");
-            }
-            conn
-        })
-    };
-    let conn = tx
-        .connect(tether_benches::direct_addr(&rx), ALPN)
-        .await
-        .expect("connect");
+    let (tx, rx, conn, accepted) = tether_benches::loopback_connection(b"tether/bench/rtt").await;
+    let echo = tokio::spawn(async move {
+        let (mut send, mut recv) = accepted.accept_bi().await.expect("bidi stream");
+        let mut frame = vec![0u8; size];
+        for _ in 0..trips {
+            recv.read_exact(&mut frame).await.expect("body");
+            send.write_all(&[1u8; 16]).await.expect("answer");
+        }
+        accepted
+    });
     let (mut send, mut recv) = conn.open_bi().await.expect("bidi stream");
     let message = body(0, size);
     let mut answer = [0u8; 16];

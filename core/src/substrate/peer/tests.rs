@@ -436,12 +436,26 @@ fn settle(peer: &mut Peer, listener: &mut PeerLink, now: Time, generation: u64) 
     }
 }
 
-#[test]
-fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_its_deadline() {
-    // A window wide enough for a pile of held consumptions.
-    let wide = |id: &str| {
+/// The peer's dial ends in a connection to `listener` (nonces `nonce` and `nonce + 1`):
+/// bound under the generation returned, its handshake not run yet.
+fn dialed_to(peer: &mut Peer, listener: &mut PeerLink, now: Time, nonce: u8) -> u64 {
+    peer.handle_dialed(
+        now,
+        Ok(Dialed {
+            channel: channel(),
+            nonce: vec![nonce; 16],
+        }),
+    );
+    listener.link_up(now, Role::Listener, channel(), vec![nonce + 1; 16]);
+    peer.generation()
+}
+
+/// A peer (receive window `window`) whose dial is bound to a listener, which opened queue `q`
+/// and saw it accepted; the peer's commits answered and the listener's made at once.
+fn queue_from_listener(window: u64) -> (Peer, PeerLink, u64) {
+    let link = |id: &str| {
         let config = Config {
-            receive_window: 4 * SUBSTRATE_LAZY_COMMIT_BATCHES_MAX as u64,
+            receive_window: window,
             ..Config::default()
         };
         let machine = Machine::new(
@@ -454,21 +468,12 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
     };
     let mut peer = Peer::new(PeerId::new("b"), true, true, 42);
     assert_eq!(outputs(&mut peer), [Output::Load]);
-    peer.handle_loaded(T0, Ok(wide("b")));
+    peer.handle_loaded(T0, Ok(link("b")));
     let _ = outputs(&mut peer);
-    peer.handle_dialed(
-        T0,
-        Ok(Dialed {
-            channel: channel(),
-            nonce: vec![1; 16],
-        }),
-    );
-    let generation = peer.generation();
-    let mut listener = wide("a");
-    listener.link_up(T0, Role::Listener, channel(), vec![2; 16]);
+    let mut listener = link("a");
+    let generation = dialed_to(&mut peer, &mut listener, T0, 1);
     settle(&mut peer, &mut listener, T0, generation);
     assert!(listener.is_up());
-    // The listener opens a queue and the peer's app accepts it.
     listener
         .machine_mut()
         .open(T0, ObjKind::Queue, "q", None)
@@ -483,6 +488,14 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
         },
     );
     settle(&mut peer, &mut listener, T0, generation);
+    (peer, listener, generation)
+}
+
+#[test]
+fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_its_deadline() {
+    // A window wide enough for a pile of held consumptions.
+    let (mut peer, mut listener, generation) =
+        queue_from_listener(4 * SUBSTRATE_LAZY_COMMIT_BATCHES_MAX as u64);
     let send = |listener: &mut PeerLink, n: usize| {
         for _ in 0..n {
             listener
@@ -531,15 +544,7 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
     listener.link_down(now);
     peer.handle_link_closed(now, generation);
     let _ = outputs(&mut peer);
-    peer.handle_dialed(
-        now,
-        Ok(Dialed {
-            channel: channel(),
-            nonce: vec![3; 16],
-        }),
-    );
-    let generation = peer.generation();
-    listener.link_up(now, Role::Listener, channel(), vec![4; 16]);
+    let generation = dialed_to(&mut peer, &mut listener, now, 3);
     assert_eq!(
         settle(&mut peer, &mut listener, now, generation),
         1,
@@ -590,49 +595,7 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
 
 #[test]
 fn a_credit_update_the_sender_does_not_wait_for_is_held_back_and_one_it_waits_for_is_not() {
-    let narrow = |id: &str| {
-        let config = Config {
-            receive_window: 8,
-            ..Config::default()
-        };
-        let machine = Machine::new(
-            PeerId::new(id),
-            config,
-            Arc::new(Authorizer::new(AllowAll)),
-            7,
-        );
-        PeerLink::new(machine, Auth::None, Vec::new())
-    };
-    let mut peer = Peer::new(PeerId::new("b"), true, true, 42);
-    assert_eq!(outputs(&mut peer), [Output::Load]);
-    peer.handle_loaded(T0, Ok(narrow("b")));
-    let _ = outputs(&mut peer);
-    peer.handle_dialed(
-        T0,
-        Ok(Dialed {
-            channel: channel(),
-            nonce: vec![1; 16],
-        }),
-    );
-    let generation = peer.generation();
-    let mut listener = narrow("a");
-    listener.link_up(T0, Role::Listener, channel(), vec![2; 16]);
-    settle(&mut peer, &mut listener, T0, generation);
-    listener
-        .machine_mut()
-        .open(T0, ObjKind::Queue, "q", None)
-        .expect("opens");
-    settle(&mut peer, &mut listener, T0, generation);
-    let q = Address::parse("q").expect("an address");
-    peer.handle_command(
-        T0,
-        1,
-        Command::Decide {
-            obj: q.clone(),
-            reject: None,
-        },
-    );
-    settle(&mut peer, &mut listener, T0, generation);
+    let (mut peer, mut listener, generation) = queue_from_listener(8);
     let send = |listener: &mut PeerLink, n: usize| {
         for _ in 0..n {
             listener
