@@ -500,8 +500,7 @@ pub fn model_peer(case: &PeerCase) -> Result<PeerCase, String> {
         }
         let may_start = m.loaded && m.committing == 0 && !m.committing_forgets;
         let may_start = may_start && m.retry_at.is_none();
-        let lazy_due = m.held_since.map(|since| since + LAZY);
-        let due = m.written > 0 || lazy_due.is_some_and(|due| due <= at);
+        let due = m.written > 0 || m.held_since.is_some_and(|since| since + LAZY <= at);
         if may_commit && may_start && (m.written > 0 || m.forgets) && due {
             m.committing = m.written;
             m.committing_forgets = m.forgets;
@@ -510,11 +509,11 @@ pub fn model_peer(case: &PeerCase) -> Result<PeerCase, String> {
             m.held_since = None;
             out.push("commit".into());
         }
-        let commit_at = if m.loaded && m.committing == 0 && !m.committing_forgets {
-            lazy_due.filter(|_| m.retry_at.is_none() && m.held_since.is_some())
-        } else {
-            None
-        };
+        let idle = m.loaded && m.committing == 0 && !m.committing_forgets;
+        let commit_at = m
+            .held_since
+            .filter(|_| idle && m.retry_at.is_none())
+            .map(|since| since + LAZY);
         steps.push(PeerStep {
             out,
             redial_at: m.redial_at,

@@ -190,7 +190,7 @@ impl Machine {
     /// A hop ack of the peer's op `seq`, with news of this side's credit when there is any,
     /// released with the batch that made the op durable.
     pub(super) fn stage_ack(&mut self, obj: &Address, id: &OpId, seq: Seq, receipt: u64) {
-        let limit = self.credit_news(obj);
+        let limit = self.credit_news(obj).map(|(limit, _)| limit);
         let frame = ack_frame(obj, id, seq, receipt, limit);
         self.staged_outputs.push(Deferred::Transmit(frame));
     }
@@ -202,7 +202,7 @@ impl Machine {
     /// the batch urgent ([`Deferred::Lazily`]). The peer's next op, whose arrival is committed
     /// at once, takes it along; should the peer stop first, it had credit left.
     pub(super) fn stage_credit(&mut self, obj: &Address) {
-        if let Some((limit, peer_may_wait)) = self.credit_news_why(obj) {
+        if let Some((limit, peer_may_wait)) = self.credit_news(obj) {
             self.stats.credits_sent += 1;
             let frame = credit_frame(obj, limit);
             self.staged_outputs.push(if peer_may_wait {
@@ -215,14 +215,9 @@ impl Machine {
 
     /// The credit to tell the peer now, if any: more than it was told, and either it may be
     /// waiting for it (it used every seq it was told) or the news is worth half a window.
-    /// Telling less often keeps acks small and identical across histories.
-    pub(super) fn credit_news(&mut self, obj: &str) -> Option<Seq> {
-        self.credit_news_why(obj).map(|(limit, _)| limit)
-    }
-
-    /// [`Machine::credit_news`], and whether the peer may be waiting for it (it used every
-    /// seq it was told).
-    pub(super) fn credit_news_why(&mut self, obj: &str) -> Option<(Seq, bool)> {
+    /// Telling less often keeps acks small and identical across histories. With it, whether
+    /// the peer may be waiting for it.
+    pub(super) fn credit_news(&mut self, obj: &str) -> Option<(Seq, bool)> {
         let window = self.config.receive_window;
         let initial = self.initial_credit;
         let object = self.objects.get_mut(obj)?;

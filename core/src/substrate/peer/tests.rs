@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::substrate::handshake::{Auth, Channel};
-use crate::substrate::{AllowAll, Authorizer, Config};
+use crate::substrate::{AllowAll, Authorizer, Config, Seq};
 use crate::wire::envelope::ObjKind;
 
 const T0: Time = Time::from_millis(1_000);
@@ -436,6 +436,32 @@ fn settle(peer: &mut Peer, listener: &mut PeerLink, now: Time, generation: u64) 
     }
 }
 
+/// The seqs of queue `q` the peer delivered and its app has not consumed, in order.
+fn pending_seqs(peer: &Peer) -> Vec<Seq> {
+    let machine = peer.machine().expect("loaded");
+    machine
+        .pending_deliveries()
+        .iter()
+        .map(|op| op.seq)
+        .collect()
+}
+
+/// The peer's app consumes delivery `seq` of queue `q`.
+fn consume(peer: &mut Peer, now: Time, seq: Seq) {
+    let obj = Address::parse("q").expect("an address");
+    peer.handle_command(now, 2, Command::Consume { obj, seq });
+}
+
+/// The listener's app sends `n` messages on queue `q`.
+fn send_on_q(listener: &mut PeerLink, n: usize) {
+    for _ in 0..n {
+        listener
+            .machine_mut()
+            .send(T0, "q", Bytes::from_static(b"m"))
+            .expect("outbox room");
+    }
+}
+
 /// The peer's dial ends in a connection to `listener` (nonces `nonce` and `nonce + 1`):
 /// bound under the generation returned, its handshake not run yet.
 fn dialed_to(peer: &mut Peer, listener: &mut PeerLink, now: Time, nonce: u8) -> u64 {
@@ -496,37 +522,13 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
     // A window wide enough for a pile of held consumptions.
     let (mut peer, mut listener, generation) =
         queue_from_listener(4 * SUBSTRATE_LAZY_COMMIT_BATCHES_MAX as u64);
-    let send = |listener: &mut PeerLink, n: usize| {
-        for _ in 0..n {
-            listener
-                .machine_mut()
-                .send(T0, "q", Bytes::from_static(b"m"))
-                .expect("credit");
-        }
-    };
     // Arrivals are committed at once: their acks wait for it.
-    send(&mut listener, 3);
+    send_on_q(&mut listener, 3);
     assert!(settle(&mut peer, &mut listener, T0, generation) >= 1);
-    let seqs: Vec<crate::substrate::Seq> = peer
-        .machine()
-        .expect("loaded")
-        .pending_deliveries()
-        .iter()
-        .map(|op| op.seq)
-        .collect();
+    let seqs = pending_seqs(&peer);
     assert_eq!(seqs.len(), 3);
-    let consume = |peer: &mut Peer, seq: crate::substrate::Seq, now: Time| {
-        peer.handle_command(
-            now,
-            2,
-            Command::Consume {
-                obj: Address::parse("q").expect("an address"),
-                seq,
-            },
-        );
-    };
     // One more arrives and is committed, but its ack is lost with the connection.
-    send(&mut listener, 1);
+    send_on_q(&mut listener, 1);
     listener_commits(&mut listener, T0);
     let mut out = BytesMut::new();
     while listener.poll_transmit(&mut out) {}
@@ -534,7 +536,7 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
     assert_eq!(commit_all(&mut peer, T0), 1);
     // A consumption is held back, with its deadline as a timer.
     let now = T0.saturating_add(Duration::from_millis(1));
-    consume(&mut peer, seqs[0], now);
+    consume(&mut peer, now, seqs[0]);
     assert_eq!(commit_all(&mut peer, now), 0, "nothing waits on it");
     let deadline = now.saturating_add(LAZY_COMMIT);
     assert_eq!(peer.timers().commit, Some(deadline));
@@ -552,32 +554,26 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
     );
     assert_eq!(peer.timers().commit, None);
     // Alone, it goes at its deadline, not before.
-    consume(&mut peer, seqs[1], now);
+    consume(&mut peer, now, seqs[1]);
     assert_eq!(commit_all(&mut peer, now), 0);
     peer.handle_timeout(Time::from_millis(deadline.as_millis() - 1));
     assert_eq!(commit_all(&mut peer, now), 0, "not before its deadline");
     peer.handle_timeout(deadline);
     assert_eq!(commit_all(&mut peer, deadline), 1);
     // An arrival takes what is held along in its own commit.
-    consume(&mut peer, seqs[2], deadline);
+    consume(&mut peer, deadline, seqs[2]);
     assert_eq!(commit_all(&mut peer, deadline), 0);
-    send(&mut listener, 1);
+    send_on_q(&mut listener, 1);
     assert_eq!(settle(&mut peer, &mut listener, deadline, generation), 1);
     assert_eq!(peer.timers().commit, None);
     // A pile of held batches goes at once.
-    send(&mut listener, SUBSTRATE_LAZY_COMMIT_BATCHES_MAX);
+    send_on_q(&mut listener, SUBSTRATE_LAZY_COMMIT_BATCHES_MAX);
     settle(&mut peer, &mut listener, deadline, generation);
-    let pending: Vec<crate::substrate::Seq> = peer
-        .machine()
-        .expect("loaded")
-        .pending_deliveries()
-        .iter()
-        .map(|op| op.seq)
-        .collect();
+    let pending = pending_seqs(&peer);
     assert!(pending.len() > SUBSTRATE_LAZY_COMMIT_BATCHES_MAX);
     let (last, pile) = pending.split_last().expect("deliveries");
     for (n, seq) in pile.iter().enumerate() {
-        consume(&mut peer, *seq, deadline);
+        consume(&mut peer, deadline, *seq);
         let commits = commit_all(&mut peer, deadline);
         let expected = usize::from(n + 1 == SUBSTRATE_LAZY_COMMIT_BATCHES_MAX);
         assert_eq!(commits, expected, "consumption {n}");
@@ -586,7 +582,7 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
     peer.handle_timeout(later);
     commit_all(&mut peer, later);
     // Shutting down commits what is held at once.
-    consume(&mut peer, *last, later);
+    consume(&mut peer, later, *last);
     assert_eq!(commit_all(&mut peer, later), 0);
     peer.handle_shutdown(later);
     assert_eq!(commit_all(&mut peer, later), 1);
@@ -596,44 +592,16 @@ fn consumption_nothing_waits_on_is_held_back_until_an_urgent_commit_a_pile_or_it
 #[test]
 fn a_credit_update_the_sender_does_not_wait_for_is_held_back_and_one_it_waits_for_is_not() {
     let (mut peer, mut listener, generation) = queue_from_listener(8);
-    let send = |listener: &mut PeerLink, n: usize| {
-        for _ in 0..n {
-            listener
-                .machine_mut()
-                .send(T0, "q", Bytes::from_static(b"m"))
-                .expect("outbox room");
-        }
-    };
-    let pending = |peer: &Peer| -> Vec<crate::substrate::Seq> {
-        let machine = peer.machine().expect("loaded");
-        let mut seqs: Vec<_> = machine
-            .pending_deliveries()
-            .iter()
-            .map(|op| op.seq)
-            .collect();
-        seqs.sort();
-        seqs
-    };
-    let consume = |peer: &mut Peer, seqs: &[crate::substrate::Seq]| {
-        for seq in seqs {
-            peer.handle_command(
-                T0,
-                2,
-                Command::Consume {
-                    obj: Address::parse("q").expect("an address"),
-                    seq: *seq,
-                },
-            );
-        }
-    };
     // Seven of the eight seqs of credit used: the sender still has one.
-    send(&mut listener, 7);
+    send_on_q(&mut listener, 7);
     settle(&mut peer, &mut listener, T0, generation);
-    let held = pending(&peer);
+    let held = pending_seqs(&peer);
     assert_eq!(held.len(), 7);
     // Consuming four is news worth half a window, but nobody waits on it: held back.
     let credits = peer.machine().expect("loaded").stats().credits_sent;
-    consume(&mut peer, &held[..4]);
+    for seq in &held[..4] {
+        consume(&mut peer, T0, *seq);
+    }
     assert_eq!(
         peer.machine().expect("loaded").stats().credits_sent,
         credits + 1
@@ -646,26 +614,26 @@ fn a_credit_update_the_sender_does_not_wait_for_is_held_back_and_one_it_waits_fo
     assert!(peer.timers().commit.is_some());
     // The sender's next op is committed at once, and the credit goes with it: the sender,
     // told of four more seqs, sends them without any timer firing.
-    send(&mut listener, 5);
+    send_on_q(&mut listener, 5);
     settle(&mut peer, &mut listener, T0, generation);
     assert_eq!(
-        pending(&peer).len(),
+        pending_seqs(&peer).len(),
         3 + 5,
         "all five arrived on the credit"
     );
     assert_eq!(peer.timers().commit, None);
     // Now every seq it was told is used: a consumption's credit is waited for, so it is
     // committed at once.
-    send(&mut listener, 1);
+    send_on_q(&mut listener, 1);
     settle(&mut peer, &mut listener, T0, generation);
-    assert_eq!(pending(&peer).len(), 8, "the sender is out of credit");
-    let first = pending(&peer)[0];
-    consume(&mut peer, &[first]);
+    assert_eq!(pending_seqs(&peer).len(), 8, "the sender is out of credit");
+    let first = pending_seqs(&peer)[0];
+    consume(&mut peer, T0, first);
     assert_eq!(
         commit_all(&mut peer, T0),
         1,
         "the peer waits for this credit"
     );
     settle(&mut peer, &mut listener, T0, generation);
-    assert_eq!(pending(&peer).len(), 8, "the ninth op came on it");
+    assert_eq!(pending_seqs(&peer).len(), 8, "the ninth op came on it");
 }
