@@ -384,6 +384,14 @@ pub const SUBSTRATE_UNCOMMITTED_BATCHES_MAX: usize = 1024;
 /// again). 10 ms is a few disk syncs: an idle peer settles in that time.
 pub const SUBSTRATE_LAZY_COMMIT_MS: u64 = 10;
 
+/// Seqs an object's sender reserves durably ahead of the ones it has used. A send may go on
+/// the wire while the batch holding it is still being committed only if its seq is below a
+/// reservation already committed: after a crash the sender resumes at the reservation, so no
+/// seq that may have reached the peer is ever used twice, and the peer skips the unused rest
+/// as it skips any seq below the sender's floor. The reservation is renewed when half of it
+/// is used: one object record per 128 sends, and a gap of at most 256 seqs per restart.
+pub const SUBSTRATE_SEQ_RESERVE: u64 = 256;
+
 /// Batches held back (as [`SUBSTRATE_LAZY_COMMIT_MS`]) past which they are committed at once,
 /// far below [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`] so that holding back never stops the
 /// peer taking commands or reading its link.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tether_core::limits::SUBSTRATE_SEQ_RESERVE;
 use tether_core::substrate::finality;
 use tether_core::substrate::harness::{Faults, Harness, Party};
 use tether_core::substrate::{
@@ -750,11 +751,15 @@ fn ops_acked_above_a_gap_of_expired_ops_are_delivered_not_skipped() {
         consumed_bodies(&h),
         [body(0), body(1), body(5), body(6), body(7)]
     );
-    assert_eq!(h.b.machine.stats().skipped_below_floor, 3);
+    // The open (seq 0) reserved seqs below 1 + the reservation; the first boot used 1 and 2,
+    // and the restart resumed at the reservation's end. B skips the reservation's unused rest
+    // (from 3 on) and the three expired ops above it.
+    let unused = SUBSTRATE_SEQ_RESERVE + 1 - 3;
+    assert_eq!(h.b.machine.stats().skipped_below_floor, unused + 3);
 }
 
 #[test]
-fn a_floor_the_sender_forgot_in_a_crash_is_answered_on_resync() {
+fn a_floor_the_sender_forgot_in_a_crash_goes_ahead_of_the_op_past_its_reservation() {
     let mut h = harness(32);
     h.connect();
     h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
@@ -770,27 +775,17 @@ fn a_floor_the_sender_forgot_in_a_crash_is_answered_on_resync() {
     h.run();
     h.advance(Config::default().queue_ttl + Duration::from_secs(1));
     h.run();
-    // A crashes again: what ended (m1) is no longer in its memory, so nothing announces the
-    // floor past m1's gap when m2 is acked above it.
+    // A crashes again: what ended (m1) is no longer in its memory. m2 takes a seq past the
+    // reservation, so past the credit B gave: the floor goes ahead of it on its own, and B
+    // delivers m2 without waiting for a gap resync.
     h.crash(Party::A);
     h.with(Party::A, |m, now| m.send(now, "q", body(2)))
         .unwrap();
     h.connect();
     h.run();
-    assert_eq!(consumed_bodies(&h), [body(0)], "m2 waits above the gap");
-    assert_eq!(
-        h.a.machine.outbox_len(),
-        0,
-        "m2 is acked (held durably at B)"
-    );
-    h.advance(Duration::from_secs(31));
-    h.run();
-    assert_eq!(
-        consumed_bodies(&h),
-        [body(0), body(2)],
-        "B's resync got the floor"
-    );
-    assert_eq!(h.b.machine.stats().resyncs_sent, 1);
+    assert_eq!(consumed_bodies(&h), [body(0), body(2)]);
+    assert_eq!(h.a.machine.outbox_len(), 0);
+    assert_eq!(h.b.machine.stats().resyncs_sent, 0);
     assert!(h.b.store.held.is_empty());
 }
 
@@ -1215,7 +1210,12 @@ fn a_sender_that_forgot_what_ended_still_announces_the_floor_its_next_op_waits_o
         h.b.machine.object_state("q"),
         Some(ObjectState::Closed(_))
     ));
-    assert_eq!(h.b.machine.stats().skipped_below_floor, 6);
+    // The open (seq 0) reserved seqs below 1 + the reservation and the restart resumed
+    // there: B skips every seq from 1 on below it, the six expired sends and the unused rest.
+    assert_eq!(
+        h.b.machine.stats().skipped_below_floor,
+        SUBSTRATE_SEQ_RESERVE
+    );
 }
 
 /// A peer that sends a number no honest peer can (a floor of `u64::MAX`, say: before, it moved
@@ -1288,4 +1288,95 @@ fn a_number_past_the_bound_is_a_counted_violation_and_the_object_keeps_working()
     h.inject(Party::A, &Envelope::new(env));
     h.run();
     assert_eq!(h.b.machine.stats().violations, 0);
+}
+
+/// A send travels while its sender commits it (its seq is below the reservation the open
+/// committed): B commits and acks it and A's app hears the hop ack, all before A's own commit.
+/// A then dies without that commit. B has the send once, and A, resuming at its reservation,
+/// reuses no seq: its next send is delivered after the first, and nothing waits on the seqs
+/// the restart skipped.
+#[test]
+fn a_send_travels_while_its_sender_commits_it_and_a_crash_before_that_commit_reuses_no_seq() {
+    let mut h = harness(32);
+    h.connect();
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.run();
+    assert_eq!((h.in_flight(Party::A), h.in_flight(Party::B)), (0, 0));
+    let first = h
+        .with(Party::A, |m, now| m.send(now, "q", body(0)))
+        .unwrap();
+    assert_eq!(
+        h.uncommitted(Party::A),
+        1,
+        "the send's batch is not committed"
+    );
+    assert_eq!(h.in_flight(Party::B), 1, "the send is on the wire already");
+    assert_eq!(h.a.machine.stats().sent_before_commit, 1);
+    assert!(h.deliver_at(Party::B, 0, false));
+    assert!(h.commit(Party::B));
+    assert!(h.deliver_at(Party::A, 0, false), "B's ack");
+    let acked = |h: &Harness| {
+        h.a.events
+            .iter()
+            .any(|e| matches!(e, Event::Acked { op_id, .. } if *op_id == first))
+    };
+    assert!(acked(&h), "the hop ack reports B's commit");
+    assert!(
+        h.uncommitted(Party::A) >= 1,
+        "A has still not committed the send"
+    );
+    h.crash(Party::A);
+    assert!(h.a.store.outbox.is_empty(), "A never committed the send");
+    h.with(Party::A, |m, now| m.send(now, "q", body(1)))
+        .unwrap();
+    h.run();
+    assert_eq!(consumed_bodies(&h), [body(0), body(1)]);
+    let seqs: Vec<u64> = h.b.consumed.iter().map(|op| op.seq.get()).collect();
+    assert_eq!(
+        seqs,
+        [1, 1 + SUBSTRATE_SEQ_RESERVE],
+        "the restart resumed past its reservation"
+    );
+    assert_eq!(h.b.machine.stats().duplicates, 0);
+    assert!(h.b.store.held.is_empty());
+    assert_eq!(h.a.machine.outbox_len(), 0);
+}
+
+/// A send whose seq is not below a committed reservation waits for the commit that renews it;
+/// requests never go before their own commit.
+#[test]
+fn only_sends_below_the_committed_reservation_go_before_their_commit() {
+    let config = Config {
+        seq_reserve: 2,
+        ..harness_config(32)
+    };
+    let mut h = Harness::allowing_all(config, 7);
+    h.connect();
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+        .unwrap();
+    h.with(Party::A, |m, now| m.open(now, ObjKind::Session, "s", None))
+        .unwrap();
+    h.run();
+    // The open (seq 0) reserved seqs below 3. Seq 1 goes at once; seq 2 renews the
+    // reservation (to 5, in its own batch) and goes too; seq 3 waits for that renewal.
+    for i in 0..3 {
+        h.with(Party::A, |m, now| m.send(now, "q", body(i)))
+            .unwrap();
+    }
+    h.with(Party::A, |m, now| m.req(now, "s", body(9))).unwrap();
+    assert_eq!(h.uncommitted(Party::A), 4);
+    assert_eq!(h.in_flight(Party::B), 2, "seqs 1 and 2 only");
+    assert!(h.commit(Party::A), "seq 1's batch");
+    assert_eq!(h.in_flight(Party::B), 2, "the renewal is not committed yet");
+    assert!(h.commit(Party::A), "seq 2's batch, with the renewal");
+    assert_eq!(h.in_flight(Party::B), 3, "seq 3 goes before its own commit");
+    assert_eq!(h.a.machine.stats().sent_before_commit, 3);
+    assert!(h.commit(Party::A), "seq 3's batch");
+    assert_eq!(h.in_flight(Party::B), 3, "the req waits for its own commit");
+    assert!(h.commit(Party::A), "the req's batch");
+    assert_eq!(h.in_flight(Party::B), 4);
+    assert_eq!(h.a.machine.stats().sent_before_commit, 3);
+    h.run();
+    assert_eq!(consumed_bodies(&h), [body(0), body(1), body(2)]);
 }

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use tether::substrate::{
     Auth, Authorizer, Code, Config, Denial, Error, Inbound, PeerId, Substrate,
 };
-use tether_core::limits::SUBSTRATE_COMMANDS_MAX;
+use tether_core::limits::{SUBSTRATE_COMMANDS_MAX, SUBSTRATE_SEQ_RESERVE};
 use tether_core::substrate::AuthorizeContext;
 use tether_core::time::Time;
 use tether_core::wire::envelope::ObjKind;
@@ -288,6 +288,7 @@ fn config(rng: &mut Xoshiro256PlusPlus, hard: &mut Xoshiro256PlusPlus) -> Config
         transient_retry: Duration::from_millis(200),
         queue_ttl: QUEUE_TTL,
         dedupe_retention: Duration::from_secs(3600),
+        seq_reserve: [2, 16, SUBSTRATE_SEQ_RESERVE][hard.random_range(0..3)],
         ..Config::default()
     }
 }

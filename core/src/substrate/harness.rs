@@ -65,6 +65,9 @@ pub struct Node {
     pub consumed: Vec<Op>,
     /// Ops of this node whose enqueue committed, in order: what it promised to deliver.
     pub enqueued: Vec<Op>,
+    /// Every op this node's machine made (its batch emitted, committed or not), in order:
+    /// what the peer may have seen, since a send may travel before its commit.
+    pub made: Vec<Op>,
     /// Times this node crashed.
     pub crashes: u64,
     config: Config,
@@ -91,6 +94,7 @@ impl Node {
             events: Vec::new(),
             consumed: Vec::new(),
             enqueued: Vec::new(),
+            made: Vec::new(),
             crashes: 0,
             config,
             authorizer,
@@ -417,6 +421,11 @@ impl Harness {
             let node = self.node(id);
             let mut progressed = false;
             while let Some(batch) = node.machine.poll_persist() {
+                node.made
+                    .extend(batch.records.iter().filter_map(|record| match record {
+                        Record::Outbox(op) => Some(op.clone()),
+                        _ => None,
+                    }));
                 node.uncommitted.push_back(batch);
                 progressed = true;
             }
@@ -525,7 +534,7 @@ impl Harness {
         use std::hash::Hash;
         for n in [&self.a, &self.b] {
             n.machine.fingerprint(state);
-            (&n.store, &n.uncommitted, n.enqueued.len()).hash(state);
+            (&n.store, &n.uncommitted, n.enqueued.len(), n.made.len()).hash(state);
             n.consumed.len().hash(state);
             for op in &n.consumed {
                 (&op.obj, op.seq).hash(state);

@@ -47,7 +47,7 @@ use crate::limits::{
     SUBSTRATE_DEAD_AFTER_MS, SUBSTRATE_DEDUPE_RETENTION_MS, SUBSTRATE_GAP_RESYNC_MS,
     SUBSTRATE_INBOX_OPS_MAX, SUBSTRATE_IN_FLIGHT_OPS_DEFAULT, SUBSTRATE_KEEPALIVE_MS,
     SUBSTRATE_OBJECTS_PER_PEER_MAX, SUBSTRATE_OUTBOX_OPS_MAX, SUBSTRATE_QUEUE_TTL_MS,
-    SUBSTRATE_RECEIVE_WINDOW_DEFAULT, SUBSTRATE_TRANSIENT_RETRY_CAP_MS,
+    SUBSTRATE_RECEIVE_WINDOW_DEFAULT, SUBSTRATE_SEQ_RESERVE, SUBSTRATE_TRANSIENT_RETRY_CAP_MS,
     SUBSTRATE_TRANSIENT_RETRY_MS,
 };
 
@@ -101,6 +101,10 @@ pub struct Config {
     pub transient_retry: Duration,
     /// Longest wait between transient retries of one op.
     pub transient_retry_cap: Duration,
+    /// Seqs an object's sender reserves durably ahead (≥ 2): a send below the committed
+    /// reservation goes on the wire while its own commit runs, and a restart skips what the
+    /// reservation left unused ([`SUBSTRATE_SEQ_RESERVE`]).
+    pub seq_reserve: u64,
 }
 
 impl Default for Config {
@@ -117,15 +121,17 @@ impl Default for Config {
             dedupe_retention: Duration::from_millis(SUBSTRATE_DEDUPE_RETENTION_MS),
             transient_retry: Duration::from_millis(SUBSTRATE_TRANSIENT_RETRY_MS),
             transient_retry_cap: Duration::from_millis(SUBSTRATE_TRANSIENT_RETRY_CAP_MS),
+            seq_reserve: SUBSTRATE_SEQ_RESERVE,
         }
     }
 }
 
 impl Config {
     /// The settings with the windows clamped (in flight at least 1, receive window in
-    /// `1..=`[`SUBSTRATE_INBOX_OPS_MAX`]) and retention raised to at least the queue TTL (dedupe
-    /// must outlive every resend).
+    /// `1..=`[`SUBSTRATE_INBOX_OPS_MAX`], seq reservation at least 2) and retention raised to
+    /// at least the queue TTL (dedupe must outlive every resend).
     pub fn checked(mut self) -> Self {
+        self.seq_reserve = self.seq_reserve.max(2);
         self.in_flight_max = self.in_flight_max.max(1);
         self.receive_window = self.receive_window.clamp(1, SUBSTRATE_INBOX_OPS_MAX as u64);
         self.transient_retry_cap = self.transient_retry_cap.max(self.transient_retry);
@@ -144,6 +150,9 @@ pub struct Stats {
     /// Of those, the acks reported to the app before this side's removal of the op was
     /// committed (the peer applied the op in order).
     pub acks_reported_early: u64,
+    /// Sends put on the wire while the batch holding them was still being committed (below
+    /// the durable seq reservation, [`crate::limits::SUBSTRATE_SEQ_RESERVE`]).
+    pub sent_before_commit: u64,
     /// Un-acked ops per object (filled in by [`Machine::stats`]).
     pub outbox_depth: BTreeMap<String, u64>,
     /// Ops of the peer seen again (below the frontier or already held): re-acked only.

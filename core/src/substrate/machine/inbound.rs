@@ -247,7 +247,7 @@ impl Machine {
                 } else {
                     object.gap_since.get_or_insert(now);
                 }
-                self.staged.push(Record::Object(object.record.clone()));
+                self.staged.push(Record::Object(object.durable_record()));
                 return;
             };
             object.record.rx_next = next + 1;
@@ -399,7 +399,7 @@ impl Machine {
             };
             self.staged_outputs.push(Deferred::Event(event));
         }
-        self.staged.push(Record::Object(object.record.clone()));
+        self.staged.push(Record::Object(object.durable_record()));
     }
 
     /// An unsequenced `err` from the substrate of the peer (bounce, denial, out_of_seq, ...)

@@ -12,9 +12,12 @@
 //!
 //! # The two rules that give exactly-once
 //!
-//! - Nothing is transmitted before the batch holding it is persisted: an op enters the outbox
-//!   durably, then goes on the wire; it leaves the outbox only when a hop ack citing its
-//!   current receipt arrives (or a terminal answer ends it).
+//! - Nothing is transmitted before the batch holding it is persisted, except a send whose seq
+//!   is below the object's committed seq reservation: it travels while its batch commits.
+//!   Should this side die first, it may have been delivered, and no other op ever takes its
+//!   seq (a restart resumes at the reservation and announces the floor past the unused rest).
+//!   An op leaves the outbox only when a hop ack citing its current receipt arrives (or a
+//!   terminal answer ends it).
 //! - Nothing is acknowledged or reported before the batch that made it durable is persisted:
 //!   hop acks, re-acks of duplicates, bounces and every app event wait for their batch. One
 //!   report names a commit of the peer instead: the hop ack of an op the peer applied in order
@@ -207,6 +210,14 @@ struct Object {
     made_here: bool,
     /// Receiving: the highest credit told to the peer on this link (beyond the initial one).
     limit_sent: Seq,
+    /// Sending: seqs below this are reserved; the object's record carries it as its `tx_next`,
+    /// so a restart resumes here ([`crate::limits::SUBSTRATE_SEQ_RESERVE`]).
+    reserved: Seq,
+    /// The batch that staged `reserved`.
+    reserved_batch: BatchId,
+    /// The highest reservation known committed: a send below it may go on the wire before
+    /// its own batch is committed.
+    reserved_durable: Seq,
 }
 
 impl Object {
@@ -214,7 +225,6 @@ impl Object {
     /// window, which both sides know, so neither needs telling).
     fn new(record: ObjectRecord) -> Self {
         Self {
-            record,
             outbox: Outbox::default(),
             held: BTreeMap::new(),
             inbox: BTreeMap::new(),
@@ -225,7 +235,29 @@ impl Object {
             ended_max: None,
             limit_sent: Seq::ZERO,
             made_here: true,
+            reserved: record.tx_next,
+            reserved_batch: BatchId(0),
+            reserved_durable: record.tx_next,
+            record,
         }
+    }
+
+    /// The object's record as it is persisted: its `tx_next` is the seq reservation, where a
+    /// restart resumes.
+    fn durable_record(&self) -> ObjectRecord {
+        ObjectRecord {
+            tx_next: self.reserved,
+            ..self.record.clone()
+        }
+    }
+
+    /// The reservation committed once `persisted` is: sends below it may go before their
+    /// own commit.
+    fn reserved_through(&mut self, persisted: BatchId) -> Seq {
+        if self.reserved_batch <= persisted {
+            self.reserved_durable = self.reserved;
+        }
+        self.reserved_durable
     }
 
     /// Whether the hop ack of `seq`, just taken out of the outbox, can be reported before
@@ -403,6 +435,13 @@ impl Machine {
         for (name, record) in &state.objects {
             let mut object = Object::new(record.clone());
             object.made_here = false;
+            // Seqs of this side below the reservation that are not in the outbox ended: acked,
+            // or made and lost before their commit (a send among them may have reached the
+            // peer), or never used. The floor past them is announced once nothing below it
+            // is left (`Object::floor_unannounced`), so the peer never waits on them.
+            if let Some(last) = record.tx_next.get().checked_sub(1) {
+                object.ended_max = Some(Seq(last));
+            }
             machine.objects.insert(name.clone(), object);
         }
         for ((obj, seq), op) in &state.outbox {
@@ -865,7 +904,7 @@ impl Machine {
         self.enqueue(op);
         if let Some(object) = self.objects.get_mut(obj) {
             object.record.state = ObjectState::Closed(now);
-            self.staged.push(Record::Object(object.record.clone()));
+            self.staged.push(Record::Object(object.durable_record()));
         }
         self.drop_unanswerable_reqs(&name);
         let event = Event::Closed {

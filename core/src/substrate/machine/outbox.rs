@@ -200,16 +200,18 @@ impl Outbox {
         Some(self.entries[seq].op.at.saturating_add(ttl))
     }
 
-    /// Transmits, in seq order, every entry that may go: persisted, not waiting on a retry,
-    /// within `window` in flight and below the receiver's credit `limit`; while `opening` only
-    /// the open may go.
+    /// Transmits, in seq order, every entry that may go: not waiting on a retry, within
+    /// `window` in flight and below the receiver's credit `limit`, and persisted, or a send
+    /// whose seq is below the committed reservation `reserved` (its commit runs while it
+    /// travels); while `opening` only the open may go.
     pub(super) fn transmit(
         &mut self,
-        persisted: BatchId,
+        (persisted, reserved): (BatchId, Seq),
         opening: bool,
         window: usize,
         (floor, limit): (Seq, Seq),
         out: &mut VecDeque<Envelope>,
+        stats: &mut Stats,
     ) -> bool {
         let mut sent = false;
         let mut resume = None;
@@ -226,10 +228,20 @@ impl Outbox {
             if entry.in_flight || entry.retry_at.is_some() {
                 continue;
             }
-            // Seqs are assigned in batch order: everything after an unpersisted op is too.
-            if entry.batch > persisted || (opening && entry.op.verb != Verb::Open) {
+            if opening && entry.op.verb != Verb::Open {
                 resume = Some(seq);
                 break;
+            }
+            // Seqs are assigned in batch order: everything after an unpersisted op is too. Only
+            // a send may go ahead of its commit: should this side die first, the peer may
+            // deliver it, and nothing here is lost or repeated (its seq is never reused).
+            // Opens, decisions, answers and closes change what this side must remember.
+            if entry.batch > persisted {
+                if entry.op.verb != Verb::Send || seq >= reserved {
+                    resume = Some(seq);
+                    break;
+                }
+                stats.sent_before_commit += 1;
             }
             entry.receipt += 1;
             entry.in_flight = true;

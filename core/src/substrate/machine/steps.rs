@@ -104,7 +104,7 @@ impl Machine {
         if let Some(kind) = theirs.obj_kind {
             object.record.kind = kind;
         }
-        self.staged.push(Record::Object(object.record.clone()));
+        self.staged.push(Record::Object(object.durable_record()));
         let event = open_requested(&object.record, theirs.cap);
         self.staged_outputs.push(Deferred::Event(event));
     }
@@ -206,8 +206,9 @@ impl Machine {
         }
     }
 
-    /// Gives `op` the object's next seq and puts it in the outbox, durably (row insert and seq
-    /// bump in one batch).
+    /// Gives `op` the object's next seq and puts it in the outbox, durably. The seq is always
+    /// below the object's durable reservation (renewed in the same batch when half of it is
+    /// used), so the insert alone records it.
     pub(super) fn enqueue(&mut self, mut op: Op) {
         let batch = self.next_batch;
         let object = self
@@ -217,7 +218,12 @@ impl Machine {
         op.seq = object.record.tx_next;
         object.record.tx_next += 1;
         let op_obj = op.obj.clone();
-        self.staged.push(Record::Object(object.record.clone()));
+        let reserve = self.config.seq_reserve;
+        if object.reserved < object.record.tx_next.saturating_add(reserve / 2) {
+            object.reserved = object.record.tx_next.saturating_add(reserve);
+            object.reserved_batch = batch;
+            self.staged.push(Record::Object(object.durable_record()));
+        }
         self.staged.push(Record::Outbox(op.clone()));
         let entry = Outgoing {
             op,
@@ -295,12 +301,14 @@ impl Machine {
             let floor = object.floor();
             let opening = object.record.state == ObjectState::Opening;
             let limit = object.tx_limit.max(initial_credit);
+            let reserved = object.reserved_through(persisted);
             if object.outbox.transmit(
-                persisted,
+                (persisted, reserved),
                 opening,
                 window,
                 (floor, limit),
                 &mut self.transmit,
+                &mut self.stats,
             ) {
                 object.floor_sent = object.floor_sent.max(floor);
                 self.last_sent = now;
