@@ -258,6 +258,8 @@ pub fn substrate(data: &[u8]) {
         receive_window: 8,
         objects_max: 4,
         outbox_ops_max: 8,
+        // Renewed every other op: sends often wait for a renewal's commit.
+        seq_reserve: 4,
         ..Config::default()
     };
     let mut machine = Machine::new(
