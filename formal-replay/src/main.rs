@@ -151,13 +151,6 @@ fn main() -> ExitCode {
             } else {
                 &substrate::Scope::FULL
             };
-            let substrate = scopes.iter().map(|scope| {
-                let depth = substrate_depth.unwrap_or(scope.depth);
-                substrate::explore(substrate::Scope { depth, ..*scope })
-                    .map(|report| report.to_string())
-            });
-            let request = explore_all(bounds)
-                .map(|reports| reports.iter().map(ToString::to_string).collect::<Vec<_>>());
             let switch_scope = if quick {
                 switch::Scope::QUICK
             } else {
@@ -167,12 +160,32 @@ fn main() -> ExitCode {
                 depth: switch_depth.unwrap_or(switch_scope.depth),
                 ..switch_scope
             };
-            let switch = std::iter::once(switch_scope)
-                .map(|scope| switch::explore(scope).map(|report| vec![report.to_string()]));
+            // Each substrate scope on a thread of its own (the largest runs take minutes),
+            // beside the request table and the switch on this one; printed in a fixed order.
+            let (request, substrate, switch) = std::thread::scope(|threads| {
+                let substrate: Vec<_> = scopes
+                    .iter()
+                    .map(|scope| {
+                        let depth = substrate_depth.unwrap_or(scope.depth);
+                        let scope = substrate::Scope { depth, ..*scope };
+                        threads.spawn(move || {
+                            substrate::explore(scope).map(|report| vec![report.to_string()])
+                        })
+                    })
+                    .collect();
+                let request = explore_all(bounds)
+                    .map(|reports| reports.iter().map(ToString::to_string).collect::<Vec<_>>());
+                let switch = switch::explore(switch_scope).map(|report| vec![report.to_string()]);
+                let substrate: Vec<_> = substrate
+                    .into_iter()
+                    .map(|thread| thread.join().expect("an explore thread panicked"))
+                    .collect();
+                (request, substrate, switch)
+            });
             let mut failed = false;
             for result in std::iter::once(request)
-                .chain(substrate.map(|r| r.map(|l| vec![l])))
-                .chain(switch)
+                .chain(substrate)
+                .chain(std::iter::once(switch))
             {
                 match result {
                     Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
