@@ -150,7 +150,7 @@ impl Promises {
                     _ => None,
                 })
                 .collect();
-        let committed: BTreeSet<&str> = h.a.enqueued.iter().map(|op| op.id.as_str()).collect();
+        let committed = committed_by_a(h);
         for (obj, _) in OBJECTS {
             let asked: Vec<&Op> =
                 h.a.made
@@ -264,7 +264,7 @@ impl Promises {
             .iter()
             .filter(|e| matches!(e, Event::Answered { .. }))
             .count();
-        let committed: BTreeSet<&str> = healed.a.enqueued.iter().map(|op| op.id.as_str()).collect();
+        let committed = committed_by_a(&healed);
         let mut answered_reqs = 0;
         for op in healed
             .a
@@ -316,6 +316,11 @@ fn closed_by_b(h: &Harness, obj: &str) -> bool {
             h.b.machine.object_state(obj),
             Some(tether_core::substrate::ObjectState::Closed(_))
         )
+}
+
+/// The ids of A's ops whose enqueue A committed.
+fn committed_by_a(h: &Harness) -> BTreeSet<&str> {
+    h.a.enqueued.iter().map(|op| op.id.as_str()).collect()
 }
 
 /// The object of A's op `id`.
