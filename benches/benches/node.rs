@@ -344,7 +344,13 @@ fn node(c: &mut Criterion) {
                 })
                 .collect();
             let mut took = vec![Vec::new(); kinds.len()];
-            for _ in 0..PAIRED_ROUNDS {
+            // `TETHER_BENCH_ROUNDS` rounds of each kind instead of the paired comparison's
+            // (a profile wants more samples).
+            let rounds = std::env::var("TETHER_BENCH_ROUNDS")
+                .ok()
+                .and_then(|rounds| rounds.parse().ok())
+                .unwrap_or(PAIRED_ROUNDS);
+            for _ in 0..rounds {
                 for (at, &kind) in kinds.iter().enumerate() {
                     took[at].push(on_cpu(kind, &|| match kind {
                         0 => node_round(&a, payload, false),
@@ -354,7 +360,7 @@ fn node(c: &mut Criterion) {
                     }));
                 }
             }
-            let frames = (PAIRED_ROUNDS as u64 * FRAMES) as f64;
+            let frames = (rounds as u64 * FRAMES) as f64;
             for (at, &kind) in kinds.iter().enumerate() {
                 let total: Duration = took[at].iter().sum();
                 println!(

@@ -13,11 +13,28 @@
 //! ring is FIFO); and items of P in the spillover are in push order (the spillover is FIFO,
 //! and once P spills, P keeps spilling until the spillover drains). Items of different
 //! producers interleave arbitrarily.
+//!
+//! # Closing without a lock on the producers' path
+//!
+//! The consumer may end: [`HybridChannel::close_if_empty`] closes the channel only when it
+//! holds nothing, and a producer that pushed without any lock learns from
+//! [`Sender::push_checked`] whether its item may have landed in a closed channel. The two
+//! sides are a store-then-load pair each, separated by a sequentially consistent fence
+//! (the consumer marks closed, fences, looks for items; the producer pushes, fences, looks
+//! at the mark), so at least one of them sees the other: either the consumer finds the item
+//! and reopens, or the producer finds the mark. A producer that finds it must wait until the
+//! close is settled (the caller's lock, under which the consumer closes) and, if it held,
+//! take back what is stranded with [`Sender::take_stranded`]: nothing pushed is lost.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::{ArrayQueue, SegQueue};
+
+/// The channel's close states (see the module's docs).
+const OPEN: u8 = 0;
+const CLOSED: u8 = 1;
+const ENDED: u8 = 2;
 
 /// Ring capacity used by [`HybridChannel::new`] when none is given.
 pub const HYBRID_RING_DEFAULT: usize = 1024;
@@ -34,6 +51,21 @@ struct Shared<T> {
     spill_bytes_max: usize,
     /// Pushes that went to the spillover (a sign the ring is too small).
     spilled: AtomicU64,
+    /// [`OPEN`], [`CLOSED`] (by the consumer's [`HybridChannel::close_if_empty`], undone
+    /// there when an item raced it) or [`ENDED`] (by [`Sender::close`], for good).
+    closed: AtomicU8,
+}
+
+impl<T> Shared<T> {
+    /// The next item: ring first, then spillover.
+    #[inline]
+    fn pop(&self) -> Option<T> {
+        self.ring.pop().or_else(|| {
+            let (item, bytes) = self.spill.pop()?;
+            self.spill_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            Some(item)
+        })
+    }
 }
 
 /// A multi-producer, single-consumer queue whose push never blocks: it fails only when the
@@ -94,6 +126,7 @@ impl<T> HybridChannel<T> {
                 spill_bytes: AtomicUsize::new(0),
                 spill_bytes_max,
                 spilled: AtomicU64::new(0),
+                closed: AtomicU8::new(OPEN),
             }),
         }
     }
@@ -118,11 +151,7 @@ impl<T> HybridChannel<T> {
     /// The next item: ring first, then spillover.
     #[inline]
     pub fn pop(&self) -> Option<T> {
-        self.shared.ring.pop().or_else(|| {
-            let (item, bytes) = self.shared.spill.pop()?;
-            self.shared.spill_bytes.fetch_sub(bytes, Ordering::Relaxed);
-            Some(item)
-        })
+        self.shared.pop()
     }
 
     /// Items queued (a snapshot; producers may be pushing).
@@ -140,6 +169,30 @@ impl<T> HybridChannel<T> {
     /// Pushes that went to the spillover so far.
     pub fn spilled(&self) -> u64 {
         self.shared.spilled.load(Ordering::Relaxed)
+    }
+
+    /// Closes the channel if it holds nothing; `false` (and the channel stays open) when an
+    /// item is queued, however recently pushed. `true` for a channel ended by
+    /// [`Sender::close`], whatever it holds. A producer whose push raced the close learns
+    /// it from [`Sender::push_checked`]. The caller serialises this with the producers'
+    /// settling (see the module's docs): while it runs, a producer may see the channel
+    /// closed and then open again.
+    pub fn close_if_empty(&self) -> bool {
+        let closed = &self.shared.closed;
+        if closed
+            .compare_exchange(OPEN, CLOSED, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            // Closed already (ended for good by `Sender::close`).
+            return true;
+        }
+        fence(Ordering::SeqCst);
+        if self.is_empty() {
+            return true;
+        }
+        // Reopened, unless it ended meanwhile (an end is never undone).
+        let _ = closed.compare_exchange(CLOSED, OPEN, Ordering::Relaxed, Ordering::Relaxed);
+        false
     }
 }
 
@@ -160,7 +213,7 @@ impl<T> Sender<T> {
     /// [`Sender::push`] of an item holding `bytes` bytes: should it spill, it is handed back
     /// when the spillover's bytes would pass their bound too (see
     /// [`HybridChannel::with_limits`]).
-    #[inline]
+    #[inline(always)]
     pub fn push_sized(&self, item: T, bytes: usize) -> Result<(), T> {
         let shared = &*self.shared;
         let item = if shared.spill.is_empty() {
@@ -181,6 +234,45 @@ impl<T> Sender<T> {
         shared.spill_bytes.fetch_add(bytes, Ordering::Relaxed);
         shared.spill.push((item, bytes));
         Ok(())
+    }
+
+    /// [`Sender::push_sized`], then whether the channel is closed, with the fence the close
+    /// handshake needs between the two (see the module's docs): `Ok(true)` when the item was
+    /// queued and the channel may have been closed around it; the caller then settles the
+    /// close and takes back what is stranded. The fence also orders the push before whatever
+    /// the caller reads next (a consumer's sleep flag).
+    #[inline]
+    pub fn push_checked(&self, item: T, bytes: usize) -> Result<bool, T> {
+        self.push_sized(item, bytes)?;
+        fence(Ordering::SeqCst);
+        Ok(self.shared.closed.load(Ordering::Relaxed) != OPEN)
+    }
+
+    /// Closes the channel whatever it holds (its consumer is ending for good): producers
+    /// that push from now on learn it from [`Sender::push_checked`], and what is queued is
+    /// stranded ([`Sender::take_stranded`]).
+    pub fn close(&self) {
+        self.shared.closed.store(ENDED, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Whether the channel is closed now (a snapshot: a close may be in progress and be
+    /// undone, see [`HybridChannel::close_if_empty`]).
+    #[inline]
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Relaxed) != OPEN
+    }
+
+    /// Takes back the next item of a channel whose close held (its consumer pops no more):
+    /// what producers pushed into it after its consumer last looked. `None` while the
+    /// channel is open, so an open channel's items stay its consumer's. Several producers
+    /// may take back concurrently: each item goes to one of them.
+    pub fn take_stranded(&self) -> Option<T> {
+        let shared = &*self.shared;
+        if shared.closed.load(Ordering::Acquire) == OPEN {
+            return None;
+        }
+        shared.pop()
     }
 
     /// Queues `item` in the ring if [`Sender::push`] would put it there (nothing has spilled
@@ -323,6 +415,124 @@ mod tests {
             assert_eq!(received, PRODUCERS * ITEMS, "ring {ring}: every item once");
             assert!(next.values().all(|n| *n == ITEMS));
         }
+    }
+
+    /// The close handshake against producers that push without a lock: the consumer closes
+    /// whenever it finds the channel empty (under the settling lock, as the egress table's
+    /// writer does), racing pushes that land a moment later; a producer that learns of a
+    /// close settles it under the same lock and takes back what is stranded. Every item is
+    /// either consumed or taken back, once; what the consumer got of each producer is a
+    /// prefix, and what was taken back is the rest in order.
+    #[test]
+    fn a_close_racing_lock_free_pushes_strands_nothing_and_keeps_each_producers_order() {
+        use std::sync::Mutex;
+        const PRODUCERS: u64 = 3;
+        const ITEMS: u64 = 300;
+        let (mut raced, mut stranded_total) = (0u64, 0usize);
+        for round in 0..200u64 {
+            let channel = Arc::new(HybridChannel::with_ring(1 + (round % 4) as usize));
+            // The settling lock; under it, the items taken back in the order taken.
+            let settle = Arc::new(Mutex::new(Vec::new()));
+            let saw_close = Arc::new(AtomicU64::new(0));
+            let producers: Vec<_> = (0..PRODUCERS)
+                .map(|p| {
+                    let (tx, settle, saw_close) =
+                        (channel.sender(), settle.clone(), saw_close.clone());
+                    std::thread::spawn(move || {
+                        for i in 0..ITEMS {
+                            if tx.push_checked((p, i), 0).expect("unbounded spillover") {
+                                saw_close.fetch_add(1, Ordering::Relaxed);
+                                let mut taken = settle.lock().expect("settle");
+                                if tx.is_closed() {
+                                    taken.extend(std::iter::from_fn(|| tx.take_stranded()));
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let mut consumed = Vec::new();
+            loop {
+                if let Some(item) = channel.pop() {
+                    consumed.push(item);
+                    continue;
+                }
+                let _settling = settle.lock().expect("settle");
+                if channel.close_if_empty() {
+                    break;
+                }
+            }
+            for producer in producers {
+                producer.join().expect("producer");
+            }
+            let stranded = std::mem::take(&mut *settle.lock().expect("settle"));
+            // Nothing is left behind once every producer settled.
+            assert_eq!(channel.sender().take_stranded(), None);
+            raced += saw_close.load(Ordering::Relaxed);
+            stranded_total += stranded.len();
+            for p in 0..PRODUCERS {
+                let got: Vec<u64> = consumed
+                    .iter()
+                    .filter(|(q, _)| *q == p)
+                    .map(|x| x.1)
+                    .collect();
+                let back: Vec<u64> = stranded
+                    .iter()
+                    .filter(|(q, _)| *q == p)
+                    .map(|x| x.1)
+                    .collect();
+                let all: Vec<u64> = got.iter().chain(&back).copied().collect();
+                assert_eq!(
+                    all,
+                    (0..ITEMS).collect::<Vec<_>>(),
+                    "round {round}, producer {p}: consumed {got:?}, taken back {back:?}"
+                );
+            }
+        }
+        // The races were run, not skipped: producers met closes and took items back.
+        assert!(
+            raced > 0 && stranded_total > 0,
+            "raced {raced}, stranded {stranded_total}"
+        );
+    }
+
+    #[test]
+    fn a_close_is_refused_while_anything_is_queued_and_an_open_channel_strands_nothing() {
+        let channel = HybridChannel::with_ring(2);
+        let tx = channel.sender();
+        assert_eq!(tx.push_checked(1, 0), Ok(false));
+        assert!(!channel.close_if_empty(), "an item is queued");
+        assert!(!tx.is_closed());
+        assert_eq!(
+            tx.take_stranded(),
+            None,
+            "an open channel's items are its consumer's"
+        );
+        assert_eq!(channel.pop(), Some(1));
+        assert!(channel.close_if_empty());
+        assert_eq!(
+            tx.push_checked(2, 0),
+            Ok(true),
+            "the producer learns of the close"
+        );
+        assert_eq!(
+            channel.pop(),
+            Some(2),
+            "still poppable; the caller decides who takes it"
+        );
+        assert_eq!(tx.push_checked(3, 0), Ok(true));
+        assert_eq!(tx.take_stranded(), Some(3));
+        assert_eq!(tx.take_stranded(), None);
+        let other = HybridChannel::with_ring(1);
+        other.sender().push(7).expect("push");
+        other.sender().close();
+        assert!(other.close_if_empty(), "an end is never undone");
+        assert!(other.sender().is_closed());
+        assert_eq!(
+            other.sender().take_stranded(),
+            Some(7),
+            "a forced close strands its items"
+        );
     }
 
     #[test]

@@ -447,6 +447,7 @@ impl NodeBuilder {
                 relay_urls,
                 actor_alpn: self.actor_alpn,
                 egress: CachePadded::default(),
+                id: egress::next_node_id(),
                 counters: Counters::default(),
                 handshakes: crate::handshakes::SharedHandshakes::new(
                     tether_core::limits::QUIC_HANDSHAKES_IN_PROGRESS_MAX,

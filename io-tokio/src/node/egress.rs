@@ -3,17 +3,26 @@
 
 use super::*;
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use tether_core::limits::EGRESS_TAGS_MAX;
 use tether_core::wire::actor::check_record;
 
 /// The egress table, behind the node's egress lock: each peer's queue, and the tags the queued
 /// frames name by number.
+///
+/// A lone [`Inner::send`] usually skips the lock: each thread remembers the last few queues
+/// it sent to ([`SendCache`]) and pushes into one with [`Sender::push_checked`]. A writer
+/// retires its queue under the write lock and only when the queue is empty, by closing its
+/// channel ([`HybridChannel::close_if_empty`]); a push that raced the close learns it and
+/// settles under the lock, taking back what is stranded and sending it again
+/// ([`Inner::settle_stranded`]). Nothing pushed is lost and each thread's frames keep their
+/// order (core's channel tests drive the race).
 #[derive(Default)]
 pub(super) struct Egress {
     /// By peer, hashed: a lookup compares one id (a `BTreeMap` compares several, each a
     /// `memcmp` of 32 bytes, on every frame).
-    pub(super) queues: HashMap<NodeId, PeerQueue, foldhash::fast::RandomState>,
+    pub(super) queues: HashMap<NodeId, Arc<PeerQueue>, foldhash::fast::RandomState>,
     pub(super) tags: TagTable,
 }
 
@@ -80,8 +89,133 @@ impl TagTable {
 
 /// A peer's egress queue: producers push, the writer task drains.
 pub(super) struct PeerQueue {
+    peer: NodeId,
     pub(super) sender: Sender<Slot>,
     pub(super) wake: Arc<WriterWake>,
+    /// Held while frames stranded in this queue after its writer retired are sent again, so
+    /// a thread whose frame another thread took back waits until it is queued anew.
+    settling: Mutex<()>,
+}
+
+/// Nodes in this process so far (a thread's send cache tells them apart by number: an
+/// address could be reused).
+static NODES: AtomicU64 = AtomicU64::new(0);
+
+/// A number no other node of this process has.
+pub(super) fn next_node_id() -> u64 {
+    NODES.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Queues a thread remembers (a handful of peers sent to in turn stay on the fast path).
+const SEND_CACHE_ENTRIES: usize = 4;
+
+/// A thread's last few egress queues, found without the egress lock. An entry keeps its queue
+/// allocated until replaced (at most [`SEND_CACHE_ENTRIES`] per thread); one whose writer
+/// retired is closed, and a send through it goes by the table instead.
+struct SendCache {
+    entries: [Option<Cached>; SEND_CACHE_ENTRIES],
+    /// The entry the next miss replaces.
+    next: usize,
+}
+
+struct Cached {
+    node: u64,
+    peer: NodeId,
+    queue: Arc<PeerQueue>,
+    /// The node's tags by number when the entry was made: a tag past them is a miss.
+    tags: Arc<Vec<Cow<'static, str>>>,
+}
+
+/// What a send through the cache did.
+enum Cache {
+    /// Queued; `Some` when the queue's writer may have retired around the push.
+    Queued(Option<Arc<PeerQueue>>),
+    /// The queue had no room (the frame is dropped, the machine counts it).
+    Full,
+    /// Not in the cache (or its queue retired, or its tag is new): the table decides.
+    Miss,
+}
+
+impl SendCache {
+    /// Queues the frame to `peer` (its payload taken out of `payload` only when queued).
+    #[inline]
+    fn send(
+        &mut self,
+        node: u64,
+        peer: &NodeId,
+        dest: ActorAddr,
+        type_tag: &str,
+        payload: &mut Option<Bytes>,
+    ) -> Cache {
+        let found = self
+            .entries
+            .iter()
+            .flatten()
+            .find(|entry| entry.node == node && entry.peer == *peer);
+        let Some(entry) = found else {
+            return Cache::Miss;
+        };
+        if entry.queue.sender.is_closed() {
+            return Cache::Miss;
+        }
+        let tag = entry
+            .tags
+            .iter()
+            .take(TAG_SCAN)
+            .position(|known| same_tag(known, type_tag));
+        let Some(tag) = tag else {
+            return Cache::Miss;
+        };
+        let Some(payload) = payload.take() else {
+            return Cache::Miss;
+        };
+        let bytes = std::mem::size_of::<Slot>() + payload.len();
+        let slot = Slot::One(Queued {
+            dest,
+            payload,
+            tag: tag as u32,
+        });
+        match entry.queue.sender.push_checked(slot, bytes) {
+            Ok(closed) => {
+                // The push's fence is the one the writer's sleep flag pairs with.
+                entry.queue.wake.wake_fenced();
+                Cache::Queued(closed.then(|| entry.queue.clone()))
+            }
+            Err(_) => Cache::Full,
+        }
+    }
+
+    /// Remembers `queue` as `peer`'s, in place of the entry for it or the oldest.
+    fn remember(&mut self, node: u64, peer: NodeId, queue: &Arc<PeerQueue>, tags: &TagTable) {
+        let at = self
+            .entries
+            .iter()
+            .position(|entry| {
+                entry
+                    .as_ref()
+                    .is_some_and(|entry| entry.node == node && entry.peer == peer)
+            })
+            .unwrap_or_else(|| {
+                let at = self.next;
+                self.next = (at + 1) % SEND_CACHE_ENTRIES;
+                at
+            });
+        self.entries[at] = Some(Cached {
+            node,
+            peer,
+            queue: queue.clone(),
+            tags: tags.snapshot(),
+        });
+    }
+}
+
+thread_local! {
+    static SEND_CACHE: RefCell<SendCache> = const {
+        RefCell::new(SendCache {
+            entries: [const { None }; SEND_CACHE_ENTRIES],
+            next: 0,
+        })
+    };
 }
 
 /// A frame in a peer's egress queue (the peer is the queue's, so the slot does not carry it),
@@ -134,6 +268,24 @@ impl Popped {
                     + frame.type_tag.len()
                     + frame.payload.len()
             }
+        }
+    }
+
+    /// The frame for `to` again, its tag by number read in `tags` (numbers never change).
+    fn into_frame(self, to: NodeId, tags: &[Cow<'static, str>]) -> OutFrame {
+        match self {
+            Self::Numbered(frame) => OutFrame {
+                to,
+                dest: frame.dest,
+                type_tag: tags[frame.tag as usize].clone(),
+                payload: frame.payload,
+            },
+            Self::Loose(frame) => OutFrame {
+                to,
+                dest: frame.dest,
+                type_tag: frame.type_tag,
+                payload: frame.payload,
+            },
         }
     }
 
@@ -236,6 +388,14 @@ impl WriterWake {
         }
     }
 
+    /// [`WriterWake::wake`] after a push that fenced already ([`Sender::push_checked`]).
+    #[inline]
+    pub(super) fn wake_fenced(&self) {
+        if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::Relaxed) {
+            self.notify.notify_one();
+        }
+    }
+
     /// Wakes the writer whether or not it sleeps (there is something new besides frames).
     pub(super) fn kick(&self) {
         self.notify.notify_one();
@@ -268,20 +428,95 @@ impl Inner {
         checked.is_ok()
     }
 
-    /// One frame: as [`Inner::send_run`] with a run of one, without the run's iterator
-    /// layers (each moves the frame once more, which a lone 64 B frame feels).
+    /// One frame: through this thread's [`SendCache`] without the egress lock when it knows
+    /// the peer's queue, else as [`Inner::send_run`] with a run of one, without the run's
+    /// iterator layers (each moves the frame once more, which a lone 64 B frame feels).
     #[inline]
     pub(super) fn send(self: &Arc<Self>, frame: OutFrame) {
+        let OutFrame {
+            to,
+            dest,
+            type_tag,
+            payload,
+        } = frame;
+        // Moved into the queue only on a hit: the frame is not moved whole again.
+        let mut payload = Some(payload);
+        let cached = SEND_CACHE
+            .try_with(|cache| match cache.try_borrow_mut() {
+                Ok(mut cache) => cache.send(self.id, &to, dest, &type_tag, &mut payload),
+                Err(_) => Cache::Miss,
+            })
+            .unwrap_or(Cache::Miss);
+        match cached {
+            Cache::Queued(stranded) => {
+                self.counters.enqueued.fetch_add(1, Ordering::Relaxed);
+                if let Some(queue) = stranded {
+                    self.settle_stranded(queue);
+                }
+            }
+            Cache::Full => self.drive(|driver, now| driver.handle_egress_full(now, 1)),
+            Cache::Miss => self.send_by_table(OutFrame {
+                to,
+                dest,
+                type_tag,
+                payload: payload.expect("queued only on a hit"),
+            }),
+        }
+    }
+
+    /// A lone frame the thread's cache could not place: by the egress table, and the queue
+    /// it finds remembered for the next.
+    #[inline(never)]
+    fn send_by_table(self: &Arc<Self>, frame: OutFrame) {
         {
             let egress = self.egress_read();
             if let Some(queue) = egress.queues.get(&frame.to) {
+                let peer = frame.to;
                 let frame = Popped::of(frame, &egress.tags);
                 let bytes = frame.bytes();
                 let queued = queue.sender.push_sized(frame.into_slot(), bytes).is_ok();
+                let _ = SEND_CACHE.try_with(|cache| {
+                    if let Ok(mut cache) = cache.try_borrow_mut() {
+                        cache.remember(self.id, peer, queue, &egress.tags);
+                    }
+                });
                 return self.enqueued(queue, u64::from(queued), u64::from(!queued));
             }
         }
         self.send_run(frame.to, std::iter::once(frame));
+    }
+
+    /// A push through the cache found its queue closed: once the close is settled (writers
+    /// close under the egress lock), and if it held, what is stranded in the queue is taken
+    /// back and sent again by the table, as frames sent now would be. Not counted again:
+    /// `frames_enqueued` counts each frame once, when it enters a queue.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn settle_stranded(self: &Arc<Self>, queue: Arc<PeerQueue>) {
+        let (held, tags) = {
+            let egress = self.egress_read();
+            (queue.sender.is_closed(), egress.tags.snapshot())
+        };
+        if !held {
+            // The writer found the frame and stayed.
+            return;
+        }
+        let _settling = queue
+            .settling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let peer = queue.peer;
+        let frames: Vec<OutFrame> = std::iter::from_fn(|| queue.sender.take_stranded())
+            .flat_map(Slot::into_run)
+            .map(|frame| frame.into_frame(peer, &tags))
+            .collect();
+        if frames.is_empty() {
+            return;
+        }
+        self.counters
+            .enqueued
+            .fetch_sub(frames.len() as u64, Ordering::Relaxed);
+        self.send_run(peer, frames.into_iter());
     }
 
     /// Queues frames all addressed to `peer`, in order.
@@ -316,10 +551,12 @@ impl Inner {
                 self.egress_spill,
                 EGRESS_SPILL_BYTES_MAX,
             );
-            let queue = PeerQueue {
+            let queue = Arc::new(PeerQueue {
+                peer,
                 sender: channel.sender(),
                 wake: Arc::default(),
-            };
+                settling: Mutex::new(()),
+            });
             let (inner, wake) = (self.clone(), queue.wake.clone());
             self.spawn(
                 async move { inner.write_peer(peer, channel, wake).await }
@@ -329,6 +566,12 @@ impl Inner {
         });
         self.enqueue(queue, tags, frames);
         if fresh {
+            // The next lone send to the peer from this thread skips the table.
+            let _ = SEND_CACHE.try_with(|cache| {
+                if let Ok(mut cache) = cache.try_borrow_mut() {
+                    cache.remember(self.id, peer, queue, tags);
+                }
+            });
             bump(&self.counters.queues_started);
             self.egress_count.send_replace(queues.len());
         }
@@ -389,10 +632,10 @@ impl Inner {
         }
     }
 
-    /// The driver retired `peer`'s writer: its queue is torn down unless a frame arrived
-    /// (then the writer goes on and reports again when it drains). Producers push only under
-    /// the egress lock, so once the queue is out of the map nothing can be pushed into it.
-    /// `true` when the writer should end.
+    /// The driver retired `peer`'s writer: its queue is closed and torn down unless a frame
+    /// arrived (then the writer goes on and reports again when it drains). Under the write
+    /// lock, so a push through a thread's cache that raced the close settles after it (see
+    /// [`Egress`]). `true` when the writer should end.
     pub(super) fn retire_queue(
         &self,
         peer: &NodeId,
@@ -400,7 +643,7 @@ impl Inner {
         queue: &Drain,
     ) -> bool {
         let mut egress = self.egress_write();
-        if !queue.is_empty() {
+        if queue.run.len() > 0 || !queue.channel.close_if_empty() {
             return false;
         }
         let queues = &mut egress.queues;
@@ -576,6 +819,115 @@ fn same_tag(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::{ActorBridge, DeliveryError};
+    use tokio::sync::mpsc;
+
+    const APP: ActorAddr = ActorAddr::new([0xA7; 32]);
+
+    struct Collect(mpsc::UnboundedSender<Bytes>);
+
+    impl ActorBridge for Collect {
+        fn deliver_raw(&self, _: ActorAddr, _: &str, payload: Bytes) -> Result<(), DeliveryError> {
+            self.0
+                .send(payload)
+                .map_err(|_| DeliveryError("test ended".into()))
+        }
+    }
+
+    fn numbered(to: NodeId, n: u8) -> OutFrame {
+        OutFrame {
+            to,
+            dest: APP,
+            type_tag: "Chat".into(),
+            payload: Bytes::copy_from_slice(&[n]),
+        }
+    }
+
+    /// The race a lone send through the thread's cache can lose: its push lands in a queue
+    /// whose writer has just retired (closed and out of the table). What is stranded there is
+    /// taken back and sent again through a new queue, in order, counted once. (One thread:
+    /// the cache is the thread's.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn frames_stranded_in_a_retired_queue_are_taken_back_and_sent_again_in_order() {
+        let (tx, mut delivered) = mpsc::unbounded_channel();
+        let receiver = Node::builder()
+            .bridge(Arc::new(Collect(tx)))
+            .know_tag("Chat")
+            .host(APP)
+            .bind()
+            .await
+            .expect("bind");
+        let sender = Node::builder()
+            .idle_peer_timeout(Duration::from_millis(20))
+            .bind()
+            .await
+            .expect("bind");
+        sender
+            .connect(receiver.endpoint_addr())
+            .await
+            .expect("connect");
+        let to = receiver.node_id();
+        // The first frame makes the queue (this thread's cache remembers it) and arrives.
+        sender.send(numbered(to, 0));
+        assert_eq!(&delivered.recv().await.expect("delivered")[..], [0]);
+        // Its writer goes idle and retires: the queue is closed and leaves the table.
+        sender
+            .egress_peers()
+            .wait_for(|live| *live == 0)
+            .await
+            .expect("alive");
+        let retired = SEND_CACHE.with_borrow(|cache| {
+            cache
+                .entries
+                .iter()
+                .flatten()
+                .find(|entry| entry.node == sender.inner.id && entry.peer == to)
+                .map(|entry| entry.queue.clone())
+                .expect("this thread sent to the peer")
+        });
+        assert!(retired.sender.is_closed());
+        // Two pushes land after the close, as a cached send racing the retirement would
+        // (counted as queued, as the cache's path counts them).
+        let tags = sender.inner.egress_read().tags.snapshot();
+        for n in [1, 2] {
+            let frame = Popped::of(
+                numbered(to, n),
+                &TagTable {
+                    list: tags.clone(),
+                    index: HashMap::default(),
+                },
+            );
+            let bytes = frame.bytes();
+            assert_eq!(
+                retired.sender.push_checked(frame.into_slot(), bytes).ok(),
+                Some(true)
+            );
+            sender
+                .inner
+                .counters
+                .enqueued
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        sender.inner.settle_stranded(retired.clone());
+        assert_eq!(
+            retired.sender.take_stranded().map(|_| ()),
+            None,
+            "nothing left behind"
+        );
+        for n in [1, 2] {
+            assert_eq!(&delivered.recv().await.expect("delivered")[..], [n]);
+        }
+        // A later lone send finds the new queue.
+        sender.send(numbered(to, 3));
+        assert_eq!(&delivered.recv().await.expect("delivered")[..], [3]);
+        let snapshot = sender.snapshot();
+        assert_eq!(snapshot.frames_enqueued, 4, "each frame counted once");
+        assert_eq!(snapshot.frames_written, 4);
+        assert_eq!(snapshot.egress_queues_started, 2);
+        assert!(snapshot.drops.0.is_empty(), "{:?}", snapshot.drops);
+        sender.close().await;
+        receiver.close().await;
+    }
 
     fn owned(tag: &str) -> Cow<'static, str> {
         Cow::Owned(tag.to_owned())

@@ -361,6 +361,8 @@ struct Inner {
     /// cache line of its own: the lock word changes twice per lone send, and a neighbour that
     /// a writer or reader task touches would pull the line away from the producing thread.
     egress: CachePadded<RwLock<Egress>>,
+    /// This node among the process's nodes, for the send cache of each thread.
+    id: u64,
     counters: Counters,
     /// Inbound handshakes in progress, under their bound (core decides).
     handshakes: crate::handshakes::SharedHandshakes,
@@ -1052,7 +1054,15 @@ impl Node {
     /// returns when all of them have ended.
     pub async fn close(&self) {
         self.inner.closed.send_replace(true);
-        self.inner.egress_write().queues.clear();
+        {
+            // A send that finds a queue through its thread's cache pushes without the lock:
+            // closing each queue sends it (and any frame it pushed) back to the machine.
+            let mut egress = self.inner.egress_write();
+            for queue in egress.queues.values() {
+                queue.sender.close();
+            }
+            egress.queues.clear();
+        }
         self.inner.egress_count.send_replace(0);
         // The machine closes every cached connection (its actions) and starts nothing new.
         self.inner.drive(|driver, now| driver.handle_close(now));
