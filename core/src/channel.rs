@@ -275,6 +275,13 @@ impl<T> Sender<T> {
         shared.pop()
     }
 
+    /// Whether [`Sender::push_ring`] would find room now (a snapshot: other producers may
+    /// take it first).
+    #[inline]
+    pub fn ring_has_room(&self) -> bool {
+        self.shared.spill.is_empty() && !self.shared.ring.is_full()
+    }
+
     /// Queues `item` in the ring if [`Sender::push`] would put it there (nothing has spilled
     /// and the ring has room); otherwise hands it back and queues nothing. A producer that
     /// packs several items into one (a run) uses it to keep the spillover's bound in single

@@ -433,11 +433,11 @@ pub const EGRESS_SPILL_FRAMES_MAX: usize = 65_536;
 /// `payload_bytes_max`).
 pub const EGRESS_SPILL_BYTES_MAX: usize = 64 * 1024 * 1024;
 
-/// Most frames one slot of a peer's egress ring carries. `Node::send_batch` packs a run of
-/// frames for one peer into slots of up to this many (one hand-off to the writer per slot
-/// instead of per frame), so a ring of `n` slots holds at most `n` times this many frames. A
-/// run that finds no room in the ring is unpacked and spills frame by frame, so the spillover
-/// stays bounded in frames ([`EGRESS_SPILL_FRAMES_MAX`]).
+/// Most frames one slot of a peer's egress ring carries. `Node::send_batch` encodes a run of
+/// frames for one peer into slots of up to this many records (one hand-off to the writer per
+/// slot instead of per frame, handed to the stream without a copy), so a ring of `n` slots
+/// holds at most `n` times this many frames. A run that finds no room in the ring is pushed
+/// frame by frame, so the spillover stays bounded in frames ([`EGRESS_SPILL_FRAMES_MAX`]).
 pub const EGRESS_RUN_FRAMES_MAX: usize = 64;
 
 /// Distinct type tags a node's egress table names by number. A queued frame carries its tag's

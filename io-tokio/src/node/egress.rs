@@ -233,10 +233,39 @@ pub(super) struct Loose {
     pub(super) payload: Bytes,
 }
 
-/// A frame as queued and as the writer pops it: its tag by number, or the tag itself.
+/// A run of frames for one peer encoded by its sender (what [`Node::send_batch`] hands
+/// over): the writer hands the records to the stream as they are, without a copy.
+pub(super) struct Encoded {
+    records: Bytes,
+    frames: u64,
+    /// A frame of the run carries a SWIM tag (as the writer judges a batch).
+    swim: bool,
+}
+
+impl Encoded {
+    /// The run's frames for `to` again, decoded from the records (core's decoder: what was
+    /// encoded by core's rule decodes whole).
+    fn into_frames(self, to: NodeId, payload_bytes_max: usize) -> Vec<OutFrame> {
+        let mut decoder =
+            StreamDecoder::new(ActorDecoder::with_payload_bytes_max(payload_bytes_max));
+        decoder.push_bytes(self.records);
+        std::iter::from_fn(|| decoder.pop().ok().flatten())
+            .map(|record| OutFrame {
+                to,
+                dest: ActorAddr::new(*record.dest()),
+                type_tag: Cow::Owned(record.tag().to_owned()),
+                payload: record.into_payload(),
+            })
+            .collect()
+    }
+}
+
+/// A frame as queued and as the writer pops it: its tag by number, or the tag itself; or a
+/// run of frames encoded already.
 pub(super) enum Popped {
     Numbered(Queued),
     Loose(Loose),
+    Encoded(Encoded),
 }
 
 impl Popped {
@@ -268,24 +297,33 @@ impl Popped {
                     + frame.type_tag.len()
                     + frame.payload.len()
             }
+            Self::Encoded(run) => {
+                std::mem::size_of::<Slot>() + std::mem::size_of::<More>() + run.records.len()
+            }
         }
     }
 
-    /// The frame for `to` again, its tag by number read in `tags` (numbers never change).
-    fn into_frame(self, to: NodeId, tags: &[Cow<'static, str>]) -> OutFrame {
+    /// The frames for `to` again, a tag by number read in `tags` (numbers never change).
+    fn into_frames(
+        self,
+        to: NodeId,
+        tags: &[Cow<'static, str>],
+        payload_bytes_max: usize,
+    ) -> Vec<OutFrame> {
         match self {
-            Self::Numbered(frame) => OutFrame {
+            Self::Numbered(frame) => vec![OutFrame {
                 to,
                 dest: frame.dest,
                 type_tag: tags[frame.tag as usize].clone(),
                 payload: frame.payload,
-            },
-            Self::Loose(frame) => OutFrame {
+            }],
+            Self::Loose(frame) => vec![OutFrame {
                 to,
                 dest: frame.dest,
                 type_tag: frame.type_tag,
                 payload: frame.payload,
-            },
+            }],
+            Self::Encoded(run) => run.into_frames(to, payload_bytes_max),
         }
     }
 
@@ -295,6 +333,7 @@ impl Popped {
         match self {
             Self::Numbered(frame) => Slot::One(frame),
             Self::Loose(frame) => Slot::More(Box::new(More::Loose(frame))),
+            Self::Encoded(run) => Slot::More(Box::new(More::Encoded(run))),
         }
     }
 }
@@ -313,58 +352,42 @@ const _: () = assert!(std::mem::size_of::<Slot>() <= 72);
 
 /// The slots that are not a lone numbered frame.
 pub(super) enum More {
-    Run(Vec<Popped>),
     Loose(Loose),
+    Encoded(Encoded),
 }
 
 impl Slot {
-    /// The frames of a run the ring handed back.
-    fn into_run(self) -> Vec<Popped> {
+    /// What the slot holds, as the writer pops it.
+    #[inline]
+    fn into_popped(self) -> Popped {
         match self {
-            Self::One(frame) => vec![Popped::Numbered(frame)],
+            Self::One(frame) => Popped::Numbered(frame),
             Self::More(more) => match *more {
-                More::Run(run) => run,
-                More::Loose(frame) => vec![Popped::Loose(frame)],
+                More::Loose(frame) => Popped::Loose(frame),
+                More::Encoded(run) => Popped::Encoded(run),
             },
         }
     }
 }
 
-/// The writer's side of a peer's queue: the frames of a run it has popped but not yet
-/// written come before the next slot.
+/// The writer's side of a peer's queue.
 pub(super) struct Drain {
     pub(super) channel: HybridChannel<Slot>,
-    pub(super) run: std::vec::IntoIter<Popped>,
 }
 
 impl Drain {
     pub(super) fn new(channel: HybridChannel<Slot>) -> Self {
-        Self {
-            channel,
-            run: Vec::new().into_iter(),
-        }
+        Self { channel }
     }
 
     #[inline]
     pub(super) fn pop(&mut self) -> Option<Popped> {
-        if let Some(frame) = self.run.next() {
-            return Some(frame);
-        }
-        match self.channel.pop()? {
-            Slot::One(frame) => Some(Popped::Numbered(frame)),
-            Slot::More(more) => match *more {
-                More::Loose(frame) => Some(Popped::Loose(frame)),
-                More::Run(run) => {
-                    self.run = run.into_iter();
-                    self.run.next()
-                }
-            },
-        }
+        self.channel.pop().map(Slot::into_popped)
     }
 
     /// Whether nothing is queued (a snapshot; producers may be pushing).
     pub(super) fn is_empty(&self) -> bool {
-        self.run.len() == 0 && self.channel.is_empty()
+        self.channel.is_empty()
     }
 }
 
@@ -507,8 +530,10 @@ impl Inner {
             .unwrap_or_else(PoisonError::into_inner);
         let peer = queue.peer;
         let frames: Vec<OutFrame> = std::iter::from_fn(|| queue.sender.take_stranded())
-            .flat_map(Slot::into_run)
-            .map(|frame| frame.into_frame(peer, &tags))
+            .flat_map(|slot| {
+                slot.into_popped()
+                    .into_frames(peer, &tags, self.payload_bytes_max)
+            })
             .collect();
         if frames.is_empty() {
             return;
@@ -578,15 +603,17 @@ impl Inner {
     }
 
     /// Pushes `frames` into `queue`: counted and the writer woken once for all of them. Runs
-    /// of up to [`EGRESS_RUN_FRAMES_MAX`] go into one ring slot each; a run the ring has no
-    /// room for is pushed frame by frame, as lone frames are.
+    /// of up to [`EGRESS_RUN_FRAMES_MAX`] are encoded here, on the sending thread, into one
+    /// ring slot each (the writer hands the records to the stream as they are); a run the
+    /// ring has no room for is pushed frame by frame, as lone frames are, so the spillover
+    /// stays bounded in frames.
     pub(super) fn enqueue(
         self: &Arc<Self>,
         queue: &PeerQueue,
         tags: &TagTable,
         frames: impl Iterator<Item = OutFrame>,
     ) {
-        let (mut enqueued, mut full) = (0u64, 0u64);
+        let (mut enqueued, mut full, mut unencodable) = (0u64, 0u64, 0u64);
         let mut count = |frames: u64, queued: bool| {
             if queued {
                 enqueued += frames;
@@ -594,28 +621,46 @@ impl Inner {
                 full += frames;
             }
         };
-        let mut frames = frames.map(|frame| Popped::of(frame, tags)).peekable();
+        let push_one = |frame: OutFrame, count: &mut dyn FnMut(u64, bool)| {
+            let frame = Popped::of(frame, tags);
+            let bytes = frame.bytes();
+            count(1, queue.sender.push_sized(frame.into_slot(), bytes).is_ok());
+        };
+        // The runs are split off one buffer (a run's records share its allocation).
+        let (mut routes, mut records) = (None, BytesMut::new());
+        let mut frames = frames.peekable();
         while let Some(first) = frames.next() {
-            if frames.peek().is_none() {
-                let bytes = first.bytes();
-                count(1, queue.sender.push_sized(first.into_slot(), bytes).is_ok());
-                break;
+            if frames.peek().is_none() || !queue.sender.ring_has_room() {
+                push_one(first, &mut count);
+                continue;
             }
-            let mut run = Vec::with_capacity(EGRESS_RUN_FRAMES_MAX);
-            run.push(first);
-            run.extend(frames.by_ref().take(EGRESS_RUN_FRAMES_MAX - 1));
-            let frames_in_run = run.len() as u64;
-            match queue.sender.push_ring(Slot::More(Box::new(More::Run(run)))) {
+            let routes = routes.get_or_insert_with(|| self.routes_now());
+            let run = std::iter::once(first).chain(frames.by_ref().take(EGRESS_RUN_FRAMES_MAX - 1));
+            let (run, skipped) = encode_run(run, routes, &mut records, self.payload_bytes_max);
+            unencodable += skipped;
+            let frames_in_run = run.frames;
+            match queue
+                .sender
+                .push_ring(Slot::More(Box::new(More::Encoded(run))))
+            {
                 Ok(()) => count(frames_in_run, true),
                 Err(refused) => {
-                    for frame in refused.into_run() {
-                        let bytes = frame.bytes();
-                        count(1, queue.sender.push_sized(frame.into_slot(), bytes).is_ok());
+                    // Another producer took the room: unpacked, frame by frame.
+                    let unpacked = refused.into_popped().into_frames(
+                        queue.peer,
+                        &tags.list,
+                        self.payload_bytes_max,
+                    );
+                    for frame in unpacked {
+                        push_one(frame, &mut count);
                     }
                 }
             }
         }
         self.enqueued(queue, enqueued, full);
+        if unencodable > 0 {
+            self.drive(|driver, now| driver.handle_unencodable(now, unencodable));
+        }
     }
 
     /// After pushing into `queue`: `enqueued` frames went in (counted, the writer woken once)
@@ -643,7 +688,7 @@ impl Inner {
         queue: &Drain,
     ) -> bool {
         let mut egress = self.egress_write();
-        if queue.run.len() > 0 || !queue.channel.close_if_empty() {
+        if !queue.channel.close_if_empty() {
             return false;
         }
         let queues = &mut egress.queues;
@@ -679,6 +724,8 @@ impl Inner {
         let mut tags = self.egress_read().tags.snapshot();
         let mut stream: Option<(Generation, SendStream)> = None;
         let mut buf = BytesMut::new();
+        // A batch's chunks: what it encoded, and runs its senders encoded.
+        let mut chunks: Vec<Bytes> = Vec::new();
         loop {
             if queue.is_empty() {
                 self.drive(|driver, now| driver.handle_writer_idle(now, peer));
@@ -719,6 +766,9 @@ impl Inner {
             loop {
                 let (mut frames, mut swim, mut unencodable) = (0u64, false, 0u64);
                 buf.clear();
+                // Bytes of the chunks already split off for this batch.
+                let mut chunked = 0usize;
+                chunks.clear();
                 // The tag of a boxed frame, for the table (one per batch: a new tag is rare,
                 // and once it has a number its frames come numbered).
                 let mut new_tag: Option<Cow<'static, str>> = None;
@@ -726,7 +776,7 @@ impl Inner {
                     let routes = self.routes_now();
                     // A batch is usually one tag over and over: look the set up once per run.
                     let mut last_tag: Option<u32> = None;
-                    while buf.len() < NODE_WRITE_BATCH_BYTES {
+                    while buf.len() + chunked < NODE_WRITE_BATCH_BYTES {
                         let Some(frame) = queue.pop() else { break };
                         let (dest, tag, payload, number) = match &frame {
                             Popped::Numbered(frame) => {
@@ -742,6 +792,18 @@ impl Inner {
                                     new_tag = Some(frame.type_tag.clone());
                                 }
                                 (&frame.dest, &*frame.type_tag, &frame.payload, None)
+                            }
+                            Popped::Encoded(run) => {
+                                // Encoded by its sender: handed to the stream as it is, after
+                                // what the batch encoded before it.
+                                if !buf.is_empty() {
+                                    chunks.push(buf.split().freeze());
+                                }
+                                chunked += run.records.len();
+                                frames += run.frames;
+                                swim |= run.swim;
+                                chunks.push(run.records.clone());
+                                continue;
                             }
                         };
                         let encoded = encode_record(
@@ -791,10 +853,13 @@ impl Inner {
                 }
                 // The batch is handed to the stream as it is (no copy into the stream's
                 // buffer); `buf` keeps the rest of its allocation for the next batch.
-                let batch = buf.split().freeze();
-                let written = match &mut stream {
-                    Some((_, send)) => send.write_chunk(batch).await.is_ok(),
-                    None => false,
+                if !buf.is_empty() {
+                    chunks.push(buf.split().freeze());
+                }
+                let written = match (&mut stream, &mut chunks[..]) {
+                    (Some((_, send)), [one]) => send.write_chunk(std::mem::take(one)).await.is_ok(),
+                    (Some((_, send)), many) => send.write_all_chunks(many).await.is_ok(),
+                    (None, _) => false,
                 };
                 if written {
                     self.counters.written.fetch_add(frames, Ordering::Relaxed);
@@ -807,6 +872,52 @@ impl Inner {
             }
         }
     }
+}
+
+/// `frames` (each judged sendable when handed over) encoded as the writer would encode
+/// them, split off `records`; with how many the wire could not carry after all (none;
+/// were one to fail, it is counted, never written).
+fn encode_run(
+    frames: impl Iterator<Item = OutFrame>,
+    routes: &Routes<ActorAddr>,
+    records: &mut BytesMut,
+    payload_bytes_max: usize,
+) -> (Encoded, u64) {
+    let (mut count, mut unencodable, mut swim) = (0u64, 0u64, false);
+    let mut last_tag: Option<Cow<'static, str>> = None;
+    for frame in frames {
+        if count == 0 {
+            let record = frame.type_tag.len() + frame.payload.len() + 48;
+            records.reserve(record * EGRESS_RUN_FRAMES_MAX);
+        }
+        let encoded = encode_record(
+            frame.dest.as_bytes(),
+            &frame.type_tag,
+            &frame.payload,
+            payload_bytes_max,
+            records,
+        );
+        if encoded.is_err() {
+            debug_assert!(false, "a frame judged sendable the wire cannot carry");
+            unencodable += 1;
+            continue;
+        }
+        count += 1;
+        if !swim
+            && last_tag
+                .as_deref()
+                .is_none_or(|last| !same_tag(last, &frame.type_tag))
+        {
+            swim = routes.is_swim(&frame.type_tag);
+            last_tag = Some(frame.type_tag);
+        }
+    }
+    let run = Encoded {
+        records: records.split().freeze(),
+        frames: count,
+        swim,
+    };
+    (run, unencodable)
 }
 
 /// Whether two tags are the same text: the same static string (the usual case, one pointer
@@ -931,6 +1042,49 @@ mod tests {
 
     fn owned(tag: &str) -> Cow<'static, str> {
         Cow::Owned(tag.to_owned())
+    }
+
+    /// A run `send_batch` encodes on the sending thread is what the writer would have
+    /// encoded frame by frame; it decodes back to the same frames (how a run that lost its
+    /// ring room spills), and it is judged SWIM when one of its frames is.
+    #[test]
+    fn an_encoded_run_decodes_back_to_its_frames_and_carries_their_swim_judgment() {
+        let to = NodeId::new([9; 32]);
+        let routes = Routes::<ActorAddr>::new(to);
+        let frame = |tag: &'static str, n: u8| OutFrame {
+            to,
+            dest: ActorAddr::new([n; 32]),
+            type_tag: tag.into(),
+            payload: Bytes::from(vec![n; usize::from(n)]),
+        };
+        let frames: Vec<OutFrame> = (1..=5).map(|n| frame("Chat", n)).collect();
+        let mut records = BytesMut::new();
+        let (run, skipped) = encode_run(frames.iter().cloned(), &routes, &mut records, 1 << 20);
+        assert_eq!((run.frames, skipped, run.swim), (5, 0, false));
+        let mut one_by_one = BytesMut::new();
+        for frame in &frames {
+            encode_record(
+                frame.dest.as_bytes(),
+                &frame.type_tag,
+                &frame.payload,
+                1 << 20,
+                &mut one_by_one,
+            )
+            .expect("encodable");
+        }
+        assert_eq!(run.records, one_by_one.freeze(), "the writer's encoding");
+        let back = Popped::Encoded(run).into_frames(to, &[], 1 << 20);
+        let key = |f: &OutFrame| (f.to, f.dest, f.type_tag.to_string(), f.payload.clone());
+        assert_eq!(
+            back.iter().map(key).collect::<Vec<_>>(),
+            frames.iter().map(key).collect::<Vec<_>>()
+        );
+        // One SWIM frame in the run makes the run's batch a SWIM batch.
+        let swim = tether_core::driver::SWIM_TAGS[0];
+        let mixed = [frame("Chat", 1), frame(swim, 2), frame("Chat", 3)];
+        let (run, _) = encode_run(mixed.into_iter(), &routes, &mut records, 1 << 20);
+        assert!(run.swim);
+        assert_eq!(run.frames, 3);
     }
 
     #[test]
