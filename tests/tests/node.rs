@@ -653,6 +653,45 @@ async fn a_bridge_may_change_the_routes_from_inside_a_delivery() {
     b.close().await;
 }
 
+/// Unhosting an actor takes effect for the frames read after it, on a stream already
+/// flowing: the reader keeps its snapshot of the tables only while they are unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_unhosted_mid_stream_gets_no_more_frames() {
+    let a = node().await;
+    let (delivered, mut deliveries) = mpsc::unbounded_channel();
+    let bridge = Arc::new(HostOnDelivery {
+        node: std::sync::OnceLock::new(),
+        delivered,
+    });
+    let b = Node::builder()
+        .bridge(bridge.clone())
+        .know_tag("Chat")
+        .host(APP_ACTOR)
+        .host(OTHER_ACTOR)
+        .bind()
+        .await
+        .expect("b");
+    a.node.connect(b.endpoint_addr()).await.expect("connect");
+    let to_actor = |dest| OutFrame {
+        to: b.node_id(),
+        dest,
+        type_tag: "Chat".into(),
+        payload: Bytes::from_static(b"x"),
+    };
+    for _ in 0..3 {
+        a.node.send(to_actor(APP_ACTOR));
+        assert_eq!(deliveries.recv().await, Some(APP_ACTOR));
+    }
+    b.unhost(&APP_ACTOR);
+    // The same stream: the frame to the unhosted actor is read before the one after it.
+    a.node.send(to_actor(APP_ACTOR));
+    a.node.send(to_actor(OTHER_ACTOR));
+    assert_eq!(deliveries.recv().await, Some(OTHER_ACTOR));
+    assert_eq!(b.snapshot().drops.get(DropReason::NotLocal), 1);
+    a.node.close().await;
+    b.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dial_that_never_connects_fails_at_the_machines_timeout_and_the_next_dials_afresh() {
     use std::time::Duration;

@@ -438,6 +438,7 @@ impl NodeBuilder {
                 local,
                 gate,
                 routes: Mutex::new(Arc::new(routes)),
+                routes_version: AtomicU64::new(0),
                 bridge: self.bridge,
                 payload_bytes_max: self.payload_bytes_max,
                 batch_delay: self.batch_delay,

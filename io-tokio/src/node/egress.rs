@@ -726,6 +726,7 @@ impl Inner {
         let mut buf = BytesMut::new();
         // A batch's chunks: what it encoded, and runs its senders encoded.
         let mut chunks: Vec<Bytes> = Vec::new();
+        let mut routes = super::ingress::RoutesView::new(&self);
         loop {
             if queue.is_empty() {
                 self.drive(|driver, now| driver.handle_writer_idle(now, peer));
@@ -773,7 +774,8 @@ impl Inner {
                 // and once it has a number its frames come numbered).
                 let mut new_tag: Option<Cow<'static, str>> = None;
                 {
-                    let routes = self.routes_now();
+                    routes.refresh(&self);
+                    let routes = &*routes.routes;
                     // A batch is usually one tag over and over: look the set up once per run.
                     let mut last_tag: Option<u32> = None;
                     while buf.len() + chunked < NODE_WRITE_BATCH_BYTES {

@@ -43,6 +43,7 @@ impl Inner {
     /// to the machine, which says whether to stop it (the connection stays).
     pub(super) async fn read_stream(self: Arc<Self>, peer: NodeId, mut recv: RecvStream) {
         let mut memo = RouteMemo::new();
+        let mut routes = RoutesView::new(&self);
         let mut decoder =
             StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
         loop {
@@ -50,15 +51,18 @@ impl Inner {
                 Ok(Some(chunk)) => decoder.push_bytes(chunk),
                 Ok(None) | Err(_) => return,
             }
-            // One snapshot of the tables per chunk (the bridge may change them meanwhile).
-            let routes = self.routes_now();
-            memo.clear();
+            // The tables as of this chunk at the latest (the bridge may change them meanwhile);
+            // the memo holds only while they are the same.
+            if routes.refresh(&self) {
+                memo.clear();
+            }
+            let routes = &*routes.routes;
             let (mut received, mut delivered) = (0u64, 0u64);
             let fault = loop {
                 match decoder.pop() {
                     Ok(Some(record)) => {
                         received += 1;
-                        delivered += u64::from(self.deliver(peer, &routes, &mut memo, record));
+                        delivered += u64::from(self.deliver(peer, routes, &mut memo, record));
                     }
                     Ok(None) => break None,
                     Err(error) => break Some(error),
@@ -86,6 +90,19 @@ impl Inner {
 
     /// A snapshot of the routing tables.
     pub(super) fn routes_now(&self) -> Arc<Routes<ActorAddr>> {
+        self.routes_view().routes
+    }
+
+    /// A snapshot of the routing tables, with the version it is at least as new as.
+    fn routes_view(&self) -> RoutesView {
+        let version = self.routes_version.load(Ordering::Acquire);
+        RoutesView {
+            version,
+            routes: self.routes_locked(),
+        }
+    }
+
+    fn routes_locked(&self) -> Arc<Routes<ActorAddr>> {
         self.routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -127,5 +144,28 @@ impl Inner {
             self.drive(|driver, now| driver.handle_inbound_drop(now, DropReason::DeliveryFailed));
         }
         ok
+    }
+}
+
+/// A reader's or writer's snapshot of the routing tables, kept until the node's
+/// `routes_version` moves (taking it per chunk or batch costs a lock and two reference counts).
+pub(super) struct RoutesView {
+    version: u64,
+    pub(super) routes: Arc<Routes<ActorAddr>>,
+}
+
+impl RoutesView {
+    pub(super) fn new(inner: &Inner) -> Self {
+        inner.routes_view()
+    }
+
+    /// Takes the tables again if they changed since; `true` when it did.
+    #[inline]
+    pub(super) fn refresh(&mut self, inner: &Inner) -> bool {
+        if inner.routes_version.load(Ordering::Acquire) == self.version {
+            return false;
+        }
+        *self = inner.routes_view();
+        true
     }
 }

@@ -347,6 +347,9 @@ struct Inner {
     /// The routing tables, replaced copy-on-write: readers and writers take a snapshot per
     /// chunk or batch, so a bridge may change them from inside a delivery.
     routes: Mutex<Arc<Routes<ActorAddr>>>,
+    /// Bumped after each change of `routes`: a reader or writer keeps its snapshot (and its
+    /// route memo) until this moves, instead of taking the lock per chunk or batch.
+    routes_version: AtomicU64,
     bridge: Option<Arc<dyn ActorBridge>>,
     payload_bytes_max: usize,
     batch_delay: Duration,
@@ -694,6 +697,7 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         Arc::make_mut(&mut routes).host(actor);
+        self.inner.routes_version.fetch_add(1, Ordering::Release);
     }
 
     /// Makes actor `actor` not local any more (frames to it are dropped as `not_local`).
@@ -704,6 +708,7 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         Arc::make_mut(&mut routes).unhost(actor);
+        self.inner.routes_version.fetch_add(1, Ordering::Release);
     }
 
     /// The network paths of every cached connection to `peer` (each plane's), as iroh
