@@ -24,6 +24,8 @@ pub(super) struct Egress {
     /// `memcmp` of 32 bytes, on every frame).
     pub(super) queues: HashMap<NodeId, Arc<PeerQueue>, foldhash::fast::RandomState>,
     pub(super) tags: TagTable,
+    /// The node closed: no queue is made again.
+    pub(super) closed: bool,
 }
 
 /// Tags by number, up to [`EGRESS_TAGS_MAX`]: a queued frame carries its tag's number, so its
@@ -156,6 +158,14 @@ impl SendCache {
             return Cache::Miss;
         };
         if entry.queue.sender.is_closed() {
+            // Retired: let go of it (its ring) now.
+            self.entries
+                .iter_mut()
+                .filter(|slot| {
+                    slot.as_ref()
+                        .is_some_and(|entry| entry.node == node && entry.peer == *peer)
+                })
+                .for_each(|slot| *slot = None);
             return Cache::Miss;
         }
         let tag = entry
@@ -503,7 +513,7 @@ impl Inner {
                         cache.remember(self.id, peer, queue, &egress.tags);
                     }
                 });
-                return self.enqueued(queue, u64::from(queued), u64::from(!queued));
+                return self.enqueued(queue, u64::from(queued), u64::from(!queued), false);
             }
         }
         self.send_run(frame.to, std::iter::once(frame));
@@ -538,21 +548,29 @@ impl Inner {
         if frames.is_empty() {
             return;
         }
-        self.counters
-            .enqueued
-            .fetch_sub(frames.len() as u64, Ordering::Relaxed);
-        self.send_run(peer, frames.into_iter());
+        self.send_run_counted(peer, frames.into_iter(), true);
     }
 
     /// Queues frames all addressed to `peer`, in order.
     pub(super) fn send_run(self: &Arc<Self>, peer: NodeId, frames: impl Iterator<Item = OutFrame>) {
+        self.send_run_counted(peer, frames, false);
+    }
+
+    /// [`Inner::send_run`]; `counted` when the frames entered a queue before (taken back from
+    /// a retired one): queued again, they are not counted again.
+    fn send_run_counted(
+        self: &Arc<Self>,
+        peer: NodeId,
+        frames: impl Iterator<Item = OutFrame>,
+        counted: bool,
+    ) {
         let mut frames = frames.peekable();
         // The hot path: the peer has a queue (it was admitted when the queue started, and the
         // allow-list is fixed). Its writer asks the machine for the connection per batch.
         {
             let egress = self.egress_read();
             if let Some(queue) = egress.queues.get(&peer) {
-                return self.enqueue(queue, &egress.tags, frames);
+                return self.enqueue(queue, &egress.tags, frames, counted);
             }
         }
         if frames.peek().is_none() {
@@ -568,7 +586,16 @@ impl Inner {
             return;
         }
         let mut egress = self.egress_write();
-        let Egress { queues, tags } = &mut *egress;
+        if egress.closed {
+            // The node closed after the machine let the run through: asked again, each frame
+            // is refused and counted.
+            drop(egress);
+            for frame in frames {
+                self.send(frame);
+            }
+            return;
+        }
+        let Egress { queues, tags, .. } = &mut *egress;
         let fresh = !queues.contains_key(&peer);
         let queue = queues.entry(peer).or_insert_with(|| {
             let channel = HybridChannel::with_limits(
@@ -589,7 +616,7 @@ impl Inner {
             );
             queue
         });
-        self.enqueue(queue, tags, frames);
+        self.enqueue(queue, tags, frames, counted);
         if fresh {
             // The next lone send to the peer from this thread skips the table.
             let _ = SEND_CACHE.try_with(|cache| {
@@ -612,6 +639,7 @@ impl Inner {
         queue: &PeerQueue,
         tags: &TagTable,
         frames: impl Iterator<Item = OutFrame>,
+        counted: bool,
     ) {
         let (mut enqueued, mut full, mut unencodable) = (0u64, 0u64, 0u64);
         let mut count = |frames: u64, queued: bool| {
@@ -651,13 +679,15 @@ impl Inner {
                         &tags.list,
                         self.payload_bytes_max,
                     );
+                    // Every record decodes (core encoded them); were one not to, it is counted.
+                    unencodable += frames_in_run.saturating_sub(unpacked.len() as u64);
                     for frame in unpacked {
                         push_one(frame, &mut count);
                     }
                 }
             }
         }
-        self.enqueued(queue, enqueued, full);
+        self.enqueued(queue, enqueued, full, counted);
         if unencodable > 0 {
             self.drive(|driver, now| driver.handle_unencodable(now, unencodable));
         }
@@ -665,12 +695,21 @@ impl Inner {
 
     /// After pushing into `queue`: `enqueued` frames went in (counted, the writer woken once)
     /// and `full` found no room (the machine counts the drops).
-    pub(super) fn enqueued(self: &Arc<Self>, queue: &PeerQueue, enqueued: u64, full: u64) {
+    /// (`counted`: they were counted when they first entered a queue.)
+    pub(super) fn enqueued(
+        self: &Arc<Self>,
+        queue: &PeerQueue,
+        enqueued: u64,
+        full: u64,
+        counted: bool,
+    ) {
         if enqueued > 0 {
             queue.wake.wake();
-            self.counters
-                .enqueued
-                .fetch_add(enqueued, Ordering::Relaxed);
+            if !counted {
+                self.counters
+                    .enqueued
+                    .fetch_add(enqueued, Ordering::Relaxed);
+            }
         }
         if full > 0 {
             self.drive(|driver, now| driver.handle_egress_full(now, full));
@@ -726,7 +765,7 @@ impl Inner {
         let mut buf = BytesMut::new();
         // A batch's chunks: what it encoded, and runs its senders encoded.
         let mut chunks: Vec<Bytes> = Vec::new();
-        let mut routes = super::ingress::RoutesView::new(&self);
+        let mut routes = super::ingress::RoutesView::new();
         loop {
             if queue.is_empty() {
                 self.drive(|driver, now| driver.handle_writer_idle(now, peer));
@@ -774,8 +813,8 @@ impl Inner {
                 // and once it has a number its frames come numbered).
                 let mut new_tag: Option<Cow<'static, str>> = None;
                 {
-                    routes.refresh(&self);
-                    let routes = &*routes.routes;
+                    let routes = routes.now(&self).0;
+                    let routes = &*routes;
                     // A batch is usually one tag over and over: look the set up once per run.
                     let mut last_tag: Option<u32> = None;
                     while buf.len() + chunked < NODE_WRITE_BATCH_BYTES {
@@ -888,10 +927,13 @@ fn encode_run(
     let (mut count, mut unencodable, mut swim) = (0u64, 0u64, false);
     let mut last_tag: Option<Cow<'static, str>> = None;
     for frame in frames {
+        // Room for the run as its first frame suggests, within one write batch (a run of
+        // large frames grows as it goes, and never pins more than it holds).
+        let record = frame.type_tag.len() + frame.payload.len() + 48;
         if count == 0 {
-            let record = frame.type_tag.len() + frame.payload.len() + 48;
-            records.reserve(record * EGRESS_RUN_FRAMES_MAX);
+            records.reserve((record * EGRESS_RUN_FRAMES_MAX).min(NODE_WRITE_BATCH_BYTES));
         }
+        records.reserve(record);
         let encoded = encode_record(
             frame.dest.as_bytes(),
             &frame.type_tag,
@@ -933,6 +975,7 @@ fn same_tag(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
     use crate::node::{ActorBridge, DeliveryError};
+    use tether_core::driver::DropReason;
     use tokio::sync::mpsc;
 
     const APP: ActorAddr = ActorAddr::new([0xA7; 32]);
@@ -1044,6 +1087,40 @@ mod tests {
 
     fn owned(tag: &str) -> Cow<'static, str> {
         Cow::Owned(tag.to_owned())
+    }
+
+    /// After `Node::close` a send makes no queue again, through the thread's cache or the
+    /// table: the machine refuses it and counts it, and nothing waits in a queue no writer
+    /// drains.
+    #[tokio::test(flavor = "current_thread")]
+    async fn after_close_a_send_is_refused_and_counted_and_makes_no_queue() {
+        let (tx, mut delivered) = mpsc::unbounded_channel();
+        let receiver = Node::builder()
+            .bridge(Arc::new(Collect(tx)))
+            .know_tag("Chat")
+            .host(APP)
+            .bind()
+            .await
+            .expect("bind");
+        let sender = Node::builder().bind().await.expect("bind");
+        sender
+            .connect(receiver.endpoint_addr())
+            .await
+            .expect("connect");
+        let to = receiver.node_id();
+        sender.send(numbered(to, 0));
+        assert_eq!(&delivered.recv().await.expect("delivered")[..], [0]);
+        sender.close().await;
+        let before = sender.snapshot().drops.get(DropReason::CacheMiss);
+        // Through the cache (this thread sent to the peer), then as a batch by the table.
+        sender.send(numbered(to, 1));
+        sender.send_batch([numbered(to, 2), numbered(to, 3)]);
+        let snapshot = sender.snapshot();
+        assert_eq!(snapshot.drops.get(DropReason::CacheMiss), before + 3);
+        assert_eq!(snapshot.frames_enqueued, 1);
+        assert!(sender.inner.egress_read().queues.is_empty());
+        assert_eq!(*sender.egress_peers().borrow(), 0);
+        receiver.close().await;
     }
 
     /// A run `send_batch` encodes on the sending thread is what the writer would have

@@ -43,7 +43,7 @@ impl Inner {
     /// to the machine, which says whether to stop it (the connection stays).
     pub(super) async fn read_stream(self: Arc<Self>, peer: NodeId, mut recv: RecvStream) {
         let mut memo = RouteMemo::new();
-        let mut routes = RoutesView::new(&self);
+        let mut routes = RoutesView::new();
         let mut decoder =
             StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
         loop {
@@ -53,10 +53,11 @@ impl Inner {
             }
             // The tables as of this chunk at the latest (the bridge may change them meanwhile);
             // the memo holds only while they are the same.
-            if routes.refresh(&self) {
+            let (routes, changed) = routes.now(&self);
+            if changed {
                 memo.clear();
             }
-            let routes = &*routes.routes;
+            let routes = &*routes;
             let (mut received, mut delivered) = (0u64, 0u64);
             let fault = loop {
                 match decoder.pop() {
@@ -90,16 +91,13 @@ impl Inner {
 
     /// A snapshot of the routing tables.
     pub(super) fn routes_now(&self) -> Arc<Routes<ActorAddr>> {
-        self.routes_view().routes
+        self.routes_view().1
     }
 
     /// A snapshot of the routing tables, with the version it is at least as new as.
-    fn routes_view(&self) -> RoutesView {
+    fn routes_view(&self) -> (u64, Arc<Routes<ActorAddr>>) {
         let version = self.routes_version.load(Ordering::Acquire);
-        RoutesView {
-            version,
-            routes: self.routes_locked(),
-        }
+        (version, self.routes_locked())
     }
 
     fn routes_locked(&self) -> Arc<Routes<ActorAddr>> {
@@ -147,25 +145,36 @@ impl Inner {
     }
 }
 
-/// A reader's or writer's snapshot of the routing tables, kept until the node's
-/// `routes_version` moves (taking it per chunk or batch costs a lock and two reference counts).
+/// A reader's or writer's hold on the routing tables between chunks or batches: the version it
+/// saw and a weak handle, upgraded for each chunk or batch and let go after it (taking the
+/// tables' lock and a strong count per chunk cost more; holding them strong between chunks
+/// would make every `host` copy the tables). Taken again when `routes_version` moves or the
+/// tables were replaced.
 pub(super) struct RoutesView {
     version: u64,
-    pub(super) routes: Arc<Routes<ActorAddr>>,
+    routes: std::sync::Weak<Routes<ActorAddr>>,
 }
 
 impl RoutesView {
-    pub(super) fn new(inner: &Inner) -> Self {
-        inner.routes_view()
+    pub(super) fn new() -> Self {
+        Self {
+            version: u64::MAX,
+            routes: std::sync::Weak::new(),
+        }
     }
 
-    /// Takes the tables again if they changed since; `true` when it did.
+    /// The tables as of now at the latest, and whether they may have changed since the last
+    /// call (a route memo is valid only while they have not).
     #[inline]
-    pub(super) fn refresh(&mut self, inner: &Inner) -> bool {
+    pub(super) fn now(&mut self, inner: &Inner) -> (Arc<Routes<ActorAddr>>, bool) {
         if inner.routes_version.load(Ordering::Acquire) == self.version {
-            return false;
+            if let Some(routes) = self.routes.upgrade() {
+                return (routes, false);
+            }
         }
-        *self = inner.routes_view();
-        true
+        let view = inner.routes_view();
+        self.version = view.0;
+        self.routes = Arc::downgrade(&view.1);
+        (view.1, true)
     }
 }

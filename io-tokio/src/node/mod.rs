@@ -1059,18 +1059,22 @@ impl Node {
     /// returns when all of them have ended.
     pub async fn close(&self) {
         self.inner.closed.send_replace(true);
-        {
+        // The machine closes every cached connection (its actions) and starts nothing new:
+        // from here it refuses (and counts) every send.
+        self.inner.drive(|driver, now| driver.handle_close(now));
+        let queues: Vec<Arc<egress::PeerQueue>> = {
             // A send that finds a queue through its thread's cache pushes without the lock:
-            // closing each queue sends it (and any frame it pushed) back to the machine.
+            // closing each queue sends it (and any frame it pushed) back to the machine. A
+            // closed table makes no queue again (a send the machine let through just before
+            // it closed asks again, and is refused).
             let mut egress = self.inner.egress_write();
+            egress.closed = true;
             for queue in egress.queues.values() {
                 queue.sender.close();
             }
-            egress.queues.clear();
-        }
+            egress.queues.drain().map(|(_, queue)| queue).collect()
+        };
         self.inner.egress_count.send_replace(0);
-        // The machine closes every cached connection (its actions) and starts nothing new.
-        self.inner.drive(|driver, now| driver.handle_close(now));
         if !self.inner.embedded {
             self.inner.endpoint.close().await;
         }
@@ -1083,6 +1087,11 @@ impl Node {
         );
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
+        // What the writers never popped goes now, not when a thread's send cache lets go of
+        // its queue.
+        for queue in queues {
+            while queue.sender.take_stranded().is_some() {}
+        }
         info!(node = %self.inner.local, "node closed");
     }
 }
