@@ -286,6 +286,16 @@ pub fn encode_record(format: LogFormat, record: &Record, out: &mut Vec<u8>) {
 /// Takes the entry at the front of `buf`: `Ok(None)` when `buf` holds less than a whole entry,
 /// else the entry and the bytes it took. Bodies are slices of `buf` copied once into [`Bytes`].
 pub fn decode_entry(format: LogFormat, buf: &[u8]) -> Result<Option<(Entry, usize)>, LogError> {
+    decode_entry_in(format, buf, None)
+}
+
+/// [`decode_entry`]; with `shared`, the buffer `buf` lies in, a body is a slice of it instead
+/// of a copy.
+fn decode_entry_in(
+    format: LogFormat,
+    buf: &[u8],
+    shared: Option<&Bytes>,
+) -> Result<Option<(Entry, usize)>, LogError> {
     let Some(header) = buf.get(..LOG_ENTRY_HEADER_BYTES) else {
         return Ok(None);
     };
@@ -301,7 +311,10 @@ pub fn decode_entry(format: LogFormat, buf: &[u8]) -> Result<Option<(Entry, usiz
     if format.checksum(length, payload) != checksum {
         return Err(LogError::Checksum);
     }
-    let mut reader = Reader { rest: payload };
+    let mut reader = Reader {
+        rest: payload,
+        shared,
+    };
     let entry = reader.entry()?;
     if !reader.rest.is_empty() {
         return Err(LogError::Malformed("bytes after the entry"));
@@ -369,6 +382,24 @@ pub fn bytes_in(ranges: &[Range<u64>]) -> u64 {
 /// checksum is an error: nothing in the file can be read.
 pub fn scan(
     bytes: &[u8],
+    on_commit: impl FnMut(ScannedCommit),
+) -> Result<Option<LogScan>, LogError> {
+    scan_in(bytes, None, on_commit)
+}
+
+/// [`scan`] of a buffer the caller shares: every body handed over is a slice of `bytes`, not a
+/// copy (for a replay whose state is dropped soon, as a compaction's: a slice keeps the whole
+/// buffer alive).
+pub fn scan_shared(
+    bytes: &Bytes,
+    on_commit: impl FnMut(ScannedCommit),
+) -> Result<Option<LogScan>, LogError> {
+    scan_in(bytes, Some(bytes), on_commit)
+}
+
+fn scan_in(
+    bytes: &[u8],
+    shared: Option<&Bytes>,
     mut on_commit: impl FnMut(ScannedCommit),
 ) -> Result<Option<LogScan>, LogError> {
     let Some((format, start)) = decode_header(bytes)? else {
@@ -379,7 +410,7 @@ pub fn scan(
     let mut commits = 0;
     let mut damaged = Vec::new();
     while at < bytes.len() {
-        if let Some(commit) = commit_at(format, bytes, at) {
+        if let Some(commit) = commit_at(format, bytes, at, shared) {
             at = usize::try_from(commit.at.end).expect("within the buffer");
             end = at;
             commits += 1;
@@ -394,7 +425,7 @@ pub fn scan(
         }
         match (at + 1..bytes.len())
             .filter(|from| could_begin(bytes, *from))
-            .find(|from| commit_at(format, bytes, *from).is_some())
+            .find(|from| commit_at(format, bytes, *from, None).is_some())
         {
             Some(next) => {
                 damaged.push(at as u64..next as u64);
@@ -429,14 +460,19 @@ fn could_begin(bytes: &[u8], at: usize) -> bool {
 }
 
 /// The commit that starts at `at` and verifies whole, if one does.
-fn commit_at(format: LogFormat, bytes: &[u8], at: usize) -> Option<ScannedCommit> {
-    let (Entry::Begin { peer }, used) = decode_entry(format, &bytes[at..]).ok()?? else {
+fn commit_at(
+    format: LogFormat,
+    bytes: &[u8],
+    at: usize,
+    shared: Option<&Bytes>,
+) -> Option<ScannedCommit> {
+    let (Entry::Begin { peer }, used) = decode_entry_in(format, &bytes[at..], shared).ok()?? else {
         return None;
     };
     let mut next = at + used;
     let mut records = Vec::new();
     loop {
-        match decode_entry(format, &bytes[next..]).ok()?? {
+        match decode_entry_in(format, &bytes[next..], shared).ok()?? {
             (Entry::Record(record), used) => {
                 records.push(record);
                 next += used;
@@ -523,6 +559,8 @@ fn put_removal(out: &mut Vec<u8>, tag: u8, obj: &str, seq: Seq) {
 /// Reads fields off the front of one entry's payload.
 struct Reader<'a> {
     rest: &'a [u8],
+    /// The buffer `rest` lies in, when bodies may be slices of it.
+    shared: Option<&'a Bytes>,
 }
 
 impl<'a> Reader<'a> {
@@ -682,7 +720,11 @@ impl<'a> Reader<'a> {
             None
         };
         let body = if self.present()? {
-            Some(Bytes::copy_from_slice(self.bytes()?))
+            let body = self.bytes()?;
+            Some(match self.shared {
+                Some(shared) => shared.slice_ref(body),
+                None => Bytes::copy_from_slice(body),
+            })
         } else {
             None
         };
@@ -941,6 +983,34 @@ mod tests {
         assert!(scan.is_sound() && scan.tail_zeros);
         assert_eq!((scan.end, scan.tail), (at[2].end, 4096));
         assert_eq!(super::scan(&out[..LOG_HEADER_BYTES - 1], |_| {}), Ok(None));
+    }
+
+    /// A shared scan finds what a scan finds, with every body a slice of the buffer scanned
+    /// (no copy), also past damage.
+    #[test]
+    fn a_shared_scan_hands_over_the_same_commits_with_bodies_in_the_buffer() {
+        let (mut out, at) = three_commits(v2(), b"hello, shared");
+        // Damage in the middle commit's body: the scan resyncs past it either way.
+        let middle = usize::try_from(at[1].end).expect("small") - 20;
+        out[middle] ^= 0xff;
+        let mut copied = Vec::new();
+        let plain = scan(&out, |commit| copied.push(commit)).expect("scans");
+        let shared = Bytes::from(out);
+        let mut sliced = Vec::new();
+        let found = scan_shared(&shared, |commit| sliced.push(commit)).expect("scans");
+        assert_eq!(found, plain);
+        assert_eq!(sliced, copied);
+        assert_eq!(sliced.len(), 2, "the damaged commit is not handed over");
+        let range = shared.as_ptr_range();
+        for commit in &sliced {
+            for record in &commit.records {
+                let Record::Outbox(op) = record else {
+                    panic!("a send")
+                };
+                let body = op.body.as_ref().expect("a body");
+                assert!(range.contains(&body.as_ptr()), "a slice, not a copy");
+            }
+        }
     }
 
     /// A commit cut anywhere (a crash before its sync) is a torn tail, whatever follows it in

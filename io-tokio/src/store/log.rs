@@ -52,8 +52,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use tether_core::limits::{LOG_ENTRY_BYTES_MAX, LOG_PREPARE_CHUNK_BYTES};
 
 use tether_core::substrate::log::{
-    encode_begin, encode_commit, encode_header, encode_record, scan, LogError, LogFormat, LogScan,
-    LOG_ENTRY_HEADER_BYTES, LOG_VERSION,
+    encode_begin, encode_commit, encode_header, encode_record, scan, scan_shared, LogError,
+    LogFormat, LogScan, LOG_ENTRY_HEADER_BYTES, LOG_VERSION,
 };
 use tether_core::substrate::{effective_records, DurableState, PeerId, PersistBatch, Record};
 use tether_core::time::Time;
@@ -451,7 +451,7 @@ impl LogStore {
     pub fn gc(&self, cutoff: Time) -> Result<usize, StoreError> {
         let mut inner = self.lock();
         let mut removed = 0;
-        for (peer, state) in inner.state_on_disk()? {
+        for (peer, state) in inner.state_on_disk(true)? {
             let mut records: Vec<Record> = state
                 .bounces
                 .iter()
@@ -659,7 +659,7 @@ impl Shared {
     /// under it appends the commits made meanwhile, syncs, and renames the file over the log.
     fn finish_compaction(&self, prefix: Prefix) -> Result<(), StoreError> {
         let fresh = compaction_path(&prefix.path);
-        let result = replay_prefix(&prefix.path, &prefix.reader, prefix.upto)
+        let result = replay_prefix(&prefix.path, &prefix.reader, prefix.upto, true)
             .and_then(|states| write_snapshot(prefix.format, &states, &fresh))
             .and_then(|(file, snapshot)| {
                 #[cfg(test)]
@@ -970,8 +970,12 @@ impl Inner {
     }
 
     /// Every peer's state as the file holds it (replayed from its bytes).
-    fn state_on_disk(&mut self) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
-        replay_prefix(&self.path, &self.file, self.end)
+    /// Every peer's state as the file holds it; `transient` as [`replay_prefix`] takes it.
+    fn state_on_disk(
+        &mut self,
+        transient: bool,
+    ) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
+        replay_prefix(&self.path, &self.file, self.end, transient)
     }
 }
 
@@ -1007,13 +1011,27 @@ struct Replayed {
 /// unless `repair` (then every commit that verifies is applied, in file order). A torn or
 /// zeroed tail ends the replay.
 fn replay(path: &Path, bytes: &[u8], repair: bool) -> Result<Option<Replayed>, StoreError> {
+    replay_in(path, bytes, None, repair)
+}
+
+/// [`replay`]; with `shared` (the buffer `bytes` is), the states' bodies are slices of it.
+fn replay_in(
+    path: &Path,
+    bytes: &[u8],
+    shared: Option<&bytes::Bytes>,
+    repair: bool,
+) -> Result<Option<Replayed>, StoreError> {
     let mut states: BTreeMap<PeerId, DurableState> = BTreeMap::new();
-    let scanned = scan(bytes, |commit| {
+    let on_commit = |commit: tether_core::substrate::log::ScannedCommit| {
         states
             .entry(PeerId::new(commit.peer))
             .or_default()
             .apply_records(&commit.records);
-    });
+    };
+    let scanned = match shared {
+        Some(shared) => scan_shared(shared, on_commit),
+        None => scan(bytes, on_commit),
+    };
     let scan = match scanned {
         Ok(Some(scan)) => scan,
         Ok(None) => return Ok(None),
@@ -1044,16 +1062,25 @@ fn replay(path: &Path, bytes: &[u8], repair: bool) -> Result<Option<Replayed>, S
 }
 
 /// Every peer's state in the first `upto` bytes of `file` (whole commits, all acknowledged:
-/// any byte of them that fails its checksum is damage).
+/// any byte of them that fails its checksum is damage). `transient` when the states are
+/// dropped soon (a compaction, a gc): their bodies are then slices of the bytes read, not
+/// copies (a slice keeps all of them alive, which a state a peer keeps must not).
 fn replay_prefix(
     path: &Path,
     mut file: &File,
     upto: u64,
+    transient: bool,
 ) -> Result<BTreeMap<PeerId, DurableState>, StoreError> {
     let mut bytes = vec![0; usize::try_from(upto).unwrap_or(usize::MAX)];
     file.seek(SeekFrom::Start(0))?;
     file.read_exact(&mut bytes)?;
-    let Some(replayed) = replay(path, &bytes, false)? else {
+    let replayed = if transient {
+        let shared = bytes::Bytes::from(bytes);
+        replay_in(path, &shared, Some(&shared), false)?
+    } else {
+        replay(path, &bytes, false)?
+    };
+    let Some(replayed) = replayed else {
         return Ok(BTreeMap::new());
     };
     if replayed.scan.end != upto {
@@ -1099,7 +1126,7 @@ impl Store for LogStore {
         if !inner.peers.contains(peer) {
             return Ok(DurableState::default());
         }
-        Ok(inner.state_on_disk()?.remove(peer).unwrap_or_default())
+        Ok(inner.state_on_disk(false)?.remove(peer).unwrap_or_default())
     }
 
     fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
