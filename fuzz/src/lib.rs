@@ -167,7 +167,16 @@ pub fn log_file(data: &[u8]) {
         encode_begin, encode_commit, encode_header, encode_record, scan, ScannedCommit,
     };
     let mut commits: Vec<ScannedCommit> = Vec::new();
-    let Ok(Some(found)) = scan(data, |commit| commits.push(commit)) else {
+    let plain = scan(data, |commit| commits.push(commit));
+    // A compaction's scan (bodies as slices of the buffer) finds exactly what a scan finds.
+    let shared = bytes::Bytes::copy_from_slice(data);
+    let mut sliced: Vec<ScannedCommit> = Vec::new();
+    assert_eq!(
+        tether_core::substrate::log::scan_shared(&shared, |commit| sliced.push(commit)),
+        plain
+    );
+    assert_eq!(sliced, commits);
+    let Ok(Some(found)) = plain else {
         return;
     };
     let total = data.len() as u64;
