@@ -440,6 +440,11 @@ pub const EGRESS_SPILL_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// frame by frame, so the spillover stays bounded in frames ([`EGRESS_SPILL_FRAMES_MAX`]).
 pub const EGRESS_RUN_FRAMES_MAX: usize = 64;
 
+/// Egress queues each thread remembers for a lone `Node::send` (a handful of peers sent to in
+/// turn stay off the egress lock); each entry keeps its queue's ring allocated until replaced
+/// or found retired.
+pub const NODE_SEND_CACHE_QUEUES: usize = 4;
+
 /// Distinct type tags a node's egress table names by number. A queued frame carries its tag's
 /// number instead of the tag (a ring slot of 72 bytes instead of 88: the slot crosses from the
 /// sending core to the writer's on every frame); a frame whose tag is not (yet) in the table is

@@ -108,8 +108,7 @@ pub(super) fn next_node_id() -> u64 {
     NODES.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Queues a thread remembers (a handful of peers sent to in turn stay on the fast path).
-const SEND_CACHE_ENTRIES: usize = 4;
+use tether_core::limits::NODE_SEND_CACHE_QUEUES as SEND_CACHE_ENTRIES;
 
 /// A thread's last few egress queues, found without the egress lock. An entry keeps its queue
 /// allocated until replaced (at most [`SEND_CACHE_ENTRIES`] per thread); one whose writer
@@ -990,6 +989,27 @@ mod tests {
         }
     }
 
+    /// A sender built from `sender`, connected to a receiver hosting `APP`, and what is
+    /// delivered there.
+    async fn connected(
+        sender: crate::node::NodeBuilder,
+    ) -> (Node, Node, mpsc::UnboundedReceiver<Bytes>) {
+        let (tx, delivered) = mpsc::unbounded_channel();
+        let receiver = Node::builder()
+            .bridge(Arc::new(Collect(tx)))
+            .know_tag("Chat")
+            .host(APP)
+            .bind()
+            .await
+            .expect("bind");
+        let sender = sender.bind().await.expect("bind");
+        sender
+            .connect(receiver.endpoint_addr())
+            .await
+            .expect("connect");
+        (sender, receiver, delivered)
+    }
+
     fn numbered(to: NodeId, n: u8) -> OutFrame {
         OutFrame {
             to,
@@ -1005,23 +1025,8 @@ mod tests {
     /// the cache is the thread's.)
     #[tokio::test(flavor = "current_thread")]
     async fn frames_stranded_in_a_retired_queue_are_taken_back_and_sent_again_in_order() {
-        let (tx, mut delivered) = mpsc::unbounded_channel();
-        let receiver = Node::builder()
-            .bridge(Arc::new(Collect(tx)))
-            .know_tag("Chat")
-            .host(APP)
-            .bind()
-            .await
-            .expect("bind");
-        let sender = Node::builder()
-            .idle_peer_timeout(Duration::from_millis(20))
-            .bind()
-            .await
-            .expect("bind");
-        sender
-            .connect(receiver.endpoint_addr())
-            .await
-            .expect("connect");
+        let (sender, receiver, mut delivered) =
+            connected(Node::builder().idle_peer_timeout(Duration::from_millis(20))).await;
         let to = receiver.node_id();
         // The first frame makes the queue (this thread's cache remembers it) and arrives.
         sender.send(numbered(to, 0));
@@ -1094,19 +1099,7 @@ mod tests {
     /// drains.
     #[tokio::test(flavor = "current_thread")]
     async fn after_close_a_send_is_refused_and_counted_and_makes_no_queue() {
-        let (tx, mut delivered) = mpsc::unbounded_channel();
-        let receiver = Node::builder()
-            .bridge(Arc::new(Collect(tx)))
-            .know_tag("Chat")
-            .host(APP)
-            .bind()
-            .await
-            .expect("bind");
-        let sender = Node::builder().bind().await.expect("bind");
-        sender
-            .connect(receiver.endpoint_addr())
-            .await
-            .expect("connect");
+        let (sender, receiver, mut delivered) = connected(Node::builder()).await;
         let to = receiver.node_id();
         sender.send(numbered(to, 0));
         assert_eq!(&delivered.recv().await.expect("delivered")[..], [0]);
