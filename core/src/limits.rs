@@ -567,6 +567,10 @@ pub const SUBSTRATE_HANDSHAKES_IN_PROGRESS_MAX: usize = 64;
 /// A log store's file is never compacted below this size: a small file costs nothing to replay.
 pub const LOG_COMPACT_BYTES_MIN: u64 = 64 * 1024 * 1024;
 
+/// The most a log store's compaction reads of its old file at once: live rows lying within
+/// this of each other are read together.
+pub const LOG_COMPACT_READ_BYTES: usize = 1024 * 1024;
+
 /// A log store's file is compacted once it is this many times the size of its last snapshot.
 pub const LOG_COMPACT_GROWTH: u64 = 4;
 

@@ -197,6 +197,45 @@ pub fn log_file(data: &[u8]) {
     }
     assert!(damage.next().is_none(), "no damage after the last commit");
     assert_eq!(last, found.end);
+    // Each record's entry lies inside its commit, in order, and verifies as its row's record
+    // where a compaction would copy it from; the index of the scan names exactly the rows the
+    // replayed state holds.
+    let mut index = tether_core::substrate::log::LogIndex::new();
+    let mut states: std::collections::BTreeMap<String, tether_core::substrate::DurableState> =
+        std::collections::BTreeMap::new();
+    for commit in &commits {
+        assert_eq!(commit.records.len(), commit.records_at.len());
+        let mut from = commit.at.start;
+        for (record, at) in commit.records.iter().zip(&commit.records_at) {
+            assert!(at.start >= from && at.end < commit.at.end, "records in order, inside");
+            from = at.end;
+            if !record.removes() {
+                let entry = &data[at.start as usize..at.end as usize];
+                assert_eq!(
+                    tether_core::substrate::log::verify_entry(
+                        found.format,
+                        &record.row_key(),
+                        at,
+                        entry
+                    )
+                    .as_ref(),
+                    Ok(record)
+                );
+            }
+        }
+        index.scanned(commit);
+        states
+            .entry(commit.peer.clone())
+            .or_default()
+            .apply_records(&commit.records);
+    }
+    assert_eq!(
+        index.rows(),
+        states
+            .values()
+            .map(tether_core::substrate::DurableState::row_count)
+            .sum::<usize>()
+    );
     let mut rewritten = Vec::new();
     encode_header(found.format, &mut rewritten);
     for commit in &commits {

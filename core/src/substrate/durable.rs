@@ -251,6 +251,53 @@ impl Record {
     }
 }
 
+/// The row a record writes, owned: what an index of where each live row's record lies in a
+/// store is keyed by ([`crate::substrate::log::LogIndex`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RowKey {
+    /// An object, by address.
+    Object(Address),
+    /// An outbox op, by address and seq.
+    Outbox(Address, Seq),
+    /// A held op, by address and seq.
+    Held(Address, Seq),
+    /// An unconsumed delivery, by address and seq.
+    Inbox(Address, Seq),
+    /// A bounce tombstone, by op id.
+    Bounce(OpId),
+}
+
+impl Record {
+    /// The row this record writes, owned (the row [`effective_records`] compares by).
+    pub fn row_key(&self) -> RowKey {
+        match self {
+            Record::Object(object) => RowKey::Object(object.obj.clone()),
+            Record::ObjectRemoved { obj } => RowKey::Object(obj.clone()),
+            Record::Outbox(op) => RowKey::Outbox(op.obj.clone(), op.seq),
+            Record::OutboxRemoved { obj, seq } => RowKey::Outbox(obj.clone(), *seq),
+            Record::Held(op) => RowKey::Held(op.obj.clone(), op.seq),
+            Record::HeldRemoved { obj, seq } => RowKey::Held(obj.clone(), *seq),
+            Record::Inbox(op) => RowKey::Inbox(op.obj.clone(), op.seq),
+            Record::InboxRemoved { obj, seq } => RowKey::Inbox(obj.clone(), *seq),
+            Record::Bounce { op_id, .. } | Record::BounceRemoved { op_id } => {
+                RowKey::Bounce(op_id.clone())
+            }
+        }
+    }
+
+    /// The record deletes its row (otherwise it writes the row whole).
+    pub fn removes(&self) -> bool {
+        matches!(
+            self,
+            Record::ObjectRemoved { .. }
+                | Record::OutboxRemoved { .. }
+                | Record::HeldRemoved { .. }
+                | Record::InboxRemoved { .. }
+                | Record::BounceRemoved { .. }
+        )
+    }
+}
+
 /// The records of `batches` that decide the state they leave, in order: a record that a later
 /// record of the same group writes over (an object recorded again or removed, an op row
 /// replaced or removed) is left out, and so is a second delete of a row. Applying what this

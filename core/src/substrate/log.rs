@@ -38,6 +38,10 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
+pub mod index;
+
+pub use index::{verify_entry, IndexError, LogIndex};
+
 use super::{ObjectRecord, ObjectState, Op, Record, Seq, Side};
 use crate::limits::LOG_ENTRY_BYTES_MAX;
 use crate::time::Time;
@@ -329,6 +333,8 @@ pub struct ScannedCommit {
     pub peer: String,
     /// The records, in the order they were written.
     pub records: Vec<Record>,
+    /// Where each record's entry lies in the file, in the same order.
+    pub records_at: Vec<Range<u64>>,
     /// Where the commit lies in the file, from its `Begin` to the end of its `Commit`.
     pub at: Range<u64>,
 }
@@ -471,16 +477,19 @@ fn commit_at(
     };
     let mut next = at + used;
     let mut records = Vec::new();
+    let mut records_at = Vec::new();
     loop {
         match decode_entry_in(format, &bytes[next..], shared).ok()?? {
             (Entry::Record(record), used) => {
                 records.push(record);
+                records_at.push(next as u64..(next + used) as u64);
                 next += used;
             }
             (Entry::Commit, used) => {
                 return Some(ScannedCommit {
                     peer,
                     records,
+                    records_at,
                     at: at as u64..(next + used) as u64,
                 })
             }

@@ -37,7 +37,7 @@ pub use crate::wire::envelope::{Address, OpId};
 pub use authorize::{AllowAll, AuthorizeContext, Authorizer, Denial, Interceptor, ScopeAuthorizer};
 pub use durable::{
     effective_records, BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record,
-    Seq, Side,
+    RowKey, Seq, Side,
 };
 pub use finality::Code;
 pub use link::{capabilities, LinkClose, PeerLink};
