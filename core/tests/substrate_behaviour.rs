@@ -1345,10 +1345,11 @@ fn a_send_travels_while_its_sender_commits_it_and_a_crash_before_that_commit_reu
 
 /// A send whose seq is not below a committed reservation waits for the commit that renews it;
 /// requests never go before their own commit.
-#[test]
-fn only_sends_below_the_committed_reservation_go_before_their_commit() {
+/// A connected pair with queue `q` and session `s` open from A, committed, under a seq
+/// reservation of `seq_reserve`.
+fn queue_and_session(seq_reserve: u64) -> Harness {
     let config = Config {
-        seq_reserve: 2,
+        seq_reserve,
         ..harness_config(32)
     };
     let mut h = Harness::allowing_all(config, 7);
@@ -1358,6 +1359,83 @@ fn only_sends_below_the_committed_reservation_go_before_their_commit() {
     h.with(Party::A, |m, now| m.open(now, ObjKind::Session, "s", None))
         .unwrap();
     h.run();
+    h
+}
+
+/// Whether anything in A's uncommitted batches waits for their commit.
+fn a_awaits_a_commit(h: &Harness) -> bool {
+    h.a.machine
+        .awaits_persist_from(tether_core::substrate::BatchId(0))
+}
+
+/// A send that goes on the wire before its commit makes no batch urgent while the link is up:
+/// nothing but a crash waits for that insert, and its hop ack, reported as it arrives, usually
+/// comes first, so the insert and its removal are committed together later (or within the
+/// lazy commit's deadline). A renewal of the seq reservation, a req, and a send while the
+/// link is down are waited on.
+#[test]
+fn a_send_that_travels_before_its_commit_makes_no_batch_urgent() {
+    let mut h = queue_and_session(4);
+    assert!(!a_awaits_a_commit(&h));
+    // The open (seq 0) reserved seqs below 5: seq 1 travels and nothing waits for its batch.
+    let sent = h
+        .with(Party::A, |m, now| m.send(now, "q", body(1)))
+        .unwrap();
+    assert_eq!(h.uncommitted(Party::A), 1);
+    assert_eq!(h.in_flight(Party::B), 1, "it travels before its commit");
+    assert!(!a_awaits_a_commit(&h), "a travelling send is lazy");
+    // B persists it and acks: A reports the ack with its own insert still uncommitted.
+    assert!(h.deliver_at(Party::B, 0, false));
+    while h.commit(Party::B) {}
+    while h.in_flight(Party::A) > 0 {
+        assert!(h.deliver_at(Party::A, 0, false));
+    }
+    assert!(
+        h.a.events
+            .iter()
+            .any(|event| matches!(event, Event::Acked { op_id, .. } if *op_id == sent)),
+        "acked before A committed its insert"
+    );
+    assert!(h.uncommitted(Party::A) >= 1);
+    assert!(!a_awaits_a_commit(&h), "its removal is lazy too");
+    while h.commit(Party::A) {}
+    assert!(
+        h.a.store.outbox.is_empty(),
+        "the insert and its removal together"
+    );
+    // Seq 2 travels lazily; seq 3 renews the reservation, which the sends past it wait for.
+    h.with(Party::A, |m, now| m.send(now, "q", body(2)))
+        .unwrap();
+    assert!(!a_awaits_a_commit(&h));
+    h.with(Party::A, |m, now| m.send(now, "q", body(3)))
+        .unwrap();
+    assert!(a_awaits_a_commit(&h), "a renewal is waited on");
+    while h.commit(Party::A) {}
+    // A req waits for its own commit, so its batch is waited on.
+    h.with(Party::A, |m, now| m.req(now, "s", body(9))).unwrap();
+    assert!(a_awaits_a_commit(&h), "a req is waited on");
+    while h.commit(Party::A) {}
+    // With the link down a send cannot travel: its commit is waited on.
+    h.disconnect();
+    h.with(Party::A, |m, now| m.send(now, "q", body(4)))
+        .unwrap();
+    assert!(
+        a_awaits_a_commit(&h),
+        "a send that cannot travel is waited on"
+    );
+    while h.commit(Party::A) {}
+    h.connect();
+    h.run();
+    assert_eq!(
+        consumed_bodies(&h),
+        [body(1), body(2), body(3), body(4)],
+        "every send delivered once, in order"
+    );
+}
+
+#[test]
+fn only_sends_below_the_committed_reservation_go_before_their_commit() {
+    let mut h = queue_and_session(2);
     // The open (seq 0) reserved seqs below 3. Seq 1 goes at once; seq 2 renews the
     // reservation (to 5, in its own batch) and goes too; seq 3 waits for that renewal.
     for i in 0..3 {

@@ -580,12 +580,14 @@ impl Machine {
     }
 
     /// Whether anything waits for batch `from` or a later one to be persisted: an output
-    /// (an ack, a credit, an app event, a report) released by its commit, or an outbox op
-    /// that may only go on the wire once its insert is durable. A batch nothing waits on
-    /// (an outbox op forgotten after its ack, a consumed delivery, an expired tombstone) can
-    /// be committed later, with the next batch something waits on; losing it in a crash
-    /// only repeats what the protocol repeats anyway (a resend acked again, a delivery
-    /// delivered again).
+    /// (an ack, a credit, an app event, a report) released by its commit, an outbox op
+    /// that may only go on the wire once its insert is durable, or a renewal of a seq
+    /// reservation. A batch nothing waits on (an outbox op forgotten after its ack, a
+    /// consumed delivery, an expired tombstone, a send already travelling below the committed
+    /// reservation while the link is up) can be committed later, with the next batch something
+    /// waits on; losing it in a crash only repeats what the protocol repeats anyway (a resend
+    /// acked again, a delivery delivered again) or loses a send whose await never resolved
+    /// (it reached the peer, which holds it, or it did not).
     pub fn awaits_persist_from(&self, from: BatchId) -> bool {
         let outbox = self
             .awaiting_persist

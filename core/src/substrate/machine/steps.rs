@@ -217,9 +217,17 @@ impl Machine {
             .expect("commands check the object");
         op.seq = object.record.tx_next;
         object.record.tx_next += 1;
+        // A send below the committed reservation goes on the wire before its insert is
+        // committed; while the link is up nothing waits for that commit but a crash, so it is
+        // lazy: the hop ack usually comes first and the insert and its removal are committed
+        // together (or not at all) with the next batch something waits on.
+        let travels = op.verb == Verb::Send
+            && self.link_up
+            && op.seq < object.reserved_through(self.persisted_through);
         let op_obj = op.obj.clone();
         let reserve = self.config.seq_reserve;
-        if object.reserved < object.record.tx_next.saturating_add(reserve / 2) {
+        let renews = object.reserved < object.record.tx_next.saturating_add(reserve / 2);
+        if renews {
             object.reserved = object.record.tx_next.saturating_add(reserve);
             object.reserved_batch = batch;
             self.staged.push(Record::Object(object.durable_record()));
@@ -236,7 +244,8 @@ impl Machine {
         };
         object.outbox.insert(entry);
         self.stats.ops_enqueued += 1;
-        if self.awaiting_persist.back() != Some(&(batch, op_obj.clone())) {
+        // A renewal is waited on: the sends past the old reservation go once it is committed.
+        if (renews || !travels) && self.awaiting_persist.back() != Some(&(batch, op_obj.clone())) {
             self.awaiting_persist.push_back((batch, op_obj));
         }
     }
