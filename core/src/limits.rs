@@ -397,6 +397,12 @@ pub const SUBSTRATE_SEQ_RESERVE: u64 = 256;
 /// peer taking commands or reading its link.
 pub const SUBSTRATE_LAZY_COMMIT_BATCHES_MAX: usize = 64;
 
+/// Records a commit to a blocking store may hold and still run in place on the peer task's
+/// worker when nothing else waits for that task (the two hops to a blocking thread and back
+/// cost more than one sync holds the worker); a larger commit, or one while input waits, runs
+/// on the blocking pool.
+pub const SUBSTRATE_INLINE_COMMIT_RECORDS_MAX: usize = 8;
+
 /// Encoded chunks (each up to 256 KiB) queued for one link's socket. When the socket is
 /// slower, frames wait in the machine, whose windows and credit bound them: 2 MiB per peer.
 pub const SUBSTRATE_WRITE_CHUNKS_MAX: usize = 8;

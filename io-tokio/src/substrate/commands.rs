@@ -174,6 +174,14 @@ impl CommandRx {
         poll_fn(|cx| self.poll_recv(cx, take_ops)).await
     }
 
+    /// No command is queued or waiting for room.
+    pub(super) fn is_idle(&self) -> bool {
+        let state = self.chan.lock();
+        state.control.is_empty()
+            && state.ops.is_empty()
+            && state.waiting.iter().all(|slot| slot.strong_count() == 0)
+    }
+
     /// The next command if one is ready.
     pub(super) fn try_recv(&mut self, take_ops: bool) -> Option<Command> {
         let mut state = self.chan.lock();

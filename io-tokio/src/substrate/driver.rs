@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tether_core::limits::{
-    SUBSTRATE_COMMANDS_PER_WAKE, SUBSTRATE_READS_PER_WAKE, SUBSTRATE_READ_CHUNK_BYTES,
-    SUBSTRATE_WRITE_CHUNKS_MAX, SUBSTRATE_WRITE_CHUNK_BYTES, SUBSTRATE_WRITE_RESERVE_BYTES,
+    SUBSTRATE_COMMANDS_PER_WAKE, SUBSTRATE_INLINE_COMMIT_RECORDS_MAX, SUBSTRATE_READS_PER_WAKE,
+    SUBSTRATE_READ_CHUNK_BYTES, SUBSTRATE_WRITE_CHUNKS_MAX, SUBSTRATE_WRITE_CHUNK_BYTES,
+    SUBSTRATE_WRITE_RESERVE_BYTES,
 };
 
 use bytes::{Bytes, BytesMut};
@@ -101,6 +102,9 @@ pub(super) struct Driver {
     pending: Option<Box<dyn super::transport::LinkStream>>,
     loading: Option<JoinHandle<Result<DurableState, StoreError>>>,
     committing: Option<JoinHandle<Result<(), StoreError>>>,
+    /// A small commit to run in place on this task's worker at the top of the next turn,
+    /// once what this turn handed on (frames to the writer) has run.
+    in_place: Option<Box<dyn FnOnce() -> Result<(), StoreError> + Send>>,
     /// The last store error, reported with the peer's [`Output::StoreFailed`].
     store_error: Option<StoreFailure>,
     /// The last load error, for commands refused while the state cannot load.
@@ -151,6 +155,7 @@ impl Driver {
             pending: None,
             loading: None,
             committing: None,
+            in_place: None,
             store_error: None,
             load_error: None,
             answers: HashMap::new(),
@@ -171,7 +176,13 @@ impl Driver {
                 let takes = self.peer.accepts_commands();
                 // `biased`: the branch order is fixed, so a run replays exactly under a
                 // simulator. Fairness comes from draining both channels on every wake.
-                let wake = tokio::select! {
+                let wake = if let Some(commit) = self.in_place.take() {
+                    // Every task this turn woke (the writer with the frames just taken, the
+                    // connection behind it) runs first: the sync then holds the worker.
+                    tokio::task::yield_now().await;
+                    Wake::Committed(commit())
+                } else {
+                    tokio::select! {
                     biased;
                     result = finished(self.loading.as_mut()) => Wake::Loaded(result),
                     result = finished(self.committing.as_mut()) => Wake::Committed(result),
@@ -187,6 +198,7 @@ impl Driver {
                         Wake::Timer
                     }
                     () = sleep => Wake::Timer,
+                    }
                 };
                 // What the app and the transport know now (an address added, the peer named)
                 // is the peer's before anything of this wake reaches it.
@@ -230,6 +242,10 @@ impl Driver {
             let now = self.now();
             self.peer.finish(now);
             self.execute();
+            if let Some(commit) = self.in_place.take() {
+                // As a commit handed to the blocking pool would, it still runs.
+                let _ = commit();
+            }
             self.shared.forget(&self.id, &self.handle);
             // Answers the peer never reached (commands refused while loading, ...) are
             // dropped: their callers see the substrate shut down.
@@ -367,6 +383,20 @@ impl Driver {
         self.peer.handle_committed(now, result);
     }
 
+    /// Whether a commit of `records` runs in place on this task's worker: only on a blocking
+    /// store, only a small one, and only when no link bytes and no command wait for this task.
+    /// Then the sync holds the worker for as long as it takes, where handing it to a blocking
+    /// thread and being woken again costs two thread wakes on the path of whatever waits for
+    /// the commit (an awaited send's hop ack); under load commits grow and input waits, and they
+    /// run on the blocking pool while the task goes on. How a commit runs changes when its result
+    /// arrives, never what the peer does with it.
+    fn commits_in_place(&self, records: usize) -> bool {
+        self.shared.store.is_blocking()
+            && records <= SUBSTRATE_INLINE_COMMIT_RECORDS_MAX
+            && self.link_rx.is_empty()
+            && self.commands.is_idle()
+    }
+
     /// Does what the peer's outputs say, then moves its frames to the writer while it has
     /// room, until the peer has nothing more.
     fn execute(&mut self) {
@@ -410,6 +440,7 @@ impl Driver {
                 self.loading = Some(start(&self.shared, move || store.load(&id)));
             }
             Output::Commit(batches) => {
+                let records: usize = batches.iter().map(|batch| batch.records.len()).sum();
                 let (store, id) = (self.shared.store.clone(), self.id.clone());
                 let commit = move || {
                     // A commit includes its sync when the store syncs (the store's promise).
@@ -419,7 +450,11 @@ impl Driver {
                         .record(began.elapsed().as_secs_f64() * 1e3);
                     committed
                 };
-                self.committing = Some(start(&self.shared, commit));
+                if self.commits_in_place(records) {
+                    self.in_place = Some(Box::new(commit));
+                } else {
+                    self.committing = Some(start(&self.shared, commit));
+                }
             }
             Output::Dial { attempt } => {
                 let shared = self.shared.clone();
