@@ -681,12 +681,16 @@ impl Shared {
     /// Waits until `commit` can be written without racing a preparation: while one runs, a
     /// commit stays below where its zeros start, and a torn tail is not cut.
     fn room<'a>(&self, mut inner: MutexGuard<'a, Inner>, commit: &[u8]) -> MutexGuard<'a, Inner> {
-        while inner.preparing
-            && (inner.torn || inner.end + commit.len() as u64 > inner.preparing_from)
-        {
+        while self.in_the_way(&inner, commit) {
             inner = self.wait(inner);
         }
         inner
+    }
+
+    /// A running preparation is in the way of `commit`: it would write where the zeros go,
+    /// or cut a torn tail they lie behind.
+    fn in_the_way(&self, inner: &Inner, commit: &[u8]) -> bool {
+        inner.preparing && (inner.torn || inner.end + commit.len() as u64 > inner.preparing_from)
     }
 
     /// Copies the live rows' entries of `prefix` (each verified) to `<path>.compact` without
@@ -756,33 +760,52 @@ fn write_file(bytes: &[u8], path: &Path) -> Result<File, StoreError> {
 
 /// The bytes of a compacted file: the header, then one commit per peer of `prefix` holding
 /// its live rows' entries copied from the old file in file order, each verified as its row's
-/// record first. Entries lying close together are read at once. With where each entry moved
-/// (old start, new start), sorted by old start.
+/// record first. The entries of all peers are read in one pass in file order, those lying
+/// close together at once, so the old file is read at most once whatever the peers' rows
+/// interleave. With where each entry moved (old start, new start), sorted by old start.
 fn copy_live(prefix: &Prefix) -> Result<(Vec<u8>, Moves), StoreError> {
-    let mut out = Vec::new();
-    let mut moved = Vec::new();
-    encode_header(prefix.format, &mut out);
+    let mut rows: Vec<(&Range<u64>, usize, &RowKey)> = prefix
+        .live
+        .iter()
+        .enumerate()
+        .flat_map(|(peer, (_, rows))| rows.iter().map(move |(key, at)| (at, peer, key)))
+        .collect();
+    rows.sort_unstable_by_key(|(at, _, _)| at.start);
+    // Each peer's entries, and where each starts in them (old start, start in the entries).
+    let mut copied: Vec<Copied> = vec![Copied::default(); prefix.live.len()];
     let mut window = Window::default();
-    for (peer, rows) in &prefix.live {
-        encode_begin(prefix.format, peer.as_str(), &mut out);
-        for (position, (key, at)) in rows.iter().enumerate() {
-            if at.end > prefix.upto {
-                return Err(index_error(
-                    &prefix.path,
-                    IndexError::Unplaced { at: at.clone() },
-                ));
-            }
-            let bytes = window.read(&prefix.reader, at, &rows[position..])?;
-            verify_entry(prefix.format, key, at, bytes)
-                .map_err(|error| index_error(&prefix.path, error))?;
-            moved.push((at.start, out.len() as u64));
-            out.extend_from_slice(bytes);
+    for (position, (at, peer, key)) in rows.iter().enumerate() {
+        if at.end > prefix.upto {
+            return Err(index_error(
+                &prefix.path,
+                IndexError::Unplaced { at: (*at).clone() },
+            ));
         }
+        let ends = rows[position..].iter().map(|(at, _, _)| at.end);
+        let bytes = window.read(&prefix.reader, at, ends)?;
+        verify_entry(prefix.format, key, at, bytes)
+            .map_err(|error| index_error(&prefix.path, error))?;
+        let (entries, starts) = &mut copied[*peer];
+        starts.push((at.start, entries.len()));
+        entries.extend_from_slice(bytes);
+    }
+    let mut out = Vec::new();
+    let mut moved = Vec::with_capacity(rows.len());
+    encode_header(prefix.format, &mut out);
+    for ((peer, _), (entries, starts)) in prefix.live.iter().zip(copied) {
+        encode_begin(prefix.format, peer.as_str(), &mut out);
+        let base = out.len() as u64;
+        moved.extend(starts.into_iter().map(|(old, at)| (old, base + at as u64)));
+        out.extend_from_slice(&entries);
         encode_commit(prefix.format, &mut out);
     }
     moved.sort_unstable();
     Ok((out, moved))
 }
+
+/// One peer's live entries as a compaction copies them: their bytes, and where each entry
+/// lay in the old file and starts in those bytes.
+type Copied = (Vec<u8>, Vec<(u64, usize)>);
 
 /// A read of the old file that serves entries lying close together from one read.
 #[derive(Default)]
@@ -793,20 +816,18 @@ struct Window {
 }
 
 impl Window {
-    /// The bytes at `at`, read (with the entries of `next`, the rows from `at` on in file
-    /// order, that end within [`LOG_COMPACT_READ_BYTES`] of it) unless the last read holds them.
+    /// The bytes at `at`, read (with the entries whose `ends`, in file order from `at`'s on,
+    /// lie within [`LOG_COMPACT_READ_BYTES`] of it) unless the last read holds them.
     fn read(
         &mut self,
         mut file: &File,
         at: &Range<u64>,
-        next: &[(RowKey, Range<u64>)],
+        ends: impl Iterator<Item = u64>,
     ) -> Result<&[u8], StoreError> {
         let held = self.start..self.start + self.bytes.len() as u64;
         if !(held.start <= at.start && at.end <= held.end) {
             let reach = at.start.saturating_add(LOG_COMPACT_READ_BYTES as u64);
-            let end = next
-                .iter()
-                .map(|(_, row)| row.end)
+            let end = ends
                 .take_while(|end| *end <= reach)
                 .last()
                 .unwrap_or(at.end)
@@ -1303,6 +1324,34 @@ impl Store for LogStore {
         Ok(())
     }
 
+    /// Only when the lock is free at once and no preparation is in the commit's way (so it
+    /// waits on its own write and sync alone, never behind a compaction's swap or zeros).
+    fn commit_in_place(
+        &self,
+        peer: &PeerId,
+        batches: &[PersistBatch],
+    ) -> Option<Result<(), StoreError>> {
+        let records = effective_records(batches);
+        let (bytes, spans) = match encode(self.format, peer, records.iter().copied()) {
+            Ok(encoded) => encoded,
+            Err(error) => return Some(Err(error)),
+        };
+        let mut inner = match self.shared.inner.try_lock() {
+            Ok(inner) => inner,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        if self.shared.in_the_way(&inner, &bytes) {
+            return None;
+        }
+        let appended = inner.append(peer, &bytes, records.iter().copied(), &spans);
+        drop(inner);
+        if appended.is_ok() {
+            self.after_commit();
+        }
+        Some(appended)
+    }
+
     fn peers(&self) -> Result<Vec<PeerId>, StoreError> {
         Ok(self.lock().peers.iter().cloned().collect())
     }
@@ -1659,6 +1708,44 @@ mod tests {
             }
             let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
         }
+    }
+
+    /// A commit in place runs only when it would wait on nothing but its own write and sync:
+    /// it declines (doing nothing) while the lock is held or a preparation is in its way, and
+    /// otherwise commits as `commit` does.
+    #[test]
+    fn a_commit_in_place_declines_whatever_it_would_wait_on() {
+        let path = temp_log("in-place");
+        let store = LogStore::open_with(&path, unprepared()).expect("open");
+        let peer = PeerId::new("p");
+        let batch = |seq: u64| PersistBatch {
+            id: BatchId(seq + 1),
+            records: vec![Record::Outbox(send(seq))],
+        };
+        let held = store.lock();
+        assert!(store
+            .commit_in_place(&peer, std::slice::from_ref(&batch(0)))
+            .is_none());
+        drop(held);
+        {
+            let mut inner = store.lock();
+            inner.preparing = true;
+            inner.preparing_from = inner.end;
+        }
+        assert!(store
+            .commit_in_place(&peer, std::slice::from_ref(&batch(0)))
+            .is_none());
+        assert_eq!(store.load(&peer).expect("load"), DurableState::default());
+        store.lock().preparing = false;
+        let batches = [batch(0), batch(1)];
+        assert!(matches!(
+            store.commit_in_place(&peer, &batches),
+            Some(Ok(()))
+        ));
+        drop(store);
+        let store = LogStore::open_with(&path, unprepared()).expect("reopen");
+        assert_eq!(store.load(&peer).expect("load"), reference(&batches));
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
     /// Flips one byte of the file at `at` (under a running store, as a failing disk would).

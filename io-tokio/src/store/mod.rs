@@ -191,6 +191,21 @@ pub trait Store: Send + Sync + 'static {
     fn is_blocking(&self) -> bool {
         false
     }
+
+    /// [`Store::commit`] on the caller's thread, an async worker, for a commit that waits on
+    /// nothing but its own write and sync: `None`, having done nothing, when it would wait on
+    /// anything else (a lock another commit or a compaction holds, background work); the
+    /// shell then runs [`Store::commit`] off the workers. The shell asks only for a small
+    /// commit when nothing else waits for the peer, where the two thread wakes of running it
+    /// elsewhere cost more than the sync. By default a store is never asked to block a worker.
+    fn commit_in_place(
+        &self,
+        peer: &PeerId,
+        batches: &[PersistBatch],
+    ) -> Option<Result<(), StoreError>> {
+        let _ = (peer, batches);
+        None
+    }
 }
 
 /// Keeps everything in memory: durable for the life of the process only.

@@ -18,7 +18,7 @@ use bytes::{Bytes, BytesMut};
 use tether_core::substrate::peer::{
     DialFailed, Dialed, Failure, Output, Peer, Reply, StoreFault, Ticket,
 };
-use tether_core::substrate::{DurableState, Event, Machine, PeerId, PeerLink};
+use tether_core::substrate::{DurableState, Event, Machine, PeerId, PeerLink, PersistBatch};
 use tether_core::time::Time;
 use tether_core::wire::envelope::Verb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -102,9 +102,9 @@ pub(super) struct Driver {
     pending: Option<Box<dyn super::transport::LinkStream>>,
     loading: Option<JoinHandle<Result<DurableState, StoreError>>>,
     committing: Option<JoinHandle<Result<(), StoreError>>>,
-    /// A small commit to run in place on this task's worker at the top of the next turn,
+    /// A small commit to try in place on this task's worker at the top of the next turn,
     /// once what this turn handed on (frames to the writer) has run.
-    in_place: Option<Box<dyn FnOnce() -> Result<(), StoreError> + Send>>,
+    in_place: Option<Arc<Vec<PersistBatch>>>,
     /// The last store error, reported with the peer's [`Output::StoreFailed`].
     store_error: Option<StoreFailure>,
     /// The last load error, for commands refused while the state cannot load.
@@ -176,11 +176,17 @@ impl Driver {
                 let takes = self.peer.accepts_commands();
                 // `biased`: the branch order is fixed, so a run replays exactly under a
                 // simulator. Fairness comes from draining both channels on every wake.
-                let wake = if let Some(commit) = self.in_place.take() {
-                    // Every task this turn woke (the writer with the frames just taken, the
-                    // connection behind it) runs first: the sync then holds the worker.
-                    tokio::task::yield_now().await;
-                    Wake::Committed(commit())
+                let in_place = match self.in_place.take() {
+                    Some(batches) => {
+                        // Every task this turn woke (the writer with the frames just taken,
+                        // the connection behind it) runs first: the sync then holds the worker.
+                        tokio::task::yield_now().await;
+                        self.commit_in_place(batches)
+                    }
+                    None => None,
+                };
+                let wake = if let Some(result) = in_place {
+                    Wake::Committed(result)
                 } else {
                     tokio::select! {
                     biased;
@@ -242,9 +248,9 @@ impl Driver {
             let now = self.now();
             self.peer.finish(now);
             self.execute();
-            if let Some(commit) = self.in_place.take() {
+            if let Some(batches) = self.in_place.take() {
                 // As a commit handed to the blocking pool would, it still runs.
-                let _ = commit();
+                let _ = self.shared.store.commit(&self.id, &batches);
             }
             self.shared.forget(&self.id, &self.handle);
             // Answers the peer never reached (commands refused while loading, ...) are
@@ -383,13 +389,55 @@ impl Driver {
         self.peer.handle_committed(now, result);
     }
 
-    /// Whether a commit of `records` runs in place on this task's worker: only on a blocking
-    /// store, only a small one, and only when no link bytes and no command wait for this task.
-    /// Then the sync holds the worker for as long as it takes, where handing it to a blocking
-    /// thread and being woken again costs two thread wakes on the path of whatever waits for
-    /// the commit (an awaited send's hop ack); under load commits grow and input waits, and they
-    /// run on the blocking pool while the task goes on. How a commit runs changes when its result
-    /// arrives, never what the peer does with it.
+    /// Hands `batches` to the store off the async workers (or as a task of its own).
+    fn commit_off_workers(&mut self, batches: Arc<Vec<PersistBatch>>) {
+        let (store, id) = (self.shared.store.clone(), self.id.clone());
+        let commit = move || {
+            // A commit includes its sync when the store syncs (the store's promise).
+            let began = std::time::Instant::now();
+            let committed = store.commit(&id, &batches);
+            metrics::histogram!(super::metric::STORE_COMMIT_MS)
+                .record(began.elapsed().as_secs_f64() * 1e3);
+            committed
+        };
+        self.committing = Some(start(&self.shared, commit));
+    }
+
+    /// Tries `batches` in place: their result, or `None` when the store would wait on more
+    /// than its own sync (they are then handed off the workers, as any commit). A store that
+    /// panics fails the commit as a failed task would, and the peer retries it.
+    fn commit_in_place(
+        &mut self,
+        batches: Arc<Vec<PersistBatch>>,
+    ) -> Option<Result<(), StoreError>> {
+        let began = std::time::Instant::now();
+        let store = &self.shared.store;
+        let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.commit_in_place(&self.id, &batches)
+        }))
+        .unwrap_or(Some(Err(StoreError::TaskFailed)));
+        match tried {
+            Some(result) => {
+                metrics::histogram!(super::metric::STORE_COMMIT_MS)
+                    .record(began.elapsed().as_secs_f64() * 1e3);
+                Some(result)
+            }
+            None => {
+                self.commit_off_workers(batches);
+                None
+            }
+        }
+    }
+
+    /// Whether a commit of `records` is tried in place on this task's worker: only on a
+    /// blocking store, only a small one, and only when no link bytes and no command wait for
+    /// this task; the store still declines one that would wait on more than its own sync
+    /// ([`crate::store::Store::commit_in_place`]). Then the sync holds the worker for as long
+    /// as it takes, where handing it to a blocking thread and being woken again costs two
+    /// thread wakes on the path of whatever waits for the commit (an awaited send's hop ack);
+    /// under load commits grow and input waits, and they run on the blocking pool while the
+    /// task goes on. How a commit runs changes when its result arrives, never what the peer
+    /// does with it.
     fn commits_in_place(&self, records: usize) -> bool {
         self.shared.store.is_blocking()
             && records <= SUBSTRATE_INLINE_COMMIT_RECORDS_MAX
@@ -441,19 +489,10 @@ impl Driver {
             }
             Output::Commit(batches) => {
                 let records: usize = batches.iter().map(|batch| batch.records.len()).sum();
-                let (store, id) = (self.shared.store.clone(), self.id.clone());
-                let commit = move || {
-                    // A commit includes its sync when the store syncs (the store's promise).
-                    let began = std::time::Instant::now();
-                    let committed = store.commit(&id, &batches);
-                    metrics::histogram!(super::metric::STORE_COMMIT_MS)
-                        .record(began.elapsed().as_secs_f64() * 1e3);
-                    committed
-                };
                 if self.commits_in_place(records) {
-                    self.in_place = Some(Box::new(commit));
+                    self.in_place = Some(batches);
                 } else {
-                    self.committing = Some(start(&self.shared, commit));
+                    self.commit_off_workers(batches);
                 }
             }
             Output::Dial { attempt } => {
