@@ -228,7 +228,7 @@ impl PeerLink {
         match frame {
             Some(frame) => {
                 frame
-                    .encode(out)
+                    .encode_into(out)
                     .expect("the machine and the handshake only build encodable frames");
                 true
             }

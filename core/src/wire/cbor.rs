@@ -11,6 +11,7 @@
 //! RFC 8949 §4.2.1), no reserved additional-information values, UTF-8 checked text.
 
 use crate::limits::CBOR_NESTING_DEPTH_MAX;
+use bytes::BufMut;
 
 /// Why bytes are not the CBOR a tether frame allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -228,42 +229,42 @@ impl<'a> Reader<'a> {
 }
 
 /// Appends a head with the shortest argument encoding.
-pub(crate) fn write_head(out: &mut Vec<u8>, major: u8, arg: u64) {
+pub(crate) fn write_head(out: &mut (impl BufMut + ?Sized), major: u8, arg: u64) {
     debug_assert!(major <= MAJOR_SIMPLE);
     let initial = major << 5;
     match arg {
-        0..=23 => out.push(initial | arg as u8),
-        24..=0xff => out.extend_from_slice(&[initial | 24, arg as u8]),
+        0..=23 => out.put_u8(initial | arg as u8),
+        24..=0xff => out.put_slice(&[initial | 24, arg as u8]),
         0x100..=0xffff => {
-            out.push(initial | 25);
-            out.extend_from_slice(&(arg as u16).to_be_bytes());
+            out.put_u8(initial | 25);
+            out.put_u16(arg as u16);
         }
         0x1_0000..=0xffff_ffff => {
-            out.push(initial | 26);
-            out.extend_from_slice(&(arg as u32).to_be_bytes());
+            out.put_u8(initial | 26);
+            out.put_u32(arg as u32);
         }
         _ => {
-            out.push(initial | 27);
-            out.extend_from_slice(&arg.to_be_bytes());
+            out.put_u8(initial | 27);
+            out.put_u64(arg);
         }
     }
 }
 
-pub(crate) fn write_uint(out: &mut Vec<u8>, value: u64) {
+pub(crate) fn write_uint(out: &mut (impl BufMut + ?Sized), value: u64) {
     write_head(out, MAJOR_UINT, value);
 }
 
-pub(crate) fn write_bytes(out: &mut Vec<u8>, value: &[u8]) {
+pub(crate) fn write_bytes(out: &mut (impl BufMut + ?Sized), value: &[u8]) {
     write_head(out, MAJOR_BYTES, value.len() as u64);
-    out.extend_from_slice(value);
+    out.put_slice(value);
 }
 
-pub(crate) fn write_text(out: &mut Vec<u8>, value: &str) {
+pub(crate) fn write_text(out: &mut (impl BufMut + ?Sized), value: &str) {
     write_head(out, MAJOR_TEXT, value.len() as u64);
-    out.extend_from_slice(value.as_bytes());
+    out.put_slice(value.as_bytes());
 }
 
-pub(crate) fn write_bool(out: &mut Vec<u8>, value: bool) {
+pub(crate) fn write_bool(out: &mut (impl BufMut + ?Sized), value: bool) {
     write_head(
         out,
         MAJOR_SIMPLE,
@@ -271,7 +272,7 @@ pub(crate) fn write_bool(out: &mut Vec<u8>, value: bool) {
     );
 }
 
-pub(crate) fn write_map(out: &mut Vec<u8>, pairs: usize) {
+pub(crate) fn write_map(out: &mut (impl BufMut + ?Sized), pairs: usize) {
     write_head(out, MAJOR_MAP, pairs as u64);
 }
 

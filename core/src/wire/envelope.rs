@@ -594,6 +594,44 @@ impl Envelope {
 
     /// Appends the frame (length, type byte, CBOR), refusing what a decoder would reject.
     pub fn encode(&self, out: &mut impl BufMut) -> Result<(), EnvelopeError> {
+        self.check_encodable()?;
+        // Everything but the body's bytes is written first, so that the body is copied once,
+        // straight into `out`, after the length it counts in.
+        let mut head = Vec::with_capacity(128);
+        self.write_cbor_head(&mut head);
+        let body = self.body.as_deref().unwrap_or_default();
+        let len = 1 + head.len() + body.len();
+        if len > ENVELOPE_FRAME_BYTES_MAX {
+            return Err(EnvelopeError::FrameTooLarge { len: len as u64 });
+        }
+        out.put_u32(len as u32);
+        out.put_u8(self.type_byte);
+        out.put_slice(&head);
+        out.put_slice(body);
+        Ok(())
+    }
+
+    /// The same frame as [`Envelope::encode`], its CBOR written straight into `out` and the
+    /// length filled in after (no scratch buffer); on an error `out` is as it was.
+    pub fn encode_into(&self, out: &mut BytesMut) -> Result<(), EnvelopeError> {
+        self.check_encodable()?;
+        let start = out.len();
+        out.put_u32(0);
+        out.put_u8(self.type_byte);
+        self.write_cbor_head(out);
+        let body = self.body.as_deref().unwrap_or_default();
+        let len = out.len() - start - 4 + body.len();
+        if len > ENVELOPE_FRAME_BYTES_MAX {
+            out.truncate(start);
+            return Err(EnvelopeError::FrameTooLarge { len: len as u64 });
+        }
+        out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+        out.put_slice(body);
+        Ok(())
+    }
+
+    /// What a decoder would reject, found before anything is written.
+    fn check_encodable(&self) -> Result<(), EnvelopeError> {
         if self.type_byte == 0 {
             return Err(EnvelopeError::ReservedType);
         }
@@ -611,26 +649,18 @@ impl Envelope {
         if self.env.receipt == Some(0) {
             return Err(EnvelopeError::Invalid { field: "receipt" });
         }
-        // Everything but the body's bytes is written first, so that the body is copied once,
-        // straight into `out`, after the length it counts in.
-        let mut head = Vec::with_capacity(128);
-        cbor::write_map(&mut head, 1 + usize::from(self.body.is_some()));
-        cbor::write_text(&mut head, "env");
-        write_env(&self.env, &mut head);
-        if let Some(body) = &self.body {
-            cbor::write_text(&mut head, "body");
-            cbor::write_head(&mut head, cbor::MAJOR_BYTES, body.len() as u64);
-        }
-        let body = self.body.as_deref().unwrap_or_default();
-        let len = 1 + head.len() + body.len();
-        if len > ENVELOPE_FRAME_BYTES_MAX {
-            return Err(EnvelopeError::FrameTooLarge { len: len as u64 });
-        }
-        out.put_u32(len as u32);
-        out.put_u8(self.type_byte);
-        out.put_slice(&head);
-        out.put_slice(body);
         Ok(())
+    }
+
+    /// The CBOR map up to the body's bytes: `env`, and the body's key and length.
+    fn write_cbor_head(&self, out: &mut impl BufMut) {
+        cbor::write_map(out, 1 + usize::from(self.body.is_some()));
+        cbor::write_text(out, "env");
+        write_env(&self.env, out);
+        if let Some(body) = &self.body {
+            cbor::write_text(out, "body");
+            cbor::write_head(out, cbor::MAJOR_BYTES, body.len() as u64);
+        }
     }
 
     /// The body bound for this frame's type.
@@ -746,7 +776,7 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
     Ok(env)
 }
 
-fn write_env<'a>(env: &'a Env, out: &mut Vec<u8>) {
+fn write_env<'a>(env: &'a Env, out: &mut impl BufMut) {
     enum V<'a> {
         Text(&'a str),
         Uint(u64),
@@ -991,6 +1021,31 @@ mod tests {
             let (items, verdict) = decode_split(EnvelopeDecoder, &bytes, &cuts);
             prop_assert_eq!(verdict, Ok(()));
             prop_assert_eq!(items, envelopes);
+        }
+
+        /// `encode_into` writes exactly what `encode` writes after whatever `out` held, and
+        /// refuses exactly what it refuses, leaving `out` as it was.
+        #[test]
+        fn encoding_in_place_writes_what_encode_writes(
+            envelope in envelope(),
+            held in proptest::collection::vec(any::<u8>(), 0..40),
+            flaw in 0u8..4,
+        ) {
+            let mut envelope = envelope;
+            match flaw {
+                1 => envelope.env.receipt = Some(0),
+                2 => envelope.type_byte = 0,
+                3 => envelope.env.message = Some("m".repeat(ENVELOPE_TEXT_BYTES_MAX + 1)),
+                _ => {}
+            }
+            let mut expected = held.clone();
+            let verdict = envelope.encode(&mut expected);
+            let mut out = BytesMut::from(&held[..]);
+            prop_assert_eq!(envelope.encode_into(&mut out), verdict.clone());
+            if verdict.is_err() {
+                prop_assert_eq!(&out[..], &held[..]);
+            }
+            prop_assert_eq!(&out[..], &expected[..]);
         }
 
         #[test]

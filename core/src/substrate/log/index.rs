@@ -10,12 +10,186 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::{decode_entry, Entry, LogError, LogFormat, ScannedCommit};
-use crate::substrate::{PeerId, Record, RowKey};
+use crate::substrate::{Address, OpId, PeerId, Record, RowKey, Seq};
 
 /// Where each live row's record lies in one log file, per peer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogIndex {
-    peers: BTreeMap<PeerId, BTreeMap<RowKey, Range<u64>>>,
+    peers: BTreeMap<PeerId, PeerRows>,
+}
+
+/// One peer's live rows, by object and then by seq, so that a record finds its row by one
+/// lookup of its address among the peer's objects and one of a number (a single map keyed by
+/// whole rows compared the address's text at every step of every search).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct PeerRows {
+    /// Objects with at least one live row (an object with none is dropped).
+    objects: BTreeMap<Address, ObjectRows>,
+    bounces: BTreeMap<OpId, Range<u64>>,
+}
+
+/// One object's live rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ObjectRows {
+    object: Option<Range<u64>>,
+    outbox: BTreeMap<Seq, Range<u64>>,
+    held: BTreeMap<Seq, Range<u64>>,
+    inbox: BTreeMap<Seq, Range<u64>>,
+}
+
+impl ObjectRows {
+    fn is_empty(&self) -> bool {
+        self.object.is_none()
+            && self.outbox.is_empty()
+            && self.held.is_empty()
+            && self.inbox.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.object.is_some()) + self.outbox.len() + self.held.len() + self.inbox.len()
+    }
+
+    /// The rows as keys of `obj`, with their ranges.
+    fn keyed<'a>(
+        &'a self,
+        obj: &'a Address,
+    ) -> impl Iterator<Item = (RowKey, &'a Range<u64>)> + 'a {
+        let ops = |rows: &'a BTreeMap<Seq, Range<u64>>, key: fn(Address, Seq) -> RowKey| {
+            rows.iter()
+                .map(move |(seq, at)| (key(obj.clone(), *seq), at))
+        };
+        self.object
+            .iter()
+            .map(|at| (RowKey::Object(obj.clone()), at))
+            .chain(ops(&self.outbox, RowKey::Outbox))
+            .chain(ops(&self.held, RowKey::Held))
+            .chain(ops(&self.inbox, RowKey::Inbox))
+    }
+
+    /// The same rows, each range replaced by `place` of it.
+    fn placed<E>(
+        &self,
+        place: &mut impl FnMut(&Range<u64>) -> Result<Range<u64>, E>,
+    ) -> Result<Self, E> {
+        let mut ops = |rows: &BTreeMap<Seq, Range<u64>>| -> Result<BTreeMap<Seq, Range<u64>>, E> {
+            rows.iter()
+                .map(|(seq, at)| Ok((*seq, place(at)?)))
+                .collect()
+        };
+        let (outbox, held, inbox) = (ops(&self.outbox)?, ops(&self.held)?, ops(&self.inbox)?);
+        Ok(Self {
+            object: self.object.as_ref().map(&mut *place).transpose()?,
+            outbox,
+            held,
+            inbox,
+        })
+    }
+}
+
+/// Where a record's row lives in [`PeerRows`].
+enum Slot<'a> {
+    Object(&'a Address),
+    Op(
+        &'a Address,
+        fn(&mut ObjectRows) -> &mut BTreeMap<Seq, Range<u64>>,
+        Seq,
+    ),
+    Bounce(&'a OpId),
+}
+
+fn slot(record: &Record) -> Slot<'_> {
+    fn outbox(rows: &mut ObjectRows) -> &mut BTreeMap<Seq, Range<u64>> {
+        &mut rows.outbox
+    }
+    fn held(rows: &mut ObjectRows) -> &mut BTreeMap<Seq, Range<u64>> {
+        &mut rows.held
+    }
+    fn inbox(rows: &mut ObjectRows) -> &mut BTreeMap<Seq, Range<u64>> {
+        &mut rows.inbox
+    }
+    match record {
+        Record::Object(object) => Slot::Object(&object.obj),
+        Record::ObjectRemoved { obj } => Slot::Object(obj),
+        Record::Outbox(op) => Slot::Op(&op.obj, outbox, op.seq),
+        Record::OutboxRemoved { obj, seq } => Slot::Op(obj, outbox, *seq),
+        Record::Held(op) => Slot::Op(&op.obj, held, op.seq),
+        Record::HeldRemoved { obj, seq } => Slot::Op(obj, held, *seq),
+        Record::Inbox(op) => Slot::Op(&op.obj, inbox, op.seq),
+        Record::InboxRemoved { obj, seq } => Slot::Op(obj, inbox, *seq),
+        Record::Bounce { op_id, .. } | Record::BounceRemoved { op_id } => Slot::Bounce(op_id),
+    }
+}
+
+impl PeerRows {
+    /// Writes `at` as the place of `record`'s row, or removes the row.
+    fn record(&mut self, record: &Record, at: Range<u64>) {
+        let (obj, write): (&Address, &mut dyn FnMut(&mut ObjectRows)) = match slot(record) {
+            Slot::Bounce(op_id) => {
+                if record.removes() {
+                    self.bounces.remove(op_id);
+                } else {
+                    self.bounces.insert(op_id.clone(), at);
+                }
+                return;
+            }
+            Slot::Object(obj) => (obj, &mut |rows: &mut ObjectRows| {
+                rows.object = (!record.removes()).then(|| at.clone());
+            }),
+            Slot::Op(obj, kind, seq) => (obj, &mut move |rows: &mut ObjectRows| {
+                if record.removes() {
+                    kind(rows).remove(&seq);
+                } else {
+                    kind(rows).insert(seq, at.clone());
+                }
+            }),
+        };
+        match self.objects.get_mut(obj) {
+            Some(rows) => {
+                write(rows);
+                if rows.is_empty() {
+                    self.objects.remove(obj);
+                }
+            }
+            None if record.removes() => {}
+            None => {
+                let mut rows = ObjectRows::default();
+                write(&mut rows);
+                self.objects.insert(obj.clone(), rows);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.objects.values().map(ObjectRows::len).sum::<usize>() + self.bounces.len()
+    }
+
+    fn keyed(&self) -> impl Iterator<Item = (RowKey, &Range<u64>)> + '_ {
+        self.objects
+            .iter()
+            .flat_map(|(obj, rows)| rows.keyed(obj))
+            .chain(
+                self.bounces
+                    .iter()
+                    .map(|(op_id, at)| (RowKey::Bounce(op_id.clone()), at)),
+            )
+    }
+
+    fn placed<E>(
+        &self,
+        mut place: impl FnMut(&Range<u64>) -> Result<Range<u64>, E>,
+    ) -> Result<Self, E> {
+        let objects = self
+            .objects
+            .iter()
+            .map(|(obj, rows)| Ok((obj.clone(), rows.placed(&mut place)?)))
+            .collect::<Result<_, E>>()?;
+        let bounces = self
+            .bounces
+            .iter()
+            .map(|(op_id, at)| Ok((op_id.clone(), place(at)?)))
+            .collect::<Result<_, E>>()?;
+        Ok(Self { objects, bounces })
+    }
 }
 
 /// A row whose entry the index names is not where it says, or not that row's record.
@@ -52,7 +226,7 @@ impl LogIndex {
     /// `peer` has committed (its rows may all be gone; a compaction keeps it known).
     pub fn known(&mut self, peer: &PeerId) {
         if !self.peers.contains_key(peer) {
-            self.peers.insert(peer.clone(), BTreeMap::new());
+            self.peers.insert(peer.clone(), PeerRows::default());
         }
     }
 
@@ -63,11 +237,7 @@ impl LogIndex {
             Some(rows) => rows,
             None => self.peers.entry(peer.clone()).or_default(),
         };
-        if record.removes() {
-            rows.remove(&record.row_key());
-        } else {
-            rows.insert(record.row_key(), at);
-        }
+        rows.record(record, at);
     }
 
     /// Every record of a commit a scan handed over, in order (a commit of no record still
@@ -82,7 +252,7 @@ impl LogIndex {
 
     /// Live rows across all peers.
     pub fn rows(&self) -> usize {
-        self.peers.values().map(BTreeMap::len).sum()
+        self.peers.values().map(PeerRows::len).sum()
     }
 
     /// `peer`'s live rows with where their entries lie, in file order.
@@ -91,8 +261,8 @@ impl LogIndex {
             .peers
             .get(peer)
             .into_iter()
-            .flatten()
-            .map(|(key, at)| (key.clone(), at.clone()))
+            .flat_map(PeerRows::keyed)
+            .map(|(key, at)| (key, at.clone()))
             .collect();
         entries.sort_unstable_by_key(|(_, at)| at.start);
         entries
@@ -108,23 +278,23 @@ impl LogIndex {
         appended_at: u64,
         moved: &[(u64, u64)],
     ) -> Result<LogIndex, IndexError> {
-        let mut peers = BTreeMap::new();
-        for (peer, rows) in &self.peers {
-            let mut placed = BTreeMap::new();
-            for (key, at) in rows {
-                let length = at.end - at.start;
-                let start = if at.start >= upto {
-                    at.start - upto + appended_at
-                } else {
-                    match moved.binary_search_by_key(&at.start, |(old, _)| *old) {
-                        Ok(found) => moved[found].1,
-                        Err(_) => return Err(IndexError::Unplaced { at: at.clone() }),
-                    }
-                };
-                placed.insert(key.clone(), start..start + length);
-            }
-            peers.insert(peer.clone(), placed);
-        }
+        let place = |at: &Range<u64>| {
+            let length = at.end - at.start;
+            let start = if at.start >= upto {
+                at.start - upto + appended_at
+            } else {
+                match moved.binary_search_by_key(&at.start, |(old, _)| *old) {
+                    Ok(found) => moved[found].1,
+                    Err(_) => return Err(IndexError::Unplaced { at: at.clone() }),
+                }
+            };
+            Ok(start..start + length)
+        };
+        let peers = self
+            .peers
+            .iter()
+            .map(|(peer, rows)| Ok((peer.clone(), rows.placed(place)?)))
+            .collect::<Result<_, IndexError>>()?;
         Ok(LogIndex { peers })
     }
 }
@@ -158,8 +328,9 @@ mod tests {
     use crate::substrate::log::{
         encode_begin, encode_commit, encode_header, encode_record, scan, LOG_HEADER_BYTES,
     };
-    use crate::substrate::{Address, DurableState, Op, Seq};
+    use crate::substrate::{DurableState, ObjectRecord, ObjectState, Op, Side};
     use crate::time::Time;
+    use crate::wire::envelope::ObjKind;
     use crate::wire::envelope::Verb;
     use bytes::Bytes;
     use proptest::prelude::*;
@@ -179,7 +350,7 @@ mod tests {
         }
     }
 
-    /// Puts and removals over a few rows of two kinds, so rows are often written again.
+    /// Puts and removals of every kind of row over a few rows, so rows are often written again.
     fn record() -> impl Strategy<Value = Record> {
         let obj = prop::sample::select(vec!["a", "b"]);
         prop_oneof![
@@ -189,7 +360,7 @@ mod tests {
                 seq: Seq(seq)
             }),
             (obj.clone(), 0u64..3, any::<u8>()).prop_map(|(o, s, b)| Record::Inbox(op(o, s, b))),
-            (obj, 0u64..3).prop_map(|(o, seq)| Record::InboxRemoved {
+            (obj.clone(), 0u64..3).prop_map(|(o, seq)| Record::InboxRemoved {
                 obj: Address::parse(o).expect("an address"),
                 seq: Seq(seq)
             }),
@@ -200,6 +371,23 @@ mod tests {
             }),
             (0u8..2).prop_map(|n| Record::BounceRemoved {
                 op_id: format!("x{n}").into()
+            }),
+            (obj.clone(), 0u64..3, any::<u8>()).prop_map(|(o, s, b)| Record::Held(op(o, s, b))),
+            (obj.clone(), 0u64..3).prop_map(|(o, seq)| Record::HeldRemoved {
+                obj: Address::parse(o).expect("an address"),
+                seq: Seq(seq)
+            }),
+            (obj.clone(), 0u64..9).prop_map(|(o, next)| Record::Object(ObjectRecord {
+                obj: Address::parse(o).expect("an address"),
+                kind: ObjKind::Queue,
+                opened_by: Side::Local,
+                open_id: format!("open-{o}").into(),
+                state: ObjectState::Live,
+                tx_next: Seq(next),
+                rx_next: Seq(0),
+            })),
+            obj.prop_map(|o| Record::ObjectRemoved {
+                obj: Address::parse(o).expect("an address"),
             }),
         ]
     }

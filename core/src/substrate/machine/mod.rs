@@ -322,6 +322,44 @@ enum Deferred {
     Event(Event),
 }
 
+/// The objects one step touched: pushed as the step goes (a repeat of the last one is
+/// skipped), sorted and deduplicated when it ends, which is the order a set would give; the
+/// buffer is kept from step to step, so a step allocates nothing for it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Touched(Vec<Address>);
+
+impl Touched {
+    pub(super) fn insert(&mut self, obj: Address) {
+        if self.0.last() != Some(&obj) {
+            self.0.push(obj);
+        }
+    }
+
+    pub(super) fn remove(&mut self, obj: &Address) {
+        self.0.retain(|touched| touched != obj);
+    }
+
+    pub(super) fn extend(&mut self, objs: impl IntoIterator<Item = Address>) {
+        self.0.extend(objs);
+    }
+
+    /// The step's objects, each once, in order; the buffer comes back by [`Touched::restore`].
+    pub(super) fn take(&mut self) -> Vec<Address> {
+        let mut objs = std::mem::take(&mut self.0);
+        objs.sort_unstable();
+        objs.dedup();
+        objs
+    }
+
+    /// Keeps `buffer`'s room for the next step, unless this one touched objects meanwhile.
+    pub(super) fn restore(&mut self, mut buffer: Vec<Address>) {
+        if self.0.is_empty() {
+            buffer.clear();
+            self.0 = buffer;
+        }
+    }
+}
+
 /// The substrate machine for one remote peer.
 #[derive(Clone)]
 pub struct Machine {
@@ -350,7 +388,7 @@ pub struct Machine {
     deadlines: BTreeMap<Address, Time>,
     /// Objects the step in progress touched: their deadlines are re-armed and their outboxes
     /// offered to the link when it ends (no step walks every object).
-    touched: BTreeSet<Address>,
+    touched: Touched,
     /// Objects with entries in each unpersisted batch: persisting it may let them transmit.
     awaiting_persist: VecDeque<(BatchId, Address)>,
     link_up: bool,
@@ -403,7 +441,7 @@ impl Machine {
             bounce_order: BTreeSet::new(),
             timers: BTreeSet::new(),
             deadlines: BTreeMap::new(),
-            touched: BTreeSet::new(),
+            touched: Touched::default(),
             awaiting_persist: VecDeque::new(),
             link_up: false,
             last_heard: Time::ZERO,

@@ -53,7 +53,47 @@ pub(super) struct Outbox {
     pub(super) cursor: Seq,
     /// Seqs by op id (answers share the id of the req they answer), so that finding the op
     /// an answer or an err names costs a lookup, not a scan.
-    pub(super) by_id: BTreeMap<OpId, std::collections::BTreeSet<Seq>>,
+    pub(super) by_id: BTreeMap<OpId, Seqs>,
+}
+
+/// The seqs one op id names in an outbox: almost always one (an id names one op; answers
+/// share the id of the req they answer), held inline so that an op costs no set of its own.
+#[derive(Clone, Debug)]
+pub(super) enum Seqs {
+    One(Seq),
+    Many(BTreeSet<Seq>),
+}
+
+impl Seqs {
+    fn insert(&mut self, seq: Seq) {
+        match self {
+            Self::One(one) if *one == seq => {}
+            Self::One(one) => *self = Self::Many(BTreeSet::from([*one, seq])),
+            Self::Many(many) => {
+                many.insert(seq);
+            }
+        }
+    }
+
+    /// Removes `seq`; true when none is left.
+    fn remove(&mut self, seq: Seq) -> bool {
+        match self {
+            Self::One(one) => *one == seq,
+            Self::Many(many) => {
+                many.remove(&seq);
+                many.is_empty()
+            }
+        }
+    }
+
+    /// In seq order.
+    fn iter(&self) -> impl Iterator<Item = Seq> + '_ {
+        let (one, many) = match self {
+            Self::One(one) => (Some(*one), None),
+            Self::Many(many) => (None, Some(many.iter().copied())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
 }
 
 /// The entries alone: the indexes and the cursor follow from them (a fingerprint that
@@ -85,10 +125,13 @@ impl Outbox {
             self.expirable.insert(entry.op.seq);
         }
         self.cursor = self.cursor.min(entry.op.seq);
-        self.by_id
-            .entry(entry.op.id.clone())
-            .or_default()
-            .insert(entry.op.seq);
+        match self.by_id.get_mut(&entry.op.id) {
+            Some(seqs) => seqs.insert(entry.op.seq),
+            None => {
+                self.by_id
+                    .insert(entry.op.id.clone(), Seqs::One(entry.op.seq));
+            }
+        }
         self.entries.insert(entry.op.seq, entry);
     }
 
@@ -99,11 +142,12 @@ impl Outbox {
         if let Some(at) = entry.retry_at {
             self.retrying.remove(&(at, seq));
         }
-        if let Some(seqs) = self.by_id.get_mut(&entry.op.id) {
-            seqs.remove(&seq);
-            if seqs.is_empty() {
-                self.by_id.remove(&entry.op.id);
-            }
+        if self
+            .by_id
+            .get_mut(&entry.op.id)
+            .is_some_and(|seqs| seqs.remove(seq))
+        {
+            self.by_id.remove(&entry.op.id);
         }
         Some(entry)
     }
@@ -134,12 +178,11 @@ impl Outbox {
         self.by_id
             .get(id)?
             .iter()
-            .copied()
             .find(|seq| self.entries.get(seq).is_some_and(|e| e.receipt > 0))
     }
 
     pub(super) fn seq_of(&self, id: &str) -> Option<Seq> {
-        self.by_id.get(id)?.iter().next().copied()
+        self.by_id.get(id)?.iter().next()
     }
 
     /// Marks entries from `from` on as not in flight: they go out again with new receipts.

@@ -287,19 +287,20 @@ impl Machine {
                 None => self.release(outputs),
             }
         }
-        let touched = std::mem::take(&mut self.touched);
+        let touched = self.touched.take();
         if self.link_up {
             self.transmit_ready(now, &touched);
         }
         for obj in &touched {
             self.rearm(obj);
         }
+        self.touched.restore(touched);
     }
 
     /// Puts every persisted, transmittable outbox op of the `touched` objects on the wire,
     /// within each object's window and credit (an object no input touched has nothing new
     /// to send: what unblocks an object is an input about it).
-    pub(super) fn transmit_ready(&mut self, now: Time, touched: &BTreeSet<Address>) {
+    pub(super) fn transmit_ready(&mut self, now: Time, touched: &[Address]) {
         let window = self.window;
         let persisted = self.persisted_through;
         let initial_credit = self.initial_credit;

@@ -59,9 +59,7 @@ impl Machine {
 
     /// The step in progress concerns `obj`.
     pub(super) fn touch(&mut self, obj: &Address) {
-        if !self.touched.contains(obj) {
-            self.touched.insert(obj.to_owned());
-        }
+        self.touched.insert(obj.to_owned());
     }
 
     /// The step concerns every object (a link change).
