@@ -223,13 +223,15 @@ pub struct PersistBatch {
     pub records: Vec<Record>,
 }
 
-/// What one record writes: the row it inserts, replaces or deletes.
+/// What one record writes: the row it inserts, replaces or deletes. An op's row puts its seq
+/// before its address, so that rows compare by a number first and by text only when the
+/// seqs are equal (the order is only ever used to tell rows apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Row<'a> {
     Object(&'a str),
-    Outbox(&'a str, Seq),
-    Held(&'a str, Seq),
-    Inbox(&'a str, Seq),
+    Outbox(Seq, &'a str),
+    Held(Seq, &'a str),
+    Inbox(Seq, &'a str),
     Bounce(&'a str),
 }
 
@@ -239,12 +241,12 @@ impl Record {
         match self {
             Record::Object(object) => Row::Object(&object.obj),
             Record::ObjectRemoved { obj } => Row::Object(obj),
-            Record::Outbox(op) => Row::Outbox(&op.obj, op.seq),
-            Record::OutboxRemoved { obj, seq } => Row::Outbox(obj, *seq),
-            Record::Held(op) => Row::Held(&op.obj, op.seq),
-            Record::HeldRemoved { obj, seq } => Row::Held(obj, *seq),
-            Record::Inbox(op) => Row::Inbox(&op.obj, op.seq),
-            Record::InboxRemoved { obj, seq } => Row::Inbox(obj, *seq),
+            Record::Outbox(op) => Row::Outbox(op.seq, &op.obj),
+            Record::OutboxRemoved { obj, seq } => Row::Outbox(*seq, obj),
+            Record::Held(op) => Row::Held(op.seq, &op.obj),
+            Record::HeldRemoved { obj, seq } => Row::Held(*seq, obj),
+            Record::Inbox(op) => Row::Inbox(op.seq, &op.obj),
+            Record::InboxRemoved { obj, seq } => Row::Inbox(*seq, obj),
             Record::Bounce { op_id, .. } => Row::Bounce(op_id),
             Record::BounceRemoved { op_id } => Row::Bounce(op_id),
         }
