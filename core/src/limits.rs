@@ -586,6 +586,12 @@ pub const LOG_PREPARE_BYTES: u64 = 16 * 1024 * 1024;
 /// The zeros a log store's preparation writes at a time (the close flag is checked between them).
 pub const LOG_PREPARE_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// The alignment of a log store's direct writes (offset, length and buffer), and the block a
+/// commit's last bytes are padded to with zeros: the largest logical block size of common
+/// disks, and the page size of common kernels, so that a commit never writes part of a block
+/// the page cache does not hold (which would read it from the disk first).
+pub const LOG_BLOCK_BYTES: u64 = 4096;
+
 /// The most bytes a node's peer book file may hold: a larger one is refused when read, and
 /// writing stops at the last whole entry under it (the application's entries first).
 pub const PEER_BOOK_BYTES_MAX: usize = 1 << 20;

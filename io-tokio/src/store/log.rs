@@ -27,7 +27,11 @@
 //! 16 KiB each: 700–1,000 µs per sync appending, 370–400 µs overwriting blocks the file
 //! already has. So a thread of the store's own keeps [`LogOptions::prepare_bytes`] of zeros
 //! written and synced past the last commit, as PostgreSQL zero-fills a new WAL segment
-//! before use: commits overwrite them, and their syncs write the data alone.
+//! before use: commits overwrite them, and their syncs write the data alone. The zeros' whole
+//! blocks are written with direct I/O where the file system allows it (Linux), so they cost
+//! no copy into the page cache that the commits would then copy over; each commit pads its
+//! last block with zeros, so the next one never starts in a block the page cache lacks (which
+//! the kernel would read from the disk first).
 //!
 //! Opening replays the file ([`tether_core::substrate::log::scan`]). Its tail after the last
 //! complete commit (a commit cut short by a crash) was never acknowledged, since a commit is
@@ -51,12 +55,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use tether_core::limits::{LOG_COMPACT_READ_BYTES, LOG_ENTRY_BYTES_MAX, LOG_PREPARE_CHUNK_BYTES};
+use tether_core::limits::{
+    LOG_BLOCK_BYTES, LOG_COMPACT_READ_BYTES, LOG_ENTRY_BYTES_MAX, LOG_PREPARE_CHUNK_BYTES,
+};
 
 use tether_core::substrate::log::{
     encode_begin, encode_commit, encode_header, encode_record, scan, scan_shared, verify_entry,
@@ -186,6 +192,8 @@ struct Inner {
     prepare_after: u64,
     /// Bumped whenever `file` is replaced or cut: a preparation of an earlier one is void.
     generation: u64,
+    /// Zeros the preparations wrote with direct I/O since open.
+    prepared_direct: u64,
 }
 
 /// What a [`LogStore`] has done since it was opened.
@@ -199,6 +207,9 @@ pub struct LogStats {
     pub compactions: u64,
     /// Zeros written and synced past the end, for the next commits to overwrite.
     pub prepared_bytes: u64,
+    /// Zeros written since open around the page cache (direct I/O, where the file system
+    /// allows it): they cost no copy into memory the commits would then copy over again.
+    pub prepared_direct_bytes: u64,
     /// Damaged bytes a repair at open dropped ([`LogOptions::repair`]; 0 when none).
     pub repaired_bytes: u64,
 }
@@ -432,6 +443,7 @@ impl LogStore {
             recovered_tail_bytes: inner.recovered_tail,
             compactions: inner.compactions,
             prepared_bytes: inner.prepared - inner.end,
+            prepared_direct_bytes: inner.prepared_direct,
             repaired_bytes: inner.repaired.as_ref().map_or(0, LogCheck::damaged_bytes),
         }
     }
@@ -609,28 +621,59 @@ type Moves = Vec<(u64, u64)>;
 /// Zeros to write past the end of the file `generation` names, through a handle of their own.
 struct Prepare {
     file: File,
+    /// The same file opened for direct I/O, when the file system allows it: the whole blocks
+    /// among the zeros go to the disk without passing through the page cache.
+    direct: Option<File>,
     from: u64,
     to: u64,
     generation: u64,
+    /// Zeros written through `direct`.
+    direct_bytes: std::cell::Cell<u64>,
 }
 
 impl Prepare {
-    /// Writes and syncs the zeros: `Ok(false)` when the store closed first.
+    /// Writes and syncs the zeros: `Ok(false)` when the store closed first. Whole aligned
+    /// blocks go through the direct handle while it takes them; the bytes before the first
+    /// block boundary and after the last, and everything once a direct write fails, through
+    /// the page cache.
     fn run(&self, closing: &AtomicBool) -> std::io::Result<bool> {
         #[cfg(unix)]
         {
             use std::os::unix::fs::FileExt;
-            let zeros = vec![0; LOG_PREPARE_CHUNK_BYTES];
+            let block = LOG_BLOCK_BYTES as usize;
+            // Direct I/O wants its buffer aligned too.
+            let buffer = vec![0; LOG_PREPARE_CHUNK_BYTES + block];
+            let skip = buffer.as_ptr().align_offset(block).min(block);
+            let zeros = &buffer[skip..skip + LOG_PREPARE_CHUNK_BYTES];
+            let mut direct = self.direct.as_ref();
             let mut at = self.from;
             while at < self.to {
                 if closing.load(Ordering::Acquire) {
                     return Ok(false);
                 }
-                let chunk = usize::try_from(self.to - at)
-                    .unwrap_or(usize::MAX)
-                    .min(LOG_PREPARE_CHUNK_BYTES);
-                self.file.write_all_at(&zeros[..chunk], at)?;
-                at += chunk as u64;
+                let left = self.to - at;
+                let (chunk, through) = if !at.is_multiple_of(LOG_BLOCK_BYTES) {
+                    ((LOG_BLOCK_BYTES - at % LOG_BLOCK_BYTES).min(left), None)
+                } else if left < LOG_BLOCK_BYTES {
+                    (left, None)
+                } else {
+                    let whole = left - left % LOG_BLOCK_BYTES;
+                    (whole.min(LOG_PREPARE_CHUNK_BYTES as u64), direct)
+                };
+                let chunk_bytes = usize::try_from(chunk).unwrap_or(LOG_PREPARE_CHUNK_BYTES);
+                match through {
+                    Some(file) => {
+                        if let Err(error) = file.write_all_at(&zeros[..chunk_bytes], at) {
+                            // The same zeros go through the page cache instead.
+                            tracing::debug!(%error, "direct log preparation refused");
+                            direct = None;
+                            continue;
+                        }
+                        self.direct_bytes.set(self.direct_bytes.get() + chunk);
+                    }
+                    None => self.file.write_all_at(&zeros[..chunk_bytes], at)?,
+                }
+                at += chunk;
             }
             self.file.sync_data()?;
             Ok(true)
@@ -641,6 +684,45 @@ impl Prepare {
             Ok(false)
         }
     }
+}
+
+/// `path` opened for writing with direct I/O (Linux), or none where that is refused (tmpfs,
+/// say) or not offered.
+fn open_direct(path: &Path) -> Option<File> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = path;
+        None
+    }
+}
+
+/// Writes every byte of `slices`, in order, with as few calls as the kernel allows (one for
+/// the whole, as a rule).
+fn write_all_vectored(file: &mut File, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match file.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(written) => IoSlice::advance_slices(&mut slices, written),
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// `at` rounded up to a whole [`LOG_BLOCK_BYTES`].
+fn block_end(at: u64) -> u64 {
+    at.div_ceil(LOG_BLOCK_BYTES).saturating_mul(LOG_BLOCK_BYTES)
 }
 
 impl Shared {
@@ -889,15 +971,36 @@ fn random_salt() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// Room [`encode`] sets aside per record besides its body: the entry's header, tag, address,
+/// op id and numbers of an ordinary record (a larger one grows the buffer once).
+const ENCODED_HEAD_BYTES: usize = 160;
+
 /// One commit of `records` for `peer`, as the log's bytes, with where each record's entry lies
 /// in them.
 fn encode<'a>(
     format: LogFormat,
     peer: &PeerId,
-    records: impl Iterator<Item = &'a Record>,
+    records: impl Iterator<Item = &'a Record> + Clone,
 ) -> Result<(Vec<u8>, Vec<Range<u64>>), StoreError> {
-    let mut out = Vec::new();
-    let mut spans = Vec::new();
+    // Sized once for the bodies and a generous head per record, instead of doubling (and
+    // copying) as it fills.
+    let (count, bodies) = records
+        .clone()
+        .fold((0usize, 0usize), |(count, bodies), record| {
+            let body = match record {
+                Record::Outbox(op) | Record::Held(op) | Record::Inbox(op) => {
+                    op.body.as_ref().map_or(0, bytes::Bytes::len)
+                }
+                _ => 0,
+            };
+            (count + 1, bodies + body)
+        });
+    let mut out = Vec::with_capacity(
+        bodies
+            .saturating_add(count.saturating_mul(ENCODED_HEAD_BYTES))
+            .saturating_add(peer.as_str().len() + ENCODED_HEAD_BYTES),
+    );
+    let mut spans = Vec::with_capacity(count);
     encode_begin(format, peer.as_str(), &mut out);
     for record in records {
         let start = out.len();
@@ -951,6 +1054,7 @@ impl Inner {
             preparing_from: 0,
             prepare_after: 0,
             generation: 0,
+            prepared_direct: 0,
         }
     }
 
@@ -972,7 +1076,19 @@ impl Inner {
         // them to be cut before the next write (and a crash leaves them to replay's cut).
         self.torn = true;
         self.file.seek(SeekFrom::Start(self.end))?;
-        self.file.write_all(bytes)?;
+        // Within prepared space, zeros to the end of the last block the commit writes (the
+        // file holds zeros there already), in the same write: a block the page cache lacks
+        // (zeros written with direct I/O are not in it) is then written whole, never read
+        // from the disk first to fill in the rest, and the next commit starts in a block the
+        // page cache holds. Past the prepared space the file grows: nothing there to read.
+        let written = self.end + bytes.len() as u64;
+        let padded = block_end(written).min(self.prepared.max(written));
+        const ZEROS: [u8; LOG_BLOCK_BYTES as usize] = [0; LOG_BLOCK_BYTES as usize];
+        let pad = &ZEROS[..usize::try_from(padded - written).unwrap_or(0)];
+        write_all_vectored(
+            &mut self.file,
+            &mut [IoSlice::new(bytes), IoSlice::new(pad)],
+        )?;
         self.file.sync_data()?;
         self.torn = false;
         let at = self.end;
@@ -1019,9 +1135,12 @@ impl Inner {
         self.preparing_from = self.prepared.max(self.end + gap);
         Some(Prepare {
             file,
+            // Opened under the lock, so that it is the file `generation` names.
+            direct: open_direct(&self.path),
             from: self.preparing_from,
             to: self.end + want,
             generation: self.generation,
+            direct_bytes: std::cell::Cell::new(0),
         })
     }
 
@@ -1037,6 +1156,7 @@ impl Inner {
     /// A preparation ended: its zeros count if they are in the file the store still writes.
     fn prepared(&mut self, job: &Prepare, result: std::io::Result<bool>) {
         self.preparing = false;
+        self.prepared_direct += job.direct_bytes.get();
         match result {
             Ok(true) if job.generation == self.generation => {
                 self.prepared = self.prepared.max(job.to);
@@ -2026,6 +2146,108 @@ mod tests {
             topped.prepared_bytes - (reopened.bytes - topped.bytes),
             "the zeros are kept"
         );
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A preparation writes the zeros' whole blocks through its direct handle and the bytes
+    /// around them through the page cache; a direct handle that refuses a write (here one
+    /// opened read-only) hands the rest to the page cache. Either way the file holds exactly
+    /// zeros from `from` to `to`, and what lay before `from` is untouched.
+    #[test]
+    fn a_preparation_writes_whole_blocks_directly_and_falls_back_on_a_refusal() {
+        let path = temp_log("prepare-direct");
+        let block = LOG_BLOCK_BYTES;
+        let (from, to) = (100, 3 * block + 50);
+        for refusing in [false, true] {
+            std::fs::write(&path, vec![0xab; from as usize]).expect("write");
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .expect("open");
+            let direct = if refusing {
+                Some(File::open(&path).expect("read-only"))
+            } else {
+                open_direct(&path)
+            };
+            let direct_allowed = direct.is_some();
+            let job = Prepare {
+                file,
+                direct,
+                from,
+                to,
+                generation: 0,
+                direct_bytes: std::cell::Cell::new(0),
+            };
+            assert!(job.run(&AtomicBool::new(false)).expect("run"));
+            let bytes = std::fs::read(&path).expect("read");
+            assert_eq!(bytes.len() as u64, to);
+            assert!(bytes[..from as usize].iter().all(|b| *b == 0xab));
+            assert!(bytes[from as usize..].iter().all(|b| *b == 0));
+            let expected = if refusing {
+                0
+            } else if direct_allowed {
+                // Blocks 1 and 2 are whole; block 0 starts before `from`, block 3 ends after `to`.
+                2 * block
+            } else {
+                eprintln!(
+                    "*** direct I/O is refused under {}: only the page-cache path ran ***",
+                    path.display()
+                );
+                0
+            };
+            assert_eq!(job.direct_bytes.get(), expected, "refusing: {refusing}");
+        }
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// Commits over zeros a preparation wrote around the page cache (each padding its last
+    /// block with zeros) leave the file its commits and then zeros alone, the direct zeros are
+    /// counted, and after commits across several preparations a reopen finds every commit.
+    #[test]
+    fn commits_over_zeros_written_around_the_page_cache_read_back_whole() {
+        let path = temp_log("pad");
+        let want = 64 * 1024;
+        let options = LogOptions {
+            prepare_bytes: want,
+            ..LogOptions::default()
+        };
+        let store = LogStore::open_with(&path, options).expect("open");
+        let peer = PeerId::new("p");
+        let mut expected = DurableState::default();
+        for seq in 0..1500 {
+            let batch = PersistBatch {
+                id: BatchId(seq + 1),
+                records: vec![Record::Outbox(send(seq))],
+            };
+            store
+                .commit(&peer, std::slice::from_ref(&batch))
+                .expect("commit");
+            expected.apply(&batch);
+            if seq % 100 == 0 {
+                store.wait_preparation();
+                let stats = store.stats();
+                let bytes = std::fs::read(&path).expect("read");
+                assert_eq!(bytes.len() as u64, stats.bytes + stats.prepared_bytes);
+                assert!(
+                    bytes[stats.bytes as usize..].iter().all(|b| *b == 0),
+                    "at {seq}"
+                );
+            }
+        }
+        store.wait_preparation();
+        let stats = store.stats();
+        assert!(
+            stats.bytes > 2 * want,
+            "several preparations ran: {stats:?}"
+        );
+        if open_direct(&path).is_some() {
+            assert!(stats.prepared_direct_bytes > want, "{stats:?}");
+        }
+        drop(store);
+        let store = LogStore::open_with(&path, options).expect("reopen");
+        assert_eq!(store.load(&peer).expect("load"), expected);
+        assert_eq!(store.stats().recovered_tail_bytes, 0);
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
