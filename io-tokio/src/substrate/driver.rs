@@ -109,7 +109,7 @@ pub(super) struct Driver {
     store_error: Option<StoreFailure>,
     /// The last load error, for commands refused while the state cannot load.
     load_error: Option<StoreFailure>,
-    answers: HashMap<Ticket, Answer>,
+    answers: HashMap<Ticket, Answer, foldhash::fast::RandomState>,
     next_ticket: Ticket,
     pinned: Arc<AtomicBool>,
     /// Who waits for the task to end (a shutdown).
@@ -158,7 +158,7 @@ impl Driver {
             in_place: None,
             store_error: None,
             load_error: None,
-            answers: HashMap::new(),
+            answers: HashMap::default(),
             next_ticket: 0,
             pinned,
             done: None,
