@@ -1766,7 +1766,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
-    /// Records over a few rows of three peers, so rows are written again and removed often.
+    /// Records of every kind over a few rows of three peers, so rows are written again and
+    /// removed often.
     fn row_record() -> impl proptest::strategy::Strategy<Value = (u8, Record)> {
         use proptest::prelude::*;
         let q = || Address::parse("q").expect("an address");
@@ -1785,21 +1786,55 @@ mod tests {
             code: "no_such_object".to_owned(),
             at: Time::from_millis(1),
         });
-        (0u8..3, prop_oneof![put, inbox, removed, consumed, bounce])
+        let unbounced = (0u8..2).prop_map(|n| Record::BounceRemoved {
+            op_id: format!("x{n}").into(),
+        });
+        let held = (0u64..4).prop_map(|seq| Record::Held(send(seq)));
+        let delivered = (0u64..4).prop_map(move |seq| Record::HeldRemoved {
+            obj: q(),
+            seq: Seq(seq),
+        });
+        let object = (0u64..9).prop_map(move |next| {
+            Record::Object(tether_core::substrate::ObjectRecord {
+                obj: q(),
+                kind: tether_core::wire::envelope::ObjKind::Queue,
+                opened_by: tether_core::substrate::Side::Local,
+                open_id: "open-q".into(),
+                state: tether_core::substrate::ObjectState::Live,
+                tx_next: Seq(next),
+                rx_next: Seq(0),
+            })
+        });
+        let forgotten = Just(Record::ObjectRemoved { obj: q() });
+        (
+            0u8..3,
+            prop_oneof![
+                put, inbox, removed, consumed, bounce, unbounced, held, delivered, object,
+                forgotten
+            ],
+        )
     }
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
         /// Commits of three peers with compactions (the index's copies) and reopens between
-        /// them at any point: every load (a replay of the file, which shares nothing with the
-        /// index) holds exactly what the commits left, before and after a reopen.
+        /// them at any point, with or without zeros prepared ahead: every load (a replay of
+        /// the file, which shares nothing with the index) holds exactly what the commits left,
+        /// before and after a reopen.
         #[test]
         fn compactions_from_the_index_keep_every_peers_state(
             steps in proptest::collection::vec((proptest::collection::vec(row_record(), 1..4), 0u8..8), 1..24),
+            prepare in proptest::prelude::any::<bool>(),
         ) {
             let path = temp_log("index");
-            let mut store = LogStore::open_with(&path, unprepared()).expect("open");
+            // Prepared or not: a small preparation is topped up (with direct I/O where the
+            // file system takes it) many times over, across compactions and reopens.
+            let options = LogOptions {
+                prepare_bytes: if prepare { 16 * 1024 } else { 0 },
+                ..unprepared()
+            };
+            let mut store = LogStore::open_with(&path, options).expect("open");
             let mut expected: BTreeMap<PeerId, DurableState> = BTreeMap::new();
             for (round, (records, then)) in steps.into_iter().enumerate() {
                 for (peer, record) in records {
@@ -1812,7 +1847,7 @@ mod tests {
                     0 | 1 => store.compact().expect("compact"),
                     2 => {
                         drop(store);
-                        store = LogStore::open_with(&path, unprepared()).expect("reopen");
+                        store = LogStore::open_with(&path, options).expect("reopen");
                     }
                     _ => {}
                 }
@@ -1822,7 +1857,7 @@ mod tests {
             }
             store.compact().expect("compact");
             drop(store);
-            let store = LogStore::open_with(&path, unprepared()).expect("reopen");
+            let store = LogStore::open_with(&path, options).expect("reopen");
             for (peer, state) in &expected {
                 proptest::prop_assert_eq!(&store.load(peer).expect("load"), state);
             }
