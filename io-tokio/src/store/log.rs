@@ -1873,10 +1873,7 @@ mod tests {
         let path = temp_log("in-place");
         let store = LogStore::open_with(&path, unprepared()).expect("open");
         let peer = PeerId::new("p");
-        let batch = |seq: u64| PersistBatch {
-            id: BatchId(seq + 1),
-            records: vec![Record::Outbox(send(seq))],
-        };
+        let batch = outbox_batch;
         let held = store.lock();
         assert!(store
             .commit_in_place(&peer, std::slice::from_ref(&batch(0)))
@@ -1928,10 +1925,7 @@ mod tests {
         let mut batches = Vec::new();
         for seq in 0..4 {
             let start = store.stats().bytes;
-            let batch = PersistBatch {
-                id: BatchId(seq + 1),
-                records: vec![Record::Outbox(send(seq))],
-            };
+            let batch = outbox_batch(seq);
             store
                 .commit(&peer, std::slice::from_ref(&batch))
                 .expect("commit");
@@ -2102,10 +2096,7 @@ mod tests {
         let peer = PeerId::new("p");
         let store = LogStore::open_with(&path, unprepared()).expect("open");
         for seq in 0..40 {
-            let batch = PersistBatch {
-                id: BatchId(seq + 1),
-                records: vec![Record::Outbox(send(seq))],
-            };
+            let batch = outbox_batch(seq);
             store.commit(&peer, &[batch]).expect("commit");
         }
         assert!(store.stats().bytes > 4096);
@@ -2129,13 +2120,7 @@ mod tests {
     /// a thread tops them up once fewer than half remain, and a reopen keeps them.
     #[test]
     fn commits_overwrite_the_zeros_prepared_ahead_of_them() {
-        let path = temp_log("prepared");
-        let want = 64 * 1024;
-        let options = LogOptions {
-            prepare_bytes: want,
-            ..LogOptions::default()
-        };
-        let store = LogStore::open_with(&path, options).expect("open");
+        let (path, want, options, store) = prepared_store("prepared");
         let peer = PeerId::new("p");
         let file_len = || std::fs::metadata(&path).expect("meta").len();
         let opened = store.stats();
@@ -2148,10 +2133,7 @@ mod tests {
         let mut expected = DurableState::default();
         let mut seq = 0;
         let mut commit = |store: &LogStore| {
-            let batch = PersistBatch {
-                id: BatchId(seq + 1),
-                records: vec![Record::Outbox(send(seq))],
-            };
+            let batch = outbox_batch(seq);
             store
                 .commit(&peer, std::slice::from_ref(&batch))
                 .expect("commit");
@@ -2241,20 +2223,11 @@ mod tests {
     /// counted, and after commits across several preparations a reopen finds every commit.
     #[test]
     fn commits_over_zeros_written_around_the_page_cache_read_back_whole() {
-        let path = temp_log("pad");
-        let want = 64 * 1024;
-        let options = LogOptions {
-            prepare_bytes: want,
-            ..LogOptions::default()
-        };
-        let store = LogStore::open_with(&path, options).expect("open");
+        let (path, want, options, store) = prepared_store("pad");
         let peer = PeerId::new("p");
         let mut expected = DurableState::default();
         for seq in 0..1500 {
-            let batch = PersistBatch {
-                id: BatchId(seq + 1),
-                records: vec![Record::Outbox(send(seq))],
-            };
+            let batch = outbox_batch(seq);
             store
                 .commit(&peer, std::slice::from_ref(&batch))
                 .expect("commit");
@@ -2335,6 +2308,27 @@ mod tests {
         let store = LogStore::open_with(&path, options).expect("open");
         assert_eq!(store.load(&peer).expect("load"), expected);
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A batch that puts `send(seq)` in the outbox.
+    fn outbox_batch(seq: u64) -> PersistBatch {
+        PersistBatch {
+            id: BatchId(seq + 1),
+            records: vec![Record::Outbox(send(seq))],
+        }
+    }
+
+    /// A fresh log named `name` that keeps 64 KiB of zeros prepared, with that size and the
+    /// options that reopen it.
+    fn prepared_store(name: &str) -> (PathBuf, u64, LogOptions, LogStore) {
+        let path = temp_log(name);
+        let want = 64 * 1024;
+        let options = LogOptions {
+            prepare_bytes: want,
+            ..LogOptions::default()
+        };
+        let store = LogStore::open_with(&path, options).expect("open");
+        (path, want, options, store)
     }
 
     fn send(seq: u64) -> tether_core::substrate::Op {
