@@ -592,6 +592,10 @@ pub const LOG_PREPARE_CHUNK_BYTES: usize = 1024 * 1024;
 /// the page cache does not hold (which would read it from the disk first).
 pub const LOG_BLOCK_BYTES: u64 = 4096;
 
+/// The largest commit a log store writes with direct I/O (a larger one, rare, goes through the
+/// page cache): the bound of the buffer direct commits are put together in, one per store.
+pub const LOG_DIRECT_COMMIT_BYTES_MAX: usize = 1024 * 1024;
+
 /// The most bytes a node's peer book file may hold: a larger one is refused when read, and
 /// writing stops at the last whole entry under it (the application's entries first).
 pub const PEER_BOOK_BYTES_MAX: usize = 1 << 20;

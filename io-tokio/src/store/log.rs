@@ -33,6 +33,15 @@
 //! last block with zeros, so the next one never starts in a block the page cache lacks (which
 //! the kernel would read from the disk first).
 //!
+//! A commit that lies wholly in prepared space (and is at most
+//! [`LOG_DIRECT_COMMIT_BYTES_MAX`]) goes to the disk with direct I/O too, as one write of whole
+//! blocks: what earlier commits wrote in the block it starts in (kept from the last direct
+//! commit, read back after anything else wrote there), the commit, and zeros to the end of its
+//! last block, where the file holds zeros already. It costs no copy into the page cache and
+//! leaves the sync no pages to write back: the sync only flushes the disk. A handle the file
+//! system refuses, or a direct write that fails, sends every later commit through the page
+//! cache, as before.
+//!
 //! Opening replays the file ([`tether_core::substrate::log::scan`]). Its tail after the last
 //! complete commit (a commit cut short by a crash) was never acknowledged, since a commit is
 //! reported durable only after its sync; it is cut off, as SQLite's WAL recovery stops at the
@@ -61,7 +70,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use tether_core::limits::{
-    LOG_BLOCK_BYTES, LOG_COMPACT_READ_BYTES, LOG_ENTRY_BYTES_MAX, LOG_PREPARE_CHUNK_BYTES,
+    LOG_BLOCK_BYTES, LOG_COMPACT_READ_BYTES, LOG_DIRECT_COMMIT_BYTES_MAX, LOG_ENTRY_BYTES_MAX,
+    LOG_PREPARE_CHUNK_BYTES,
 };
 
 use tether_core::substrate::log::{
@@ -194,6 +204,32 @@ struct Inner {
     generation: u64,
     /// Zeros the preparations wrote with direct I/O since open.
     prepared_direct: u64,
+    /// Commits written with direct I/O.
+    direct: DirectCommits,
+}
+
+/// Commits that lie wholly in prepared space go to the disk with direct I/O (Linux, where the
+/// file system takes it): no copy into the page cache, and no writeback for the sync, which
+/// then only flushes the disk. Each such write covers whole blocks: what earlier commits wrote
+/// in the block the commit starts in (kept from the last direct commit, read back otherwise),
+/// the commit, and zeros to the end of its last block (the file's zeros there already).
+#[derive(Debug, Default)]
+struct DirectCommits {
+    /// The direct handle and the generation of the file it opened.
+    file: Option<(u64, File)>,
+    /// Refused once (by the file system, or a failed write): commits go through the page
+    /// cache from then on.
+    refused: bool,
+    /// The file's bytes from the block boundary before `tail_at` up to it.
+    tail: Vec<u8>,
+    /// Where `tail` ends, in the file of which generation: it is the block the next commit
+    /// starts in only when that is the end then.
+    tail_at: Option<(u64, u64)>,
+    /// Where each write is put together: aligned within, as direct I/O wants; at most
+    /// [`LOG_DIRECT_COMMIT_BYTES_MAX`] and a block for its alignment.
+    buffer: Vec<u8>,
+    /// Commit bytes written this way since open.
+    bytes: u64,
 }
 
 /// What a [`LogStore`] has done since it was opened.
@@ -210,6 +246,9 @@ pub struct LogStats {
     /// Zeros written since open around the page cache (direct I/O, where the file system
     /// allows it): they cost no copy into memory the commits would then copy over again.
     pub prepared_direct_bytes: u64,
+    /// Commit bytes written since open around the page cache (direct I/O: commits that lie
+    /// in prepared space, where the file system allows it).
+    pub committed_direct_bytes: u64,
     /// Damaged bytes a repair at open dropped ([`LogOptions::repair`]; 0 when none).
     pub repaired_bytes: u64,
 }
@@ -444,6 +483,7 @@ impl LogStore {
             compactions: inner.compactions,
             prepared_bytes: inner.prepared - inner.end,
             prepared_direct_bytes: inner.prepared_direct,
+            committed_direct_bytes: inner.direct.bytes,
             repaired_bytes: inner.repaired.as_ref().map_or(0, LogCheck::damaged_bytes),
         }
     }
@@ -1055,6 +1095,79 @@ impl Inner {
             prepare_after: 0,
             generation: 0,
             prepared_direct: 0,
+            direct: DirectCommits::default(),
+        }
+    }
+
+    /// Writes `bytes` at `end` with direct I/O when every block they touch is prepared space
+    /// and the commit is at most [`LOG_DIRECT_COMMIT_BYTES_MAX`]; whether it did (when it did
+    /// not, the bytes go through the page cache, which a refused write may have left at
+    /// either the zeros or the same bytes).
+    fn write_direct(&mut self, bytes: &[u8]) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::FileExt;
+            let block = LOG_BLOCK_BYTES as usize;
+            let written = self.end + bytes.len() as u64;
+            let start = self.end - self.end % LOG_BLOCK_BYTES;
+            let stop = block_end(written);
+            let direct = &mut self.direct;
+            if direct.refused || stop > self.prepared || bytes.len() > LOG_DIRECT_COMMIT_BYTES_MAX {
+                return false;
+            }
+            if direct
+                .file
+                .as_ref()
+                .is_none_or(|(generation, _)| *generation != self.generation)
+            {
+                // Under the store's lock: the file the path names is the one written.
+                let Some(file) = open_direct(&self.path) else {
+                    direct.refused = true;
+                    return false;
+                };
+                direct.file = Some((self.generation, file));
+            }
+            let head = usize::try_from(self.end - start).unwrap_or(0);
+            if direct.tail_at != Some((self.generation, self.end)) {
+                direct.tail.resize(head, 0);
+                if let Err(error) = self.file.read_exact_at(&mut direct.tail, start) {
+                    tracing::debug!(%error, "the log's last block did not read back");
+                    direct.tail_at = None;
+                    return false;
+                }
+            }
+            let len = usize::try_from(stop - start).unwrap_or(usize::MAX);
+            if direct.buffer.len() < len + block {
+                direct.buffer.resize(len + block, 0);
+            }
+            let skip = direct.buffer.as_ptr().align_offset(block).min(block);
+            let out = &mut direct.buffer[skip..skip + len];
+            out[..head].copy_from_slice(&direct.tail);
+            out[head..head + bytes.len()].copy_from_slice(bytes);
+            out[head + bytes.len()..].fill(0);
+            let Some((_, file)) = direct.file.as_ref() else {
+                return false;
+            };
+            direct.tail_at = None;
+            if let Err(error) = file.write_all_at(out, start) {
+                tracing::debug!(%error, "direct log commit refused");
+                direct.refused = true;
+                return false;
+            }
+            // The block the next commit starts in, as just written.
+            let next = written - written % LOG_BLOCK_BYTES;
+            let from = usize::try_from(next - start).unwrap_or(0);
+            let to = usize::try_from(written - start).unwrap_or(0);
+            direct.tail.clear();
+            direct.tail.extend_from_slice(&out[from..to]);
+            direct.tail_at = Some((self.generation, written));
+            direct.bytes += bytes.len() as u64;
+            true
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = bytes;
+            false
         }
     }
 
@@ -1075,20 +1188,9 @@ impl Inner {
         // From here until the sync returns, bytes past `end` may be on disk: a failure leaves
         // them to be cut before the next write (and a crash leaves them to replay's cut).
         self.torn = true;
-        self.file.seek(SeekFrom::Start(self.end))?;
-        // Within prepared space, zeros to the end of the last block the commit writes (the
-        // file holds zeros there already), in the same write: a block the page cache lacks
-        // (zeros written with direct I/O are not in it) is then written whole, never read
-        // from the disk first to fill in the rest, and the next commit starts in a block the
-        // page cache holds. Past the prepared space the file grows: nothing there to read.
-        let written = self.end + bytes.len() as u64;
-        let padded = block_end(written).min(self.prepared.max(written));
-        const ZEROS: [u8; LOG_BLOCK_BYTES as usize] = [0; LOG_BLOCK_BYTES as usize];
-        let pad = &ZEROS[..usize::try_from(padded - written).unwrap_or(0)];
-        write_all_vectored(
-            &mut self.file,
-            &mut [IoSlice::new(bytes), IoSlice::new(pad)],
-        )?;
+        if !self.write_direct(bytes) {
+            self.write_cached(bytes)?;
+        }
         self.file.sync_data()?;
         self.torn = false;
         let at = self.end;
@@ -1105,6 +1207,25 @@ impl Inner {
             // Only before the peer's first load (its machine loads before it commits).
             state.apply_records(records);
         }
+        Ok(())
+    }
+
+    /// Writes `bytes` at `end` through the page cache.
+    fn write_cached(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
+        self.file.seek(SeekFrom::Start(self.end))?;
+        // Within prepared space, zeros to the end of the last block the commit writes (the
+        // file holds zeros there already), in the same write: a block the page cache lacks
+        // (zeros written with direct I/O are not in it) is then written whole, never read
+        // from the disk first to fill in the rest, and the next commit starts in a block the
+        // page cache holds. Past the prepared space the file grows: nothing there to read.
+        let written = self.end + bytes.len() as u64;
+        let padded = block_end(written).min(self.prepared.max(written));
+        const ZEROS: [u8; LOG_BLOCK_BYTES as usize] = [0; LOG_BLOCK_BYTES as usize];
+        let pad = &ZEROS[..usize::try_from(padded - written).unwrap_or(0)];
+        write_all_vectored(
+            &mut self.file,
+            &mut [IoSlice::new(bytes), IoSlice::new(pad)],
+        )?;
         Ok(())
     }
 
@@ -2251,7 +2372,125 @@ mod tests {
         );
         if open_direct(&path).is_some() {
             assert!(stats.prepared_direct_bytes > want, "{stats:?}");
+            // Most commits lie in prepared space: they went around the page cache too.
+            assert!(stats.committed_direct_bytes > stats.bytes / 2, "{stats:?}");
         }
+        drop(store);
+        let store = LogStore::open_with(&path, options).expect("reopen");
+        assert_eq!(store.load(&peer).expect("load"), expected);
+        assert_eq!(store.stats().recovered_tail_bytes, 0);
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A direct commit rewrites the block it starts in from what the file holds there: kept
+    /// from the last direct commit, or read back after a commit went through the page cache
+    /// (one too large for the direct buffer, one that grew the file), after a reopen, after a
+    /// compaction, and after the direct handle refused a write (every later commit then goes
+    /// through the page cache). Whatever the mix, the file is its commits and then zeros, and
+    /// a reopen finds every commit.
+    #[test]
+    fn direct_commits_start_from_the_blocks_the_file_holds_whatever_wrote_them() {
+        let (path, want, options, store) = prepared_store("direct-mix");
+        let peer = PeerId::new("p");
+        let mut expected = DurableState::default();
+        let mut seq = 0;
+        // Commits one send of `body` bytes as op `seq`, then the next.
+        fn commit(store: &LogStore, expected: &mut DurableState, seq: &mut u64, body: usize) {
+            let mut op = send(*seq);
+            op.body = Some(bytes::Bytes::from(vec![(*seq % 251) as u8 + 1; body]));
+            let batch = PersistBatch {
+                id: BatchId(*seq + 1),
+                records: vec![Record::Outbox(op)],
+            };
+            *seq += 1;
+            store
+                .commit(&PeerId::new("p"), std::slice::from_ref(&batch))
+                .expect("commit");
+            expected.apply(&batch);
+        }
+        let sound = |store: &LogStore, at: &str| {
+            store.wait_preparation();
+            let stats = store.stats();
+            let bytes = std::fs::read(&path).expect("read");
+            assert_eq!(
+                bytes.len() as u64,
+                stats.bytes + stats.prepared_bytes,
+                "{at}"
+            );
+            assert!(
+                bytes[stats.bytes as usize..].iter().all(|b| *b == 0),
+                "{at}"
+            );
+            stats
+        };
+        let direct = open_direct(&path).is_some();
+        if !direct {
+            eprintln!(
+                "*** direct I/O is refused under {}: only the page-cache path ran ***",
+                path.display()
+            );
+        }
+        for _ in 0..20 {
+            commit(&store, &mut expected, &mut seq, 300);
+        }
+        let before = sound(&store, "small commits").committed_direct_bytes;
+        assert_eq!(before > 0, direct);
+        // Two large commits in a row past the prepared space, each a whole number of blocks
+        // (the next commit starts where the last direct one ended in its block, but in a block
+        // the large one wrote), then small ones.
+        let format = store.lock().format;
+        let encoded = |body: usize| {
+            let mut op = send(seq);
+            op.body = Some(bytes::Bytes::from(vec![0; body]));
+            let (bytes, _) = encode(format, &peer, [Record::Outbox(op)].iter()).expect("encode");
+            bytes.len() as u64
+        };
+        let body = LOG_DIRECT_COMMIT_BYTES_MAX - 1000;
+        let whole = body
+            + usize::try_from(
+                (LOG_BLOCK_BYTES - encoded(body) % LOG_BLOCK_BYTES) % LOG_BLOCK_BYTES,
+            )
+            .expect("small");
+        assert_eq!(encoded(whole) % LOG_BLOCK_BYTES, 0);
+        commit(&store, &mut expected, &mut seq, whole);
+        commit(&store, &mut expected, &mut seq, whole);
+        let after_large = sound(&store, "large commits").committed_direct_bytes;
+        assert!(after_large < before + LOG_DIRECT_COMMIT_BYTES_MAX as u64);
+        for _ in 0..40 {
+            commit(&store, &mut expected, &mut seq, 700);
+        }
+        let stats = sound(&store, "after the large commits");
+        assert_eq!(
+            stats.committed_direct_bytes > after_large,
+            direct,
+            "{stats:?}"
+        );
+        drop(store);
+        let store = LogStore::open_with(&path, options).expect("reopen");
+        assert_eq!(store.load(&peer).expect("load"), expected);
+        for _ in 0..40 {
+            commit(&store, &mut expected, &mut seq, 500);
+        }
+        store.compact().expect("compact");
+        for _ in 0..40 {
+            commit(&store, &mut expected, &mut seq, 900);
+        }
+        sound(&store, "after the reopen and a compaction");
+        // A direct handle that refuses (read only): the commit goes through the page cache,
+        // and so does every one after it.
+        {
+            let mut inner = store.lock();
+            let generation = inner.generation;
+            inner.direct.file = Some((generation, File::open(&path).expect("open")));
+        }
+        let refused = store.stats().committed_direct_bytes;
+        for _ in 0..20 {
+            commit(&store, &mut expected, &mut seq, 400);
+        }
+        let stats = sound(&store, "after a refusal");
+        assert_eq!(stats.committed_direct_bytes, refused);
+        assert!(store.lock().direct.refused);
+        assert!(stats.bytes > want);
         drop(store);
         let store = LogStore::open_with(&path, options).expect("reopen");
         assert_eq!(store.load(&peer).expect("load"), expected);
