@@ -1,4 +1,5 @@
-//! Crash truth: real `tether node` processes with SQLite stores, the sender and the receiver
+//! Crash truth: real `tether node` processes with durable stores (SQLite, and the log store
+//! in a run of its own), the sender and the receiver
 //! each killed with SIGKILL at points drawn from a seeded generator (counted in events, not
 //! time) and restarted from their data directories, at least 24 kills per run. Every outcome
 //! is explained or the test fails:
@@ -135,14 +136,27 @@ async fn open_all(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_senders_and_receivers_lose_duplicate_and_reorder_nothing() {
+    crash_truth("sqlite").await;
+}
+
+/// The same with the log store: its direct and page-cache commits, preparations and
+/// compactions killed anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_senders_and_receivers_on_the_log_store_lose_duplicate_and_reorder_nothing() {
+    crash_truth("log").await;
+}
+
+/// Both nodes on `store` (`--store`), killed [`KILLS`] times in all.
+async fn crash_truth(store: &str) {
     let seed = std::env::var("CRASH_SEED")
         .ok()
         .and_then(|seed| seed.parse().ok())
         .unwrap_or(0x7e7e_c0de_u64);
-    println!("crash truth seed {seed} (CRASH_SEED={seed} replays these kill points)");
+    println!("crash truth on {store}, seed {seed} (CRASH_SEED={seed} replays these kill points)");
     let mut rng = Rng((seed << 1) | 1);
     let tether = std::path::Path::new(TETHER);
-    let dir = std::env::temp_dir().join(format!("tether-crash-truth-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("tether-crash-truth-{store}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let mut truth = Truth::default();
@@ -150,6 +164,8 @@ async fn sigkilled_senders_and_receivers_lose_duplicate_and_reorder_nothing() {
     let (port_a, port_b) = (free_port(), free_port());
     let data = |who: &str| dir.join(who).display().to_string();
     let mut b_args = vec![
+        "--store".to_owned(),
+        store.to_owned(),
         "--data".to_owned(),
         data("b"),
         "--listen".to_owned(),
@@ -159,6 +175,8 @@ async fn sigkilled_senders_and_receivers_lose_duplicate_and_reorder_nothing() {
         NodeProc::spawn(tether, "b", 1, &b_args, events_tx.clone()).expect("tether node starts");
     let b_ticket = ready(&mut events, &mut truth, "b", 1).await;
     let a_args = vec![
+        "--store".to_owned(),
+        store.to_owned(),
         "--data".to_owned(),
         data("a"),
         "--listen".to_owned(),
