@@ -1120,8 +1120,13 @@ impl Inner {
                 .as_ref()
                 .is_none_or(|(generation, _)| *generation != self.generation)
             {
-                // Under the store's lock: the file the path names is the one written.
-                let Some(file) = open_direct(&self.path) else {
+                // Under the store's lock, where the path names the file written; and it must
+                // be that file (the same inode), whatever else may have renamed over it.
+                use std::os::unix::fs::MetadataExt;
+                let inode = |file: &File| file.metadata().map(|m| (m.dev(), m.ino())).ok();
+                let Some(file) = open_direct(&self.path)
+                    .filter(|file| inode(file).is_some() && inode(file) == inode(&self.file))
+                else {
                     direct.refused = true;
                     return false;
                 };
@@ -2495,6 +2500,33 @@ mod tests {
         let store = LogStore::open_with(&path, options).expect("reopen");
         assert_eq!(store.load(&peer).expect("load"), expected);
         assert_eq!(store.stats().recovered_tail_bytes, 0);
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A direct handle is the file the store writes or none: when the path names another
+    /// file (renamed over it from outside), commits go through the page cache into the
+    /// store's own file.
+    #[test]
+    fn direct_commits_never_go_to_a_file_renamed_over_the_log() {
+        let (path, _, _, store) = prepared_store("direct-renamed");
+        let peer = PeerId::new("p");
+        store
+            .commit(&peer, std::slice::from_ref(&outbox_batch(0)))
+            .expect("commit");
+        let stranger = path.with_extension("stranger");
+        std::fs::write(&stranger, vec![0u8; 64 * 1024]).expect("write");
+        std::fs::rename(&stranger, &path).expect("rename");
+        store.lock().direct.file = None;
+        let before = store.stats().committed_direct_bytes;
+        store
+            .commit(&peer, std::slice::from_ref(&outbox_batch(1)))
+            .expect("commit");
+        assert_eq!(store.stats().committed_direct_bytes, before);
+        assert!(store.lock().direct.refused);
+        assert!(
+            std::fs::read(&path).expect("read").iter().all(|b| *b == 0),
+            "the stranger is untouched"
+        );
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
