@@ -232,6 +232,23 @@ struct DirectCommits {
     bytes: u64,
 }
 
+impl DirectCommits {
+    /// The file it wrote is no longer the log (a compaction renamed another over it, or the
+    /// tail was cut): its handle goes (so the old file's space is freed with the last
+    /// handle), and so does the block kept from it.
+    fn forget_file(&mut self) {
+        self.file = None;
+        self.tail_at = None;
+    }
+
+    /// Direct commits stop for good; the handle goes with them.
+    fn refuse(&mut self) {
+        self.refused = true;
+        self.forget_file();
+        self.buffer = Vec::new();
+    }
+}
+
 /// What a [`LogStore`] has done since it was opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogStats {
@@ -1127,7 +1144,7 @@ impl Inner {
                 let Some(file) = open_direct(&self.path)
                     .filter(|file| inode(file).is_some() && inode(file) == inode(&self.file))
                 else {
-                    direct.refused = true;
+                    direct.refuse();
                     return false;
                 };
                 direct.file = Some((self.generation, file));
@@ -1156,7 +1173,7 @@ impl Inner {
             direct.tail_at = None;
             if let Err(error) = file.write_all_at(out, start) {
                 tracing::debug!(%error, "direct log commit refused");
-                direct.refused = true;
+                direct.refuse();
                 return false;
             }
             // The block the next commit starts in, as just written.
@@ -1166,7 +1183,6 @@ impl Inner {
             direct.tail.clear();
             direct.tail.extend_from_slice(&out[from..to]);
             direct.tail_at = Some((self.generation, written));
-            direct.bytes += bytes.len() as u64;
             true
         }
         #[cfg(not(target_os = "linux"))]
@@ -1193,10 +1209,14 @@ impl Inner {
         // From here until the sync returns, bytes past `end` may be on disk: a failure leaves
         // them to be cut before the next write (and a crash leaves them to replay's cut).
         self.torn = true;
-        if !self.write_direct(bytes) {
+        let direct = self.write_direct(bytes);
+        if !direct {
             self.write_cached(bytes)?;
         }
         self.file.sync_data()?;
+        if direct {
+            self.direct.bytes += bytes.len() as u64;
+        }
         self.torn = false;
         let at = self.end;
         for (record, span) in records.clone().zip(spans) {
@@ -1352,6 +1372,7 @@ impl Inner {
         self.file = file;
         self.index = index;
         self.generation += 1;
+        self.direct.forget_file();
         self.end = snapshot + since.len() as u64;
         self.prepared = self.end;
         self.snapshot_bytes = snapshot;
@@ -1384,6 +1405,7 @@ impl Inner {
     /// Cuts the file back to the end of its last complete commit.
     fn cut_tail(&mut self) -> Result<(), StoreError> {
         self.generation += 1;
+        self.direct.forget_file();
         self.prepared = self.end;
         self.file.set_len(self.end)?;
         self.file.sync_all()?;
@@ -2477,6 +2499,8 @@ mod tests {
             commit(&store, &mut expected, &mut seq, 500);
         }
         store.compact().expect("compact");
+        // The old file's handle went with the rename (its space is freed with it).
+        assert!(store.lock().direct.file.is_none());
         for _ in 0..40 {
             commit(&store, &mut expected, &mut seq, 900);
         }
@@ -2495,11 +2519,67 @@ mod tests {
         let stats = sound(&store, "after a refusal");
         assert_eq!(stats.committed_direct_bytes, refused);
         assert!(store.lock().direct.refused);
+        assert!(store.lock().direct.file.is_none());
         assert!(stats.bytes > want);
         drop(store);
         let store = LogStore::open_with(&path, options).expect("reopen");
         assert_eq!(store.load(&peer).expect("load"), expected);
         assert_eq!(store.stats().recovered_tail_bytes, 0);
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A commit larger than [`LOG_DIRECT_COMMIT_BYTES_MAX`] goes through the page cache even
+    /// inside prepared space (the direct buffer stays within its bound), and the next small
+    /// commit goes direct again from the block the large one ended in.
+    #[test]
+    fn a_commit_over_the_direct_bound_goes_through_the_page_cache() {
+        let path = temp_log("direct-bound");
+        let options = LogOptions {
+            prepare_bytes: 4 * LOG_DIRECT_COMMIT_BYTES_MAX as u64,
+            ..LogOptions::default()
+        };
+        let store = LogStore::open_with(&path, options).expect("open");
+        if open_direct(&path).is_none() {
+            eprintln!(
+                "*** direct I/O is refused under {}: skipped ***",
+                path.display()
+            );
+            let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+            return;
+        }
+        let peer = PeerId::new("p");
+        let mut expected = DurableState::default();
+        // Ops `seqs` of `body` bytes each, in one commit.
+        let mut commit = |seqs: std::ops::Range<u64>, body: usize| {
+            let records = seqs
+                .clone()
+                .map(|seq| {
+                    let mut op = send(seq);
+                    op.body = Some(bytes::Bytes::from(vec![seq as u8 + 1; body]));
+                    Record::Outbox(op)
+                })
+                .collect();
+            let batch = PersistBatch {
+                id: BatchId(seqs.end),
+                records,
+            };
+            store
+                .commit(&peer, std::slice::from_ref(&batch))
+                .expect("commit");
+            expected.apply(&batch);
+            store.stats()
+        };
+        let small = commit(0..1, 300).committed_direct_bytes;
+        assert!(small > 0);
+        // Two ops of 60% of the bound each: one commit over it, of entries within theirs.
+        let large = commit(1..3, LOG_DIRECT_COMMIT_BYTES_MAX * 3 / 5).committed_direct_bytes;
+        assert_eq!(large, small, "the large commit went through the page cache");
+        assert!(store.stats().prepared_bytes > 0, "inside prepared space");
+        assert!(store.lock().direct.buffer.len() <= 4 * LOG_BLOCK_BYTES as usize);
+        assert!(commit(3..4, 300).committed_direct_bytes > large);
+        drop(store);
+        let store = LogStore::open_with(&path, options).expect("reopen");
+        assert_eq!(store.load(&peer).expect("load"), expected);
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
