@@ -2403,15 +2403,12 @@ mod tests {
             assert!(stats.committed_direct_bytes > stats.bytes / 2, "{stats:?}");
         }
         drop(store);
-        let store = LogStore::open_with(&path, options).expect("reopen");
-        assert_eq!(store.load(&peer).expect("load"), expected);
-        assert_eq!(store.stats().recovered_tail_bytes, 0);
-        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+        reopens_to(&path, options, &peer, &expected);
     }
 
     /// A direct commit rewrites the block it starts in from what the file holds there: kept
     /// from the last direct commit, or read back after a commit went through the page cache
-    /// (one too large for the direct buffer, one that grew the file), after a reopen, after a
+    /// (commits that grew the file past the prepared space), after a reopen, after a
     /// compaction, and after the direct handle refused a write (every later commit then goes
     /// through the page cache). Whatever the mix, the file is its commits and then zeros, and
     /// a reopen finds every commit.
@@ -2522,10 +2519,7 @@ mod tests {
         assert!(store.lock().direct.file.is_none());
         assert!(stats.bytes > want);
         drop(store);
-        let store = LogStore::open_with(&path, options).expect("reopen");
-        assert_eq!(store.load(&peer).expect("load"), expected);
-        assert_eq!(store.stats().recovered_tail_bytes, 0);
-        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+        reopens_to(&path, options, &peer, &expected);
     }
 
     /// A commit larger than [`LOG_DIRECT_COMMIT_BYTES_MAX`] goes through the page cache even
@@ -2578,9 +2572,7 @@ mod tests {
         assert!(store.lock().direct.buffer.len() <= 4 * LOG_BLOCK_BYTES as usize);
         assert!(commit(3..4, 300).committed_direct_bytes > large);
         drop(store);
-        let store = LogStore::open_with(&path, options).expect("reopen");
-        assert_eq!(store.load(&peer).expect("load"), expected);
-        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+        reopens_to(&path, options, &peer, &expected);
     }
 
     /// A direct handle is the file the store writes or none: when the path names another
@@ -2662,6 +2654,16 @@ mod tests {
     }
 
     /// A batch that puts `send(seq)` in the outbox.
+    /// The log at `path`, reopened, holds `expected` for `peer` and cut no tail; then its
+    /// directory goes.
+    fn reopens_to(path: &Path, options: LogOptions, peer: &PeerId, expected: &DurableState) {
+        let store = LogStore::open_with(path, options).expect("reopen");
+        assert_eq!(&store.load(peer).expect("load"), expected);
+        assert_eq!(store.stats().recovered_tail_bytes, 0);
+        drop(store);
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
     fn outbox_batch(seq: u64) -> PersistBatch {
         PersistBatch {
             id: BatchId(seq + 1),
