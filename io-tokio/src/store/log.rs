@@ -698,9 +698,8 @@ impl Prepare {
         {
             use std::os::unix::fs::FileExt;
             let block = LOG_BLOCK_BYTES as usize;
-            // Direct I/O wants its buffer aligned too.
             let buffer = vec![0; LOG_PREPARE_CHUNK_BYTES + block];
-            let skip = buffer.as_ptr().align_offset(block).min(block);
+            let skip = block_aligned(&buffer);
             let zeros = &buffer[skip..skip + LOG_PREPARE_CHUNK_BYTES];
             let mut direct = self.direct.as_ref();
             let mut at = self.from;
@@ -760,6 +759,32 @@ fn open_direct(path: &Path) -> Option<File> {
         let _ = path;
         None
     }
+}
+
+/// [`open_direct`], only when what `path` names is `log` itself (the same device and inode):
+/// never a file renamed over the log from outside.
+fn open_direct_on(path: &Path, log: &File) -> Option<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let inode = |file: &File| file.metadata().map(|m| (m.dev(), m.ino())).ok();
+        let direct = open_direct(path)?;
+        (inode(&direct).is_some() && inode(&direct) == inode(log)).then_some(direct)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (path, log);
+        None
+    }
+}
+
+/// Where a run of whole blocks may start in `buffer` so that its memory is aligned as direct
+/// I/O wants (the buffer holds a block more than the run).
+fn block_aligned(buffer: &[u8]) -> usize {
+    buffer
+        .as_ptr()
+        .align_offset(LOG_BLOCK_BYTES as usize)
+        .min(LOG_BLOCK_BYTES as usize)
 }
 
 /// Writes every byte of `slices`, in order, with as few calls as the kernel allows (one for
@@ -1137,13 +1162,8 @@ impl Inner {
                 .as_ref()
                 .is_none_or(|(generation, _)| *generation != self.generation)
             {
-                // Under the store's lock, where the path names the file written; and it must
-                // be that file (the same inode), whatever else may have renamed over it.
-                use std::os::unix::fs::MetadataExt;
-                let inode = |file: &File| file.metadata().map(|m| (m.dev(), m.ino())).ok();
-                let Some(file) = open_direct(&self.path)
-                    .filter(|file| inode(file).is_some() && inode(file) == inode(&self.file))
-                else {
+                // Under the store's lock, where the path names the file written.
+                let Some(file) = open_direct_on(&self.path, &self.file) else {
                     direct.refuse();
                     return false;
                 };
@@ -1162,7 +1182,7 @@ impl Inner {
             if direct.buffer.len() < len + block {
                 direct.buffer.resize(len + block, 0);
             }
-            let skip = direct.buffer.as_ptr().align_offset(block).min(block);
+            let skip = block_aligned(&direct.buffer);
             let out = &mut direct.buffer[skip..skip + len];
             out[..head].copy_from_slice(&direct.tail);
             out[head..head + bytes.len()].copy_from_slice(bytes);
@@ -1282,7 +1302,7 @@ impl Inner {
         Some(Prepare {
             file,
             // Opened under the lock, so that it is the file `generation` names.
-            direct: open_direct(&self.path),
+            direct: open_direct_on(&self.path, &self.file),
             from: self.preparing_from,
             to: self.end + want,
             generation: self.generation,
