@@ -206,6 +206,10 @@ struct Inner {
     prepared_direct: u64,
     /// Commits written with direct I/O.
     direct: DirectCommits,
+    /// Tests: this many of the next commits' syncs fail after they ran (the commit's bytes
+    /// are then on disk, and the commit is reported failed).
+    #[cfg(test)]
+    failing_syncs: u32,
 }
 
 /// Commits that lie wholly in prepared space go to the disk with direct I/O (Linux, where the
@@ -1138,7 +1142,20 @@ impl Inner {
             generation: 0,
             prepared_direct: 0,
             direct: DirectCommits::default(),
+            #[cfg(test)]
+            failing_syncs: 0,
         }
+    }
+
+    /// Syncs a commit just written.
+    fn sync_commit(&mut self) -> std::io::Result<()> {
+        self.file.sync_data()?;
+        #[cfg(test)]
+        if self.failing_syncs > 0 {
+            self.failing_syncs -= 1;
+            return Err(std::io::Error::other("a sync failed (injected)"));
+        }
+        Ok(())
     }
 
     /// Writes `bytes` at `end` with direct I/O when every block they touch is prepared space
@@ -1233,7 +1250,7 @@ impl Inner {
         if !direct {
             self.write_cached(bytes)?;
         }
-        self.file.sync_data()?;
+        self.sync_commit()?;
         if direct {
             self.direct.bytes += bytes.len() as u64;
         }
@@ -2438,35 +2455,8 @@ mod tests {
         let peer = PeerId::new("p");
         let mut expected = DurableState::default();
         let mut seq = 0;
-        // Commits one send of `body` bytes as op `seq`, then the next.
-        fn commit(store: &LogStore, expected: &mut DurableState, seq: &mut u64, body: usize) {
-            let mut op = send(*seq);
-            op.body = Some(bytes::Bytes::from(vec![(*seq % 251) as u8 + 1; body]));
-            let batch = PersistBatch {
-                id: BatchId(*seq + 1),
-                records: vec![Record::Outbox(op)],
-            };
-            *seq += 1;
-            store
-                .commit(&PeerId::new("p"), std::slice::from_ref(&batch))
-                .expect("commit");
-            expected.apply(&batch);
-        }
-        let sound = |store: &LogStore, at: &str| {
-            store.wait_preparation();
-            let stats = store.stats();
-            let bytes = std::fs::read(&path).expect("read");
-            assert_eq!(
-                bytes.len() as u64,
-                stats.bytes + stats.prepared_bytes,
-                "{at}"
-            );
-            assert!(
-                bytes[stats.bytes as usize..].iter().all(|b| *b == 0),
-                "{at}"
-            );
-            stats
-        };
+        let commit = commit_body;
+        let sound = |store: &LogStore, at: &str| commits_then_zeros(store, &path, at);
         let direct = open_direct(&path).is_some();
         if !direct {
             eprintln!(
@@ -2676,6 +2666,105 @@ mod tests {
     /// A batch that puts `send(seq)` in the outbox.
     /// The log at `path`, reopened, holds `expected` for `peer` and cut no tail; then its
     /// directory goes.
+    /// Commits one send of `body` bytes as op `seq` for peer "p" (applied to `expected`), then
+    /// the next seq.
+    fn commit_body(store: &LogStore, expected: &mut DurableState, seq: &mut u64, body: usize) {
+        let batch = body_batch(*seq, body);
+        *seq += 1;
+        store
+            .commit(&PeerId::new("p"), std::slice::from_ref(&batch))
+            .expect("commit");
+        expected.apply(&batch);
+    }
+
+    /// One send of `body` bytes as op `seq`.
+    fn body_batch(seq: u64, body: usize) -> PersistBatch {
+        let mut op = send(seq);
+        op.body = Some(bytes::Bytes::from(vec![(seq % 251) as u8 + 1; body]));
+        PersistBatch {
+            id: BatchId(seq + 1),
+            records: vec![Record::Outbox(op)],
+        }
+    }
+
+    /// Once the preparation running ended: the file at `path` is its commits, then prepared
+    /// zeros and nothing else.
+    fn commits_then_zeros(store: &LogStore, path: &Path, at: &str) -> LogStats {
+        store.wait_preparation();
+        let stats = store.stats();
+        let bytes = std::fs::read(path).expect("read");
+        assert_eq!(
+            bytes.len() as u64,
+            stats.bytes + stats.prepared_bytes,
+            "{at}"
+        );
+        assert!(
+            bytes[stats.bytes as usize..].iter().all(|b| *b == 0),
+            "{at}"
+        );
+        stats
+    }
+
+    /// A commit whose sync fails after it was written (its bytes are on disk; it is reported
+    /// failed) leaves them past the end only until the next write, which cuts them first: a
+    /// shorter commit after it leaves nothing of it behind, direct commits resume once space
+    /// is prepared again, and a reopen finds exactly the commits reported durable. A crash
+    /// before that next write may keep the failed commit whole, as a commit that happened:
+    /// its caller was told nothing durable and retries it, which a reload makes moot.
+    #[test]
+    fn a_commit_whose_sync_failed_is_cut_before_the_next_write() {
+        let (path, _, options, store) = prepared_store("sync-fails");
+        let peer = PeerId::new("p");
+        let direct = open_direct(&path).is_some();
+        if !direct {
+            eprintln!(
+                "*** direct I/O is refused under {}: only the page-cache path ran ***",
+                path.display()
+            );
+        }
+        let (mut expected, mut seq) = (DurableState::default(), 0);
+        for _ in 0..10 {
+            commit_body(&store, &mut expected, &mut seq, 300);
+        }
+        let before = commits_then_zeros(&store, &path, "before the failure");
+        assert_eq!(before.committed_direct_bytes > 0, direct);
+        // Three blocks of body, far longer than the commit after it.
+        let failing = body_batch(seq, 3 * LOG_BLOCK_BYTES as usize);
+        store.lock().failing_syncs = 1;
+        assert!(store.commit(&peer, std::slice::from_ref(&failing)).is_err());
+        assert_eq!(store.stats().bytes, before.bytes);
+        assert_eq!(
+            store.stats().committed_direct_bytes,
+            before.committed_direct_bytes
+        );
+        let on_disk = std::fs::read(&path).expect("read");
+        assert!(on_disk[before.bytes as usize..].iter().any(|b| *b != 0));
+        // A crash now: the failed commit's bytes are whole, so it replays.
+        {
+            let copy = path.with_extension("crashed");
+            std::fs::write(&copy, &on_disk).expect("copy");
+            let crashed = LogStore::open_with(&copy, options).expect("open the copy");
+            let mut with_failed = expected.clone();
+            with_failed.apply(&failing);
+            assert_eq!(crashed.load(&peer).expect("load"), with_failed);
+        }
+        // No crash: the next commit (a different, shorter one at the same seq) cuts it first.
+        commit_body(&store, &mut expected, &mut seq, 200);
+        commits_then_zeros(&store, &path, "after the commit that followed the failure");
+        for _ in 0..30 {
+            commit_body(&store, &mut expected, &mut seq, 300);
+        }
+        let after = commits_then_zeros(&store, &path, "after more commits");
+        assert_eq!(
+            after.committed_direct_bytes > before.committed_direct_bytes,
+            direct,
+            "{after:?}"
+        );
+        drop(store);
+        let _ = std::fs::remove_file(path.with_extension("crashed"));
+        reopens_to(&path, options, &peer, &expected);
+    }
+
     fn reopens_to(path: &Path, options: LogOptions, peer: &PeerId, expected: &DurableState) {
         let store = LogStore::open_with(path, options).expect("reopen");
         assert_eq!(&store.load(peer).expect("load"), expected);
