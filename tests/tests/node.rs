@@ -79,10 +79,17 @@ fn chat(to: &Node, n: u32) -> OutFrame {
 }
 
 /// Receives `count` deliveries; returns their payload numbers in arrival order.
+/// The next `count` frames delivered to `node`, by number. A frame that never comes fails
+/// the test after a minute (a deadline against a hang, never a wait for an event).
 async fn receive(node: &mut TestNode, count: usize) -> Vec<u32> {
     let mut numbers = Vec::new();
     while numbers.len() < count {
-        let (dest, tag, payload) = node.delivered.recv().await.expect("bridge alive");
+        let delivered =
+            tokio::time::timeout(std::time::Duration::from_secs(60), node.delivered.recv());
+        let Ok(delivered) = delivered.await else {
+            panic!("{} of {count} frames arrived: {numbers:?}", numbers.len());
+        };
+        let (dest, tag, payload) = delivered.expect("bridge alive");
         assert_eq!((dest, tag.as_str()), (APP_ACTOR, "Chat"));
         numbers.push(u32::from_be_bytes(
             payload[..4].try_into().expect("4 bytes"),
@@ -146,6 +153,20 @@ async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
         frame.to = node_id_of(&stranger);
         frames.insert(10, frame);
     }
+    // Frames the wire cannot carry, each dropped and counted where it stands: inside a run
+    // (the run goes on past it), at a run's start, and where the peer changes.
+    let unsendable = |to: &TestNode| {
+        let mut frame = chat(&to.node, 0);
+        frame.type_tag = "x"
+            .repeat(tether_core::limits::ACTOR_TAG_BYTES_MAX + 1)
+            .into();
+        frame
+    };
+    let at = frames.len() - 5;
+    frames.insert(at, unsendable(&b));
+    frames.insert(at, unsendable(&c));
+    frames.insert(1, unsendable(&c));
+    frames.insert(0, unsendable(&b));
     a.node.send_batch(frames);
     assert_eq!(
         receive(&mut b, to_b as usize).await,
@@ -158,6 +179,7 @@ async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
     let snapshot = a.node.snapshot();
     assert_eq!(snapshot.frames_enqueued, u64::from(to_b + to_c));
     assert_eq!(snapshot.drops.get(DropReason::CacheMiss), 3);
+    assert_eq!(snapshot.drops.get(DropReason::WriteFailed), 4);
     for n in [a, b, c] {
         n.node.close().await;
     }

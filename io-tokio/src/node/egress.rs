@@ -460,6 +460,15 @@ impl Inner {
         checked.is_ok()
     }
 
+    /// The next frame of `frames` that is [`Inner::sendable`] (the others are counted).
+    #[inline]
+    pub(super) fn next_sendable(
+        self: &Arc<Self>,
+        frames: &mut impl Iterator<Item = OutFrame>,
+    ) -> Option<OutFrame> {
+        frames.find(|frame| self.sendable(frame))
+    }
+
     /// One frame: through this thread's [`SendCache`] without the egress lock when it knows
     /// the peer's queue, else as [`Inner::send_run`] with a run of one, without the run's
     /// iterator layers (each moves the frame once more, which a lone 64 B frame feels).
@@ -633,11 +642,11 @@ impl Inner {
     /// ring slot each (the writer hands the records to the stream as they are); a run the
     /// ring has no room for is pushed frame by frame, as lone frames are, so the spillover
     /// stays bounded in frames.
-    pub(super) fn enqueue(
+    pub(super) fn enqueue<I: Iterator<Item = OutFrame>>(
         self: &Arc<Self>,
         queue: &PeerQueue,
         tags: &TagTable,
-        frames: impl Iterator<Item = OutFrame>,
+        mut frames: std::iter::Peekable<I>,
         counted: bool,
     ) {
         let (mut enqueued, mut full, mut unencodable) = (0u64, 0u64, 0u64);
@@ -655,15 +664,19 @@ impl Inner {
         };
         // The runs are split off one buffer (a run's records share its allocation).
         let (mut routes, mut records) = (None, BytesMut::new());
-        let mut frames = frames.peekable();
         while let Some(first) = frames.next() {
             if frames.peek().is_none() || !queue.sender.ring_has_room() {
                 push_one(first, &mut count);
                 continue;
             }
             let routes = routes.get_or_insert_with(|| self.routes_now());
-            let run = std::iter::once(first).chain(frames.by_ref().take(EGRESS_RUN_FRAMES_MAX - 1));
-            let (run, skipped) = encode_run(run, routes, &mut records, self.payload_bytes_max);
+            let (run, skipped) = encode_run(
+                first,
+                &mut frames,
+                routes,
+                &mut records,
+                self.payload_bytes_max,
+            );
             unencodable += skipped;
             let frames_in_run = run.frames;
             match queue
@@ -914,18 +927,59 @@ impl Inner {
     }
 }
 
-/// `frames` (each judged sendable when handed over) encoded as the writer would encode
-/// them, split off `records`; with how many the wire could not carry after all (none;
-/// were one to fail, it is counted, never written).
+/// One run of [`Node::send_batch`]: its first frame, then each sendable frame after it (the
+/// others counted) while they go to the same peer. The first frame for another peer ends
+/// the run and is left in `after`, to start the next. One layer over the caller's iterator:
+/// each layer moves every frame once more, which 64 B frames feel.
+pub(super) struct RunOf<'a, I> {
+    pub(super) first: Option<OutFrame>,
+    pub(super) peer: NodeId,
+    pub(super) inner: &'a Arc<Inner>,
+    pub(super) frames: &'a mut I,
+    pub(super) after: &'a mut Option<OutFrame>,
+}
+
+impl<I: Iterator<Item = OutFrame>> Iterator for RunOf<'_, I> {
+    type Item = OutFrame;
+
+    #[inline]
+    fn next(&mut self) -> Option<OutFrame> {
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
+        if self.after.is_some() {
+            return None;
+        }
+        let frame = self.inner.next_sendable(self.frames)?;
+        if frame.to == self.peer {
+            Some(frame)
+        } else {
+            *self.after = Some(frame);
+            None
+        }
+    }
+}
+
+/// `first` and up to [`EGRESS_RUN_FRAMES_MAX`] − 1 frames of `rest` after it (each judged
+/// sendable when handed over) encoded as the writer would encode them, split off `records`;
+/// with how many the wire could not carry after all (none; were one to fail, it is counted,
+/// never written).
 fn encode_run(
-    frames: impl Iterator<Item = OutFrame>,
+    first: OutFrame,
+    rest: &mut impl Iterator<Item = OutFrame>,
     routes: &Routes<ActorAddr>,
     records: &mut BytesMut,
     payload_bytes_max: usize,
 ) -> (Encoded, u64) {
     let (mut count, mut unencodable, mut swim) = (0u64, 0u64, false);
     let mut last_tag: Option<Cow<'static, str>> = None;
-    for frame in frames {
+    let mut next = Some(first);
+    let mut taken = 1;
+    while let Some(frame) = next.take() {
+        if taken < EGRESS_RUN_FRAMES_MAX {
+            next = rest.next();
+            taken += 1;
+        }
         // Room for the run as its first frame suggests, within one write batch (a run of
         // large frames grows as it goes, and never pins more than it holds).
         let record = frame.type_tag.len() + frame.payload.len() + 48;
@@ -1131,7 +1185,9 @@ mod tests {
         };
         let frames: Vec<OutFrame> = (1..=5).map(|n| frame("Chat", n)).collect();
         let mut records = BytesMut::new();
-        let (run, skipped) = encode_run(frames.iter().cloned(), &routes, &mut records, 1 << 20);
+        let mut rest = frames.iter().cloned();
+        let first = rest.next().expect("frames");
+        let (run, skipped) = encode_run(first, &mut rest, &routes, &mut records, 1 << 20);
         assert_eq!((run.frames, skipped, run.swim), (5, 0, false));
         let mut one_by_one = BytesMut::new();
         for frame in &frames {
@@ -1153,10 +1209,23 @@ mod tests {
         );
         // One SWIM frame in the run makes the run's batch a SWIM batch.
         let swim = tether_core::driver::SWIM_TAGS[0];
-        let mixed = [frame("Chat", 1), frame(swim, 2), frame("Chat", 3)];
-        let (run, _) = encode_run(mixed.into_iter(), &routes, &mut records, 1 << 20);
+        let mut mixed = [frame(swim, 2), frame("Chat", 3)].into_iter();
+        let (run, _) = encode_run(frame("Chat", 1), &mut mixed, &routes, &mut records, 1 << 20);
         assert!(run.swim);
         assert_eq!(run.frames, 3);
+        // A run takes at most EGRESS_RUN_FRAMES_MAX frames and leaves the rest where they
+        // were, in order.
+        let many = EGRESS_RUN_FRAMES_MAX + 3;
+        let mut rest = (0..many).map(|n| frame("Chat", (n % 200) as u8 + 1));
+        let first = rest.next().expect("frames");
+        let (run, _) = encode_run(first, &mut rest, &routes, &mut records, 1 << 20);
+        assert_eq!(run.frames, EGRESS_RUN_FRAMES_MAX as u64);
+        let left: Vec<u8> = rest.map(|f| f.dest.as_bytes()[0]).collect();
+        let next = |n: usize| (n % 200) as u8 + 1;
+        assert_eq!(
+            left,
+            (EGRESS_RUN_FRAMES_MAX..many).map(next).collect::<Vec<_>>()
+        );
     }
 
     #[test]

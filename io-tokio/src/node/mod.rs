@@ -53,7 +53,7 @@ mod substrate_link;
 mod telemetry;
 
 pub use builder::{quic_transport_config, JoinPolicy, NodeBuilder};
-use egress::Egress;
+use egress::{Egress, RunOf};
 
 pub use opens::ConnectionCut;
 use opens::Placed;
@@ -517,15 +517,23 @@ impl Node {
     /// hand-off to the writer per slot (what an actor flushing its outbox wants). A run the
     /// ring has no room for spills frame by frame, as lone frames do.
     pub fn send_batch(&self, frames: impl IntoIterator<Item = OutFrame>) {
-        let mut frames = frames
-            .into_iter()
-            .filter(|frame| self.inner.sendable(frame))
-            .peekable();
-        while let Some(first) = frames.next() {
+        let mut frames = frames.into_iter();
+        let mut next = None;
+        loop {
+            let Some(first) = next
+                .take()
+                .or_else(|| self.inner.next_sendable(&mut frames))
+            else {
+                return;
+            };
             let peer = first.to;
-            let run = std::iter::once(first).chain(std::iter::from_fn(|| {
-                frames.next_if(|next| next.to == peer)
-            }));
+            let run = RunOf {
+                first: Some(first),
+                peer,
+                inner: &self.inner,
+                frames: &mut frames,
+                after: &mut next,
+            };
             self.inner.send_run(peer, run);
         }
     }
