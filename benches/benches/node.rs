@@ -31,6 +31,9 @@ use tokio::sync::Notify;
 const FRAMES: u64 = 20_000;
 /// Rounds of the paired comparison (each is one node, one batch and one raw round).
 const PAIRED_ROUNDS: usize = 60;
+/// Unmeasured rounds of each kind before a `TETHER_BENCH_ONLY` comparison (the full paired
+/// comparison runs after criterion's rounds, which warm the same nodes and connections).
+const WARM_UP_ROUNDS: usize = 20;
 const ACTOR: tether::node::ActorAddr = tether::node::ActorAddr::new([7; 32]);
 const RAW_ALPN: &[u8] = b"tether/bench/raw";
 
@@ -350,6 +353,19 @@ fn node(c: &mut Criterion) {
                 .ok()
                 .and_then(|rounds| rounds.parse().ok())
                 .unwrap_or(PAIRED_ROUNDS);
+            // Unmeasured rounds first, as criterion's warm-up before the paired comparison:
+            // the connections' congestion windows, the rings and the allocator start cold,
+            // and the first rounds of each kind would weigh on its median.
+            for _ in 0..WARM_UP_ROUNDS {
+                for &kind in &kinds {
+                    match kind {
+                        0 => node_round(&a, payload, false),
+                        1 => node_round(&a, payload, true),
+                        2 => raw_round(payload),
+                        _ => floor_round(payload),
+                    };
+                }
+            }
             for _ in 0..rounds {
                 for (at, &kind) in kinds.iter().enumerate() {
                     took[at].push(on_cpu(kind, &|| match kind {
