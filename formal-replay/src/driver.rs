@@ -8,8 +8,8 @@ use tether_core::driver::ask::Ask;
 use tether_core::driver::machine::RegisterError;
 use tether_core::driver::schedule::JoinPhase;
 use tether_core::driver::{
-    Action, Alpns, Channel, ControlVerdict, DialEnd, DialTicket, Direction, Dispatch, Driver,
-    DriverConfig, NodeId, Open, Path, PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
+    Action, Alpns, Channel, ControlVerdict, DialEnd, DialFailure, DialTicket, Direction, Dispatch,
+    Driver, DriverConfig, NodeId, Open, Path, PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
 };
 use tether_core::driver::{ActorAddr, Handoff};
 use tether_core::time::Time;
@@ -424,7 +424,7 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 None
             }
             DriverOp::Dialed { peer, conn, .. } => {
-                let result = conn.ok_or_else(|| "failed".to_owned());
+                let result = conn.ok_or(DialFailure::Connect);
                 generation(driver.ask_dialed(now, id(*peer), result))
             }
             DriverOp::Join {

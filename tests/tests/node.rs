@@ -78,7 +78,6 @@ fn chat(to: &Node, n: u32) -> OutFrame {
     }
 }
 
-/// Receives `count` deliveries; returns their payload numbers in arrival order.
 /// The next `count` frames delivered to `node`, by number. A frame that never comes fails
 /// the test after a minute (a deadline against a hang, never a wait for an event).
 async fn receive(node: &mut TestNode, count: usize) -> Vec<u32> {
@@ -153,8 +152,9 @@ async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
         frame.to = node_id_of(&stranger);
         frames.insert(10, frame);
     }
-    // Frames the wire cannot carry, each dropped and counted where it stands: inside a run
-    // (the run goes on past it), at a run's start, and where the peer changes.
+    // Frames the wire cannot carry, each dropped and counted where it stands: inside the
+    // last run (one for its peer, one for the other, which does not end the run), where the
+    // first run (2 frames to c) gives way to the second (to b), and first of all.
     let unsendable = |to: &TestNode| {
         let mut frame = chat(&to.node, 0);
         frame.type_tag = "x"
@@ -165,7 +165,7 @@ async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
     let at = frames.len() - 5;
     frames.insert(at, unsendable(&b));
     frames.insert(at, unsendable(&c));
-    frames.insert(1, unsendable(&c));
+    frames.insert(2, unsendable(&b));
     frames.insert(0, unsendable(&b));
     a.node.send_batch(frames);
     assert_eq!(
@@ -181,6 +181,47 @@ async fn send_batch_keeps_order_per_peer_and_judges_each_frame_like_send() {
     assert_eq!(snapshot.drops.get(DropReason::CacheMiss), 3);
     assert_eq!(snapshot.drops.get(DropReason::WriteFailed), 4);
     for n in [a, b, c] {
+        n.node.close().await;
+    }
+}
+
+/// `send_batch` asks the caller's iterator for frames until it says there are no more, and
+/// never again: an iterator that is not fused (a queue drained with `from_fn`, say) keeps
+/// what is pushed to it after the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_batch_never_asks_past_the_end_of_its_frames() {
+    struct Unfused<'a> {
+        to: &'a Node,
+        sent: u32,
+        asked_after_end: u32,
+    }
+    impl Iterator for Unfused<'_> {
+        type Item = OutFrame;
+        fn next(&mut self) -> Option<OutFrame> {
+            // Ends after 100 frames (a run longer than one ring slot), then would give 10 more
+            // (and end again) if asked again.
+            if self.sent >= 100 {
+                self.asked_after_end += 1;
+                if self.asked_after_end == 1 || self.sent == 110 {
+                    return None;
+                }
+            }
+            self.sent += 1;
+            Some(chat(self.to, self.sent - 1))
+        }
+    }
+    let a = node().await;
+    let mut b = node().await;
+    a.node.connect(b.node.endpoint_addr()).await.expect("a-b");
+    let mut frames = Unfused {
+        to: &b.node,
+        sent: 0,
+        asked_after_end: 0,
+    };
+    a.node.send_batch(&mut frames);
+    assert_eq!((frames.sent, frames.asked_after_end), (100, 1));
+    assert_eq!(receive(&mut b, 100).await, (0..100).collect::<Vec<_>>());
+    for n in [a, b] {
         n.node.close().await;
     }
 }

@@ -68,7 +68,7 @@ asks! {
     ) -> StreamVerdict, Answer::stream;
     ask_stream_unread = handle_stream_unread(now: Time, peer: NodeId, channel: Channel)
         -> StreamVerdict, Answer::stream;
-    ask_dialed = handle_dialed(now: Time, peer: NodeId, result: Result<C, String>)
+    ask_dialed = handle_dialed(now: Time, peer: NodeId, result: Result<C, DialFailure>)
         -> Option<Generation>, Answer::cached;
     ask_join = handle_join(now: Time, peer: NodeId, has_relay: bool, direct_addresses: usize)
         -> Result<(), Refused>, Answer::admitted;

@@ -43,7 +43,7 @@ impl Inner {
     /// One dial attempt the machine ordered; the result goes back to it.
     pub(super) async fn dial(self: Arc<Self>, peer: NodeId, attempt: u32, timeout: Duration) {
         let Some(addr) = self.address_of(&peer) else {
-            let failed = Err("invalid node id".to_owned());
+            let failed = Err(DialFailure::NoAddress);
             self.drive(|driver, now| driver.handle_dialed(now, peer, failed));
             return;
         };
@@ -51,8 +51,14 @@ impl Inner {
         let connect = self.endpoint.connect(addr, &self.actor_alpn);
         let result = match tokio::time::timeout(timeout, connect).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(error)) => Err(error.to_string()),
-            Err(_) => Err("attempt timed out".to_owned()),
+            Ok(Err(error)) => {
+                debug!(peer = %peer, attempt, %error, "dial failed");
+                Err(DialFailure::Connect)
+            }
+            Err(_) => {
+                debug!(peer = %peer, attempt, "dial timed out");
+                Err(DialFailure::TimedOut)
+            }
         };
         let conn = result.as_ref().ok().cloned();
         let generation = self.ask(

@@ -88,10 +88,10 @@ pub use tether_core::driver::machine::{
 };
 use tether_core::driver::{
     Action, Alpns, Answer, ClaimAuthorizer, ClaimRequest, ClaimVerdict, ConnEvent, Control,
-    ControlVerdict, DialEnd, DialTicket, Direction, Dispatch, Driver, DriverConfig, DriverRecord,
-    DropReason, Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, Open, Path, PeerAuth,
-    PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict, StreamVerdict,
-    HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
+    ControlVerdict, DialEnd, DialFailure, DialTicket, Direction, Dispatch, Driver, DriverConfig,
+    DriverRecord, DropReason, Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, Open,
+    Path, PeerAuth, PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict,
+    StreamVerdict, HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 pub use tether_core::driver::{ActorAddr, Channel, NodeId};
 use tether_core::limits::{
@@ -517,7 +517,8 @@ impl Node {
     /// hand-off to the writer per slot (what an actor flushing its outbox wants). A run the
     /// ring has no room for spills frame by frame, as lone frames do.
     pub fn send_batch(&self, frames: impl IntoIterator<Item = OutFrame>) {
-        let mut frames = frames.into_iter();
+        // Fused: a caller's iterator is never asked again once it said it has no more.
+        let mut frames = frames.into_iter().fuse();
         let mut next = None;
         loop {
             let Some(first) = next

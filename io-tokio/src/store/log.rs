@@ -156,6 +156,14 @@ impl Drop for Open {
         while inner.compacting || inner.preparing {
             inner = self.shared.wait(inner);
         }
+        if inner.torn {
+            // A commit reported failed left bytes past the end: cut now, or a reopen would
+            // replay a commit its caller was told did not happen (a crash leaves them to
+            // chance, and replay's cut).
+            if let Err(error) = inner.cut_tail() {
+                tracing::warn!(%error, "the log's failed commit was not cut at close");
+            }
+        }
     }
 }
 
@@ -2663,9 +2671,6 @@ mod tests {
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
-    /// A batch that puts `send(seq)` in the outbox.
-    /// The log at `path`, reopened, holds `expected` for `peer` and cut no tail; then its
-    /// directory goes.
     /// Commits one send of `body` bytes as op `seq` for peer "p" (applied to `expected`), then
     /// the next seq.
     fn commit_body(store: &LogStore, expected: &mut DurableState, seq: &mut u64, body: usize) {
@@ -2705,12 +2710,14 @@ mod tests {
         stats
     }
 
-    /// A commit whose sync fails after it was written (its bytes are on disk; it is reported
-    /// failed) leaves them past the end only until the next write, which cuts them first: a
-    /// shorter commit after it leaves nothing of it behind, direct commits resume once space
-    /// is prepared again, and a reopen finds exactly the commits reported durable. A crash
-    /// before that next write may keep the failed commit whole, as a commit that happened:
-    /// its caller was told nothing durable and retries it, which a reload makes moot.
+    /// A commit whose sync fails after it was written (the seam fails it once the sync ran, so
+    /// its bytes are all on disk; it is reported failed) leaves them past the end only until
+    /// the next write, which cuts them first: a shorter commit after it leaves nothing of it
+    /// behind, direct commits resume once space is prepared again, and a reopen finds
+    /// exactly the commits reported durable. Closing the store cuts them too. A crash before
+    /// either may keep the failed commit whole, as a commit that happened (its caller was
+    /// told nothing durable and retries it, which a reload makes moot); a real failed sync
+    /// may also leave it in part, which replay cuts.
     #[test]
     fn a_commit_whose_sync_failed_is_cut_before_the_next_write() {
         let (path, _, options, store) = prepared_store("sync-fails");
@@ -2732,6 +2739,12 @@ mod tests {
         let failing = body_batch(seq, 3 * LOG_BLOCK_BYTES as usize);
         store.lock().failing_syncs = 1;
         assert!(store.commit(&peer, std::slice::from_ref(&failing)).is_err());
+        if direct {
+            // It went direct: the block kept for the next commit ends where it ended.
+            let inner = store.lock();
+            let ended = inner.direct.tail_at.map(|(_, at)| at);
+            assert!(ended.is_some_and(|at| at > before.bytes + 3 * LOG_BLOCK_BYTES));
+        }
         assert_eq!(store.stats().bytes, before.bytes);
         assert_eq!(
             store.stats().committed_direct_bytes,
@@ -2760,11 +2773,17 @@ mod tests {
             direct,
             "{after:?}"
         );
+        // A failed commit, then the store closed: closing cuts it.
+        let failing = body_batch(seq, 2 * LOG_BLOCK_BYTES as usize);
+        store.lock().failing_syncs = 1;
+        assert!(store.commit(&peer, std::slice::from_ref(&failing)).is_err());
         drop(store);
         let _ = std::fs::remove_file(path.with_extension("crashed"));
         reopens_to(&path, options, &peer, &expected);
     }
 
+    /// The log at `path`, reopened, holds `expected` for `peer` and cut no tail; then its
+    /// directory goes.
     fn reopens_to(path: &Path, options: LogOptions, peer: &PeerId, expected: &DurableState) {
         let store = LogStore::open_with(path, options).expect("reopen");
         assert_eq!(&store.load(peer).expect("load"), expected);
@@ -2773,6 +2792,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
+    /// A batch that puts `send(seq)` in the outbox.
     fn outbox_batch(seq: u64) -> PersistBatch {
         PersistBatch {
             id: BatchId(seq + 1),

@@ -238,7 +238,7 @@ impl World {
             None
         };
         let now = self.time();
-        let result = conn.ok_or_else(|| "no answer".to_owned());
+        let result = conn.ok_or(DialFailure::TimedOut);
         let generation = self.sims[n].driver.ask_dialed(now, peer, result);
         if let Some(conn) = conn {
             self.cached_by(n, conn, peer, Channel::Actor, generation);

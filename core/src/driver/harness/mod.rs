@@ -19,7 +19,8 @@ use super::ask::Ask;
 use super::directory::{ClaimVerdict, Handoff, HostClaim};
 use super::machine::RegisterError;
 use super::machine::{
-    Action, Alpns, Batch, Channel, Config, DialEnd, DialTicket, Dispatch, Driver, Open, Send,
+    Action, Alpns, Batch, Channel, Config, DialEnd, DialFailure, DialTicket, Dispatch, Driver,
+    Open, Send,
 };
 use super::routing::{ActorAddr, DropReason, NodeId, PeerAuth};
 use super::schedule::{DIAL_ATTEMPTS, JOIN_ATTEMPTS};

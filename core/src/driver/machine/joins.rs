@@ -6,7 +6,7 @@ impl<C: Clone> Driver<C> {
     /// Dial attempt to `peer` ended: connected (cached; the returned generation) or failed.
     ///
     /// Answered by [`Answer::Cached`] ([`Driver::poll_answer`]).
-    pub fn handle_dialed(&mut self, now: Time, peer: NodeId, result: Result<C, String>) {
+    pub fn handle_dialed(&mut self, now: Time, peer: NodeId, result: Result<C, DialFailure>) {
         let answer = self.answer_dialed(now, peer, result);
         self.answer = Some(Answer::Cached(answer));
     }
@@ -16,7 +16,7 @@ impl<C: Clone> Driver<C> {
         &mut self,
         now: Time,
         peer: NodeId,
-        result: Result<C, String>,
+        result: Result<C, DialFailure>,
     ) -> Option<Generation> {
         let attempt = match self.dials.get(&peer) {
             Some(DialState::InFlight(attempt)) => Some(*attempt),

@@ -253,6 +253,20 @@ impl From<u64> for DialTicket {
     }
 }
 
+/// Why a dial attempt ([`Action::Dial`]) did not connect, as [`Driver::handle_dialed`] is
+/// told. Each cause is retried on the same schedule; the cause is counted and traced, never
+/// a decision's input beyond "failed".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DialFailure {
+    /// No address is known for the peer, and its id is not a key to dial by.
+    NoAddress,
+    /// The connection attempt failed: refused, unreachable, or its handshake failed.
+    Connect,
+    /// The attempt did not connect within its timeout.
+    TimedOut,
+}
+
 /// How the dial an [`Open::Dial`] ordered ended, when it did not connect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DialEnd {
