@@ -9,7 +9,8 @@ use tether_core::driver::machine::RegisterError;
 use tether_core::driver::schedule::JoinPhase;
 use tether_core::driver::{
     Action, Alpns, Channel, ControlVerdict, DialEnd, DialFailure, DialTicket, Direction, Dispatch,
-    Driver, DriverConfig, NodeId, Open, Path, PeerAuth, Send, StreamVerdict, TELEMETRY_CONTROL_TAG,
+    Driver, DriverConfig, NodeId, Open, Path, PeerAuth, SendVerdict, StreamVerdict,
+    TELEMETRY_CONTROL_TAG,
 };
 use tether_core::driver::{ActorAddr, Handoff};
 use tether_core::time::Time;
@@ -293,8 +294,8 @@ pub fn run_case(case: &DriverCase) -> Result<DriverCase, String> {
                 },
             ),
             DriverOp::Send { peer, .. } => Some(match driver.ask_send(now, id(*peer)) {
-                Send::Enqueue => "enqueue".to_owned(),
-                Send::Dropped(reason) => format!("drop:{}", reason.as_str()),
+                SendVerdict::Enqueue => "enqueue".to_owned(),
+                SendVerdict::Dropped(reason) => format!("drop:{}", reason.as_str()),
             }),
             DriverOp::Batch {
                 peer,

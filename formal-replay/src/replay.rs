@@ -993,7 +993,7 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
     use tether_core::driver::directory::CLAIM_BYTES;
     use tether_core::driver::{
         Action, Channel, ClaimVerdict, Driver, Generation, Inbound, PeerAuth, RouteMemo, Routes,
-        Send,
+        SendVerdict,
     };
 
     same_length(&case.ops, &case.steps)?;
@@ -1112,8 +1112,8 @@ fn core_routing(case: &RoutingCase) -> Result<RoutingCase, String> {
                     driver.ask_connected(now, node(*peer), Channel::Actor, u64::from(*peer));
                 }
                 step.egress = Some(match driver.ask_send(now, node(*peer)) {
-                    Send::Enqueue => format!("peer:{peer}"),
-                    Send::Dropped(why) => format!("drop:{}", why.as_str()),
+                    SendVerdict::Enqueue => format!("peer:{peer}"),
+                    SendVerdict::Dropped(why) => format!("drop:{}", why.as_str()),
                 });
             }
             RoutingOp::EgressActor { actor } => {

@@ -50,7 +50,7 @@ asks! {
         channel: Channel,
         generation: Generation
     ) -> Open<C>, |a| a.open().and_then(Result::ok);
-    ask_send = handle_send(now: Time, peer: NodeId) -> Send, Answer::send;
+    ask_send = handle_send(now: Time, peer: NodeId) -> SendVerdict, Answer::send;
     ask_batch = handle_batch(
         now: Time,
         peer: NodeId,

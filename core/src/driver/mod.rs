@@ -26,8 +26,8 @@ pub use directory::{
 };
 pub use machine::{
     Action, Alpns, Answer, Batch, Channel, Config as DriverConfig, ConnEndCause, ConnEvent,
-    DialEnd, DialFailure, DialTicket, Dispatch, Driver, DriverRecord, Open, RegisterError, Send,
-    StreamVerdict,
+    DialEnd, DialFailure, DialTicket, Dispatch, Driver, DriverRecord, Open, RegisterError,
+    SendVerdict, StreamVerdict,
 };
 pub use relay::RelayHints;
 pub use routing::{

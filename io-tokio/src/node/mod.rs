@@ -90,7 +90,7 @@ use tether_core::driver::{
     Action, Alpns, Answer, ClaimAuthorizer, ClaimRequest, ClaimVerdict, ConnEvent, Control,
     ControlVerdict, DialEnd, DialFailure, DialTicket, Direction, Dispatch, Driver, DriverConfig,
     DriverRecord, DropReason, Drops, Generation, Handoff, HostClaim, Inbound, JoinStatus, Open,
-    Path, PeerAuth, PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, Send as SendVerdict,
+    Path, PeerAuth, PeerBook, Publisher, Refusals, Refused, RouteMemo, Routes, SendVerdict,
     StreamVerdict, HOST_CLAIM_TAG, TELEMETRY_CONTROL_TAG,
 };
 pub use tether_core::driver::{ActorAddr, Channel, NodeId};

@@ -81,7 +81,7 @@ enum LinkMsg {
     Dialed(std::io::Result<Link>),
 }
 
-pub(super) struct Driver {
+pub(super) struct PeerExecutor {
     id: PeerId,
     peer: Peer,
     shared: Arc<Shared>,
@@ -116,7 +116,7 @@ pub(super) struct Driver {
     done: Option<oneshot::Sender<()>>,
 }
 
-impl Driver {
+impl PeerExecutor {
     pub(super) fn new(
         id: PeerId,
         shared: Arc<Shared>,

@@ -72,7 +72,7 @@ pub use transport::{Link, LinkStream, TcpTransport, Transport};
 use crate::store::{MemoryStore, Store, StoreError, StoreFailure};
 use commands::{Answer, Command};
 use commands::{CommandTx, Issued, Slot};
-use driver::Driver;
+use driver::PeerExecutor;
 use tether_core::substrate::peer::{self, Admission, Origin};
 
 /// Why an operation failed.
@@ -1021,7 +1021,7 @@ impl Shared {
             let (shared, peer, handle, pinned) =
                 (self.clone(), id.clone(), tx.clone(), pinned.clone());
             async move {
-                Driver::new(peer, shared, rx, handle, pinned, inbound)
+                PeerExecutor::new(peer, shared, rx, handle, pinned, inbound)
                     .run()
                     .await
             }

@@ -17,7 +17,7 @@ impl World {
         let now = Time::from_millis(self.now);
         if !sim.writers.contains_key(&peer) {
             match sim.driver.ask_send(now, peer) {
-                Send::Enqueue => {
+                SendVerdict::Enqueue => {
                     sim.writers.insert(
                         peer,
                         Writer {
@@ -26,7 +26,7 @@ impl World {
                         },
                     );
                 }
-                Send::Dropped(_) => {
+                SendVerdict::Dropped(_) => {
                     sim.dropped += 1;
                     return self.actions(n);
                 }

@@ -20,7 +20,7 @@ use super::directory::{ClaimVerdict, Handoff, HostClaim};
 use super::machine::RegisterError;
 use super::machine::{
     Action, Alpns, Batch, Channel, Config, DialEnd, DialFailure, DialTicket, Dispatch, Driver,
-    Open, Send,
+    Open, SendVerdict,
 };
 use super::routing::{ActorAddr, DropReason, NodeId, PeerAuth};
 use super::schedule::{DIAL_ATTEMPTS, JOIN_ATTEMPTS};

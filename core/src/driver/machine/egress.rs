@@ -13,7 +13,7 @@ impl<C: Clone> Driver<C> {
     }
 
     /// What [`Driver::handle_send`] answers.
-    pub(super) fn answer_send(&mut self, now: Time, peer: NodeId) -> Send {
+    pub(super) fn answer_send(&mut self, now: Time, peer: NodeId) -> SendVerdict {
         if self
             .answer_admit(now, &peer, Path::Actor, Direction::Outbound)
             .is_err()
@@ -24,7 +24,7 @@ impl<C: Clone> Driver<C> {
             return self.dropped(DropReason::CacheMiss);
         }
         if self.cache.peek(&(peer, Channel::Actor)).is_some() {
-            return Send::Enqueue;
+            return SendVerdict::Enqueue;
         }
         if !(self.config.valid_peer)(&peer) {
             return self.dropped(DropReason::InvalidNodeId);

@@ -207,7 +207,7 @@ impl Dispatch {
 
 /// What happens to a frame sent to a peer that has no egress queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Send {
+pub enum SendVerdict {
     /// Queue it (the shell starts the peer's queue and writer).
     Enqueue,
     /// Dropped, counted under this reason.
@@ -329,7 +329,7 @@ pub enum Answer<C> {
     /// where the open goes, or its refusal.
     Open(Result<Open<C>, Refused>),
     /// [`Driver::handle_send`]: queue the frame, or it was dropped.
-    Send(Send),
+    Send(SendVerdict),
     /// [`Driver::handle_batch`]: the connection to write the batch on, or `None` (dropped).
     Batch(Option<Batch<C>>),
     /// [`Driver::handle_stream_fault`], [`Driver::handle_stream_unread`].
@@ -354,7 +354,7 @@ answer_picks! {
     /// An [`Answer::Open`].
     open: Open => Result<Open<C>, Refused>;
     /// An [`Answer::Send`].
-    send: Send => Send;
+    send: Send => SendVerdict;
     /// An [`Answer::Batch`].
     batch: Batch => Option<Batch<C>>;
     /// An [`Answer::Stream`].
@@ -918,10 +918,10 @@ impl<C: Clone> Driver<C> {
         self.version = self.version.wrapping_add(1);
     }
 
-    fn dropped(&mut self, reason: DropReason) -> Send {
+    fn dropped(&mut self, reason: DropReason) -> SendVerdict {
         self.drops.count(reason);
         self.bump();
-        Send::Dropped(reason)
+        SendVerdict::Dropped(reason)
     }
 
     /// The path and cache channel of an ALPN.
