@@ -2463,17 +2463,10 @@ mod tests {
         let peer = PeerId::new("p");
         let mut expected = DurableState::default();
         let mut seq = 0;
-        let commit = commit_body;
         let sound = |store: &LogStore, at: &str| commits_then_zeros(store, &path, at);
-        let direct = open_direct(&path).is_some();
-        if !direct {
-            eprintln!(
-                "*** direct I/O is refused under {}: only the page-cache path ran ***",
-                path.display()
-            );
-        }
+        let direct = direct_io_at(&path);
         for _ in 0..20 {
-            commit(&store, &mut expected, &mut seq, 300);
+            commit_body(&store, &mut expected, &mut seq, 300);
         }
         let before = sound(&store, "small commits").committed_direct_bytes;
         assert_eq!(before > 0, direct);
@@ -2494,12 +2487,12 @@ mod tests {
             )
             .expect("small");
         assert_eq!(encoded(whole) % LOG_BLOCK_BYTES, 0);
-        commit(&store, &mut expected, &mut seq, whole);
-        commit(&store, &mut expected, &mut seq, whole);
+        commit_body(&store, &mut expected, &mut seq, whole);
+        commit_body(&store, &mut expected, &mut seq, whole);
         let after_large = sound(&store, "large commits").committed_direct_bytes;
         assert!(after_large < before + LOG_DIRECT_COMMIT_BYTES_MAX as u64);
         for _ in 0..40 {
-            commit(&store, &mut expected, &mut seq, 700);
+            commit_body(&store, &mut expected, &mut seq, 700);
         }
         let stats = sound(&store, "after the large commits");
         assert_eq!(
@@ -2511,13 +2504,13 @@ mod tests {
         let store = LogStore::open_with(&path, options).expect("reopen");
         assert_eq!(store.load(&peer).expect("load"), expected);
         for _ in 0..40 {
-            commit(&store, &mut expected, &mut seq, 500);
+            commit_body(&store, &mut expected, &mut seq, 500);
         }
         store.compact().expect("compact");
         // The old file's handle went with the rename (its space is freed with it).
         assert!(store.lock().direct.file.is_none());
         for _ in 0..40 {
-            commit(&store, &mut expected, &mut seq, 900);
+            commit_body(&store, &mut expected, &mut seq, 900);
         }
         sound(&store, "after the reopen and a compaction");
         // A direct handle that refuses (read only): the commit goes through the page cache,
@@ -2529,7 +2522,7 @@ mod tests {
         }
         let refused = store.stats().committed_direct_bytes;
         for _ in 0..20 {
-            commit(&store, &mut expected, &mut seq, 400);
+            commit_body(&store, &mut expected, &mut seq, 400);
         }
         let stats = sound(&store, "after a refusal");
         assert_eq!(stats.committed_direct_bytes, refused);
@@ -2565,11 +2558,7 @@ mod tests {
         let mut commit = |seqs: std::ops::Range<u64>, body: usize| {
             let records = seqs
                 .clone()
-                .map(|seq| {
-                    let mut op = send(seq);
-                    op.body = Some(bytes::Bytes::from(vec![seq as u8 + 1; body]));
-                    Record::Outbox(op)
-                })
+                .map(|seq| Record::Outbox(body_op(seq, body)))
                 .collect();
             let batch = PersistBatch {
                 id: BatchId(seqs.end),
@@ -2682,14 +2671,32 @@ mod tests {
         expected.apply(&batch);
     }
 
-    /// One send of `body` bytes as op `seq`.
+    /// One send of `body` bytes as op `seq`, in a batch of its own.
     fn body_batch(seq: u64, body: usize) -> PersistBatch {
-        let mut op = send(seq);
-        op.body = Some(bytes::Bytes::from(vec![(seq % 251) as u8 + 1; body]));
         PersistBatch {
             id: BatchId(seq + 1),
-            records: vec![Record::Outbox(op)],
+            records: vec![Record::Outbox(body_op(seq, body))],
         }
+    }
+
+    /// [`send`] with `body` bytes (their value follows `seq`).
+    fn body_op(seq: u64, body: usize) -> tether_core::substrate::Op {
+        let mut op = send(seq);
+        op.body = Some(bytes::Bytes::from(vec![(seq % 251) as u8 + 1; body]));
+        op
+    }
+
+    /// Whether the file system under `path` takes direct I/O; when it does not, says so
+    /// (the test then checks the page-cache path alone).
+    fn direct_io_at(path: &Path) -> bool {
+        let direct = open_direct(path).is_some();
+        if !direct {
+            eprintln!(
+                "*** direct I/O is refused under {}: only the page-cache path ran ***",
+                path.display()
+            );
+        }
+        direct
     }
 
     /// Once the preparation running ended: the file at `path` is its commits, then prepared
@@ -2722,13 +2729,7 @@ mod tests {
     fn a_commit_whose_sync_failed_is_cut_before_the_next_write() {
         let (path, _, options, store) = prepared_store("sync-fails");
         let peer = PeerId::new("p");
-        let direct = open_direct(&path).is_some();
-        if !direct {
-            eprintln!(
-                "*** direct I/O is refused under {}: only the page-cache path ran ***",
-                path.display()
-            );
-        }
+        let direct = direct_io_at(&path);
         let (mut expected, mut seq) = (DurableState::default(), 0);
         for _ in 0..10 {
             commit_body(&store, &mut expected, &mut seq, 300);

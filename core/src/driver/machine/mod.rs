@@ -254,8 +254,8 @@ impl From<u64> for DialTicket {
 }
 
 /// Why a dial attempt ([`Action::Dial`]) did not connect, as [`Driver::handle_dialed`] is
-/// told. Each cause is retried on the same schedule; the cause is counted and traced, never
-/// a decision's input beyond "failed".
+/// told. Each cause is retried on the same schedule and counted as a dial failure; the
+/// shell traces the transport's own error beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DialFailure {
