@@ -31,7 +31,12 @@
 //! blocks are written with direct I/O where the file system allows it (Linux), so they cost
 //! no copy into the page cache that the commits would then copy over; each commit pads its
 //! last block with zeros, so the next one never starts in a block the page cache lacks (which
-//! the kernel would read from the disk first).
+//! the kernel would read from the disk first). While commits go on, a preparation writes its
+//! zeros from half of `prepare_bytes` past the end, so the commits need not wait for it; when
+//! that leaves whole blocks between the prepared space and the new zeros (after the file was
+//! cut back to its last commit), the file grows over them without writing them, a hole. The
+//! new zeros then count as prepared only once the commits reach them: a commit into the hole
+//! would pay for its blocks' allocation at its sync.
 //!
 //! A commit that lies wholly in prepared space (and is at most
 //! [`LOG_DIRECT_COMMIT_BYTES_MAX`]) goes to the disk with direct I/O too, as one write of whole
@@ -202,6 +207,11 @@ struct Inner {
     /// The file's bytes from `end` to here are zeros, written and synced: commits overwrite
     /// them.
     prepared: u64,
+    /// Zeros a preparation beside commits wrote and synced past `prepared`, not yet joined to it:
+    /// the bytes between were never written (a hole the file system has not allocated), so
+    /// commits grow the file through them as past any end, and the zeros count as prepared
+    /// once the end reaches them.
+    ahead: Option<Range<u64>>,
     /// A thread is writing zeros past `prepared` (at most one at a time).
     preparing: bool,
     /// Where the running preparation's zeros start: commits stay below it.
@@ -815,6 +825,13 @@ fn write_all_vectored(file: &mut File, mut slices: &mut [IoSlice<'_>]) -> std::i
 }
 
 /// `at` rounded up to a whole [`LOG_BLOCK_BYTES`].
+/// Whether a file written up to `written` and again from `from` on has no hole between: every
+/// byte between lies in a block one of the two writes touched (the file system allocated it,
+/// and it reads as zeros past what was written).
+fn no_hole_between(written: u64, from: u64) -> bool {
+    from - from % LOG_BLOCK_BYTES <= block_end(written)
+}
+
 fn block_end(at: u64) -> u64 {
     at.div_ceil(LOG_BLOCK_BYTES).saturating_mul(LOG_BLOCK_BYTES)
 }
@@ -1144,6 +1161,7 @@ impl Inner {
             rename_unsynced: false,
             compact_at: 0,
             prepared: end,
+            ahead: None,
             preparing: false,
             preparing_from: 0,
             prepare_after: 0,
@@ -1270,6 +1288,12 @@ impl Inner {
         }
         self.end += bytes.len() as u64;
         self.prepared = self.prepared.max(self.end);
+        if let Some(ahead) = self
+            .ahead
+            .take_if(|ahead| no_hole_between(self.prepared, ahead.start))
+        {
+            self.prepared = self.prepared.max(ahead.end);
+        }
         if !self.peers.contains(peer) {
             self.peers.insert(peer.clone());
         }
@@ -1310,6 +1334,7 @@ impl Inner {
         if !cfg!(unix)
             || want == 0
             || self.preparing
+            || self.ahead.is_some()
             || self.end < self.prepare_after
             || self.prepared - self.end >= want / 2
         {
@@ -1349,6 +1374,14 @@ impl Inner {
         self.preparing = false;
         self.prepared_direct += job.direct_bytes.get();
         match result {
+            // Zeros that start blocks past the prepared space leave a hole before them (the
+            // file grew over it without writing it): they wait until the commits reach them.
+            Ok(true)
+                if job.generation == self.generation
+                    && !no_hole_between(self.prepared, job.from) =>
+            {
+                self.ahead = Some(job.from..job.to);
+            }
             Ok(true) if job.generation == self.generation => {
                 self.prepared = self.prepared.max(job.to);
             }
@@ -1420,6 +1453,7 @@ impl Inner {
         self.direct.forget_file();
         self.end = snapshot + since.len() as u64;
         self.prepared = self.end;
+        self.ahead = None;
         self.snapshot_bytes = snapshot;
         // Whatever a failed commit left past the old file's end stays there.
         self.torn = false;
@@ -1452,6 +1486,7 @@ impl Inner {
         self.generation += 1;
         self.direct.forget_file();
         self.prepared = self.end;
+        self.ahead = None;
         self.file.set_len(self.end)?;
         self.file.sync_all()?;
         self.torn = false;
@@ -2700,14 +2735,15 @@ mod tests {
     }
 
     /// Once the preparation running ended: the file at `path` is its commits, then prepared
-    /// zeros and nothing else.
+    /// zeros (and zeros ahead of them, past a hole that reads as zeros) and nothing else.
     fn commits_then_zeros(store: &LogStore, path: &Path, at: &str) -> LogStats {
         store.wait_preparation();
         let stats = store.stats();
+        let ahead = store.lock().ahead.clone();
         let bytes = std::fs::read(path).expect("read");
         assert_eq!(
             bytes.len() as u64,
-            stats.bytes + stats.prepared_bytes,
+            ahead.map_or(stats.bytes + stats.prepared_bytes, |ahead| ahead.end),
             "{at}"
         );
         assert!(
@@ -2715,6 +2751,82 @@ mod tests {
             "{at}"
         );
         stats
+    }
+
+    /// After a cut (here, of a failed commit) the file ends at the last commit, and the
+    /// preparation the next commit starts writes its zeros half of `prepare_bytes` past the
+    /// end: the file grows over the bytes between without writing them, a hole the file system
+    /// has not allocated. Those zeros count as prepared only once the commits reach them, so
+    /// every byte counted as prepared is written, and no commit goes direct into the hole
+    /// (where its sync would pay for the allocation); past the zeros' start direct commits
+    /// resume, and a reopen finds every commit.
+    #[test]
+    fn zeros_prepared_past_a_hole_count_once_the_commits_reach_them() {
+        let (path, want, options, store) = prepared_store("hole");
+        let peer = PeerId::new("p");
+        let direct = direct_io_at(&path);
+        let (mut expected, mut seq) = (DurableState::default(), 0);
+        for _ in 0..4 {
+            commit_body(&store, &mut expected, &mut seq, 300);
+        }
+        store.lock().failing_syncs = 1;
+        let failing = body_batch(seq, 300);
+        assert!(store.commit(&peer, std::slice::from_ref(&failing)).is_err());
+        commit_body(&store, &mut expected, &mut seq, 300);
+        let cut = commits_then_zeros(&store, &path, "after the cut");
+        // Every byte counted as prepared is written.
+        assert!(first_hole(&path, cut.bytes) >= cut.bytes + cut.prepared_bytes);
+        let ahead = store
+            .lock()
+            .ahead
+            .clone()
+            .expect("zeros ahead, past the hole");
+        assert_eq!(ahead, cut.bytes + want / 2..cut.bytes + want);
+        assert_eq!(cut.prepared_bytes, 0, "{cut:?}");
+        let hole = first_hole(&path, cut.bytes);
+        if hole >= ahead.start {
+            eprintln!(
+                "*** the file system under {} shows no hole: only the accounting is checked ***",
+                path.display()
+            );
+        }
+        // Commits below the zeros grow the file through the hole, none of them direct.
+        while store.lock().ahead.is_some() {
+            commit_body(&store, &mut expected, &mut seq, 300);
+            let stats = commits_then_zeros(&store, &path, "below the zeros ahead");
+            assert_eq!(
+                stats.committed_direct_bytes, cut.committed_direct_bytes,
+                "{stats:?}"
+            );
+            assert!(first_hole(&path, stats.bytes) >= stats.bytes + stats.prepared_bytes);
+        }
+        // The end reached their block: they are prepared space, with no hole in it.
+        let joined = commits_then_zeros(&store, &path, "the zeros joined");
+        assert!(joined.bytes + LOG_BLOCK_BYTES > ahead.start - ahead.start % LOG_BLOCK_BYTES);
+        assert_eq!(
+            joined.bytes + joined.prepared_bytes,
+            ahead.end,
+            "{joined:?}"
+        );
+        assert!(first_hole(&path, joined.bytes) >= ahead.end);
+        for _ in 0..4 {
+            commit_body(&store, &mut expected, &mut seq, 300);
+        }
+        let after = commits_then_zeros(&store, &path, "after more commits");
+        assert_eq!(
+            after.committed_direct_bytes > joined.committed_direct_bytes,
+            direct,
+            "{after:?}"
+        );
+        drop(store);
+        reopens_to(&path, options, &peer, &expected);
+    }
+
+    /// Where the first hole at or after `from` starts in the file at `path` (its length when
+    /// it has none, or when the file system does not report holes).
+    fn first_hole(path: &Path, from: u64) -> u64 {
+        let file = File::open(path).expect("open");
+        rustix::fs::seek(&file, rustix::fs::SeekFrom::Hole(from)).expect("seek a hole")
     }
 
     /// A commit whose sync fails after it was written (the seam fails it once the sync ran, so
@@ -2765,7 +2877,11 @@ mod tests {
         // No crash: the next commit (a different, shorter one at the same seq) cuts it first.
         commit_body(&store, &mut expected, &mut seq, 200);
         commits_then_zeros(&store, &path, "after the commit that followed the failure");
-        for _ in 0..30 {
+        // The zeros prepared after the cut lie past a hole until the commits reach them.
+        while store.lock().ahead.is_some() {
+            commit_body(&store, &mut expected, &mut seq, 300);
+        }
+        for _ in 0..4 {
             commit_body(&store, &mut expected, &mut seq, 300);
         }
         let after = commits_then_zeros(&store, &path, "after more commits");
