@@ -34,9 +34,10 @@
 //! the kernel would read from the disk first). While commits go on, a preparation writes its
 //! zeros from half of `prepare_bytes` past the end, so the commits need not wait for it; when
 //! that leaves whole blocks between the prepared space and the new zeros (after the file was
-//! cut back to its last commit), the file grows over them without writing them, a hole. The
-//! new zeros then count as prepared only once the commits reach them: a commit into the hole
-//! would pay for its blocks' allocation at its sync.
+//! cut back to its last commit, or commits outran the zeros), the file grows over them without
+//! writing them, a hole. The new zeros then count as prepared only once the commits reach
+//! them: a commit into the hole would pay for its blocks' allocation at its sync. Opening
+//! finds such a hole again (`SEEK_HOLE`) in the zeros past the last commit.
 //!
 //! A commit that lies wholly in prepared space (and is at most
 //! [`LOG_DIRECT_COMMIT_BYTES_MAX`]) goes to the disk with direct I/O too, as one write of whole
@@ -394,6 +395,7 @@ impl LogStore {
                 // zeros are space a preparation left.
                 inner.torn = !scan.tail_zeros;
                 inner.prepared = scan.end + found.prepared;
+                inner.find_hole();
                 // How much of it is live is not known until a compaction: the next one is due
                 // once it is past `compact_bytes_min`.
                 inner.snapshot_bytes = scan.format.header_bytes() as u64;
@@ -824,7 +826,6 @@ fn write_all_vectored(file: &mut File, mut slices: &mut [IoSlice<'_>]) -> std::i
     Ok(())
 }
 
-/// `at` rounded up to a whole [`LOG_BLOCK_BYTES`].
 /// Whether a file written up to `written` and again from `from` on has no hole between: every
 /// byte between lies in a block one of the two writes touched (the file system allocated it,
 /// and it reads as zeros past what was written).
@@ -832,6 +833,7 @@ fn no_hole_between(written: u64, from: u64) -> bool {
     from - from % LOG_BLOCK_BYTES <= block_end(written)
 }
 
+/// `at` rounded up to a whole [`LOG_BLOCK_BYTES`].
 fn block_end(at: u64) -> u64 {
     at.div_ceil(LOG_BLOCK_BYTES).saturating_mul(LOG_BLOCK_BYTES)
 }
@@ -1170,6 +1172,32 @@ impl Inner {
             direct: DirectCommits::default(),
             #[cfg(test)]
             failing_syncs: 0,
+        }
+    }
+
+    /// The zeros found past the end at open are prepared space up to the first hole in them
+    /// (a store closed or crashed while zeros it prepared lay past a hole); the zeros after
+    /// the hole wait as zeros ahead, as before the close. A file system that reports no holes
+    /// (or a platform that cannot ask) leaves them all prepared.
+    fn find_hole(&mut self) {
+        #[cfg(unix)]
+        {
+            use rustix::fs::{seek, SeekFrom};
+            let Ok(hole) = seek(&self.file, SeekFrom::Hole(self.end)) else {
+                return;
+            };
+            if hole >= self.prepared {
+                return;
+            }
+            let zeros_end = self.prepared;
+            self.prepared = self.end.max(hole.min(zeros_end));
+            // Data after the hole and before the zeros' end: the zeros ahead (none when the
+            // rest is a hole, which the file system reports as an error).
+            if let Ok(data) = seek(&self.file, SeekFrom::Data(hole)) {
+                if data < zeros_end {
+                    self.ahead = Some(data..zeros_end);
+                }
+            }
         }
     }
 
@@ -2526,6 +2554,11 @@ mod tests {
         commit_body(&store, &mut expected, &mut seq, whole);
         let after_large = sound(&store, "large commits").committed_direct_bytes;
         assert!(after_large < before + LOG_DIRECT_COMMIT_BYTES_MAX as u64);
+        // The large commits outran the zeros: the next ones lie past a hole until the commits
+        // reach them.
+        while store.lock().ahead.is_some() {
+            commit_body(&store, &mut expected, &mut seq, 700);
+        }
         for _ in 0..40 {
             commit_body(&store, &mut expected, &mut seq, 700);
         }
@@ -2759,7 +2792,9 @@ mod tests {
     /// has not allocated. Those zeros count as prepared only once the commits reach them, so
     /// every byte counted as prepared is written, and no commit goes direct into the hole
     /// (where its sync would pay for the allocation); past the zeros' start direct commits
-    /// resume, and a reopen finds every commit.
+    /// resume, and a reopen finds every commit. A store closed (or crashed) meanwhile finds
+    /// the hole again when it reopens.
+    #[cfg(unix)]
     #[test]
     fn zeros_prepared_past_a_hole_count_once_the_commits_reach_them() {
         let (path, want, options, store) = prepared_store("hole");
@@ -2790,14 +2825,37 @@ mod tests {
                 path.display()
             );
         }
-        // Commits below the zeros grow the file through the hole, none of them direct.
+        // Closed with zeros ahead: the reopened store counts no byte of the hole as prepared,
+        // and waits for the zeros after it as before.
+        drop(store);
+        let store = LogStore::open_with(&path, options).expect("reopen");
+        let reopened = store.stats();
+        assert_eq!(reopened.bytes, cut.bytes);
+        assert!(
+            first_hole(&path, reopened.bytes) >= reopened.bytes + reopened.prepared_bytes,
+            "{reopened:?}"
+        );
+        if hole < ahead.start {
+            let found = store
+                .lock()
+                .ahead
+                .clone()
+                .expect("the zeros ahead, found again");
+            assert_eq!(found.end, ahead.end);
+            assert!(found.start <= ahead.start && ahead.start - found.start < LOG_BLOCK_BYTES);
+        }
+        // Commits below the zeros grow the file through the hole: none that runs past the
+        // prepared space (the written blocks before the hole) goes direct.
         while store.lock().ahead.is_some() {
+            let before = store.stats();
             commit_body(&store, &mut expected, &mut seq, 300);
             let stats = commits_then_zeros(&store, &path, "below the zeros ahead");
-            assert_eq!(
-                stats.committed_direct_bytes, cut.committed_direct_bytes,
-                "{stats:?}"
-            );
+            if stats.bytes > before.bytes + before.prepared_bytes {
+                assert_eq!(
+                    stats.committed_direct_bytes, before.committed_direct_bytes,
+                    "{stats:?}"
+                );
+            }
             assert!(first_hole(&path, stats.bytes) >= stats.bytes + stats.prepared_bytes);
         }
         // The end reached their block: they are prepared space, with no hole in it.
@@ -2824,6 +2882,7 @@ mod tests {
 
     /// Where the first hole at or after `from` starts in the file at `path` (its length when
     /// it has none, or when the file system does not report holes).
+    #[cfg(unix)]
     fn first_hole(path: &Path, from: u64) -> u64 {
         let file = File::open(path).expect("open");
         rustix::fs::seek(&file, rustix::fs::SeekFrom::Hole(from)).expect("seek a hole")
