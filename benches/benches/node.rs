@@ -318,6 +318,13 @@ fn node(c: &mut Criterion) {
         // by every thread, and by the calling thread alone (the one that sends; the rest is
         // the runtime's worker threads, where the writers, iroh and the readers run).
         let (mut cpu, mut caller) = ([0u64; 4], [0u64; 4]);
+        // One round of a kind: node, node_batch, raw iroh, the channel floor.
+        let round_of = |kind: usize| match kind {
+            0 => node_round(&a, payload, false),
+            1 => node_round(&a, payload, true),
+            2 => raw_round(payload),
+            _ => floor_round(payload),
+        };
         let mut on_cpu = |kind: usize, round: &dyn Fn() -> Duration| {
             let before = (thread_cpu_ns(), caller_cpu_ns());
             let took = round();
@@ -357,22 +364,12 @@ fn node(c: &mut Criterion) {
             // Unmeasured rounds first.
             for _ in 0..WARM_UP_ROUNDS {
                 for &kind in &kinds {
-                    match kind {
-                        0 => node_round(&a, payload, false),
-                        1 => node_round(&a, payload, true),
-                        2 => raw_round(payload),
-                        _ => floor_round(payload),
-                    };
+                    round_of(kind);
                 }
             }
             for _ in 0..rounds {
                 for (at, &kind) in kinds.iter().enumerate() {
-                    took[at].push(on_cpu(kind, &|| match kind {
-                        0 => node_round(&a, payload, false),
-                        1 => node_round(&a, payload, true),
-                        2 => raw_round(payload),
-                        _ => floor_round(payload),
-                    }));
+                    took[at].push(on_cpu(kind, &|| round_of(kind)));
                 }
             }
             let frames = (rounds as u64 * FRAMES) as f64;
@@ -405,10 +402,9 @@ fn node(c: &mut Criterion) {
         // Unmeasured rounds first, as in the comparison of chosen kinds below: with a filter
         // (`-- paired`) criterion's own rounds, which would warm the nodes, do not run.
         for _ in 0..WARM_UP_ROUNDS {
-            node_round(&a, payload, false);
-            node_round(&a, payload, true);
-            raw_round(payload);
-            floor_round(payload);
+            for kind in 0..4 {
+                round_of(kind);
+            }
         }
         for round in 0..PAIRED_ROUNDS {
             // Each round starts with the next kind: a kind that always ran after the same
@@ -417,12 +413,7 @@ fn node(c: &mut Criterion) {
             let mut took = [Duration::ZERO; 4];
             for turn in 0..4 {
                 let kind = (round + turn) % 4;
-                took[kind] = on_cpu(kind, &|| match kind {
-                    0 => node_round(&a, payload, false),
-                    1 => node_round(&a, payload, true),
-                    2 => raw_round(payload),
-                    _ => floor_round(payload),
-                });
+                took[kind] = on_cpu(kind, &|| round_of(kind));
             }
             let raw = took[2].as_secs_f64();
             ratios[0].push(raw / took[0].as_secs_f64());

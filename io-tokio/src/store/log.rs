@@ -1189,8 +1189,9 @@ impl Inner {
             if hole >= self.prepared {
                 return;
             }
+            // The hole starts at the end or after it, and before the zeros' end.
             let zeros_end = self.prepared;
-            self.prepared = self.end.max(hole.min(zeros_end));
+            self.prepared = hole;
             // Data after the hole and before the zeros' end: the zeros ahead (none when the
             // rest is a hole, which the file system reports as an error).
             if let Ok(data) = seek(&self.file, SeekFrom::Data(hole)) {
@@ -2804,13 +2805,12 @@ mod tests {
         for _ in 0..4 {
             commit_body(&store, &mut expected, &mut seq, 300);
         }
-        store.lock().failing_syncs = 1;
-        let failing = body_batch(seq, 300);
-        assert!(store.commit(&peer, std::slice::from_ref(&failing)).is_err());
+        fail_commit(&store, seq, 300);
         commit_body(&store, &mut expected, &mut seq, 300);
         let cut = commits_then_zeros(&store, &path, "after the cut");
         // Every byte counted as prepared is written.
-        assert!(first_hole(&path, cut.bytes) >= cut.bytes + cut.prepared_bytes);
+        let hole = first_hole(&path, cut.bytes);
+        assert!(hole >= cut.bytes + cut.prepared_bytes);
         let ahead = store
             .lock()
             .ahead
@@ -2818,7 +2818,6 @@ mod tests {
             .expect("zeros ahead, past the hole");
         assert_eq!(ahead, cut.bytes + want / 2..cut.bytes + want);
         assert_eq!(cut.prepared_bytes, 0, "{cut:?}");
-        let hole = first_hole(&path, cut.bytes);
         if hole >= ahead.start {
             eprintln!(
                 "*** the file system under {} shows no hole: only the accounting is checked ***",
@@ -2880,6 +2879,16 @@ mod tests {
         reopens_to(&path, options, &peer, &expected);
     }
 
+    /// Commits one send of `body` bytes as op `seq` for peer "p" with its sync failing after
+    /// it ran (the commit is reported failed); the batch that failed.
+    fn fail_commit(store: &LogStore, seq: u64, body: usize) -> PersistBatch {
+        let failing = body_batch(seq, body);
+        store.lock().failing_syncs = 1;
+        let committed = store.commit(&PeerId::new("p"), std::slice::from_ref(&failing));
+        assert!(committed.is_err());
+        failing
+    }
+
     /// Where the first hole at or after `from` starts in the file at `path` (its length when
     /// it has none, or when the file system does not report holes).
     #[cfg(unix)]
@@ -2908,9 +2917,7 @@ mod tests {
         let before = commits_then_zeros(&store, &path, "before the failure");
         assert_eq!(before.committed_direct_bytes > 0, direct);
         // Three blocks of body, far longer than the commit after it.
-        let failing = body_batch(seq, 3 * LOG_BLOCK_BYTES as usize);
-        store.lock().failing_syncs = 1;
-        assert!(store.commit(&peer, std::slice::from_ref(&failing)).is_err());
+        let failing = fail_commit(&store, seq, 3 * LOG_BLOCK_BYTES as usize);
         if direct {
             // It went direct: the block kept for the next commit ends where it ended.
             let inner = store.lock();
@@ -2950,9 +2957,7 @@ mod tests {
             "{after:?}"
         );
         // A failed commit, then the store closed: closing cuts it.
-        let failing = body_batch(seq, 2 * LOG_BLOCK_BYTES as usize);
-        store.lock().failing_syncs = 1;
-        assert!(store.commit(&peer, std::slice::from_ref(&failing)).is_err());
+        fail_commit(&store, seq, 2 * LOG_BLOCK_BYTES as usize);
         drop(store);
         let _ = std::fs::remove_file(path.with_extension("crashed"));
         reopens_to(&path, options, &peer, &expected);

@@ -1321,12 +1321,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rounds_are_summarized_by_medians_of_ratios_within_a_round() {
-        let named = |what: &str, rate: u64| Row {
+    /// A row named `what` at `rate` msg/s.
+    fn named(what: &str, rate: u64) -> Row {
+        Row {
             what: what.into(),
             ..measured(rate, 0.0, 0.0, [0.0; 2])
-        };
+        }
+    }
+
+    #[test]
+    fn rounds_are_summarized_by_medians_of_ratios_within_a_round() {
         let tether = "tether over Iroh (log store), 16 queue(s), window 32";
         let jetstream = "NATS JetStream, file store";
         let rounds = vec![
@@ -1347,10 +1351,6 @@ mod tests {
 
     #[test]
     fn a_round_is_divided_by_the_fastest_of_the_baselines_sharing_a_name() {
-        let named = |what: &str, rate: u64| Row {
-            what: what.into(),
-            ..measured(rate, 0.0, 0.0, [0.0; 2])
-        };
         let tether = "tether over Iroh (log store), 1 queue(s), window 32";
         let pulls = "NATS JetStream, file store, pulls of 256";
         let defaults = "NATS JetStream, file store, client defaults";
