@@ -29,8 +29,10 @@ use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
 const FRAMES: u64 = 20_000;
-/// Rounds of the paired comparison (each is one node, one batch and one raw round).
-const PAIRED_ROUNDS: usize = 60;
+/// Rounds of the paired comparison (each is one round of every kind). A single round's ratio
+/// spreads from about 60% to 120% on a 2-core VM; 300 keep the median's own sampling error
+/// well under the spread between whole runs (83–92% for `send_batch` at 64 B in one session).
+const PAIRED_ROUNDS: usize = 300;
 /// Unmeasured rounds of each kind before a paired comparison: the connections' congestion
 /// windows, the rings and the allocator start cold, and the first rounds of each kind would
 /// weigh on its median.
@@ -338,8 +340,8 @@ fn node(c: &mut Criterion) {
         };
         // Profiling: `TETHER_BENCH_ONLY=node,channel_floor` (any of node, node_batch, raw,
         // channel_floor, comma-separated) runs those kinds of round in turn and nothing else, at
-        // every size or at `TETHER_BENCH_SIZE` bytes alone; with two kinds it also reports the
-        // median of the paired ratios of the first to the second.
+        // every size or at `TETHER_BENCH_SIZE` bytes alone, and reports the median of the paired
+        // ratios of each kind to the last one named.
         if let Ok(only) = std::env::var("TETHER_BENCH_ONLY") {
             if std::env::var("TETHER_BENCH_SIZE").is_ok_and(|want| want != size.to_string()) {
                 continue;
@@ -367,8 +369,11 @@ fn node(c: &mut Criterion) {
                     round_of(kind);
                 }
             }
-            for _ in 0..rounds {
-                for (at, &kind) in kinds.iter().enumerate() {
+            for round in 0..rounds {
+                // Each round starts with the next kind, as in the full comparison below.
+                for turn in 0..kinds.len() {
+                    let at = (round + turn) % kinds.len();
+                    let kind = kinds[at];
                     took[at].push(on_cpu(kind, &|| round_of(kind)));
                 }
             }
@@ -384,18 +389,22 @@ fn node(c: &mut Criterion) {
                     caller[kind] as f64 / frames,
                 );
             }
-            if let [first, second] = &took[..] {
-                let mut ratios: Vec<f64> = first
-                    .iter()
-                    .zip(second)
-                    .map(|(first, second)| second.as_secs_f64() / first.as_secs_f64())
-                    .collect();
-                println!(
-                    "node/actor_frames/only/{}_vs_{}/{size}B: {:.1}% (median of paired rounds)",
-                    names[kinds[0]],
-                    names[kinds[1]],
-                    quantile(&mut ratios, 0.5) * 100.0,
-                );
+            // Every kind against the last one named, round by round.
+            if let Some((baseline, others)) = took.split_last() {
+                for (at, other) in others.iter().enumerate() {
+                    let mut ratios: Vec<f64> = other
+                        .iter()
+                        .zip(baseline)
+                        .map(|(other, baseline)| baseline.as_secs_f64() / other.as_secs_f64())
+                        .collect();
+                    println!(
+                        "node/actor_frames/only/{}_vs_{}/{size}B: {:.1}% (median of paired \
+                         rounds)",
+                        names[kinds[at]],
+                        names[kinds[kinds.len() - 1]],
+                        quantile(&mut ratios, 0.5) * 100.0,
+                    );
+                }
             }
             continue;
         }
