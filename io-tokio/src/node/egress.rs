@@ -245,7 +245,8 @@ pub(super) struct Loose {
 /// A run of frames for one peer encoded by its sender (what [`Node::send_batch`] hands
 /// over): the writer hands the records to the stream as they are, without a copy.
 pub(super) struct Encoded {
-    /// Split off a [`RunBuffer`]'s block: the runs a sender encodes in turn lie end to end.
+    /// Split off a [`RunBuffer`]'s block, after the run one `send_batch` call encoded before
+    /// it in the same block.
     records: BytesMut,
     frames: u64,
     /// A frame of the run carries a SWIM tag (as the writer judges a batch).
@@ -777,7 +778,7 @@ impl Inner {
         let mut stream: Option<(Generation, SendStream)> = None;
         let mut buf = BytesMut::new();
         // A batch's chunks: what it encoded, and runs its senders encoded.
-        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut parts = BatchParts::default();
         let mut routes = super::ingress::RoutesView::new();
         loop {
             if queue.is_empty() {
@@ -819,11 +820,7 @@ impl Inner {
             loop {
                 let (mut frames, mut swim, mut unencodable) = (0u64, false, 0u64);
                 buf.clear();
-                // Bytes of the chunks already split off for this batch.
-                let mut chunked = 0usize;
-                chunks.clear();
-                // Runs popped one after another, joined while they lie end to end.
-                let mut runs: Option<BytesMut> = None;
+                parts.clear();
                 // The tag of a boxed frame, for the table (one per batch: a new tag is rare,
                 // and once it has a number its frames come numbered).
                 let mut new_tag: Option<Cow<'static, str>> = None;
@@ -832,7 +829,7 @@ impl Inner {
                     let routes = &*routes;
                     // A batch is usually one tag over and over: look the set up once per run.
                     let mut last_tag: Option<u32> = None;
-                    while buf.len() + chunked < NODE_WRITE_BATCH_BYTES {
+                    while parts.len(&buf) < NODE_WRITE_BATCH_BYTES {
                         let Some(mut frame) = queue.pop() else { break };
                         let (dest, tag, payload, number) = match &mut frame {
                             Popped::Numbered(frame) => {
@@ -852,14 +849,9 @@ impl Inner {
                             Popped::Encoded(run) => {
                                 // Encoded by its sender: handed to the stream as it is, after
                                 // what the batch encoded before it.
-                                if !buf.is_empty() {
-                                    chunks.extend(runs.take().map(BytesMut::freeze));
-                                    chunks.push(buf.split().freeze());
-                                }
-                                chunked += run.records.len();
                                 frames += run.frames;
                                 swim |= run.swim;
-                                join_run(&mut runs, std::mem::take(&mut run.records), &mut chunks);
+                                parts.run(&mut buf, std::mem::take(&mut run.records));
                                 continue;
                             }
                         };
@@ -910,11 +902,7 @@ impl Inner {
                 }
                 // The batch is handed to the stream as it is (no copy into the stream's
                 // buffer); `buf` keeps the rest of its allocation for the next batch.
-                chunks.extend(runs.take().map(BytesMut::freeze));
-                if !buf.is_empty() {
-                    chunks.push(buf.split().freeze());
-                }
-                let written = match (&mut stream, &mut chunks[..]) {
+                let written = match (&mut stream, parts.finish(&mut buf)) {
                     (Some((_, send)), [one]) => send.write_chunk(std::mem::take(one)).await.is_ok(),
                     (Some((_, send)), many) => send.write_all_chunks(many).await.is_ok(),
                     (None, _) => false,
@@ -985,8 +973,8 @@ fn encode_run(
             next = rest.next();
             taken += 1;
         }
-        // Room for the run as its first frame suggests, within one write batch (a run of
-        // large frames grows as it goes, and never pins more than it holds).
+        // Room for the run as its first frame suggests (a run of large frames grows as it
+        // goes).
         let record = frame.type_tag.len() + frame.payload.len() + 48;
         if count == 0 {
             records.room_for_run(record);
@@ -1022,10 +1010,13 @@ fn encode_run(
     (run, unencodable)
 }
 
-/// The buffer a sender's runs are encoded into, one after another. Each run is split off
-/// the block it was encoded in, so the runs of one block lie end to end and the writer joins
-/// them into one chunk without a copy ([`BytesMut::try_unsplit`]). A new block is twice the
-/// last, from one run up to [`EGRESS_RUN_BLOCK_BYTES`].
+/// The buffer the runs of one `send_batch` call are encoded into, one after another. Each run
+/// is split off the block it was encoded in, so the runs of one block lie end to end and the
+/// writer joins them into one chunk without a copy ([`BytesMut::try_unsplit`]). A new block is
+/// twice the last, from one run up to [`EGRESS_RUN_BLOCK_BYTES`] (a run of large frames may be
+/// larger: it gets a block of its own). A block is held until the last run split off it is
+/// sent and acknowledged, so a call pins at most one block, partly filled, beyond the runs it
+/// encoded.
 #[derive(Default)]
 pub(super) struct RunBuffer {
     records: BytesMut,
@@ -1035,21 +1026,25 @@ pub(super) struct RunBuffer {
 impl RunBuffer {
     /// Room for a run of frames of about `record` bytes each.
     fn room_for_run(&mut self, record: usize) {
-        // Room for the run as its first frame suggests, within one write batch (a run of
-        // large frames grows as it goes, and never pins more than it holds).
+        // Room for the run as its first frame suggests, within one write batch.
         let run = (record * EGRESS_RUN_FRAMES_MAX).min(NODE_WRITE_BATCH_BYTES);
         if self.records.capacity() < run {
             self.block = (self.block * 2).clamp(run, EGRESS_RUN_BLOCK_BYTES.max(run));
-            self.records.reserve(self.block);
+            // The block again when every run split off it is gone (its memory is warm), else
+            // a new one: growing a block in place would copy the runs it held.
+            if !self.records.try_reclaim(self.block) {
+                self.records = BytesMut::with_capacity(self.block);
+            }
         }
     }
 }
 
-/// Puts a popped run's `records` after the runs before it: joined to them when they lie end
-/// to end in one block (no copy), else after them in `chunks`, their own chunk. The stream
-/// finds a packet's bytes by walking its unacknowledged chunks from the oldest, so runs of
-/// small frames handed over one by one made that walk long (3% of a 64 B `send_batch`'s
-/// CPU); joined, they walk as the raw stream's large writes do.
+/// Puts a popped run's `records` after the runs before it (`runs`, joined): joined to them
+/// when it starts where they end in the same block (no copy); else they are closed as a chunk
+/// in `chunks` and the run starts the next. The stream finds a packet's bytes by walking its
+/// unacknowledged chunks from the oldest, so runs of small frames handed over one by one made
+/// that walk long (3% of a 64 B `send_batch`'s CPU); joined, they walk as the raw stream's
+/// large writes do.
 fn join_run(runs: &mut Option<BytesMut>, records: BytesMut, chunks: &mut Vec<Bytes>) {
     match runs {
         Some(joined) => {
@@ -1058,6 +1053,54 @@ fn join_run(runs: &mut Option<BytesMut>, records: BytesMut, chunks: &mut Vec<Byt
             }
         }
         None => *runs = Some(records),
+    }
+}
+
+/// A write batch's chunks as the writer assembles them, in the order their frames were
+/// popped: runs their senders encoded (joined while they lie end to end) and, between them,
+/// the frames the writer encodes itself into its `buf`.
+#[derive(Default)]
+struct BatchParts {
+    chunks: Vec<Bytes>,
+    /// The runs popped since the last chunk closed, joined.
+    runs: Option<BytesMut>,
+    /// Bytes in `chunks` and `runs`.
+    bytes: usize,
+}
+
+impl BatchParts {
+    fn clear(&mut self) {
+        self.chunks.clear();
+        self.runs = None;
+        self.bytes = 0;
+    }
+
+    /// Bytes in the batch, with what `buf` holds.
+    fn len(&self, buf: &BytesMut) -> usize {
+        self.bytes + buf.len()
+    }
+
+    /// A run popped after the frames `buf` holds.
+    fn run(&mut self, buf: &mut BytesMut, records: BytesMut) {
+        self.close(buf);
+        self.bytes += records.len();
+        join_run(&mut self.runs, records, &mut self.chunks);
+    }
+
+    /// What `buf` holds, as a chunk after the runs before it.
+    fn close(&mut self, buf: &mut BytesMut) {
+        if !buf.is_empty() {
+            self.chunks.extend(self.runs.take().map(BytesMut::freeze));
+            self.bytes += buf.len();
+            self.chunks.push(buf.split().freeze());
+        }
+    }
+
+    /// The batch's chunks in order; `buf` keeps the rest of its allocation.
+    fn finish(&mut self, buf: &mut BytesMut) -> &mut [Bytes] {
+        self.chunks.extend(self.runs.take().map(BytesMut::freeze));
+        self.close(buf);
+        &mut self.chunks
     }
 }
 
@@ -1331,8 +1374,8 @@ mod tests {
             .map(|chunk| (chunk.as_ptr() as usize, chunk.len()))
             .collect();
         assert_eq!(got, expected, "joined where they lie, not copied");
-        assert_eq!(chunks.concat(), whole, "every record once, in order");
-        // Blocks double up to their bound: 64 whole runs of 84-byte records (344 KiB) take
+        assert!(chunks.concat() == whole, "every record once, in order");
+        // Blocks double up to their bound: 64 whole runs of 84-byte records (336 KiB) take
         // a handful of chunks, not 64.
         let mut records = RunBuffer::default();
         let (mut joined, mut chunks) = (None, Vec::new());
@@ -1347,6 +1390,94 @@ mod tests {
             "{} chunks for {bytes} bytes",
             chunks.len()
         );
+    }
+
+    #[test]
+    fn a_batch_keeps_the_order_runs_and_the_writers_own_frames_were_popped_in() {
+        let to = NodeId::new([9; 32]);
+        let routes = Routes::<ActorAddr>::new(to);
+        let frame = |n: u8| OutFrame {
+            to,
+            dest: ActorAddr::new([n; 32]),
+            type_tag: "Chat".into(),
+            payload: Bytes::from(vec![n; 40]),
+        };
+        let encode = |frame: &OutFrame, out: &mut BytesMut| {
+            encode_record(
+                frame.dest.as_bytes(),
+                &frame.type_tag,
+                &frame.payload,
+                1 << 20,
+                out,
+            )
+            .expect("encodable");
+        };
+        // Popped in this order: run 1 (its block alone), run 2, a frame the writer encodes
+        // itself, run 3 (end to end with run 2 in the second block), runs 4 to 7 (the third).
+        let mut records = RunBuffer::default();
+        let (mut popped, mut expected) = (Vec::new(), BytesMut::new());
+        for n in 1..=7u8 {
+            if n == 3 {
+                popped.push(Err(frame(99)));
+                encode(&frame(99), &mut expected);
+            }
+            let frames: Vec<OutFrame> = (0..EGRESS_RUN_FRAMES_MAX).map(|_| frame(n)).collect();
+            for each in &frames {
+                encode(each, &mut expected);
+            }
+            let mut rest = frames.into_iter();
+            let first = rest.next().expect("a frame");
+            popped.push(Ok(encode_run(
+                first,
+                &mut rest,
+                &routes,
+                &mut records,
+                1 << 20,
+            )
+            .0));
+        }
+        let spans: Vec<(usize, usize)> = popped
+            .iter()
+            .filter_map(|run| run.as_ref().ok())
+            .map(|run| (run.records.as_ptr() as usize, run.records.len()))
+            .collect();
+        let starts: Vec<usize> = spans.iter().map(|&(at, _)| at).collect();
+        assert_eq!(
+            spans[1].0 + spans[1].1,
+            spans[2].0,
+            "runs 2 and 3 lie end to end"
+        );
+        assert_ne!(spans[2].0 + spans[2].1, spans[3].0, "run 4 starts a block");
+        let (mut parts, mut buf) = (BatchParts::default(), BytesMut::new());
+        for item in popped {
+            match item {
+                Ok(mut run) => parts.run(&mut buf, std::mem::take(&mut run.records)),
+                Err(frame) => encode(&frame, &mut buf),
+            }
+        }
+        let batch = parts.len(&buf);
+        let chunks = parts.finish(&mut buf).to_vec();
+        assert_eq!(
+            batch,
+            expected.len(),
+            "every byte counted toward the batch's bound"
+        );
+        assert!(
+            chunks.concat() == expected,
+            "every record once, in the order popped"
+        );
+        let at: Vec<usize> = chunks.iter().map(|chunk| chunk.as_ptr() as usize).collect();
+        assert_eq!(
+            chunks.len(),
+            5,
+            "runs 1, 2, the writer's frame, 3, and 4 to 7 joined"
+        );
+        assert_eq!(
+            [at[0], at[1], at[3], at[4]],
+            [starts[0], starts[1], starts[2], starts[3]],
+            "no copy"
+        );
+        assert!(buf.is_empty());
     }
 
     #[test]
