@@ -1318,16 +1318,22 @@ mod tests {
         );
     }
 
-    #[test]
-    fn runs_encoded_in_turn_are_joined_without_a_copy_and_in_order() {
+    /// Routes for one peer, and frames to it whose records are 84 bytes (`n` in the
+    /// destination and the payload).
+    fn chat_frames() -> (Routes<ActorAddr>, impl Fn(u8) -> OutFrame) {
         let to = NodeId::new([9; 32]);
-        let routes = Routes::<ActorAddr>::new(to);
-        let frame = |n: u8| OutFrame {
+        let frame = move |n: u8| OutFrame {
             to,
             dest: ActorAddr::new([n; 32]),
             type_tag: "Chat".into(),
             payload: Bytes::from(vec![n; 40]),
         };
+        (Routes::new(to), frame)
+    }
+
+    #[test]
+    fn runs_encoded_in_turn_are_joined_without_a_copy_and_in_order() {
+        let (routes, frame) = chat_frames();
         // Whole runs: a block holds one run, the next two, the next four, ...
         let run_of = |records: &mut RunBuffer, n: u8| {
             let mut rest = (1..EGRESS_RUN_FRAMES_MAX).map(|_| frame(n));
@@ -1394,14 +1400,7 @@ mod tests {
 
     #[test]
     fn a_batch_keeps_the_order_runs_and_the_writers_own_frames_were_popped_in() {
-        let to = NodeId::new([9; 32]);
-        let routes = Routes::<ActorAddr>::new(to);
-        let frame = |n: u8| OutFrame {
-            to,
-            dest: ActorAddr::new([n; 32]),
-            type_tag: "Chat".into(),
-            payload: Bytes::from(vec![n; 40]),
-        };
+        let (routes, frame) = chat_frames();
         let encode = |frame: &OutFrame, out: &mut BytesMut| {
             encode_record(
                 frame.dest.as_bytes(),
