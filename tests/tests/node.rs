@@ -431,9 +431,13 @@ async fn a_killed_connection_is_replaced_under_a_new_generation() {
     let first = a.node.snapshot().cache[&b_key];
     a.node.send(chat(&b.node, 0));
     assert_eq!(receive(&mut b, 1).await, vec![0]);
-    // b kills its side; a learns the connection closed.
+    // b kills its side; a learns the connection closed (its reader sees the close, and the
+    // entry leaves the cache). Sent before that, a frame could go to the dying stream and
+    // fail there (a redial on a failed write, with no cache miss): under load that race was
+    // lost once in CI.
     b.node.disconnect(&a.node.node_id());
-    // The next frame finds the closed entry, drops it, and dials again (background).
+    until_changed(&a.node, || !a.node.snapshot().cache.contains_key(&b_key)).await;
+    // The next frame finds no connection, is dropped, and a dial starts (background).
     until_changed(&a.node, || {
         a.node.send(chat(&b.node, 99));
         a.node
