@@ -533,6 +533,11 @@ pub const TELEMETRY_SUBSCRIPTIONS_PER_COLLECTOR_MAX: usize = 32;
 /// Bytes of records a node coalesces into one QUIC stream write.
 pub const NODE_WRITE_BATCH_BYTES: usize = 256 * 1024;
 
+/// Bytes of encoded runs a block of `Node::send_batch`'s grows to (from one run, doubling): the
+/// runs of a block are handed to the QUIC stream as one chunk, and a block is held until its
+/// last run is sent, so a call pins at most one block beyond the runs it encoded.
+pub const EGRESS_RUN_BLOCK_BYTES: usize = 64 * 1024;
+
 /// Bytes a node reads from a QUIC stream at a time.
 pub const NODE_READ_CHUNK_BYTES: usize = 64 * 1024;
 

@@ -5,7 +5,7 @@ use super::*;
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use tether_core::limits::EGRESS_TAGS_MAX;
+use tether_core::limits::{EGRESS_RUN_BLOCK_BYTES, EGRESS_TAGS_MAX};
 use tether_core::wire::actor::check_record;
 
 /// The egress table, behind the node's egress lock: each peer's queue, and the tags the queued
@@ -664,7 +664,8 @@ impl Inner {
             let bytes = frame.bytes();
             count(1, queue.sender.push_sized(frame.into_slot(), bytes).is_ok());
         };
-        // The runs are split off one buffer (a run's records share its allocation).
+        // The runs are split off the blocks of one buffer (the runs of a block share its
+        // allocation, end to end).
         let (mut routes, mut records) = (None, RunBuffer::default());
         while let Some(first) = frames.next() {
             if frames.peek().is_none() || !queue.sender.ring_has_room() {
@@ -1103,9 +1104,6 @@ impl BatchParts {
         &mut self.chunks
     }
 }
-
-/// Bytes a [`RunBuffer`] block grows to.
-const EGRESS_RUN_BLOCK_BYTES: usize = 64 * 1024;
 
 /// Whether two tags are the same text: the same static string (the usual case, one pointer
 /// compare) or equal bytes.
