@@ -227,20 +227,106 @@ const TAG_BOUNCE_REMOVED: u8 = 12;
 
 /// Appends a `Begin` entry for `peer`.
 pub fn encode_begin(format: LogFormat, peer: &str, out: &mut Vec<u8>) {
+    begin_in(format, peer, out);
+}
+
+/// Appends a `Commit` entry.
+pub fn encode_commit(format: LogFormat, out: &mut Vec<u8>) {
+    commit_in(format, out);
+}
+
+/// Appends `record` as an entry.
+pub fn encode_record(format: LogFormat, record: &Record, out: &mut Vec<u8>) {
+    record_in(format, record, out);
+}
+
+/// The bytes [`encode_begin`] appends for `peer`.
+pub fn encoded_begin_len(peer: &str) -> usize {
+    let mut count = Count(0);
+    begin_in(LogFormat::V1, peer, &mut count);
+    count.0
+}
+
+/// The bytes [`encode_commit`] appends.
+pub fn encoded_commit_len() -> usize {
+    let mut count = Count(0);
+    commit_in(LogFormat::V1, &mut count);
+    count.0
+}
+
+/// The bytes [`encode_record`] appends for `record`, counted by the code that writes them, so
+/// a commit can be sized (and a buffer laid out for it) before it is encoded.
+pub fn encoded_record_len(record: &Record) -> usize {
+    let mut count = Count(0);
+    record_in(LogFormat::V1, record, &mut count);
+    count.0
+}
+
+/// Where an entry's bytes go: a buffer, or a count of them. Encoding and sizing run the same
+/// code, so they cannot disagree.
+trait Sink {
+    fn len(&self) -> usize;
+    fn push(&mut self, byte: u8);
+    fn put(&mut self, bytes: &[u8]);
+    /// Seals the entry begun at `start`: its header's length and checksum.
+    fn seal(&mut self, format: LogFormat, start: usize);
+}
+
+impl Sink for Vec<u8> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn push(&mut self, byte: u8) {
+        Vec::push(self, byte);
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+
+    fn seal(&mut self, format: LogFormat, start: usize) {
+        let payload = &self[start + LOG_ENTRY_HEADER_BYTES..];
+        // Payloads past u32 cannot be written; the store refuses records over the bound first.
+        let length = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+        let checksum = format.checksum(length, payload);
+        self[start..start + 4].copy_from_slice(&length.to_le_bytes());
+        self[start + 4..start + 8].copy_from_slice(&checksum.to_le_bytes());
+    }
+}
+
+/// Counts the bytes an encoding would append.
+struct Count(usize);
+
+impl Sink for Count {
+    fn len(&self) -> usize {
+        self.0
+    }
+
+    fn push(&mut self, _: u8) {
+        self.0 += 1;
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+
+    fn seal(&mut self, _: LogFormat, _: usize) {}
+}
+
+fn begin_in(format: LogFormat, peer: &str, out: &mut impl Sink) {
     entry(format, out, |p| {
         p.push(TAG_BEGIN);
         put_str(p, peer);
     });
 }
 
-/// Appends a `Commit` entry.
-pub fn encode_commit(format: LogFormat, out: &mut Vec<u8>) {
+fn commit_in(format: LogFormat, out: &mut impl Sink) {
     entry(format, out, |p| p.push(TAG_COMMIT));
 }
 
-/// Appends `record` as an entry.
-pub fn encode_record(format: LogFormat, record: &Record, out: &mut Vec<u8>) {
-    entry(format, out, |p| match record {
+fn record_in<S: Sink>(format: LogFormat, record: &Record, out: &mut S) {
+    entry(format, out, |p: &mut S| match record {
         Record::Object(object) => {
             p.push(TAG_OBJECT);
             put_str(p, &object.obj);
@@ -503,33 +589,28 @@ fn is_zeros(bytes: &[u8]) -> bool {
 }
 
 /// Writes one entry: a placeholder header, the payload `fill` writes, then the real header.
-fn entry(format: LogFormat, out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) {
+fn entry<S: Sink>(format: LogFormat, out: &mut S, fill: impl FnOnce(&mut S)) {
     let start = out.len();
-    out.extend_from_slice(&[0; LOG_ENTRY_HEADER_BYTES]);
+    out.put(&[0; LOG_ENTRY_HEADER_BYTES]);
     fill(out);
-    let payload = &out[start + LOG_ENTRY_HEADER_BYTES..];
-    // Payloads past u32 cannot be written; the store refuses records over the bound first.
-    let length = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-    let checksum = format.checksum(length, payload);
-    out[start..start + 4].copy_from_slice(&length.to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&checksum.to_le_bytes());
+    out.seal(format, start);
 }
 
-fn put_u64(out: &mut Vec<u8>, value: u64) {
-    out.extend_from_slice(&value.to_le_bytes());
+fn put_u64(out: &mut impl Sink, value: u64) {
+    out.put(&value.to_le_bytes());
 }
 
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+fn put_bytes(out: &mut impl Sink, bytes: &[u8]) {
     let length = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-    out.extend_from_slice(&length.to_le_bytes());
-    out.extend_from_slice(bytes);
+    out.put(&length.to_le_bytes());
+    out.put(bytes);
 }
 
-fn put_str(out: &mut Vec<u8>, text: &str) {
+fn put_str(out: &mut impl Sink, text: &str) {
     put_bytes(out, text.as_bytes());
 }
 
-fn put_opt_str(out: &mut Vec<u8>, text: Option<&str>) {
+fn put_opt_str(out: &mut impl Sink, text: Option<&str>) {
     match text {
         None => out.push(0),
         Some(text) => {
@@ -539,7 +620,7 @@ fn put_opt_str(out: &mut Vec<u8>, text: Option<&str>) {
     }
 }
 
-fn put_op(out: &mut Vec<u8>, tag: u8, op: &Op) {
+fn put_op(out: &mut impl Sink, tag: u8, op: &Op) {
     out.push(tag);
     put_str(out, &op.obj);
     put_u64(out, op.seq.get());
@@ -559,7 +640,7 @@ fn put_op(out: &mut Vec<u8>, tag: u8, op: &Op) {
     put_u64(out, op.at.as_millis());
 }
 
-fn put_removal(out: &mut Vec<u8>, tag: u8, obj: &str, seq: Seq) {
+fn put_removal(out: &mut impl Sink, tag: u8, obj: &str, seq: Seq) {
     out.push(tag);
     put_str(out, obj);
     put_u64(out, seq.get());
@@ -1224,6 +1305,23 @@ mod tests {
     }
 
     proptest! {
+        /// The sizes a commit is laid out by are the bytes its encoding appends, in either
+        /// format, for every kind of entry.
+        #[test]
+        fn encoded_lengths_are_the_bytes_encoding_appends(salt in any::<u64>(), peer in "[a-z0-9]{0,12}", record in record()) {
+            for format in [LogFormat::V1, LogFormat::new(salt)] {
+                let mut out = vec![0xAA; 3];
+                encode_begin(format, &peer, &mut out);
+                prop_assert_eq!(out.len() - 3, encoded_begin_len(&peer));
+                let before = out.len();
+                encode_record(format, &record, &mut out);
+                prop_assert_eq!(out.len() - before, encoded_record_len(&record));
+                let before = out.len();
+                encode_commit(format, &mut out);
+                prop_assert_eq!(out.len() - before, encoded_commit_len());
+            }
+        }
+
         /// Every record survives the trip, whole, and a commit's entries come back in order.
         #[test]
         fn records_round_trip(salt in any::<u64>(), peer in "[a-z0-9]{0,12}", records in prop::collection::vec(record(), 0..8)) {

@@ -17,7 +17,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::cbor::{self, CborError, Reader};
-use std::sync::Arc;
+use super::text::Text;
 
 use super::{take_length_prefixed, Format, FormatError};
 use crate::limits::{
@@ -90,12 +90,16 @@ macro_rules! text_handle {
 
 /// A substrate address: an opaque token matched, never parsed (`[a-z0-9._/-]{1,128}`).
 ///
-/// It is also the object's handle everywhere past the decoder: shared, not copied (a clone is
-/// a reference count), so the records, frames and events of one object all point at the one
-/// name its machine holds. It compares, orders and hashes as its text, and borrows as `str`,
-/// so maps keyed by it are looked up with a plain `&str`.
+/// It is also the object's handle everywhere past the decoder. An address of up to 30 bytes is
+/// held in place, so the records, frames and events of one object carry it without touching
+/// the allocator or a reference count that the app's, the peer's and the store's threads would
+/// move in turn; a longer one is shared. It compares, orders and hashes as its text, and
+/// borrows as `str`, so maps keyed by it are looked up with a plain `&str`.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Address(Arc<str>);
+pub struct Address(Text<ADDRESS_INLINE_BYTES>);
+
+/// The longest address kept inline (an [`Address`] is then 32 bytes); a longer one is shared.
+const ADDRESS_INLINE_BYTES: usize = 30;
 
 /// Why a string is not an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -119,12 +123,12 @@ impl Address {
         if text.is_empty() || text.len() > ADDRESS_BYTES_MAX || !text.bytes().all(allowed) {
             return Err(AddressError::Invalid);
         }
-        Ok(Self(Arc::from(text)))
+        Ok(Self(Text::new(text)))
     }
 
     /// The address text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.0.as_str()
     }
 }
 
@@ -136,32 +140,15 @@ const OP_ID_INLINE_BYTES: usize = 32;
 /// An op's id (`id`): producer-stable text, at most [`ENVELOPE_TEXT_BYTES_MAX`] bytes.
 ///
 /// Ids of up to 32 bytes (every id tether mints, and most any producer would) are held inline,
-/// so making, cloning and dropping one allocates nothing; a longer id is shared. The two forms
-/// never hold the same text, so it compares, orders and hashes as its text.
-#[derive(Clone)]
-pub struct OpId(OpIdRepr);
-
-#[derive(Clone)]
-enum OpIdRepr {
-    Inline {
-        len: u8,
-        bytes: [u8; OP_ID_INLINE_BYTES],
-    },
-    Shared(Arc<str>),
-}
+/// so making, cloning and dropping one allocates nothing; a longer id is shared. It compares,
+/// orders and hashes as its text.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(Text<OP_ID_INLINE_BYTES>);
 
 impl OpId {
     /// The id `text`.
     pub fn new(text: &str) -> Self {
-        if text.len() <= OP_ID_INLINE_BYTES {
-            let mut bytes = [0u8; OP_ID_INLINE_BYTES];
-            bytes[..text.len()].copy_from_slice(text.as_bytes());
-            // Fits: at most 32.
-            let len = text.len() as u8;
-            Self(OpIdRepr::Inline { len, bytes })
-        } else {
-            Self(OpIdRepr::Shared(Arc::from(text)))
-        }
+        Self(Text::new(text))
     }
 
     /// Two 64-bit words as 32 lowercase hex digits, written in place (tether's own ids: the
@@ -173,58 +160,12 @@ impl OpId {
             let (word, at) = if i < 16 { (high, i) } else { (low, i - 16) };
             *byte = HEX[((word >> (60 - 4 * at)) & 0xf) as usize];
         }
-        Self(OpIdRepr::Inline {
-            len: OP_ID_INLINE_BYTES as u8,
-            bytes,
-        })
+        Self(Text::inline(&bytes).expect("32 hex digits fit inline"))
     }
 
     /// The id's text.
     pub fn as_str(&self) -> &str {
-        match &self.0 {
-            OpIdRepr::Inline { len, bytes } => std::str::from_utf8(&bytes[..usize::from(*len)])
-                .expect("inline ids are copied from a str or written as hex"),
-            OpIdRepr::Shared(text) => text,
-        }
-    }
-
-    /// The id's bytes (UTF-8), without the check [`OpId::as_str`] makes: comparing ids as
-    /// bytes orders them as their text, and tables keyed by ids compare on every lookup.
-    #[inline]
-    fn as_bytes(&self) -> &[u8] {
-        match &self.0 {
-            OpIdRepr::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            OpIdRepr::Shared(text) => text.as_bytes(),
-        }
-    }
-}
-
-impl PartialEq for OpId {
-    #[inline]
-    fn eq(&self, other: &Self) -> bool {
-        self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Eq for OpId {}
-
-impl PartialOrd for OpId {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for OpId {
-    #[inline]
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        // Byte order is the text's order (as `str` compares), so lookups by `&str` agree.
-        self.as_bytes().cmp(other.as_bytes())
-    }
-}
-
-impl std::hash::Hash for OpId {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
+        self.0.as_str()
     }
 }
 
@@ -1069,7 +1010,7 @@ mod tests {
             format!("{:016x}{:016x}", 0x0123_4567_89ab_cdef_u64, 42u64)
         );
         assert_eq!(id, OpId::new(id.as_str()));
-        assert!(matches!(id.0, OpIdRepr::Inline { len: 32, .. }));
+        assert!(id.0.is_inline());
     }
 
     proptest! {
@@ -1085,13 +1026,14 @@ mod tests {
             prop_assert_eq!(x.cmp(&y), a.cmp(&b));
             let hasher = RandomState::new();
             prop_assert_eq!(hasher.hash_one(&x), hasher.hash_one(a.as_str()));
-            prop_assert_eq!(matches!(x.0, OpIdRepr::Inline { .. }), a.len() <= 32);
+            prop_assert_eq!(x.0.is_inline(), a.len() <= 32);
         }
 
         /// A map keyed by addresses is looked up by the text alone.
         #[test]
         fn addresses_borrow_as_their_text(text in "[a-z0-9._/-]{1,128}") {
             let address = Address::parse(&text).expect("valid");
+            prop_assert_eq!(address.0.is_inline(), text.len() <= ADDRESS_INLINE_BYTES);
             let mut map = std::collections::BTreeMap::new();
             map.insert(address.clone(), ());
             prop_assert!(map.contains_key(text.as_str()));

@@ -81,8 +81,9 @@ use tether_core::limits::{
 };
 
 use tether_core::substrate::log::{
-    encode_begin, encode_commit, encode_header, encode_record, scan, scan_shared, verify_entry,
-    IndexError, LogError, LogFormat, LogIndex, LogScan, LOG_ENTRY_HEADER_BYTES, LOG_VERSION,
+    encode_begin, encode_commit, encode_header, encode_record, encoded_begin_len,
+    encoded_commit_len, encoded_record_len, scan, scan_shared, verify_entry, IndexError, LogError,
+    LogFormat, LogIndex, LogScan, LOG_ENTRY_HEADER_BYTES, LOG_VERSION,
 };
 use tether_core::substrate::{
     effective_records, DurableState, PeerId, PersistBatch, Record, RowKey,
@@ -597,9 +598,9 @@ impl LogStore {
                 continue;
             }
             removed += records.len();
-            let (bytes, spans) = encode(self.format, &peer, records.iter())?;
-            inner = self.shared.room(inner, &bytes);
-            inner.append(&peer, &bytes, records.iter(), &spans)?;
+            let commit = Commit::new(self.format, &peer, records.iter())?;
+            inner = self.shared.room(inner, commit.len);
+            inner.append(&commit)?;
         }
         drop(inner);
         self.after_commit();
@@ -875,7 +876,7 @@ impl Shared {
 
     /// Waits until `commit` can be written without racing a preparation: while one runs, a
     /// commit stays below where its zeros start, and a torn tail is not cut.
-    fn room<'a>(&self, mut inner: MutexGuard<'a, Inner>, commit: &[u8]) -> MutexGuard<'a, Inner> {
+    fn room<'a>(&self, mut inner: MutexGuard<'a, Inner>, commit: usize) -> MutexGuard<'a, Inner> {
         while self.in_the_way(&inner, commit) {
             inner = self.wait(inner);
         }
@@ -884,8 +885,8 @@ impl Shared {
 
     /// A running preparation is in the way of `commit`: it would write where the zeros go,
     /// or cut a torn tail they lie behind.
-    fn in_the_way(&self, inner: &Inner, commit: &[u8]) -> bool {
-        inner.preparing && (inner.torn || inner.end + commit.len() as u64 > inner.preparing_from)
+    fn in_the_way(&self, inner: &Inner, commit: usize) -> bool {
+        inner.preparing && (inner.torn || inner.end + commit as u64 > inner.preparing_from)
     }
 
     /// Copies the live rows' entries of `prefix` (each verified) to `<path>.compact` without
@@ -1084,53 +1085,82 @@ fn random_salt() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
-/// Room [`encode`] sets aside per record besides its body: the entry's header, tag, address,
-/// op id and numbers of an ordinary record (a larger one grows the buffer once).
-const ENCODED_HEAD_BYTES: usize = 160;
-
-/// One commit of `records` for `peer`, as the log's bytes, with where each record's entry lies
-/// in them.
-fn encode<'a>(
+/// One commit of `records` for `peer`, sized before a byte of it is encoded: its length,
+/// where each record's entry lies in it, and every record checked against the entry bound.
+/// Sized first, the direct path lays the write out and encodes the commit straight into the
+/// aligned buffer it writes from, so a body is copied once between the peer and the disk.
+struct Commit<'a, R> {
     format: LogFormat,
-    peer: &PeerId,
-    records: impl Iterator<Item = &'a Record> + Clone,
-) -> Result<(Vec<u8>, Vec<Range<u64>>), StoreError> {
-    // Sized once for the bodies and a generous head per record, instead of doubling (and
-    // copying) as it fills.
-    let (count, bodies) = records
-        .clone()
-        .fold((0usize, 0usize), |(count, bodies), record| {
-            let body = match record {
-                Record::Outbox(op) | Record::Held(op) | Record::Inbox(op) => {
-                    op.body.as_ref().map_or(0, bytes::Bytes::len)
-                }
-                _ => 0,
-            };
-            (count + 1, bodies + body)
-        });
-    let mut out = Vec::with_capacity(
-        bodies
-            .saturating_add(count.saturating_mul(ENCODED_HEAD_BYTES))
-            .saturating_add(peer.as_str().len() + ENCODED_HEAD_BYTES),
-    );
-    let mut spans = Vec::with_capacity(count);
-    encode_begin(format, peer.as_str(), &mut out);
-    for record in records {
+    peer: &'a PeerId,
+    records: R,
+    len: usize,
+    spans: Vec<Range<u64>>,
+}
+
+impl<'a, R: Iterator<Item = &'a Record> + Clone> Commit<'a, R> {
+    fn new(format: LogFormat, peer: &'a PeerId, records: R) -> Result<Self, StoreError> {
+        let mut spans = Vec::with_capacity(records.size_hint().0);
+        let mut at = encoded_begin_len(peer.as_str());
+        for record in records.clone() {
+            let len = encoded_record_len(record);
+            if len - LOG_ENTRY_HEADER_BYTES > LOG_ENTRY_BYTES_MAX {
+                return Err(StoreError::Corrupt {
+                    table: "log",
+                    detail: format!("a record of {len} bytes is over the log's entry bound"),
+                });
+            }
+            spans.push(at as u64..(at + len) as u64);
+            at += len;
+        }
+        Ok(Self {
+            format,
+            peer,
+            records,
+            len: at + encoded_commit_len(),
+            spans,
+        })
+    }
+
+    /// Appends the commit's bytes to `out`: exactly [`Commit::len`] of them, or an error
+    /// before anything is written (sizing and encoding run the same code in core).
+    fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), StoreError> {
         let start = out.len();
-        encode_record(format, record, &mut out);
-        spans.push(start as u64..out.len() as u64);
-        if out.len() - start - LOG_ENTRY_HEADER_BYTES > LOG_ENTRY_BYTES_MAX {
+        encode_begin(self.format, self.peer.as_str(), out);
+        for record in self.records.clone() {
+            encode_record(self.format, record, out);
+        }
+        encode_commit(self.format, out);
+        if out.len() - start != self.len {
             return Err(StoreError::Corrupt {
                 table: "log",
                 detail: format!(
-                    "a record of {} bytes is over the log's entry bound",
+                    "a commit sized at {} bytes encoded to {}",
+                    self.len,
                     out.len() - start
                 ),
             });
         }
+        Ok(())
     }
-    encode_commit(format, &mut out);
-    Ok((out, spans))
+
+    /// The commit's bytes on their own.
+    fn encode(&self) -> Result<Vec<u8>, StoreError> {
+        let mut out = Vec::with_capacity(self.len);
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+}
+
+/// One commit of `records` for `peer`, as the log's bytes, with where each record's entry lies
+/// in them.
+#[cfg(test)]
+fn encode<'a>(
+    format: LogFormat,
+    peer: &'a PeerId,
+    records: impl Iterator<Item = &'a Record> + Clone,
+) -> Result<(Vec<u8>, Vec<Range<u64>>), StoreError> {
+    let commit = Commit::new(format, peer, records)?;
+    Ok((commit.encode()?, commit.spans))
 }
 
 impl Inner {
@@ -1213,21 +1243,26 @@ impl Inner {
         Ok(())
     }
 
-    /// Writes `bytes` at `end` with direct I/O when every block they touch is prepared space
-    /// and the commit is at most [`LOG_DIRECT_COMMIT_BYTES_MAX`]; whether it did (when it did
-    /// not, the bytes go through the page cache, which a refused write may have left at
-    /// either the zeros or the same bytes).
-    fn write_direct(&mut self, bytes: &[u8]) -> bool {
+    /// Lays out a direct write of `commit` at `end`, when every block it touches is prepared
+    /// space and it is at most [`LOG_DIRECT_COMMIT_BYTES_MAX`]: the direct buffer then holds,
+    /// from an aligned start, the bytes of the block `end` lies in before it, the commit
+    /// encoded in place, and zeros to the end of its last block. Where the write starts in the
+    /// buffer, or `None` (nothing is encoded: the commit goes through the page cache). Nothing
+    /// touches the file.
+    fn stage_direct<'a, R: Iterator<Item = &'a Record> + Clone>(
+        &mut self,
+        commit: &Commit<'a, R>,
+    ) -> Result<Option<usize>, StoreError> {
         #[cfg(target_os = "linux")]
         {
             use std::os::unix::fs::FileExt;
             let block = LOG_BLOCK_BYTES as usize;
-            let written = self.end + bytes.len() as u64;
+            let written = self.end + commit.len as u64;
             let start = self.end - self.end % LOG_BLOCK_BYTES;
             let stop = block_end(written);
             let direct = &mut self.direct;
-            if direct.refused || stop > self.prepared || bytes.len() > LOG_DIRECT_COMMIT_BYTES_MAX {
-                return false;
+            if direct.refused || stop > self.prepared || commit.len > LOG_DIRECT_COMMIT_BYTES_MAX {
+                return Ok(None);
             }
             if direct
                 .file
@@ -1237,7 +1272,7 @@ impl Inner {
                 // Under the store's lock, where the path names the file written.
                 let Some(file) = open_direct_on(&self.path, &self.file) else {
                     direct.refuse();
-                    return false;
+                    return Ok(None);
                 };
                 direct.file = Some((self.generation, file));
             }
@@ -1247,75 +1282,107 @@ impl Inner {
                 if let Err(error) = self.file.read_exact_at(&mut direct.tail, start) {
                     tracing::debug!(%error, "the log's last block did not read back");
                     direct.tail_at = None;
-                    return false;
+                    return Ok(None);
                 }
             }
             let len = usize::try_from(stop - start).unwrap_or(usize::MAX);
-            if direct.buffer.len() < len + block {
-                direct.buffer.resize(len + block, 0);
-            }
-            let skip = block_aligned(&direct.buffer);
-            let out = &mut direct.buffer[skip..skip + len];
-            out[..head].copy_from_slice(&direct.tail);
-            out[head..head + bytes.len()].copy_from_slice(bytes);
-            out[head + bytes.len()..].fill(0);
-            let Some((_, file)) = direct.file.as_ref() else {
-                return false;
-            };
-            direct.tail_at = None;
-            if let Err(error) = file.write_all_at(out, start) {
-                tracing::debug!(%error, "direct log commit refused");
-                direct.refuse();
-                return false;
-            }
-            // The block the next commit starts in, as just written.
-            let next = written - written % LOG_BLOCK_BYTES;
-            let from = usize::try_from(next - start).unwrap_or(0);
-            let to = usize::try_from(written - start).unwrap_or(0);
-            direct.tail.clear();
-            direct.tail.extend_from_slice(&out[from..to]);
-            direct.tail_at = Some((self.generation, written));
-            true
+            // Room for the write and its alignment first, so that nothing below moves it.
+            let buffer = &mut direct.buffer;
+            buffer.clear();
+            buffer.reserve(len + block);
+            let skip = block_aligned(buffer);
+            buffer.resize(skip, 0);
+            buffer.extend_from_slice(&direct.tail);
+            commit.encode_into(buffer)?;
+            buffer.resize(skip + len, 0);
+            Ok(Some(skip))
         }
         #[cfg(not(target_os = "linux"))]
         {
-            let _ = bytes;
-            false
+            let _ = commit;
+            Ok(None)
         }
     }
 
-    /// Writes one commit (`bytes`, the encoding of `records` for `peer`, each record's entry at
-    /// its range of `spans` in them) at the end, syncs it, then notes where its rows lie and
-    /// applies it to the state replayed at open if the peer has not loaded it yet.
-    fn append<'a>(
+    /// Writes the direct write laid out from `skip` in the direct buffer, for a commit of
+    /// `len` bytes at `end`. On a refusal the buffer is handed back, so that the commit it
+    /// holds goes through the page cache instead (which the refused write may have left at
+    /// either the zeros or the same bytes).
+    fn write_staged(&mut self, skip: usize, len: usize) -> Result<(), Vec<u8>> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::FileExt;
+            let written = self.end + len as u64;
+            let start = self.end - self.end % LOG_BLOCK_BYTES;
+            let direct = &mut self.direct;
+            direct.tail_at = None;
+            let Some((_, file)) = direct.file.as_ref() else {
+                return Err(std::mem::take(&mut direct.buffer));
+            };
+            if let Err(error) = file.write_all_at(&direct.buffer[skip..], start) {
+                tracing::debug!(%error, "direct log commit refused");
+                let buffer = std::mem::take(&mut direct.buffer);
+                direct.refuse();
+                return Err(buffer);
+            }
+            // The block the next commit starts in, as just written.
+            let next = written - written % LOG_BLOCK_BYTES;
+            let from = skip + usize::try_from(next - start).unwrap_or(0);
+            let to = skip + usize::try_from(written - start).unwrap_or(0);
+            direct.tail.clear();
+            direct.tail.extend_from_slice(&direct.buffer[from..to]);
+            direct.tail_at = Some((self.generation, written));
+            Ok(())
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (skip, len);
+            Err(Vec::new())
+        }
+    }
+
+    /// Writes `commit` at the end and syncs it, then notes where its rows lie (each record's
+    /// entry at its span) and applies it to the state replayed at open if its peer has not
+    /// loaded that yet.
+    fn append<'a, R: Iterator<Item = &'a Record> + Clone>(
         &mut self,
-        peer: &PeerId,
-        bytes: &[u8],
-        records: impl Iterator<Item = &'a Record> + Clone,
-        spans: &[Range<u64>],
+        commit: &Commit<'a, R>,
     ) -> Result<(), StoreError> {
         self.sync_rename()?;
         if self.torn {
             self.cut_tail()?;
         }
+        let staged = self.stage_direct(commit)?;
         // From here until the sync returns, bytes past `end` may be on disk: a failure leaves
         // them to be cut before the next write (and a crash leaves them to replay's cut).
         self.torn = true;
-        let direct = self.write_direct(bytes);
-        if !direct {
-            self.write_cached(bytes)?;
-        }
+        let direct = match staged {
+            Some(skip) => match self.write_staged(skip, commit.len) {
+                Ok(()) => true,
+                Err(buffer) => {
+                    // The commit as encoded there, after the head of the block it starts in.
+                    let at = skip + usize::try_from(self.end % LOG_BLOCK_BYTES).unwrap_or(0);
+                    self.write_cached(&buffer[at..at + commit.len])?;
+                    false
+                }
+            },
+            None => {
+                self.write_cached(&commit.encode()?)?;
+                false
+            }
+        };
         self.sync_commit()?;
+        let len = commit.len as u64;
         if direct {
-            self.direct.bytes += bytes.len() as u64;
+            self.direct.bytes += len;
         }
         self.torn = false;
         let at = self.end;
-        for (record, span) in records.clone().zip(spans) {
+        for (record, span) in commit.records.clone().zip(&commit.spans) {
             self.index
-                .record(peer, record, at + span.start..at + span.end);
+                .record(commit.peer, record, at + span.start..at + span.end);
         }
-        self.end += bytes.len() as u64;
+        self.end += len;
         self.prepared = self.prepared.max(self.end);
         if let Some(ahead) = self
             .ahead
@@ -1323,12 +1390,12 @@ impl Inner {
         {
             self.prepared = self.prepared.max(ahead.end);
         }
-        if !self.peers.contains(peer) {
-            self.peers.insert(peer.clone());
+        if !self.peers.contains(commit.peer) {
+            self.peers.insert(commit.peer.clone());
         }
-        if let Some(state) = self.replayed.get_mut(peer) {
+        if let Some(state) = self.replayed.get_mut(commit.peer) {
             // Only before the peer's first load (its machine loads before it commits).
-            state.apply_records(records);
+            state.apply_records(commit.records.clone());
         }
         Ok(())
     }
@@ -1692,10 +1759,11 @@ impl Store for LogStore {
 
     fn commit(&self, peer: &PeerId, batches: &[PersistBatch]) -> Result<(), StoreError> {
         let records = effective_records(batches);
-        // Encoded before the lock: commits of other peers write meanwhile.
-        let (bytes, spans) = encode(self.format, peer, records.iter().copied())?;
-        let mut inner = self.shared.room(self.lock(), &bytes);
-        inner.append(peer, &bytes, records.iter().copied(), &spans)?;
+        // Sized and checked before the lock; encoded under it, into the buffer it is written
+        // from (a commit's encoding is a copy of its bodies, short beside its sync).
+        let commit = Commit::new(self.format, peer, records.iter().copied())?;
+        let mut inner = self.shared.room(self.lock(), commit.len);
+        inner.append(&commit)?;
         drop(inner);
         self.after_commit();
         Ok(())
@@ -1709,8 +1777,8 @@ impl Store for LogStore {
         batches: &[PersistBatch],
     ) -> Option<Result<(), StoreError>> {
         let records = effective_records(batches);
-        let (bytes, spans) = match encode(self.format, peer, records.iter().copied()) {
-            Ok(encoded) => encoded,
+        let commit = match Commit::new(self.format, peer, records.iter().copied()) {
+            Ok(commit) => commit,
             Err(error) => return Some(Err(error)),
         };
         let mut inner = match self.shared.inner.try_lock() {
@@ -1718,10 +1786,10 @@ impl Store for LogStore {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        if self.shared.in_the_way(&inner, &bytes) {
+        if self.shared.in_the_way(&inner, commit.len) {
             return None;
         }
-        let appended = inner.append(peer, &bytes, records.iter().copied(), &spans);
+        let appended = inner.append(&commit);
         drop(inner);
         if appended.is_ok() {
             self.after_commit();

@@ -1,0 +1,138 @@
+//! Short text held in place: the representation under [`Address`](super::envelope::Address)
+//! and [`OpId`](super::envelope::OpId).
+//!
+//! Text of up to `N` bytes is kept inline, so making, cloning, dropping and comparing it touch
+//! no allocator and no shared counter (a reference count that two threads move in turn costs a
+//! cache line crossing cores each time); longer text is shared behind an `Arc`. Both forms
+//! compare, order and hash as their text, so which one a value took never shows.
+
+use std::sync::Arc;
+
+/// Text of any length, inline up to `N` bytes (`N` < 256).
+#[derive(Clone)]
+pub(crate) struct Text<const N: usize>(Repr<N>);
+
+#[derive(Clone)]
+enum Repr<const N: usize> {
+    Inline { len: u8, bytes: [u8; N] },
+    Shared(Arc<str>),
+}
+
+impl<const N: usize> Text<N> {
+    /// `text`, inline when it fits.
+    pub(crate) fn new(text: &str) -> Self {
+        match Self::inline(text.as_bytes()) {
+            Some(inline) => inline,
+            None => Self(Repr::Shared(Arc::from(text))),
+        }
+    }
+
+    /// `bytes` inline, when they fit; the caller vouches that they are UTF-8 (they came from a
+    /// `str`, or are ASCII it wrote).
+    pub(crate) fn inline(bytes: &[u8]) -> Option<Self> {
+        let len = u8::try_from(bytes.len())
+            .ok()
+            .filter(|_| bytes.len() <= N)?;
+        let mut inline = [0u8; N];
+        inline[..bytes.len()].copy_from_slice(bytes);
+        Some(Self(Repr::Inline { len, bytes: inline }))
+    }
+
+    /// The text.
+    #[inline]
+    pub(crate) fn as_str(&self) -> &str {
+        match &self.0 {
+            Repr::Inline { len, bytes } => std::str::from_utf8(&bytes[..usize::from(*len)])
+                .expect("inline text is copied from a str or written as ASCII"),
+            Repr::Shared(text) => text,
+        }
+    }
+
+    /// Whether the text is held in place.
+    #[cfg(test)]
+    pub(crate) fn is_inline(&self) -> bool {
+        matches!(self.0, Repr::Inline { .. })
+    }
+
+    /// The text's bytes (UTF-8), without the check [`Text::as_str`] makes: bytes order as
+    /// their text does, and tables keyed by text compare on every lookup.
+    #[inline]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Repr::Shared(text) => text.as_bytes(),
+        }
+    }
+}
+
+impl<const N: usize> PartialEq for Text<N> {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl<const N: usize> Eq for Text<N> {}
+
+impl<const N: usize> PartialOrd for Text<N> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<const N: usize> Ord for Text<N> {
+    #[inline]
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Byte order is the text's order (as `str` compares), so lookups by `&str` agree.
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl<const N: usize> std::hash::Hash for Text<N> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As `str` hashes, so maps keyed by text are looked up with a `&str`.
+        self.as_str().hash(state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Text;
+    use proptest::prelude::*;
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+
+    fn hash_of(value: &impl Hash) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        value.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    #[test]
+    fn text_up_to_n_bytes_is_inline_and_longer_text_is_shared() {
+        assert!(matches!(
+            Text::<4>::new("abcd").0,
+            super::Repr::Inline { len: 4, .. }
+        ));
+        assert!(matches!(Text::<4>::new("abcde").0, super::Repr::Shared(_)));
+        assert!(matches!(
+            Text::<4>::new("").0,
+            super::Repr::Inline { len: 0, .. }
+        ));
+        assert!(Text::<4>::inline(b"abcde").is_none());
+    }
+
+    proptest! {
+        /// Whichever form each side took, text compares, orders and hashes as `str` does.
+        #[test]
+        fn both_forms_compare_order_and_hash_as_their_text(a in "[a-z/é]{0,12}", b in "[a-z/é]{0,12}") {
+            let (x, y) = (Text::<6>::new(&a), Text::<6>::new(&b));
+            prop_assert_eq!(x.as_str(), a.as_str());
+            prop_assert_eq!(x.as_bytes(), a.as_bytes());
+            prop_assert_eq!(x == y, a == b);
+            prop_assert_eq!(x.cmp(&y), a.as_str().cmp(b.as_str()));
+            prop_assert_eq!(hash_of(&x), hash_of(&a.as_str()));
+            prop_assert_eq!(x.clone() == x, true);
+        }
+    }
+}
