@@ -43,10 +43,11 @@
 //! [`LOG_DIRECT_COMMIT_BYTES_MAX`]) goes to the disk with direct I/O too, as one write of whole
 //! blocks: what earlier commits wrote in the block it starts in (kept from the last direct
 //! commit, read back after anything else wrote there), the commit, and zeros to the end of its
-//! last block, where the file holds zeros already. It costs no copy into the page cache and
-//! leaves the sync no pages to write back: the sync only flushes the disk. A handle the file
-//! system refuses, or a direct write that fails, sends every later commit through the page
-//! cache, as before.
+//! last block, where the file holds zeros already. The commit is sized first and encoded
+//! straight into the aligned buffer that write goes from, so each body is copied once on its
+//! way to the disk. It costs no copy into the page cache and leaves the sync no pages to
+//! write back: the sync only flushes the disk. A handle the file system refuses, or a direct
+//! write that fails, sends every later commit through the page cache, as before.
 //!
 //! Opening replays the file ([`tether_core::substrate::log::scan`]). Its tail after the last
 //! complete commit (a commit cut short by a crash) was never acknowledged, since a commit is
