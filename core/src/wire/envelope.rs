@@ -160,7 +160,8 @@ impl OpId {
             let (word, at) = if i < 16 { (high, i) } else { (low, i - 16) };
             *byte = HEX[((word >> (60 - 4 * at)) & 0xf) as usize];
         }
-        Self(Text::inline(&bytes).expect("32 hex digits fit inline"))
+        let hex = std::str::from_utf8(&bytes).expect("hex digits are ASCII");
+        Self(Text::inline(hex).expect("32 hex digits fit inline"))
     }
 
     /// The id's text.

@@ -21,21 +21,18 @@ enum Repr<const N: usize> {
 impl<const N: usize> Text<N> {
     /// `text`, inline when it fits.
     pub(crate) fn new(text: &str) -> Self {
-        match Self::inline(text.as_bytes()) {
+        match Self::inline(text) {
             Some(inline) => inline,
             None => Self(Repr::Shared(Arc::from(text))),
         }
     }
 
-    /// `bytes` inline, when they fit; the caller vouches that they are UTF-8 (they came from a
-    /// `str`, or are ASCII it wrote).
-    pub(crate) fn inline(bytes: &[u8]) -> Option<Self> {
-        let len = u8::try_from(bytes.len())
-            .ok()
-            .filter(|_| bytes.len() <= N)?;
-        let mut inline = [0u8; N];
-        inline[..bytes.len()].copy_from_slice(bytes);
-        Some(Self(Repr::Inline { len, bytes: inline }))
+    /// `text` inline, when it fits.
+    pub(crate) fn inline(text: &str) -> Option<Self> {
+        let len = u8::try_from(text.len()).ok().filter(|_| text.len() <= N)?;
+        let mut bytes = [0u8; N];
+        bytes[..text.len()].copy_from_slice(text.as_bytes());
+        Some(Self(Repr::Inline { len, bytes }))
     }
 
     /// The text.
@@ -43,7 +40,7 @@ impl<const N: usize> Text<N> {
     pub(crate) fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Inline { len, bytes } => std::str::from_utf8(&bytes[..usize::from(*len)])
-                .expect("inline text is copied from a str or written as ASCII"),
+                .expect("inline text is copied whole from a str"),
             Repr::Shared(text) => text,
         }
     }
@@ -119,7 +116,7 @@ mod tests {
             Text::<4>::new("").0,
             super::Repr::Inline { len: 0, .. }
         ));
-        assert!(Text::<4>::inline(b"abcde").is_none());
+        assert!(Text::<4>::inline("abcde").is_none());
     }
 
     proptest! {

@@ -1096,6 +1096,10 @@ struct Commit<'a, R> {
     records: R,
     len: usize,
     spans: Vec<Range<u64>>,
+    /// The bytes, encoded before the store's lock, of a commit that cannot go direct (over
+    /// [`LOG_DIRECT_COMMIT_BYTES_MAX`], or where there is no direct I/O): it would gain no
+    /// copy from being encoded under the lock and would hold the lock while it is.
+    encoded: Option<Vec<u8>>,
 }
 
 impl<'a, R: Iterator<Item = &'a Record> + Clone> Commit<'a, R> {
@@ -1113,13 +1117,18 @@ impl<'a, R: Iterator<Item = &'a Record> + Clone> Commit<'a, R> {
             spans.push(at as u64..(at + len) as u64);
             at += len;
         }
-        Ok(Self {
+        let mut commit = Self {
             format,
             peer,
             records,
             len: at + encoded_commit_len(),
             spans,
-        })
+            encoded: None,
+        };
+        if !cfg!(target_os = "linux") || commit.len > LOG_DIRECT_COMMIT_BYTES_MAX {
+            commit.encoded = Some(commit.encode()?);
+        }
+        Ok(commit)
     }
 
     /// Appends the commit's bytes to `out`: exactly [`Commit::len`] of them, or an error
@@ -1150,6 +1159,21 @@ impl<'a, R: Iterator<Item = &'a Record> + Clone> Commit<'a, R> {
         self.encode_into(&mut out)?;
         Ok(out)
     }
+
+    /// The commit's bytes for the page cache: as encoded before the lock, or encoded now.
+    fn bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>, StoreError> {
+        match &self.encoded {
+            Some(bytes) => Ok(std::borrow::Cow::Borrowed(bytes)),
+            None => self.encode().map(std::borrow::Cow::Owned),
+        }
+    }
+}
+
+/// How a commit goes to the file: laid out in the direct buffer from an offset, or as bytes
+/// through the page cache.
+enum Staged<'c> {
+    Direct(usize),
+    Cached(std::borrow::Cow<'c, [u8]>),
 }
 
 /// One commit of `records` for `peer`, as the log's bytes, with where each record's entry lies
@@ -1161,7 +1185,7 @@ fn encode<'a>(
     records: impl Iterator<Item = &'a Record> + Clone,
 ) -> Result<(Vec<u8>, Vec<Range<u64>>), StoreError> {
     let commit = Commit::new(format, peer, records)?;
-    Ok((commit.encode()?, commit.spans))
+    Ok((commit.bytes()?.into_owned(), commit.spans))
 }
 
 impl Inner {
@@ -1288,9 +1312,10 @@ impl Inner {
             }
             let len = usize::try_from(stop - start).unwrap_or(usize::MAX);
             // Room for the write and its alignment first, so that nothing below moves it.
+            debug_assert_eq!(direct.tail.len(), head, "the block's head is kept whole");
             let buffer = &mut direct.buffer;
             buffer.clear();
-            buffer.reserve(len + block);
+            buffer.reserve_exact(len + block);
             let skip = block_aligned(buffer);
             buffer.resize(skip, 0);
             buffer.extend_from_slice(&direct.tail);
@@ -1353,12 +1378,17 @@ impl Inner {
         if self.torn {
             self.cut_tail()?;
         }
-        let staged = self.stage_direct(commit)?;
+        // Encoded in place for a direct write, or on its own for the page cache, before
+        // anything is written: an encoding that fails leaves the file and `torn` as they were.
+        let staged = match self.stage_direct(commit)? {
+            Some(skip) => Staged::Direct(skip),
+            None => Staged::Cached(commit.bytes()?),
+        };
         // From here until the sync returns, bytes past `end` may be on disk: a failure leaves
         // them to be cut before the next write (and a crash leaves them to replay's cut).
         self.torn = true;
         let direct = match staged {
-            Some(skip) => match self.write_staged(skip, commit.len) {
+            Staged::Direct(skip) => match self.write_staged(skip, commit.len) {
                 Ok(()) => true,
                 Err(buffer) => {
                     // The commit as encoded there, after the head of the block it starts in.
@@ -1367,8 +1397,8 @@ impl Inner {
                     false
                 }
             },
-            None => {
-                self.write_cached(&commit.encode()?)?;
+            Staged::Cached(bytes) => {
+                self.write_cached(&bytes)?;
                 false
             }
         };
@@ -2714,7 +2744,7 @@ mod tests {
         let large = commit(1..3, LOG_DIRECT_COMMIT_BYTES_MAX * 3 / 5).committed_direct_bytes;
         assert_eq!(large, small, "the large commit went through the page cache");
         assert!(store.stats().prepared_bytes > 0, "inside prepared space");
-        assert!(store.lock().direct.buffer.len() <= 4 * LOG_BLOCK_BYTES as usize);
+        assert!(store.lock().direct.buffer.capacity() <= 4 * LOG_BLOCK_BYTES as usize);
         assert!(commit(3..4, 300).committed_direct_bytes > large);
         drop(store);
         reopens_to(&path, options, &peer, &expected);
