@@ -226,6 +226,52 @@ async fn send_batch_never_asks_past_the_end_of_its_frames() {
     }
 }
 
+/// A batch's first runs leave while the caller's iterator still hands over the rest: its
+/// writer starts on the first run in the ring, not when `send_batch` returns. The iterator
+/// waits, halfway through, for the receiver to see the batch's first frame (with a deadline
+/// against a hang); the writer has written to the peer before, and sleeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_starts_leaving_while_its_iterator_still_runs() {
+    let a = node().await;
+    let mut b = node().await;
+    a.node.connect(b.node.endpoint_addr()).await.expect("a-b");
+    a.node.send(chat(&b.node, 0));
+    assert_eq!(receive(&mut b, 1).await, [0]);
+    let (runtime, to) = (tokio::runtime::Handle::current(), b.node.node_id());
+    let delivered = &mut b.delivered;
+    let first = std::thread::scope(|scope| {
+        let sender = scope.spawn(|| {
+            let mut first = None;
+            let frames = (1..1_000u32).map(|n| {
+                if n == 500 {
+                    let deadline = std::time::Duration::from_secs(20);
+                    let next = async { tokio::time::timeout(deadline, delivered.recv()).await };
+                    first = Some(runtime.block_on(next).ok().flatten().map(|(.., p)| p));
+                }
+                OutFrame {
+                    to,
+                    dest: APP_ACTOR,
+                    type_tag: "Chat".into(),
+                    payload: Bytes::from(n.to_be_bytes().to_vec()),
+                }
+            });
+            a.node.send_batch(frames);
+            first
+        });
+        sender.join().expect("the sending thread")
+    });
+    let first = first.expect("the iterator reached frame 500");
+    assert_eq!(
+        first,
+        Some(Bytes::from(1u32.to_be_bytes().to_vec())),
+        "the batch's first frame arrived before its iterator ended"
+    );
+    assert_eq!(receive(&mut b, 998).await, (2..1_000).collect::<Vec<_>>());
+    for n in [a, b] {
+        n.node.close().await;
+    }
+}
+
 /// Long runs travel as ring slots of up to `EGRESS_RUN_FRAMES_MAX` frames, and a slot can
 /// be cut between two stream writes (a write carries at most 256 KiB of records): 2,000
 /// frames of 1 KiB in one batch, then a lone send, arrive once each and in order.

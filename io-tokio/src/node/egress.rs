@@ -639,7 +639,8 @@ impl Inner {
         }
     }
 
-    /// Pushes `frames` into `queue`: counted and the writer woken once for all of them. Runs
+    /// Pushes `frames` into `queue`: counted once for all of them, the writer woken as each run
+    /// goes in (so it starts on the first while the rest are encoded) and after the last. Runs
     /// of up to [`EGRESS_RUN_FRAMES_MAX`] are encoded here, on the sending thread, into one
     /// ring slot each (the writer hands the records to the stream as they are); a run the
     /// ring has no room for is pushed frame by frame, as lone frames are, so the spillover
@@ -686,7 +687,12 @@ impl Inner {
                 .sender
                 .push_ring(Slot::More(Box::new(More::Encoded(run))))
             {
-                Ok(()) => count(frames_in_run, true),
+                Ok(()) => {
+                    count(frames_in_run, true);
+                    // The writer starts on the first run while the rest are encoded (woken
+                    // only if it sleeps: a flag read per run of frames).
+                    queue.wake.wake();
+                }
                 Err(refused) => {
                     // Another producer took the room: unpacked, frame by frame.
                     let unpacked = refused.into_popped().into_frames(
