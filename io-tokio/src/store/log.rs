@@ -144,6 +144,9 @@ struct Shared {
     idle: Condvar,
     /// The last handle is gone: background work stops at its next check.
     closing: AtomicBool,
+    /// Direct I/O was refused (as of the last commit): commits are encoded before the lock,
+    /// since none will be encoded in place.
+    direct_refused: AtomicBool,
     /// Tests hold compactions between their snapshot and their swap, to commit meanwhile.
     #[cfg(test)]
     held: (Mutex<bool>, Condvar),
@@ -468,6 +471,7 @@ impl LogStore {
             inner: Mutex::new(inner),
             idle: Condvar::new(),
             closing: AtomicBool::new(false),
+            direct_refused: AtomicBool::new(false),
             #[cfg(test)]
             held: Default::default(),
         });
@@ -599,13 +603,18 @@ impl LogStore {
                 continue;
             }
             removed += records.len();
-            let commit = Commit::new(self.format, &peer, records.iter())?;
+            let commit = Commit::new(self.format, &peer, records.iter(), self.direct())?;
             inner = self.shared.room(inner, commit.len);
             inner.append(&commit)?;
         }
         drop(inner);
         self.after_commit();
         Ok(removed)
+    }
+
+    /// Whether commits may still be written with direct I/O, as of the last one.
+    fn direct(&self) -> bool {
+        !self.shared.direct_refused.load(Ordering::Relaxed)
     }
 
     /// Starts what a commit may have made due: a preparation, a compaction.
@@ -617,7 +626,15 @@ impl LogStore {
     /// Starts a preparation on a thread of its own when fewer than half of
     /// [`LogOptions::prepare_bytes`] remain past the end and none runs.
     fn prepare_if_due(&self) {
-        let Some(job) = self.lock().prepare_job(true) else {
+        let job = {
+            let mut inner = self.lock();
+            // Under the lock after each commit: whether the next ones can go direct.
+            self.shared
+                .direct_refused
+                .store(inner.direct.refused, Ordering::Relaxed);
+            inner.prepare_job(true)
+        };
+        let Some(job) = job else {
             return;
         };
         let shared = self.shared.clone();
@@ -1103,7 +1120,13 @@ struct Commit<'a, R> {
 }
 
 impl<'a, R: Iterator<Item = &'a Record> + Clone> Commit<'a, R> {
-    fn new(format: LogFormat, peer: &'a PeerId, records: R) -> Result<Self, StoreError> {
+    /// `direct`: whether a direct write may still take it (else it is encoded at once).
+    fn new(
+        format: LogFormat,
+        peer: &'a PeerId,
+        records: R,
+        direct: bool,
+    ) -> Result<Self, StoreError> {
         let mut spans = Vec::with_capacity(records.size_hint().0);
         let mut at = encoded_begin_len(peer.as_str());
         for record in records.clone() {
@@ -1125,7 +1148,7 @@ impl<'a, R: Iterator<Item = &'a Record> + Clone> Commit<'a, R> {
             spans,
             encoded: None,
         };
-        if !cfg!(target_os = "linux") || commit.len > LOG_DIRECT_COMMIT_BYTES_MAX {
+        if !direct || !cfg!(target_os = "linux") || commit.len > LOG_DIRECT_COMMIT_BYTES_MAX {
             commit.encoded = Some(commit.encode()?);
         }
         Ok(commit)
@@ -1184,7 +1207,7 @@ fn encode<'a>(
     peer: &'a PeerId,
     records: impl Iterator<Item = &'a Record> + Clone,
 ) -> Result<(Vec<u8>, Vec<Range<u64>>), StoreError> {
-    let commit = Commit::new(format, peer, records)?;
+    let commit = Commit::new(format, peer, records, true)?;
     Ok((commit.bytes()?.into_owned(), commit.spans))
 }
 
@@ -1792,7 +1815,7 @@ impl Store for LogStore {
         let records = effective_records(batches);
         // Sized and checked before the lock; encoded under it, into the buffer it is written
         // from (a commit's encoding is a copy of its bodies, short beside its sync).
-        let commit = Commit::new(self.format, peer, records.iter().copied())?;
+        let commit = Commit::new(self.format, peer, records.iter().copied(), self.direct())?;
         let mut inner = self.shared.room(self.lock(), commit.len);
         inner.append(&commit)?;
         drop(inner);
@@ -1808,7 +1831,7 @@ impl Store for LogStore {
         batches: &[PersistBatch],
     ) -> Option<Result<(), StoreError>> {
         let records = effective_records(batches);
-        let commit = match Commit::new(self.format, peer, records.iter().copied()) {
+        let commit = match Commit::new(self.format, peer, records.iter().copied(), self.direct()) {
             Ok(commit) => commit,
             Err(error) => return Some(Err(error)),
         };
@@ -2633,6 +2656,11 @@ mod tests {
         }
         let before = sound(&store, "small commits").committed_direct_bytes;
         assert_eq!(before > 0, direct);
+        assert_eq!(
+            store.direct(),
+            direct,
+            "encoded in place while direct I/O serves"
+        );
         // Two large commits in a row past the prepared space, each a whole number of blocks
         // (the next commit starts where the last direct one ended in its block, but in a block
         // the large one wrote), then small ones.
@@ -2695,6 +2723,8 @@ mod tests {
         let stats = sound(&store, "after a refusal");
         assert_eq!(stats.committed_direct_bytes, refused);
         assert!(store.lock().direct.refused);
+        // And commits are encoded before the lock from then on.
+        assert!(!store.direct());
         assert!(store.lock().direct.file.is_none());
         assert!(stats.bytes > want);
         drop(store);
