@@ -144,9 +144,8 @@ struct Shared {
     idle: Condvar,
     /// The last handle is gone: background work stops at its next check.
     closing: AtomicBool,
-    /// Direct I/O was refused (as of the last commit): commits are encoded before the lock,
-    /// since none will be encoded in place.
-    direct_refused: AtomicBool,
+    /// The direct commits' refusal ([`DirectCommits::refused`]), read without the lock.
+    direct_refused: Arc<AtomicBool>,
     /// Tests hold compactions between their snapshot and their swap, to commit meanwhile.
     #[cfg(test)]
     held: (Mutex<bool>, Condvar),
@@ -246,8 +245,9 @@ struct DirectCommits {
     /// The direct handle and the generation of the file it opened.
     file: Option<(u64, File)>,
     /// Refused once (by the file system, or a failed write): commits go through the page
-    /// cache from then on.
-    refused: bool,
+    /// cache from then on. Shared with the store's handles, which then encode commits before
+    /// taking the lock (none will be encoded in place).
+    refused: Arc<AtomicBool>,
     /// The file's bytes from the block boundary before `tail_at` up to it.
     tail: Vec<u8>,
     /// Where `tail` ends, in the file of which generation: it is the block the next commit
@@ -271,7 +271,7 @@ impl DirectCommits {
 
     /// Direct commits stop for good; the handle goes with them.
     fn refuse(&mut self) {
-        self.refused = true;
+        self.refused.store(true, Ordering::Relaxed);
         self.forget_file();
         self.buffer = Vec::new();
     }
@@ -467,11 +467,12 @@ impl LogStore {
         }
         inner.prepare_at_open();
         inner.compact_at = inner.next_compaction();
+        let direct_refused = inner.direct.refused.clone();
         let shared = Arc::new(Shared {
             inner: Mutex::new(inner),
             idle: Condvar::new(),
             closing: AtomicBool::new(false),
-            direct_refused: AtomicBool::new(false),
+            direct_refused,
             #[cfg(test)]
             held: Default::default(),
         });
@@ -612,7 +613,7 @@ impl LogStore {
         Ok(removed)
     }
 
-    /// Whether commits may still be written with direct I/O, as of the last one.
+    /// Whether commits may still be written with direct I/O.
     fn direct(&self) -> bool {
         !self.shared.direct_refused.load(Ordering::Relaxed)
     }
@@ -626,15 +627,7 @@ impl LogStore {
     /// Starts a preparation on a thread of its own when fewer than half of
     /// [`LogOptions::prepare_bytes`] remain past the end and none runs.
     fn prepare_if_due(&self) {
-        let job = {
-            let mut inner = self.lock();
-            // Under the lock after each commit: whether the next ones can go direct.
-            self.shared
-                .direct_refused
-                .store(inner.direct.refused, Ordering::Relaxed);
-            inner.prepare_job(true)
-        };
-        let Some(job) = job else {
+        let Some(job) = self.lock().prepare_job(true) else {
             return;
         };
         let shared = self.shared.clone();
@@ -1309,7 +1302,10 @@ impl Inner {
             let start = self.end - self.end % LOG_BLOCK_BYTES;
             let stop = block_end(written);
             let direct = &mut self.direct;
-            if direct.refused || stop > self.prepared || commit.len > LOG_DIRECT_COMMIT_BYTES_MAX {
+            if direct.refused.load(Ordering::Relaxed)
+                || stop > self.prepared
+                || commit.len > LOG_DIRECT_COMMIT_BYTES_MAX
+            {
                 return Ok(None);
             }
             if direct
@@ -2722,7 +2718,7 @@ mod tests {
         }
         let stats = sound(&store, "after a refusal");
         assert_eq!(stats.committed_direct_bytes, refused);
-        assert!(store.lock().direct.refused);
+        assert!(store.lock().direct.refused.load(Ordering::Relaxed));
         // And commits are encoded before the lock from then on.
         assert!(!store.direct());
         assert!(store.lock().direct.file.is_none());
@@ -2799,7 +2795,7 @@ mod tests {
             .commit(&peer, std::slice::from_ref(&outbox_batch(1)))
             .expect("commit");
         assert_eq!(store.stats().committed_direct_bytes, before);
-        assert!(store.lock().direct.refused);
+        assert!(store.lock().direct.refused.load(Ordering::Relaxed));
         assert!(
             std::fs::read(&path).expect("read").iter().all(|b| *b == 0),
             "the stranger is untouched"
