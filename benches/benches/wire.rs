@@ -77,7 +77,7 @@ fn bench_codec<F: Format>(
     group.throughput(Throughput::Bytes(stream.len() as u64));
     let mut decoder = StreamDecoder::new(format);
     group.bench_function("decode", |b| b.iter(|| decode_all(&mut decoder, &stream)));
-    // Zero-copy: the decoder adopts each received buffer (fresh per iteration, made outside the
+    // Zero-copy: the decoder keeps each received buffer (fresh per iteration, made outside the
     // timing) and items are slices of it, as when a reader hands over what a socket read filled.
     group.bench_function("decode_zero_copy", |b| {
         b.iter_batched(

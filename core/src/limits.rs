@@ -109,6 +109,11 @@ pub const PROTOCOL_STREAM_ID_TIMEOUT_MS: u64 = 10_000;
 /// payload, megabytes for a switch frame) is a claim, and memory is spent as its bytes arrive.
 pub const DECODE_RESERVE_AHEAD_BYTES_MAX: usize = 64 * 1024;
 
+/// When a decoder joins the bytes of an item that straddles two received buffers and the
+/// format cannot tell the item's length yet (its header is cut), it joins as many bytes again
+/// as it holds, and at least this many.
+pub const DECODE_JOIN_STEP_BYTES: usize = 256;
+
 /// Largest entry of the log store's file (one durable record: an op with its body, at most a
 /// bulk chunk's worth, and its fields). A larger declared length is corruption.
 pub const LOG_ENTRY_BYTES_MAX: usize = 1024 * 1024;

@@ -1,6 +1,7 @@
-//! Checks shared by tether's fuzz targets. Decoders are fed arbitrary bytes in two pushes,
-//! must never panic, must keep every item within its bounds, and every item they yield must
-//! encode and decode back to itself (decode → encode → decode stability). Stateful targets
+//! Checks shared by tether's fuzz targets. Decoders are fed arbitrary bytes two ways (whole,
+//! and cut into received buffers) and must agree, must never panic, must keep every item
+//! within its bounds, and every item they yield must encode and decode back to itself
+//! (decode → encode → decode stability). Stateful targets
 //! drive a core machine and its reference model in lockstep with arbitrary op sequences.
 
 use bytes::{Bytes, BytesMut};
@@ -13,28 +14,56 @@ use tether_core::wire::telemetry::{
 };
 use tether_core::wire::{Format, StreamDecoder};
 
-/// Splits the input at a point chosen by its first byte and decodes it in two pushes.
-fn decode_all<F: Format>(format: F, data: &[u8]) -> Vec<F::Item> {
+/// Decodes the input twice and expects the same outcome: once pushed whole (copied), once as
+/// received buffers (adopted without copying): a first buffer cut where the input's first byte
+/// says, the rest in buffers whose size the same byte picks, so items straddle buffers.
+fn decode_all<F: Format + Clone>(format: F, data: &[u8]) -> Vec<F::Item> {
     let Some((&split, data)) = data.split_first() else {
         return Vec::new();
     };
     let split = usize::from(split).min(data.len());
+    let step = usize::from(split as u8 % 61) + 1;
+    let mut parts = vec![&data[..split]];
+    parts.extend(data[split..].chunks(step));
+    let (items, offset, end) = decode_parts(format.clone(), &parts, true);
+    let (whole, whole_offset, whole_end) = decode_parts(format, &[data], false);
+    assert_eq!(
+        (items.len(), offset, end),
+        (whole.len(), whole_offset, whole_end),
+        "a stream's outcome depends on how its bytes arrived"
+    );
+    items
+}
+
+/// Pushes `parts` in order (as received buffers, or copied), popping after each, and keeps
+/// decoding past frame-local errors. Returns the items, the offset reached and the error that
+/// stopped the stream (or the verdict of `finish`) as its kind.
+fn decode_parts<F: Format>(
+    format: F,
+    parts: &[&[u8]],
+    adopt: bool,
+) -> (Vec<F::Item>, u64, Option<&'static str>) {
+    use tether_core::wire::FormatError;
     let mut decoder = StreamDecoder::new(format);
     let mut items = Vec::new();
-    for part in [&data[..split], &data[split..]] {
-        decoder.push(part);
+    for part in parts {
+        if adopt {
+            decoder.push_bytes(Bytes::copy_from_slice(part));
+        } else {
+            decoder.push(part);
+        }
         loop {
             match decoder.pop() {
                 Ok(Some(item)) => items.push(item),
                 Ok(None) => break,
                 // Frame-local errors leave the stream usable: keep decoding past them.
-                Err(error) if !tether_core::wire::FormatError::is_fatal(&error.error) => {}
-                Err(_) => return items,
+                Err(error) if !error.error.is_fatal() => {}
+                Err(error) => return (items, error.offset, Some(error.error.kind())),
             }
         }
     }
-    let _ = decoder.finish();
-    items
+    let end = decoder.finish().err().map(|error| error.error.kind());
+    (items, decoder.offset(), end)
 }
 
 /// Decodes `bytes` whole and expects exactly `expected` with a clean end.
@@ -207,7 +236,10 @@ pub fn log_file(data: &[u8]) {
         assert_eq!(commit.records.len(), commit.records_at.len());
         let mut from = commit.at.start;
         for (record, at) in commit.records.iter().zip(&commit.records_at) {
-            assert!(at.start >= from && at.end < commit.at.end, "records in order, inside");
+            assert!(
+                at.start >= from && at.end < commit.at.end,
+                "records in order, inside"
+            );
             from = at.end;
             if !record.removes() {
                 let entry = &data[at.start as usize..at.end as usize];

@@ -9,9 +9,9 @@
 //! a malformed actor stream is dropped while the connection survives (docs/spec/driver.md
 //! §3.1), so the decoder poisons.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes};
 
-use super::{u32_be_at, Format, FormatError};
+use super::{u32_be_at, Format, FormatError, Input};
 use crate::limits::{
     ACTOR_PAYLOAD_BYTES_CEILING, ACTOR_PAYLOAD_BYTES_DEFAULT, ACTOR_TAG_BYTES_MAX,
 };
@@ -293,7 +293,7 @@ impl Format for ActorDecoder {
     type Item = ActorRecord;
     type Error = ActorError;
 
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<ActorRecord>, ActorError> {
+    fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Option<ActorRecord>, ActorError> {
         let Some(tag_len) = u32_be_at(buf, DEST_LEN) else {
             return Ok(None);
         };
@@ -320,16 +320,22 @@ impl Format for ActorDecoder {
         }
         let total = payload_len_at + 4 + payload_len;
         if buf.len() < total {
-            super::reserve_ahead(buf, total);
             return Ok(None);
         }
         // One handle on the buffer per record: tag and payload are views of it.
-        let mut bytes = buf.split_to(total).freeze();
+        let mut bytes = buf.split_front(total);
         let mut dest = [0u8; DEST_LEN];
         dest.copy_from_slice(&bytes[..DEST_LEN]);
         bytes.advance(TAG_AT);
         let parts = Parts::Received { bytes, tag_len };
         Ok(Some(ActorRecord { dest, parts }))
+    }
+
+    fn item_len(&self, buf: &[u8]) -> Option<usize> {
+        let tag_len = usize::try_from(u32_be_at(buf, DEST_LEN)?).ok()?;
+        let payload_len_at = TAG_AT.checked_add(tag_len)?;
+        let payload_len = usize::try_from(u32_be_at(buf, payload_len_at)?).ok()?;
+        payload_len_at.checked_add(4)?.checked_add(payload_len)
     }
 
     fn finish(&self, buffered: usize) -> Result<(), ActorError> {
@@ -415,6 +421,73 @@ mod tests {
         assert_eq!(decoded.payload(), &payload[..]);
     }
 
+    /// Received buffers are decoded in place: a record lying whole in a pushed buffer is a
+    /// view of that buffer's memory, and a record straddling two buffers is joined from
+    /// exactly its own bytes, after which decoding goes back to the second buffer in place.
+    #[test]
+    fn records_are_views_of_the_buffers_they_arrived_in() {
+        let records: Vec<ActorRecord> = (0..40u8)
+            .map(|i| ActorRecord::new([i; 32], "t", Bytes::from(vec![i; 64])).unwrap())
+            .collect();
+        let bytes = encode_all(&records);
+        let one = bytes.len() / records.len();
+        // Cut inside record 13, well past its header, so its length is known.
+        let cut = 13 * one + one / 2;
+        let first = Bytes::copy_from_slice(&bytes[..cut]);
+        let second = Bytes::copy_from_slice(&bytes[cut..]);
+        let within = |record: &ActorRecord, buffer: &Bytes| {
+            let payload = record.payload().as_ptr() as usize;
+            let start = buffer.as_ptr() as usize;
+            (start..start + buffer.len()).contains(&payload)
+        };
+        let mut decoder = StreamDecoder::new(ActorDecoder::default());
+        decoder.push_bytes(first.clone());
+        decoder.push_bytes(second.clone());
+        let mut popped = Vec::new();
+        while let Some(record) = decoder.pop().unwrap() {
+            popped.push(record);
+        }
+        assert_eq!(popped, records);
+        for (i, record) in popped.iter().enumerate() {
+            match i {
+                0..=12 => assert!(within(record, &first), "record {i} copied"),
+                13 => assert!(
+                    !within(record, &first) && !within(record, &second),
+                    "the straddling record is joined"
+                ),
+                _ => assert!(within(record, &second), "record {i} copied"),
+            }
+        }
+        assert_eq!(
+            (decoder.buffered_len(), decoder.offset()),
+            (0, bytes.len() as u64)
+        );
+        assert_eq!(decoder.finish(), Ok(()));
+    }
+
+    /// A header cut short (its length not known yet) is joined in steps until the record is
+    /// whole, and the records after it are still whole and in order.
+    #[test]
+    fn a_record_whose_header_straddles_buffers_is_joined() {
+        let records: Vec<ActorRecord> = (0..3u8)
+            .map(|i| ActorRecord::new([i; 32], "tag", Bytes::from(vec![i; 5000])).unwrap())
+            .collect();
+        let bytes = encode_all(&records);
+        let one = bytes.len() / records.len();
+        for cut in [one + 1, one + DEST_LEN + 2, one + TAG_AT + 1] {
+            let mut decoder = StreamDecoder::new(ActorDecoder::default());
+            let mut popped = Vec::new();
+            for part in [&bytes[..cut], &bytes[cut..cut + 10], &bytes[cut + 10..]] {
+                decoder.push_bytes(Bytes::copy_from_slice(part));
+                while let Some(record) = decoder.pop().unwrap() {
+                    popped.push(record);
+                }
+            }
+            assert_eq!(popped, records, "cut {cut}");
+            assert_eq!(decoder.buffered_len(), 0);
+        }
+    }
+
     #[test]
     fn poisoned_decoder_discards_later_bytes() {
         let bytes = golden(include_str!(
@@ -455,6 +528,45 @@ mod tests {
     }
 
     proptest! {
+        /// However the stream is cut into received buffers, a record that lies whole in one
+        /// of them is a view of it (no copy); only records across a cut are joined.
+        #[test]
+        fn only_records_across_a_cut_are_copied(
+            records in proptest::collection::vec(record(), 1..12),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let bytes = encode_all(&records);
+            let mut points: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            points.extend([0, bytes.len()]);
+            points.sort_unstable();
+            points.dedup();
+            let parts: Vec<(usize, Bytes)> = points
+                .windows(2)
+                .map(|w| (w[0], Bytes::copy_from_slice(&bytes[w[0]..w[1]])))
+                .collect();
+            let mut decoder = StreamDecoder::new(ActorDecoder::default());
+            let mut popped = Vec::new();
+            for (_, part) in &parts {
+                decoder.push_bytes(part.clone());
+                while let Some(record) = decoder.pop().unwrap() {
+                    popped.push(record);
+                }
+            }
+            prop_assert_eq!(&popped, &records);
+            let mut start = 0;
+            for record in &popped {
+                let mut one = Vec::new();
+                record.encode(ACTOR_PAYLOAD_BYTES_DEFAULT, &mut one).unwrap();
+                let end = start + one.len();
+                let home = parts.iter().find(|(at, part)| *at <= start && end <= at + part.len());
+                if let (Some((at, part)), false) = (home, record.payload().is_empty()) {
+                    let payload_at = end - record.payload().len() - at;
+                    prop_assert_eq!(record.payload().as_ptr(), part[payload_at..].as_ptr());
+                }
+                start = end;
+            }
+        }
+
         #[test]
         fn round_trips_in_every_split(
             records in proptest::collection::vec(record(), 0..8),

@@ -25,10 +25,10 @@
 //! A length above the decoder's bound is fatal; any other error is frame-local (the bad frame
 //! is consumed and decoding continues after it).
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes};
 
 use super::cbor::{self, CborError, Reader};
-use super::{take_length_prefixed, Format, FormatError};
+use super::{length_prefixed_len, take_length_prefixed, Format, FormatError, Input};
 use crate::limits::{BIFACI_FRAME_BYTES_CEILING, BIFACI_FRAME_BYTES_DEFAULT};
 
 /// What the side that opens a switch stream over QUIC (tether's `tether/switch/1` ALPN) writes
@@ -449,7 +449,7 @@ impl Format for BifaciDecoder {
     type Item = Frame;
     type Error = BifaciError;
 
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, BifaciError> {
+    fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Option<Frame>, BifaciError> {
         let max = self.frame_bytes_max;
         match take_length_prefixed(buf, max) {
             Ok(Some(body)) => Frame::decode_body(&body).map(Some),
@@ -459,6 +459,10 @@ impl Format for BifaciDecoder {
                 max: max as u64,
             }),
         }
+    }
+
+    fn item_len(&self, buf: &[u8]) -> Option<usize> {
+        length_prefixed_len(buf)
     }
 
     fn finish(&self, buffered: usize) -> Result<(), BifaciError> {

@@ -19,7 +19,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::cbor::{self, CborError, Reader};
 use super::text::Text;
 
-use super::{take_length_prefixed, Format, FormatError};
+use super::{length_prefixed_len, take_length_prefixed, Format, FormatError, Input};
 use crate::limits::{
     ADDRESS_BYTES_MAX, ENVELOPE_CHUNK_BODY_BYTES_MAX, ENVELOPE_ENV_KEYS_MAX,
     ENVELOPE_FRAME_BYTES_MAX, ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX,
@@ -469,12 +469,16 @@ impl Format for EnvelopeDecoder {
     type Item = Envelope;
     type Error = EnvelopeError;
 
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Envelope>, EnvelopeError> {
+    fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Option<Envelope>, EnvelopeError> {
         match take_length_prefixed(buf, ENVELOPE_FRAME_BYTES_MAX) {
             Ok(Some(frame)) => Envelope::decode_frame(&frame).map(Some),
             Ok(None) => Ok(None),
             Err(len) => Err(EnvelopeError::FrameTooLarge { len }),
         }
+    }
+
+    fn item_len(&self, buf: &[u8]) -> Option<usize> {
+        length_prefixed_len(buf)
     }
 
     fn finish(&self, buffered: usize) -> Result<(), EnvelopeError> {

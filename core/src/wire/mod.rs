@@ -32,9 +32,11 @@ pub mod telemetry;
 mod text;
 pub mod varint;
 
-use bytes::BytesMut;
+use std::collections::VecDeque;
 
-/// One wire format, as a step function over a receive buffer.
+use bytes::{Buf, Bytes, BytesMut};
+
+/// One wire format, as a step function over the front of a receive buffer.
 pub trait Format {
     /// What one successful step yields.
     type Item;
@@ -48,11 +50,52 @@ pub trait Format {
     /// - `Ok(Some(item))`: the item's bytes were split off the front of `buf`.
     /// - `Err(e)` with `e.is_fatal()`: `buf` is untouched and the stream is unusable.
     /// - `Err(e)` otherwise: the bad frame's bytes were split off the front of `buf`.
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Item>, Self::Error>;
+    ///
+    /// A step must not depend on where the stream was cut: `buf` is any prefix of the
+    /// stream's unread bytes.
+    fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Option<Self::Item>, Self::Error>;
+
+    /// How many bytes the item at the front of `buf` spans, when `buf` holds enough of it to
+    /// tell (a length prefix). Only a hint: [`StreamDecoder`] uses it to join exactly one
+    /// item's bytes when an item straddles two received chunks, and `decode` still judges
+    /// every length. `None` (the default): it cannot tell yet, and the decoder joins bytes in
+    /// growing steps.
+    fn item_len(&self, buf: &[u8]) -> Option<usize> {
+        let _ = buf;
+        None
+    }
 
     /// Called once at end of stream with the number of bytes still buffered; reports a
     /// truncated tail (or a stream that ended before something the format requires).
     fn finish(&self, buffered: usize) -> Result<(), Self::Error>;
+}
+
+/// The buffered bytes a [`Format`] decodes from: a view of them and a way to split bytes off
+/// their front as a shared handle, without copying. [`StreamDecoder`] hands a format either a
+/// received chunk as it came ([`Bytes`]) or the bytes it joined for an item that straddled
+/// chunks ([`BytesMut`]).
+pub trait Input: std::ops::Deref<Target = [u8]> + sealed::Sealed {
+    /// Splits the first `at` bytes (at most the length) off the front.
+    fn split_front(&mut self, at: usize) -> Bytes;
+}
+
+impl Input for Bytes {
+    fn split_front(&mut self, at: usize) -> Bytes {
+        self.split_to(at)
+    }
+}
+
+impl Input for BytesMut {
+    fn split_front(&mut self, at: usize) -> Bytes {
+        self.split_to(at).freeze()
+    }
+}
+
+mod sealed {
+    /// Only the decoder's two buffer kinds are inputs.
+    pub trait Sealed {}
+    impl Sealed for bytes::Bytes {}
+    impl Sealed for bytes::BytesMut {}
 }
 
 /// What every format error can say about itself.
@@ -75,16 +118,26 @@ pub struct DecodeError<E> {
 
 /// An incremental decoder: push bytes in any split, pop complete items.
 ///
-/// Bytes are copied once into an internal buffer; every payload an item carries is a
-/// zero-copy [`bytes::Bytes`] slice of that buffer. The buffer never holds more than one
-/// incomplete item beyond what the caller pushed, and an item's declared length is checked
-/// against its bound before the decoder waits for its body; room is reserved for at most
-/// [`crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX`] of the body ahead of its bytes, so a
-/// declared length costs memory only as its bytes arrive.
+/// Received buffers ([`StreamDecoder::push_bytes`]) are kept as they came and decoded in
+/// place: every payload an item carries is a zero-copy [`bytes::Bytes`] slice of the buffer
+/// it arrived in. Only an item that straddles two buffers is copied, into a joining buffer
+/// that takes exactly its bytes when the format can tell its length
+/// ([`Format::item_len`]); the decoder then goes back to decoding in place. An item's
+/// declared length is checked against its bound before the decoder waits for its body, and
+/// the joining buffer holds only bytes that arrived (with room for at most
+/// [`crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX`] more), so a declared length costs memory
+/// only as its bytes arrive.
 #[derive(Debug, Clone)]
 pub struct StreamDecoder<F: Format> {
     format: F,
-    buf: BytesMut,
+    /// The front of the unread bytes while an item straddling buffers is being joined (or
+    /// bytes copied in by [`StreamDecoder::push`]); decoded before `chunks` when not empty.
+    joined: BytesMut,
+    /// Received buffers after `joined`, in order, none empty; the front one is decoded in
+    /// place.
+    chunks: VecDeque<Bytes>,
+    /// Bytes in `joined` and `chunks`.
+    buffered: usize,
     offset: u64,
     poisoned: Option<DecodeError<F::Error>>,
 }
@@ -94,35 +147,35 @@ impl<F: Format> StreamDecoder<F> {
     pub fn new(format: F) -> Self {
         Self {
             format,
-            buf: BytesMut::new(),
+            joined: BytesMut::new(),
+            chunks: VecDeque::new(),
+            buffered: 0,
             offset: 0,
             poisoned: None,
         }
     }
 
-    /// Appends received bytes. Bytes pushed after a fatal error are discarded.
+    /// Appends received bytes (copied). Bytes pushed after a fatal error are discarded.
     pub fn push(&mut self, bytes: &[u8]) {
-        if self.poisoned.is_none() {
-            self.buf.extend_from_slice(bytes);
-        }
-    }
-
-    /// Appends a received buffer without copying it when possible: if nothing is buffered and
-    /// `bytes` is the only handle to its memory (as a buffer fresh from a socket read is), the
-    /// decoder adopts it and items become slices of it. Otherwise it is copied like
-    /// [`StreamDecoder::push`]. Bytes pushed after a fatal error are discarded.
-    pub fn push_bytes(&mut self, bytes: bytes::Bytes) {
-        if self.poisoned.is_some() {
+        if self.poisoned.is_some() || bytes.is_empty() {
             return;
         }
-        if self.buf.is_empty() {
-            match bytes.try_into_mut() {
-                Ok(unique) => self.buf = unique,
-                Err(shared) => self.buf.extend_from_slice(&shared),
-            }
+        if self.chunks.is_empty() {
+            self.joined.extend_from_slice(bytes);
         } else {
-            self.buf.extend_from_slice(&bytes);
+            self.chunks.push_back(Bytes::copy_from_slice(bytes));
         }
+        self.buffered += bytes.len();
+    }
+
+    /// Appends a received buffer without copying it: items that lie whole in it are slices
+    /// of it. Bytes pushed after a fatal error are discarded.
+    pub fn push_bytes(&mut self, bytes: Bytes) {
+        if self.poisoned.is_some() || bytes.is_empty() {
+            return;
+        }
+        self.buffered += bytes.len();
+        self.chunks.push_back(bytes);
     }
 
     /// Pops the next complete item, `Ok(None)` when more bytes are needed.
@@ -130,38 +183,110 @@ impl<F: Format> StreamDecoder<F> {
         if let Some(error) = &self.poisoned {
             return Err(error.clone());
         }
-        let before = self.buf.len();
-        let result = self.format.decode(&mut self.buf);
-        let consumed = before - self.buf.len();
-        let item_offset = self.offset;
-        self.offset += consumed as u64;
-        match result {
-            Ok(item) => {
-                debug_assert!(item.is_some() || consumed == 0, "Ok(None) must not consume");
-                debug_assert!(
-                    item.is_none() || consumed > 0,
-                    "an item has at least one byte"
-                );
-                Ok(item)
-            }
-            Err(error) => {
-                let fatal = error.is_fatal();
-                debug_assert!(!fatal || consumed == 0, "a fatal error must not consume");
-                debug_assert!(
-                    fatal || consumed > 0,
-                    "a frame-local error consumes its frame"
-                );
-                let located = DecodeError {
-                    offset: item_offset,
-                    error,
-                };
-                if fatal {
-                    self.poisoned = Some(located.clone());
-                    self.buf = BytesMut::new();
+        loop {
+            let (consumed, result) = if !self.joined.is_empty() {
+                let before = self.joined.len();
+                let result = self.format.decode(&mut self.joined);
+                (before - self.joined.len(), result)
+            } else if let Some(front) = self.chunks.front_mut() {
+                let before = front.len();
+                let result = self.format.decode(front);
+                let consumed = before - front.len();
+                if front.is_empty() {
+                    self.chunks.pop_front();
                 }
-                Err(located)
+                (consumed, result)
+            } else {
+                return Ok(None);
+            };
+            self.buffered -= consumed;
+            let item_offset = self.offset;
+            self.offset += consumed as u64;
+            match result {
+                Ok(None) => {
+                    debug_assert!(consumed == 0, "Ok(None) must not consume");
+                    if !self.join() {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(item)) => {
+                    debug_assert!(consumed > 0, "an item has at least one byte");
+                    return Ok(Some(item));
+                }
+                Err(error) => {
+                    let fatal = error.is_fatal();
+                    debug_assert!(!fatal || consumed == 0, "a fatal error must not consume");
+                    debug_assert!(
+                        fatal || consumed > 0,
+                        "a frame-local error consumes its frame"
+                    );
+                    let located = DecodeError {
+                        offset: item_offset,
+                        error,
+                    };
+                    if fatal {
+                        self.poisoned = Some(located.clone());
+                        self.joined = BytesMut::new();
+                        self.chunks = VecDeque::new();
+                        self.buffered = 0;
+                    }
+                    return Err(located);
+                }
             }
         }
+    }
+
+    /// The item at the front is incomplete: moves bytes of the following buffers behind it
+    /// into `joined`, up to the item's end when the format can tell its length, else as many
+    /// again as `joined` holds (at least [`crate::limits::DECODE_JOIN_STEP_BYTES`]), keeping
+    /// no byte past the item's end once a step completed its header. False when no buffer
+    /// follows (the item waits for bytes to arrive).
+    fn join(&mut self) -> bool {
+        if self.joined.is_empty() {
+            if self.chunks.len() < 2 {
+                return false;
+            }
+            let front = self.chunks.pop_front().expect("two buffers");
+            self.joined.reserve(front.len());
+            self.joined.extend_from_slice(&front);
+        } else if self.chunks.is_empty() {
+            return false;
+        }
+        let have = self.joined.len();
+        let wanted = match self.format.item_len(&self.joined) {
+            Some(len) if len > have => len - have,
+            _ => have.max(crate::limits::DECODE_JOIN_STEP_BYTES),
+        };
+        let available = self.buffered - have;
+        let mut copy = wanted.min(available);
+        self.joined
+            .reserve(copy.min(crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX));
+        for chunk in &self.chunks {
+            if copy == 0 {
+                break;
+            }
+            let take = copy.min(chunk.len());
+            self.joined.extend_from_slice(&chunk[..take]);
+            copy -= take;
+        }
+        // A step may have copied the end of a header and bytes past its item: keep the item's
+        // bytes only, so what follows it is decoded in place.
+        let keep = match self.format.item_len(&self.joined) {
+            Some(len) if len > have => len.min(self.joined.len()),
+            _ => self.joined.len(),
+        };
+        self.joined.truncate(keep);
+        let mut consume = keep - have;
+        while consume > 0 {
+            let front = self.chunks.front_mut().expect("copied from these buffers");
+            let take = consume.min(front.len());
+            front.advance(take);
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+            consume -= take;
+        }
+        true
     }
 
     /// Declares end of stream: an error if bytes of an incomplete item remain, or if the format
@@ -171,7 +296,7 @@ impl<F: Format> StreamDecoder<F> {
             return Err(error.clone());
         }
         self.format
-            .finish(self.buf.len())
+            .finish(self.buffered)
             .map_err(|error| DecodeError {
                 offset: self.offset,
                 error,
@@ -185,18 +310,28 @@ impl<F: Format> StreamDecoder<F> {
 
     /// Takes the bytes pushed but not yet consumed (to hand the rest of a stream to another
     /// decoder); the decoder is left empty.
-    pub fn take_buffered(&mut self) -> bytes::Bytes {
-        std::mem::take(&mut self.buf).freeze()
+    pub fn take_buffered(&mut self) -> Bytes {
+        self.buffered = 0;
+        let chunks = std::mem::take(&mut self.chunks);
+        if self.joined.is_empty() && chunks.len() == 1 {
+            return chunks.into_iter().next().expect("one buffer");
+        }
+        let mut all = std::mem::take(&mut self.joined);
+        for chunk in chunks {
+            all.extend_from_slice(&chunk);
+        }
+        all.freeze()
     }
 
-    /// Bytes the decoder's buffer holds room for (what it costs in memory now).
+    /// Bytes the decoder holds in memory now: the joining buffer's room and the received
+    /// buffers' unread bytes.
     pub fn buffered_capacity(&self) -> usize {
-        self.buf.capacity()
+        self.joined.capacity() + (self.buffered - self.joined.len())
     }
 
     /// Bytes pushed but not yet consumed.
     pub fn buffered_len(&self) -> usize {
-        self.buf.len()
+        self.buffered
     }
 
     /// The format, for its settings and counters.
@@ -206,9 +341,9 @@ impl<F: Format> StreamDecoder<F> {
 }
 
 /// Takes one `u32` big-endian length-prefixed frame off the front of `buf`, returning its body
-/// (without the prefix). `Ok(None)`: incomplete, `buf` untouched (room for the body is
-/// reserved). `Err(len)`: the declared length exceeds `max`, `buf` untouched.
-fn take_length_prefixed(buf: &mut BytesMut, max: usize) -> Result<Option<bytes::Bytes>, u64> {
+/// (without the prefix). `Ok(None)`: incomplete, `buf` untouched. `Err(len)`: the declared
+/// length exceeds `max`, `buf` untouched.
+fn take_length_prefixed<I: Input>(buf: &mut I, max: usize) -> Result<Option<Bytes>, u64> {
     let Some(len) = u32_be_at(buf, 0) else {
         return Ok(None);
     };
@@ -217,17 +352,17 @@ fn take_length_prefixed(buf: &mut BytesMut, max: usize) -> Result<Option<bytes::
         return Err(len as u64);
     }
     if buf.len() < 4 + len {
-        reserve_ahead(buf, 4 + len);
         return Ok(None);
     }
-    Ok(Some(buf.split_to(4 + len).freeze().split_off(4)))
+    let mut frame = buf.split_front(4 + len);
+    frame.advance(4);
+    Ok(Some(frame))
 }
 
-/// Reserves room toward a frame of `total` bytes of which `buf` holds the start: at most
-/// [`crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX`] beyond what arrived.
-pub(crate) fn reserve_ahead(buf: &mut BytesMut, total: usize) {
-    let missing = total.saturating_sub(buf.len());
-    buf.reserve(missing.min(crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX));
+/// The length of the `u32` big-endian length-prefixed frame at the front of `buf`, prefix
+/// included, once its prefix is there.
+fn length_prefixed_len(buf: &[u8]) -> Option<usize> {
+    usize::try_from(u32_be_at(buf, 0)?).ok()?.checked_add(4)
 }
 
 /// Reads a big-endian `u32` at `at`, if four bytes are there.

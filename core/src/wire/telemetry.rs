@@ -32,7 +32,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::varint::{self, VarintError};
-use super::{Format, FormatError};
+use super::{Format, FormatError, Input};
 use crate::limits::{
     TELEMETRY_BATCH_BYTES_TARGET, TELEMETRY_BATCH_EVENTS_MAX, TELEMETRY_HEADER_CHANNELS_MAX,
     TELEMETRY_LABELS_MAX, TELEMETRY_RECORD_BYTES_MAX, TELEMETRY_TOKEN_BYTES_MAX,
@@ -322,7 +322,7 @@ impl Format for TelemetryDecoder {
     type Item = TelemetryItem;
     type Error = TelemetryError;
 
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<TelemetryItem>, TelemetryError> {
+    fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Option<TelemetryItem>, TelemetryError> {
         let step = match self.phase {
             Phase::Header => decode_header(buf),
             Phase::Records => decode_record(buf),
@@ -340,6 +340,23 @@ impl Format for TelemetryDecoder {
             Err(Stop::More) => Ok(None),
             Err(Stop::Fail(error)) => Err(error),
         }
+    }
+
+    fn item_len(&self, buf: &[u8]) -> Option<usize> {
+        if self.phase != Phase::Records {
+            return None;
+        }
+        let mut peek = Peek { buf, at: 0 };
+        let body = match peek.take(1).ok()?[0] {
+            TAG_CHANNEL_DECLARED | TAG_RAW_BATCH => peek.length().ok()?,
+            TAG_LZ4_BATCH | TAG_ZSTD_BATCH => {
+                peek.length().ok()?;
+                peek.length().ok()?
+            }
+            // A stream's end is one byte; anything else is refused by `decode`.
+            _ => return None,
+        };
+        peek.at.checked_add(body)
     }
 
     fn finish(&self, buffered: usize) -> Result<(), TelemetryError> {
@@ -396,7 +413,7 @@ impl<'a> Peek<'a> {
     }
 }
 
-fn decode_header(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
+fn decode_header<I: Input>(buf: &mut I) -> Result<TelemetryItem, Stop> {
     let prefix = &buf[..buf.len().min(MAGIC.len())];
     if prefix != &MAGIC[..prefix.len()] {
         return Err(TelemetryError::BadMagic.into());
@@ -413,7 +430,7 @@ fn decode_header(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
     let channels_len = peek.length()?;
     let channels: ChannelList = postcard_exact(peek.take(channels_len)?)?;
     let header_len = peek.at;
-    let header = buf.split_to(header_len).freeze();
+    let header = buf.split_front(header_len);
     let token = header.slice(token_at..token_at + token_len);
     Ok(TelemetryItem::Header(Header {
         flow_id,
@@ -423,14 +440,14 @@ fn decode_header(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
     }))
 }
 
-fn decode_record(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
+fn decode_record<I: Input>(buf: &mut I) -> Result<TelemetryItem, Stop> {
     let mut peek = Peek { buf, at: 0 };
     let tag = peek.take(1)?[0];
     match tag {
         TAG_CHANNEL_DECLARED => {
             let len = peek.length()?;
             let channel = postcard_exact(peek.take(len)?)?;
-            let _ = buf.split_to(peek.at);
+            let _ = buf.split_front(peek.at);
             Ok(TelemetryItem::ChannelDeclared(channel))
         }
         TAG_RAW_BATCH => {
@@ -441,10 +458,7 @@ fn decode_record(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
                 return Err(Stop::More);
             }
             let count = validate_entries(&entries[..len])?;
-            let entries = buf
-                .split_to(entries_at + len)
-                .freeze()
-                .split_off(entries_at);
+            let entries = buf.split_front(entries_at + len).split_off(entries_at);
             Ok(TelemetryItem::Batch(Batch {
                 compression: Compression::None,
                 entries,
@@ -452,7 +466,7 @@ fn decode_record(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
             }))
         }
         TAG_STREAM_ENDED => {
-            let _ = buf.split_to(1);
+            let _ = buf.split_front(1);
             Ok(TelemetryItem::StreamEnded)
         }
         TAG_LZ4_BATCH | TAG_ZSTD_BATCH => {
@@ -466,7 +480,7 @@ fn decode_record(buf: &mut BytesMut) -> Result<TelemetryItem, Stop> {
             };
             let entries = decompress(compression, compressed, raw_len)?;
             let count = validate_entries(&entries)?;
-            let _ = buf.split_to(peek.at);
+            let _ = buf.split_front(peek.at);
             Ok(TelemetryItem::Batch(Batch {
                 compression,
                 entries: entries.into(),
