@@ -162,7 +162,8 @@ async fn read_stream(mut recv: RecvStream, peer: NodeId, sink: Sinks, judge: Str
                 return;
             }
         };
-        decoder.push_bytes(chunk);
+        // Copied: iroh's chunks are views of its receive buffers, which a kept batch would pin.
+        decoder.push(&chunk);
         loop {
             let item = match decoder.pop() {
                 Ok(Some(item)) => item,
