@@ -104,11 +104,6 @@ pub const SWITCH_COLLECT_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// that stays silent is stopped (and holds up no other stream meanwhile).
 pub const PROTOCOL_STREAM_ID_TIMEOUT_MS: u64 = 10_000;
 
-/// A decoder waiting for the rest of a length-prefixed frame reserves room for at most this
-/// much of it ahead of the bytes that came: a frame's declared length (1 MiB for an actor
-/// payload, megabytes for a switch frame) is a claim, and memory is spent as its bytes arrive.
-pub const DECODE_RESERVE_AHEAD_BYTES_MAX: usize = 64 * 1024;
-
 /// When a decoder joins the bytes of an item that straddles two received buffers and the
 /// format cannot tell the item's length yet (its header is cut), it joins as many bytes again
 /// as it holds, and at least this many.
@@ -566,8 +561,14 @@ pub const SUBSTRATE_COMMANDS_PER_WAKE: usize = 256;
 /// Link reads a substrate peer's task hands in per wake.
 pub const SUBSTRATE_READS_PER_WAKE: usize = 64;
 
-/// Bytes a substrate link reads at a time.
+/// Bytes of a substrate link's read block: reads fill one block end to end, and the frames
+/// decoded from them are views of it.
 pub const SUBSTRATE_READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// A substrate link reads into the rest of its block while at least this much is left, then
+/// into a fresh block: however a peer paces its bytes, a block holds up to its size of them,
+/// so a body kept from a small read holds its block's share, not a block of its own.
+pub const SUBSTRATE_READ_ROOM_MIN_BYTES: usize = 4 * 1024;
 
 /// Bytes of frames a substrate link coalesces into one write.
 pub const SUBSTRATE_WRITE_CHUNK_BYTES: usize = 256 * 1024;

@@ -14,56 +14,97 @@ use tether_core::wire::telemetry::{
 };
 use tether_core::wire::{Format, StreamDecoder};
 
-/// Decodes the input twice and expects the same outcome: once pushed whole (copied), once as
-/// received buffers (adopted without copying): a first buffer cut where the input's first byte
-/// says, the rest in buffers whose size the same byte picks, so items straddle buffers.
+/// Decodes the input three ways and expects the same outcome: pushed whole (copied), and cut
+/// into received buffers, adopted without copying, or copied and adopted in turn. The first
+/// buffer is cut where the input's first byte says; then come up to 48 buffers whose sizes
+/// cycle through a small set the same byte starts (so items and headers straddle buffers),
+/// and the rest in one.
 fn decode_all<F: Format + Clone>(format: F, data: &[u8]) -> Vec<F::Item> {
     let Some((&split, data)) = data.split_first() else {
         return Vec::new();
     };
-    let split = usize::from(split).min(data.len());
-    let step = usize::from(split as u8 % 61) + 1;
-    let mut parts = vec![&data[..split]];
-    parts.extend(data[split..].chunks(step));
-    let (items, offset, end) = decode_parts(format.clone(), &parts, true);
-    let (whole, whole_offset, whole_end) = decode_parts(format, &[data], false);
-    assert_eq!(
-        (items.len(), offset, end),
-        (whole.len(), whole_offset, whole_end),
-        "a stream's outcome depends on how its bytes arrived"
-    );
+    let cut = usize::from(split).min(data.len());
+    let sizes = [usize::from(split % 61) + 1, 1, 7, 300, 2];
+    let mut parts = vec![&data[..cut]];
+    let mut rest = &data[cut..];
+    // At most 48 small buffers, then the rest in one: a run stays cheap on large inputs.
+    for size in sizes.iter().cycle().take(48) {
+        let (part, after) = rest.split_at((*size).min(rest.len()));
+        parts.push(part);
+        rest = after;
+    }
+    parts.push(rest);
+    let whole = decode_parts(format.clone(), &[data], Feed::Copy);
+    let mixed = decode_parts(format.clone(), &parts, Feed::InTurn);
+    let (items, adopted) = decode_parts(format, &parts, Feed::Adopt);
+    for (how, outcome) in [("in turn", mixed.1), ("adopted", adopted.clone())] {
+        assert_eq!(
+            outcome, whole.1,
+            "a stream's outcome depends on how its bytes arrived ({how})"
+        );
+    }
+    assert_eq!(items.len(), whole.0.len());
     items
 }
 
-/// Pushes `parts` in order (as received buffers, or copied), popping after each, and keeps
-/// decoding past frame-local errors. Returns the items, the offset reached and the error that
-/// stopped the stream (or the verdict of `finish`) as its kind.
-fn decode_parts<F: Format>(
-    format: F,
-    parts: &[&[u8]],
-    adopt: bool,
-) -> (Vec<F::Item>, u64, Option<&'static str>) {
+/// How [`decode_parts`] hands bytes to the decoder.
+#[derive(Clone, Copy)]
+enum Feed {
+    Copy,
+    Adopt,
+    InTurn,
+}
+
+/// What a stream came to, apart from its items: how many items, each frame-local error (kind
+/// and offset), the offset reached, and the error that stopped it or the verdict of `finish`.
+#[derive(Debug, Clone, PartialEq)]
+struct Outcome {
+    items: usize,
+    errors: Vec<(&'static str, u64)>,
+    offset: u64,
+    end: Option<&'static str>,
+}
+
+/// Pushes `parts` in order as `feed` says, popping after each, and keeps decoding past
+/// frame-local errors.
+fn decode_parts<F: Format>(format: F, parts: &[&[u8]], feed: Feed) -> (Vec<F::Item>, Outcome) {
     use tether_core::wire::FormatError;
     let mut decoder = StreamDecoder::new(format);
     let mut items = Vec::new();
-    for part in parts {
-        if adopt {
-            decoder.push_bytes(Bytes::copy_from_slice(part));
-        } else {
-            decoder.push(part);
+    let mut errors = Vec::new();
+    for (index, part) in parts.iter().enumerate() {
+        match (feed, index % 2) {
+            (Feed::Copy, _) | (Feed::InTurn, 0) => decoder.push(part),
+            _ => decoder.push_bytes(Bytes::copy_from_slice(part)),
         }
         loop {
             match decoder.pop() {
                 Ok(Some(item)) => items.push(item),
                 Ok(None) => break,
                 // Frame-local errors leave the stream usable: keep decoding past them.
-                Err(error) if !error.error.is_fatal() => {}
-                Err(error) => return (items, error.offset, Some(error.error.kind())),
+                Err(error) if !error.error.is_fatal() => {
+                    errors.push((error.error.kind(), error.offset));
+                }
+                Err(error) => {
+                    let outcome = Outcome {
+                        items: items.len(),
+                        errors,
+                        offset: error.offset,
+                        end: Some(error.error.kind()),
+                    };
+                    return (items, outcome);
+                }
             }
         }
     }
     let end = decoder.finish().err().map(|error| error.error.kind());
-    (items, decoder.offset(), end)
+    let outcome = Outcome {
+        items: items.len(),
+        errors,
+        offset: decoder.offset(),
+        end,
+    };
+    (items, outcome)
 }
 
 /// Decodes `bytes` whole and expects exactly `expected` with a clean end.

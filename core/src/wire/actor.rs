@@ -394,11 +394,10 @@ mod tests {
     }
 
     /// A header declaring the largest payload costs memory only as the payload's bytes come:
-    /// the decoder reserves at most `DECODE_RESERVE_AHEAD_BYTES_MAX` ahead, however much was
-    /// declared, and still decodes the record whole once it is all there.
+    /// the decoder joins what arrived, never room for what was declared, and still decodes
+    /// the record whole once it is all there, through any split.
     #[test]
     fn a_declared_payload_is_not_allocated_before_its_bytes_arrive() {
-        use crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX;
         let payload = vec![9u8; ACTOR_PAYLOAD_BYTES_DEFAULT];
         let record = ActorRecord::new([3; 32], "t", Bytes::from(payload.clone())).unwrap();
         let mut bytes = Vec::new();
@@ -406,19 +405,28 @@ mod tests {
             .encode(ACTOR_PAYLOAD_BYTES_DEFAULT, &mut bytes)
             .unwrap();
         let header = DEST_LEN + 4 + 1 + 4;
-        let mut decoder = StreamDecoder::new(ActorDecoder::default());
-        decoder.push(&bytes[..header]);
-        assert!(decoder.pop().unwrap().is_none());
-        assert!(
-            decoder.buffered_capacity() <= header + DECODE_RESERVE_AHEAD_BYTES_MAX,
-            "{} bytes reserved for a {header}-byte header",
-            decoder.buffered_capacity()
-        );
-        for chunk in bytes[header..].chunks(4096) {
-            decoder.push(chunk);
+        let push = |decoder: &mut StreamDecoder<ActorDecoder>, part: &[u8], adopt: bool| match adopt
+        {
+            true => decoder.push_bytes(Bytes::copy_from_slice(part)),
+            false => decoder.push(part),
+        };
+        for adopt in [false, true] {
+            let mut decoder = StreamDecoder::new(ActorDecoder::default());
+            push(&mut decoder, &bytes[..header], adopt);
+            push(&mut decoder, &bytes[header..header + 1], adopt);
+            assert!(decoder.pop().unwrap().is_none());
+            assert!(
+                decoder.buffered_capacity() <= 2 * (header + 1) + 64,
+                "{} bytes held for {} that arrived (adopt: {adopt})",
+                decoder.buffered_capacity(),
+                header + 1
+            );
+            for chunk in bytes[header + 1..].chunks(4096) {
+                push(&mut decoder, chunk, adopt);
+            }
+            let decoded = decoder.pop().unwrap().expect("whole");
+            assert_eq!(decoded.payload(), &payload[..]);
         }
-        let decoded = decoder.pop().unwrap().expect("whole");
-        assert_eq!(decoded.payload(), &payload[..]);
     }
 
     /// Received buffers are decoded in place: a record lying whole in a pushed buffer is a
@@ -466,25 +474,39 @@ mod tests {
     }
 
     /// A header cut short (its length not known yet) is joined in steps until the record is
-    /// whole, and the records after it are still whole and in order.
+    /// whole; a step that copied past the record's end keeps only the record's bytes, so the
+    /// records after it are views of the buffer they came in, whole and in order.
     #[test]
     fn a_record_whose_header_straddles_buffers_is_joined() {
-        let records: Vec<ActorRecord> = (0..3u8)
-            .map(|i| ActorRecord::new([i; 32], "tag", Bytes::from(vec![i; 5000])).unwrap())
-            .collect();
-        let bytes = encode_all(&records);
-        let one = bytes.len() / records.len();
-        for cut in [one + 1, one + DEST_LEN + 2, one + TAG_AT + 1] {
-            let mut decoder = StreamDecoder::new(ActorDecoder::default());
-            let mut popped = Vec::new();
-            for part in [&bytes[..cut], &bytes[cut..cut + 10], &bytes[cut + 10..]] {
-                decoder.push_bytes(Bytes::copy_from_slice(part));
-                while let Some(record) = decoder.pop().unwrap() {
-                    popped.push(record);
+        for size in [40usize, 5000] {
+            let records: Vec<ActorRecord> = (0..12u8)
+                .map(|i| ActorRecord::new([i; 32], "tag", Bytes::from(vec![i; size])).unwrap())
+                .collect();
+            let bytes = encode_all(&records);
+            let one = bytes.len() / records.len();
+            for cut in [one + 1, one + DEST_LEN + 2, one + TAG_AT + 1] {
+                let parts = [&bytes[..cut], &bytes[cut..cut + 10], &bytes[cut + 10..]]
+                    .map(Bytes::copy_from_slice);
+                let mut decoder = StreamDecoder::new(ActorDecoder::default());
+                let mut popped = Vec::new();
+                for part in &parts {
+                    decoder.push_bytes(part.clone());
+                    while let Some(record) = decoder.pop().unwrap() {
+                        popped.push(record);
+                    }
+                }
+                assert_eq!(popped, records, "size {size}, cut {cut}");
+                assert_eq!(decoder.buffered_len(), 0);
+                let last = &parts[2];
+                let (start, end) = (last.as_ptr() as usize, last.as_ptr() as usize + last.len());
+                for (i, record) in popped.iter().enumerate().skip(2) {
+                    let at = record.payload().as_ptr() as usize;
+                    assert!(
+                        (start..end).contains(&at),
+                        "size {size}, cut {cut}: record {i} was copied"
+                    );
                 }
             }
-            assert_eq!(popped, records, "cut {cut}");
-            assert_eq!(decoder.buffered_len(), 0);
         }
     }
 
@@ -573,6 +595,10 @@ mod tests {
             cuts in proptest::collection::vec(any::<usize>(), 0..6),
         ) {
             let bytes = encode_all(&records);
+            if let Some(first) = records.first() {
+                let one = encode_all(std::slice::from_ref(first));
+                prop_assert_eq!(ActorDecoder::default().item_len(&bytes), Some(one.len()));
+            }
             let (items, verdict) = decode_split(ActorDecoder::default(), &bytes, &cuts);
             prop_assert_eq!(verdict, Ok(()));
             prop_assert_eq!(items, records);

@@ -75,7 +75,8 @@ pub trait Format {
 /// received chunk as it came ([`Bytes`]) or the bytes it joined for an item that straddled
 /// chunks ([`BytesMut`]).
 pub trait Input: std::ops::Deref<Target = [u8]> + sealed::Sealed {
-    /// Splits the first `at` bytes (at most the length) off the front.
+    /// Splits the first `at` bytes off the front (panics past the end: formats check the
+    /// length first).
     fn split_front(&mut self, at: usize) -> Bytes;
 }
 
@@ -124,9 +125,9 @@ pub struct DecodeError<E> {
 /// that takes exactly its bytes when the format can tell its length
 /// ([`Format::item_len`]); the decoder then goes back to decoding in place. An item's
 /// declared length is checked against its bound before the decoder waits for its body, and
-/// the joining buffer holds only bytes that arrived (with room for at most
-/// [`crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX`] more), so a declared length costs memory
-/// only as its bytes arrive.
+/// the joining buffer takes room only for bytes that arrived, so a declared length (a
+/// megabyte for an actor payload, more for a switch frame) costs memory only as its bytes
+/// arrive.
 #[derive(Debug, Clone)]
 pub struct StreamDecoder<F: Format> {
     format: F,
@@ -259,8 +260,8 @@ impl<F: Format> StreamDecoder<F> {
         };
         let available = self.buffered - have;
         let mut copy = wanted.min(available);
-        self.joined
-            .reserve(copy.min(crate::limits::DECODE_RESERVE_AHEAD_BYTES_MAX));
+        // Room for bytes that arrived only: a declared length is a claim.
+        self.joined.reserve(copy);
         for chunk in &self.chunks {
             if copy == 0 {
                 break;

@@ -308,6 +308,10 @@ impl FormatError for TelemetryError {
 #[derive(Debug, Clone, Default)]
 pub struct TelemetryDecoder {
     phase: Phase,
+    /// The header's stream descriptor once parsed, and where its bytes end (from the header's
+    /// first byte), while the channel list is still arriving: a descriptor of up to
+    /// [`TELEMETRY_RECORD_BYTES_MAX`] is parsed once, not again on every arrival.
+    stream: Option<(StreamDescriptor, usize)>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -324,7 +328,7 @@ impl Format for TelemetryDecoder {
 
     fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Option<TelemetryItem>, TelemetryError> {
         let step = match self.phase {
-            Phase::Header => decode_header(buf),
+            Phase::Header => decode_header(buf, &mut self.stream),
             Phase::Records => decode_record(buf),
             Phase::Ended if buf.is_empty() => Err(Stop::More),
             Phase::Ended => Err(Stop::Fail(TelemetryError::TrailingAfterEnd)),
@@ -343,8 +347,10 @@ impl Format for TelemetryDecoder {
     }
 
     fn item_len(&self, buf: &[u8]) -> Option<usize> {
-        if self.phase != Phase::Records {
-            return None;
+        match self.phase {
+            Phase::Header => return header_len(buf),
+            Phase::Records => {}
+            Phase::Ended => return None,
         }
         let mut peek = Peek { buf, at: 0 };
         let body = match peek.take(1).ok()?[0] {
@@ -413,7 +419,10 @@ impl<'a> Peek<'a> {
     }
 }
 
-fn decode_header<I: Input>(buf: &mut I) -> Result<TelemetryItem, Stop> {
+fn decode_header<I: Input>(
+    buf: &mut I,
+    parsed: &mut Option<(StreamDescriptor, usize)>,
+) -> Result<TelemetryItem, Stop> {
     let prefix = &buf[..buf.len().min(MAGIC.len())];
     if prefix != &MAGIC[..prefix.len()] {
         return Err(TelemetryError::BadMagic.into());
@@ -426,9 +435,29 @@ fn decode_header<I: Input>(buf: &mut I) -> Result<TelemetryItem, Stop> {
     let token_at = peek.at;
     peek.take(token_len)?;
     let stream_len = peek.length()?;
-    let stream: StreamDescriptor = postcard_exact(peek.take(stream_len)?)?;
-    let channels_len = peek.length()?;
-    let channels: ChannelList = postcard_exact(peek.take(channels_len)?)?;
+    // `buf` starts at the header's first byte on every call, so where the descriptor ended is
+    // where it ends now.
+    let (stream, stream_end) = match parsed.take() {
+        Some(parsed) => parsed,
+        None => {
+            let stream: StreamDescriptor = postcard_exact(peek.take(stream_len)?)?;
+            (stream, peek.at)
+        }
+    };
+    peek.at = stream_end;
+    let channels = (|| {
+        let channels_len = peek.length()?;
+        let channels: ChannelList = postcard_exact(peek.take(channels_len)?)?;
+        Ok(channels)
+    })();
+    let channels = match channels {
+        Ok(channels) => channels,
+        Err(Stop::More) => {
+            *parsed = Some((stream, stream_end));
+            return Err(Stop::More);
+        }
+        Err(stop) => return Err(stop),
+    };
     let header_len = peek.at;
     let header = buf.split_front(header_len);
     let token = header.slice(token_at..token_at + token_len);
@@ -438,6 +467,20 @@ fn decode_header<I: Input>(buf: &mut I) -> Result<TelemetryItem, Stop> {
         stream,
         channels: channels.0,
     }))
+}
+
+/// The length of the header at the front of `buf`, once its lengths are there (the token's
+/// bytes and the descriptor's are skipped, not read).
+fn header_len(buf: &[u8]) -> Option<usize> {
+    let mut peek = Peek { buf, at: 0 };
+    peek.take(MAGIC.len() + 16).ok()?;
+    let token_len = peek.take(2).ok()?;
+    let token_len = usize::from(u16::from_le_bytes([token_len[0], token_len[1]]));
+    peek.at = peek.at.checked_add(token_len)?;
+    let stream_len = peek.length().ok()?;
+    peek.at = peek.at.checked_add(stream_len)?;
+    let channels_len = peek.length().ok()?;
+    peek.at.checked_add(channels_len)
 }
 
 fn decode_record<I: Input>(buf: &mut I) -> Result<TelemetryItem, Stop> {
@@ -1030,6 +1073,22 @@ mod tests {
             );
             assert_eq!(items[5], TelemetryItem::StreamEnded);
         }
+        // A byte at a time (copied and adopted in turn): the header is joined by its length
+        // and its descriptor, parsed once its bytes are in, is kept while the channels come.
+        let mut header = BytesMut::new();
+        golden_header().encode(&mut header).unwrap();
+        let decoder = TelemetryDecoder::default();
+        assert_eq!(decoder.item_len(&bytes), Some(header.len()));
+        assert_eq!(
+            decoder.item_len(&bytes[..header.len() - 1]),
+            Some(header.len())
+        );
+        let every: Vec<usize> = (0..bytes.len()).collect();
+        let (items, verdict) = decode_split(TelemetryDecoder::default(), &bytes, &every);
+        assert_eq!(verdict, Ok(()));
+        assert_eq!(items.len(), 6);
+        assert_eq!(items[0], TelemetryItem::Header(golden_header()));
+        assert_eq!(items[5], TelemetryItem::StreamEnded);
         // The encoder writes the hand-computed bytes (zstd output may vary by library version,
         // so only the records without compression are compared byte for byte).
         let mut out = BytesMut::new();

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tether_core::limits::{
     SUBSTRATE_COMMANDS_PER_WAKE, SUBSTRATE_INLINE_COMMIT_RECORDS_MAX, SUBSTRATE_READS_PER_WAKE,
-    SUBSTRATE_READ_CHUNK_BYTES, SUBSTRATE_WRITE_CHUNKS_MAX, SUBSTRATE_WRITE_CHUNK_BYTES,
-    SUBSTRATE_WRITE_RESERVE_BYTES,
+    SUBSTRATE_READ_CHUNK_BYTES, SUBSTRATE_READ_ROOM_MIN_BYTES, SUBSTRATE_WRITE_CHUNKS_MAX,
+    SUBSTRATE_WRITE_CHUNK_BYTES, SUBSTRATE_WRITE_RESERVE_BYTES,
 };
 
 use bytes::{Bytes, BytesMut};
@@ -549,18 +549,11 @@ impl PeerExecutor {
         let (mut reader, mut writer) = tokio::io::split(stream);
         let tx = self.link_tx.clone();
         tokio::spawn(async move {
-            // Each read is split off one buffer, whose space is used again once what was read
-            // is dropped.
-            let mut buf = BytesMut::new();
+            let mut blocks = ReadBlocks::default();
             loop {
-                buf.reserve(SUBSTRATE_READ_CHUNK_BYTES);
-                match reader.read_buf(&mut buf).await {
-                    Ok(n) if n > 0 => {
-                        if tx
-                            .send(LinkMsg::Bytes(generation, buf.split().freeze()))
-                            .await
-                            .is_err()
-                        {
+                match blocks.read(&mut reader).await {
+                    Ok(Some(bytes)) => {
+                        if tx.send(LinkMsg::Bytes(generation, bytes)).await.is_err() {
                             return;
                         }
                     }
@@ -690,5 +683,60 @@ fn failure_error(failure: Failure, load_error: Option<&StoreFailure>) -> Error {
             Error::ReplyTooLarge(max)
         }
         _ => Error::Shutdown,
+    }
+}
+
+/// A link's reads, laid end to end in blocks of [`SUBSTRATE_READ_CHUNK_BYTES`]: each read is
+/// split off the block it filled, and the decoder keeps what it decodes as views of it. A
+/// fresh block is taken only when less than [`SUBSTRATE_READ_ROOM_MIN_BYTES`] is left, so
+/// small reads share a block (a peer pacing its bytes cannot make each body it sends hold a
+/// block of its own).
+#[derive(Default)]
+struct ReadBlocks {
+    block: BytesMut,
+}
+
+impl ReadBlocks {
+    /// The next read's bytes; `None` at the end of the stream.
+    async fn read(
+        &mut self,
+        reader: &mut (impl tokio::io::AsyncRead + Unpin),
+    ) -> std::io::Result<Option<Bytes>> {
+        if self.block.capacity() - self.block.len() < SUBSTRATE_READ_ROOM_MIN_BYTES {
+            self.block = BytesMut::with_capacity(SUBSTRATE_READ_CHUNK_BYTES);
+        }
+        match reader.read_buf(&mut self.block).await? {
+            0 => Ok(None),
+            _ => Ok(Some(self.block.split().freeze())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer's bytes paced one small write at a time are read end to end into one block
+    /// until its room runs low, then into one fresh block: a body kept from a small read
+    /// holds its share of a block, never a block of its own.
+    #[tokio::test]
+    async fn small_reads_lie_end_to_end_in_shared_blocks() {
+        let (mut near, mut far) = tokio::io::duplex(4096);
+        let mut blocks = ReadBlocks::default();
+        let mut reads = Vec::new();
+        for i in 0..70u8 {
+            far.write_all(&[i; 1000]).await.unwrap();
+            let read = blocks.read(&mut near).await.unwrap().expect("bytes");
+            assert_eq!(&read[..], &[i; 1000][..]);
+            reads.push(read);
+        }
+        let fresh_blocks = reads
+            .windows(2)
+            .filter(|pair| pair[1].as_ptr() != pair[0].as_ptr().wrapping_add(pair[0].len()))
+            .count();
+        // 62 reads fill a 64 KiB block to less than 4 KiB of room; the rest share the next.
+        assert_eq!(fresh_blocks, 1);
+        drop(far);
+        assert!(blocks.read(&mut near).await.unwrap().is_none());
     }
 }
