@@ -310,7 +310,8 @@ impl<F: Format> StreamDecoder<F> {
     }
 
     /// Takes the bytes pushed but not yet consumed (to hand the rest of a stream to another
-    /// decoder); the decoder is left empty.
+    /// decoder); the decoder is left empty, and done: its format may hold the state of an
+    /// item it was waiting on.
     pub fn take_buffered(&mut self) -> Bytes {
         self.buffered = 0;
         let chunks = std::mem::take(&mut self.chunks);

@@ -304,14 +304,17 @@ impl FormatError for TelemetryError {
     }
 }
 
-/// The telemetry [`Format`]; wrap it in a [`super::StreamDecoder`].
+/// The telemetry [`Format`]; wrap it in a [`super::StreamDecoder`]. A value decodes one
+/// stream from its first byte (it keeps the header's phase, and a parsed descriptor while the
+/// header arrives): a new stream takes a new decoder.
 #[derive(Debug, Clone, Default)]
 pub struct TelemetryDecoder {
     phase: Phase,
-    /// The header's stream descriptor once parsed, and where its bytes end (from the header's
+    /// The header's stream descriptor once parsed, and where its bytes lie (from the header's
     /// first byte), while the channel list is still arriving: a descriptor of up to
-    /// [`TELEMETRY_RECORD_BYTES_MAX`] is parsed once, not again on every arrival.
-    stream: Option<(StreamDescriptor, usize)>,
+    /// [`TELEMETRY_RECORD_BYTES_MAX`] is parsed once, not again on every arrival. Used only
+    /// when the bytes before it say the descriptor lies exactly there again.
+    stream: Option<(StreamDescriptor, std::ops::Range<usize>)>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -421,7 +424,7 @@ impl<'a> Peek<'a> {
 
 fn decode_header<I: Input>(
     buf: &mut I,
-    parsed: &mut Option<(StreamDescriptor, usize)>,
+    parsed: &mut Option<(StreamDescriptor, std::ops::Range<usize>)>,
 ) -> Result<TelemetryItem, Stop> {
     let prefix = &buf[..buf.len().min(MAGIC.len())];
     if prefix != &MAGIC[..prefix.len()] {
@@ -435,16 +438,16 @@ fn decode_header<I: Input>(
     let token_at = peek.at;
     peek.take(token_len)?;
     let stream_len = peek.length()?;
-    // `buf` starts at the header's first byte on every call, so where the descriptor ended is
-    // where it ends now.
-    let (stream, stream_end) = match parsed.take() {
-        Some(parsed) => parsed,
-        None => {
-            let stream: StreamDescriptor = postcard_exact(peek.take(stream_len)?)?;
-            (stream, peek.at)
+    // `buf` starts at the header's first byte on every call, so the descriptor parsed before
+    // lies where it lay (checked: a memo never stands for other bytes).
+    let at = peek.at..peek.at.checked_add(stream_len).ok_or(Stop::More)?;
+    let stream = match parsed.take() {
+        Some((stream, lay)) if lay == at => {
+            peek.at = at.end;
+            stream
         }
+        _ => postcard_exact(peek.take(stream_len)?)?,
     };
-    peek.at = stream_end;
     let channels = (|| {
         let channels_len = peek.length()?;
         let channels: ChannelList = postcard_exact(peek.take(channels_len)?)?;
@@ -453,7 +456,7 @@ fn decode_header<I: Input>(
     let channels = match channels {
         Ok(channels) => channels,
         Err(Stop::More) => {
-            *parsed = Some((stream, stream_end));
+            *parsed = Some((stream, at));
             return Err(Stop::More);
         }
         Err(stop) => return Err(stop),
@@ -1354,6 +1357,21 @@ mod tests {
             header.encode(&mut bytes).unwrap();
             for channel in &declared {
                 encode_channel_declared(channel, &mut bytes).unwrap();
+            }
+            // The length hints: never wrong on any prefix, exact once the lengths are there.
+            let mut alone = BytesMut::new();
+            header.encode(&mut alone).unwrap();
+            let fresh = TelemetryDecoder::default();
+            for end in 0..alone.len() {
+                let hint = fresh.item_len(&bytes[..end]);
+                prop_assert!(hint.is_none() || hint == Some(alone.len()), "prefix {}", end);
+            }
+            prop_assert_eq!(fresh.item_len(&bytes), Some(alone.len()));
+            if let Some(first) = declared.first() {
+                let mut record = BytesMut::new();
+                encode_channel_declared(first, &mut record).unwrap();
+                let records = TelemetryDecoder { phase: Phase::Records, stream: None };
+                prop_assert_eq!(records.item_len(&bytes[alone.len()..]), Some(record.len()));
             }
             let mut writer = BatchWriter::new();
             let mut source = events.iter().cloned();
