@@ -254,10 +254,10 @@ impl<F: Format> StreamDecoder<F> {
             return false;
         }
         let have = self.joined.len();
-        let wanted = match self.format.item_len(&self.joined) {
-            Some(len) if len > have => len - have,
-            _ => have.max(crate::limits::DECODE_JOIN_STEP_BYTES),
-        };
+        let known = self.format.item_len(&self.joined).filter(|len| *len > have);
+        let wanted = known.map_or(have.max(crate::limits::DECODE_JOIN_STEP_BYTES), |len| {
+            len - have
+        });
         let available = self.buffered - have;
         let mut copy = wanted.min(available);
         // Room for bytes that arrived only: a declared length is a claim.
@@ -270,9 +270,9 @@ impl<F: Format> StreamDecoder<F> {
             self.joined.extend_from_slice(&chunk[..take]);
             copy -= take;
         }
-        // A step may have copied the end of a header and bytes past its item: keep the item's
-        // bytes only, so what follows it is decoded in place.
-        let keep = match self.format.item_len(&self.joined) {
+        // A step (no length known before it) may have copied the end of a header and bytes
+        // past its item: keep the item's bytes only, so what follows it is decoded in place.
+        let keep = match known.or_else(|| self.format.item_len(&self.joined)) {
             Some(len) if len > have => len.min(self.joined.len()),
             _ => self.joined.len(),
         };
