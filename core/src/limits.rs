@@ -404,6 +404,22 @@ pub const SUBSTRATE_SEQ_RESERVE: u64 = 256;
 /// peer taking commands or reading its link.
 pub const SUBSTRATE_LAZY_COMMIT_BATCHES_MAX: usize = 64;
 
+/// Emptied step buffers (one kind holds a step's records, the other the outputs that wait for
+/// them) a peer's machine keeps for its next steps. Every input stages into one of each, and a
+/// committed batch hands its buffers back; a busy peer's commit returns hundreds at once
+/// (16 queues of window 32 on one peer: about 5.6 allocations a message with 1,024 kept, 9.3
+/// with 128, 12.2 with none), so the bound is the batches a peer can have outstanding
+/// ([`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`]). Spares are never more than the peer's outstanding
+/// batches held at their peak, and the first timeout that finds nothing outstanding frees
+/// them: at most about 2 MiB per peer ([`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`]).
+pub const SUBSTRATE_SPARE_STEP_BUFFERS_MAX: usize = SUBSTRATE_UNCOMMITTED_BATCHES_MAX;
+
+/// Entries a step buffer may have room for and still be kept as a spare
+/// ([`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`]): a step usually stages one to three (a first push
+/// makes room for four), and a buffer grown by a rare large step is freed rather than held.
+/// Records take 208 bytes and outputs 304, so a spare of each holds at most about 2 KiB.
+pub const SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX: usize = 4;
+
 /// Records a commit to a blocking store may hold and still run in place on the peer task's
 /// worker when nothing else waits for that task (the two hops to a blocking thread and back
 /// cost more than one sync holds the worker); a larger commit, or one while input waits, runs

@@ -10,8 +10,10 @@ use tether_core::limits::SUBSTRATE_SEQ_RESERVE;
 use tether_core::substrate::finality;
 use tether_core::substrate::harness::{Faults, Harness, Party};
 use tether_core::substrate::{
-    AllowAll, AuthorizeContext, Authorizer, Config, Denial, Event, ObjectState, ScopeAuthorizer,
+    AllowAll, AuthorizeContext, Authorizer, BatchId, Config, Denial, Event, Machine, ObjectState,
+    PeerId, PersistBatch, ScopeAuthorizer,
 };
+use tether_core::time::Time;
 use tether_core::wire::envelope::{Address, Env, Envelope, ObjKind, OpId, Verb};
 
 fn harness(window: usize) -> Harness {
@@ -810,8 +812,6 @@ fn closed_objects_are_retained_up_to_a_bound() {
 
 #[test]
 fn a_machine_corrects_its_settings_window_and_retention() {
-    use tether_core::substrate::{BatchId, Machine, PeerId};
-    use tether_core::time::Time;
     let config = Config {
         dedupe_retention: Duration::from_secs(60),
         queue_ttl: Duration::from_secs(3600),
@@ -1457,4 +1457,70 @@ fn only_sends_below_the_committed_reservation_go_before_their_commit() {
     assert_eq!(h.a.machine.stats().sent_before_commit, 3);
     h.run();
     assert_eq!(consumed_bodies(&h), [body(0), body(1), body(2)]);
+}
+
+fn machine_with_link() -> (Machine, Time) {
+    let mut machine = Machine::new(
+        PeerId::new("b"),
+        Config::default(),
+        Arc::new(Authorizer::new(AllowAll)),
+        1,
+    );
+    let now = Time::from_millis(1);
+    machine.handle_link_up(now);
+    (machine, now)
+}
+
+#[test]
+fn a_step_stages_into_the_buffer_a_committed_batch_handed_back() {
+    let (mut machine, now) = machine_with_link();
+    machine.open(now, ObjKind::Queue, "q", None).unwrap();
+    let first = machine.poll_persist().expect("the open's batch");
+    let buffer = first.records.as_ptr();
+    machine.handle_persisted(now, first.id);
+    machine.recycle(first);
+    assert_eq!(machine.spare_buffers().0, 1);
+    // A step stages into the buffer the step before it took from the spares.
+    machine.open(now, ObjKind::Queue, "r", None).unwrap();
+    assert_eq!(machine.spare_buffers().0, 0);
+    let second = machine.poll_persist().expect("the second open's batch");
+    machine.open(now, ObjKind::Queue, "s", None).unwrap();
+    let third = machine.poll_persist().expect("the third open's batch");
+    assert_ne!(second.records.as_ptr(), buffer);
+    assert_eq!(third.records.as_ptr(), buffer, "the spare was not reused");
+}
+
+#[test]
+fn spare_buffers_are_bounded_in_count_and_room_and_freed_when_nothing_is_outstanding() {
+    use tether_core::limits::{
+        SUBSTRATE_SPARE_STEP_BUFFERS_MAX, SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX,
+    };
+    let (mut machine, now) = machine_with_link();
+    // A buffer grown past the bound is freed, not kept.
+    let grown = Vec::with_capacity(SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX + 1);
+    machine.recycle(PersistBatch {
+        id: BatchId(1),
+        records: grown,
+    });
+    assert_eq!(machine.spare_buffers().0, 0);
+    for id in 0..SUBSTRATE_SPARE_STEP_BUFFERS_MAX + 10 {
+        machine.recycle(PersistBatch {
+            id: BatchId(id as u64),
+            records: Vec::with_capacity(1),
+        });
+    }
+    assert_eq!(machine.spare_buffers().0, SUBSTRATE_SPARE_STEP_BUFFERS_MAX);
+    // A batch outstanding keeps them through a timeout; once it is persisted, the next
+    // timeout frees them.
+    machine.open(now, ObjKind::Queue, "q", None).unwrap();
+    let batch = machine.poll_persist().expect("the open's batch");
+    let later = Time::from_millis(2);
+    machine.handle_timeout(later);
+    assert_eq!(
+        machine.spare_buffers().0,
+        SUBSTRATE_SPARE_STEP_BUFFERS_MAX - 1
+    );
+    machine.handle_persisted(later, batch.id);
+    machine.handle_timeout(Time::from_millis(3));
+    assert_eq!(machine.spare_buffers(), (0, 0));
 }

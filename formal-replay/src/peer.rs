@@ -291,7 +291,7 @@ pub fn core_peer(case: &PeerCase) -> Result<PeerCase, String> {
                     writes += 1;
                     let open = Command::Open {
                         kind: ObjKind::Queue,
-                        obj: format!("q{writes}"),
+                        obj: format!("q{writes}").into(),
                         cap: None,
                     };
                     peer.handle_command(now, u64::from(writes), open);

@@ -13,7 +13,7 @@
 //! frontier, bounce tombstones (op ids to unknown objects) and closed objects during the
 //! retention period.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
@@ -308,15 +308,29 @@ impl Record {
 /// group in one transaction writes only these (an object's frontier once per group, not once
 /// per op).
 pub fn effective_records(batches: &[PersistBatch]) -> Vec<&Record> {
-    let mut decided: BTreeSet<Row<'_>> = BTreeSet::new();
-    let mut kept: Vec<&Record> = batches
+    let records: Vec<&Record> = batches.iter().flat_map(|batch| &batch.records).collect();
+    if records.len() < 2 {
+        return records;
+    }
+    // Rows sorted with their positions: a row's last record closes its run. One sort per
+    // commit, where a set allocated a node per few rows and compared on every level.
+    let mut rows: Vec<(Row<'_>, usize)> = records
         .iter()
-        .rev()
-        .flat_map(|batch| batch.records.iter().rev())
-        .filter(|record| decided.insert(record.row()))
+        .enumerate()
+        .map(|(at, record)| (record.row(), at))
         .collect();
-    kept.reverse();
-    kept
+    rows.sort_unstable();
+    let mut last = vec![false; records.len()];
+    for (at, (row, position)) in rows.iter().enumerate() {
+        if rows.get(at + 1).is_none_or(|(next, _)| next != row) {
+            last[*position] = true;
+        }
+    }
+    records
+        .into_iter()
+        .zip(last)
+        .filter_map(|(record, last)| last.then_some(record))
+        .collect()
 }
 
 /// Everything one peer's machine has persisted.

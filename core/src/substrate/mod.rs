@@ -33,7 +33,7 @@ pub mod preamble;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use crate::wire::envelope::{Address, OpId};
+pub use crate::wire::envelope::{Address, ObjName, OpId};
 pub use authorize::{AllowAll, AuthorizeContext, Authorizer, Denial, Interceptor, ScopeAuthorizer};
 pub use durable::{
     effective_records, BatchId, DurableState, ObjectRecord, ObjectState, Op, PersistBatch, Record,

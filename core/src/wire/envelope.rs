@@ -134,6 +134,50 @@ impl Address {
 
 text_handle!(Address);
 
+/// An object's name as an app gave it, before it is checked against [`Address`]'s rules
+/// (the substrate machine checks it when the command runs, as it would a `&str`). Held in
+/// place when short, so that a command carrying one costs no allocation for it.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjName(Text<ADDRESS_INLINE_BYTES>);
+
+impl ObjName {
+    /// `text`, unchecked.
+    pub fn new(text: &str) -> Self {
+        Self(Text::new(text))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl From<&str> for ObjName {
+    fn from(text: &str) -> Self {
+        Self::new(text)
+    }
+}
+
+impl From<&String> for ObjName {
+    fn from(text: &String) -> Self {
+        Self::new(text)
+    }
+}
+
+impl From<String> for ObjName {
+    fn from(text: String) -> Self {
+        Self::new(&text)
+    }
+}
+
+impl From<&Address> for ObjName {
+    fn from(address: &Address) -> Self {
+        Self(address.0.clone())
+    }
+}
+
+text_handle!(ObjName);
+
 /// The longest op id kept inline: tether's own ids (two 64-bit words in hex) fit.
 const OP_ID_INLINE_BYTES: usize = 32;
 
@@ -1043,6 +1087,22 @@ mod tests {
             map.insert(address.clone(), ());
             prop_assert!(map.contains_key(text.as_str()));
             prop_assert_eq!(address.to_string(), text);
+        }
+
+        /// An object name is any text, unchecked, held in place when short, and orders and
+        /// is looked up as its text (a name from an address is the address's text).
+        #[test]
+        fn object_names_are_their_text(a in ".{0,40}", b in ".{0,40}") {
+            let (x, y) = (ObjName::new(&a), ObjName::new(&b));
+            prop_assert_eq!(x.as_str(), a.as_str());
+            prop_assert_eq!(x.cmp(&y), a.cmp(&b));
+            prop_assert_eq!(x.0.is_inline(), a.len() <= ADDRESS_INLINE_BYTES);
+            let mut map = std::collections::BTreeMap::new();
+            map.insert(x.clone(), ());
+            prop_assert!(map.contains_key(a.as_str()));
+            if let Ok(address) = Address::parse(&a) {
+                prop_assert_eq!(ObjName::from(&address), x);
+            }
         }
     }
 }

@@ -251,7 +251,7 @@ mod tests {
     fn close(obj: &str) -> (Command, oneshot::Receiver<Result<(), Error>>) {
         let (reply, rx) = oneshot::channel();
         let close = PeerCommand::Close {
-            obj: obj.to_owned(),
+            obj: obj.into(),
             reason: String::new(),
         };
         let command = Command::App(close, Some(Answer::Unit(reply)));

@@ -56,7 +56,7 @@ use bytes::Bytes;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, SeedableRng, TryRng};
 use tether_core::time::Time;
-use tether_core::wire::envelope::Verb;
+use tether_core::wire::envelope::{ObjName, Verb};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -536,7 +536,7 @@ impl Peer {
 
     /// Opens an object of `kind` presenting capability token `cap`.
     pub async fn open(&self, kind: ObjKind, obj: &str, cap: Option<&str>) -> Result<(), Error> {
-        let (obj, cap) = (obj.to_owned(), cap.map(str::to_owned));
+        let (obj, cap) = (ObjName::new(obj), cap.map(str::to_owned));
         send_command(&self.handle, |reply| {
             let open = peer::Command::Open { kind, obj, cap };
             Command::App(open, Some(Answer::Unit(reply)))
@@ -565,7 +565,7 @@ impl Peer {
 
     fn object(&self, obj: &str) -> Object {
         Object {
-            obj: obj.to_owned(),
+            obj: ObjName::new(obj),
             handle: self.handle.clone(),
         }
     }
@@ -573,7 +573,8 @@ impl Peer {
 
 #[derive(Debug, Clone)]
 struct Object {
-    obj: String,
+    /// Held in place when short: a send copies it rather than allocating.
+    obj: ObjName,
     handle: CommandTx,
 }
 

@@ -59,7 +59,10 @@ use super::durable::{
 };
 use super::finality::{self, class_of, Class};
 use super::{Config, PeerId, Stats};
-use crate::limits::{ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX};
+use crate::limits::{
+    ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX, SUBSTRATE_SPARE_STEP_BUFFERS_MAX,
+    SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX,
+};
 use crate::retry::{Backoff, Jitter};
 use crate::time::Time;
 use crate::wire::envelope::{Address, Env, Envelope, EnvelopeError, ObjKind, OpId, Verb};
@@ -360,6 +363,57 @@ impl Touched {
     }
 }
 
+/// Emptied step buffers kept for the next steps, so that a busy peer does not allocate and
+/// free a record buffer and an output buffer per input. At most
+/// [`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`] of each kind are kept, each with room for at most
+/// [`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`] entries, and a timeout that finds every batch
+/// persisted frees them. They hold no state: a clone starts without them, and the fingerprint
+/// leaves them out.
+#[derive(Debug, Default)]
+struct Spares {
+    records: Vec<Vec<Record>>,
+    outputs: Vec<Vec<Deferred>>,
+}
+
+impl Clone for Spares {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl Spares {
+    /// An empty buffer for a step's records.
+    fn records(&mut self) -> Vec<Record> {
+        self.records.pop().unwrap_or_default()
+    }
+
+    /// An empty buffer for a step's outputs.
+    fn outputs(&mut self) -> Vec<Deferred> {
+        self.outputs.pop().unwrap_or_default()
+    }
+
+    /// Keeps `buffer`, emptied, if it is small and there is room for it.
+    fn keep_records(&mut self, buffer: Vec<Record>) {
+        Self::keep(&mut self.records, buffer);
+    }
+
+    /// Keeps `buffer`, emptied, if it is small and there is room for it.
+    fn keep_outputs(&mut self, buffer: Vec<Deferred>) {
+        Self::keep(&mut self.outputs, buffer);
+    }
+
+    fn keep<T>(spares: &mut Vec<Vec<T>>, mut buffer: Vec<T>) {
+        let room = buffer.capacity();
+        if room > 0
+            && room <= SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX
+            && spares.len() < SUBSTRATE_SPARE_STEP_BUFFERS_MAX
+        {
+            buffer.clear();
+            spares.push(buffer);
+        }
+    }
+}
+
 /// The substrate machine for one remote peer.
 #[derive(Clone)]
 pub struct Machine {
@@ -401,6 +455,8 @@ pub struct Machine {
     staged: Vec<Record>,
     /// Outputs of the step in progress that wait for durability.
     staged_outputs: Vec<Deferred>,
+    /// Emptied buffers for the next steps' records and outputs ([`Spares`]).
+    spares: Spares,
     next_batch: BatchId,
     persisted_through: BatchId,
     waiting: VecDeque<(BatchId, Vec<Deferred>)>,
@@ -449,6 +505,7 @@ impl Machine {
             last_sent: Time::ZERO,
             staged: Vec::new(),
             staged_outputs: Vec::new(),
+            spares: Spares::default(),
             next_batch: BatchId(1),
             persisted_through: BatchId(0),
             waiting: VecDeque::new(),
@@ -710,6 +767,18 @@ impl Machine {
         self.end_step(now);
     }
 
+    /// Spare buffers held (records, outputs), for tests of their reuse and release.
+    #[cfg(any(test, feature = "harness"))]
+    pub fn spare_buffers(&self) -> (usize, usize) {
+        (self.spares.records.len(), self.spares.outputs.len())
+    }
+
+    /// Hands back the record buffer of a batch the store is done with, for a later step to
+    /// stage into (an optimisation only: a buffer never handed back is simply freed).
+    pub fn recycle(&mut self, batch: PersistBatch) {
+        self.spares.keep_records(batch.records);
+    }
+
     /// The store committed every batch up to and including `batch`.
     pub fn handle_persisted(&mut self, now: Time, batch: BatchId) {
         if batch <= self.persisted_through {
@@ -738,6 +807,10 @@ impl Machine {
     /// Time passed: keepalive, dead link, gap resync, TTL expiry, transient retries, retention.
     /// A spurious call does nothing.
     pub fn handle_timeout(&mut self, now: Time) {
+        if self.persisted_through.0 + 1 == self.next_batch.0 {
+            // Nothing outstanding: what the spares held at the last peak is not needed now.
+            self.spares = Spares::default();
+        }
         if self.link_up {
             if now.saturating_since(self.last_heard) >= self.config.dead_after {
                 self.link_up = false;

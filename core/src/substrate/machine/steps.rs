@@ -258,8 +258,8 @@ impl Machine {
         }
     }
 
-    pub(super) fn release(&mut self, outputs: Vec<Deferred>) {
-        for output in outputs {
+    pub(super) fn release(&mut self, mut outputs: Vec<Deferred>) {
+        for output in outputs.drain(..) {
             match output {
                 Deferred::Transmit(frame) | Deferred::Lazily(frame) => {
                     if self.link_up {
@@ -269,22 +269,27 @@ impl Machine {
                 Deferred::Event(event) => self.events.push_back(event),
             }
         }
+        self.spares.keep_outputs(outputs);
     }
 
     /// Ends every input: staged records become one batch, and the outputs staged with them
     /// wait for it; outputs staged without records wait for the latest unpersisted batch.
     pub(super) fn end_step(&mut self, now: Time) {
-        let outputs = std::mem::take(&mut self.staged_outputs);
         if !self.staged.is_empty() {
             let id = self.next_batch;
             self.next_batch = BatchId(id.0 + 1);
-            let records = std::mem::take(&mut self.staged);
+            let records = std::mem::replace(&mut self.staged, self.spares.records());
+            let outputs = std::mem::replace(&mut self.staged_outputs, self.spares.outputs());
             self.persist.push_back(PersistBatch { id, records });
             self.waiting.push_back((id, outputs));
-        } else if !outputs.is_empty() {
+        } else if !self.staged_outputs.is_empty() {
             match self.waiting.back_mut() {
-                Some((_, waiting)) => waiting.extend(outputs),
-                None => self.release(outputs),
+                Some((_, waiting)) => waiting.append(&mut self.staged_outputs),
+                None => {
+                    let outputs =
+                        std::mem::replace(&mut self.staged_outputs, self.spares.outputs());
+                    self.release(outputs);
+                }
             }
         }
         let touched = self.touched.take();

@@ -9,7 +9,7 @@ use crate::substrate::finality::Code;
 use crate::substrate::handshake::{Channel, Negotiated};
 use crate::substrate::link::LinkClose;
 use crate::substrate::machine::{CommandError, Event};
-use crate::substrate::{Address, OpId, PersistBatch, Seq};
+use crate::substrate::{Address, ObjName, OpId, PersistBatch, Seq};
 use crate::time::Time;
 use crate::wire::envelope::{ObjKind, Verb};
 
@@ -25,14 +25,14 @@ pub enum Command {
         /// Session or queue.
         kind: ObjKind,
         /// Its address.
-        obj: String,
+        obj: ObjName,
         /// A capability token to present.
         cap: Option<String>,
     },
     /// Send on an object.
     Send {
         /// The object.
-        obj: String,
+        obj: ObjName,
         /// The body.
         body: Bytes,
         /// Wait for outbox room (`send`) rather than fail with `QueueFull` (`try_send`).
@@ -41,7 +41,7 @@ pub enum Command {
     /// Make a request on an object.
     Req {
         /// The object.
-        obj: String,
+        obj: ObjName,
         /// The body.
         body: Bytes,
         /// Wait for outbox room rather than fail with `QueueFull`.
@@ -70,7 +70,7 @@ pub enum Command {
     /// Close an object.
     Close {
         /// The object.
-        obj: String,
+        obj: ObjName,
         /// Why.
         reason: String,
     },

@@ -32,7 +32,7 @@ use super::finality::Code;
 use super::handshake::{Negotiated, Role};
 use super::link::PeerLink;
 use super::machine::{CommandError, Event, Machine};
-use super::{Address, OpId, PeerId, PersistBatch};
+use super::{Address, ObjName, OpId, PeerId, PersistBatch};
 use crate::limits::{
     SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_LAZY_COMMIT_BATCHES_MAX, SUBSTRATE_LAZY_COMMIT_MS,
     SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
@@ -111,7 +111,7 @@ pub struct Peer {
     /// Sends and reqs in flight, by op id.
     waiters: BTreeMap<OpId, Waiter>,
     /// Opens in flight, by object: the open's op id and ticket.
-    opens: BTreeMap<String, (OpId, Ticket)>,
+    opens: BTreeMap<ObjName, (OpId, Ticket)>,
     /// Bytes of `res` parts handed to the app and not read yet, by the req's ticket.
     unread: BTreeMap<Ticket, usize>,
     /// Started for an inbound link not handed in yet ([`Peer::awaiting_link`]).
@@ -371,7 +371,12 @@ impl Peer {
                 self.store_retry.succeed();
                 let last = batches.last().expect("a commit has batches").id;
                 if let Stage::Ready(link) = &mut self.stage {
-                    link.machine_mut().handle_persisted(now, last);
+                    let machine = link.machine_mut();
+                    machine.handle_persisted(now, last);
+                    // The store is done with them: their buffers serve the next steps.
+                    if let Ok(batches) = Arc::try_unwrap(batches) {
+                        batches.into_iter().for_each(|batch| machine.recycle(batch));
+                    }
                 }
             }
             Err(StoreFault) => {

@@ -42,7 +42,7 @@ fn channel() -> Channel {
 fn open(obj: &str) -> Command {
     Command::Open {
         kind: ObjKind::Queue,
-        obj: obj.to_owned(),
+        obj: obj.into(),
         cap: None,
     }
 }
