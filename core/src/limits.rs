@@ -408,16 +408,20 @@ pub const SUBSTRATE_LAZY_COMMIT_BATCHES_MAX: usize = 64;
 /// them) a peer's machine keeps for its next steps. Every input stages into one of each, and a
 /// committed batch hands its buffers back; a busy peer's commit returns hundreds at once
 /// (16 queues of window 32 on one peer: about 5.6 allocations a message with 1,024 kept, 9.3
-/// with 128, 12.2 with none), so the bound is the batches a peer can have outstanding
-/// ([`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`]). Spares are never more than the peer's outstanding
-/// batches held at their peak, and the first timeout that finds nothing outstanding frees
-/// them: at most about 2 MiB per peer ([`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`]).
+/// with 128, 12.2 with none), so the bound is the batches a peer can have waiting for its
+/// store ([`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`]). Spares are kept only while some batch is not
+/// yet persisted: the commit that leaves none outstanding frees them all. So they never
+/// outnumber the batches the peer had outstanding at their peak, and a peer holds them only
+/// while its store is behind its steps: at most about 2 MiB per such peer
+/// ([`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`]).
 pub const SUBSTRATE_SPARE_STEP_BUFFERS_MAX: usize = SUBSTRATE_UNCOMMITTED_BATCHES_MAX;
 
 /// Entries a step buffer may have room for and still be kept as a spare
 /// ([`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`]): a step usually stages one to three (a first push
-/// makes room for four), and a buffer grown by a rare large step is freed rather than held.
-/// Records take 208 bytes and outputs 304, so a spare of each holds at most about 2 KiB.
+/// makes room for four, std's smallest allocation for elements of this size; were that to
+/// change, buffers would only stop being kept), and a buffer grown by a rare large step is
+/// freed rather than held. Records take 208 bytes and outputs 304, so a spare of each holds
+/// at most about 2 KiB.
 pub const SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX: usize = 4;
 
 /// Records a commit to a blocking store may hold and still run in place on the peer task's

@@ -1477,25 +1477,36 @@ fn a_step_stages_into_the_buffer_a_committed_batch_handed_back() {
     machine.open(now, ObjKind::Queue, "q", None).unwrap();
     let first = machine.poll_persist().expect("the open's batch");
     let buffer = first.records.as_ptr();
+    // A second batch is outstanding when the first is persisted and handed back.
+    machine.open(now, ObjKind::Queue, "p", None).unwrap();
+    let _second = machine.poll_persist().expect("the second open's batch");
     machine.handle_persisted(now, first.id);
     machine.recycle(first);
     assert_eq!(machine.spare_buffers().0, 1);
     // A step stages into the buffer the step before it took from the spares.
     machine.open(now, ObjKind::Queue, "r", None).unwrap();
     assert_eq!(machine.spare_buffers().0, 0);
-    let second = machine.poll_persist().expect("the second open's batch");
-    machine.open(now, ObjKind::Queue, "s", None).unwrap();
     let third = machine.poll_persist().expect("the third open's batch");
-    assert_ne!(second.records.as_ptr(), buffer);
-    assert_eq!(third.records.as_ptr(), buffer, "the spare was not reused");
+    machine.open(now, ObjKind::Queue, "s", None).unwrap();
+    let fourth = machine.poll_persist().expect("the fourth open's batch");
+    assert_ne!(third.records.as_ptr(), buffer);
+    assert_eq!(fourth.records.as_ptr(), buffer, "the spare was not reused");
 }
 
 #[test]
-fn spare_buffers_are_bounded_in_count_and_room_and_freed_when_nothing_is_outstanding() {
+fn spare_buffers_are_bounded_in_count_and_room_and_freed_once_nothing_is_outstanding() {
     use tether_core::limits::{
         SUBSTRATE_SPARE_STEP_BUFFERS_MAX, SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX,
     };
     let (mut machine, now) = machine_with_link();
+    // With nothing outstanding a buffer handed back is freed.
+    machine.recycle(PersistBatch {
+        id: BatchId(1),
+        records: Vec::with_capacity(1),
+    });
+    assert_eq!(machine.spare_buffers().0, 0);
+    machine.open(now, ObjKind::Queue, "q", None).unwrap();
+    let batch = machine.poll_persist().expect("the open's batch");
     // A buffer grown past the bound is freed, not kept.
     let grown = Vec::with_capacity(SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX + 1);
     machine.recycle(PersistBatch {
@@ -1510,17 +1521,7 @@ fn spare_buffers_are_bounded_in_count_and_room_and_freed_when_nothing_is_outstan
         });
     }
     assert_eq!(machine.spare_buffers().0, SUBSTRATE_SPARE_STEP_BUFFERS_MAX);
-    // A batch outstanding keeps them through a timeout; once it is persisted, the next
-    // timeout frees them.
-    machine.open(now, ObjKind::Queue, "q", None).unwrap();
-    let batch = machine.poll_persist().expect("the open's batch");
-    let later = Time::from_millis(2);
-    machine.handle_timeout(later);
-    assert_eq!(
-        machine.spare_buffers().0,
-        SUBSTRATE_SPARE_STEP_BUFFERS_MAX - 1
-    );
-    machine.handle_persisted(later, batch.id);
-    machine.handle_timeout(Time::from_millis(3));
+    // The batch outstanding is persisted: nothing is, and the spares go.
+    machine.handle_persisted(now, batch.id);
     assert_eq!(machine.spare_buffers(), (0, 0));
 }

@@ -889,7 +889,9 @@ pub fn peer(data: &[u8]) {
     for (index, byte) in second.iter().enumerate() {
         now += u64::from(byte >> 4) * 37;
         let at = Time::from_millis(now);
-        let obj = tether_core::substrate::ObjName::new(["q0", "q1", "bad name"][usize::from(byte >> 6) % 3]);
+        let obj = tether_core::substrate::ObjName::new(
+            ["q0", "q1", "bad name"][usize::from(byte >> 6) % 3],
+        );
         ticket += 1;
         match byte & 0x0f {
             0 => peer.handle_loaded(at, Ok(link())),

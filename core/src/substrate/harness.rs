@@ -122,7 +122,7 @@ impl Node {
     }
 
     /// Commits the oldest emitted batch (the store's transaction).
-    fn commit_one(&mut self) -> Option<super::BatchId> {
+    fn commit_one(&mut self) -> Option<PersistBatch> {
         let batch = self.uncommitted.pop_front()?;
         for record in &batch.records {
             match record {
@@ -136,7 +136,7 @@ impl Node {
             }
         }
         self.store.apply(&batch);
-        Some(batch.id)
+        Some(batch)
     }
 }
 
@@ -333,11 +333,7 @@ impl Harness {
                     if crash_before(id) {
                         self.crash(id);
                     } else {
-                        let node = self.node(id);
-                        let committed = node.commit_one().expect("not empty");
-                        let now = self.now;
-                        self.node(id).machine.handle_persisted(now, committed);
-                        self.collect(id);
+                        self.commit(id);
                     }
                     moved = true;
                 }
@@ -479,7 +475,10 @@ impl Harness {
             return false;
         };
         let now = self.now;
-        self.node(id).machine.handle_persisted(now, committed);
+        let machine = &mut self.node(id).machine;
+        machine.handle_persisted(now, committed.id);
+        // As a peer does: the store is done with the batch, its buffer serves later steps.
+        machine.recycle(committed);
         self.collect(id);
         true
     }

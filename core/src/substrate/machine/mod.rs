@@ -366,9 +366,9 @@ impl Touched {
 /// Emptied step buffers kept for the next steps, so that a busy peer does not allocate and
 /// free a record buffer and an output buffer per input. At most
 /// [`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`] of each kind are kept, each with room for at most
-/// [`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`] entries, and a timeout that finds every batch
-/// persisted frees them. They hold no state: a clone starts without them, and the fingerprint
-/// leaves them out.
+/// [`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`] entries, and only while some batch is not yet
+/// persisted: the commit that leaves nothing outstanding frees them. They hold no state: a
+/// clone starts without them, and the fingerprint leaves them out.
 #[derive(Debug, Default)]
 struct Spares {
     records: Vec<Vec<Record>>,
@@ -774,9 +774,20 @@ impl Machine {
     }
 
     /// Hands back the record buffer of a batch the store is done with, for a later step to
-    /// stage into (an optimisation only: a buffer never handed back is simply freed).
+    /// stage into (an optimisation only: a buffer never handed back is simply freed). Call it
+    /// after [`Machine::handle_persisted`] for the batch; once nothing is outstanding, the
+    /// buffer is freed and so are the spares.
     pub fn recycle(&mut self, batch: PersistBatch) {
-        self.spares.keep_records(batch.records);
+        if self.quiescent() {
+            self.spares = Spares::default();
+        } else {
+            self.spares.keep_records(batch.records);
+        }
+    }
+
+    /// Every batch emitted is persisted: no step is in flight to stage into a spare soon.
+    fn quiescent(&self) -> bool {
+        self.persisted_through.0 + 1 == self.next_batch.0
     }
 
     /// The store committed every batch up to and including `batch`.
@@ -802,15 +813,16 @@ impl Machine {
             self.release(outputs);
         }
         self.end_step(now);
+        if self.quiescent() {
+            // Spares serve a peer whose steps keep coming while its commits run; one whose
+            // every batch is durable keeps none (its peak's buffers are freed here).
+            self.spares = Spares::default();
+        }
     }
 
     /// Time passed: keepalive, dead link, gap resync, TTL expiry, transient retries, retention.
     /// A spurious call does nothing.
     pub fn handle_timeout(&mut self, now: Time) {
-        if self.persisted_through.0 + 1 == self.next_batch.0 {
-            // Nothing outstanding: what the spares held at the last peak is not needed now.
-            self.spares = Spares::default();
-        }
         if self.link_up {
             if now.saturating_since(self.last_heard) >= self.config.dead_after {
                 self.link_up = false;

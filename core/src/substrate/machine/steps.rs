@@ -284,7 +284,13 @@ impl Machine {
             self.waiting.push_back((id, outputs));
         } else if !self.staged_outputs.is_empty() {
             match self.waiting.back_mut() {
-                Some((_, waiting)) => waiting.append(&mut self.staged_outputs),
+                Some((_, waiting)) => {
+                    waiting.append(&mut self.staged_outputs);
+                    if self.staged_outputs.capacity() > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX {
+                        // A large step's room is not kept for the next one.
+                        self.staged_outputs = self.spares.outputs();
+                    }
+                }
                 None => {
                     let outputs =
                         std::mem::replace(&mut self.staged_outputs, self.spares.outputs());

@@ -637,3 +637,32 @@ fn a_credit_update_the_sender_does_not_wait_for_is_held_back_and_one_it_waits_fo
     settle(&mut peer, &mut listener, T0, generation);
     assert_eq!(pending_seqs(&peer).len(), 8, "the ninth op came on it");
 }
+
+#[test]
+fn committed_batches_hand_their_buffers_back_while_more_are_outstanding() {
+    let (mut peer, mut listener, generation) = queue_from_listener(128);
+    let arrive = |peer: &mut Peer, listener: &mut PeerLink| {
+        send_on_q(listener, 4);
+        listener_commits(listener, T0);
+        let mut out = BytesMut::new();
+        while listener.poll_transmit(&mut out) {}
+        peer.handle_link_bytes(T0, generation, out.freeze());
+        outputs(peer)
+            .iter()
+            .filter(|output| matches!(output, Output::Commit(_)))
+            .count()
+    };
+    assert_eq!(arrive(&mut peer, &mut listener), 1, "the arrivals' commit");
+    // More arrive while it runs: their batches wait for the next commit.
+    assert_eq!(arrive(&mut peer, &mut listener), 0);
+    let spares = |peer: &Peer| peer.machine().expect("loaded").spare_buffers();
+    assert_eq!(spares(&peer), (0, 0));
+    peer.handle_committed(T0, Ok(()));
+    assert!(
+        spares(&peer).0 > 0,
+        "the committed batches' buffers are kept"
+    );
+    // The commit that leaves nothing outstanding frees them.
+    commit_all(&mut peer, T0);
+    assert_eq!(spares(&peer), (0, 0));
+}
