@@ -409,10 +409,11 @@ pub const SUBSTRATE_LAZY_COMMIT_BATCHES_MAX: usize = 64;
 /// committed batch hands its buffers back; a busy peer's commit returns hundreds at once
 /// (16 queues of window 32 on one peer: about 5.6 allocations a message with 1,024 kept, 9.3
 /// with 128, 12.2 with none), so the bound is the batches a peer can have waiting for its
-/// store ([`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`]). Spares are kept only while some batch is not
-/// yet persisted: the commit that leaves none outstanding frees them all. So they never
-/// outnumber the batches the peer had outstanding at their peak, and a peer holds them only
-/// while its store is behind its steps: at most about 2 MiB per such peer
+/// store ([`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`]). They never outnumber the batches the peer
+/// had outstanding at its peak, and are freed once it is quiet: by the first timeout that
+/// finds every batch persisted (with the link up, the keepalive's comes at most
+/// [`SUBSTRATE_KEEPALIVE_MS`] after the last send), or at once when every batch is persisted
+/// and no link is up. At most about 2 MiB per peer busy in the last keepalive period
 /// ([`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`]).
 pub const SUBSTRATE_SPARE_STEP_BUFFERS_MAX: usize = SUBSTRATE_UNCOMMITTED_BATCHES_MAX;
 

@@ -1494,19 +1494,15 @@ fn a_step_stages_into_the_buffer_a_committed_batch_handed_back() {
 }
 
 #[test]
-fn spare_buffers_are_bounded_in_count_and_room_and_freed_once_nothing_is_outstanding() {
+fn spare_buffers_are_bounded_in_count_and_room_and_freed_once_the_peer_is_quiet() {
     use tether_core::limits::{
         SUBSTRATE_SPARE_STEP_BUFFERS_MAX, SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX,
     };
-    let (mut machine, now) = machine_with_link();
-    // With nothing outstanding a buffer handed back is freed.
-    machine.recycle(PersistBatch {
-        id: BatchId(1),
+    let small = |id: u64| PersistBatch {
+        id: BatchId(id),
         records: Vec::with_capacity(1),
-    });
-    assert_eq!(machine.spare_buffers().0, 0);
-    machine.open(now, ObjKind::Queue, "q", None).unwrap();
-    let batch = machine.poll_persist().expect("the open's batch");
+    };
+    let (mut machine, now) = machine_with_link();
     // A buffer grown past the bound is freed, not kept.
     let grown = Vec::with_capacity(SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX + 1);
     machine.recycle(PersistBatch {
@@ -1515,13 +1511,31 @@ fn spare_buffers_are_bounded_in_count_and_room_and_freed_once_nothing_is_outstan
     });
     assert_eq!(machine.spare_buffers().0, 0);
     for id in 0..SUBSTRATE_SPARE_STEP_BUFFERS_MAX + 10 {
-        machine.recycle(PersistBatch {
-            id: BatchId(id as u64),
-            records: Vec::with_capacity(1),
-        });
+        machine.recycle(small(id as u64));
     }
     assert_eq!(machine.spare_buffers().0, SUBSTRATE_SPARE_STEP_BUFFERS_MAX);
-    // The batch outstanding is persisted: nothing is, and the spares go.
+    // A timeout with a batch outstanding keeps them; one with nothing outstanding (the
+    // keepalive's, with the link up) frees them.
+    machine.open(now, ObjKind::Queue, "q", None).unwrap();
+    let batch = machine.poll_persist().expect("the open's batch");
+    machine.handle_timeout(Time::from_millis(2));
+    assert_eq!(
+        machine.spare_buffers().0,
+        SUBSTRATE_SPARE_STEP_BUFFERS_MAX - 1
+    );
+    machine.handle_persisted(now, batch.id);
+    assert!(
+        machine.spare_buffers().0 > 0,
+        "the link is up: more may come"
+    );
+    machine.handle_timeout(Time::from_millis(3));
+    assert_eq!(machine.spare_buffers(), (0, 0));
+    // With no link, the commit that leaves nothing outstanding frees them at once.
+    machine.open(now, ObjKind::Queue, "r", None).unwrap();
+    let batch = machine.poll_persist().expect("the second open's batch");
+    machine.recycle(small(1));
+    machine.handle_link_down(now);
+    assert_eq!(machine.spare_buffers().0, 1, "a batch is still outstanding");
     machine.handle_persisted(now, batch.id);
     assert_eq!(machine.spare_buffers(), (0, 0));
 }

@@ -366,9 +366,10 @@ impl Touched {
 /// Emptied step buffers kept for the next steps, so that a busy peer does not allocate and
 /// free a record buffer and an output buffer per input. At most
 /// [`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`] of each kind are kept, each with room for at most
-/// [`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`] entries, and only while some batch is not yet
-/// persisted: the commit that leaves nothing outstanding frees them. They hold no state: a
-/// clone starts without them, and the fingerprint leaves them out.
+/// [`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`] entries. A timeout that finds every batch
+/// persisted frees them, and so does the commit or link loss that leaves every batch persisted
+/// with no link up. They hold no state: a clone starts without them, and the fingerprint
+/// leaves them out.
 #[derive(Debug, Default)]
 struct Spares {
     records: Vec<Vec<Record>>,
@@ -765,6 +766,7 @@ impl Machine {
         self.stats.link_downs += 1;
         self.touch_all();
         self.end_step(now);
+        self.trim_spares();
     }
 
     /// Spare buffers held (records, outputs), for tests of their reuse and release.
@@ -775,19 +777,25 @@ impl Machine {
 
     /// Hands back the record buffer of a batch the store is done with, for a later step to
     /// stage into (an optimisation only: a buffer never handed back is simply freed). Call it
-    /// after [`Machine::handle_persisted`] for the batch; once nothing is outstanding, the
-    /// buffer is freed and so are the spares.
+    /// after [`Machine::handle_persisted`] for the batch.
     pub fn recycle(&mut self, batch: PersistBatch) {
-        if self.quiescent() {
-            self.spares = Spares::default();
-        } else {
-            self.spares.keep_records(batch.records);
-        }
+        self.spares.keep_records(batch.records);
+        self.trim_spares();
     }
 
-    /// Every batch emitted is persisted: no step is in flight to stage into a spare soon.
+    /// Every batch emitted is persisted.
     fn quiescent(&self) -> bool {
         self.persisted_through.0 + 1 == self.next_batch.0
+    }
+
+    /// Frees the spares of a peer whose steps have stopped: every batch persisted and no link
+    /// to bring more (with the link up, the keepalive's timeout frees them,
+    /// [`Machine::handle_timeout`]). A busy peer's commits often leave nothing outstanding for
+    /// a moment; freeing there would undo the reuse.
+    fn trim_spares(&mut self) {
+        if self.quiescent() && !self.link_up {
+            self.spares = Spares::default();
+        }
     }
 
     /// The store committed every batch up to and including `batch`.
@@ -813,16 +821,17 @@ impl Machine {
             self.release(outputs);
         }
         self.end_step(now);
-        if self.quiescent() {
-            // Spares serve a peer whose steps keep coming while its commits run; one whose
-            // every batch is durable keeps none (its peak's buffers are freed here).
-            self.spares = Spares::default();
-        }
+        self.trim_spares();
     }
 
     /// Time passed: keepalive, dead link, gap resync, TTL expiry, transient retries, retention.
-    /// A spurious call does nothing.
+    /// A spurious call changes no state (it may free spare buffers, which are not state).
     pub fn handle_timeout(&mut self, now: Time) {
+        if self.quiescent() {
+            // Nothing outstanding at a timeout (with the link up, the keepalive's comes at
+            // most SUBSTRATE_KEEPALIVE_MS after the last send): the spares are not needed.
+            self.spares = Spares::default();
+        }
         if self.link_up {
             if now.saturating_since(self.last_heard) >= self.config.dead_after {
                 self.link_up = false;
