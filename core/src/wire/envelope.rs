@@ -158,12 +158,6 @@ impl From<&str> for ObjName {
     }
 }
 
-impl From<&String> for ObjName {
-    fn from(text: &String) -> Self {
-        Self::new(text)
-    }
-}
-
 impl From<String> for ObjName {
     fn from(text: String) -> Self {
         Self::new(&text)

@@ -779,8 +779,9 @@ impl Machine {
     /// stage into (an optimisation only: a buffer never handed back is simply freed). Call it
     /// after [`Machine::handle_persisted`] for the batch.
     pub fn recycle(&mut self, batch: PersistBatch) {
-        self.spares.keep_records(batch.records);
-        self.trim_spares();
+        if !self.steps_stopped() {
+            self.spares.keep_records(batch.records);
+        }
     }
 
     /// Every batch emitted is persisted.
@@ -788,12 +789,17 @@ impl Machine {
         self.persisted_through.0 + 1 == self.next_batch.0
     }
 
-    /// Frees the spares of a peer whose steps have stopped: every batch persisted and no link
-    /// to bring more (with the link up, the keepalive's timeout frees them,
-    /// [`Machine::handle_timeout`]). A busy peer's commits often leave nothing outstanding for
-    /// a moment; freeing there would undo the reuse.
+    /// Every batch persisted and no link to bring more steps: spares would only be held (with
+    /// the link up, the keepalive's timeout frees them, [`Machine::handle_timeout`]). A busy
+    /// peer's commits often leave nothing outstanding for a moment; freeing there would undo
+    /// the reuse.
+    fn steps_stopped(&self) -> bool {
+        self.quiescent() && !self.link_up
+    }
+
+    /// Frees the spares once the peer's steps have stopped ([`Machine::steps_stopped`]).
     fn trim_spares(&mut self) {
-        if self.quiescent() && !self.link_up {
+        if self.steps_stopped() {
             self.spares = Spares::default();
         }
     }
