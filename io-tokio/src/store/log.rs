@@ -724,6 +724,16 @@ struct Prepare {
     direct_bytes: std::cell::Cell<u64>,
 }
 
+/// The zeros a preparation writes: block-aligned, as direct I/O needs, and never written, so
+/// the process shares one zero page for all of it instead of allocating and clearing a chunk
+/// for every preparation.
+#[repr(C, align(4096))]
+struct Zeros([u8; LOG_PREPARE_CHUNK_BYTES]);
+
+static ZEROS: Zeros = Zeros([0; LOG_PREPARE_CHUNK_BYTES]);
+
+const _: () = assert!(std::mem::align_of::<Zeros>() as u64 == LOG_BLOCK_BYTES);
+
 impl Prepare {
     /// Writes and syncs the zeros: `Ok(false)` when the store closed first. Whole aligned
     /// blocks go through the direct handle while it takes them; the bytes before the first
@@ -733,10 +743,7 @@ impl Prepare {
         #[cfg(unix)]
         {
             use std::os::unix::fs::FileExt;
-            let block = LOG_BLOCK_BYTES as usize;
-            let buffer = vec![0; LOG_PREPARE_CHUNK_BYTES + block];
-            let skip = block_aligned(&buffer);
-            let zeros = &buffer[skip..skip + LOG_PREPARE_CHUNK_BYTES];
+            let zeros = &ZEROS.0[..];
             let mut direct = self.direct.as_ref();
             let mut at = self.from;
             while at < self.to {

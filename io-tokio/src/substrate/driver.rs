@@ -209,13 +209,16 @@ impl PeerExecutor {
                 // What the app and the transport know now (an address added, the peer named)
                 // is the peer's before anything of this wake reaches it.
                 self.reachability();
+                // One reading of the clock for everything this wake hands the peer: nothing
+                // in it waits, so the inputs are as good as simultaneous.
+                let now = self.now();
                 let mut first_command = None;
                 match wake {
-                    Wake::Loaded(result) => self.loaded(result),
-                    Wake::Committed(result) => self.committed(result),
-                    Wake::Link(message) => self.link_message(message),
+                    Wake::Loaded(result) => self.loaded(now, result),
+                    Wake::Committed(result) => self.committed(now, result),
+                    Wake::Link(message) => self.link_message(now, message),
                     Wake::Command(command) => first_command = Some(command),
-                    Wake::Timer => self.peer.handle_timeout(self.now()),
+                    Wake::Timer => self.peer.handle_timeout(now),
                 }
                 for _ in 0..SUBSTRATE_READS_PER_WAKE {
                     if !self.peer.reads_link() {
@@ -224,7 +227,7 @@ impl PeerExecutor {
                     let Ok(message) = self.link_rx.try_recv() else {
                         break;
                     };
-                    self.link_message(message);
+                    self.link_message(now, message);
                 }
                 for _ in 0..SUBSTRATE_COMMANDS_PER_WAKE {
                     if self.done.is_some() || !self.peer.hears_commands() {
@@ -237,7 +240,7 @@ impl PeerExecutor {
                             None => break,
                         },
                     };
-                    self.command(command);
+                    self.command(now, command);
                 }
                 self.reachability();
                 self.execute();
@@ -286,8 +289,7 @@ impl PeerExecutor {
     }
 
     /// Hands one command to the peer.
-    fn command(&mut self, command: Command) {
-        let now = self.now();
+    fn command(&mut self, now: Time, command: Command) {
         match command {
             Command::App(command, answer) => {
                 let _span = tracing::debug_span!("object", obj = %command.object()).entered();
@@ -321,8 +323,7 @@ impl PeerExecutor {
         }
     }
 
-    fn link_message(&mut self, message: LinkMsg) {
-        let now = self.now();
+    fn link_message(&mut self, now: Time, message: LinkMsg) {
         match message {
             LinkMsg::Bytes(generation, bytes) => {
                 self.peer.handle_link_bytes(now, generation, bytes);
@@ -357,9 +358,8 @@ impl PeerExecutor {
 
     /// The load ended: the peer's machine is recovered from the state, or the failure is the
     /// peer's to retry.
-    fn loaded(&mut self, result: Result<DurableState, StoreError>) {
+    fn loaded(&mut self, now: Time, result: Result<DurableState, StoreError>) {
         self.loading = None;
-        let now = self.now();
         match result {
             Ok(state) => {
                 let boot = self.shared.random_u64();
@@ -379,9 +379,8 @@ impl PeerExecutor {
     }
 
     /// The commit in flight ended.
-    fn committed(&mut self, result: Result<(), StoreError>) {
+    fn committed(&mut self, now: Time, result: Result<(), StoreError>) {
         self.committing = None;
-        let now = self.now();
         let result = result.map_err(|error| {
             self.store_error = Some(error.into());
             StoreFault

@@ -784,6 +784,12 @@ impl Machine {
         }
     }
 
+    /// Whether buffers handed back are kept for the next steps (they are not once the steps
+    /// have stopped, [`Machine::recycle`]).
+    pub fn keeps_spares(&self) -> bool {
+        !self.steps_stopped()
+    }
+
     /// Every batch emitted is persisted.
     fn quiescent(&self) -> bool {
         self.persisted_through.0 + 1 == self.next_batch.0

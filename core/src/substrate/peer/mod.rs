@@ -103,6 +103,12 @@ pub struct Peer {
     /// until one that something waits on comes, or [`LAZY_COMMIT`] after this.
     held_since: Option<Time>,
     committing: Option<Arc<Vec<PersistBatch>>>,
+    /// The list of the last commit's batches, emptied, for the next commit to fill: a busy
+    /// peer's commit carries hundreds of batches, and a fresh list grew to them one doubling
+    /// at a time. Kept while the machine keeps its spare step buffers (at most
+    /// [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`] entries), freed by a timeout that finds nothing
+    /// uncommitted or in flight.
+    spare_batches: Vec<PersistBatch>,
     store_retry: Retry,
     /// Commands waiting for room in their object's outbox, in arrival order per object.
     parked: BTreeMap<String, VecDeque<(Ticket, Command)>>,
@@ -145,6 +151,7 @@ impl Peer {
             uncommitted: Vec::new(),
             held_since: None,
             committing: None,
+            spare_batches: Vec::new(),
             store_retry: Retry::new(STORE_RETRY),
             parked: BTreeMap::new(),
             freed: BTreeSet::new(),
@@ -373,9 +380,16 @@ impl Peer {
                 if let Stage::Ready(link) = &mut self.stage {
                     let machine = link.machine_mut();
                     machine.handle_persisted(now, last);
-                    // The store is done with them: their buffers serve the next steps.
-                    if let Ok(batches) = Arc::try_unwrap(batches) {
-                        batches.into_iter().for_each(|batch| machine.recycle(batch));
+                    // The store is done with them: their buffers serve the next steps, and
+                    // their list the next commit.
+                    if let Ok(mut batches) = Arc::try_unwrap(batches) {
+                        batches.drain(..).for_each(|batch| machine.recycle(batch));
+                        if machine.keeps_spares()
+                            && batches.capacity() <= SUBSTRATE_UNCOMMITTED_BATCHES_MAX
+                            && batches.capacity() > self.spare_batches.capacity()
+                        {
+                            self.spare_batches = batches;
+                        }
                     }
                 }
             }
@@ -511,6 +525,10 @@ impl Peer {
                 // A due store retry needs nothing more: the drain below commits.
                 self.store_retry.take_due(now);
                 link.handle_timeout(now);
+                if self.committing.is_none() && self.uncommitted.is_empty() {
+                    // Quiet: the next commit is not near (the machine frees its spares alike).
+                    self.spare_batches = Vec::new();
+                }
                 if self.redial.due().is_some_and(|at| at <= now) && !self.dialing && !self.bound {
                     self.redial.take_due(now);
                     if !self.stopping {
@@ -746,7 +764,8 @@ impl Peer {
                 && self.store_retry.due().is_none()
                 && self.commit_now(now)
             {
-                let batches = Arc::new(std::mem::take(&mut self.uncommitted));
+                let next = std::mem::take(&mut self.spare_batches);
+                let batches = Arc::new(std::mem::replace(&mut self.uncommitted, next));
                 self.held_since = None;
                 self.committing = Some(batches.clone());
                 self.outputs.push_back(Output::Commit(batches));

@@ -641,20 +641,19 @@ fn a_credit_update_the_sender_does_not_wait_for_is_held_back_and_one_it_waits_fo
 #[test]
 fn committed_batches_hand_their_buffers_back_while_more_are_outstanding() {
     let (mut peer, mut listener, generation) = queue_from_listener(128);
+    // The list of each commit's batches (where it lies in memory).
     let arrive = |peer: &mut Peer, listener: &mut PeerLink| {
         send_on_q(listener, 4);
         listener_commits(listener, T0);
         let mut out = BytesMut::new();
         while listener.poll_transmit(&mut out) {}
         peer.handle_link_bytes(T0, generation, out.freeze());
-        outputs(peer)
-            .iter()
-            .filter(|output| matches!(output, Output::Commit(_)))
-            .count()
+        commit_lists(peer)
     };
-    assert_eq!(arrive(&mut peer, &mut listener), 1, "the arrivals' commit");
+    let first = arrive(&mut peer, &mut listener);
+    assert_eq!(first.len(), 1, "the arrivals' commit");
     // More arrive while it runs: their batches wait for the next commit.
-    assert_eq!(arrive(&mut peer, &mut listener), 0);
+    assert_eq!(arrive(&mut peer, &mut listener), []);
     let spares = |peer: &Peer| peer.machine().expect("loaded").spare_buffers();
     assert_eq!(spares(&peer), (0, 0));
     peer.handle_committed(T0, Ok(()));
@@ -662,10 +661,32 @@ fn committed_batches_hand_their_buffers_back_while_more_are_outstanding() {
         spares(&peer).0 > 0,
         "the committed batches' buffers are kept"
     );
+    // So is their list: the batches that waited go to the store at once, and those that
+    // arrive meanwhile gather in it (no list grows from nothing again).
+    let second = commit_lists(&mut peer);
+    assert_eq!(second.len(), 1);
+    assert_ne!(second, first);
+    assert_eq!(arrive(&mut peer, &mut listener), []);
+    peer.handle_committed(T0, Ok(()));
+    assert_eq!(commit_lists(&mut peer), first);
+    peer.handle_committed(T0, Ok(()));
     commit_all(&mut peer, T0);
     assert!(spares(&peer).0 > 0, "the link is up: more may come");
+    assert!(peer.spare_batches.capacity() > 0);
     // The keepalive's timeout finds nothing outstanding and frees them.
     let quiet = peer.poll_timeout().expect("the link's timers");
     peer.handle_timeout(quiet);
     assert_eq!(spares(&peer), (0, 0));
+    assert_eq!(peer.spare_batches.capacity(), 0);
+}
+
+/// Where the lists of the commits `peer` asks for lie in memory.
+fn commit_lists(peer: &mut Peer) -> Vec<*const PersistBatch> {
+    outputs(peer)
+        .iter()
+        .filter_map(|output| match output {
+            Output::Commit(batches) => Some(batches.as_ptr()),
+            _ => None,
+        })
+        .collect()
 }
