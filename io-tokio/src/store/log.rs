@@ -912,8 +912,10 @@ impl Shared {
     /// over the log.
     fn finish_compaction(&self, prefix: Prefix) -> Result<(), StoreError> {
         let fresh = compaction_path(&prefix.path);
-        let result = copy_live(&prefix)
-            .and_then(|(bytes, moved)| write_file(&bytes, &fresh).map(|file| (file, bytes, moved)))
+        let result = write_file(&[], &fresh)
+            .and_then(|mut file| {
+                copy_live(&prefix, &mut file).map(|(snapshot, moved)| (file, snapshot, moved))
+            })
             .and_then(|(file, snapshot, moved)| {
                 #[cfg(test)]
                 self.wait_while_held();
@@ -924,7 +926,7 @@ impl Shared {
                         "the log store closed",
                     )));
                 }
-                inner.swap_in(file, &fresh, prefix.upto, snapshot.len() as u64, &moved)
+                inner.swap_in(file, &fresh, prefix.upto, snapshot, &moved)
             });
         let mut inner = self.lock();
         inner.compacting = false;
@@ -972,12 +974,16 @@ fn write_file(bytes: &[u8], path: &Path) -> Result<File, StoreError> {
     Ok(file)
 }
 
-/// The bytes of a compacted file: the header, then one commit per peer of `prefix` holding
-/// its live rows' entries copied from the old file in file order, each verified as its row's
-/// record first. The entries of all peers are read in one pass in file order, those lying
-/// close together at once, so the old file is read at most once whatever the peers' rows
-/// interleave. With where each entry moved (old start, new start), sorted by old start.
-fn copy_live(prefix: &Prefix) -> Result<(Vec<u8>, Moves), StoreError> {
+/// Writes the compacted file to `out`: the header, then one commit per peer of `prefix`
+/// holding its live rows' entries copied from the old file in file order, each verified as
+/// its row's record first. Every entry's place in the new file follows from the index alone
+/// (each peer's entries lie between its begin and commit, in file order), so the entries of all
+/// peers are read in one pass in file order, those lying close together at once (the old file
+/// is read at most once whatever the peers' rows interleave), and each is written where it
+/// goes, through a buffer of at most [`LOG_COMPACT_READ_BYTES`]: a compaction holds that
+/// buffer and one read window, never the live rows' bytes whole. The new file's length, and
+/// where each entry moved (old start, new start), by old start.
+fn copy_live(prefix: &Prefix, out: &mut File) -> Result<(u64, Moves), StoreError> {
     let mut rows: Vec<(&Range<u64>, usize, &RowKey)> = prefix
         .live
         .iter()
@@ -985,9 +991,33 @@ fn copy_live(prefix: &Prefix) -> Result<(Vec<u8>, Moves), StoreError> {
         .flat_map(|(peer, (_, rows))| rows.iter().map(move |(key, at)| (at, peer, key)))
         .collect();
     rows.sort_unstable_by_key(|(at, _, _)| at.start);
-    // Each peer's entries, and where each starts in them (old start, start in the entries).
-    let mut copied: Vec<Copied> = vec![Copied::default(); prefix.live.len()];
+    // The frames around the entries, where they go, and where each peer's entries start.
+    let mut frames = Vec::new();
+    encode_header(prefix.format, &mut frames);
+    let mut framing = vec![(0u64, std::mem::take(&mut frames))];
+    let mut next = Vec::with_capacity(prefix.live.len());
+    let mut length = framing[0].1.len() as u64;
+    for (peer, live) in &prefix.live {
+        encode_begin(prefix.format, peer.as_str(), &mut frames);
+        framing.push((length, std::mem::take(&mut frames)));
+        length += framing.last().map_or(0, |(_, bytes)| bytes.len() as u64);
+        next.push(length);
+        for (_, at) in live {
+            length = at
+                .end
+                .checked_sub(at.start)
+                .and_then(|bytes| length.checked_add(bytes))
+                .ok_or_else(|| {
+                    index_error(&prefix.path, IndexError::Unplaced { at: at.clone() })
+                })?;
+        }
+        encode_commit(prefix.format, &mut frames);
+        framing.push((length, std::mem::take(&mut frames)));
+        length += framing.last().map_or(0, |(_, bytes)| bytes.len() as u64);
+    }
+    let mut moved = Vec::with_capacity(rows.len());
     let mut window = Window::default();
+    let mut writer = PlacedWrites::new(out);
     for (position, (at, peer, key)) in rows.iter().enumerate() {
         if at.end > prefix.upto {
             return Err(index_error(
@@ -999,27 +1029,58 @@ fn copy_live(prefix: &Prefix) -> Result<(Vec<u8>, Moves), StoreError> {
         let bytes = window.read(&prefix.reader, at, ends)?;
         verify_entry(prefix.format, key, at, bytes)
             .map_err(|error| index_error(&prefix.path, error))?;
-        let (entries, starts) = &mut copied[*peer];
-        starts.push((at.start, entries.len()));
-        entries.extend_from_slice(bytes);
+        let to = next[*peer];
+        next[*peer] += bytes.len() as u64;
+        moved.push((at.start, to));
+        writer.write_at(to, bytes)?;
     }
-    let mut out = Vec::new();
-    let mut moved = Vec::with_capacity(rows.len());
-    encode_header(prefix.format, &mut out);
-    for ((peer, _), (entries, starts)) in prefix.live.iter().zip(copied) {
-        encode_begin(prefix.format, peer.as_str(), &mut out);
-        let base = out.len() as u64;
-        moved.extend(starts.into_iter().map(|(old, at)| (old, base + at as u64)));
-        out.extend_from_slice(&entries);
-        encode_commit(prefix.format, &mut out);
+    writer.flush()?;
+    for (at, bytes) in framing {
+        writer.write_at(at, &bytes)?;
     }
-    moved.sort_unstable();
-    Ok((out, moved))
+    writer.flush()?;
+    debug_assert!(moved.is_sorted(), "rows are copied in file order");
+    Ok((length, moved))
 }
 
-/// One peer's live entries as a compaction copies them: their bytes, and where each entry
-/// lay in the old file and starts in those bytes.
-type Copied = (Vec<u8>, Vec<(u64, usize)>);
+/// Writes at given places in a file, joining writes that follow one another into one of at
+/// most [`LOG_COMPACT_READ_BYTES`] (or one entry, at most [`LOG_ENTRY_BYTES_MAX`]).
+struct PlacedWrites<'a> {
+    file: &'a mut File,
+    /// Where `buffer` goes.
+    at: u64,
+    buffer: Vec<u8>,
+}
+
+impl<'a> PlacedWrites<'a> {
+    fn new(file: &'a mut File) -> Self {
+        Self {
+            file,
+            at: 0,
+            buffer: Vec::new(),
+        }
+    }
+
+    fn write_at(&mut self, at: u64, bytes: &[u8]) -> std::io::Result<()> {
+        let follows = self.at + self.buffer.len() as u64 == at;
+        if !follows || self.buffer.len() + bytes.len() > LOG_COMPACT_READ_BYTES {
+            self.flush()?;
+            self.at = at;
+        }
+        self.buffer.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buffer.is_empty() {
+            self.file.seek(SeekFrom::Start(self.at))?;
+            self.file.write_all(&self.buffer)?;
+            self.at += self.buffer.len() as u64;
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+}
 
 /// A read of the old file that serves entries lying close together from one read.
 #[derive(Default)]
@@ -1592,11 +1653,13 @@ impl Inner {
             .index
             .relocated(upto, snapshot, moved)
             .map_err(|error| index_error(&self.path, error))?;
-        let mut since = vec![0; usize::try_from(self.end - upto).unwrap_or(usize::MAX)];
+        // The commits made meanwhile, copied file to file (by the kernel where it can).
+        let since = self.end - upto;
         self.file.seek(SeekFrom::Start(upto))?;
-        self.file.read_exact(&mut since)?;
         file.seek(SeekFrom::Start(snapshot))?;
-        file.write_all(&since)?;
+        if std::io::copy(&mut (&self.file).take(since), &mut file)? != since {
+            return Err(StoreError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
         file.sync_all()?;
         std::fs::rename(fresh, &self.path)?;
         // The path now names the new file: commits go there from here on, whatever follows.
@@ -1604,7 +1667,7 @@ impl Inner {
         self.index = index;
         self.generation += 1;
         self.direct.forget_file();
-        self.end = snapshot + since.len() as u64;
+        self.end = snapshot + since;
         self.prepared = self.end;
         self.ahead = None;
         self.snapshot_bytes = snapshot;
@@ -1941,6 +2004,69 @@ mod tests {
         for peer in [&a, &b] {
             let state = store.load(peer).expect("load");
             assert!(state.bounces.is_empty() && !state.objects.contains_key("b"));
+        }
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// Peers whose live rows interleave in the file and outweigh a compaction's buffer many
+    /// times over: each row lands between its own peer's begin and commit, in file order, the
+    /// file is exactly the frames and the rows, and loads, commits after it and a reopen all
+    /// see the state as before.
+    #[test]
+    fn a_compaction_places_interleaved_peers_rows_through_a_bounded_buffer() {
+        let path = temp_log("interleave");
+        let store = LogStore::open_with(&path, unprepared()).expect("open");
+        let peers: Vec<PeerId> = (0..3).map(|p| PeerId::new(format!("peer-{p}"))).collect();
+        let mut expected = vec![DurableState::default(); peers.len()];
+        let body = |seq: u64, peer: usize| vec![peer as u8 + seq as u8; 60 * 1024 + peer * 7];
+        for seq in 0..40u64 {
+            for (p, peer) in peers.iter().enumerate() {
+                let mut op = send(seq);
+                op.body = Some(bytes::Bytes::from(body(seq, p)));
+                let mut records = vec![Record::Outbox(op)];
+                if seq % 3 == 1 {
+                    // Some rows die, so the copy has gaps to skip.
+                    records.push(Record::OutboxRemoved {
+                        obj: Address::parse("q").expect("an address"),
+                        seq: Seq(seq - 1),
+                    });
+                }
+                let batch = PersistBatch {
+                    id: BatchId(seq + 1),
+                    records,
+                };
+                store
+                    .commit(peer, std::slice::from_ref(&batch))
+                    .expect("commit");
+                expected[p].apply(&batch);
+            }
+        }
+        let live: usize = expected
+            .iter()
+            .flat_map(|state| state.outbox.values())
+            .filter_map(|op| op.body.as_ref().map(|body| body.len()))
+            .sum();
+        assert!(live > 4 * LOG_COMPACT_READ_BYTES, "{live} live bytes");
+        store.compact().expect("compact");
+        let stats = store.stats();
+        assert_eq!(stats.compactions, 1);
+        assert_eq!(
+            std::fs::metadata(&path).expect("the log").len(),
+            stats.bytes,
+            "the file is its frames and rows, nothing between"
+        );
+        for (p, peer) in peers.iter().enumerate() {
+            assert_eq!(store.load(peer).expect("load"), expected[p], "{peer:?}");
+        }
+        let batch = outbox_batch(100);
+        store
+            .commit(&peers[1], std::slice::from_ref(&batch))
+            .expect("a commit after the compaction");
+        expected[1].apply(&batch);
+        drop(store);
+        let store = LogStore::open_with(&path, unprepared()).expect("reopen");
+        for (p, peer) in peers.iter().enumerate() {
+            assert_eq!(store.load(peer).expect("load"), expected[p], "{peer:?}");
         }
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }

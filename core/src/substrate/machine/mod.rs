@@ -1014,7 +1014,7 @@ impl Machine {
         self.live_for_app(obj)?;
         let name = self.interned(obj).ok_or_else(|| no_such(obj))?;
         self.touch(&name);
-        self.check_room(obj)?;
+        self.check_room(&name)?;
         let mut op = self.op(now, &name, verb, OpId::new(req_id));
         op.body = body;
         op.code = code.map(str::to_owned);

@@ -66,7 +66,7 @@ impl Machine {
     ) -> Result<OpId, CommandError> {
         check_body(Some(&body))?;
         let name = self.touch_open(obj)?;
-        self.check_room(obj)?;
+        self.check_room(&name)?;
         let id = self.mint();
         let mut op = self.op(now, &name, verb, id.clone());
         op.body = Some(body);
@@ -145,7 +145,7 @@ impl Machine {
     /// Sends, reqs and answers are refused with `queue_full` at the outbox bound. The open,
     /// the accept or reject, and the close are never refused for room (each happens once per
     /// object), so an outbox holds at most `outbox_ops_max + 2` ops.
-    pub(super) fn check_room(&self, obj: &str) -> Result<(), CommandError> {
+    pub(super) fn check_room(&self, obj: &Address) -> Result<(), CommandError> {
         let object = self.objects.get(obj).ok_or_else(|| no_such(obj))?;
         if object.outbox.len() >= self.config.outbox_ops_max {
             return Err(CommandError::QueueFull);
