@@ -135,6 +135,11 @@ enum Command {
         /// Where the substrate's state lives in --data.
         #[arg(long, value_enum, default_value_t = StoreChoice::Sqlite)]
         store: StoreChoice,
+        /// With `--store log`: compact the log once it passes this many bytes (and four
+        /// times its last compacted size); 64 MiB unless told. Tests set it low to compact
+        /// often.
+        #[arg(long)]
+        log_compact_bytes: Option<u64>,
     },
     /// Run iroh's relay server (plain HTTP, for a network you trust, such as this machine's
     /// tests and demo) until interrupted; prints its URL for `tether node --relay`.
@@ -290,6 +295,7 @@ pub fn main() -> ExitCode {
             store,
             relay,
             metrics,
+            log_compact_bytes,
         } => run_node(node::Options {
             data,
             listen,
@@ -298,6 +304,7 @@ pub fn main() -> ExitCode {
             store,
             relay,
             metrics,
+            log_compact_bytes,
         }),
         Command::Relay { listen, json } => run_async(
             "relay",

@@ -16,7 +16,7 @@ use tether::iroh::{EndpointAddr, PublicKey};
 use tether::node::{
     node_id_of, Node, NodeError, RelayMode, RelayUrl, TelemetryIngress, TelemetrySource,
 };
-use tether::store::{LogStore, SqliteStore, Store, StoreError};
+use tether::store::{LogOptions, LogStore, SqliteStore, Store, StoreError};
 
 use crate::StoreChoice;
 use tether::substrate::{
@@ -53,6 +53,9 @@ pub(crate) struct Options {
     pub(crate) relay: RelayChoice,
     /// Where to serve metrics in Prometheus text format.
     pub(crate) metrics: Option<SocketAddr>,
+    /// The log store's compaction threshold (`LogOptions::compact_bytes_min`), when not the
+    /// default.
+    pub(crate) log_compact_bytes: Option<u64>,
 }
 
 /// Histogram buckets of the latency metrics, in milliseconds.
@@ -283,9 +286,19 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
         source,
     })?;
     let key = secret_key(&options.data)?;
+    // The log store itself, for its counters in `stats`.
+    let mut log = None;
     let store: Arc<dyn Store> = match options.store {
         StoreChoice::Sqlite => Arc::new(SqliteStore::open(options.data.join("store.sqlite3"))?),
-        StoreChoice::Log => Arc::new(LogStore::open(options.data.join("store.log"))?),
+        StoreChoice::Log => {
+            let mut log_options = LogOptions::default();
+            if let Some(bytes) = options.log_compact_bytes {
+                log_options.compact_bytes_min = bytes;
+            }
+            let store = LogStore::open_with(options.data.join("store.log"), log_options)?;
+            log = Some(store.clone());
+            Arc::new(store)
+        }
     };
     let listen = options
         .listen
@@ -348,6 +361,7 @@ pub(crate) async fn run(options: Options) -> Result<(), NodeCliError> {
         peer: None,
         peer_addr: None,
         objects: BTreeMap::new(),
+        log,
         switch: Arc::new(Router {
             switch: Switch::builder().start(),
             attach: tokio::sync::Mutex::new(()),
@@ -596,6 +610,8 @@ struct Shell {
     peer: Option<Peer>,
     peer_addr: Option<EndpointAddr>,
     objects: BTreeMap<String, Object>,
+    /// The log store, when the node runs on one (its counters go in `stats`).
+    log: Option<LogStore>,
     switch: Arc<Router>,
     flows: u64,
 }
@@ -694,16 +710,25 @@ impl Shell {
                     (true, false) => "relay",
                     (false, false) => "none",
                 };
-                let sentence = format!(
+                let log = self.log.as_ref().map(LogStore::stats);
+                let mut sentence = format!(
                     "{} substrate peer(s); actor frames enqueued {}, delivered {}; {} cached connection(s); to the peer: {via}",
                     peers.len(),
                     snapshot.frames_enqueued,
                     snapshot.frames_delivered,
                     snapshot.cache.len()
                 );
+                if let Some(log) = &log {
+                    sentence.push_str(&format!(
+                        "; log store {} bytes, {} compaction(s)",
+                        log.bytes, log.compactions
+                    ));
+                }
+                let log =
+                    log.map(|log| json!({ "bytes": log.bytes, "compactions": log.compactions }));
                 self.out.emit(
                     "stats",
-                    json!({ "peers": peers, "node": snapshot, "paths": paths, "via": via }),
+                    json!({ "peers": peers, "node": snapshot, "paths": paths, "via": via, "log": log }),
                     || sentence,
                 );
             }

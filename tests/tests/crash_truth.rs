@@ -23,6 +23,8 @@ use tokio::sync::mpsc;
 const TETHER: &str = env!("CARGO_BIN_EXE_tether-under-test");
 const OBJECTS: [(&str, &str); 3] = [("q0", "queue"), ("q1", "queue"), ("s", "session")];
 const KILLS: u32 = 24;
+/// The log store's compaction threshold in these runs (`--log-compact-bytes`).
+const LOG_COMPACT_BYTES: u64 = 4 * 1024;
 
 /// xorshift64*: the kill points, reproducible from the seed.
 struct Rng(u64);
@@ -95,6 +97,26 @@ impl Truth {
     }
 }
 
+/// This incarnation of `node` (named `who`)'s log store compactions, from its `stats`
+/// (accounting everything else that arrives meanwhile).
+async fn compactions(
+    node: &mut NodeProc,
+    who: &str,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    truth: &mut Truth,
+) -> u64 {
+    node.write("stats\n").await.expect("the node lives");
+    loop {
+        let event = next(events, "stats").await;
+        if event.from == who && event.kind() == "stats" {
+            return event.value["log"]["compactions"]
+                .as_u64()
+                .expect("a log store's stats");
+        }
+        truth.account(&event);
+    }
+}
+
 /// Waits for a node's `ready` event (accounting everything else that arrives meanwhile).
 async fn ready(
     events: &mut mpsc::UnboundedReceiver<Event>,
@@ -140,7 +162,9 @@ async fn sigkilled_senders_and_receivers_lose_duplicate_and_reorder_nothing() {
 }
 
 /// The same with the log store: its direct and page-cache commits, preparations and
-/// compactions killed anywhere.
+/// compactions killed anywhere. The nodes compact past [`LOG_COMPACT_BYTES`] (64 MiB unless
+/// told), so compactions run all along; the test counts those seen running at a kill and those
+/// the last incarnations made, and fails if no compaction ran at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_senders_and_receivers_on_the_log_store_lose_duplicate_and_reorder_nothing() {
     crash_truth("log").await;
@@ -163,6 +187,18 @@ async fn crash_truth(store: &str) {
 
     let (port_a, port_b) = (free_port(), free_port());
     let data = |who: &str| dir.join(who).display().to_string();
+    let log = store == "log";
+    let compact = if log {
+        vec![
+            "--log-compact-bytes".to_owned(),
+            LOG_COMPACT_BYTES.to_string(),
+        ]
+    } else {
+        Vec::new()
+    };
+    // A compaction's file at a kill: one was running (it is begun afresh after the restart).
+    let compacting = |who: &str| dir.join(who).join("store.log.compact").exists();
+    let mut killed_compacting = 0u32;
     let mut b_args = vec![
         "--store".to_owned(),
         store.to_owned(),
@@ -171,6 +207,7 @@ async fn crash_truth(store: &str) {
         "--listen".to_owned(),
         format!("127.0.0.1:{port_b}"),
     ];
+    b_args.extend(compact.iter().cloned());
     let mut b =
         NodeProc::spawn(tether, "b", 1, &b_args, events_tx.clone()).expect("tether node starts");
     let b_ticket = ready(&mut events, &mut truth, "b", 1).await;
@@ -183,7 +220,10 @@ async fn crash_truth(store: &str) {
         format!("127.0.0.1:{port_a}"),
         "--connect".to_owned(),
         b_ticket,
-    ];
+    ]
+    .into_iter()
+    .chain(compact.iter().cloned())
+    .collect::<Vec<_>>();
     let mut a =
         NodeProc::spawn(tether, "a", 1, &a_args, events_tx.clone()).expect("tether node starts");
     let a_ticket = ready(&mut events, &mut truth, "a", 1).await;
@@ -223,6 +263,7 @@ async fn crash_truth(store: &str) {
         if rng.below(2) == 0 {
             let _ = a.kill().await;
             kills_a += 1;
+            killed_compacting += u32::from(log && compacting("a"));
             let life = a.life + 1;
             a = NodeProc::spawn(tether, "a", life, &a_args, events_tx.clone())
                 .expect("tether node starts");
@@ -231,6 +272,7 @@ async fn crash_truth(store: &str) {
         } else {
             let _ = b.kill().await;
             kills_b += 1;
+            killed_compacting += u32::from(log && compacting("b"));
             let life = b.life + 1;
             b = NodeProc::spawn(tether, "b", life, &b_args, events_tx.clone())
                 .expect("tether node starts");
@@ -259,6 +301,12 @@ async fn crash_truth(store: &str) {
         truth.account(&event);
     }
     let final_life = a.life;
+    let last_compactions = if log {
+        compactions(&mut a, "a", &mut events, &mut truth).await
+            + compactions(&mut b, "b", &mut events, &mut truth).await
+    } else {
+        0
+    };
     a.quit().await;
     b.quit().await;
     while let Ok(event) = events.try_recv() {
@@ -314,6 +362,16 @@ async fn crash_truth(store: &str) {
         truth.redelivered,
         lost_to_sender_crashes
     );
+    if log {
+        println!(
+            "log store compactions: running at {killed_compacting} of the kills, {last_compactions} \
+             made by the last incarnations"
+        );
+        assert!(
+            killed_compacting + u32::try_from(last_compactions).unwrap_or(u32::MAX) > 0,
+            "no compaction ran"
+        );
+    }
     assert!(kills_a + kills_b >= 20);
     assert!(
         truth.unexplained.is_empty(),

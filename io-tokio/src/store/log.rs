@@ -359,6 +359,12 @@ impl LogStore {
     pub fn open_with(path: impl AsRef<Path>, options: LogOptions) -> Result<Self, StoreError> {
         let path = resolved(path.as_ref())?;
         let lock = lock_path(&path)?;
+        // A compaction killed before its rename left its file behind: never the log (the
+        // rename is what makes it one), so it goes, under the lock, before it can pile up.
+        match std::fs::remove_file(compaction_path(&path)) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error.into()),
+            _ => {}
+        }
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -2068,6 +2074,26 @@ mod tests {
         for (p, peer) in peers.iter().enumerate() {
             assert_eq!(store.load(peer).expect("load"), expected[p], "{peer:?}");
         }
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A compaction killed before its rename leaves its file: the next open drops it and keeps
+    /// the log whole.
+    #[test]
+    fn an_open_drops_the_file_of_a_compaction_killed_before_its_rename() {
+        let path = temp_log("stale");
+        let peer = PeerId::new("p");
+        let store = LogStore::open_with(&path, unprepared()).expect("open");
+        let batch = outbox_batch(0);
+        store
+            .commit(&peer, std::slice::from_ref(&batch))
+            .expect("commit");
+        drop(store);
+        std::fs::write(compaction_path(&path), vec![9; 4096]).expect("a half-written compaction");
+        let store = LogStore::open_with(&path, unprepared()).expect("open");
+        assert!(!compaction_path(&path).exists());
+        assert_eq!(store.load(&peer).expect("load"), reference(&[batch]));
+        drop(store);
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 
