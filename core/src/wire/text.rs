@@ -65,7 +65,14 @@ impl<const N: usize> Text<N> {
 impl<const N: usize> PartialEq for Text<N> {
     #[inline]
     fn eq(&self, other: &Self) -> bool {
-        self.as_bytes() == other.as_bytes()
+        match (&self.0, &other.0) {
+            // Inline bytes past the text are zero (`Text::inline`), so equal texts have equal
+            // arrays: one fixed-size comparison.
+            (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
+                a == b && x == y
+            }
+            _ => self.as_bytes() == other.as_bytes(),
+        }
     }
 }
 
@@ -81,7 +88,45 @@ impl<const N: usize> Ord for Text<N> {
     #[inline]
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         // Byte order is the text's order (as `str` compares), so lookups by `&str` agree.
-        self.as_bytes().cmp(other.as_bytes())
+        match (&self.0, &other.0) {
+            (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
+                padded_cmp(x, y).then(a.cmp(b))
+            }
+            _ => self.as_bytes().cmp(other.as_bytes()),
+        }
+    }
+}
+
+/// Two zero-padded texts in byte order, eight bytes at a time as big-endian words (tables
+/// keyed by text compare on every lookup, and tether's ids share long prefixes). Where the
+/// arrays first differ inside both texts, that byte orders them as the texts; where it lies
+/// past the end of one, that one is a prefix of the other and orders first, as its zero does;
+/// arrays that do not differ hold texts one of which is the other followed by zeros, and the
+/// shorter is first: the caller compares lengths then.
+#[inline]
+fn padded_cmp<const N: usize>(x: &[u8; N], y: &[u8; N]) -> std::cmp::Ordering {
+    let mut at = 0;
+    while at < N {
+        let (a, b) = (word(x, at), word(y, at));
+        if a != b {
+            return a.cmp(&b);
+        }
+        at += 8;
+    }
+    std::cmp::Ordering::Equal
+}
+
+/// The eight bytes of `bytes` from `at` (below `N`) as a big-endian word, zeros past the end.
+#[inline]
+fn word<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
+    if at + 8 <= N {
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_be_bytes(eight)
+    } else {
+        let mut word = [0u8; 8];
+        word[..N - at].copy_from_slice(&bytes[at..]);
+        u64::from_be_bytes(word)
     }
 }
 
@@ -130,6 +175,51 @@ mod tests {
             prop_assert_eq!(x.cmp(&y), a.as_str().cmp(b.as_str()));
             prop_assert_eq!(hash_of(&x), hash_of(&a.as_str()));
             prop_assert_eq!(x.clone() == x, true);
+        }
+
+        /// Inline texts compare word by word over their zero padding: texts that end in
+        /// zeros, that are prefixes of each other, that differ in a high byte or only in the
+        /// last, partial word still order and compare as `str` does (12 bytes: a whole word
+        /// and a partial one; 30, an address's room; 32, an op id's).
+        #[test]
+        fn inline_texts_order_as_their_bytes(a in "[\\x00a\u{7f}\u{e9}]{0,14}", b in "[\\x00a\u{7f}\u{e9}]{0,14}") {
+            let (x, y) = (Text::<12>::new(&a), Text::<12>::new(&b));
+            prop_assert_eq!(x.cmp(&y), a.as_str().cmp(b.as_str()));
+            prop_assert_eq!(x == y, a == b);
+            let (x, y) = (Text::<30>::new(&a), Text::<30>::new(&b));
+            prop_assert!(x.is_inline() && y.is_inline());
+            prop_assert_eq!(x.cmp(&y), a.as_str().cmp(b.as_str()));
+            prop_assert_eq!(x == y, a == b);
+            let (x, y) = (Text::<32>::new(&a), Text::<32>::new(&b));
+            prop_assert_eq!(x.cmp(&y), a.as_str().cmp(b.as_str()));
+        }
+    }
+
+    /// The cases the word comparison must get right, written out.
+    #[test]
+    fn zeros_at_the_end_and_prefixes_order_as_text() {
+        let cases = [
+            ("ab", "ab\0"),
+            ("ab\0", "ab\0\0"),
+            ("", "\0"),
+            ("abcdefgh", "abcdefgh\0"),
+            ("abcdefgh", "abcdefghi"),
+            ("abcdefghijk", "abcdefghijl"),
+            ("a\u{7f}", "a\u{e9}"),
+            ("zzzzzzzz", "zzzzzzzz\u{e9}"),
+        ];
+        for (lower, higher) in cases {
+            let (x, y) = (Text::<12>::new(lower), Text::<12>::new(higher));
+            assert!(x.is_inline() && y.is_inline());
+            assert_eq!(lower.cmp(higher), std::cmp::Ordering::Less, "{lower:?}");
+            assert_eq!(
+                x.cmp(&y),
+                std::cmp::Ordering::Less,
+                "{lower:?} < {higher:?}"
+            );
+            assert_eq!(y.cmp(&x), std::cmp::Ordering::Greater);
+            assert!(x != y);
+            assert_eq!(x.cmp(&x.clone()), std::cmp::Ordering::Equal);
         }
     }
 }
