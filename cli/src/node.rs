@@ -710,7 +710,14 @@ impl Shell {
                     (true, false) => "relay",
                     (false, false) => "none",
                 };
-                let log = self.log.as_ref().map(LogStore::stats);
+                // The store's lock can be held for a while (a compaction's swap, a gc): read
+                // its counters off the async workers.
+                let log = match self.log.clone() {
+                    Some(store) => tokio::task::spawn_blocking(move || store.stats())
+                        .await
+                        .ok(),
+                    None => None,
+                };
                 let mut sentence = format!(
                     "{} substrate peer(s); actor frames enqueued {}, delivered {}; {} cached connection(s); to the peer: {via}",
                     peers.len(),

@@ -358,6 +358,12 @@ impl LogStore {
     /// left as it was.
     pub fn open_with(path: impl AsRef<Path>, options: LogOptions) -> Result<Self, StoreError> {
         let path = resolved(path.as_ref())?;
+        if path
+            .extension()
+            .is_some_and(|extension| extension == "compact")
+        {
+            return Err(StoreError::ReservedName { path });
+        }
         let lock = lock_path(&path)?;
         // A compaction killed before its rename left its file behind: never the log (the
         // rename is what makes it one), so it goes, under the lock, before it can pile up.
@@ -919,8 +925,8 @@ impl Shared {
     fn finish_compaction(&self, prefix: Prefix) -> Result<(), StoreError> {
         let fresh = compaction_path(&prefix.path);
         let result = write_file(&[], &fresh)
-            .and_then(|mut file| {
-                copy_live(&prefix, &mut file).map(|(snapshot, moved)| (file, snapshot, moved))
+            .and_then(|file| {
+                copy_live(&prefix, &file).map(|(snapshot, moved)| (file, snapshot, moved))
             })
             .and_then(|(file, snapshot, moved)| {
                 #[cfg(test)]
@@ -986,10 +992,11 @@ fn write_file(bytes: &[u8], path: &Path) -> Result<File, StoreError> {
 /// (each peer's entries lie between its begin and commit, in file order), so the entries of all
 /// peers are read in one pass in file order, those lying close together at once (the old file
 /// is read at most once whatever the peers' rows interleave), and each is written where it
-/// goes, through a buffer of at most [`LOG_COMPACT_READ_BYTES`]: a compaction holds that
-/// buffer and one read window, never the live rows' bytes whole. The new file's length, and
-/// where each entry moved (old start, new start), by old start.
-fn copy_live(prefix: &Prefix, out: &mut File) -> Result<(u64, Moves), StoreError> {
+/// goes, gathered in runs per peer of at most [`LOG_COMPACT_READ_BYTES`] together
+/// ([`PlacedWrites`]): a compaction holds those and one read window, never the live rows'
+/// bytes whole. The new file's length, and where each entry moved (old start, new start), by
+/// old start.
+fn copy_live(prefix: &Prefix, out: &File) -> Result<(u64, Moves), StoreError> {
     let mut rows: Vec<(&Range<u64>, usize, &RowKey)> = prefix
         .live
         .iter()
@@ -1023,7 +1030,7 @@ fn copy_live(prefix: &Prefix, out: &mut File) -> Result<(u64, Moves), StoreError
     }
     let mut moved = Vec::with_capacity(rows.len());
     let mut window = Window::default();
-    let mut writer = PlacedWrites::new(out);
+    let mut writer = PlacedWrites::new(out, prefix.live.len());
     for (position, (at, peer, key)) in rows.iter().enumerate() {
         if at.end > prefix.upto {
             return Err(index_error(
@@ -1038,53 +1045,93 @@ fn copy_live(prefix: &Prefix, out: &mut File) -> Result<(u64, Moves), StoreError
         let to = next[*peer];
         next[*peer] += bytes.len() as u64;
         moved.push((at.start, to));
-        writer.write_at(to, bytes)?;
+        writer.write_at(*peer, to, bytes)?;
     }
     writer.flush()?;
     for (at, bytes) in framing {
-        writer.write_at(at, &bytes)?;
+        write_all_at(out, &bytes, at)?;
     }
-    writer.flush()?;
     debug_assert!(moved.is_sorted(), "rows are copied in file order");
     Ok((length, moved))
 }
 
-/// Writes at given places in a file, joining writes that follow one another into one of at
-/// most [`LOG_COMPACT_READ_BYTES`] (or one entry, at most [`LOG_ENTRY_BYTES_MAX`]).
+/// Writes at given places in a file, each peer's bytes gathered while they follow one another
+/// in its region: a run is written when the next bytes do not follow it, and every run once
+/// they hold more than [`LOG_COMPACT_READ_BYTES`] together (so at most that, plus one entry of
+/// at most [`LOG_ENTRY_BYTES_MAX`]). Peers whose rows interleave in the old file then still
+/// cost a write per run, not per row.
 struct PlacedWrites<'a> {
-    file: &'a mut File,
-    /// Where `buffer` goes.
-    at: u64,
-    buffer: Vec<u8>,
+    file: &'a File,
+    /// Per peer: where its run goes, and the run.
+    runs: Vec<(u64, Vec<u8>)>,
+    /// Bytes held in all runs.
+    held: usize,
 }
 
 impl<'a> PlacedWrites<'a> {
-    fn new(file: &'a mut File) -> Self {
+    fn new(file: &'a File, peers: usize) -> Self {
         Self {
             file,
-            at: 0,
-            buffer: Vec::new(),
+            runs: vec![(0, Vec::new()); peers],
+            held: 0,
         }
     }
 
-    fn write_at(&mut self, at: u64, bytes: &[u8]) -> std::io::Result<()> {
-        let follows = self.at + self.buffer.len() as u64 == at;
-        if !follows || self.buffer.len() + bytes.len() > LOG_COMPACT_READ_BYTES {
+    /// `bytes` at `at`, in `peer`'s region.
+    fn write_at(&mut self, peer: usize, at: u64, bytes: &[u8]) -> std::io::Result<()> {
+        let (start, run) = &self.runs[peer];
+        if !run.is_empty() && start + run.len() as u64 != at {
+            self.write_run(peer)?;
+        }
+        let (start, run) = &mut self.runs[peer];
+        if run.is_empty() {
+            *start = at;
+        }
+        run.extend_from_slice(bytes);
+        self.held += bytes.len();
+        if self.held > LOG_COMPACT_READ_BYTES {
             self.flush()?;
-            self.at = at;
         }
-        self.buffer.extend_from_slice(bytes);
         Ok(())
     }
 
+    /// Writes every run held.
     fn flush(&mut self) -> std::io::Result<()> {
-        if !self.buffer.is_empty() {
-            self.file.seek(SeekFrom::Start(self.at))?;
-            self.file.write_all(&self.buffer)?;
-            self.at += self.buffer.len() as u64;
-            self.buffer.clear();
+        for peer in 0..self.runs.len() {
+            self.write_run(peer)?;
         }
         Ok(())
+    }
+
+    fn write_run(&mut self, peer: usize) -> std::io::Result<()> {
+        let (start, run) = &mut self.runs[peer];
+        if !run.is_empty() {
+            write_all_at(self.file, run, *start)?;
+            self.held -= run.len();
+            // Its room goes too: held bytes stay within the bound whatever the peers.
+            *run = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// The bytes held now (at most [`LOG_COMPACT_READ_BYTES`] plus one entry).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.held
+    }
+}
+
+/// Writes all of `bytes` at `at`.
+fn write_all_at(file: &File, bytes: &[u8], at: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::write_all_at(file, bytes, at)
+    }
+    #[cfg(not(unix))]
+    {
+        let mut file = file;
+        file.seek(SeekFrom::Start(at))?;
+        file.write_all(bytes)
     }
 }
 
@@ -2074,6 +2121,47 @@ mod tests {
         for (p, peer) in peers.iter().enumerate() {
             assert_eq!(store.load(peer).expect("load"), expected[p], "{peer:?}");
         }
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// Two peers' bytes arriving interleaved, each run in its own region, several times what
+    /// the writer may hold: it never holds more than its bound plus one write, and every byte
+    /// lands where it was placed.
+    #[test]
+    fn placed_writes_hold_at_most_their_bound_and_land_in_place() {
+        let path = temp_log("placed");
+        let file = write_file(&[], &path).expect("a file");
+        let chunk = 40_000usize;
+        let per_peer = 3 * LOG_COMPACT_READ_BYTES / chunk * chunk;
+        let mut expected = vec![0u8; 2 * per_peer];
+        let mut writer = PlacedWrites::new(&file, 2);
+        for i in 0..per_peer / chunk {
+            for peer in 0..2 {
+                let at = peer * per_peer + i * chunk;
+                let bytes = vec![(i * 2 + peer) as u8 | 1; chunk];
+                expected[at..at + chunk].copy_from_slice(&bytes);
+                writer.write_at(peer, at as u64, &bytes).expect("write");
+                assert!(writer.held() <= LOG_COMPACT_READ_BYTES + chunk);
+            }
+        }
+        // A write that does not follow its peer's run starts a new one.
+        writer.write_at(0, 7, b"xyz").expect("write");
+        expected[7..10].copy_from_slice(b"xyz");
+        writer.flush().expect("flush");
+        assert_eq!(writer.held(), 0);
+        assert_eq!(std::fs::read(&path).expect("read"), expected);
+        let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+    }
+
+    /// A log named as another log's compaction is refused: the two would destroy each other.
+    #[test]
+    fn a_log_named_as_a_compaction_is_refused() {
+        let path = compaction_path(&temp_log("reserved"));
+        assert!(matches!(
+            LogStore::open(&path),
+            Err(StoreError::ReservedName { .. })
+        ));
+        assert!(!path.exists());
         let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
     }
 

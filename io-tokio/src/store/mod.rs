@@ -104,6 +104,14 @@ pub enum StoreError {
     /// A SQLite table prefix that is not at most 32 of `[A-Za-z0-9_]`.
     #[error("table prefix {0:?} must be at most 32 of [A-Za-z0-9_]")]
     BadTablePrefix(String),
+    /// A log store's path that ends in `.compact`: the log at the path without it writes its
+    /// compactions there (and drops what it finds there when it opens), so the two would
+    /// destroy each other.
+    #[error("{} ends in `.compact`, the name a log store's compactions write", path.display())]
+    ReservedName {
+        /// The path asked for.
+        path: PathBuf,
+    },
     /// Another store (in this process or another) has the path open: one store at a time.
     #[error("{} is already open by another store (its lock {} is held)", path.display(), lock_file(path).display())]
     Locked {
