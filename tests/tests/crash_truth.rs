@@ -211,7 +211,7 @@ async fn crash_truth(store: &str) {
     let mut b =
         NodeProc::spawn(tether, "b", 1, &b_args, events_tx.clone()).expect("tether node starts");
     let b_ticket = ready(&mut events, &mut truth, "b", 1).await;
-    let a_args = vec![
+    let mut a_args = vec![
         "--store".to_owned(),
         store.to_owned(),
         "--data".to_owned(),
@@ -220,10 +220,8 @@ async fn crash_truth(store: &str) {
         format!("127.0.0.1:{port_a}"),
         "--connect".to_owned(),
         b_ticket,
-    ]
-    .into_iter()
-    .chain(compact.iter().cloned())
-    .collect::<Vec<_>>();
+    ];
+    a_args.extend(compact.iter().cloned());
     let mut a =
         NodeProc::spawn(tether, "a", 1, &a_args, events_tx.clone()).expect("tether node starts");
     let a_ticket = ready(&mut events, &mut truth, "a", 1).await;
@@ -368,7 +366,7 @@ async fn crash_truth(store: &str) {
              made by the last incarnations"
         );
         assert!(
-            killed_compacting + u32::try_from(last_compactions).unwrap_or(u32::MAX) > 0,
+            killed_compacting > 0 || last_compactions > 0,
             "no compaction ran"
         );
     }

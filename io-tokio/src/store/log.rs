@@ -1005,15 +1005,21 @@ fn copy_live(prefix: &Prefix, out: &File) -> Result<(u64, Moves), StoreError> {
         .collect();
     rows.sort_unstable_by_key(|(at, _, _)| at.start);
     // The frames around the entries, where they go, and where each peer's entries start.
-    let mut frames = Vec::new();
-    encode_header(prefix.format, &mut frames);
-    let mut framing = vec![(0u64, std::mem::take(&mut frames))];
+    let mut framing = Vec::with_capacity(1 + 2 * prefix.live.len());
+    let mut length = 0u64;
+    // Each frame goes where the file has reached, and the file goes on after it.
+    let mut place = |frame: Vec<u8>, length: &mut u64| {
+        let at = *length;
+        *length += frame.len() as u64;
+        framing.push((at, frame));
+    };
+    let mut frame = Vec::new();
+    encode_header(prefix.format, &mut frame);
+    place(std::mem::take(&mut frame), &mut length);
     let mut next = Vec::with_capacity(prefix.live.len());
-    let mut length = framing[0].1.len() as u64;
     for (peer, live) in &prefix.live {
-        encode_begin(prefix.format, peer.as_str(), &mut frames);
-        framing.push((length, std::mem::take(&mut frames)));
-        length += framing.last().map_or(0, |(_, bytes)| bytes.len() as u64);
+        encode_begin(prefix.format, peer.as_str(), &mut frame);
+        place(std::mem::take(&mut frame), &mut length);
         next.push(length);
         for (_, at) in live {
             length = at
@@ -1024,9 +1030,8 @@ fn copy_live(prefix: &Prefix, out: &File) -> Result<(u64, Moves), StoreError> {
                     index_error(&prefix.path, IndexError::Unplaced { at: at.clone() })
                 })?;
         }
-        encode_commit(prefix.format, &mut frames);
-        framing.push((length, std::mem::take(&mut frames)));
-        length += framing.last().map_or(0, |(_, bytes)| bytes.len() as u64);
+        encode_commit(prefix.format, &mut frame);
+        place(std::mem::take(&mut frame), &mut length);
     }
     let mut moved = Vec::with_capacity(rows.len());
     let mut window = Window::default();
