@@ -20,7 +20,7 @@
 //! (no `meta` table, the peer id in every row) becomes version 2, the rows the same. A
 //! database of a newer version is refused ([`StoreError::Schema`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -60,6 +60,10 @@ pub const SCHEMA_VERSION: i64 = 2;
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     tables: Arc<Tables>,
+    /// The numbers of the peers this store committed for, read from `peers` once (its rows
+    /// are never deleted, so a number stays a peer's for good): a commit then runs no
+    /// statement to find it.
+    numbers: Arc<Mutex<HashMap<PeerId, i64>>>,
     /// The exclusive lock on `<path>.lock` of a store that opened its own file (none for a
     /// host's connection): held until the last clone is dropped.
     _lock: Option<Arc<std::fs::File>>,
@@ -238,6 +242,7 @@ impl SqliteStore {
         Ok(Self {
             conn,
             tables: Arc::new(tables),
+            numbers: Arc::default(),
             _lock: None,
         })
     }
@@ -262,6 +267,12 @@ impl SqliteStore {
         )?;
         tx.commit()?;
         Ok(deleted)
+    }
+
+    /// The number `peer` was given in `peers`, if a commit of this store already read it.
+    fn numbered(&self, peer: &PeerId) -> Option<i64> {
+        let numbers = self.numbers.lock().unwrap_or_else(PoisonError::into_inner);
+        numbers.get(peer).copied()
     }
 
     /// Writes `record`, except a removal of an op row: that joins `removals`, deleted in runs
@@ -436,11 +447,16 @@ impl Store for SqliteStore {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let sql = &self.tables.sql;
-        tx.prepare_cached(&sql.peer)?
-            .execute(params![peer.as_str()])?;
-        let peer: i64 = tx
-            .prepare_cached(&sql.peer_number)?
-            .query_row(params![peer.as_str()], |row| row.get(0))?;
+        let known = self.numbered(peer);
+        let number: i64 = match known {
+            Some(number) => number,
+            None => {
+                tx.prepare_cached(&sql.peer)?
+                    .execute(params![peer.as_str()])?;
+                tx.prepare_cached(&sql.peer_number)?
+                    .query_row(params![peer.as_str()], |row| row.get(0))?
+            }
+        };
         // One transaction: only the last write of each row is visible after it, so only the
         // last is made (an object's frontier once per group instead of once per op). Those
         // writes touch distinct rows, so their order is free: op-row removals go last, one
@@ -449,13 +465,19 @@ impl Store for SqliteStore {
         {
             let mut prepared = Prepared::new(&tx, sql);
             for record in effective_records(batches) {
-                Self::apply(&mut prepared, peer, record, &mut removals)?;
+                Self::apply(&mut prepared, number, record, &mut removals)?;
             }
             for (place, obj, run) in removals.runs() {
-                Self::remove_ops(&mut prepared, peer, place, obj, run)?;
+                Self::remove_ops(&mut prepared, number, place, obj, run)?;
             }
         }
         tx.commit()?;
+        if known.is_none() {
+            // Only once its row is durable: a number read inside a transaction that rolled
+            // back could be given to another peer.
+            let mut numbers = self.numbers.lock().unwrap_or_else(PoisonError::into_inner);
+            numbers.insert(peer.clone(), number);
+        }
         Ok(())
     }
 
@@ -914,6 +936,76 @@ pub(crate) mod tests {
             .expect("lock")
             .execute_batch("SELECT 1")
             .expect("open");
+    }
+
+    /// A peer's number is read once and kept only after its commit: a first commit that
+    /// rolled back leaves no number behind, so the peer who commits next takes that number
+    /// and the first, committing again, gets its own.
+    #[test]
+    fn a_peer_number_is_kept_only_once_its_commit_is_durable() {
+        let conn = Arc::new(Mutex::new(Connection::open_in_memory().expect("memory db")));
+        let store = SqliteStore::with_connection(conn.clone(), "").expect("store");
+        let (a, b) = (PeerId::new("a"), PeerId::new("b"));
+        let inbox_sql: String = conn
+            .lock()
+            .expect("lock")
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'inbox'",
+                [],
+                |row| row.get(0),
+            )
+            .expect("inbox schema");
+        conn.lock()
+            .expect("lock")
+            .execute_batch("DROP TABLE inbox")
+            .expect("drop");
+        assert!(store.commit(&a, &batches()).is_err());
+        assert!(store.numbered(&a).is_none());
+        conn.lock()
+            .expect("lock")
+            .execute_batch(&inbox_sql)
+            .expect("recreate");
+        store.commit(&b, &batches()).expect("b");
+        store.commit(&a, &batches()[..1]).expect("a");
+        let (number_a, number_b) = (store.numbered(&a), store.numbered(&b));
+        assert!(number_a.is_some() && number_b.is_some() && number_a != number_b);
+        let numbered: Vec<(String, i64)> = conn
+            .lock()
+            .expect("lock")
+            .prepare("SELECT peer, id FROM peers ORDER BY id")
+            .expect("peers")
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .expect("rows")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(
+            numbered,
+            vec![
+                ("b".to_owned(), number_b.expect("b")),
+                ("a".to_owned(), number_a.expect("a"))
+            ]
+        );
+        // Each peer's rows under its own number: b's whole state, a's first batch.
+        let mut reference = DurableState::default();
+        for batch in batches() {
+            reference.apply(&batch);
+        }
+        assert_eq!(store.load(&b).expect("load b"), reference);
+        let mut first = DurableState::default();
+        first.apply(&batches()[0]);
+        assert_eq!(store.load(&a).expect("load a"), first);
+        // A second commit of a finds its number without reading `peers`.
+        conn.lock()
+            .expect("lock")
+            .execute_batch("UPDATE peers SET peer = 'renamed' WHERE peer = 'a'")
+            .expect("rename");
+        store.commit(&a, &batches()[1..]).expect("a again");
+        let count: i64 = conn
+            .lock()
+            .expect("lock")
+            .query_row("SELECT count(*) FROM peers", [], |row| row.get(0))
+            .expect("count");
+        assert_eq!(count, 2, "no row inserted for a number already known");
     }
 
     /// The tables tether wrote before [`SCHEMA_VERSION`] 2 (prefix `t_`), as it created them.
