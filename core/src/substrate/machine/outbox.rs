@@ -40,9 +40,16 @@ impl Outgoing {
 /// the window check is O(1), and indexes that keep every per-wake question O(log n): which
 /// entries may expire (never sent), which wait on a transient retry, and where transmission
 /// resumes.
+///
+/// The entries lie in `slots`, in no order, and `order` gives each seq its slot: the B-tree
+/// that keeps seq order moves 16-byte pairs as it splits, shifts and merges its nodes, where
+/// whole entries (an op and its state, some 250 bytes) moved before. A removal moves the last
+/// slot into the gap and repoints its seq.
 #[derive(Clone, Default)]
 pub(super) struct Outbox {
-    pub(super) entries: BTreeMap<Seq, Outgoing>,
+    /// Slot by seq; each slot's entry has that seq.
+    order: BTreeMap<Seq, usize>,
+    slots: Vec<Outgoing>,
     pub(super) in_flight: usize,
     /// Seqs of entries the queue TTL applies to (never sent), in seq order, which is also
     /// the order of their enqueue times within a boot.
@@ -101,7 +108,7 @@ impl Seqs {
 impl std::fmt::Debug for Outbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Outbox")
-            .field("entries", &self.entries)
+            .field("entries", &Entries(self))
             .field("in_flight", &self.in_flight)
             .finish_non_exhaustive()
     }
@@ -110,8 +117,27 @@ impl std::fmt::Debug for Outbox {
 /// The same entries alone, for the same reason.
 impl std::hash::Hash for Outbox {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.entries.hash(state);
+        Entries(self).hash(state);
         self.in_flight.hash(state);
+    }
+}
+
+/// The entries as a map by seq, printed and hashed as a `BTreeMap<Seq, Outgoing>` of them
+/// would be (fingerprints do not depend on where entries lie).
+struct Entries<'a>(&'a Outbox);
+
+impl std::fmt::Debug for Entries<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.0.iter()).finish()
+    }
+}
+
+impl std::hash::Hash for Entries<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_usize(self.0.len());
+        for pair in self.0.iter() {
+            pair.hash(state);
+        }
     }
 }
 
@@ -132,11 +158,29 @@ impl Outbox {
                     .insert(entry.op.id.clone(), Seqs::One(entry.op.seq));
             }
         }
-        self.entries.insert(entry.op.seq, entry);
+        match self.order.entry(entry.op.seq) {
+            std::collections::btree_map::Entry::Occupied(at) => self.slots[*at.get()] = entry,
+            std::collections::btree_map::Entry::Vacant(at) => {
+                at.insert(self.slots.len());
+                self.slots.push(entry);
+            }
+        }
     }
 
     pub(super) fn remove(&mut self, seq: Seq) -> Option<Outgoing> {
-        let entry = self.entries.remove(&seq)?;
+        let slot = self.order.remove(&seq)?;
+        let entry = self.slots.swap_remove(slot);
+        if let Some(moved) = self.slots.get(slot) {
+            *self
+                .order
+                .get_mut(&moved.op.seq)
+                .expect("every slot has its seq") = slot;
+        }
+        // The slots of a burst are given back once most of them are free (halving keeps a
+        // steady outbox from allocating at all).
+        if self.slots.capacity() > 4 * self.slots.len().max(16) {
+            self.slots.shrink_to(2 * self.slots.len().max(16));
+        }
         self.in_flight -= usize::from(entry.in_flight);
         self.expirable.remove(&seq);
         if let Some(at) = entry.retry_at {
@@ -153,23 +197,40 @@ impl Outbox {
     }
 
     pub(super) fn get(&self, seq: Seq) -> Option<&Outgoing> {
-        self.entries.get(&seq)
+        self.order.get(&seq).map(|&slot| &self.slots[slot])
     }
 
+    fn get_mut(&mut self, seq: Seq) -> Option<&mut Outgoing> {
+        self.order.get(&seq).map(|&slot| &mut self.slots[slot])
+    }
+
+    /// The entry `seq`, which the caller knows is here.
+    fn entry(&self, seq: Seq) -> &Outgoing {
+        self.get(seq).expect("an entry of the outbox")
+    }
+
+    /// The entries in seq order.
     pub(super) fn values(&self) -> impl Iterator<Item = &Outgoing> + '_ {
-        self.entries.values()
+        self.order.values().map(|&slot| &self.slots[slot])
+    }
+
+    /// The entries by seq, in seq order.
+    fn iter(&self) -> impl Iterator<Item = (&Seq, &Outgoing)> + '_ {
+        self.order
+            .iter()
+            .map(|(seq, &slot)| (seq, &self.slots[slot]))
     }
 
     pub(super) fn len(&self) -> usize {
-        self.entries.len()
+        self.order.len()
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.order.is_empty()
     }
 
     pub(super) fn first_seq(&self) -> Option<Seq> {
-        self.entries.keys().next().copied()
+        self.order.keys().next().copied()
     }
 
     /// The seq of the op with id `id`, if it was ever transmitted (only such ops can be
@@ -178,7 +239,7 @@ impl Outbox {
         self.by_id
             .get(id)?
             .iter()
-            .find(|seq| self.entries.get(seq).is_some_and(|e| e.receipt > 0))
+            .find(|&seq| self.get(seq).is_some_and(|e| e.receipt > 0))
     }
 
     pub(super) fn seq_of(&self, id: &str) -> Option<Seq> {
@@ -187,7 +248,8 @@ impl Outbox {
 
     /// Marks entries from `from` on as not in flight: they go out again with new receipts.
     pub(super) fn land_from(&mut self, from: Seq) {
-        for entry in self.entries.range_mut(from..).map(|(_, entry)| entry) {
+        for &slot in self.order.range(from..).map(|(_, slot)| slot) {
+            let entry = &mut self.slots[slot];
             self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
         }
         self.cursor = self.cursor.min(from);
@@ -196,7 +258,7 @@ impl Outbox {
     /// Counts a transient answer to entry `seq`; returns the count before it (the backoff
     /// attempt).
     pub(super) fn note_transient(&mut self, seq: Seq) -> u32 {
-        let Some(entry) = self.entries.get_mut(&seq) else {
+        let Some(entry) = self.get_mut(seq) else {
             return 0;
         };
         let before = entry.transient_failures;
@@ -206,7 +268,8 @@ impl Outbox {
 
     /// A transient error: the entry waits until `at`, then goes out again.
     pub(super) fn retry_at(&mut self, seq: Seq, at: Time) {
-        if let Some(entry) = self.entries.get_mut(&seq) {
+        if let Some(slot) = self.order.get(&seq) {
+            let entry = &mut self.slots[*slot];
             self.in_flight -= usize::from(std::mem::replace(&mut entry.in_flight, false));
             if let Some(before) = entry.retry_at.replace(at) {
                 self.retrying.remove(&(before, seq));
@@ -221,7 +284,7 @@ impl Outbox {
                 break;
             }
             self.retrying.pop_first();
-            if let Some(entry) = self.entries.get_mut(&seq) {
+            if let Some(entry) = self.get_mut(seq) {
                 entry.retry_at = None;
             }
             self.cursor = self.cursor.min(seq);
@@ -233,14 +296,14 @@ impl Outbox {
         self.expirable
             .iter()
             .copied()
-            .take_while(|seq| now.saturating_since(self.entries[seq].op.at) >= ttl)
+            .take_while(|&seq| now.saturating_since(self.entry(seq).op.at) >= ttl)
             .collect()
     }
 
     /// When the next entry expires, if one can.
     pub(super) fn next_expiry(&self, ttl: std::time::Duration) -> Option<Time> {
         let seq = self.expirable.first()?;
-        Some(self.entries[seq].op.at.saturating_add(ttl))
+        Some(self.entry(*seq).op.at.saturating_add(ttl))
     }
 
     /// Transmits, in seq order, every entry that may go: not waiting on a retry, within
@@ -258,11 +321,8 @@ impl Outbox {
     ) -> bool {
         let mut sent = false;
         let mut resume = None;
-        for entry in self
-            .entries
-            .range_mut(self.cursor..)
-            .map(|(_, entry)| entry)
-        {
+        for &slot in self.order.range(self.cursor..).map(|(_, slot)| slot) {
+            let entry = &mut self.slots[slot];
             let seq = entry.op.seq;
             if self.in_flight >= window || seq >= limit {
                 resume = Some(seq);
@@ -295,16 +355,150 @@ impl Outbox {
         }
         // Everything before `resume` is in flight or waiting on a retry (which lowers the
         // cursor again when it ends).
-        self.cursor = resume.unwrap_or_else(|| {
-            self.entries
-                .keys()
-                .next_back()
-                .map_or(Seq::ZERO, |s| *s + 1)
-        });
+        self.cursor =
+            resume.unwrap_or_else(|| self.order.keys().next_back().map_or(Seq::ZERO, |s| *s + 1));
         debug_assert_eq!(
             self.in_flight,
-            self.entries.values().filter(|e| e.in_flight).count()
+            self.slots.iter().filter(|e| e.in_flight).count()
         );
         sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::hash::Hash;
+
+    fn entry(seq: u64, id: u8, sent: bool) -> Outgoing {
+        Outgoing {
+            op: Op {
+                obj: Address::parse("q").expect("an address"),
+                seq: Seq(seq),
+                id: OpId::new(&format!("id-{id}")),
+                verb: Verb::Send,
+                obj_kind: None,
+                body: None,
+                code: None,
+                reason: None,
+                cap: None,
+                at: Time::from_millis(seq),
+            },
+            batch: BatchId(seq),
+            receipt: u64::from(sent),
+            in_flight: false,
+            retry_at: None,
+            recovered: false,
+            transient_failures: 0,
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Insert { seq: u64, id: u8 },
+        Remove(u64),
+        Transmit,
+        LandFrom(u64),
+        Retry(u64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0u64..64, 0u8..8).prop_map(|(seq, id)| Step::Insert { seq, id }),
+            4 => (0u64..64).prop_map(Step::Remove),
+            1 => Just(Step::Transmit),
+            1 => (0u64..64).prop_map(Step::LandFrom),
+            1 => (0u64..64).prop_map(Step::Retry),
+        ]
+    }
+
+    proptest! {
+        /// Entries kept in slots behave as the map by seq they stand for: in any order of
+        /// inserts (new seqs and replaced ones), removals from anywhere, transmissions,
+        /// landings and retries, every seq finds its own entry, they iterate in seq order,
+        /// the in-flight count is exact, ids find their seqs, and the fingerprint is the
+        /// map's.
+        #[test]
+        fn slots_behave_as_the_map_by_seq(steps in proptest::collection::vec(step(), 1..200)) {
+            let mut outbox = Outbox::default();
+            let mut model: BTreeMap<Seq, Outgoing> = BTreeMap::new();
+            let mut out = VecDeque::new();
+            let mut stats = Stats::default();
+            for step in steps {
+                match step {
+                    Step::Insert { seq, id } => {
+                        // A replaced entry is replaced whole, as the map would (only ones not
+                        // in flight, as the machine does).
+                        if model.get(&Seq(seq)).is_some_and(|e| e.in_flight) {
+                            continue;
+                        }
+                        outbox.insert(entry(seq, id, false));
+                        model.insert(Seq(seq), entry(seq, id, false));
+                    }
+                    Step::Remove(seq) => {
+                        let removed = outbox.remove(Seq(seq)).map(|e| e.op.seq);
+                        prop_assert_eq!(removed, model.remove(&Seq(seq)).map(|e| e.op.seq));
+                    }
+                    Step::Transmit => {
+                        outbox.transmit(
+                            (BatchId(u64::MAX), Seq(0)),
+                            false,
+                            8,
+                            (Seq(0), Seq(u64::MAX)),
+                            &mut out,
+                            &mut stats,
+                        );
+                        for frame in out.drain(..) {
+                            let seq = Seq(frame.env.seq.expect("an op frame has a seq"));
+                            let modelled = model.get_mut(&seq).expect("a modelled entry");
+                            modelled.in_flight = true;
+                            modelled.receipt += 1;
+                        }
+                    }
+                    Step::LandFrom(from) => {
+                        outbox.land_from(Seq(from));
+                        for (_, e) in model.range_mut(Seq(from)..) {
+                            e.in_flight = false;
+                        }
+                    }
+                    Step::Retry(seq) => {
+                        outbox.retry_at(Seq(seq), Time::from_millis(1_000));
+                        if let Some(e) = model.get_mut(&Seq(seq)) {
+                            e.in_flight = false;
+                            e.retry_at = Some(Time::from_millis(1_000));
+                        }
+                    }
+                }
+                prop_assert_eq!(outbox.len(), model.len());
+                let seqs: Vec<Seq> = outbox.values().map(|e| e.op.seq).collect();
+                prop_assert_eq!(&seqs, &model.keys().copied().collect::<Vec<_>>());
+                for (seq, e) in &model {
+                    let got = outbox.get(*seq).expect("every modelled seq is here");
+                    prop_assert_eq!(got.op.seq, *seq);
+                    prop_assert_eq!(&got.op.id, &e.op.id);
+                    prop_assert_eq!(got.in_flight, e.in_flight);
+                    prop_assert_eq!(got.receipt, e.receipt);
+                    prop_assert_eq!(got.retry_at, e.retry_at);
+                    prop_assert!(outbox.seq_of(e.op.id.as_str()).is_some());
+                }
+                prop_assert_eq!(outbox.in_flight, model.values().filter(|e| e.in_flight).count());
+                prop_assert_eq!(outbox.first_seq(), model.keys().next().copied());
+                prop_assert_eq!(
+                    format!("{:?}", Entries(&outbox)),
+                    format!("{model:?}")
+                );
+                let hash = |value: &dyn Fn(&mut std::collections::hash_map::DefaultHasher)| {
+                    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                    value(&mut hasher);
+                    std::hash::Hasher::finish(&hasher)
+                };
+                prop_assert_eq!(
+                    hash(&|h| Entries(&outbox).hash(h)),
+                    hash(&|h| model.hash(h))
+                );
+                prop_assert!(outbox.slots.capacity() <= 4 * outbox.slots.len().max(16));
+            }
+        }
     }
 }
