@@ -535,6 +535,10 @@ impl LogStore {
     }
 
     /// The file's size, the tail cut at open, and compactions since.
+    ///
+    /// Takes the store's lock, which a commit holds for its write and sync and a compaction's
+    /// swap for its copy, sync and rename: from async code, call it off the workers
+    /// (`tokio::task::spawn_blocking`), as the `tether` CLI's `stats` does.
     pub fn stats(&self) -> LogStats {
         let inner = self.lock();
         LogStats {

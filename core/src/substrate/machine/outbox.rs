@@ -2,6 +2,7 @@
 //! (memory only): when each went out, its retry and expiry deadlines.
 
 use super::*;
+use std::collections::btree_map;
 
 /// One outbox entry: the durable op and its transmission state (memory only).
 #[derive(Debug, Clone, Hash)]
@@ -151,16 +152,16 @@ impl Outbox {
             self.expirable.insert(entry.op.seq);
         }
         self.cursor = self.cursor.min(entry.op.seq);
-        match self.by_id.get_mut(&entry.op.id) {
-            Some(seqs) => seqs.insert(entry.op.seq),
-            None => {
-                self.by_id
-                    .insert(entry.op.id.clone(), Seqs::One(entry.op.seq));
+        // One search each (an id is almost always new here, and leaves with its op).
+        match self.by_id.entry(entry.op.id.clone()) {
+            btree_map::Entry::Occupied(mut seqs) => seqs.get_mut().insert(entry.op.seq),
+            btree_map::Entry::Vacant(seqs) => {
+                seqs.insert(Seqs::One(entry.op.seq));
             }
         }
         match self.order.entry(entry.op.seq) {
-            std::collections::btree_map::Entry::Occupied(at) => self.slots[*at.get()] = entry,
-            std::collections::btree_map::Entry::Vacant(at) => {
+            btree_map::Entry::Occupied(at) => self.slots[*at.get()] = entry,
+            btree_map::Entry::Vacant(at) => {
                 at.insert(self.slots.len());
                 self.slots.push(entry);
             }
@@ -186,12 +187,10 @@ impl Outbox {
         if let Some(at) = entry.retry_at {
             self.retrying.remove(&(at, seq));
         }
-        if self
-            .by_id
-            .get_mut(&entry.op.id)
-            .is_some_and(|seqs| seqs.remove(seq))
-        {
-            self.by_id.remove(&entry.op.id);
+        if let btree_map::Entry::Occupied(mut seqs) = self.by_id.entry(entry.op.id.clone()) {
+            if seqs.get_mut().remove(seq) {
+                seqs.remove();
+            }
         }
         Some(entry)
     }

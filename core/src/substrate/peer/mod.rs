@@ -22,7 +22,7 @@
 //! ([`REDIAL`]) and the store retry ([`STORE_RETRY`], for loads and commits). Counters are
 //! published at most once per [`STATS_EVERY`], on the next input after it passed.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{btree_map, BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -846,10 +846,13 @@ impl Peer {
         match event {
             Event::Acked { obj, op_id } => {
                 self.freed.insert(obj);
-                // A req's hop ack is not its outcome: it keeps waiting for the answer.
-                if let Some(Waiter::Send(ticket)) = self.waiters.get(&op_id).copied() {
-                    self.waiters.remove(&op_id);
-                    self.reply(ticket, Reply::Sent(op_id));
+                // A req's hop ack is not its outcome: it keeps waiting for the answer. (One
+                // search of a map that holds every send in flight.)
+                if let btree_map::Entry::Occupied(waiter) = self.waiters.entry(op_id) {
+                    if let Waiter::Send(ticket) = *waiter.get() {
+                        let (op_id, _) = waiter.remove_entry();
+                        self.reply(ticket, Reply::Sent(op_id));
+                    }
                 }
             }
             Event::Futile { obj, op_id, code } => {
