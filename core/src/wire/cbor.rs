@@ -151,8 +151,14 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn text(&mut self) -> Result<&'a str, CborError> {
+        std::str::from_utf8(self.text_bytes()?).map_err(|_| CborError::NotUtf8)
+    }
+
+    /// A text item's bytes, not yet checked as UTF-8: for a caller that matches them against
+    /// known ASCII (a key, a verb), where only a miss needs the check.
+    pub(crate) fn text_bytes(&mut self) -> Result<&'a [u8], CborError> {
         let len = self.length(MAJOR_TEXT)?;
-        std::str::from_utf8(self.take(len)?).map_err(|_| CborError::NotUtf8)
+        self.take(len)
     }
 
     pub(crate) fn bool(&mut self) -> Result<bool, CborError> {
@@ -260,8 +266,14 @@ pub(crate) fn write_bytes(out: &mut (impl BufMut + ?Sized), value: &[u8]) {
 }
 
 pub(crate) fn write_text(out: &mut (impl BufMut + ?Sized), value: &str) {
-    write_head(out, MAJOR_TEXT, value.len() as u64);
-    out.put_slice(value.as_bytes());
+    write_text_bytes(out, value.as_bytes());
+}
+
+/// Text given as its UTF-8 bytes (the caller holds text it knows is UTF-8 as bytes, to skip a
+/// check it cannot skip otherwise).
+pub(crate) fn write_text_bytes(out: &mut (impl BufMut + ?Sized), utf8: &[u8]) {
+    write_head(out, MAJOR_TEXT, utf8.len() as u64);
+    out.put_slice(utf8);
 }
 
 pub(crate) fn write_bool(out: &mut (impl BufMut + ?Sized), value: bool) {

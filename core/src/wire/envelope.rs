@@ -70,13 +70,38 @@ macro_rules! text_handle {
 
         impl PartialEq<str> for $ty {
             fn eq(&self, other: &str) -> bool {
-                self.as_str() == other
+                self.0.as_bytes() == other.as_bytes()
             }
         }
 
         impl PartialEq<&str> for $ty {
             fn eq(&self, other: &&str) -> bool {
-                self.as_str() == *other
+                self.0.as_bytes() == other.as_bytes()
+            }
+        }
+
+        impl $ty {
+            /// The text's UTF-8 bytes, without the check [`Self::as_str`] makes on text held
+            /// in place (core has no `unsafe` to skip it): for writing and comparing.
+            #[inline]
+            pub fn as_bytes(&self) -> &[u8] {
+                self.0.as_bytes()
+            }
+
+            /// `text` held as a value of this type is, unchecked, when it fits in place: a key
+            /// to look up a table keyed by this type, compared word by word. A lookup by
+            /// `&str` instead turns every key it passes into a `&str`, checked as UTF-8 each
+            /// time. Never stored.
+            #[inline]
+            pub(crate) fn probe(text: &str) -> Option<Self> {
+                Text::inline(text).map(Self)
+            }
+        }
+
+        impl crate::wire::text::TextKey for $ty {
+            #[inline]
+            fn probe(text: &str) -> Option<Self> {
+                Self::probe(text)
             }
         }
 
@@ -124,6 +149,21 @@ impl Address {
             return Err(AddressError::Invalid);
         }
         Ok(Self(Text::new(text)))
+    }
+
+    /// [`Address::parse`] of text read off the wire as bytes not yet checked as UTF-8: an
+    /// address is ASCII, so a valid one needs no other check; anything else is answered as
+    /// the text reader and `parse` would answer it (not UTF-8 first).
+    fn parse_wire(bytes: &[u8]) -> Result<Self, EnvelopeError> {
+        let allowed = |b: &u8| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'/' | b'-');
+        if !bytes.is_empty() && bytes.len() <= ADDRESS_BYTES_MAX && bytes.iter().all(allowed) {
+            if let Some(text) = Text::ascii(bytes) {
+                return Ok(Self(text));
+            }
+        }
+        let text =
+            std::str::from_utf8(bytes).map_err(|_| EnvelopeError::Cbor(CborError::NotUtf8))?;
+        Self::parse(text).map_err(EnvelopeError::from)
     }
 
     /// The address text.
@@ -553,14 +593,14 @@ impl Envelope {
         let (mut env, mut body) = (None, None);
         let pairs = reader.map().map_err(invalid("frame"))?;
         for _ in 0..pairs {
-            match reader.text().map_err(|_| unknown_key(""))? {
-                "env" if env.is_some() => return Err(EnvelopeError::DuplicateKey { key: "env" }),
-                "env" => env = Some(read_env(&mut reader)?),
-                "body" if body.is_some() => {
+            match reader.text_bytes().map_err(|_| unknown_key(""))? {
+                b"env" if env.is_some() => return Err(EnvelopeError::DuplicateKey { key: "env" }),
+                b"env" => env = Some(read_env(&mut reader)?),
+                b"body" if body.is_some() => {
                     return Err(EnvelopeError::DuplicateKey { key: "body" });
                 }
-                "body" => body = Some(frame.slice_ref(reader.bytes().map_err(invalid("body"))?)),
-                other => return Err(unknown_key(other)),
+                b"body" => body = Some(frame.slice_ref(reader.bytes().map_err(invalid("body"))?)),
+                other => return Err(unknown_key_bytes(other)),
             }
         }
         if !reader.is_empty() {
@@ -620,14 +660,18 @@ impl Envelope {
             return Err(EnvelopeError::ReservedType);
         }
         self.check_body()?;
-        let texts = [
-            self.env.id.as_deref(),
-            self.env.code.as_deref(),
-            self.env.message.as_deref(),
-            self.env.reason.as_deref(),
-            self.env.cap.as_deref(),
+        let lens = [
+            self.env.id.as_ref().map(|id| id.as_bytes().len()),
+            self.env.code.as_ref().map(String::len),
+            self.env.message.as_ref().map(String::len),
+            self.env.reason.as_ref().map(String::len),
+            self.env.cap.as_ref().map(String::len),
         ];
-        if texts.into_iter().any(|t| t.is_some_and(too_long)) {
+        if lens
+            .into_iter()
+            .flatten()
+            .any(|len| len > ENVELOPE_TEXT_BYTES_MAX)
+        {
             return Err(EnvelopeError::Invalid { field: "text" });
         }
         if self.env.receipt == Some(0) {
@@ -675,14 +719,37 @@ fn invalid(field: &'static str) -> impl Fn(CborError) -> EnvelopeError {
     }
 }
 
+/// An unknown key read as bytes: named if it is UTF-8 (as a text reader would have read it),
+/// unnamed if not (as a text reader would have failed).
+fn unknown_key_bytes(key: &[u8]) -> EnvelopeError {
+    unknown_key(std::str::from_utf8(key).unwrap_or_default())
+}
+
+/// A text value that must be one of a few ASCII spellings, matched as bytes: a miss is answered
+/// as the text reader would have answered it (not UTF-8), else as `field` invalid.
+fn read_spelled<T: Copy>(
+    reader: &mut Reader<'_>,
+    field: &'static str,
+    spellings: impl IntoIterator<Item = T>,
+    spelling: impl Fn(T) -> &'static str,
+) -> Result<T, EnvelopeError> {
+    let bytes = reader.text_bytes().map_err(invalid(field))?;
+    if let Some(found) = spellings
+        .into_iter()
+        .find(|&value| spelling(value).as_bytes() == bytes)
+    {
+        return Ok(found);
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(_) => Err(EnvelopeError::Invalid { field }),
+        Err(_) => Err(EnvelopeError::Cbor(CborError::NotUtf8)),
+    }
+}
+
 fn unknown_key(key: &str) -> EnvelopeError {
     // Bound the copy: the key is only for diagnostics.
     let key = key.chars().take(64).collect();
     EnvelopeError::UnknownKey { key }
-}
-
-fn too_long(text: &str) -> bool {
-    text.len() > ENVELOPE_TEXT_BYTES_MAX
 }
 
 fn read_str<'a>(reader: &mut Reader<'a>, field: &'static str) -> Result<&'a str, EnvelopeError> {
@@ -691,6 +758,24 @@ fn read_str<'a>(reader: &mut Reader<'a>, field: &'static str) -> Result<&'a str,
         return Err(EnvelopeError::Invalid { field });
     }
     Ok(text)
+}
+
+/// An op id: ASCII (every id tether mints) is UTF-8 as it stands and is taken without the
+/// check; other text is checked as [`read_str`] checks it, in the same order.
+fn read_op_id(reader: &mut Reader<'_>, field: &'static str) -> Result<OpId, EnvelopeError> {
+    let bytes = reader.text_bytes().map_err(invalid(field))?;
+    if !bytes.is_ascii() && std::str::from_utf8(bytes).is_err() {
+        return Err(EnvelopeError::Cbor(CborError::NotUtf8));
+    }
+    if bytes.len() > ENVELOPE_TEXT_BYTES_MAX {
+        return Err(EnvelopeError::Invalid { field });
+    }
+    match Text::ascii(bytes) {
+        Some(text) => Ok(OpId(text)),
+        None => Ok(OpId::new(
+            std::str::from_utf8(bytes).map_err(|_| EnvelopeError::Cbor(CborError::NotUtf8))?,
+        )),
+    }
 }
 
 fn read_text(reader: &mut Reader<'_>, field: &'static str) -> Result<String, EnvelopeError> {
@@ -707,11 +792,11 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
     let mut routed = false;
     let mut env = Env::new(Verb::Open);
     for _ in 0..pairs {
-        let key = reader.text().map_err(|_| unknown_key(""))?;
+        let key = reader.text_bytes().map_err(|_| unknown_key(""))?;
         let index = ENV_KEYS
             .iter()
-            .position(|k| *k == key)
-            .ok_or_else(|| unknown_key(key))?;
+            .position(|k| k.as_bytes() == key)
+            .ok_or_else(|| unknown_key_bytes(key))?;
         let field = ENV_KEYS[index];
         if std::mem::replace(&mut seen[index], true) {
             return Err(EnvelopeError::DuplicateKey { key: field });
@@ -719,19 +804,16 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
         let uint = |reader: &mut Reader<'_>| reader.uint().map_err(invalid(field));
         match field {
             "v" => version = Some(uint(reader)?),
-            "kind" => {
-                let verb = Verb::parse(reader.text().map_err(invalid(field))?);
-                kind = Some(verb.ok_or(EnvelopeError::Invalid { field })?);
-            }
-            "obj" => match Address::parse(reader.text().map_err(invalid(field))?) {
+            "kind" => kind = Some(read_spelled(reader, field, Verb::ALL, Verb::as_str)?),
+            "obj" => match Address::parse_wire(reader.text_bytes().map_err(invalid(field))?) {
                 Ok(address) => env.obj = Some(address),
                 // Keep decoding: the answer needs the op id, which may come later.
-                Err(AddressError::RoutingNotSupported) => routed = true,
-                Err(other) => return Err(other.into()),
+                Err(EnvelopeError::Address(AddressError::RoutingNotSupported)) => routed = true,
+                Err(other) => return Err(other),
             },
             "objKind" => {
-                let text = reader.text().map_err(invalid(field))?;
-                env.obj_kind = Some(ObjKind::parse(text).ok_or(EnvelopeError::Invalid { field })?);
+                let kinds = [ObjKind::Session, ObjKind::Queue];
+                env.obj_kind = Some(read_spelled(reader, field, kinds, ObjKind::as_str)?);
             }
             "seq" => env.seq = Some(uint(reader)?),
             "receipt" => match uint(reader)? {
@@ -741,7 +823,7 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
             "fromSeq" => env.from_seq = Some(uint(reader)?),
             "floor" => env.floor = Some(uint(reader)?),
             "limit" => env.limit = Some(uint(reader)?),
-            "id" => env.id = Some(OpId::new(read_str(reader, field)?)),
+            "id" => env.id = Some(read_op_id(reader, field)?),
             "code" => env.code = Some(read_text(reader, field)?),
             "message" => env.message = Some(read_text(reader, field)?),
             "reason" => env.reason = Some(read_text(reader, field)?),
@@ -762,16 +844,17 @@ fn read_env(reader: &mut Reader<'_>) -> Result<Env, EnvelopeError> {
 
 fn write_env<'a>(env: &'a Env, out: &mut impl BufMut) {
     enum V<'a> {
-        Text(&'a str),
+        // UTF-8 held as bytes: an address or op id held in place gives its bytes unchecked.
+        Text(&'a [u8]),
         Uint(u64),
     }
-    let text = |v: &'a Option<String>| v.as_deref().map(V::Text);
+    let text = |v: &'a Option<String>| v.as_deref().map(|t| V::Text(t.as_bytes()));
     let values: [Option<V<'a>>; ENV_KEYS.len()] = [
         Some(V::Uint(ENVELOPE_VERSION)),
-        Some(V::Text(env.kind.as_str())),
-        env.obj.as_ref().map(|a| V::Text(a.as_str())),
-        env.obj_kind.map(|k| V::Text(k.as_str())),
-        env.id.as_deref().map(V::Text),
+        Some(V::Text(env.kind.as_str().as_bytes())),
+        env.obj.as_ref().map(|a| V::Text(a.as_bytes())),
+        env.obj_kind.map(|k| V::Text(k.as_str().as_bytes())),
+        env.id.as_ref().map(|id| V::Text(id.as_bytes())),
         env.seq.map(V::Uint),
         env.receipt.map(V::Uint),
         text(&env.code),
@@ -787,7 +870,7 @@ fn write_env<'a>(env: &'a Env, out: &mut impl BufMut) {
         let Some(value) = value else { continue };
         cbor::write_text(out, key);
         match value {
-            V::Text(text) => cbor::write_text(out, text),
+            V::Text(text) => cbor::write_text_bytes(out, text),
             V::Uint(value) => cbor::write_uint(out, *value),
         }
     }
@@ -1081,6 +1164,122 @@ mod tests {
             map.insert(address.clone(), ());
             prop_assert!(map.contains_key(text.as_str()));
             prop_assert_eq!(address.to_string(), text);
+        }
+
+        /// A table keyed by addresses or ids is looked up by text through the probe (text
+        /// that fits in place) or by `str` (longer text) alike: every present and absent text,
+        /// short and long, multi-byte included, finds what `str` finds.
+        #[test]
+        fn lookups_by_text_find_what_str_finds(
+            keys in proptest::collection::vec("[a-z0-9é-]{0,40}", 0..24),
+            probes in proptest::collection::vec("[a-z0-9é-]{0,40}", 0..24),
+        ) {
+            use crate::wire::text::ByText;
+            let ids: std::collections::BTreeMap<OpId, usize> =
+                keys.iter().enumerate().map(|(i, k)| (OpId::new(k), i)).collect();
+            let addresses: std::collections::BTreeMap<Address, usize> = keys
+                .iter()
+                .enumerate()
+                .filter_map(|(i, k)| Address::parse(k).ok().map(|a| (a, i)))
+                .collect();
+            for text in probes.iter().chain(&keys) {
+                prop_assert_eq!(ids.get_text(text), ids.get(text.as_str()));
+                prop_assert_eq!(ids.get_key_value_text(text), ids.get_key_value(text.as_str()));
+                prop_assert_eq!(addresses.get_text(text), addresses.get(text.as_str()));
+                prop_assert_eq!(
+                    addresses.get_key_value_text(text),
+                    addresses.get_key_value(text.as_str())
+                );
+            }
+        }
+
+        /// The decoder reads keys, verbs, kinds, addresses and ids as bytes, checking UTF-8
+        /// only where it must; each answers as a reader of text would: bytes that are not
+        /// UTF-8 fail as such, text is then judged as text (a reference written here from
+        /// `str` parsing).
+        #[test]
+        fn text_read_as_bytes_answers_as_text_would(
+            field in 0usize..6,
+            raw in proptest::collection::vec(
+                prop_oneof![
+                    4 => proptest::sample::select(b"abq0/._-@Sx".to_vec()),
+                    1 => any::<u8>(),
+                ],
+                0..40,
+            ),
+            spelled in proptest::sample::select(vec![
+                "send", "ack", "res", "queue", "session", "q0", "a@b", "kind", "bogus", "v", "env",
+            ]),
+            use_spelled in any::<bool>(),
+        ) {
+            let raw = if use_spelled { spelled.as_bytes().to_vec() } else { raw };
+            let text = |out: &mut Vec<u8>, bytes: &[u8]| {
+                cbor::write_head(out, cbor::MAJOR_TEXT, bytes.len() as u64);
+                out.extend_from_slice(bytes);
+            };
+            // A send frame with the chosen text put in: 0 an outer key, 1 an env key, then
+            // the values of kind, obj, objKind and id.
+            let mut cbor_out = Vec::new();
+            cbor::write_map(&mut cbor_out, 1);
+            if field == 0 { text(&mut cbor_out, &raw) } else { cbor::write_text(&mut cbor_out, "env") }
+            let pairs: [(&str, &[u8]); 5] = [
+                ("kind", if field == 2 { &raw } else { b"send" }),
+                ("obj", if field == 3 { &raw } else { b"q0" }),
+                ("objKind", if field == 4 { &raw } else { b"queue" }),
+                ("id", if field == 5 { &raw } else { b"op-1" }),
+                ("v", b""),
+            ];
+            cbor::write_map(&mut cbor_out, pairs.len());
+            for (key, value) in pairs {
+                if key == "v" {
+                    if field == 1 { text(&mut cbor_out, &raw) } else { cbor::write_text(&mut cbor_out, "v") }
+                    cbor::write_uint(&mut cbor_out, ENVELOPE_VERSION);
+                } else {
+                    cbor::write_text(&mut cbor_out, key);
+                    text(&mut cbor_out, value);
+                }
+            }
+            let mut frame = vec![TYPE_ENVELOPE];
+            frame.extend_from_slice(&cbor_out);
+            let got = Envelope::decode_frame(&Bytes::from(frame));
+
+            let Ok(as_text) = std::str::from_utf8(&raw) else {
+                let expected = match field {
+                    0 | 1 => EnvelopeError::UnknownKey { key: String::new() },
+                    _ => EnvelopeError::Cbor(CborError::NotUtf8),
+                };
+                prop_assert_eq!(got, Err(expected));
+                return Ok(());
+            };
+            match field {
+                0 | 1 => {
+                    let known = if field == 0 { &["env", "body"][..] } else { &ENV_KEYS[..] };
+                    prop_assume!(!known.contains(&as_text));
+                    let key = as_text.chars().take(64).collect();
+                    prop_assert_eq!(got, Err(EnvelopeError::UnknownKey { key }));
+                }
+                2 => match Verb::parse(as_text) {
+                    Some(verb) => prop_assert_eq!(got.map(|e| e.env.kind), Ok(verb)),
+                    None => prop_assert_eq!(got, Err(EnvelopeError::Invalid { field: "kind" })),
+                },
+                3 => match Address::parse(as_text) {
+                    Ok(address) => prop_assert_eq!(got.map(|e| e.env.obj), Ok(Some(address))),
+                    Err(AddressError::RoutingNotSupported) => prop_assert_eq!(
+                        got,
+                        Err(EnvelopeError::RoutingNotSupported { id: Some(OpId::new("op-1")) })
+                    ),
+                    Err(error) => prop_assert_eq!(got, Err(EnvelopeError::Address(error))),
+                },
+                4 => match ObjKind::parse(as_text) {
+                    Some(kind) => prop_assert_eq!(got.map(|e| e.env.obj_kind), Ok(Some(kind))),
+                    None => prop_assert_eq!(got, Err(EnvelopeError::Invalid { field: "objKind" })),
+                },
+                _ => {
+                    let id = got.expect("any text is an id").env.id.expect("an id");
+                    prop_assert_eq!(id.as_str(), as_text);
+                    prop_assert_eq!(id.0.is_inline(), as_text.len() <= OP_ID_INLINE_BYTES);
+                }
+            }
         }
 
         /// An object name is any text, unchecked, held in place when short, and orders and

@@ -29,7 +29,7 @@ pub mod bifaci;
 pub(crate) mod cbor;
 pub mod envelope;
 pub mod telemetry;
-mod text;
+pub(crate) mod text;
 pub mod varint;
 
 use std::collections::VecDeque;

@@ -6,6 +6,8 @@
 //! cache line crossing cores each time); longer text is shared behind an `Arc`. Both forms
 //! compare, order and hash as their text, so which one a value took never shows.
 
+use std::borrow::Borrow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Text of any length, inline up to `N` bytes (`N` < 256).
@@ -33,6 +35,23 @@ impl<const N: usize> Text<N> {
         let mut bytes = [0u8; N];
         bytes[..text.len()].copy_from_slice(text.as_bytes());
         Some(Self(Repr::Inline { len, bytes }))
+    }
+
+    /// ASCII `bytes`, inline when they fit (ASCII is UTF-8 as it stands, so no other check).
+    pub(crate) fn ascii(bytes: &[u8]) -> Option<Self> {
+        if !bytes.is_ascii() {
+            return None;
+        }
+        Some(
+            match u8::try_from(bytes.len()).ok().filter(|_| bytes.len() <= N) {
+                Some(len) => {
+                    let mut inline = [0u8; N];
+                    inline[..bytes.len()].copy_from_slice(bytes);
+                    Self(Repr::Inline { len, bytes: inline })
+                }
+                None => Self::new(std::str::from_utf8(bytes).ok()?),
+            },
+        )
     }
 
     /// The text.
@@ -134,6 +153,42 @@ impl<const N: usize> std::hash::Hash for Text<N> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         // As `str` hashes, so maps keyed by text are looked up with a `&str`.
         self.as_str().hash(state);
+    }
+}
+
+/// A type that is its text (an address, an op id), held in place when short, whose tables are
+/// looked up by a `&str` without checking every key passed as UTF-8 (see [`ByText`]).
+pub(crate) trait TextKey: Ord + Borrow<str> + Sized {
+    /// `text` as a key, when it fits in place (unchecked: only compared, never stored).
+    fn probe(text: &str) -> Option<Self>;
+}
+
+/// Lookups by text in an ordered table keyed by a [`TextKey`]. A lookup by `&str` turns every
+/// key it passes into a `&str`, which checks it as UTF-8 (core has no `unsafe` to skip it);
+/// text that fits in place is looked up as the key type instead, compared word by word, and
+/// only longer text by `str`.
+pub(crate) trait ByText<K, V> {
+    /// The entry for `text`.
+    fn get_text(&self, text: &str) -> Option<&V>;
+    /// The key and entry for `text`.
+    fn get_key_value_text(&self, text: &str) -> Option<(&K, &V)>;
+}
+
+impl<K: TextKey, V> ByText<K, V> for BTreeMap<K, V> {
+    #[inline]
+    fn get_text(&self, text: &str) -> Option<&V> {
+        match K::probe(text) {
+            Some(key) => self.get::<K>(&key),
+            None => self.get::<str>(text),
+        }
+    }
+
+    #[inline]
+    fn get_key_value_text(&self, text: &str) -> Option<(&K, &V)> {
+        match K::probe(text) {
+            Some(key) => self.get_key_value::<K>(&key),
+            None => self.get_key_value::<str>(text),
+        }
     }
 }
 

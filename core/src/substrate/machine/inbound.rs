@@ -217,7 +217,7 @@ impl Machine {
     /// waiting for it (it used every seq it was told) or the news is worth half a window.
     /// Telling less often keeps acks small and identical across histories. With it, whether
     /// the peer may be waiting for it.
-    pub(super) fn credit_news(&mut self, obj: &str) -> Option<(Seq, bool)> {
+    pub(super) fn credit_news(&mut self, obj: &Address) -> Option<(Seq, bool)> {
         let window = self.config.receive_window;
         let initial = self.initial_credit;
         let object = self.objects.get_mut(obj)?;

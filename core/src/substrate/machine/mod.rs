@@ -66,6 +66,7 @@ use crate::limits::{
 use crate::retry::{Backoff, Jitter};
 use crate::time::Time;
 use crate::wire::envelope::{Address, Env, Envelope, EnvelopeError, ObjKind, OpId, Verb};
+use crate::wire::text::ByText;
 
 mod frames;
 mod inbound;
@@ -642,7 +643,7 @@ impl Machine {
 
     /// The lifecycle state of `obj`, if known.
     pub fn object_state(&self, obj: &str) -> Option<ObjectState> {
-        self.objects.get(obj).map(|object| object.record.state)
+        self.objects.get_text(obj).map(|object| object.record.state)
     }
 
     /// Feeds the whole machine state to `state`, for model checkers that deduplicate states:
@@ -943,7 +944,7 @@ impl Machine {
         check_text(cap)?;
         if self
             .objects
-            .get(obj)
+            .get(&name)
             .is_some_and(|o| !o.record.state.is_terminal())
         {
             return Err(CommandError::AlreadyOpen(obj.to_owned()));
@@ -1021,7 +1022,7 @@ impl Machine {
         self.enqueue(op);
         // A final answer consumes the req in the same batch: after a crash the req is either
         // still delivered and unanswered, or answered and gone, never both.
-        if let (true, Some(object)) = (verb != Verb::Res, self.objects.get_mut(obj)) {
+        if let (true, Some(object)) = (verb != Verb::Res, self.objects.get_mut(&name)) {
             let seq = object
                 .inbox
                 .iter()
@@ -1048,7 +1049,7 @@ impl Machine {
         let mut op = self.op(now, &name, Verb::Close, id);
         op.reason = Some(reason.to_owned());
         self.enqueue(op);
-        if let Some(object) = self.objects.get_mut(obj) {
+        if let Some(object) = self.objects.get_mut(&name) {
             object.record.state = ObjectState::Closed(now);
             self.staged.push(Record::Object(object.durable_record()));
         }
@@ -1069,9 +1070,9 @@ impl Machine {
         if let Some(name) = &name {
             self.touch(name);
         }
-        let removed = self
-            .objects
-            .get_mut(obj)
+        let removed = name
+            .as_ref()
+            .and_then(|name| self.objects.get_mut(name))
             .and_then(|object| object.inbox.remove(&seq))
             .is_some();
         if let (true, Some(name)) = (removed, name) {

@@ -236,13 +236,13 @@ impl Outbox {
     /// answered by the peer's substrate).
     pub(super) fn transmitted_seq_of(&self, id: &str) -> Option<Seq> {
         self.by_id
-            .get(id)?
+            .get_text(id)?
             .iter()
             .find(|&seq| self.get(seq).is_some_and(|e| e.receipt > 0))
     }
 
     pub(super) fn seq_of(&self, id: &str) -> Option<Seq> {
-        self.by_id.get(id)?.iter().next()
+        self.by_id.get_text(id)?.iter().next()
     }
 
     /// Marks entries from `from` on as not in flight: they go out again with new receipts.

@@ -10,7 +10,7 @@ impl Machine {
     pub(super) fn touch_open(&mut self, obj: &str) -> Result<Address, CommandError> {
         let (name, object) = self
             .objects
-            .get_key_value(obj)
+            .get_key_value_text(obj)
             .ok_or_else(|| no_such(obj))?;
         let (name, state) = (name.clone(), object.record.state);
         self.touched.insert(name.clone());
@@ -24,7 +24,7 @@ impl Machine {
     /// it instead of copying the app's text.
     pub(super) fn interned(&self, obj: &str) -> Option<Address> {
         self.objects
-            .get_key_value(obj)
+            .get_key_value_text(obj)
             .map(|(name, _)| name.clone())
     }
 
@@ -36,7 +36,7 @@ impl Machine {
     ) -> Result<(), CommandError> {
         let name = self.interned(obj).ok_or_else(|| no_such(obj))?;
         self.touched.insert(name.clone());
-        let object = self.objects.get_mut(obj).ok_or_else(|| no_such(obj))?;
+        let object = self.objects.get_mut(&name).ok_or_else(|| no_such(obj))?;
         if object.record.state != ObjectState::AwaitingAccept {
             return Err(CommandError::WrongState(obj.to_owned()));
         }
@@ -135,7 +135,7 @@ impl Machine {
     }
 
     pub(super) fn live_for_app(&self, obj: &str) -> Result<(), CommandError> {
-        match self.objects.get(obj).map(|object| object.record.state) {
+        match self.objects.get_text(obj).map(|object| object.record.state) {
             Some(ObjectState::Live) => Ok(()),
             Some(_) => Err(CommandError::WrongState(obj.to_owned())),
             None => Err(no_such(obj)),

@@ -865,10 +865,11 @@ impl Peer {
                     None => {
                         let its_open = self
                             .opens
-                            .get(obj.as_str())
+                            .get(&ObjName::from(&obj))
                             .is_some_and(|(id, _)| *id == op_id);
-                        if let Some((_, ticket)) =
-                            its_open.then(|| self.opens.remove(obj.as_str())).flatten()
+                        if let Some((_, ticket)) = its_open
+                            .then(|| self.opens.remove(&ObjName::from(&obj)))
+                            .flatten()
                         {
                             self.reply(ticket, Reply::Failed(Failure::Futile(Code::parse(&code))));
                         }
@@ -876,12 +877,12 @@ impl Peer {
                 }
             }
             Event::Opened { obj } => {
-                if let Some((_, ticket)) = self.opens.remove(obj.as_str()) {
+                if let Some((_, ticket)) = self.opens.remove(&ObjName::from(&obj)) {
                     self.reply(ticket, Reply::Done);
                 }
             }
             Event::Rejected { obj, code } => {
-                if let Some((_, ticket)) = self.opens.remove(obj.as_str()) {
+                if let Some((_, ticket)) = self.opens.remove(&ObjName::from(&obj)) {
                     let failure = Failure::Rejected(Code::of(code.as_deref()));
                     self.reply(ticket, Reply::Failed(failure));
                 }
@@ -925,7 +926,7 @@ impl Peer {
                 reason,
                 by_remote,
             } => {
-                if let Some((_, ticket)) = self.opens.remove(obj.as_str()) {
+                if let Some((_, ticket)) = self.opens.remove(&ObjName::from(&obj)) {
                     let failure = Failure::Closed(Code::of(reason.as_deref()));
                     self.reply(ticket, Reply::Failed(failure));
                 }
