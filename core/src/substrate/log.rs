@@ -329,13 +329,13 @@ fn record_in<S: Sink>(format: LogFormat, record: &Record, out: &mut S) {
     entry(format, out, |p: &mut S| match record {
         Record::Object(object) => {
             p.push(TAG_OBJECT);
-            put_str(p, &object.obj);
+            put_bytes(p, object.obj.as_bytes());
             put_str(p, object.kind.as_str());
             p.push(match object.opened_by {
                 Side::Local => 0,
                 Side::Remote => 1,
             });
-            put_str(p, &object.open_id);
+            put_bytes(p, object.open_id.as_bytes());
             let (state, at) = match object.state {
                 ObjectState::Opening => (0, None),
                 ObjectState::AwaitingAccept => (1, None),
@@ -352,7 +352,7 @@ fn record_in<S: Sink>(format: LogFormat, record: &Record, out: &mut S) {
         }
         Record::ObjectRemoved { obj } => {
             p.push(TAG_OBJECT_REMOVED);
-            put_str(p, obj);
+            put_bytes(p, obj.as_bytes());
         }
         Record::Outbox(op) => put_op(p, TAG_OUTBOX, op),
         Record::Held(op) => put_op(p, TAG_HELD, op),
@@ -362,13 +362,13 @@ fn record_in<S: Sink>(format: LogFormat, record: &Record, out: &mut S) {
         Record::InboxRemoved { obj, seq } => put_removal(p, TAG_INBOX_REMOVED, obj, *seq),
         Record::Bounce { op_id, code, at } => {
             p.push(TAG_BOUNCE);
-            put_str(p, op_id);
+            put_bytes(p, op_id.as_bytes());
             put_str(p, code);
             put_u64(p, at.as_millis());
         }
         Record::BounceRemoved { op_id } => {
             p.push(TAG_BOUNCE_REMOVED);
-            put_str(p, op_id);
+            put_bytes(p, op_id.as_bytes());
         }
     });
 }
@@ -622,9 +622,10 @@ fn put_opt_str(out: &mut impl Sink, text: Option<&str>) {
 
 fn put_op(out: &mut impl Sink, tag: u8, op: &Op) {
     out.push(tag);
-    put_str(out, &op.obj);
+    // Addresses and ids as their bytes: `as_str` would check text held in place as UTF-8.
+    put_bytes(out, op.obj.as_bytes());
     put_u64(out, op.seq.get());
-    put_str(out, &op.id);
+    put_bytes(out, op.id.as_bytes());
     put_str(out, op.verb.as_str());
     put_opt_str(out, op.obj_kind.map(ObjKind::as_str));
     match &op.body {
@@ -640,9 +641,9 @@ fn put_op(out: &mut impl Sink, tag: u8, op: &Op) {
     put_u64(out, op.at.as_millis());
 }
 
-fn put_removal(out: &mut impl Sink, tag: u8, obj: &str, seq: Seq) {
+fn put_removal(out: &mut impl Sink, tag: u8, obj: &Address, seq: Seq) {
     out.push(tag);
-    put_str(out, obj);
+    put_bytes(out, obj.as_bytes());
     put_u64(out, seq.get());
 }
 
