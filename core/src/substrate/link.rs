@@ -12,7 +12,7 @@
 //! resends every un-acked op). A failed handshake, a fatal decode error or a dead link asks
 //! the shell to drop the connection through [`PeerLink::poll_close`], with a typed reason.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::handshake::{
     Auth, Capabilities, Channel, Handshake, HandshakeError, Limits, Negotiated, Progress, Role,
@@ -20,7 +20,7 @@ use super::handshake::{
 use super::machine::{Event, Machine};
 use crate::limits::{ENVELOPE_FRAME_BYTES_MAX, ENVELOPE_INLINE_BODY_BYTES_MAX};
 use crate::time::Time;
-use crate::wire::envelope::{EnvelopeDecoder, EnvelopeError};
+use crate::wire::envelope::{EnvelopeDecoder, EnvelopeError, FrameSink};
 use crate::wire::{FormatError, StreamDecoder};
 
 /// Why the shell must drop the current connection.
@@ -219,7 +219,7 @@ impl PeerLink {
 
     /// Appends the next frame to send to `out`; false when there is none. Handshake frames
     /// first; the machine's only once the link is up.
-    pub fn poll_transmit(&mut self, out: &mut BytesMut) -> bool {
+    pub fn poll_transmit(&mut self, out: &mut impl FrameSink) -> bool {
         let frame = match &mut self.state {
             State::Down => None,
             State::Handshaking(handshake) => handshake.poll_transmit(),
@@ -227,8 +227,7 @@ impl PeerLink {
         };
         match frame {
             Some(frame) => {
-                frame
-                    .encode_into(out)
+                out.put_frame(&frame)
                     .expect("the machine and the handshake only build encodable frames");
                 true
             }

@@ -539,6 +539,88 @@ impl FormatError for EnvelopeError {
     }
 }
 
+/// Where a link's frames are encoded: [`BytesMut`] takes every byte, [`FrameChunks`] keeps
+/// large bodies as the buffers they are.
+pub trait FrameSink {
+    /// Appends `frame` (length, type byte, CBOR, body), refusing what a decoder would reject;
+    /// on an error the sink is as it was.
+    fn put_frame(&mut self, frame: &Envelope) -> Result<(), EnvelopeError>;
+}
+
+impl FrameSink for BytesMut {
+    fn put_frame(&mut self, frame: &Envelope) -> Result<(), EnvelopeError> {
+        frame.encode_into(self)
+    }
+}
+
+/// Frames as a list of chunks for a writer that takes owned buffers (a QUIC stream queues
+/// them without a copy): each frame's head is written into a shared buffer, and a body of at
+/// least `by_reference` bytes follows as its own chunk, the app's buffer itself, not a copy.
+/// The chunks, joined, are exactly the bytes [`Envelope::encode`] writes.
+#[derive(Debug)]
+pub struct FrameChunks {
+    head: BytesMut,
+    chunks: Vec<Bytes>,
+    len: usize,
+    by_reference: usize,
+}
+
+impl FrameChunks {
+    /// Chunks that keep bodies of at least `by_reference` bytes by reference (`usize::MAX`:
+    /// every byte copied into one buffer, for a writer that takes bytes).
+    pub fn new(by_reference: usize) -> Self {
+        Self {
+            head: BytesMut::new(),
+            chunks: Vec::new(),
+            len: 0,
+            by_reference,
+        }
+    }
+
+    /// Makes room for `additional` bytes of heads (and copied bodies).
+    pub fn reserve(&mut self, additional: usize) {
+        self.head.reserve(additional);
+    }
+
+    /// Bytes of frames held, bodies kept by reference included.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no frame is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The chunks of the frames held, in order, leaving the sink empty (its buffer's spare
+    /// room stays for the next frames).
+    pub fn take(&mut self) -> Vec<Bytes> {
+        if !self.head.is_empty() {
+            self.chunks.push(self.head.split().freeze());
+        }
+        self.len = 0;
+        std::mem::take(&mut self.chunks)
+    }
+}
+
+impl FrameSink for FrameChunks {
+    fn put_frame(&mut self, frame: &Envelope) -> Result<(), EnvelopeError> {
+        let body = frame.body.as_ref().filter(|b| b.len() >= self.by_reference);
+        let Some(body) = body else {
+            let before = self.head.len();
+            frame.encode_into(&mut self.head)?;
+            self.len += self.head.len() - before;
+            return Ok(());
+        };
+        let before = self.head.len();
+        frame.encode_head_into(&mut self.head)?;
+        self.len += self.head.len() - before + body.len();
+        self.chunks.push(self.head.split().freeze());
+        self.chunks.push(body.clone());
+        Ok(())
+    }
+}
+
 /// The substrate-frame [`Format`]; wrap it in a [`super::StreamDecoder`].
 #[derive(Debug, Clone, Default)]
 pub struct EnvelopeDecoder;
@@ -638,6 +720,14 @@ impl Envelope {
     /// The same frame as [`Envelope::encode`], its CBOR written straight into `out` and the
     /// length filled in after (no scratch buffer); on an error `out` is as it was.
     pub fn encode_into(&self, out: &mut BytesMut) -> Result<(), EnvelopeError> {
+        self.encode_head_into(out)?;
+        out.put_slice(self.body.as_deref().unwrap_or_default());
+        Ok(())
+    }
+
+    /// The frame up to its body's bytes (length, type byte, CBOR head) into `out`; the body's
+    /// bytes are the caller's to write next. On an error `out` is as it was.
+    fn encode_head_into(&self, out: &mut BytesMut) -> Result<(), EnvelopeError> {
         self.check_encodable()?;
         let start = out.len();
         out.put_u32(0);
@@ -650,7 +740,6 @@ impl Envelope {
             return Err(EnvelopeError::FrameTooLarge { len: len as u64 });
         }
         out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
-        out.put_slice(body);
         Ok(())
     }
 
@@ -1079,6 +1168,49 @@ mod tests {
     }
 
     proptest! {
+        /// Frames put into chunks are, joined, the bytes `encode` writes, whatever the
+        /// threshold; a body at or past it is its own chunk and the caller's buffer itself (no
+        /// copy), a smaller one is copied in; the count is the bytes held, and a take leaves the
+        /// sink empty for the next frames. A frame the encoder refuses leaves the sink as it was.
+        #[test]
+        fn chunks_join_to_the_encoded_frames_and_keep_large_bodies_by_reference(
+            batches in proptest::collection::vec(proptest::collection::vec(envelope(), 0..6), 1..4),
+            by_reference in prop_oneof![Just(0usize), 1usize..100, Just(usize::MAX)],
+        ) {
+            let mut sink = FrameChunks::new(by_reference);
+            for envelopes in batches {
+                let mut expected = Vec::new();
+                for envelope in &envelopes {
+                    envelope.encode(&mut expected).expect("within bounds");
+                    sink.put_frame(envelope).expect("within bounds");
+                }
+                let mut refused = envelopes.first().cloned().unwrap_or_else(|| golden_envelopes().remove(0));
+                refused.type_byte = 0;
+                prop_assert!(sink.put_frame(&refused).is_err());
+                prop_assert_eq!(sink.len(), expected.len());
+                let chunks = sink.take();
+                prop_assert!(sink.is_empty());
+                prop_assert_eq!(sink.len(), 0);
+                let joined: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+                prop_assert_eq!(&joined, &expected);
+                let referenced: Vec<&Bytes> = envelopes
+                    .iter()
+                    .filter_map(|e| e.body.as_ref())
+                    .filter(|b| b.len() >= by_reference)
+                    .collect();
+                let mut found = chunks.iter().filter(|c| {
+                    referenced.iter().any(|b| b.as_ptr() == c.as_ptr() && b.len() == c.len())
+                });
+                for body in &referenced {
+                    let chunk = found.next();
+                    prop_assert!(chunk.is_some_and(|c| c.as_ptr() == body.as_ptr()), "body kept by reference");
+                }
+                if by_reference == usize::MAX {
+                    prop_assert!(chunks.len() <= 1, "one buffer when nothing goes by reference");
+                }
+            }
+        }
+
         #[test]
         fn round_trips_in_every_split(
             envelopes in proptest::collection::vec(envelope(), 0..6),

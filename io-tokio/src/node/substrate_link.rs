@@ -213,6 +213,12 @@ impl QuicStream {
         self.cut.clone()
     }
 
+    /// The connection and the stream's halves (the substrate's writer queues owned chunks on
+    /// the send half).
+    pub(crate) fn into_parts(self) -> (Connection, SendStream, RecvStream) {
+        (self.conn, self.send, self.recv)
+    }
+
     /// The receive half (the rest is dropped: the send half finishes).
     pub(super) fn into_recv(self) -> RecvStream {
         self.recv

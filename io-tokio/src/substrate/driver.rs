@@ -20,8 +20,8 @@ use tether_core::substrate::peer::{
 };
 use tether_core::substrate::{DurableState, Event, Machine, PeerId, PeerLink, PersistBatch};
 use tether_core::time::Time;
-use tether_core::wire::envelope::Verb;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tether_core::wire::envelope::{FrameChunks, Verb};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, Instrument};
@@ -67,8 +67,8 @@ async fn finished<T>(
 /// Resolves when a full `writer` has room again; never when there is no writer or it has room
 /// now (then nothing waits on it).
 async fn writable(
-    writer: Option<&mpsc::Sender<Bytes>>,
-) -> Result<mpsc::Permit<'_, Bytes>, mpsc::error::SendError<()>> {
+    writer: Option<&mpsc::Sender<Vec<Bytes>>>,
+) -> Result<mpsc::Permit<'_, Vec<Bytes>>, mpsc::error::SendError<()>> {
     match writer {
         Some(writer) if writer.capacity() == 0 => writer.reserve().await,
         _ => std::future::pending().await,
@@ -93,10 +93,11 @@ pub(super) struct PeerExecutor {
     link_rx: mpsc::Receiver<LinkMsg>,
     /// The bound connection's writer: at most [`SUBSTRATE_WRITE_CHUNKS_MAX`] chunks queued;
     /// when it is full, frames wait in the peer (bounded by windows and credit).
-    writer: Option<mpsc::Sender<Bytes>>,
-    /// Where frames are encoded: each chunk handed to the writer is split off it, and its
-    /// space is used again once the writer drops the chunk (no allocation per wake).
-    out: BytesMut,
+    writer: Option<mpsc::Sender<Vec<Bytes>>>,
+    /// Where frames are encoded: each batch handed to the writer is split off it, and its
+    /// space is used again once the writer drops the batch (no allocation per wake). Bodies
+    /// go by reference when the bound stream takes owned chunks (QUIC).
+    out: FrameChunks,
     /// A connection handed to the peer and not bound yet: bound on [`Output::Bind`], dropped
     /// otherwise once the outputs are drained.
     pending: Option<Box<dyn super::transport::LinkStream>>,
@@ -151,7 +152,7 @@ impl PeerExecutor {
             link_tx,
             link_rx,
             writer: None,
-            out: BytesMut::new(),
+            out: FrameChunks::new(usize::MAX),
             pending: None,
             loading: None,
             committing: None,
@@ -464,10 +465,10 @@ impl PeerExecutor {
                 && self.peer.poll_transmit(&mut self.out)
             {}
             if !self.out.is_empty() {
-                let chunk = self.out.split().freeze();
+                let chunks = self.out.take();
                 if let Some(writer) = &self.writer {
                     // Room was checked before the frames were taken.
-                    let _ = writer.try_send(chunk);
+                    let _ = writer.try_send(chunks);
                 }
                 progress = true;
             }
@@ -545,7 +546,9 @@ impl PeerExecutor {
 
     /// Reads and writes `stream` under `generation`, replacing the bound connection.
     fn bind(&mut self, stream: Box<dyn super::transport::LinkStream>, generation: u64) {
-        let (mut reader, mut writer) = tokio::io::split(stream);
+        let (mut reader, mut writer) = super::transport::halves(stream);
+        // Frames taken from here on are encoded for this writer.
+        self.out = FrameChunks::new(writer.by_reference());
         let tx = self.link_tx.clone();
         tokio::spawn(async move {
             let mut blocks = ReadBlocks::default();
@@ -563,14 +566,14 @@ impl PeerExecutor {
                 }
             }
         });
-        let (out_tx, mut out_rx) = mpsc::channel::<Bytes>(SUBSTRATE_WRITE_CHUNKS_MAX);
+        let (out_tx, mut out_rx) = mpsc::channel::<Vec<Bytes>>(SUBSTRATE_WRITE_CHUNKS_MAX);
         tokio::spawn(async move {
-            while let Some(bytes) = out_rx.recv().await {
-                if writer.write_all(&bytes).await.is_err() {
+            while let Some(mut chunks) = out_rx.recv().await {
+                if writer.write_chunks(&mut chunks).await.is_err() {
                     return;
                 }
             }
-            let _ = writer.shutdown().await;
+            writer.shutdown().await;
         });
         self.writer = Some(out_tx);
     }
@@ -714,6 +717,7 @@ impl ReadBlocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
     /// A peer's bytes paced one small write at a time are read end to end into one block
     /// until its room runs low, then into one fresh block: a body kept from a small read

@@ -2,6 +2,7 @@
 //! ordered byte stream per link. [`TcpTransport`] is here; the simulator implements it over
 //! turmoil and the iroh driver over QUIC, so all of them run the same shell.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
@@ -9,6 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use bytes::Bytes;
 use tether_core::driver::admission::Handshakes;
 use tether_core::substrate::handshake::Channel;
 use tether_core::substrate::PeerId;
@@ -21,9 +23,80 @@ use tracing::warn;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// An ordered, reliable byte stream of one link.
-pub trait LinkStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+pub trait LinkStream: AsyncRead + AsyncWrite + Send + Unpin + Any {}
 
-impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> LinkStream for S {}
+impl<S: AsyncRead + AsyncWrite + Send + Unpin + Any> LinkStream for S {}
+
+/// How a bound link's frames are written.
+pub(crate) enum LinkWriter {
+    /// A QUIC stream: it queues owned chunks as they are, so bodies go by reference.
+    #[cfg(feature = "iroh")]
+    Quic {
+        send: iroh::endpoint::SendStream,
+        /// Held while the stream is written (the streams keep the connection too).
+        _conn: iroh::endpoint::Connection,
+    },
+    /// Any other stream: chunks are written as bytes.
+    Stream(tokio::io::WriteHalf<Box<dyn LinkStream>>),
+}
+
+impl LinkWriter {
+    /// The smallest body worth a chunk of its own on this writer
+    /// ([`tether_core::limits::SUBSTRATE_BODY_BY_REFERENCE_MIN_BYTES`] on QUIC; none elsewhere: a byte stream would
+    /// take each chunk with a write of its own).
+    pub(crate) fn by_reference(&self) -> usize {
+        match self {
+            #[cfg(feature = "iroh")]
+            Self::Quic { .. } => tether_core::limits::SUBSTRATE_BODY_BY_REFERENCE_MIN_BYTES,
+            Self::Stream(_) => usize::MAX,
+        }
+    }
+
+    /// Writes `chunks` in order, whole.
+    pub(crate) async fn write_chunks(&mut self, chunks: &mut [Bytes]) -> io::Result<()> {
+        match self {
+            #[cfg(feature = "iroh")]
+            Self::Quic { send, .. } => send.write_all_chunks(chunks).await.map_err(Into::into),
+            Self::Stream(stream) => {
+                for chunk in chunks.iter() {
+                    stream.write_all(chunk).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends the stream after what was written.
+    pub(crate) async fn shutdown(&mut self) {
+        match self {
+            #[cfg(feature = "iroh")]
+            Self::Quic { send, .. } => {
+                let _ = send.finish();
+            }
+            Self::Stream(stream) => {
+                let _ = stream.shutdown().await;
+            }
+        }
+    }
+}
+
+/// Splits a link's stream into its reading half and its [`LinkWriter`]: a QUIC stream into
+/// its own halves, any other through `tokio::io::split`.
+pub(crate) fn halves(
+    stream: Box<dyn LinkStream>,
+) -> (Box<dyn AsyncRead + Send + Unpin>, LinkWriter) {
+    #[cfg(feature = "iroh")]
+    if (&*stream as &dyn Any).is::<crate::node::QuicStream>() {
+        let stream: Box<dyn Any> = stream;
+        let quic = stream
+            .downcast::<crate::node::QuicStream>()
+            .expect("the type was just checked");
+        let (conn, send, recv) = quic.into_parts();
+        return (Box::new(recv), LinkWriter::Quic { send, _conn: conn });
+    }
+    let (read, write) = tokio::io::split(stream);
+    (Box::new(read), LinkWriter::Stream(write))
+}
 
 /// One established link: its byte stream and what the handshake binds it to.
 pub struct Link {

@@ -26,7 +26,7 @@ use std::collections::{btree_map, BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::finality::Code;
 use super::handshake::{Negotiated, Role};
@@ -41,7 +41,7 @@ use crate::limits::{
 };
 use crate::retry::{Backoff, Jitter, Retry};
 use crate::time::Time;
-use crate::wire::envelope::Verb;
+use crate::wire::envelope::{FrameSink, Verb};
 
 /// When to redial a lost link (the one retry policy, [`crate::retry`]).
 pub const REDIAL: Backoff = Backoff::new(
@@ -212,7 +212,7 @@ impl Peer {
     /// Appends the next frame for the bound connection to `out`; `false` when there is none.
     /// Ask only while the connection's writer has room: frames wait here meanwhile (bounded
     /// by the machine's windows and credit).
-    pub fn poll_transmit(&mut self, out: &mut BytesMut) -> bool {
+    pub fn poll_transmit(&mut self, out: &mut impl FrameSink) -> bool {
         match &mut self.stage {
             Stage::Ready(link) if self.bound => link.poll_transmit(out),
             _ => false,

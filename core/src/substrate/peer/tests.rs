@@ -5,6 +5,7 @@ use super::*;
 use crate::substrate::handshake::{Auth, Channel};
 use crate::substrate::{AllowAll, Authorizer, Config, Seq};
 use crate::wire::envelope::ObjKind;
+use bytes::BytesMut;
 
 const T0: Time = Time::from_millis(1_000);
 
