@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use criterion::{criterion_main, BatchSize, Criterion, Throughput};
 use tether_core::substrate::harness::{Harness, Party};
 use tether_core::substrate::Config;
-use tether_core::wire::envelope::{Address, Env, Envelope, EnvelopeDecoder, ObjKind, Verb};
+use tether_core::wire::envelope::{Address, Env, Envelope, EnvelopeDecoder, Verb};
 use tether_core::wire::StreamDecoder;
 
 const OPS: u64 = 2_000;
@@ -26,15 +26,7 @@ fn loaded(window: usize, objects: usize, latency: Duration) -> Harness {
         outbox_ops_max: OPS as usize,
         ..Config::default()
     };
-    let mut h = Harness::allowing_all(config, 1);
-    h.latency = latency;
-    h.connect();
-    for object in 0..objects {
-        let name = format!("q{object}");
-        h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
-            .unwrap();
-    }
-    h.run();
+    let mut h = tether_benches::harness_with_queues(config, objects, latency);
     let body = Bytes::from(vec![7u8; 1024]);
     for op in 0..OPS as usize {
         let name = format!("q{}", op % objects);

@@ -105,3 +105,25 @@ pub fn arg(args: &[String], name: &str, default: usize) -> usize {
         .and_then(|pair| pair[1].replace('_', "").parse().ok())
         .unwrap_or(default)
 }
+
+/// Two in-memory substrate machines (core's harness, every persist acknowledged at once)
+/// with `objects` queues `q0`, `q1`, ... opened by A, under `config`: what the core benches
+/// and the instruction-count workload start from.
+pub fn harness_with_queues(
+    config: tether_core::substrate::Config,
+    objects: usize,
+    latency: std::time::Duration,
+) -> tether_core::substrate::harness::Harness {
+    use tether_core::substrate::harness::{Harness, Party};
+    use tether_core::wire::envelope::ObjKind;
+    let mut h = Harness::allowing_all(config, 1);
+    h.latency = latency;
+    h.connect();
+    for object in 0..objects {
+        let name = format!("q{object}");
+        h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, &name, None))
+            .expect("a fresh queue opens");
+    }
+    h.run();
+    h
+}
