@@ -87,21 +87,12 @@ macro_rules! text_handle {
             pub fn as_bytes(&self) -> &[u8] {
                 self.0.as_bytes()
             }
-
-            /// `text` held as a value of this type is, unchecked, when it fits in place: a key
-            /// to look up a table keyed by this type, compared word by word. A lookup by
-            /// `&str` instead turns every key it passes into a `&str`, checked as UTF-8 each
-            /// time. Never stored.
-            #[inline]
-            pub(crate) fn probe(text: &str) -> Option<Self> {
-                Text::inline(text).map(Self)
-            }
         }
 
         impl crate::wire::text::TextKey for $ty {
             #[inline]
             fn probe(text: &str) -> Option<Self> {
-                Self::probe(text)
+                Text::inline(text).map(Self)
             }
         }
 
@@ -157,9 +148,9 @@ impl Address {
     fn parse_wire(bytes: &[u8]) -> Result<Self, EnvelopeError> {
         let allowed = |b: &u8| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'/' | b'-');
         if !bytes.is_empty() && bytes.len() <= ADDRESS_BYTES_MAX && bytes.iter().all(allowed) {
-            if let Some(text) = Text::ascii(bytes) {
-                return Ok(Self(text));
-            }
+            return Ok(Self(
+                Text::ascii(bytes).expect("the address charset is ASCII"),
+            ));
         }
         let text =
             std::str::from_utf8(bytes).map_err(|_| EnvelopeError::Cbor(CborError::NotUtf8))?;
@@ -853,18 +844,18 @@ fn read_str<'a>(reader: &mut Reader<'a>, field: &'static str) -> Result<&'a str,
 /// check; other text is checked as [`read_str`] checks it, in the same order.
 fn read_op_id(reader: &mut Reader<'_>, field: &'static str) -> Result<OpId, EnvelopeError> {
     let bytes = reader.text_bytes().map_err(invalid(field))?;
-    if !bytes.is_ascii() && std::str::from_utf8(bytes).is_err() {
-        return Err(EnvelopeError::Cbor(CborError::NotUtf8));
-    }
+    let text = if bytes.is_ascii() {
+        None
+    } else {
+        Some(std::str::from_utf8(bytes).map_err(|_| EnvelopeError::Cbor(CborError::NotUtf8))?)
+    };
     if bytes.len() > ENVELOPE_TEXT_BYTES_MAX {
         return Err(EnvelopeError::Invalid { field });
     }
-    match Text::ascii(bytes) {
-        Some(text) => Ok(OpId(text)),
-        None => Ok(OpId::new(
-            std::str::from_utf8(bytes).map_err(|_| EnvelopeError::Cbor(CborError::NotUtf8))?,
-        )),
-    }
+    Ok(OpId(match text {
+        Some(text) => Text::new(text),
+        None => Text::ascii(bytes).expect("checked ASCII above"),
+    }))
 }
 
 fn read_text(reader: &mut Reader<'_>, field: &'static str) -> Result<String, EnvelopeError> {

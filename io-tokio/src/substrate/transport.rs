@@ -41,9 +41,9 @@ pub(crate) enum LinkWriter {
 }
 
 impl LinkWriter {
-    /// The smallest body worth a chunk of its own on this writer
-    /// ([`tether_core::limits::SUBSTRATE_BODY_BY_REFERENCE_MIN_BYTES`] on QUIC; none elsewhere: a byte stream would
-    /// take each chunk with a write of its own).
+    /// The smallest body worth a chunk of its own on this writer:
+    /// [`tether_core::limits::SUBSTRATE_BODY_BY_REFERENCE_MIN_BYTES`] on QUIC, none elsewhere
+    /// (a byte stream would take each chunk with a write of its own).
     pub(crate) fn by_reference(&self) -> usize {
         match self {
             #[cfg(feature = "iroh")]

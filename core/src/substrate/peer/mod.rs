@@ -863,13 +863,10 @@ impl Peer {
                         self.reply(ticket, Reply::Failed(Failure::Futile(Code::parse(&code))));
                     }
                     None => {
-                        let its_open = self
-                            .opens
-                            .get(&ObjName::from(&obj))
-                            .is_some_and(|(id, _)| *id == op_id);
-                        if let Some((_, ticket)) = its_open
-                            .then(|| self.opens.remove(&ObjName::from(&obj)))
-                            .flatten()
+                        let name = ObjName::from(&obj);
+                        let its_open = self.opens.get(&name).is_some_and(|(id, _)| *id == op_id);
+                        if let Some((_, ticket)) =
+                            its_open.then(|| self.opens.remove(&name)).flatten()
                         {
                             self.reply(ticket, Reply::Failed(Failure::Futile(Code::parse(&code))));
                         }
