@@ -293,6 +293,7 @@ impl Format for ActorDecoder {
     type Item = ActorRecord;
     type Error = ActorError;
 
+    #[inline(always)]
     fn decode<I: Input>(&mut self, buf: &mut I) -> Result<Option<ActorRecord>, ActorError> {
         let Some(tag_len) = u32_be_at(buf, DEST_LEN) else {
             return Ok(None);

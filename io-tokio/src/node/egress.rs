@@ -453,13 +453,21 @@ impl WriterWake {
 impl Inner {
     /// Whether the wire can carry `frame` (core's rule); a frame it cannot is counted (the
     /// machine's drop) and goes no further, so a writer never meets one.
+    #[inline]
     pub(super) fn sendable(self: &Arc<Self>, frame: &OutFrame) -> bool {
         let payload = frame.payload.len();
-        let checked = check_record(&frame.type_tag, payload, self.payload_bytes_max);
-        if checked.is_err() {
-            self.drive(|driver, now| driver.handle_unencodable(now, 1));
+        let checked = check_record(&frame.type_tag, payload, self.payload_bytes_max).is_ok();
+        if !checked {
+            self.unsendable();
         }
-        checked.is_ok()
+        checked
+    }
+
+    /// A frame the wire cannot carry was handed over: the machine counts it.
+    #[cold]
+    #[inline(never)]
+    fn unsendable(self: &Arc<Self>) {
+        self.drive(|driver, now| driver.handle_unencodable(now, 1));
     }
 
     /// The next frame of `frames` that is [`Inner::sendable`] (the others are counted).
@@ -526,7 +534,7 @@ impl Inner {
                 return self.enqueued(queue, u64::from(queued), u64::from(!queued), false);
             }
         }
-        self.send_run(frame.to, std::iter::once(frame));
+        self.send_run(frame.to, &mut std::iter::once(frame).peekable());
     }
 
     /// A push through the cache found its queue closed: once the close is settled (writers
@@ -558,23 +566,17 @@ impl Inner {
         if frames.is_empty() {
             return;
         }
-        self.send_run_counted(peer, frames.into_iter(), true);
+        self.send_run_counted(peer, &mut frames.into_iter().peekable(), true);
     }
 
     /// Queues frames all addressed to `peer`, in order.
-    pub(super) fn send_run(self: &Arc<Self>, peer: NodeId, frames: impl Iterator<Item = OutFrame>) {
+    pub(super) fn send_run(self: &Arc<Self>, peer: NodeId, frames: &mut impl Run) {
         self.send_run_counted(peer, frames, false);
     }
 
     /// [`Inner::send_run`]; `counted` when the frames entered a queue before (taken back from
     /// a retired one): queued again, they are not counted again.
-    fn send_run_counted(
-        self: &Arc<Self>,
-        peer: NodeId,
-        frames: impl Iterator<Item = OutFrame>,
-        counted: bool,
-    ) {
-        let mut frames = frames.peekable();
+    fn send_run_counted(self: &Arc<Self>, peer: NodeId, frames: &mut impl Run, counted: bool) {
         // The hot path: the peer has a queue (it was admitted when the queue started, and the
         // allow-list is fixed). Its writer asks the machine for the connection per batch.
         {
@@ -583,14 +585,14 @@ impl Inner {
                 return self.enqueue(queue, &egress.tags, frames, counted);
             }
         }
-        if frames.peek().is_none() {
+        if frames.peek_frame().is_none() {
             return;
         }
         let verdict = self.ask(|driver, now| driver.handle_send(now, peer), Answer::send);
         if verdict != SendVerdict::Enqueue {
             // The slow path: each further frame is judged (and counted) as a lone send is.
-            frames.next();
-            for frame in frames {
+            frames.drop_frame();
+            while let Some(frame) = frames.take_frame() {
                 self.send(frame);
             }
             return;
@@ -600,7 +602,7 @@ impl Inner {
             // The node closed after the machine let the run through: asked again, each frame
             // is refused and counted.
             drop(egress);
-            for frame in frames {
+            while let Some(frame) = frames.take_frame() {
                 self.send(frame);
             }
             return;
@@ -645,11 +647,11 @@ impl Inner {
     /// ring slot each (the writer hands the records to the stream as they are); a run the
     /// ring has no room for is pushed frame by frame, as lone frames are, so the spillover
     /// stays bounded in frames.
-    pub(super) fn enqueue<I: Iterator<Item = OutFrame>>(
+    pub(super) fn enqueue(
         self: &Arc<Self>,
         queue: &PeerQueue,
         tags: &TagTable,
-        mut frames: std::iter::Peekable<I>,
+        frames: &mut impl Run,
         counted: bool,
     ) {
         let (mut enqueued, mut full, mut unencodable) = (0u64, 0u64, 0u64);
@@ -668,19 +670,14 @@ impl Inner {
         // The runs are split off the blocks of one buffer (the runs of a block share its
         // allocation, end to end).
         let (mut routes, mut records) = (None, RunBuffer::default());
-        while let Some(first) = frames.next() {
-            if frames.peek().is_none() || !queue.sender.ring_has_room() {
+        while let Some(first) = frames.take_frame() {
+            if frames.peek_frame().is_none() || !queue.sender.ring_has_room() {
                 push_one(first, &mut count);
                 continue;
             }
             let routes = routes.get_or_insert_with(|| self.routes_now());
-            let (run, skipped) = encode_run(
-                first,
-                &mut frames,
-                routes,
-                &mut records,
-                self.payload_bytes_max,
-            );
+            let (run, skipped) =
+                encode_run(first, frames, routes, &mut records, self.payload_bytes_max);
             unencodable += skipped;
             let frames_in_run = run.frames;
             match queue
@@ -927,87 +924,118 @@ impl Inner {
     }
 }
 
-/// One run of [`Node::send_batch`]: its first frame, then each sendable frame after it (the
-/// others counted) while they go to the same peer. The first frame for another peer ends
-/// the run and is left in `after`, to start the next. One layer over the caller's iterator:
-/// each layer moves every frame once more, which 64 B frames feel.
-pub(super) struct RunOf<'a, I> {
-    pub(super) first: Option<OutFrame>,
+/// The frames of one run, all for one peer, looked at where they are held: a run is encoded
+/// from each frame in place, which is then dropped there. Each layer a frame passed through
+/// whole (an iterator adapter, a peek, an `Option` taken) moved all 120 bytes of it once
+/// more, which 64 B frames felt as a third of the sending thread's time.
+pub(super) trait Run {
+    /// The run's next frame, left where it is (`None`: the run ended).
+    fn peek_frame(&mut self) -> Option<&OutFrame>;
+    /// Takes the run's next frame.
+    fn take_frame(&mut self) -> Option<OutFrame>;
+    /// Drops the run's next frame (one [`Run::peek_frame`] found, and its record was written).
+    fn drop_frame(&mut self);
+}
+
+impl<I: Iterator<Item = OutFrame>> Run for std::iter::Peekable<I> {
+    #[inline]
+    fn peek_frame(&mut self) -> Option<&OutFrame> {
+        std::iter::Peekable::peek(self)
+    }
+
+    #[inline]
+    fn take_frame(&mut self) -> Option<OutFrame> {
+        Iterator::next(self)
+    }
+
+    #[inline]
+    fn drop_frame(&mut self) {
+        Iterator::next(self);
+    }
+}
+
+/// One run of [`Node::send_batch`]: each sendable frame of the caller's iterator (the others
+/// counted) while they go to `peer`. A frame is held in `held` from the moment the iterator
+/// hands it over until it is encoded or queued; the first frame for another peer stays
+/// there, and ends the run, to start the next.
+pub(super) struct BatchRun<'a, I> {
     pub(super) peer: NodeId,
     pub(super) inner: &'a Arc<Inner>,
     pub(super) frames: &'a mut I,
-    pub(super) after: &'a mut Option<OutFrame>,
+    pub(super) held: &'a mut Option<OutFrame>,
 }
 
-impl<I: Iterator<Item = OutFrame>> Iterator for RunOf<'_, I> {
-    type Item = OutFrame;
+impl<I: Iterator<Item = OutFrame>> Run for BatchRun<'_, I> {
+    #[inline]
+    fn peek_frame(&mut self) -> Option<&OutFrame> {
+        if self.held.is_none() {
+            *self.held = self.inner.next_sendable(self.frames);
+        }
+        self.held.as_ref().filter(|frame| frame.to == self.peer)
+    }
 
     #[inline]
-    fn next(&mut self) -> Option<OutFrame> {
-        if let Some(first) = self.first.take() {
-            return Some(first);
-        }
-        if self.after.is_some() {
-            return None;
-        }
-        let frame = self.inner.next_sendable(self.frames)?;
-        if frame.to == self.peer {
-            Some(frame)
-        } else {
-            *self.after = Some(frame);
-            None
-        }
+    fn take_frame(&mut self) -> Option<OutFrame> {
+        self.peek_frame()?;
+        self.held.take()
+    }
+
+    #[inline]
+    fn drop_frame(&mut self) {
+        *self.held = None;
     }
 }
 
 /// `first` and up to [`EGRESS_RUN_FRAMES_MAX`] − 1 frames of `rest` after it (each judged
 /// sendable when handed over) encoded as the writer would encode them, split off `records`;
 /// with how many the wire could not carry after all (none; were one to fail, it is counted,
-/// never written).
+/// never written). The frames after `first` are read where `rest` holds them.
 fn encode_run(
     first: OutFrame,
-    rest: &mut impl Iterator<Item = OutFrame>,
+    rest: &mut impl Run,
     routes: &Routes<ActorAddr>,
     records: &mut RunBuffer,
     payload_bytes_max: usize,
 ) -> (Encoded, u64) {
     let (mut count, mut unencodable, mut swim) = (0u64, 0u64, false);
     let mut last_tag: Option<Cow<'static, str>> = None;
-    let mut next = Some(first);
+    // Room for the run as its first frame suggests (a run of large frames grows as it goes).
+    records.room_for_run(first.type_tag.len() + first.payload.len() + 48);
+    let mut frame = Some(&first);
     let mut taken = 1;
-    while let Some(frame) = next.take() {
-        if taken < EGRESS_RUN_FRAMES_MAX {
-            next = rest.next();
-            taken += 1;
-        }
-        // Room for the run as its first frame suggests (a run of large frames grows as it
-        // goes).
-        let record = frame.type_tag.len() + frame.payload.len() + 48;
-        if count == 0 {
-            records.room_for_run(record);
-        }
-        records.records.reserve(record);
+    while let Some(each) = frame {
+        records
+            .records
+            .reserve(each.type_tag.len() + each.payload.len() + 48);
         let encoded = encode_record(
-            frame.dest.as_bytes(),
-            &frame.type_tag,
-            &frame.payload,
+            each.dest.as_bytes(),
+            &each.type_tag,
+            &each.payload,
             payload_bytes_max,
             &mut records.records,
         );
-        if encoded.is_err() {
+        if encoded.is_ok() {
+            count += 1;
+            if !swim
+                && last_tag
+                    .as_deref()
+                    .is_none_or(|last| !same_tag(last, &each.type_tag))
+            {
+                swim = routes.is_swim(&each.type_tag);
+                last_tag = Some(each.type_tag.clone());
+            }
+        } else {
             debug_assert!(false, "a frame judged sendable the wire cannot carry");
             unencodable += 1;
-            continue;
         }
-        count += 1;
-        if !swim
-            && last_tag
-                .as_deref()
-                .is_none_or(|last| !same_tag(last, &frame.type_tag))
-        {
-            swim = routes.is_swim(&frame.type_tag);
-            last_tag = Some(frame.type_tag);
+        if taken > 1 {
+            rest.drop_frame();
         }
+        if taken == EGRESS_RUN_FRAMES_MAX {
+            break;
+        }
+        frame = rest.peek_frame();
+        taken += 1;
     }
     let run = Encoded {
         records: records.records.split(),
@@ -1279,7 +1307,7 @@ mod tests {
         };
         let frames: Vec<OutFrame> = (1..=5).map(|n| frame("Chat", n)).collect();
         let mut records = RunBuffer::default();
-        let mut rest = frames.iter().cloned();
+        let mut rest = frames.iter().cloned().peekable();
         let first = rest.next().expect("frames");
         let (run, skipped) = encode_run(first, &mut rest, &routes, &mut records, 1 << 20);
         assert_eq!((run.frames, skipped, run.swim), (5, 0, false));
@@ -1303,14 +1331,16 @@ mod tests {
         );
         // One SWIM frame in the run makes the run's batch a SWIM batch.
         let swim = tether_core::driver::SWIM_TAGS[0];
-        let mut mixed = [frame(swim, 2), frame("Chat", 3)].into_iter();
+        let mut mixed = [frame(swim, 2), frame("Chat", 3)].into_iter().peekable();
         let (run, _) = encode_run(frame("Chat", 1), &mut mixed, &routes, &mut records, 1 << 20);
         assert!(run.swim);
         assert_eq!(run.frames, 3);
         // A run takes at most EGRESS_RUN_FRAMES_MAX frames and leaves the rest where they
         // were, in order.
         let many = EGRESS_RUN_FRAMES_MAX + 3;
-        let mut rest = (0..many).map(|n| frame("Chat", (n % 200) as u8 + 1));
+        let mut rest = (0..many)
+            .map(|n| frame("Chat", (n % 200) as u8 + 1))
+            .peekable();
         let first = rest.next().expect("frames");
         let (run, _) = encode_run(first, &mut rest, &routes, &mut records, 1 << 20);
         assert_eq!(run.frames, EGRESS_RUN_FRAMES_MAX as u64);
@@ -1340,7 +1370,7 @@ mod tests {
         let (routes, frame) = chat_frames();
         // Whole runs: a block holds one run, the next two, the next four, ...
         let run_of = |records: &mut RunBuffer, n: u8| {
-            let mut rest = (1..EGRESS_RUN_FRAMES_MAX).map(|_| frame(n));
+            let mut rest = (1..EGRESS_RUN_FRAMES_MAX).map(|_| frame(n)).peekable();
             encode_run(frame(n), &mut rest, &routes, records, 1 << 20).0
         };
         let (mut one, mut other) = (RunBuffer::default(), RunBuffer::default());
@@ -1428,7 +1458,7 @@ mod tests {
             for each in &frames {
                 encode(each, &mut expected);
             }
-            let mut rest = frames.into_iter();
+            let mut rest = frames.into_iter().peekable();
             let first = rest.next().expect("a frame");
             popped.push(Ok(encode_run(
                 first,

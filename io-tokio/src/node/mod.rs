@@ -53,7 +53,7 @@ mod substrate_link;
 mod telemetry;
 
 pub use builder::{quic_transport_config, JoinPolicy, NodeBuilder};
-use egress::{Egress, RunOf};
+use egress::{BatchRun, Egress};
 
 pub use opens::ConnectionCut;
 use opens::Placed;
@@ -519,23 +519,22 @@ impl Node {
     pub fn send_batch(&self, frames: impl IntoIterator<Item = OutFrame>) {
         // Fused: a caller's iterator is never asked again once it said it has no more.
         let mut frames = frames.into_iter().fuse();
-        let mut next = None;
+        // The frame handed over and not yet queued: the next run starts with it.
+        let mut held = None;
         loop {
-            let Some(first) = next
-                .take()
-                .or_else(|| self.inner.next_sendable(&mut frames))
-            else {
+            if held.is_none() {
+                held = self.inner.next_sendable(&mut frames);
+            }
+            let Some(peer) = held.as_ref().map(|frame: &OutFrame| frame.to) else {
                 return;
             };
-            let peer = first.to;
-            let run = RunOf {
-                first: Some(first),
+            let mut run = BatchRun {
                 peer,
                 inner: &self.inner,
                 frames: &mut frames,
-                after: &mut next,
+                held: &mut held,
             };
-            self.inner.send_run(peer, run);
+            self.inner.send_run(peer, &mut run);
         }
     }
 
