@@ -562,6 +562,11 @@ pub const EGRESS_RUN_BLOCK_BYTES: usize = 64 * 1024;
 /// Bytes a node reads from a QUIC stream at a time.
 pub const NODE_READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// Bytes of a block an actor stream's reader copies what it reads into, chunk after chunk (a
+/// larger chunk gets a block of its own size). A block is used again once every record read
+/// from it is gone, so a payload the app keeps pins at most one block.
+pub const NODE_READ_BLOCK_BYTES: usize = 16 * 1024;
+
 /// Frames a publisher's queue holds for one subscriber; past it the publisher's `emit`
 /// drops the frame for that subscriber (counted), so a slow collector never grows memory.
 pub const TELEMETRY_PUBLISHER_FRAMES: usize = 1024;

@@ -46,13 +46,12 @@ impl Inner {
         let mut routes = RoutesView::new();
         let mut decoder =
             StreamDecoder::new(ActorDecoder::with_payload_bytes_max(self.payload_bytes_max));
+        let mut blocks = ReadBlocks::default();
         loop {
             match recv.read_chunk(NODE_READ_CHUNK_BYTES).await {
                 // Copied: iroh's chunks are views of its receive buffers, which a payload the
-                // app keeps would pin whole; a payload pins its chunk's copy at most. Each
-                // chunk is its own buffer, not appended to the decoder's: records are then
-                // views of a `Bytes`, which cost less per record than splits of a `BytesMut`.
-                Ok(Some(chunk)) => decoder.push_bytes(Bytes::copy_from_slice(&chunk)),
+                // app keeps would pin whole.
+                Ok(Some(chunk)) => decoder.push_bytes(blocks.copy(&chunk)),
                 Ok(None) | Err(_) => return,
             }
             // The tables as of this chunk at the latest (the bridge may change them meanwhile);
@@ -149,6 +148,26 @@ impl Inner {
     }
 }
 
+/// Where an actor stream's reader copies its chunks: end to end in one block of
+/// [`NODE_READ_BLOCK_BYTES`], each chunk handed to the decoder as its own `Bytes`, so records
+/// are views of it (one reference count each, cheaper than splits of a `BytesMut`) and a chunk
+/// costs no allocation while the block has room or every record read from it is gone.
+#[derive(Default)]
+pub(super) struct ReadBlocks {
+    block: BytesMut,
+}
+
+impl ReadBlocks {
+    /// `chunk`, copied.
+    pub(super) fn copy(&mut self, chunk: &[u8]) -> Bytes {
+        if !self.block.try_reclaim(chunk.len()) {
+            self.block = BytesMut::with_capacity(chunk.len().max(NODE_READ_BLOCK_BYTES));
+        }
+        self.block.extend_from_slice(chunk);
+        self.block.split().freeze()
+    }
+}
+
 /// A reader's or writer's hold on the routing tables between chunks or batches: the version it
 /// saw and a weak handle, upgraded for each chunk or batch and let go after it (taking the
 /// tables' lock and a strong count per chunk cost more; holding them strong between chunks
@@ -180,5 +199,58 @@ impl RoutesView {
         self.version = view.0;
         self.routes = Arc::downgrade(&view.1);
         (view.1, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Chunks go end to end into one block and come back byte for byte; the block is used
+    /// again once nothing read from it is held, a view the app keeps moves the next chunks to
+    /// a new block (and keeps its bytes), and a chunk larger than a block gets its own.
+    #[test]
+    fn read_blocks_copy_chunks_end_to_end_and_reuse_a_block_nothing_holds() {
+        let mut blocks = ReadBlocks::default();
+        let chunk = |n: u8, len: usize| vec![n; len];
+        let first = blocks.copy(&chunk(1, 1200));
+        let second = blocks.copy(&chunk(2, 1200));
+        assert_eq!(
+            (&first[..], &second[..]),
+            (&chunk(1, 1200)[..], &chunk(2, 1200)[..])
+        );
+        assert_eq!(
+            first.as_ptr() as usize + 1200,
+            second.as_ptr() as usize,
+            "end to end"
+        );
+        let start = first.as_ptr();
+        drop((first, second));
+        // Fill the block: the next chunk finds it unheld and starts it again.
+        let fill: Vec<Bytes> = (0..NODE_READ_BLOCK_BYTES / 1200 - 2)
+            .map(|n| blocks.copy(&chunk(n as u8, 1200)))
+            .collect();
+        drop(fill);
+        let again = blocks.copy(&chunk(3, 1200));
+        assert_eq!(again.as_ptr(), start, "the block is used again");
+        // A view still held: the block is not reused once full, and the view's bytes stay.
+        let kept = again.slice(100..164);
+        drop(again);
+        let fill: Vec<Bytes> = (0..NODE_READ_BLOCK_BYTES / 1200)
+            .map(|n| blocks.copy(&chunk(n as u8, 1200)))
+            .collect();
+        let old_block = start as usize..start as usize + NODE_READ_BLOCK_BYTES;
+        let outside = fill
+            .iter()
+            .filter(|each| !old_block.contains(&(each.as_ptr() as usize)))
+            .count();
+        assert_eq!(
+            outside, 1,
+            "the chunk past the held block's end takes a new block"
+        );
+        assert_eq!(&kept[..], &[3; 64][..]);
+        // Larger than a block: a block of its own size.
+        let large = blocks.copy(&chunk(9, 3 * NODE_READ_BLOCK_BYTES));
+        assert_eq!(&large[..], &chunk(9, 3 * NODE_READ_BLOCK_BYTES)[..]);
     }
 }

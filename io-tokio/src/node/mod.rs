@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
-use tether_core::limits::{NODE_READ_CHUNK_BYTES, NODE_WRITE_BATCH_BYTES};
+use tether_core::limits::{NODE_READ_BLOCK_BYTES, NODE_READ_CHUNK_BYTES, NODE_WRITE_BATCH_BYTES};
 
 use crossbeam_utils::CachePadded;
 
