@@ -117,6 +117,10 @@ pub struct DecodeError<E> {
     pub error: E,
 }
 
+/// What [`StreamDecoder::pop`] answers: an item, `None` while more bytes are needed, or the
+/// error and where it stands.
+pub type PopResult<F> = Result<Option<<F as Format>::Item>, DecodeError<<F as Format>::Error>>;
+
 /// An incremental decoder: push bytes in any split, pop complete items.
 ///
 /// Received buffers ([`StreamDecoder::push_bytes`]) are kept as they came and decoded in
@@ -180,7 +184,37 @@ impl<F: Format> StreamDecoder<F> {
     }
 
     /// Pops the next complete item, `Ok(None)` when more bytes are needed.
-    pub fn pop(&mut self) -> Result<Option<F::Item>, DecodeError<F::Error>> {
+    ///
+    /// Inlined for its usual case, an item that lies whole in the front buffer: the item is
+    /// then built where the caller keeps it (returned from a call, it was written and read
+    /// back through memory, which a 64 B actor record felt).
+    #[inline]
+    pub fn pop(&mut self) -> PopResult<F> {
+        if self.poisoned.is_none() && self.joined.is_empty() {
+            if let Some(front) = self.chunks.front_mut() {
+                let before = front.len();
+                let result = self.format.decode(front);
+                let consumed = before - front.len();
+                if front.is_empty() {
+                    self.chunks.pop_front();
+                }
+                if let Ok(Some(item)) = result {
+                    debug_assert!(consumed > 0, "an item has at least one byte");
+                    self.buffered -= consumed;
+                    self.offset += consumed as u64;
+                    return Ok(Some(item));
+                }
+                if let Some(settled) = self.settle(consumed, result) {
+                    return settled;
+                }
+            }
+        }
+        self.pop_slow()
+    }
+
+    /// [`StreamDecoder::pop`] past its usual case.
+    #[inline(never)]
+    fn pop_slow(&mut self) -> PopResult<F> {
         if let Some(error) = &self.poisoned {
             return Err(error.clone());
         }
@@ -200,39 +234,55 @@ impl<F: Format> StreamDecoder<F> {
             } else {
                 return Ok(None);
             };
-            self.buffered -= consumed;
-            let item_offset = self.offset;
-            self.offset += consumed as u64;
-            match result {
-                Ok(None) => {
-                    debug_assert!(consumed == 0, "Ok(None) must not consume");
-                    if !self.join() {
-                        return Ok(None);
-                    }
+            if let Some(settled) = self.settle(consumed, result) {
+                return settled;
+            }
+        }
+    }
+
+    /// Accounts for `consumed` bytes and `result` of one decode: the answer to return, or
+    /// `None` when the item at the front was incomplete and bytes were joined to it (decode
+    /// again).
+    #[inline(never)]
+    fn settle(
+        &mut self,
+        consumed: usize,
+        result: Result<Option<F::Item>, F::Error>,
+    ) -> Option<PopResult<F>> {
+        self.buffered -= consumed;
+        let item_offset = self.offset;
+        self.offset += consumed as u64;
+        match result {
+            Ok(None) => {
+                debug_assert!(consumed == 0, "Ok(None) must not consume");
+                if self.join() {
+                    None
+                } else {
+                    Some(Ok(None))
                 }
-                Ok(Some(item)) => {
-                    debug_assert!(consumed > 0, "an item has at least one byte");
-                    return Ok(Some(item));
+            }
+            Ok(Some(item)) => {
+                debug_assert!(consumed > 0, "an item has at least one byte");
+                Some(Ok(Some(item)))
+            }
+            Err(error) => {
+                let fatal = error.is_fatal();
+                debug_assert!(!fatal || consumed == 0, "a fatal error must not consume");
+                debug_assert!(
+                    fatal || consumed > 0,
+                    "a frame-local error consumes its frame"
+                );
+                let located = DecodeError {
+                    offset: item_offset,
+                    error,
+                };
+                if fatal {
+                    self.poisoned = Some(located.clone());
+                    self.joined = BytesMut::new();
+                    self.chunks = VecDeque::new();
+                    self.buffered = 0;
                 }
-                Err(error) => {
-                    let fatal = error.is_fatal();
-                    debug_assert!(!fatal || consumed == 0, "a fatal error must not consume");
-                    debug_assert!(
-                        fatal || consumed > 0,
-                        "a frame-local error consumes its frame"
-                    );
-                    let located = DecodeError {
-                        offset: item_offset,
-                        error,
-                    };
-                    if fatal {
-                        self.poisoned = Some(located.clone());
-                        self.joined = BytesMut::new();
-                        self.chunks = VecDeque::new();
-                        self.buffered = 0;
-                    }
-                    return Err(located);
-                }
+                Some(Err(located))
             }
         }
     }

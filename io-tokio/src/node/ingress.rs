@@ -113,6 +113,9 @@ impl Inner {
     /// Routes one record (core's `Routes`) and hands it to the bridge; true when delivered.
     /// A drop is counted by the machine before the next record is handled;
     /// `frames_received` and `frames_delivered` are added once per chunk.
+    /// Inlined into the reader's loop for a record to an actor (the record is not moved
+    /// again); the others go to [`Inner::deliver_elsewhere`].
+    #[inline]
     pub(super) fn deliver(
         self: &Arc<Self>,
         peer: NodeId,
@@ -122,18 +125,7 @@ impl Inner {
     ) -> bool {
         let dest = match routes.inbound_memo(memo, &ActorAddr(*record.dest()), record.tag_bytes()) {
             Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
-            Inbound::Driver => {
-                let tag = memo.tag().unwrap_or_default();
-                let payload = record.into_payload();
-                // Signatures are checked here, before the node's lock is taken.
-                let checked = DriverRecord::check(tag, &payload);
-                self.drive(|driver, now| driver.handle_checked_record(now, peer, checked));
-                return false;
-            }
-            Inbound::Drop(reason) => {
-                self.drive(|driver, now| driver.handle_inbound_drop(now, reason));
-                return false;
-            }
+            elsewhere => return self.deliver_elsewhere(peer, memo, elsewhere, record),
         };
         // The memo holds this record's tag, checked once per run.
         let tag = memo.tag().unwrap_or_default();
@@ -142,9 +134,43 @@ impl Inner {
             .as_ref()
             .is_some_and(|bridge| bridge.deliver_raw(dest, tag, record.into_payload()).is_ok());
         if !ok {
-            self.drive(|driver, now| driver.handle_inbound_drop(now, DropReason::DeliveryFailed));
+            self.delivery_failed();
         }
         ok
+    }
+
+    /// A record for the driver (checked, then handed to the machine) or dropped (counted).
+    #[inline(never)]
+    fn deliver_elsewhere(
+        self: &Arc<Self>,
+        peer: NodeId,
+        memo: &RouteMemo<ActorAddr>,
+        inbound: Inbound<ActorAddr>,
+        record: ActorRecord,
+    ) -> bool {
+        match inbound {
+            Inbound::Driver => {
+                let tag = memo.tag().unwrap_or_default();
+                let payload = record.into_payload();
+                // Signatures are checked here, before the node's lock is taken.
+                let checked = DriverRecord::check(tag, &payload);
+                self.drive(|driver, now| driver.handle_checked_record(now, peer, checked));
+            }
+            Inbound::Drop(reason) => {
+                self.drive(|driver, now| driver.handle_inbound_drop(now, reason));
+            }
+            Inbound::Protocol(_) | Inbound::Actor(_) => {
+                debug_assert!(false, "delivered by Inner::deliver");
+            }
+        }
+        false
+    }
+
+    /// The bridge refused a record: the machine counts the drop.
+    #[cold]
+    #[inline(never)]
+    fn delivery_failed(self: &Arc<Self>) {
+        self.drive(|driver, now| driver.handle_inbound_drop(now, DropReason::DeliveryFailed));
     }
 }
 
