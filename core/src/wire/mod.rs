@@ -121,6 +121,9 @@ pub struct DecodeError<E> {
 /// error and where it stands.
 pub type PopResult<F> = Result<Option<<F as Format>::Item>, DecodeError<<F as Format>::Error>>;
 
+/// What one [`Format::decode`] answers.
+type Decoded<F> = Result<Option<<F as Format>::Item>, <F as Format>::Error>;
+
 /// An incremental decoder: push bytes in any split, pop complete items.
 ///
 /// Received buffers ([`StreamDecoder::push_bytes`]) are kept as they came and decoded in
@@ -191,13 +194,7 @@ impl<F: Format> StreamDecoder<F> {
     #[inline]
     pub fn pop(&mut self) -> PopResult<F> {
         if self.poisoned.is_none() && self.joined.is_empty() {
-            if let Some(front) = self.chunks.front_mut() {
-                let before = front.len();
-                let result = self.format.decode(front);
-                let consumed = before - front.len();
-                if front.is_empty() {
-                    self.chunks.pop_front();
-                }
+            if let Some((consumed, result)) = self.decode_front() {
                 if let Ok(Some(item)) = result {
                     debug_assert!(consumed > 0, "an item has at least one byte");
                     self.buffered -= consumed;
@@ -223,14 +220,8 @@ impl<F: Format> StreamDecoder<F> {
                 let before = self.joined.len();
                 let result = self.format.decode(&mut self.joined);
                 (before - self.joined.len(), result)
-            } else if let Some(front) = self.chunks.front_mut() {
-                let before = front.len();
-                let result = self.format.decode(front);
-                let consumed = before - front.len();
-                if front.is_empty() {
-                    self.chunks.pop_front();
-                }
-                (consumed, result)
+            } else if let Some(decoded) = self.decode_front() {
+                decoded
             } else {
                 return Ok(None);
             };
@@ -240,15 +231,25 @@ impl<F: Format> StreamDecoder<F> {
         }
     }
 
+    /// One decode in place from the front buffer (dropped once empty): bytes consumed and
+    /// the format's answer; `None` with no buffer.
+    #[inline(always)]
+    fn decode_front(&mut self) -> Option<(usize, Decoded<F>)> {
+        let front = self.chunks.front_mut()?;
+        let before = front.len();
+        let result = self.format.decode(front);
+        let consumed = before - front.len();
+        if front.is_empty() {
+            self.chunks.pop_front();
+        }
+        Some((consumed, result))
+    }
+
     /// Accounts for `consumed` bytes and `result` of one decode: the answer to return, or
     /// `None` when the item at the front was incomplete and bytes were joined to it (decode
     /// again).
     #[inline(never)]
-    fn settle(
-        &mut self,
-        consumed: usize,
-        result: Result<Option<F::Item>, F::Error>,
-    ) -> Option<PopResult<F>> {
+    fn settle(&mut self, consumed: usize, result: Decoded<F>) -> Option<PopResult<F>> {
         self.buffered -= consumed;
         let item_offset = self.offset;
         self.offset += consumed as u64;

@@ -1001,41 +1001,39 @@ fn encode_run(
     let mut last_tag: Option<Cow<'static, str>> = None;
     // Room for the run as its first frame suggests (a run of large frames grows as it goes).
     records.room_for_run(first.type_tag.len() + first.payload.len() + 48);
-    let mut frame = Some(&first);
-    let mut taken = 1;
-    while let Some(each) = frame {
+    let mut encode = |frame: &OutFrame| {
         records
             .records
-            .reserve(each.type_tag.len() + each.payload.len() + 48);
+            .reserve(frame.type_tag.len() + frame.payload.len() + 48);
         let encoded = encode_record(
-            each.dest.as_bytes(),
-            &each.type_tag,
-            &each.payload,
+            frame.dest.as_bytes(),
+            &frame.type_tag,
+            &frame.payload,
             payload_bytes_max,
             &mut records.records,
         );
-        if encoded.is_ok() {
-            count += 1;
-            if !swim
-                && last_tag
-                    .as_deref()
-                    .is_none_or(|last| !same_tag(last, &each.type_tag))
-            {
-                swim = routes.is_swim(&each.type_tag);
-                last_tag = Some(each.type_tag.clone());
-            }
-        } else {
+        if encoded.is_err() {
             debug_assert!(false, "a frame judged sendable the wire cannot carry");
             unencodable += 1;
+            return;
         }
-        if taken > 1 {
-            rest.drop_frame();
+        count += 1;
+        if !swim
+            && last_tag
+                .as_deref()
+                .is_none_or(|last| !same_tag(last, &frame.type_tag))
+        {
+            swim = routes.is_swim(&frame.type_tag);
+            last_tag = Some(frame.type_tag.clone());
         }
-        if taken == EGRESS_RUN_FRAMES_MAX {
+    };
+    encode(&first);
+    for _ in 1..EGRESS_RUN_FRAMES_MAX {
+        let Some(frame) = rest.peek_frame() else {
             break;
-        }
-        frame = rest.peek_frame();
-        taken += 1;
+        };
+        encode(frame);
+        rest.drop_frame();
     }
     let run = Encoded {
         records: records.records.split(),

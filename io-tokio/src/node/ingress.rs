@@ -113,8 +113,9 @@ impl Inner {
     /// Routes one record (core's `Routes`) and hands it to the bridge; true when delivered.
     /// A drop is counted by the machine before the next record is handled;
     /// `frames_received` and `frames_delivered` are added once per chunk.
+    ///
     /// Inlined into the reader's loop for a record to an actor (the record is not moved
-    /// again); the others go to [`Inner::deliver_elsewhere`].
+    /// again); driver records and drops go out of line.
     #[inline]
     pub(super) fn deliver(
         self: &Arc<Self>,
@@ -125,7 +126,8 @@ impl Inner {
     ) -> bool {
         let dest = match routes.inbound_memo(memo, &ActorAddr(*record.dest()), record.tag_bytes()) {
             Inbound::Protocol(actor) | Inbound::Actor(actor) => actor,
-            elsewhere => return self.deliver_elsewhere(peer, memo, elsewhere, record),
+            Inbound::Driver => return self.driver_record(peer, memo, record),
+            Inbound::Drop(reason) => return self.inbound_dropped(reason),
         };
         // The memo holds this record's tag, checked once per run.
         let tag = memo.tag().unwrap_or_default();
@@ -134,43 +136,33 @@ impl Inner {
             .as_ref()
             .is_some_and(|bridge| bridge.deliver_raw(dest, tag, record.into_payload()).is_ok());
         if !ok {
-            self.delivery_failed();
+            self.inbound_dropped(DropReason::DeliveryFailed);
         }
         ok
     }
 
-    /// A record for the driver (checked, then handed to the machine) or dropped (counted).
+    /// A record for the driver: its signature checked here, before the node's lock is taken,
+    /// then handed to the machine. Never delivered to an actor (false).
     #[inline(never)]
-    fn deliver_elsewhere(
+    fn driver_record(
         self: &Arc<Self>,
         peer: NodeId,
         memo: &RouteMemo<ActorAddr>,
-        inbound: Inbound<ActorAddr>,
         record: ActorRecord,
     ) -> bool {
-        match inbound {
-            Inbound::Driver => {
-                let tag = memo.tag().unwrap_or_default();
-                let payload = record.into_payload();
-                // Signatures are checked here, before the node's lock is taken.
-                let checked = DriverRecord::check(tag, &payload);
-                self.drive(|driver, now| driver.handle_checked_record(now, peer, checked));
-            }
-            Inbound::Drop(reason) => {
-                self.drive(|driver, now| driver.handle_inbound_drop(now, reason));
-            }
-            Inbound::Protocol(_) | Inbound::Actor(_) => {
-                debug_assert!(false, "delivered by Inner::deliver");
-            }
-        }
+        let tag = memo.tag().unwrap_or_default();
+        let payload = record.into_payload();
+        let checked = DriverRecord::check(tag, &payload);
+        self.drive(|driver, now| driver.handle_checked_record(now, peer, checked));
         false
     }
 
-    /// The bridge refused a record: the machine counts the drop.
+    /// A record not delivered: the machine counts the drop (false).
     #[cold]
     #[inline(never)]
-    fn delivery_failed(self: &Arc<Self>) {
-        self.drive(|driver, now| driver.handle_inbound_drop(now, DropReason::DeliveryFailed));
+    fn inbound_dropped(self: &Arc<Self>, reason: DropReason) -> bool {
+        self.drive(|driver, now| driver.handle_inbound_drop(now, reason));
+        false
     }
 }
 
