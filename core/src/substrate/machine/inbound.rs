@@ -78,8 +78,7 @@ impl Machine {
                     tx_next: Seq::ZERO,
                     rx_next: Seq::ZERO,
                 };
-                let object = Object::new(record);
-                self.objects.insert(op.obj.clone(), object);
+                self.put_object(op.obj.clone(), Object::new(record));
                 self.sequence(now, op, receipt, Seq::ZERO);
             }
             // Laws 2 and 4: a killing verb or an err to an unknown object is never bounced.

@@ -222,6 +222,9 @@ struct Object {
     /// The highest reservation known committed: a send below it may go on the wire before
     /// its own batch is committed.
     reserved_durable: Seq,
+    /// Its entry in the machine's timer table, if any (kept here, so that re-arming it after
+    /// a step looks the object up once, not a second table too).
+    armed: Option<Time>,
 }
 
 impl Object {
@@ -243,6 +246,7 @@ impl Object {
             reserved_batch: BatchId(0),
             reserved_durable: record.tx_next,
             record,
+            armed: None,
         }
     }
 
@@ -440,8 +444,6 @@ pub struct Machine {
     /// The timer table: each object's next deadline (gap resync, transient retry, TTL expiry,
     /// retention), ordered, so the next wake and the due objects cost O(log n).
     timers: BTreeSet<(Time, Address)>,
-    /// Each armed object's entry in `timers`.
-    deadlines: BTreeMap<Address, Time>,
     /// Objects the step in progress touched: their deadlines are re-armed and their outboxes
     /// offered to the link when it ends (no step walks every object).
     touched: Touched,
@@ -498,7 +500,6 @@ impl Machine {
             bounces: BTreeMap::new(),
             bounce_order: BTreeSet::new(),
             timers: BTreeSet::new(),
-            deadlines: BTreeMap::new(),
             touched: Touched::default(),
             awaiting_persist: VecDeque::new(),
             link_up: false,
@@ -862,7 +863,9 @@ impl Machine {
             }
             // Disarmed here; `end_step` re-arms whatever is still pending.
             self.timers.pop_first();
-            self.deadlines.remove(&name);
+            if let Some(object) = self.objects.get_mut(&name) {
+                object.armed = None;
+            }
             self.touched.insert(name.clone());
             self.object_timers(now, &name);
         }
@@ -963,8 +966,7 @@ impl Machine {
             tx_next: Seq::ZERO,
             rx_next: Seq::ZERO,
         };
-        let object = Object::new(record);
-        self.objects.insert(name.clone(), object);
+        self.put_object(name.clone(), Object::new(record));
         let mut op = self.op(now, &name, Verb::Open, open_id.clone());
         op.obj_kind = Some(kind);
         op.cap = cap.map(str::to_owned);

@@ -299,18 +299,15 @@ impl Machine {
             }
         }
         let touched = self.touched.take();
-        if self.link_up {
-            self.transmit_ready(now, &touched);
-        }
-        for obj in &touched {
-            self.rearm(obj);
-        }
+        self.transmit_ready(now, &touched);
         self.touched.restore(touched);
     }
 
-    /// Puts every persisted, transmittable outbox op of the `touched` objects on the wire,
-    /// within each object's window and credit (an object no input touched has nothing new
-    /// to send: what unblocks an object is an input about it).
+    /// Puts every persisted, transmittable outbox op of the `touched` objects on the wire
+    /// while the link is up, within each object's window and credit (an object no input
+    /// touched has nothing new to send: what unblocks an object is an input about it), and
+    /// re-arms each one's timer ([`Machine::rearm`], in the same lookup of the object). An
+    /// object that is gone took its timer with it (`remove_object`).
     pub(super) fn transmit_ready(&mut self, now: Time, touched: &[Address]) {
         let window = self.window;
         let persisted = self.persisted_through;
@@ -319,33 +316,66 @@ impl Machine {
             let Some(object) = self.objects.get_mut(name) else {
                 continue;
             };
-            let floor = object.floor();
-            let opening = object.record.state == ObjectState::Opening;
-            let limit = object.tx_limit.max(initial_credit);
-            let reserved = object.reserved_through(persisted);
-            if object.outbox.transmit(
-                (persisted, reserved),
-                opening,
-                window,
-                (floor, limit),
-                &mut self.transmit,
-                &mut self.stats,
-            ) {
-                object.floor_sent = object.floor_sent.max(floor);
-                self.last_sent = now;
+            if self.link_up {
+                Self::transmit_object(
+                    now,
+                    name,
+                    object,
+                    &mut self.transmit,
+                    &mut self.stats,
+                    &mut self.last_sent,
+                    (window, persisted, initial_credit),
+                );
             }
-            // The first op waits for credit the peer may only give once it knows the floor
-            // (a restart forgot what ended below it): the floor goes alone.
-            let credit_blocked = object
-                .outbox
-                .first_seq()
-                .is_some_and(|first| first >= limit);
-            if object.floor_unannounced() || (credit_blocked && floor > object.floor_sent) {
-                object.floor_sent = floor;
-                self.stats.floors_sent += 1;
-                self.transmit.push_back(floor_frame(name, floor));
-                self.last_sent = now;
+            let next = super::timers::next_deadline(&self.config, self.link_up, object);
+            if object.armed != next {
+                if let Some(at) = object.armed {
+                    self.timers.remove(&(at, name.clone()));
+                }
+                if let Some(at) = next {
+                    self.timers.insert((at, name.clone()));
+                }
+                object.armed = next;
             }
+        }
+    }
+
+    /// [`Machine::transmit_ready`] of one object.
+    fn transmit_object(
+        now: Time,
+        name: &Address,
+        object: &mut Object,
+        transmit: &mut VecDeque<Envelope>,
+        stats: &mut Stats,
+        last_sent: &mut Time,
+        (window, persisted, initial_credit): (usize, BatchId, Seq),
+    ) {
+        let floor = object.floor();
+        let opening = object.record.state == ObjectState::Opening;
+        let limit = object.tx_limit.max(initial_credit);
+        let reserved = object.reserved_through(persisted);
+        if object.outbox.transmit(
+            (persisted, reserved),
+            opening,
+            window,
+            (floor, limit),
+            transmit,
+            stats,
+        ) {
+            object.floor_sent = object.floor_sent.max(floor);
+            *last_sent = now;
+        }
+        // The first op waits for credit the peer may only give once it knows the floor
+        // (a restart forgot what ended below it): the floor goes alone.
+        let credit_blocked = object
+            .outbox
+            .first_seq()
+            .is_some_and(|first| first >= limit);
+        if object.floor_unannounced() || (credit_blocked && floor > object.floor_sent) {
+            object.floor_sent = floor;
+            stats.floors_sent += 1;
+            transmit.push_back(floor_frame(name, floor));
+            *last_sent = now;
         }
     }
 }

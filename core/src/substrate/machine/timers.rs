@@ -47,8 +47,7 @@ impl Machine {
 
     /// Forgets `obj` (retired or evicted), its timer with it.
     pub(super) fn remove_object(&mut self, obj: &Address) {
-        self.objects.remove(obj);
-        if let Some(at) = self.deadlines.remove(obj) {
+        if let Some(at) = self.objects.remove(obj).and_then(|object| object.armed) {
             self.timers.remove(&(at, obj.to_owned()));
         }
         self.touched.remove(obj);
@@ -69,43 +68,137 @@ impl Machine {
 
     /// Sets `obj`'s entry in the timer table to its next deadline (or none).
     pub(super) fn rearm(&mut self, obj: &Address) {
-        let next = self.objects.get(obj).and_then(|o| self.next_deadline(o));
-        let before = self.deadlines.get(obj).copied();
+        // An object that is gone took its entry with it (`remove_object`).
+        let Some(object) = self.objects.get(obj) else {
+            return;
+        };
+        let next = next_deadline(&self.config, self.link_up, object);
+        let before = object.armed;
         if before == next {
             return;
         }
         if let Some(at) = before {
             self.timers.remove(&(at, obj.to_owned()));
-            self.deadlines.remove(obj);
         }
         if let Some(at) = next {
             self.timers.insert((at, obj.to_owned()));
-            self.deadlines.insert(obj.to_owned(), at);
+        }
+        self.objects.get_mut(obj).expect("found above").armed = next;
+    }
+
+    /// Puts `object` in the table under `obj`: one that replaces an object of the same name
+    /// (a closed one opened again) keeps its entry in the timer table, which `rearm` then
+    /// moves or removes.
+    pub(super) fn put_object(&mut self, obj: Address, mut object: Object) {
+        if let Some(before) = self.objects.get(&obj) {
+            object.armed = before.armed;
+        }
+        self.objects.insert(obj, object);
+    }
+}
+
+/// The earliest time `object` needs [`Machine::handle_timeout`]: a resync (only with a link
+/// (`link_up`) to send it on), a transient retry, a TTL expiry, or retirement (only once
+/// nothing is left in it). O(log n).
+pub(super) fn next_deadline(config: &Config, link_up: bool, object: &Object) -> Option<Time> {
+    let gap = object.gap_since.filter(|_| link_up).map(|since| {
+        let due = since.saturating_add(config.gap_resync_after);
+        let allowed = object
+            .last_resync
+            .map_or(due, |last| last.saturating_add(config.gap_resync_after));
+        due.max(allowed)
+    });
+    let retry = object.outbox.retrying.first().map(|(at, _)| *at);
+    let expiry = object.outbox.next_expiry(config.queue_ttl);
+    let retire = match object.record.state {
+        ObjectState::Closed(at) | ObjectState::Rejected(at)
+            if object.outbox.is_empty() && object.inbox.is_empty() =>
+        {
+            Some(at.saturating_add(config.dedupe_retention))
+        }
+        _ => None,
+    };
+    [gap, retry, expiry, retire].into_iter().flatten().min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::substrate::harness::{Harness, Party};
+    use std::time::Duration;
+
+    /// The timer table holds exactly the entries the objects' `armed` name, one per armed
+    /// object and none for an object that is gone.
+    fn table_matches_objects(machine: &Machine) {
+        let armed: BTreeSet<(Time, Address)> = machine
+            .objects
+            .iter()
+            .filter_map(|(name, object)| object.armed.map(|at| (at, name.clone())))
+            .collect();
+        assert_eq!(machine.timers, armed);
+        for (name, object) in &machine.objects {
+            assert_eq!(
+                object.armed,
+                next_deadline(&machine.config, machine.link_up, object),
+                "{name} is armed for its next deadline"
+            );
         }
     }
 
-    /// The earliest time `object` needs [`Machine::handle_timeout`]: a resync (only with a
-    /// link to send it on), a transient retry, a TTL expiry, or retirement (only once nothing
-    /// is left in it). O(log n).
-    pub(super) fn next_deadline(&self, object: &Object) -> Option<Time> {
-        let config = &self.config;
-        let gap = object.gap_since.filter(|_| self.link_up).map(|since| {
-            let due = since.saturating_add(config.gap_resync_after);
-            let allowed = object
-                .last_resync
-                .map_or(due, |last| last.saturating_add(config.gap_resync_after));
-            due.max(allowed)
-        });
-        let retry = object.outbox.retrying.first().map(|(at, _)| *at);
-        let expiry = object.outbox.next_expiry(config.queue_ttl);
-        let retire = match object.record.state {
-            ObjectState::Closed(at) | ObjectState::Rejected(at)
-                if object.outbox.is_empty() && object.inbox.is_empty() =>
-            {
-                Some(at.saturating_add(config.dedupe_retention))
-            }
-            _ => None,
+    /// A closed object holds a retirement timer; opened again under the same name before it
+    /// retires, the new object takes that entry over (moved to its own deadline), so no entry
+    /// is left behind that would fire for the old one; after its own close the new object
+    /// retires once its retention is over, taking its entry with it.
+    #[test]
+    fn an_object_opened_again_takes_over_its_timer_entry() {
+        let config = Config {
+            dedupe_retention: Duration::from_secs(60),
+            queue_ttl: Duration::from_secs(30),
+            ..Config::default()
         };
-        [gap, retry, expiry, retire].into_iter().flatten().min()
+        let mut h = Harness::allowing_all(config, 7);
+        h.connect();
+        let open = |h: &mut Harness| {
+            h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+                .expect("opens");
+            h.run();
+        };
+        open(&mut h);
+        h.with(Party::A, |m, now| {
+            m.send(now, "q", Bytes::from_static(b"x"))
+        })
+        .expect("sends");
+        h.run();
+        table_matches_objects(&h.a.machine);
+        h.with(Party::A, |m, now| m.close(now, "q", "done"))
+            .expect("closes");
+        h.run();
+        let q = Address::parse("q").expect("an address");
+        let retires = h.a.machine.objects[&q].armed;
+        assert!(retires.is_some(), "a closed object waits to retire");
+        table_matches_objects(&h.a.machine);
+        h.advance(Duration::from_secs(10));
+        open(&mut h);
+        table_matches_objects(&h.a.machine);
+        assert!(
+            h.a.machine
+                .timers
+                .iter()
+                .all(|(at, _)| Some(*at) != retires),
+            "the old object's retirement is not left in the table"
+        );
+        // Past the old object's retirement the new one is still there.
+        h.advance(Duration::from_secs(55));
+        h.run();
+        assert!(h.a.machine.objects.contains_key(&q));
+        table_matches_objects(&h.a.machine);
+        h.with(Party::A, |m, now| m.close(now, "q", "done"))
+            .expect("closes");
+        h.run();
+        h.advance(Duration::from_secs(61));
+        h.run();
+        assert!(!h.a.machine.objects.contains_key(&q), "retired");
+        table_matches_objects(&h.a.machine);
+        assert!(h.a.machine.timers.is_empty());
     }
 }
