@@ -182,7 +182,15 @@ impl PeerExecutor {
                         // Every task this turn woke (the writer with the frames just taken,
                         // the connection behind it) runs first: the sync then holds the worker.
                         tokio::task::yield_now().await;
-                        self.commit_in_place(batches)
+                        if self.link_rx.is_empty() && self.commands.is_idle() {
+                            self.commit_in_place(batches)
+                        } else {
+                            // Input came while they ran: the peer is busy, and a sync held
+                            // here would hold that input and everything queued on this
+                            // worker. It runs off the workers, as any commit under load.
+                            self.commit_off_workers(batches);
+                            None
+                        }
                     }
                     None => None,
                 };
