@@ -323,14 +323,13 @@ pub fn effective_records(batches: &[PersistBatch]) -> Vec<&Record> {
     let mut last: HashMap<Row<'_>, usize, foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(records.len(), Default::default());
     let mut kept = vec![true; records.len()];
-    let mut overwritten = false;
     for (at, record) in records.iter().enumerate() {
         if let Some(before) = last.insert(record.row(), at) {
             kept[before] = false;
-            overwritten = true;
         }
     }
-    if !overwritten {
+    if last.len() == records.len() {
+        // Every row written once: nothing to leave out.
         return records;
     }
     records

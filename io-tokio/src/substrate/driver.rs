@@ -182,7 +182,7 @@ impl PeerExecutor {
                         // Every task this turn woke (the writer with the frames just taken,
                         // the connection behind it) runs first: the sync then holds the worker.
                         tokio::task::yield_now().await;
-                        if self.link_rx.is_empty() && self.commands.is_idle() {
+                        if self.nothing_waits() {
                             self.commit_in_place(batches)
                         } else {
                             // Input came while they ran: the peer is busy, and a sync held
@@ -449,8 +449,13 @@ impl PeerExecutor {
     fn commits_in_place(&self, records: usize) -> bool {
         self.shared.store.is_blocking()
             && records <= SUBSTRATE_INLINE_COMMIT_RECORDS_MAX
-            && self.link_rx.is_empty()
-            && self.commands.is_idle()
+            && self.nothing_waits()
+    }
+
+    /// No link bytes and no command wait for this task (asked when a commit is chosen to run
+    /// in place, and again when it is about to).
+    fn nothing_waits(&self) -> bool {
+        self.link_rx.is_empty() && self.commands.is_idle()
     }
 
     /// Does what the peer's outputs say, then moves its frames to the writer while it has

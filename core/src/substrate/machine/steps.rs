@@ -327,16 +327,7 @@ impl Machine {
                     (window, persisted, initial_credit),
                 );
             }
-            let next = super::timers::next_deadline(&self.config, self.link_up, object);
-            if object.armed != next {
-                if let Some(at) = object.armed {
-                    self.timers.remove(&(at, name.clone()));
-                }
-                if let Some(at) = next {
-                    self.timers.insert((at, name.clone()));
-                }
-                object.armed = next;
-            }
+            super::timers::arm(&mut self.timers, &self.config, self.link_up, name, object);
         }
     }
 

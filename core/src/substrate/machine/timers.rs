@@ -69,21 +69,9 @@ impl Machine {
     /// Sets `obj`'s entry in the timer table to its next deadline (or none).
     pub(super) fn rearm(&mut self, obj: &Address) {
         // An object that is gone took its entry with it (`remove_object`).
-        let Some(object) = self.objects.get(obj) else {
-            return;
-        };
-        let next = next_deadline(&self.config, self.link_up, object);
-        let before = object.armed;
-        if before == next {
-            return;
+        if let Some(object) = self.objects.get_mut(obj) {
+            arm(&mut self.timers, &self.config, self.link_up, obj, object);
         }
-        if let Some(at) = before {
-            self.timers.remove(&(at, obj.to_owned()));
-        }
-        if let Some(at) = next {
-            self.timers.insert((at, obj.to_owned()));
-        }
-        self.objects.get_mut(obj).expect("found above").armed = next;
     }
 
     /// Puts `object` in the table under `obj`: one that replaces an object of the same name
@@ -95,6 +83,28 @@ impl Machine {
         }
         self.objects.insert(obj, object);
     }
+}
+
+/// Moves `obj`'s entry in the timer table (`timers`) to its next deadline, or removes it
+/// when it has none: what [`Machine::rearm`] does, for a caller already holding the object.
+pub(super) fn arm(
+    timers: &mut BTreeSet<(Time, Address)>,
+    config: &Config,
+    link_up: bool,
+    obj: &Address,
+    object: &mut Object,
+) {
+    let next = next_deadline(config, link_up, object);
+    if object.armed == next {
+        return;
+    }
+    if let Some(at) = object.armed {
+        timers.remove(&(at, obj.clone()));
+    }
+    if let Some(at) = next {
+        timers.insert((at, obj.clone()));
+    }
+    object.armed = next;
 }
 
 /// The earliest time `object` needs [`Machine::handle_timeout`]: a resync (only with a link
