@@ -317,6 +317,9 @@ impl PeerExecutor {
                 } = *verified;
                 self.pending = Some(link.stream);
                 self.peer.handle_adopt(now, negotiated, rest);
+                // Its `Bind` goes out now, with this connection: another handed over in
+                // the same wake (a dial that ended) must not take its place.
+                self.execute();
             }
             Command::Reach => {
                 // The app added the address before it named the peer.
@@ -357,6 +360,8 @@ impl PeerExecutor {
                     nonce,
                 };
                 self.peer.handle_dialed(now, Ok(dialed));
+                // As for an adopted connection: bound (or dropped) before the next input.
+                self.execute();
             }
             LinkMsg::Dialed(Err(error)) => {
                 debug!(%error, "dial failed");
