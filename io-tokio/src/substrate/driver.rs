@@ -215,44 +215,7 @@ impl PeerExecutor {
                     () = sleep => Wake::Timer,
                     }
                 };
-                // What the app and the transport know now (an address added, the peer named)
-                // is the peer's before anything of this wake reaches it.
-                self.reachability();
-                // One reading of the clock for everything this wake hands the peer: nothing
-                // in it waits, so the inputs are as good as simultaneous.
-                let now = self.now();
-                let mut first_command = None;
-                match wake {
-                    Wake::Loaded(result) => self.loaded(now, result),
-                    Wake::Committed(result) => self.committed(now, result),
-                    Wake::Link(message) => self.link_message(now, message),
-                    Wake::Command(command) => first_command = Some(command),
-                    Wake::Timer => self.peer.handle_timeout(now),
-                }
-                for _ in 0..SUBSTRATE_READS_PER_WAKE {
-                    if !self.peer.reads_link() {
-                        break;
-                    }
-                    let Ok(message) = self.link_rx.try_recv() else {
-                        break;
-                    };
-                    self.link_message(now, message);
-                }
-                for _ in 0..SUBSTRATE_COMMANDS_PER_WAKE {
-                    if self.done.is_some() || !self.peer.hears_commands() {
-                        break;
-                    }
-                    let command = match first_command.take() {
-                        Some(command) => command,
-                        None => match self.commands.try_recv(self.peer.accepts_commands()) {
-                            Some(command) => command,
-                            None => break,
-                        },
-                    };
-                    self.command(now, command);
-                }
-                self.reachability();
-                self.execute();
+                self.wake(wake);
             }
             if self.done.is_none() {
                 debug!("no link, no state: the peer's task ends");
@@ -274,6 +237,49 @@ impl PeerExecutor {
         }
         .instrument(span)
         .await
+    }
+
+    /// Hands the peer what woke the task, then what else waits (link bytes and commands, up
+    /// to their per-wake shares), and carries out its outputs.
+    fn wake(&mut self, wake: Wake) {
+        // What the app and the transport know now (an address added, the peer named)
+        // is the peer's before anything of this wake reaches it.
+        self.reachability();
+        // One reading of the clock for everything this wake hands the peer: nothing
+        // in it waits, so the inputs are as good as simultaneous.
+        let now = self.now();
+        let mut first_command = None;
+        match wake {
+            Wake::Loaded(result) => self.loaded(now, result),
+            Wake::Committed(result) => self.committed(now, result),
+            Wake::Link(message) => self.link_message(now, message),
+            Wake::Command(command) => first_command = Some(command),
+            Wake::Timer => self.peer.handle_timeout(now),
+        }
+        for _ in 0..SUBSTRATE_READS_PER_WAKE {
+            if !self.peer.reads_link() {
+                break;
+            }
+            let Ok(message) = self.link_rx.try_recv() else {
+                break;
+            };
+            self.link_message(now, message);
+        }
+        for _ in 0..SUBSTRATE_COMMANDS_PER_WAKE {
+            if self.done.is_some() || !self.peer.hears_commands() {
+                break;
+            }
+            let command = match first_command.take() {
+                Some(command) => command,
+                None => match self.commands.try_recv(self.peer.accepts_commands()) {
+                    Some(command) => command,
+                    None => break,
+                },
+            };
+            self.command(now, command);
+        }
+        self.reachability();
+        self.execute();
     }
 
     /// Tells the peer whether the app named it and whether the transport knows an address.
@@ -735,7 +741,91 @@ impl ReadBlocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::substrate::transport::{BoxFuture, Transport};
+    use crate::substrate::{AllowAll, Authorizer, Substrate};
+    use tether_core::substrate::capabilities;
+    use tether_core::substrate::handshake::{negotiate, Auth, Channel};
     use tokio::io::AsyncWriteExt;
+
+    /// Knows an address for every peer; its dials and accepts never end (the test hands the
+    /// task its connections itself).
+    struct Silent;
+
+    impl Transport for Silent {
+        fn can_dial(&self, _: &PeerId) -> bool {
+            true
+        }
+
+        fn dial<'a>(&'a self, _: &'a PeerId, _: [u8; 16]) -> BoxFuture<'a, std::io::Result<Link>> {
+            Box::pin(std::future::pending())
+        }
+
+        fn accept(&self) -> BoxFuture<'_, std::io::Result<(PeerId, Link)>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    fn link(stream: tokio::io::DuplexStream, conn_id: &[u8]) -> Link {
+        Link {
+            stream: Box::new(stream),
+            channel: Channel {
+                conn_id: conn_id.to_vec(),
+                binding: Vec::new(),
+            },
+            source: None,
+        }
+    }
+
+    /// A dial that ended and an inbound connection verified for the same peer reach its task
+    /// in one wake: each is bound to its own generation in turn, the dialed one is replaced
+    /// (its writer ends, so its far end reads the dialer's hello, then the end) and the
+    /// adopted one is the bound link. The shell once kept one pending connection for both
+    /// hand-overs, and the second `Bind` found none and panicked the task.
+    #[tokio::test]
+    async fn a_dial_and_an_adopt_in_one_wake_each_bind_their_own_connection() {
+        let auth = Auth::SharedKey(b"k".to_vec());
+        let substrate = Substrate::builder(PeerId::new("me"), Silent)
+            .auth(auth.clone())
+            .authorize(Authorizer::new(AllowAll))
+            .seed(7)
+            .start()
+            .expect("starts");
+        let shared = substrate.inner.shared.clone();
+        let (tx, rx) = super::super::commands::channel();
+        let pinned = Arc::new(AtomicBool::new(true));
+        let mut task = PeerExecutor::new(PeerId::new("p"), shared, rx, tx.clone(), pinned, false);
+        task.execute();
+        let loaded = finished(task.loading.as_mut()).await;
+        task.wake(Wake::Loaded(loaded));
+        assert!(task.peer.machine().is_some(), "the state is loaded");
+        let before = task.peer.generation();
+
+        let (dialed_near, mut dialed_far) = tokio::io::duplex(64 * 1024);
+        let (adopted_near, _adopted_far) = tokio::io::duplex(64 * 1024);
+        let caps = capabilities(&auth, Vec::new(), 32);
+        let negotiated = negotiate(&caps, &caps).expect("the same offer agrees");
+        tx.control(Command::Attach(Box::new(super::super::preauth::Verified {
+            link: link(adopted_near, b"adopted"),
+            negotiated,
+            rest: Bytes::new(),
+        })));
+        // The dial's end wakes the task; the verified inbound link waits in its commands.
+        task.wake(Wake::Link(LinkMsg::Dialed(Ok(link(
+            dialed_near,
+            b"dialed",
+        )))));
+
+        // Each bind moves the generation past the connection it replaces.
+        assert!(task.peer.generation() > before + 1, "two connections bound");
+        assert!(task.writer.is_some(), "the adopted connection is bound");
+        assert!(task.pending.is_none());
+        let mut hello = Vec::new();
+        dialed_far
+            .read_to_end(&mut hello)
+            .await
+            .expect("the replaced connection ends cleanly");
+        assert!(!hello.is_empty(), "the dialer's hello went out on it first");
+    }
 
     /// A peer's bytes paced one small write at a time are read end to end into one block
     /// until its room runs low, then into one fresh block: a body kept from a small read
