@@ -146,7 +146,21 @@ fn exactly_once_across_a_crash_at_every_persist_boundary() {
             if !crashed_before_enqueue {
                 assert_exactly_once_in_order(&h, 8);
             }
-            assert_exactly_once_in_order_of(&h, &promised);
+            // A send A never committed travels while its commit runs: it is delivered once, if
+            // it reached B before the crash, or not at all (README, the hop ack). So B has
+            // every promised send and perhaps some of the others, each once, in send order.
+            let consumed = consumed_bodies(&h);
+            let sent: Vec<Bytes> = (0..8).map(body).collect();
+            let mut rest = sent.iter();
+            assert!(
+                consumed.iter().all(|b| rest.any(|s| s == b)),
+                "{crashing:?} crash at commit {boundary}: B consumed {consumed:?}, once each, \
+                 in send order"
+            );
+            assert!(
+                promised.iter().all(|p| consumed.contains(p)),
+                "{crashing:?} crash at commit {boundary}: every committed send is consumed"
+            );
             assert_eq!(
                 h.a.machine.outbox_len(),
                 0,
@@ -1538,4 +1552,100 @@ fn spare_buffers_are_bounded_in_count_and_room_and_freed_once_the_peer_is_quiet(
     assert_eq!(machine.spare_buffers().0, 1, "a batch is still outstanding");
     machine.handle_persisted(now, batch.id);
     assert_eq!(machine.spare_buffers(), (0, 0));
+}
+
+/// Eight sends read together by B are one step of its machine: one batch, committed once,
+/// after which all eight are acked. Read one at a time, they are eight batches. Either way B's
+/// app has each once, in order.
+#[test]
+fn frames_read_together_are_one_step_and_one_batch() {
+    let mut batches = Vec::new();
+    for together in [true, false] {
+        let mut h = harness(32);
+        h.connect();
+        h.with(Party::A, |m, now| m.open(now, ObjKind::Queue, "q", None))
+            .unwrap();
+        h.run();
+        for i in 0..8 {
+            h.with(Party::A, |m, now| m.send(now, "q", body(i)))
+                .unwrap();
+        }
+        assert_eq!(h.in_flight(Party::B), 8, "the sends are on the wire");
+        if together {
+            assert!(h.deliver_all(Party::B));
+        } else {
+            while h.deliver_at(Party::B, 0, false) {}
+        }
+        assert_eq!(h.in_flight(Party::B), 0);
+        assert_eq!(h.in_flight(Party::A), 0, "no ack before B's commit");
+        batches.push(h.uncommitted(Party::B));
+        while h.commit(Party::B) {}
+        assert!(h.in_flight(Party::A) > 0, "B's acks follow its commit");
+        h.run();
+        assert_exactly_once_in_order(&h, 8);
+        assert_eq!(h.a.machine.outbox_len(), 0, "every send was acked");
+        assert_eq!(h.b.machine.stats().duplicates, 0);
+    }
+    assert_eq!(
+        batches,
+        [1, 8],
+        "one batch for the read, one per frame read alone"
+    );
+}
+
+/// A frame that breaks a bound cuts the link in the middle of a read: the frames read with it
+/// after it are not taken (the op behind it is not delivered), the violation is counted once,
+/// and after a new connection the object carries on exactly once.
+#[test]
+fn a_frame_that_cuts_the_link_ends_its_read() {
+    use tether_core::limits::SUBSTRATE_SEQ_MAX;
+    let mut h = harness(4);
+    h.connect();
+    open_and_send(&mut h, 2);
+    h.run();
+    let frame = |env: Env| {
+        let mut bytes = bytes::BytesMut::new();
+        Envelope::new(env).encode(&mut bytes).expect("encodes");
+        bytes
+    };
+    let mut rogue = Env::new(Verb::Send);
+    rogue.obj = Some(addr("q"));
+    rogue.id = Some("rogue".into());
+    rogue.seq = Some(SUBSTRATE_SEQ_MAX);
+    rogue.receipt = Some(1);
+    rogue.floor = Some(0);
+    let mut behind = Env::new(Verb::Send);
+    behind.obj = Some(addr("q"));
+    behind.id = Some("behind".into());
+    behind.seq = Some(3);
+    behind.receipt = Some(1);
+    behind.floor = Some(0);
+    let mut read = frame(rogue);
+    read.extend_from_slice(&frame(behind));
+    h.inject_bytes(Party::A, read.freeze());
+    assert!(h.deliver_all(Party::B));
+    let stats = h.b.machine.stats();
+    assert_eq!(stats.violations, 1);
+    assert!(
+        h.b.events
+            .iter()
+            .any(|e| matches!(e, Event::Violation { .. })),
+        "the shell is told to cut the link"
+    );
+    let behind_taken = h.b.store.held.values().any(|op| op.id.as_str() == "behind")
+        || h.b
+            .machine
+            .pending_deliveries()
+            .iter()
+            .any(|op| op.id.as_str() == "behind");
+    assert!(!behind_taken, "the op read behind the cut is not taken");
+    h.disconnect();
+    h.connect();
+    for i in 2..4 {
+        h.with(Party::A, |m, now| m.send(now, "q", body(i)))
+            .unwrap();
+    }
+    h.run();
+    assert_exactly_once_in_order(&h, 4);
+    assert_eq!(h.b.machine.stats().violations, 1);
 }

@@ -3,10 +3,10 @@
 //!
 //! The world is two core machines in core's in-memory harness (real codec on the wire). An
 //! action is one thing the environment does: the app of A sends, a store commits its oldest
-//! batch, the link delivers any frame in flight (so it reorders), delivers one and keeps a copy
-//! (so it duplicates), loses one, the link drops and comes back, a node crashes (losing
-//! everything uncommitted), 31 s pass, a stray op for an unknown object arrives, or B's app
-//! closes the queue.
+//! batch, the link delivers any frame in flight (so it reorders) or all of them as one read,
+//! delivers one and keeps a copy (so it duplicates), loses one, the link drops and comes back,
+//! a node crashes (losing everything uncommitted), 31 s pass, a stray op for an unknown object
+//! arrives, or B's app closes the queue.
 //!
 //! The model is [`Promises`]: written from the guarantees of docs/spec/substrate.md alone, it knows
 //! nothing of outboxes, windows or frontiers. After every action it judges what the apps observed:
@@ -48,6 +48,9 @@ pub enum Action {
     Commit(Party),
     /// The link delivers frame `n` of those towards a node.
     Deliver(Party, u8),
+    /// The link delivers every frame in flight towards a node, in order, as one read (one
+    /// step of its machine).
+    DeliverAll(Party),
     /// The link delivers frame `n` towards a node and keeps a copy in flight.
     Duplicate(Party, u8),
     /// The link loses frame `n` towards a node.
@@ -380,6 +383,7 @@ pub fn apply(h: &mut Harness, action: Action) -> bool {
         }
         Action::Commit(id) => h.commit(id),
         Action::Deliver(to, n) => h.deliver_at(to, usize::from(n), false),
+        Action::DeliverAll(to) => h.deliver_all(to),
         Action::Duplicate(to, n) => h.deliver_at(to, usize::from(n), true),
         Action::Drop(to, n) => h.drop_at(to, usize::from(n)),
         Action::Reconnect => {
@@ -431,6 +435,10 @@ fn enabled(h: &Harness, budget: &Budget) -> Vec<Action> {
             actions.push(Action::Commit(id));
         }
         let frames = h.in_flight(id).min(3) as u8;
+        if frames > 1 {
+            // With one frame in flight it is `Deliver(id, 0)`.
+            actions.push(Action::DeliverAll(id));
+        }
         for n in 0..frames {
             actions.push(Action::Deliver(id, n));
             actions.push(Action::Drop(id, n));
@@ -466,7 +474,11 @@ fn spend(budget: &mut Budget, action: Action) {
         Action::Wait => budget.waits -= 1,
         Action::Stray => budget.strays -= 1,
         Action::Close => budget.closes -= 1,
-        Action::Commit(_) | Action::Deliver(..) | Action::Drop(..) | Action::Answer => {}
+        Action::Commit(_)
+        | Action::Deliver(..)
+        | Action::DeliverAll(_)
+        | Action::Drop(..)
+        | Action::Answer => {}
     }
 }
 

@@ -16,6 +16,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => Just(Action::Answer),
         6 => node().prop_map(Action::Commit),
         8 => (node(), 0u8..3).prop_map(|(n, i)| Action::Deliver(n, i)),
+        2 => node().prop_map(Action::DeliverAll),
         1 => (node(), 0u8..3).prop_map(|(n, i)| Action::Duplicate(n, i)),
         1 => (node(), 0u8..3).prop_map(|(n, i)| Action::Drop(n, i)),
         1 => Just(Action::Reconnect),

@@ -16,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use super::{
     AllowAll, Authorizer, Config, DurableState, Event, Machine, Op, PeerId, PersistBatch, Record,
 };
+use crate::limits::SUBSTRATE_READ_CHUNK_BYTES;
 use crate::time::Time;
 use crate::wire::envelope::{Envelope, EnvelopeDecoder};
 use crate::wire::{FormatError, StreamDecoder};
@@ -110,13 +111,12 @@ impl Node {
     fn feed(&mut self, now: Time, bytes: &[u8]) {
         self.decoder.push(bytes);
         loop {
-            match self.decoder.pop() {
-                Ok(Some(frame)) => self.machine.handle_frame(now, frame),
-                Ok(None) => return,
-                Err(error) if !error.error.is_fatal() => {
+            // As a link hands them on: the whole frames read together are one step.
+            match self.machine.handle_decoded(now, &mut self.decoder) {
+                Some(error) if !error.error.is_fatal() => {
                     self.machine.handle_bad_frame(now, &error.error);
                 }
-                Err(_) => return,
+                _ => return,
             }
         }
     }
@@ -338,7 +338,7 @@ impl Harness {
                     moved = true;
                 }
             }
-            if self.deliver_one(Party::A) | self.deliver_one(Party::B) {
+            if self.deliver_read(Party::A) | self.deliver_read(Party::B) {
                 moved = true;
             }
             if !moved {
@@ -352,45 +352,65 @@ impl Harness {
         }
     }
 
-    /// Delivers the next frame travelling towards `to`, applying faults.
-    fn deliver_one(&mut self, to: Party) -> bool {
-        let queue = match to {
-            Party::A => &mut self.b_to_a,
-            Party::B => &mut self.a_to_b,
-        };
-        if queue.front().is_none_or(|(at, _)| *at > self.now) {
-            return false;
-        }
-        let (arrives, bytes) = queue.pop_front().expect("checked above");
-        if !self.link_up {
-            return true;
-        }
-        let faults = self.faults;
-        if self.chance(faults.drop_per_mille) {
-            return true;
-        }
-        if self.chance(faults.reorder_per_mille) {
+    /// Delivers the frames travelling towards `to` that have arrived, as one read of at most
+    /// [`SUBSTRATE_READ_CHUNK_BYTES`] (a link hands the machine every whole frame it read
+    /// together), applying faults to each: a frame lost
+    /// is left out, one duplicated is read twice, and one reordered goes back behind the next
+    /// and ends the read.
+    fn deliver_read(&mut self, to: Party) -> bool {
+        let mut read = Vec::new();
+        let mut frames = 0;
+        loop {
             let queue = match to {
                 Party::A => &mut self.b_to_a,
                 Party::B => &mut self.a_to_b,
             };
-            if !queue.is_empty() {
-                queue.insert(1.min(queue.len()), (arrives, bytes));
-                return true;
+            // A read takes what arrived, up to a read block of the shell's (a frame longer
+            // than that whole).
+            let fits = |bytes: &Bytes| {
+                read.is_empty() || read.len() + bytes.len() <= SUBSTRATE_READ_CHUNK_BYTES
+            };
+            if queue
+                .front()
+                .is_none_or(|(at, bytes)| *at > self.now || !fits(bytes))
+            {
+                break;
+            }
+            let (arrives, bytes) = queue.pop_front().expect("checked above");
+            frames += 1;
+            if !self.link_up {
+                continue;
+            }
+            let faults = self.faults;
+            if self.chance(faults.drop_per_mille) {
+                continue;
+            }
+            if self.chance(faults.reorder_per_mille) {
+                let queue = match to {
+                    Party::A => &mut self.b_to_a,
+                    Party::B => &mut self.a_to_b,
+                };
+                if !queue.is_empty() {
+                    queue.insert(1.min(queue.len()), (arrives, bytes));
+                    break;
+                }
+            }
+            let copies = if self.chance(faults.duplicate_per_mille) {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                self.frames_delivered += 1;
+                read.extend_from_slice(&bytes);
             }
         }
-        let copies = if self.chance(faults.duplicate_per_mille) {
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            self.frames_delivered += 1;
+        if !read.is_empty() {
             let now = self.now;
-            self.node(to).feed(now, &bytes);
+            self.node(to).feed(now, &read);
             self.collect(to);
         }
-        true
+        frames > 0
     }
 
     fn chance(&mut self, per_mille: u32) -> bool {
@@ -497,6 +517,27 @@ impl Harness {
             Party::A => self.b_to_a.len(),
             Party::B => self.a_to_b.len(),
         }
+    }
+
+    /// Delivers every frame travelling towards `to`, in order, as one read (the machine takes
+    /// them as one step), ignoring latency and faults. False when none is in flight.
+    pub fn deliver_all(&mut self, to: Party) -> bool {
+        let queue = match to {
+            Party::A => &mut self.b_to_a,
+            Party::B => &mut self.a_to_b,
+        };
+        if queue.is_empty() {
+            return false;
+        }
+        let mut read = Vec::new();
+        for (_, bytes) in queue.drain(..) {
+            read.extend_from_slice(&bytes);
+            self.frames_delivered += 1;
+        }
+        let now = self.now;
+        self.node(to).feed(now, &read);
+        self.collect(to);
+        true
     }
 
     /// Delivers frame `index` of those travelling towards `to` (any index: the link

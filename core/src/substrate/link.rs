@@ -158,6 +158,21 @@ impl PeerLink {
         }
         self.decoder.push_bytes(bytes);
         loop {
+            if matches!(self.state, State::Up) {
+                // Every whole frame the decoder holds is one step of the machine, up to a
+                // frame that fails to decode; one at a time while handshaking (below).
+                match self.machine.handle_decoded(now, &mut self.decoder) {
+                    None => break,
+                    Some(error) if error.error.is_fatal() => {
+                        self.fail(now, LinkClose::Decode(error.error));
+                        break;
+                    }
+                    Some(error) => {
+                        self.machine.handle_bad_frame(now, &error.error);
+                        continue;
+                    }
+                }
+            }
             match self.decoder.pop() {
                 Ok(Some(frame)) => self.handle_frame(now, frame),
                 Ok(None) => break,
@@ -165,19 +180,16 @@ impl PeerLink {
                     self.fail(now, LinkClose::Decode(error.error));
                     break;
                 }
-                Err(error) => {
-                    if matches!(self.state, State::Up) {
-                        self.machine.handle_bad_frame(now, &error.error);
-                    } else {
-                        self.fail(
-                            now,
-                            LinkClose::Handshake {
-                                code: HandshakeError::Malformed.code(),
-                                error: HandshakeError::Malformed,
-                            },
-                        );
-                        break;
-                    }
+                Err(_) => {
+                    // Still handshaking (the machine takes the frames once the link is up).
+                    self.fail(
+                        now,
+                        LinkClose::Handshake {
+                            code: HandshakeError::Malformed.code(),
+                            error: HandshakeError::Malformed,
+                        },
+                    );
+                    break;
                 }
             }
             if matches!(self.state, State::Down) {

@@ -65,8 +65,11 @@ use crate::limits::{
 };
 use crate::retry::{Backoff, Jitter};
 use crate::time::Time;
-use crate::wire::envelope::{Address, Env, Envelope, EnvelopeError, ObjKind, OpId, Verb};
+use crate::wire::envelope::{
+    Address, Env, Envelope, EnvelopeDecoder, EnvelopeError, ObjKind, OpId, Verb,
+};
 use crate::wire::text::ByText;
+use crate::wire::{DecodeError, StreamDecoder};
 
 mod frames;
 mod inbound;
@@ -885,9 +888,54 @@ impl Machine {
         if self.cut {
             return;
         }
+        self.take_frame(now, frame);
+        self.end_step(now);
+    }
+
+    /// Frames decoded from one read of the link, in order: each is handled as
+    /// [`Machine::handle_frame`] handles it, and the step ends once, after the last. Their
+    /// records are one batch and the outputs they stage wait for it, where one step per frame
+    /// made a batch per frame (a window of ops read together was committed as one group either
+    /// way); each object they touched is looked at once for what it may transmit. A frame
+    /// that cuts the link ends the step there, and the frames after it are taken and ignored.
+    pub fn handle_frames(&mut self, now: Time, frames: impl IntoIterator<Item = Envelope>) {
+        let was_cut = self.cut;
+        for frame in frames {
+            if !self.cut {
+                self.take_frame(now, frame);
+            }
+        }
+        if !was_cut {
+            self.end_step(now);
+        }
+    }
+
+    /// Every whole frame `decoder` holds, as one step ([`Machine::handle_frames`]), up to a
+    /// frame that fails to decode: its error is returned for the caller to answer (a
+    /// frame-local one with [`Machine::handle_bad_frame`]), the frames behind it still held.
+    pub fn handle_decoded(
+        &mut self,
+        now: Time,
+        decoder: &mut StreamDecoder<EnvelopeDecoder>,
+    ) -> Option<DecodeError<EnvelopeError>> {
+        let mut failed = None;
+        self.handle_frames(
+            now,
+            std::iter::from_fn(|| match decoder.pop() {
+                Ok(frame) => frame,
+                Err(error) => {
+                    failed = Some(error);
+                    None
+                }
+            }),
+        );
+        failed
+    }
+
+    /// One frame's part of a step ([`Machine::handle_frame`]), without ending it.
+    fn take_frame(&mut self, now: Time, frame: Envelope) {
         self.last_heard = now;
         if frame.type_byte == TYPE_KEEPALIVE {
-            self.end_step(now);
             return;
         }
         let Envelope { env, body, .. } = frame;
@@ -897,7 +945,6 @@ impl Machine {
             self.link_up = false;
             self.stats.link_downs += 1;
             self.events.push_back(Event::Violation { what });
-            self.end_step(now);
             return;
         }
         if let Some(obj) = &env.obj {
@@ -909,7 +956,6 @@ impl Machine {
             _ if env.seq.is_none() && env.kind == Verb::Err => self.on_substrate_err(now, &env),
             _ => self.on_op(now, env, body),
         }
-        self.end_step(now);
     }
 
     /// A frame that did not decode (a frame-local error; fatal errors end the link in the

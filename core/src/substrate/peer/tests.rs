@@ -643,8 +643,10 @@ fn a_credit_update_the_sender_does_not_wait_for_is_held_back_and_one_it_waits_fo
 fn committed_batches_hand_their_buffers_back_while_more_are_outstanding() {
     let (mut peer, mut listener, generation) = queue_from_listener(128);
     // The list of each commit's batches (where it lies in memory).
+    // One op at a time: the frames of one read are one step, and a step of a few ops stages
+    // more records than a kept buffer may have room for.
     let arrive = |peer: &mut Peer, listener: &mut PeerLink| {
-        send_on_q(listener, 4);
+        send_on_q(listener, 1);
         listener_commits(listener, T0);
         let mut out = BytesMut::new();
         while listener.poll_transmit(&mut out) {}
