@@ -898,14 +898,16 @@ impl Machine {
     /// made a batch per frame (a window of ops read together was committed as one group either
     /// way); each object they touched is looked at once for what it may transmit. A frame
     /// that cuts the link ends the step there, and the frames after it are taken and ignored.
+    /// A read that held no whole frame is no step.
     pub fn handle_frames(&mut self, now: Time, frames: impl IntoIterator<Item = Envelope>) {
-        let was_cut = self.cut;
+        let mut taken = false;
         for frame in frames {
             if !self.cut {
                 self.take_frame(now, frame);
+                taken = true;
             }
         }
-        if !was_cut {
+        if taken {
             self.end_step(now);
         }
     }
