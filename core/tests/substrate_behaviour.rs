@@ -1603,26 +1603,19 @@ fn a_frame_that_cuts_the_link_ends_its_read() {
     h.connect();
     open_and_send(&mut h, 2);
     h.run();
-    let frame = |env: Env| {
-        let mut bytes = bytes::BytesMut::new();
-        Envelope::new(env).encode(&mut bytes).expect("encodes");
-        bytes
+    let send = |id: &str, seq: u64| {
+        let mut env = Env::new(Verb::Send);
+        env.obj = Some(addr("q"));
+        env.id = Some(id.into());
+        env.seq = Some(seq);
+        env.receipt = Some(1);
+        env.floor = Some(0);
+        Envelope::new(env)
     };
-    let mut rogue = Env::new(Verb::Send);
-    rogue.obj = Some(addr("q"));
-    rogue.id = Some("rogue".into());
-    rogue.seq = Some(SUBSTRATE_SEQ_MAX);
-    rogue.receipt = Some(1);
-    rogue.floor = Some(0);
-    let mut behind = Env::new(Verb::Send);
-    behind.obj = Some(addr("q"));
-    behind.id = Some("behind".into());
-    behind.seq = Some(3);
-    behind.receipt = Some(1);
-    behind.floor = Some(0);
-    let mut read = frame(rogue);
-    read.extend_from_slice(&frame(behind));
-    h.inject_bytes(Party::A, read.freeze());
+    // Both in flight towards B, read together.
+    h.inject(Party::A, &send("rogue", SUBSTRATE_SEQ_MAX));
+    h.inject(Party::A, &send("behind", 3));
+    assert_eq!(h.in_flight(Party::B), 2);
     assert!(h.deliver_all(Party::B));
     let stats = h.b.machine.stats();
     assert_eq!(stats.violations, 1);

@@ -352,19 +352,31 @@ impl Harness {
         }
     }
 
+    /// The frames in flight towards `to`, oldest first.
+    fn wire(&mut self, to: Party) -> &mut VecDeque<(Time, Bytes)> {
+        match to {
+            Party::A => &mut self.b_to_a,
+            Party::B => &mut self.a_to_b,
+        }
+    }
+
+    /// Node `to` reads `bytes` (whole frames) and its outputs are drained.
+    fn read(&mut self, to: Party, bytes: &[u8]) {
+        let now = self.now;
+        self.node(to).feed(now, bytes);
+        self.collect(to);
+    }
+
     /// Delivers the frames travelling towards `to` that have arrived, as one read of at most
     /// [`SUBSTRATE_READ_CHUNK_BYTES`] (a link hands the machine every whole frame it read
-    /// together), applying faults to each: a frame lost
-    /// is left out, one duplicated is read twice, and one reordered goes back behind the next
-    /// and ends the read.
+    /// together), applying faults to each: a frame lost is left out, one duplicated is read
+    /// twice, and one reordered goes back behind the next and ends the read.
     fn deliver_read(&mut self, to: Party) -> bool {
         let mut read = Vec::new();
         let mut frames = 0;
+        let now = self.now;
         loop {
-            let queue = match to {
-                Party::A => &mut self.b_to_a,
-                Party::B => &mut self.a_to_b,
-            };
+            let queue = self.wire(to);
             // A read takes what arrived, up to a read block of the shell's (a frame longer
             // than that whole).
             let fits = |bytes: &Bytes| {
@@ -372,7 +384,7 @@ impl Harness {
             };
             if queue
                 .front()
-                .is_none_or(|(at, bytes)| *at > self.now || !fits(bytes))
+                .is_none_or(|(at, bytes)| *at > now || !fits(bytes))
             {
                 break;
             }
@@ -386,10 +398,7 @@ impl Harness {
                 continue;
             }
             if self.chance(faults.reorder_per_mille) {
-                let queue = match to {
-                    Party::A => &mut self.b_to_a,
-                    Party::B => &mut self.a_to_b,
-                };
+                let queue = self.wire(to);
                 if !queue.is_empty() {
                     queue.insert(1.min(queue.len()), (arrives, bytes));
                     break;
@@ -406,9 +415,7 @@ impl Harness {
             }
         }
         if !read.is_empty() {
-            let now = self.now;
-            self.node(to).feed(now, &read);
-            self.collect(to);
+            self.read(to, &read);
         }
         frames > 0
     }
@@ -522,31 +529,21 @@ impl Harness {
     /// Delivers every frame travelling towards `to`, in order, as one read (the machine takes
     /// them as one step), ignoring latency and faults. False when none is in flight.
     pub fn deliver_all(&mut self, to: Party) -> bool {
-        let queue = match to {
-            Party::A => &mut self.b_to_a,
-            Party::B => &mut self.a_to_b,
-        };
+        let queue = self.wire(to);
         if queue.is_empty() {
             return false;
         }
-        let mut read = Vec::new();
-        for (_, bytes) in queue.drain(..) {
-            read.extend_from_slice(&bytes);
-            self.frames_delivered += 1;
-        }
-        let now = self.now;
-        self.node(to).feed(now, &read);
-        self.collect(to);
+        let frames = queue.len();
+        let read: Vec<u8> = queue.drain(..).flat_map(|(_, bytes)| bytes).collect();
+        self.frames_delivered += frames as u64;
+        self.read(to, &read);
         true
     }
 
     /// Delivers frame `index` of those travelling towards `to` (any index: the link
     /// reorders), ignoring latency and faults. False when there is no such frame.
     pub fn deliver_at(&mut self, to: Party, index: usize, keep_copy: bool) -> bool {
-        let queue = match to {
-            Party::A => &mut self.b_to_a,
-            Party::B => &mut self.a_to_b,
-        };
+        let queue = self.wire(to);
         let Some((arrives, bytes)) = queue.remove(index) else {
             return false;
         };
@@ -554,19 +551,13 @@ impl Harness {
             queue.push_back((arrives, bytes.clone()));
         }
         self.frames_delivered += 1;
-        let now = self.now;
-        self.node(to).feed(now, &bytes);
-        self.collect(to);
+        self.read(to, &bytes);
         true
     }
 
     /// Loses frame `index` of those travelling towards `to`.
     pub fn drop_at(&mut self, to: Party, index: usize) -> bool {
-        let queue = match to {
-            Party::A => &mut self.b_to_a,
-            Party::B => &mut self.a_to_b,
-        };
-        queue.remove(index).is_some()
+        self.wire(to).remove(index).is_some()
     }
 
     /// Feeds the whole world to `state`, for model checkers that deduplicate worlds.
@@ -592,10 +583,7 @@ impl Harness {
 
     /// Injects raw bytes as if node `from` had sent them (for frames no encoder would write).
     pub fn inject_bytes(&mut self, from: Party, bytes: Bytes) {
-        let queue = match from.other() {
-            Party::A => &mut self.b_to_a,
-            Party::B => &mut self.a_to_b,
-        };
-        queue.push_back((self.now, bytes));
+        let now = self.now;
+        self.wire(from.other()).push_back((now, bytes));
     }
 }

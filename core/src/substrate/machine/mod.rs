@@ -885,11 +885,7 @@ impl Machine {
 
     /// One decoded frame from the peer.
     pub fn handle_frame(&mut self, now: Time, frame: Envelope) {
-        if self.cut {
-            return;
-        }
-        self.take_frame(now, frame);
-        self.end_step(now);
+        self.handle_frames(now, [frame]);
     }
 
     /// Frames decoded from one read of the link, in order: each is handled as
