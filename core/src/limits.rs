@@ -384,6 +384,15 @@ pub const SUBSTRATE_REPLY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// outage of normal traffic.
 pub const SUBSTRATE_UNCOMMITTED_BATCHES_MAX: usize = 1024;
 
+/// Records in the persist batches a peer's task keeps waiting for its store past which it
+/// stops reading the link, beside [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`]. The frames of one read
+/// are one step, so one batch holds a read's records: a peer packing a read with small frames
+/// that each stage a record (strays, each answered with a bounce) would otherwise have the
+/// batch bound admit 1,024 reads of them during a store outage. 4,096 records (about 850 KiB
+/// at 208 bytes each, bodies aside, which the receive windows bound) is what 1,024 batches of
+/// one frame each held at most; the read in hand is finished, so one read's records more.
+pub const SUBSTRATE_UNCOMMITTED_RECORDS_MAX: usize = 4096;
+
 /// The longest a peer holds back persist batches that nothing waits on (an acked op
 /// forgotten, a consumed delivery, an expired tombstone) before committing them on their own.
 /// They normally ride with the next commit something waits on; a crash before it only

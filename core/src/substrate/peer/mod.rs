@@ -37,7 +37,8 @@ use crate::limits::{
     SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_LAZY_COMMIT_BATCHES_MAX, SUBSTRATE_LAZY_COMMIT_MS,
     SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
     SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS, SUBSTRATE_STORE_RETRY_BASE_MS,
-    SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX, SUBSTRATE_WAITING_SENDS_MAX,
+    SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
+    SUBSTRATE_UNCOMMITTED_RECORDS_MAX, SUBSTRATE_WAITING_SENDS_MAX,
 };
 use crate::retry::{Backoff, Jitter, Retry};
 use crate::time::Time;
@@ -272,12 +273,19 @@ impl Peer {
     }
 
     /// Whether link input may be handled now: not while [`SUBSTRATE_UNCOMMITTED_BATCHES_MAX`]
-    /// batches wait for the store. The commit in flight does not count: its batches are the
-    /// disk's, and reading on while it syncs lets the next commit carry the acks that arrived
-    /// meanwhile. A failed commit's batches wait again, so during an outage the bound trips
-    /// and the peer's writes back up instead of this memory.
+    /// batches or [`SUBSTRATE_UNCOMMITTED_RECORDS_MAX`] records wait for the store. The commit
+    /// in flight does not count: its batches are the disk's, and reading on while it syncs lets
+    /// the next commit carry the acks that arrived meanwhile. A failed commit's batches wait
+    /// again, so during an outage the bound trips and the peer's writes back up instead of
+    /// this memory.
     pub fn reads_link(&self) -> bool {
         self.uncommitted.len() < SUBSTRATE_UNCOMMITTED_BATCHES_MAX
+            && self
+                .uncommitted
+                .iter()
+                .map(|batch| batch.records.len())
+                .sum::<usize>()
+                < SUBSTRATE_UNCOMMITTED_RECORDS_MAX
     }
 
     /// Whether the peer's work is over: after [`Peer::handle_shutdown`], once nothing is left

@@ -693,3 +693,61 @@ fn commit_lists(peer: &mut Peer) -> Vec<*const PersistBatch> {
         })
         .collect()
 }
+
+/// A peer packing each read with small stray ops (each bounced, each staging records) while
+/// this side's store never finishes a commit: reading stops once the waiting batches hold
+/// [`SUBSTRATE_UNCOMMITTED_RECORDS_MAX`] records, a read's worth past it at most, long before
+/// the batch bound (a read is one batch) would have stopped it.
+#[test]
+fn a_peer_packing_reads_with_strays_during_an_outage_is_stopped_by_records_held() {
+    use crate::limits::{
+        SUBSTRATE_READ_CHUNK_BYTES, SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
+        SUBSTRATE_UNCOMMITTED_RECORDS_MAX,
+    };
+    use crate::wire::envelope::{Env, Envelope, Verb};
+    let (mut peer, _listener, generation) = queue_from_listener(32);
+    let mut next = 0u64;
+    let mut stray_read = || {
+        let mut read = BytesMut::new();
+        while read.len() < SUBSTRATE_READ_CHUNK_BYTES - 256 {
+            let mut env = Env::new(Verb::Send);
+            env.obj = Some(Address::parse("nowhere").expect("an address"));
+            env.id = Some(format!("stray-{next}").as_str().into());
+            env.seq = Some(1);
+            env.receipt = Some(1);
+            Envelope::new(env).encode(&mut read).expect("encodes");
+            next += 1;
+        }
+        read.freeze()
+    };
+    let held = |peer: &Peer| -> usize {
+        peer.uncommitted
+            .iter()
+            .map(|batch| batch.records.len())
+            .sum()
+    };
+    let mut reads = 0;
+    let mut most_in_a_read = 0;
+    while peer.reads_link() {
+        let before = held(&peer);
+        peer.handle_link_bytes(T0, generation, stray_read());
+        // The first read's commit is asked for and never answered: the store is stuck.
+        let _ = outputs(&mut peer);
+        most_in_a_read = most_in_a_read.max(held(&peer).saturating_sub(before));
+        reads += 1;
+        assert!(
+            reads < SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
+            "reading never stopped"
+        );
+    }
+    assert!(
+        most_in_a_read > 100,
+        "a read stages many records: {most_in_a_read}"
+    );
+    assert!(
+        held(&peer) < SUBSTRATE_UNCOMMITTED_RECORDS_MAX + most_in_a_read,
+        "{} records held",
+        held(&peer)
+    );
+    assert!(reads < 32, "stopped after {reads} reads");
+}
