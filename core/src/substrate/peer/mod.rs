@@ -22,7 +22,7 @@
 //! ([`REDIAL`]) and the store retry ([`STORE_RETRY`], for loads and commits). Counters are
 //! published at most once per [`STATS_EVERY`], on the next input after it passed.
 
-use std::collections::{btree_map, BTreeMap, BTreeSet, VecDeque};
+use std::collections::{hash_map, BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +65,12 @@ pub const STATS_EVERY: Duration = Duration::from_millis(SUBSTRATE_STATS_EVERY_MS
 
 mod io;
 pub use io::*;
+
+/// Sends and reqs in flight by op id: a hash map, never iterated where its order could show
+/// (at shutdown its tickets are sorted first), so its random seed changes nothing a peer or a
+/// replay observes, and a peer cannot aim ids at it.
+#[allow(clippy::disallowed_types)]
+type Waiters = std::collections::HashMap<OpId, Waiter, foldhash::fast::RandomState>;
 
 /// What a command in flight waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,8 +121,9 @@ pub struct Peer {
     parked: BTreeMap<String, VecDeque<(Ticket, Command)>>,
     /// Objects whose outbox may have room again (an op left it).
     freed: BTreeSet<Address>,
-    /// Sends and reqs in flight, by op id.
-    waiters: BTreeMap<OpId, Waiter>,
+    /// Sends and reqs in flight, by op id: one lookup per ack, in a map that holds every send
+    /// in flight (thousands, where a tree's search compared a dozen ids).
+    waiters: Waiters,
     /// Opens in flight, by object: the open's op id and ticket.
     opens: BTreeMap<ObjName, (OpId, Ticket)>,
     /// Bytes of `res` parts handed to the app and not read yet, by the req's ticket.
@@ -156,7 +163,7 @@ impl Peer {
             store_retry: Retry::new(STORE_RETRY),
             parked: BTreeMap::new(),
             freed: BTreeSet::new(),
-            waiters: BTreeMap::new(),
+            waiters: Waiters::default(),
             opens: BTreeMap::new(),
             unread: BTreeMap::new(),
             awaiting_link: false,
@@ -587,9 +594,13 @@ impl Peer {
             self.outputs.push_back(Output::Unbind);
         }
         self.unread.clear();
-        let waiters = std::mem::take(&mut self.waiters);
-        for waiter in waiters.into_values() {
-            let (Waiter::Send(ticket) | Waiter::Req(ticket)) = waiter;
+        // In the order the commands came.
+        let mut waiting: Vec<Ticket> = std::mem::take(&mut self.waiters)
+            .into_values()
+            .map(|(Waiter::Send(ticket) | Waiter::Req(ticket))| ticket)
+            .collect();
+        waiting.sort_unstable();
+        for ticket in waiting {
             self.reply(ticket, Reply::Failed(Failure::Shutdown));
         }
         for (_, (_, ticket)) in std::mem::take(&mut self.opens) {
@@ -856,7 +867,7 @@ impl Peer {
                 self.freed.insert(obj);
                 // A req's hop ack is not its outcome: it keeps waiting for the answer. (One
                 // search of a map that holds every send in flight.)
-                if let btree_map::Entry::Occupied(waiter) = self.waiters.entry(op_id) {
+                if let hash_map::Entry::Occupied(waiter) = self.waiters.entry(op_id) {
                     if let Waiter::Send(ticket) = *waiter.get() {
                         let (op_id, _) = waiter.remove_entry();
                         self.reply(ticket, Reply::Sent(op_id));

@@ -751,3 +751,37 @@ fn a_peer_packing_reads_with_strays_during_an_outage_is_stopped_by_records_held(
     );
     assert!(reads < 32, "stopped after {reads} reads");
 }
+
+#[test]
+fn sends_in_flight_at_shutdown_fail_in_the_order_they_were_issued() {
+    let (mut peer, mut listener, generation) = queue_from_listener(64);
+    peer.handle_command(T0, 3, open("mine"));
+    settle(&mut peer, &mut listener, T0, generation);
+    listener.machine_mut().accept(T0, "mine").expect("asked");
+    settle(&mut peer, &mut listener, T0, generation);
+    // Twelve sends the listener never acks: they wait in the peer's table of sends.
+    let tickets: Vec<Ticket> = (100..112).collect();
+    for &ticket in &tickets {
+        let send = Command::Send {
+            obj: ObjName::from(&Address::parse("mine").expect("an address")),
+            body: Bytes::from_static(b"m"),
+            wait: true,
+        };
+        peer.handle_command(T0, ticket, send);
+    }
+    let _ = outputs(&mut peer);
+    peer.handle_shutdown(T0);
+    commit_all(&mut peer, T0);
+    peer.finish(T0);
+    let failed: Vec<Ticket> = outputs(&mut peer)
+        .into_iter()
+        .filter_map(|output| match output {
+            Output::Reply {
+                ticket,
+                reply: Reply::Failed(Failure::Shutdown),
+            } => Some(ticket),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, tickets);
+}
