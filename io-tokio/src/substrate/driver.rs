@@ -509,9 +509,17 @@ impl PeerExecutor {
         match output {
             Output::Load => {
                 let (store, id) = (self.shared.store.clone(), self.id.clone());
+                // The peer asks for one load at a time (core's `Peer` decides; a second
+                // would leave the first's result unread).
+                debug_assert!(self.loading.is_none(), "a load is in flight");
                 self.loading = Some(start(&self.shared, move || store.load(&id)));
             }
             Output::Commit(batches) => {
+                // One commit at a time, wherever it runs.
+                debug_assert!(
+                    self.committing.is_none() && self.in_place.is_none(),
+                    "a commit is in flight"
+                );
                 let records: usize = batches.iter().map(|batch| batch.records.len()).sum();
                 if self.commits_in_place(records) {
                     self.in_place = Some(batches);
