@@ -372,16 +372,16 @@ impl Harness {
     /// together), applying faults to each: a frame lost is left out, one duplicated is read
     /// twice, and one reordered goes back behind the next and ends the read.
     fn deliver_read(&mut self, to: Party) -> bool {
-        let mut read = Vec::new();
+        // The frames read, copied together once at the end (a lone frame not at all).
+        let mut parts: Vec<Bytes> = Vec::new();
+        let mut len = 0;
         let mut frames = 0;
         let now = self.now;
         loop {
             let queue = self.wire(to);
             // A read takes what arrived, up to a read block of the shell's (a frame longer
             // than that whole).
-            let fits = |bytes: &Bytes| {
-                read.is_empty() || read.len() + bytes.len() <= SUBSTRATE_READ_CHUNK_BYTES
-            };
+            let fits = |bytes: &Bytes| len == 0 || len + bytes.len() <= SUBSTRATE_READ_CHUNK_BYTES;
             if queue
                 .front()
                 .is_none_or(|(at, bytes)| *at > now || !fits(bytes))
@@ -411,11 +411,14 @@ impl Harness {
             };
             for _ in 0..copies {
                 self.frames_delivered += 1;
-                read.extend_from_slice(&bytes);
+                len += bytes.len();
+                parts.push(bytes.clone());
             }
         }
-        if !read.is_empty() {
-            self.read(to, &read);
+        match parts.as_slice() {
+            [] => {}
+            [one] => self.read(to, one),
+            many => self.read(to, &many.concat()),
         }
         frames > 0
     }
@@ -453,12 +456,16 @@ impl Harness {
                 progressed = true;
             }
             let mut frames = Vec::new();
+            // Encoded one after another into one buffer, each frame split off it (a fresh
+            // buffer per frame grew, and copied, at every field).
+            let mut encoded = BytesMut::new();
             while let Some(frame) = node.machine.poll_transmit() {
-                let mut bytes = BytesMut::new();
+                // Room for the head and the body at once.
+                encoded.reserve(256 + frame.body.as_ref().map_or(0, Bytes::len));
                 frame
-                    .encode(&mut bytes)
+                    .encode_into(&mut encoded)
                     .expect("the machine only builds valid frames");
-                frames.push(bytes.freeze());
+                frames.push(encoded.split().freeze());
                 progressed = true;
             }
             let mut events = Vec::new();
