@@ -531,6 +531,9 @@ pub fn explore(scope: Scope) -> Result<SubstrateReport, String> {
     };
     let mut walk = Walk {
         scope,
+        // A fixed, well-mixed 64-bit hash (foldhash's quality variant): worlds are hashed by
+        // the million, and SipHash took a tenth of the run.
+        hashing: foldhash::quality::FixedState::with_seed(0x7e7e_5eed),
         seen: HashMap::new(),
         judged: HashSet::new(),
         transitions: 0,
@@ -546,6 +549,8 @@ pub fn explore(scope: Scope) -> Result<SubstrateReport, String> {
 
 struct Walk {
     scope: Scope,
+    /// How worlds (and worlds with their budget) are hashed.
+    hashing: foldhash::quality::FixedState,
     /// Hash of a world and its budget → the shallowest depth it was explored from.
     seen: HashMap<u64, usize>,
     /// Hashes of the worlds judged (a world reached with another budget is judged once).
@@ -557,13 +562,10 @@ struct Walk {
 impl Walk {
     fn visit(&mut self, world: Harness, budget: Budget) -> Result<(), String> {
         let depth = self.trace.len();
-        // A fixed, well-mixed 64-bit hash (foldhash's quality variant): worlds are hashed by
-        // the million, and SipHash took a tenth of the run.
-        let hashing = foldhash::quality::FixedState::with_seed(0x7e7e_5eed);
-        let mut hasher = hashing.build_hasher();
+        let mut hasher = self.hashing.build_hasher();
         world.fingerprint(&mut hasher);
         let world_key = hasher.finish();
-        let key = hashing.hash_one((world_key, budget));
+        let key = self.hashing.hash_one((world_key, budget));
         match self.seen.get(&key) {
             Some(explored_at) if *explored_at <= depth => return Ok(()),
             _ => {}

@@ -367,12 +367,21 @@ impl Harness {
         self.collect(to);
     }
 
+    /// Node `to` reads `frames` as one read: copied together once, a lone frame not at all.
+    fn read_frames(&mut self, to: Party, frames: &[Bytes]) {
+        match frames {
+            [] => {}
+            [one] => self.read(to, one),
+            many => self.read(to, &many.concat()),
+        }
+    }
+
     /// Delivers the frames travelling towards `to` that have arrived, as one read of at most
     /// [`SUBSTRATE_READ_CHUNK_BYTES`] (a link hands the machine every whole frame it read
     /// together), applying faults to each: a frame lost is left out, one duplicated is read
     /// twice, and one reordered goes back behind the next and ends the read.
     fn deliver_read(&mut self, to: Party) -> bool {
-        // The frames read, copied together once at the end (a lone frame not at all).
+        // The frames read, handed on together at the end.
         let mut parts: Vec<Bytes> = Vec::new();
         let mut len = 0;
         let mut frames = 0;
@@ -415,11 +424,7 @@ impl Harness {
                 parts.push(bytes.clone());
             }
         }
-        match parts.as_slice() {
-            [] => {}
-            [one] => self.read(to, one),
-            many => self.read(to, &many.concat()),
-        }
+        self.read_frames(to, &parts);
         frames > 0
     }
 
@@ -540,10 +545,9 @@ impl Harness {
         if queue.is_empty() {
             return false;
         }
-        let frames = queue.len();
-        let read: Vec<u8> = queue.drain(..).flat_map(|(_, bytes)| bytes).collect();
-        self.frames_delivered += frames as u64;
-        self.read(to, &read);
+        let frames: Vec<Bytes> = queue.drain(..).map(|(_, bytes)| bytes).collect();
+        self.frames_delivered += frames.len() as u64;
+        self.read_frames(to, &frames);
         true
     }
 
