@@ -194,6 +194,13 @@ pub enum CommandError {
     TextTooLong,
 }
 
+/// A command the machine refused, with the body it carried handed back.
+#[derive(Debug)]
+pub(crate) struct Refused<T> {
+    pub(crate) error: CommandError,
+    pub(crate) body: T,
+}
+
 #[derive(Debug, Clone, Hash)]
 struct Object {
     record: ObjectRecord,
@@ -1034,11 +1041,13 @@ impl Machine {
     /// Returns its op id; [`Event::Acked`] reports it durable at the peer.
     pub fn send(&mut self, now: Time, obj: &str, body: Bytes) -> Result<OpId, CommandError> {
         self.message(now, obj, Verb::Send, body)
+            .map_err(|refused| refused.error)
     }
 
     /// A request on a live session; the peer's answers arrive as [`Event::Answered`].
     pub fn req(&mut self, now: Time, obj: &str, body: Bytes) -> Result<OpId, CommandError> {
         self.message(now, obj, Verb::Req, body)
+            .map_err(|refused| refused.error)
     }
 
     /// Answers the remote's req `req_id` with `verb` (Res, End or Err). A final answer (End or
@@ -1052,16 +1061,25 @@ impl Machine {
         body: Option<Bytes>,
         code: Option<&str>,
     ) -> Result<(), CommandError> {
-        if !matches!(verb, Verb::Res | Verb::End | Verb::Err) {
-            return Err(CommandError::WrongState(obj.to_owned()));
-        }
-        check_text(code)?;
-        check_text(Some(req_id))?;
-        check_body(body.as_ref())?;
-        self.live_for_app(obj)?;
-        let name = self.interned(obj).ok_or_else(|| no_such(obj))?;
-        self.touch(&name);
-        self.check_room(&name)?;
+        self.offer_answer(now, obj, req_id, verb, body, code)
+            .map_err(|refused| refused.error)
+    }
+
+    /// [`Machine::answer`], handing a refused body back (as [`Machine::message`] does).
+    pub(crate) fn offer_answer(
+        &mut self,
+        now: Time,
+        obj: &str,
+        req_id: &str,
+        verb: Verb,
+        body: Option<Bytes>,
+        code: Option<&str>,
+    ) -> Result<(), Refused<Option<Bytes>>> {
+        let checked = self.check_answer(obj, req_id, verb, body.as_ref(), code);
+        let name = match checked {
+            Ok(name) => name,
+            Err(error) => return Err(Refused { error, body }),
+        };
         let mut op = self.op(now, &name, verb, OpId::new(req_id));
         op.body = body;
         op.code = code.map(str::to_owned);
@@ -1085,6 +1103,28 @@ impl Machine {
         }
         self.end_step(now);
         Ok(())
+    }
+
+    /// Everything [`Machine::answer`] checks before it enqueues, in order; the object's name.
+    fn check_answer(
+        &mut self,
+        obj: &str,
+        req_id: &str,
+        verb: Verb,
+        body: Option<&Bytes>,
+        code: Option<&str>,
+    ) -> Result<Address, CommandError> {
+        if !matches!(verb, Verb::Res | Verb::End | Verb::Err) {
+            return Err(CommandError::WrongState(obj.to_owned()));
+        }
+        check_text(code)?;
+        check_text(Some(req_id))?;
+        check_body(body)?;
+        self.live_for_app(obj)?;
+        let name = self.interned(obj).ok_or_else(|| no_such(obj))?;
+        self.touch(&name);
+        self.check_room(&name)?;
+        Ok(name)
     }
 
     /// Closes an object. Ops enqueued before the close still go first.

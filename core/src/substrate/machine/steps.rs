@@ -57,16 +57,26 @@ impl Machine {
         Ok(())
     }
 
-    pub(super) fn message(
+    /// [`Machine::send`] (`verb` Send) or [`Machine::req`] (`verb` Req), handing a refused
+    /// body back: the peer parks a send its outbox has no room for, and keeps the body
+    /// without a second reference to it.
+    pub(crate) fn message(
         &mut self,
         now: Time,
         obj: &str,
         verb: Verb,
         body: Bytes,
-    ) -> Result<OpId, CommandError> {
-        check_body(Some(&body))?;
-        let name = self.touch_open(obj)?;
-        self.check_room(&name)?;
+    ) -> Result<OpId, Refused<Bytes>> {
+        debug_assert!(matches!(verb, Verb::Send | Verb::Req));
+        let checked = check_body(Some(&body)).and_then(|()| {
+            let name = self.touch_open(obj)?;
+            self.check_room(&name)?;
+            Ok(name)
+        });
+        let name = match checked {
+            Ok(name) => name,
+            Err(error) => return Err(Refused { error, body }),
+        };
         let id = self.mint();
         let mut op = self.op(now, &name, verb, id.clone());
         op.body = Some(body);

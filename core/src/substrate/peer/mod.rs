@@ -31,7 +31,7 @@ use bytes::Bytes;
 use super::finality::Code;
 use super::handshake::{Negotiated, Role};
 use super::link::PeerLink;
-use super::machine::{CommandError, Event, Machine};
+use super::machine::{CommandError, Event, Machine, Refused};
 use super::{Address, ObjName, OpId, PeerId, PersistBatch};
 use crate::limits::{
     SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_LAZY_COMMIT_BATCHES_MAX, SUBSTRATE_LAZY_COMMIT_MS,
@@ -671,19 +671,22 @@ impl Peer {
                 }
                 None
             }
-            Command::Send { obj, body, wait } => match machine.send(now, &obj, body.clone()) {
+            // A refused body comes back with the error, so a parked command keeps it without
+            // the machine's or a second reference to it.
+            Command::Send { obj, body, wait } => match machine.message(now, &obj, Verb::Send, body)
+            {
                 Ok(id) => {
                     self.waiters.insert(id, Waiter::Send(ticket));
                     None
                 }
-                Err(error) => Some((Command::Send { obj, body, wait }, error)),
+                Err(Refused { error, body }) => Some((Command::Send { obj, body, wait }, error)),
             },
-            Command::Req { obj, body, wait } => match machine.req(now, &obj, body.clone()) {
+            Command::Req { obj, body, wait } => match machine.message(now, &obj, Verb::Req, body) {
                 Ok(id) => {
                     self.waiters.insert(id, Waiter::Req(ticket));
                     None
                 }
-                Err(error) => Some((Command::Req { obj, body, wait }, error)),
+                Err(Refused { error, body }) => Some((Command::Req { obj, body, wait }, error)),
             },
             Command::Answer {
                 obj,
@@ -691,12 +694,12 @@ impl Peer {
                 verb,
                 body,
                 code,
-            } => match machine.answer(now, &obj, &req_id, verb, body.clone(), code.as_deref()) {
+            } => match machine.offer_answer(now, &obj, &req_id, verb, body, code.as_deref()) {
                 Ok(()) => {
                     self.reply(ticket, Reply::Done);
                     None
                 }
-                Err(error) => {
+                Err(Refused { error, body }) => {
                     let command = Command::Answer {
                         obj,
                         req_id,

@@ -785,3 +785,71 @@ fn sends_in_flight_at_shutdown_fail_in_the_order_they_were_issued() {
         .collect();
     assert_eq!(failed, tickets);
 }
+
+/// A send the outbox has no room for waits in the peer's task with its body, and a `try_send`
+/// behind it is refused: the machine hands a refused body back rather than the task keeping a
+/// second reference to it. Once acks free room, the waiting send goes, body intact and in
+/// order, and is acknowledged.
+#[test]
+fn a_send_refused_for_room_waits_with_its_body_and_goes_when_acks_free_room() {
+    let machine = |id: &str, outbox_ops_max: usize| {
+        let config = Config {
+            outbox_ops_max,
+            ..Config::default()
+        };
+        Machine::new(
+            PeerId::new(id),
+            config,
+            Arc::new(Authorizer::new(AllowAll)),
+            7,
+        )
+    };
+    let mut peer = Peer::new(PeerId::new("b"), true, true, 42);
+    assert_eq!(outputs(&mut peer), [Output::Load]);
+    peer.handle_loaded(
+        T0,
+        Ok(PeerLink::new(machine("b", 2), Auth::None, Vec::new())),
+    );
+    let _ = outputs(&mut peer);
+    let mut listener = PeerLink::new(machine("a", 1000), Auth::None, Vec::new());
+    let generation = dialed_to(&mut peer, &mut listener, T0, 1);
+    settle(&mut peer, &mut listener, T0, generation);
+    peer.handle_command(T0, 3, open("mine"));
+    settle(&mut peer, &mut listener, T0, generation);
+    listener.machine_mut().accept(T0, "mine").expect("asked");
+    settle(&mut peer, &mut listener, T0, generation);
+
+    let send = |body: &'static [u8], wait: bool| Command::Send {
+        obj: ObjName::from(&Address::parse("mine").expect("an address")),
+        body: Bytes::from_static(body),
+        wait,
+    };
+    // Two sends fill the outbox of 2; the third waits for room; a try behind it is refused.
+    peer.handle_command(T0, 10, send(b"one", true));
+    peer.handle_command(T0, 11, send(b"two", true));
+    peer.handle_command(T0, 12, send(b"three", true));
+    peer.handle_command(T0, 13, send(b"four", false));
+    let replies: Vec<(Ticket, Reply)> = outputs(&mut peer)
+        .into_iter()
+        .filter_map(|output| match output {
+            Output::Reply { ticket, reply } => Some((ticket, reply)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        replies,
+        [(13, Reply::Failed(CommandError::QueueFull.into()))],
+        "only the try is answered yet"
+    );
+
+    settle(&mut peer, &mut listener, T0, generation);
+    let delivered: Vec<Bytes> = listener
+        .machine()
+        .pending_deliveries()
+        .iter()
+        .filter(|op| op.obj.as_str() == "mine" && op.verb == Verb::Send)
+        .map(|op| op.body.clone().expect("a body"))
+        .collect();
+    assert_eq!(delivered, [&b"one"[..], b"two", b"three"]);
+    assert!(peer.parked.is_empty(), "nothing waits for room");
+}
