@@ -434,6 +434,21 @@ pub const SUBSTRATE_SPARE_STEP_BUFFERS_MAX: usize = SUBSTRATE_UNCOMMITTED_BATCHE
 /// at most about 2 KiB.
 pub const SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX: usize = 4;
 
+/// Larger emptied step buffers a peer's machine keeps, beside the small ones
+/// ([`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`]), for reads of several frames: the frames of one read
+/// are one step, and a 64 KiB read of 1 KiB sends stages about 60 records and more outputs,
+/// which grew a small buffer five times over, copying it each time. A read's second frame
+/// moves the step into a large spare. `tether-core-cost` (16 queues, window 32): 732.3M
+/// instructions with none kept, 723.6M with 4, 718.7M with 8 (a step's buffer grown 3,693,
+/// 1,413 and 435 times).
+pub const SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX: usize = 8;
+
+/// Entries a large spare step buffer ([`SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX`]) may have room
+/// for. At 64, `tether-core-cost` kept almost none (its steps' buffers grew 3,693 times, as with
+/// none kept): a read's buffers outgrow it. At 208 bytes a record and 304 an output, the
+/// large spares of a peer hold at most 8 × 128 × 512 B = 512 KiB.
+pub const SUBSTRATE_SPARE_LARGE_STEP_BUFFER_ENTRIES_MAX: usize = 128;
+
 /// Records a commit to a blocking store may hold and still run in place on the peer task's
 /// worker when nothing else waits for that task (the two hops to a blocking thread and back
 /// cost more than one sync holds the worker); a larger commit, or one while input waits, runs

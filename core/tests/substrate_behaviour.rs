@@ -1510,20 +1510,31 @@ fn a_step_stages_into_the_buffer_a_committed_batch_handed_back() {
 #[test]
 fn spare_buffers_are_bounded_in_count_and_room_and_freed_once_the_peer_is_quiet() {
     use tether_core::limits::{
+        SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX, SUBSTRATE_SPARE_LARGE_STEP_BUFFER_ENTRIES_MAX,
         SUBSTRATE_SPARE_STEP_BUFFERS_MAX, SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX,
     };
     let small = |id: u64| PersistBatch {
         id: BatchId(id),
         records: Vec::with_capacity(1),
     };
-    let (mut machine, now) = machine_with_link();
-    // A buffer grown past the bound is freed, not kept.
-    let grown = Vec::with_capacity(SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX + 1);
-    machine.recycle(PersistBatch {
+    let sized = |room: usize| PersistBatch {
         id: BatchId(1),
-        records: grown,
-    });
+        records: Vec::with_capacity(room),
+    };
+    let (mut machine, now) = machine_with_link();
+    // A buffer grown past the large bound is freed, not kept.
+    machine.recycle(sized(SUBSTRATE_SPARE_LARGE_STEP_BUFFER_ENTRIES_MAX + 1));
     assert_eq!(machine.spare_buffers().0, 0);
+    // Larger than a small one and within the large bound: kept, as many as the large bound.
+    for _ in 0..SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX + 3 {
+        machine.recycle(sized(SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX + 1));
+    }
+    assert_eq!(
+        machine.spare_buffers().0,
+        SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX
+    );
+    machine.handle_timeout(Time::from_millis(2));
+    assert_eq!(machine.spare_buffers(), (0, 0), "nothing is outstanding");
     for id in 0..SUBSTRATE_SPARE_STEP_BUFFERS_MAX + 10 {
         machine.recycle(small(id as u64));
     }

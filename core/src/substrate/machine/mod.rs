@@ -60,8 +60,9 @@ use super::durable::{
 use super::finality::{self, class_of, Class};
 use super::{Config, PeerId, Stats};
 use crate::limits::{
-    ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX, SUBSTRATE_SPARE_STEP_BUFFERS_MAX,
-    SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX,
+    ENVELOPE_INLINE_BODY_BYTES_MAX, ENVELOPE_TEXT_BYTES_MAX,
+    SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX, SUBSTRATE_SPARE_LARGE_STEP_BUFFER_ENTRIES_MAX,
+    SUBSTRATE_SPARE_STEP_BUFFERS_MAX, SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX,
 };
 use crate::retry::{Backoff, Jitter};
 use crate::time::Time;
@@ -380,15 +381,75 @@ impl Touched {
 
 /// Emptied step buffers kept for the next steps, so that a busy peer does not allocate and
 /// free a record buffer and an output buffer per input. At most
-/// [`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`] of each kind are kept, each with room for at most
-/// [`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`] entries. A timeout that finds every batch
-/// persisted frees them, and so does the commit or link loss that leaves every batch persisted
-/// with no link up. They hold no state: a clone starts without them, and the fingerprint
-/// leaves them out.
+/// [`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`] of each kind are kept with room for at most
+/// [`SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX`] entries, and at most
+/// [`SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX`] larger ones (room for at most
+/// [`SUBSTRATE_SPARE_LARGE_STEP_BUFFER_ENTRIES_MAX`]), which a read of several frames stages
+/// into. A timeout that finds every batch persisted frees them, and so does the commit or link
+/// loss that leaves every batch persisted with no link up. They hold no state: a clone starts
+/// without them, and the fingerprint leaves them out.
 #[derive(Debug, Default)]
 struct Spares {
-    records: Vec<Vec<Record>>,
-    outputs: Vec<Vec<Deferred>>,
+    records: Pool<Record>,
+    outputs: Pool<Deferred>,
+}
+
+/// Spare buffers of one kind: small ones for most steps, large ones for reads of many frames.
+#[derive(Debug)]
+struct Pool<T> {
+    small: Vec<Vec<T>>,
+    large: Vec<Vec<T>>,
+}
+
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Self {
+            small: Vec::new(),
+            large: Vec::new(),
+        }
+    }
+}
+
+impl<T> Pool<T> {
+    /// An empty buffer for a step.
+    fn take(&mut self) -> Vec<T> {
+        self.small.pop().unwrap_or_default()
+    }
+
+    /// Keeps `buffer`, emptied, if its room is within a bound and its pool has a place.
+    fn keep(&mut self, mut buffer: Vec<T>) {
+        let (pool, most) = match buffer.capacity() {
+            0 => return,
+            room if room <= SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX => {
+                (&mut self.small, SUBSTRATE_SPARE_STEP_BUFFERS_MAX)
+            }
+            room if room <= SUBSTRATE_SPARE_LARGE_STEP_BUFFER_ENTRIES_MAX => {
+                (&mut self.large, SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX)
+            }
+            _ => return,
+        };
+        if pool.len() < most {
+            buffer.clear();
+            pool.push(buffer);
+        }
+    }
+
+    /// Moves what `staged` holds, while it is small, into a large spare that takes its place
+    /// (its own room kept as a spare), so that a read of many frames does not grow it entry
+    /// by entry.
+    fn enlarge(&mut self, staged: &mut Vec<T>) {
+        if staged.capacity() <= SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX {
+            if let Some(mut large) = self.large.pop() {
+                large.append(staged);
+                let small = std::mem::replace(staged, large);
+                self.keep(small);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.small.len() + self.large.len()
+    }
 }
 
 impl Clone for Spares {
@@ -400,33 +461,22 @@ impl Clone for Spares {
 impl Spares {
     /// An empty buffer for a step's records.
     fn records(&mut self) -> Vec<Record> {
-        self.records.pop().unwrap_or_default()
+        self.records.take()
     }
 
     /// An empty buffer for a step's outputs.
     fn outputs(&mut self) -> Vec<Deferred> {
-        self.outputs.pop().unwrap_or_default()
+        self.outputs.take()
     }
 
-    /// Keeps `buffer`, emptied, if it is small and there is room for it.
+    /// Keeps `buffer`, emptied, if it is within the bounds and there is room for it.
     fn keep_records(&mut self, buffer: Vec<Record>) {
-        Self::keep(&mut self.records, buffer);
+        self.records.keep(buffer);
     }
 
-    /// Keeps `buffer`, emptied, if it is small and there is room for it.
+    /// Keeps `buffer`, emptied, if it is within the bounds and there is room for it.
     fn keep_outputs(&mut self, buffer: Vec<Deferred>) {
-        Self::keep(&mut self.outputs, buffer);
-    }
-
-    fn keep<T>(spares: &mut Vec<Vec<T>>, mut buffer: Vec<T>) {
-        let room = buffer.capacity();
-        if room > 0
-            && room <= SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX
-            && spares.len() < SUBSTRATE_SPARE_STEP_BUFFERS_MAX
-        {
-            buffer.clear();
-            spares.push(buffer);
-        }
+        self.outputs.keep(buffer);
     }
 }
 
@@ -903,14 +953,19 @@ impl Machine {
     /// that cuts the link ends the step there, and the frames after it are taken and ignored.
     /// A read that held no whole frame is no step.
     pub fn handle_frames(&mut self, now: Time, frames: impl IntoIterator<Item = Envelope>) {
-        let mut taken = false;
+        let mut taken = 0usize;
         for frame in frames {
             if !self.cut {
+                if taken == 1 {
+                    // A read of several frames stages into large spares, if there are any.
+                    self.spares.records.enlarge(&mut self.staged);
+                    self.spares.outputs.enlarge(&mut self.staged_outputs);
+                }
                 self.take_frame(now, frame);
-                taken = true;
+                taken += 1;
             }
         }
-        if taken {
+        if taken > 0 {
             self.end_step(now);
         }
     }

@@ -297,8 +297,10 @@ impl Machine {
                 Some((_, waiting)) => {
                     waiting.append(&mut self.staged_outputs);
                     if self.staged_outputs.capacity() > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX {
-                        // A large step's room is not kept for the next one.
-                        self.staged_outputs = self.spares.outputs();
+                        // A large step's room goes back to the spares, not to the next step.
+                        let emptied =
+                            std::mem::replace(&mut self.staged_outputs, self.spares.outputs());
+                        self.spares.keep_outputs(emptied);
                     }
                 }
                 None => {

@@ -853,3 +853,36 @@ fn a_send_refused_for_room_waits_with_its_body_and_goes_when_acks_free_room() {
     assert_eq!(delivered, [&b"one"[..], b"two", b"three"]);
     assert!(peer.parked.is_empty(), "nothing waits for room");
 }
+
+/// The records of a read of many frames (a window of 32 sends) are staged into the room a
+/// committed read of many frames handed back, not into a small buffer grown entry by entry.
+#[test]
+fn a_read_of_many_frames_stages_into_the_room_an_earlier_one_handed_back() {
+    use crate::limits::SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX;
+    let (mut peer, mut listener, generation) = queue_from_listener(128);
+    // Where the record buffers of the batches the peer commits lie, and their room.
+    let arrive = |peer: &mut Peer, listener: &mut PeerLink| {
+        send_on_q(listener, 32);
+        listener_commits(listener, T0);
+        let mut out = BytesMut::new();
+        while listener.poll_transmit(&mut out) {}
+        peer.handle_link_bytes(T0, generation, out.freeze());
+        let mut buffers = Vec::new();
+        for output in outputs(peer) {
+            if let Output::Commit(batches) = output {
+                let room =
+                    |batch: &PersistBatch| (batch.records.as_ptr(), batch.records.capacity());
+                buffers.extend(batches.iter().map(room));
+            }
+        }
+        // The read's own batch (others may ride with it: a credit update, say).
+        buffers.retain(|&(_, room)| room > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX);
+        peer.handle_committed(T0, Ok(()));
+        buffers
+    };
+    let first = arrive(&mut peer, &mut listener);
+    assert_eq!(first.len(), 1, "one read of many frames: {first:?}");
+    settle(&mut peer, &mut listener, T0, generation);
+    let second = arrive(&mut peer, &mut listener);
+    assert_eq!(second, first, "the read staged into the same room");
+}
