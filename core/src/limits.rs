@@ -437,8 +437,8 @@ pub const SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX: usize = 4;
 /// Larger emptied step buffers a peer's machine keeps, beside the small ones
 /// ([`SUBSTRATE_SPARE_STEP_BUFFERS_MAX`]), for reads of several frames: the frames of one read
 /// are one step, and a 64 KiB read of 1 KiB sends stages about 60 records and more outputs,
-/// which grew a small buffer five times over, copying it each time. A read's second frame
-/// moves the step into a large spare. `tether-core-cost` (16 queues, window 32): 732.3M
+/// which grew a small buffer four or five times over, copying it each time. A read's second
+/// frame moves the step into a large spare. `tether-core-cost` (16 queues, window 32): 732.3M
 /// instructions with none kept, 723.6M with 4, 718.7M with 8 (a step's buffer grown 3,693,
 /// 1,413 and 435 times).
 pub const SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX: usize = 8;

@@ -4,7 +4,6 @@
 //! retry the store, when to hold commands or stop reading the link and when the task ends are
 //! the peer's decisions (`tether_core::substrate::peer`), not this task's.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, Instrument};
 
+use super::answers::Answers;
 use super::commands::{Answer, Command, CommandRx, CommandTx};
 use super::transport::Link;
 use super::{Delivery, Error, Inbound, OpenRequest, Request, Shared};
@@ -110,7 +110,7 @@ pub(super) struct PeerExecutor {
     store_error: Option<StoreFailure>,
     /// The last load error, for commands refused while the state cannot load.
     load_error: Option<StoreFailure>,
-    answers: HashMap<Ticket, Answer, foldhash::fast::RandomState>,
+    answers: Answers,
     next_ticket: Ticket,
     pinned: Arc<AtomicBool>,
     /// Who waits for the task to end (a shutdown).
@@ -159,7 +159,7 @@ impl PeerExecutor {
             in_place: None,
             store_error: None,
             load_error: None,
-            answers: HashMap::default(),
+            answers: Answers::default(),
             next_ticket: 0,
             pinned,
             done: None,
@@ -612,19 +612,22 @@ impl PeerExecutor {
 
     /// Answers the command `ticket`.
     fn answer(&mut self, ticket: Ticket, reply: Reply) {
-        let Some(answer) = self.answers.remove(&ticket) else {
-            return;
+        // Looked at in place: a `res` part leaves its request waiting, and a reply of another
+        // kind (never made) leaves the caller waiting for its own.
+        let reply = match (self.answers.get_mut(ticket), reply) {
+            (Some(Answer::Req(sink)), Reply::Res(body)) => return sink.res(ticket, body),
+            (Some(Answer::Unit(_)), reply @ (Reply::Done | Reply::Failed(_)))
+            | (Some(Answer::Sent(_)), reply @ (Reply::Sent(_) | Reply::Failed(_)))
+            | (Some(Answer::Req(_)), reply @ (Reply::End(_) | Reply::Failed(_))) => reply,
+            _ => return,
         };
+        let answer = self.answers.remove(ticket).expect("found above");
         let error = |failure: Failure| failure_error(failure, self.load_error.as_ref());
         match (answer, reply) {
             (Answer::Unit(tx), Reply::Done) => drop(tx.send(Ok(()))),
             (Answer::Sent(tx), Reply::Sent(op_id)) => {
                 debug!(%op_id, "acked");
                 drop(tx.send(Ok(op_id)));
-            }
-            (Answer::Req(sink), Reply::Res(body)) => {
-                sink.res(ticket, body);
-                self.answers.insert(ticket, Answer::Req(sink));
             }
             (Answer::Req(sink), Reply::End(body)) => sink.end(body),
             (Answer::Unit(tx), Reply::Failed(failure)) => drop(tx.send(Err(error(failure)))),
@@ -635,10 +638,7 @@ impl PeerExecutor {
                 drop(tx.send(Err(error(failure))));
             }
             (Answer::Req(sink), Reply::Failed(failure)) => sink.fail(error(failure)),
-            (answer, _) => {
-                // A reply of another kind (never made): the caller keeps waiting for its own.
-                self.answers.insert(ticket, answer);
-            }
+            _ => unreachable!("matched above"),
         }
     }
 

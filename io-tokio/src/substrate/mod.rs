@@ -37,6 +37,7 @@
 //! Persist batches are group-committed (all batches emitted up to a commit point in one store
 //! transaction) before anything they cover is transmitted or acknowledged.
 
+mod answers;
 mod commands;
 mod driver;
 mod preauth;

@@ -447,6 +447,7 @@ impl<T> Pool<T> {
         }
     }
 
+    #[cfg(any(test, feature = "harness"))]
     fn len(&self) -> usize {
         self.small.len() + self.large.len()
     }
