@@ -1565,6 +1565,28 @@ fn spare_buffers_are_bounded_in_count_and_room_and_freed_once_the_peer_is_quiet(
     assert_eq!(machine.spare_buffers(), (0, 0));
 }
 
+/// A read of several frames moves its step into a large spare buffer at its second frame; a
+/// read that then stages nothing (keepalives) gives that room back to the spares rather than
+/// keeping it for its next steps, where no bound or timeout would reach it.
+#[test]
+fn a_read_that_stages_nothing_gives_a_large_spare_back() {
+    use tether_core::limits::SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX;
+    use tether_core::substrate::TYPE_KEEPALIVE;
+    let (mut machine, now) = machine_with_link();
+    machine.recycle(PersistBatch {
+        id: BatchId(1),
+        records: Vec::with_capacity(SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX + 1),
+    });
+    assert_eq!(machine.spare_buffers().0, 1);
+    let keepalive = || {
+        let mut frame = Envelope::new(Env::new(Verb::Ack));
+        frame.type_byte = TYPE_KEEPALIVE;
+        frame
+    };
+    machine.handle_frames(now, [keepalive(), keepalive()]);
+    assert_eq!(machine.spare_buffers().0, 1, "the large spare is back");
+}
+
 /// Eight sends read together by B are one step of its machine: one batch, committed once,
 /// after which all eight are acked. Read one at a time, they are eight batches. Either way B's
 /// app has each once, in order.

@@ -4,23 +4,21 @@
 //! order (a queue's sends are acked in order), so the entries lie in a ring indexed by
 //! ticket: an answer finds its entry at its offset, beside those answered just before it.
 //! A hash table by ticket scattered them, and its lookups missed the cache with thousands of
-//! sends in flight (1.4% of the CPU of 16 queues in `tether-bench`'s profile). An entry still
-//! waiting when the ring would pass [`RING_MAX`] entries moves to a table of late ones, so a
-//! request answered late never holds the ring open; so does every entry when tickets jump far
-//! ahead (commands without answers, such as consumes, take tickets too).
+//! sends in flight (1.4% of the CPU of 16 queues in `tether-bench`'s profile). The ring spans
+//! the tickets from the oldest one waiting, so an entry that waits long would hold it open: at
+//! [`RING_MAX`] slots the oldest entries still waiting move to a table of late ones, and so
+//! does every entry when tickets jump far ahead (commands without answers, such as consumes,
+//! take tickets too).
 
 use std::collections::{HashMap, VecDeque};
 
+use tether_core::limits::{SUBSTRATE_ANSWER_RING_GAP_MAX, SUBSTRATE_ANSWER_RING_SLOTS_MAX};
 use tether_core::substrate::peer::Ticket;
 
 use super::commands::Answer;
 
-/// Most entries the ring spans, answered or not: 64 Ki slots of 16 bytes (1 MiB at most).
-pub(super) const RING_MAX: usize = 64 * 1024;
-
-/// Most tickets without an entry the ring fills in to reach a new entry; past it, the live
-/// entries move to the late table and the ring starts again at the new ticket.
-const GAP_MAX: u64 = 1024;
+/// Most slots the ring spans ([`SUBSTRATE_ANSWER_RING_SLOTS_MAX`]).
+pub(super) const RING_MAX: usize = SUBSTRATE_ANSWER_RING_SLOTS_MAX;
 
 #[derive(Default)]
 pub(super) struct Answers {
@@ -39,17 +37,22 @@ impl Answers {
     pub(super) fn insert(&mut self, ticket: Ticket, answer: Answer) {
         let end = self.end();
         debug_assert!(ticket >= end, "tickets increase: {ticket} after {end}");
-        if self.ring.is_empty() || ticket.saturating_sub(end) > GAP_MAX {
+        if self.ring.is_empty() || ticket.saturating_sub(end) > SUBSTRATE_ANSWER_RING_GAP_MAX {
             self.spill(self.ring.len());
             self.base = ticket;
+        }
+        // Room for the gap and the entry within the bound, made before the ring grows.
+        let span = usize::try_from(ticket - self.base).map_or(usize::MAX, |gap| gap + 1);
+        if span > RING_MAX {
+            self.spill((span - RING_MAX).min(self.ring.len()));
+            if self.ring.is_empty() {
+                self.base = ticket;
+            }
         }
         while self.end() < ticket {
             self.ring.push_back(None);
         }
         self.ring.push_back(Some(answer));
-        if self.ring.len() > RING_MAX {
-            self.spill(self.ring.len() - RING_MAX);
-        }
     }
 
     /// The entry of `ticket`, if it waits.
@@ -104,9 +107,10 @@ impl Answers {
             self.ring.pop_front();
             self.base += 1;
         }
+        // A power of two, so that growing by doubling never takes room past `RING_MAX`.
         let floor = self.ring.len().max(1024);
         if self.ring.capacity() > 4 * floor {
-            self.ring.shrink_to(2 * floor);
+            self.ring.shrink_to((2 * floor).next_power_of_two());
         }
     }
 }
@@ -151,7 +155,8 @@ mod tests {
     }
 
     /// One entry that waits while many after it are answered moves to the late table: the
-    /// ring never spans more than its bound, and the late entry is still found.
+    /// ring never spans, nor takes room for, more than its bound, and the late entry is still
+    /// found.
     #[test]
     fn an_entry_answered_late_does_not_hold_the_ring_open() {
         let mut answers = Answers::default();
@@ -161,6 +166,10 @@ mod tests {
             answers.insert(ticket, unit().0);
             assert!(answers.remove(ticket).is_some());
             assert!(answers.ring.len() <= RING_MAX);
+            assert!(
+                answers.ring.capacity() <= RING_MAX,
+                "the room stays within the bound"
+            );
         }
         assert_eq!(answers.len(), 1);
         assert!(answers.ring.is_empty(), "only the late entry waits");

@@ -296,12 +296,6 @@ impl Machine {
             match self.waiting.back_mut() {
                 Some((_, waiting)) => {
                     waiting.append(&mut self.staged_outputs);
-                    if self.staged_outputs.capacity() > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX {
-                        // A large step's room goes back to the spares, not to the next step.
-                        let emptied =
-                            std::mem::replace(&mut self.staged_outputs, self.spares.outputs());
-                        self.spares.keep_outputs(emptied);
-                    }
                 }
                 None => {
                     let outputs =
@@ -309,6 +303,20 @@ impl Machine {
                     self.release(outputs);
                 }
             }
+        }
+        // The room of a large step (or of a read that moved its step into a large spare and
+        // staged nothing there) goes back to the spares, not to the next step.
+        if self.staged.is_empty()
+            && self.staged.capacity() > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX
+        {
+            let emptied = std::mem::replace(&mut self.staged, self.spares.records());
+            self.spares.keep_records(emptied);
+        }
+        if self.staged_outputs.is_empty()
+            && self.staged_outputs.capacity() > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX
+        {
+            let emptied = std::mem::replace(&mut self.staged_outputs, self.spares.outputs());
+            self.spares.keep_outputs(emptied);
         }
         let touched = self.touched.take();
         self.transmit_ready(now, &touched);
