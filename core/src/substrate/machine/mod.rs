@@ -447,6 +447,15 @@ impl<T> Pool<T> {
         }
     }
 
+    /// Gives the room of `staged`, emptied and larger than a small spare, back to the spares
+    /// (a small one takes its place), so that a step's room is not kept for the next one.
+    fn shed(&mut self, staged: &mut Vec<T>) {
+        if staged.is_empty() && staged.capacity() > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX {
+            let emptied = std::mem::replace(staged, self.take());
+            self.keep(emptied);
+        }
+    }
+
     #[cfg(any(test, feature = "harness"))]
     fn len(&self) -> usize {
         self.small.len() + self.large.len()
@@ -456,28 +465,6 @@ impl<T> Pool<T> {
 impl Clone for Spares {
     fn clone(&self) -> Self {
         Self::default()
-    }
-}
-
-impl Spares {
-    /// An empty buffer for a step's records.
-    fn records(&mut self) -> Vec<Record> {
-        self.records.take()
-    }
-
-    /// An empty buffer for a step's outputs.
-    fn outputs(&mut self) -> Vec<Deferred> {
-        self.outputs.take()
-    }
-
-    /// Keeps `buffer`, emptied, if it is within the bounds and there is room for it.
-    fn keep_records(&mut self, buffer: Vec<Record>) {
-        self.records.keep(buffer);
-    }
-
-    /// Keeps `buffer`, emptied, if it is within the bounds and there is room for it.
-    fn keep_outputs(&mut self, buffer: Vec<Deferred>) {
-        self.outputs.keep(buffer);
     }
 }
 
@@ -843,7 +830,7 @@ impl Machine {
     /// after [`Machine::handle_persisted`] for the batch.
     pub fn recycle(&mut self, batch: PersistBatch) {
         if !self.steps_stopped() {
-            self.spares.keep_records(batch.records);
+            self.spares.records.keep(batch.records);
         }
     }
 

@@ -279,7 +279,7 @@ impl Machine {
                 Deferred::Event(event) => self.events.push_back(event),
             }
         }
-        self.spares.keep_outputs(outputs);
+        self.spares.outputs.keep(outputs);
     }
 
     /// Ends every input: staged records become one batch, and the outputs staged with them
@@ -288,8 +288,8 @@ impl Machine {
         if !self.staged.is_empty() {
             let id = self.next_batch;
             self.next_batch = BatchId(id.0 + 1);
-            let records = std::mem::replace(&mut self.staged, self.spares.records());
-            let outputs = std::mem::replace(&mut self.staged_outputs, self.spares.outputs());
+            let records = std::mem::replace(&mut self.staged, self.spares.records.take());
+            let outputs = std::mem::replace(&mut self.staged_outputs, self.spares.outputs.take());
             self.persist.push_back(PersistBatch { id, records });
             self.waiting.push_back((id, outputs));
         } else if !self.staged_outputs.is_empty() {
@@ -299,25 +299,15 @@ impl Machine {
                 }
                 None => {
                     let outputs =
-                        std::mem::replace(&mut self.staged_outputs, self.spares.outputs());
+                        std::mem::replace(&mut self.staged_outputs, self.spares.outputs.take());
                     self.release(outputs);
                 }
             }
         }
         // The room of a large step (or of a read that moved its step into a large spare and
         // staged nothing there) goes back to the spares, not to the next step.
-        if self.staged.is_empty()
-            && self.staged.capacity() > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX
-        {
-            let emptied = std::mem::replace(&mut self.staged, self.spares.records());
-            self.spares.keep_records(emptied);
-        }
-        if self.staged_outputs.is_empty()
-            && self.staged_outputs.capacity() > SUBSTRATE_SPARE_STEP_BUFFER_ENTRIES_MAX
-        {
-            let emptied = std::mem::replace(&mut self.staged_outputs, self.spares.outputs());
-            self.spares.keep_outputs(emptied);
-        }
+        self.spares.records.shed(&mut self.staged);
+        self.spares.outputs.shed(&mut self.staged_outputs);
         let touched = self.touched.take();
         self.transmit_ready(now, &touched);
         self.touched.restore(touched);
