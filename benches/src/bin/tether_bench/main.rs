@@ -20,7 +20,9 @@
 //! table says so, and the process exits non-zero otherwise). Latency is from the producer's
 //! send to the consumer's delivery. `--sync` adds single-message durable latency: one send
 //! awaited at a time (and JetStream's synchronous publish beside it). The table is printed as
-//! Markdown and drawn as an SVG bar chart (`--plot`).
+//! Markdown and drawn as an SVG bar chart (`--plot`). `--trace-commits PATH` writes one CSV
+//! line per tether commit (which run and side, when it started, how long it took, and the
+//! records it wrote by kind): how a window is cut into commits, and what each side's disk does.
 //!
 //! ```sh
 //! cargo run --release -p tether-benches --bin tether-bench -- --messages 20000 --size 1024
@@ -30,9 +32,10 @@ mod brokers;
 mod plot;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use tether::node::Node;
@@ -40,7 +43,7 @@ use tether::store::{LogStore, SqliteStore, Store, StoreError};
 use tether::substrate::{
     AllowAll, Auth, Authorizer, Config, Inbound, OpId, PeerId, Pending, Substrate, TcpTransport,
 };
-use tether_core::substrate::{DurableState, PersistBatch};
+use tether_core::substrate::{effective_records, DurableState, PersistBatch, Record};
 use tokio::sync::watch;
 
 /// Which store both sides of a tether run keep their state in.
@@ -281,6 +284,85 @@ struct Counted {
     commits: Arc<AtomicU64>,
     /// Nanoseconds spent in commits.
     busy_ns: Arc<AtomicU64>,
+    /// Where its commits are traced, with `--trace-commits`.
+    trace: Option<CommitTrace>,
+}
+
+/// The file `--trace-commits` names, once opened.
+static COMMIT_TRACE: OnceLock<Mutex<std::io::BufWriter<std::fs::File>>> = OnceLock::new();
+
+/// One store's commits, traced: the run (its key), the side, and when the run's pair began.
+struct CommitTrace {
+    run: String,
+    side: &'static str,
+    began: Instant,
+}
+
+/// The columns of a commit's trace line: the records a commit writes, by kind.
+const TRACE_KINDS: [&str; 8] = [
+    "objects",
+    "outbox",
+    "outbox_removed",
+    "held",
+    "held_removed",
+    "inbox",
+    "inbox_removed",
+    "bounces",
+];
+
+impl CommitTrace {
+    fn header() -> String {
+        format!(
+            "run,side,start_us,duration_us,in_place,batches,records,{}",
+            TRACE_KINDS.join(",")
+        )
+    }
+
+    /// One line: what the commit that started at `started` and took `spent` nanoseconds
+    /// wrote (its effective records, those a store writes, by kind).
+    fn line(
+        &self,
+        started: Instant,
+        spent: u64,
+        in_place: bool,
+        batches: &[PersistBatch],
+    ) -> String {
+        let mut kinds = [0usize; TRACE_KINDS.len()];
+        let written = effective_records(batches);
+        for record in &written {
+            kinds[match record {
+                Record::Object(_) | Record::ObjectRemoved { .. } => 0,
+                Record::Outbox(_) => 1,
+                Record::OutboxRemoved { .. } => 2,
+                Record::Held(_) => 3,
+                Record::HeldRemoved { .. } => 4,
+                Record::Inbox(_) => 5,
+                Record::InboxRemoved { .. } => 6,
+                Record::Bounce { .. } | Record::BounceRemoved { .. } => 7,
+            }] += 1;
+        }
+        let kinds: Vec<String> = kinds.iter().map(usize::to_string).collect();
+        format!(
+            "{},{},{},{},{},{},{},{}",
+            self.run,
+            self.side,
+            started.saturating_duration_since(self.began).as_micros(),
+            spent / 1_000,
+            in_place,
+            batches.len(),
+            written.len(),
+            kinds.join(",")
+        )
+    }
+}
+
+impl Counted {
+    fn traced(&self, started: Instant, spent: u64, in_place: bool, batches: &[PersistBatch]) {
+        if let (Some(trace), Some(file)) = (&self.trace, COMMIT_TRACE.get()) {
+            let line = trace.line(started, spent, in_place, batches);
+            let _ = writeln!(file.lock().expect("lock"), "{line}");
+        }
+    }
 }
 
 impl Store for Counted {
@@ -294,6 +376,7 @@ impl Store for Counted {
         let committed = self.store.commit(peer, batches);
         let spent = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.busy_ns.fetch_add(spent, Ordering::Relaxed);
+        self.traced(started, spent, false, batches);
         committed
     }
 
@@ -315,6 +398,7 @@ impl Store for Counted {
         self.commits.fetch_add(1, Ordering::Relaxed);
         let spent = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.busy_ns.fetch_add(spent, Ordering::Relaxed);
+        self.traced(started, spent, true, batches);
         Some(committed)
     }
 }
@@ -332,6 +416,8 @@ struct Options {
     rounds: u64,
     /// Rounds run first and not reported (`--warm-up N`, 1 unless told).
     warm_up: u64,
+    /// Where every tether commit is traced, one CSV line each (`--trace-commits PATH`).
+    trace_commits: Option<PathBuf>,
 }
 
 impl Options {
@@ -352,6 +438,7 @@ fn parse_args() -> Result<Options, String> {
         plot: PathBuf::from("tether-bench.svg"),
         rounds: 1,
         warm_up: 1,
+        trace_commits: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -374,12 +461,20 @@ fn parse_args() -> Result<Options, String> {
                     .map(PathBuf::from)
                     .ok_or("--plot takes a path")?
             }
+            "--trace-commits" => {
+                options.trace_commits = Some(
+                    args.next()
+                        .map(PathBuf::from)
+                        .ok_or("--trace-commits takes a path")?,
+                )
+            }
             // cargo bench passes --bench; nothing else is accepted.
             "--bench" => {}
             other => {
                 return Err(format!(
                     "unknown argument {other:?} (--messages N, --size B, --rounds N, \
-                     --warm-up N, --sync, --no-brokers, --only KEY, --plot PATH)"
+                     --warm-up N, --sync, --no-brokers, --only KEY, --plot PATH, \
+                     --trace-commits PATH)"
                 ))
             }
         }
@@ -398,6 +493,22 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if let Some(path) = &options.trace_commits {
+        let opened = std::fs::File::create(path).and_then(|file| {
+            let mut file = std::io::BufWriter::new(file);
+            writeln!(file, "{}", CommitTrace::header())?;
+            Ok(file)
+        });
+        match opened {
+            Ok(file) => {
+                let _ = COMMIT_TRACE.set(Mutex::new(file));
+            }
+            Err(error) => {
+                eprintln!("tether-bench: --trace-commits {}: {error}", path.display());
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -424,6 +535,11 @@ fn main() -> std::process::ExitCode {
         skipped = why;
     }
     let _ = std::fs::remove_dir_all(&dir);
+    if let Some(file) = COMMIT_TRACE.get() {
+        if let Err(error) = file.lock().expect("lock").flush() {
+            eprintln!("tether-bench: the commit trace was not written whole: {error}");
+        }
+    }
     let summaries = summarize(&rounds);
     print_table(&summaries, options.size, options.rounds);
     print_goals(&rounds);
@@ -606,11 +722,27 @@ async fn pair(dir: &Path, carrier: Carrier, store: StoreKind, window: usize) -> 
     };
     let commits = Arc::new(AtomicU64::new(0));
     let busy_ns: [Arc<AtomicU64>; 2] = Default::default();
+    // The run's key: its directory is named after it.
+    let run = dir
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let began = Instant::now();
     let store = |name: &str, busy_ns: &Arc<AtomicU64>| -> Arc<dyn Store> {
+        let side = if name.starts_with("alice") {
+            "sender"
+        } else {
+            "receiver"
+        };
         Arc::new(Counted {
             store: store.open(&dir.join(name)),
             commits: commits.clone(),
             busy_ns: busy_ns.clone(),
+            trace: COMMIT_TRACE.get().map(|_| CommitTrace {
+                run: run.clone(),
+                side,
+                began,
+            }),
         })
     };
     match carrier {
@@ -1363,6 +1495,7 @@ mod tests {
             store,
             commits: Arc::default(),
             busy_ns: Arc::default(),
+            trace: None,
         };
         let batch = [PersistBatch {
             id: tether_core::substrate::BatchId(1),
@@ -1379,6 +1512,60 @@ mod tests {
         assert_eq!(memory.commits.load(Ordering::Relaxed), 0);
         drop(log);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A commit's trace line counts what the store writes: an op inserted and forgotten in
+    /// the same commit leaves only its removal, so the line says one removal, not an insert.
+    #[test]
+    fn a_traced_commit_counts_the_records_the_store_writes() {
+        use tether_core::substrate::{Address, BatchId, Op, OpId, Seq};
+        use tether_core::time::Time;
+        use tether_core::wire::envelope::Verb;
+        let obj = Address::parse("q0").expect("an address");
+        let op = |seq: u64| Op {
+            obj: obj.clone(),
+            seq: Seq(seq),
+            id: OpId::new(&format!("id-{seq}")),
+            verb: Verb::Send,
+            obj_kind: None,
+            body: Some(bytes::Bytes::from_static(b"body")),
+            code: None,
+            reason: None,
+            cap: None,
+            at: Time::ZERO,
+        };
+        let batches = [
+            PersistBatch {
+                id: BatchId(1),
+                records: vec![Record::Outbox(op(0)), Record::Outbox(op(1))],
+            },
+            PersistBatch {
+                id: BatchId(2),
+                records: vec![Record::OutboxRemoved {
+                    obj: obj.clone(),
+                    seq: Seq(0),
+                }],
+            },
+        ];
+        let trace = CommitTrace {
+            run: "log-iroh-1-32".into(),
+            side: "sender",
+            began: Instant::now(),
+        };
+        let line = trace.line(Instant::now(), 250_000, false, &batches);
+        let fields: Vec<&str> = line.split(',').collect();
+        let header = CommitTrace::header();
+        let columns: Vec<&str> = header.split(',').collect();
+        assert_eq!(fields.len(), columns.len(), "{line}");
+        let field = |name: &str| fields[columns.iter().position(|c| *c == name).expect(name)];
+        assert_eq!(field("run"), "log-iroh-1-32");
+        assert_eq!(field("side"), "sender");
+        assert_eq!(field("duration_us"), "250");
+        assert_eq!(field("batches"), "2");
+        assert_eq!(field("records"), "2");
+        assert_eq!(field("outbox"), "1");
+        assert_eq!(field("outbox_removed"), "1");
+        assert_eq!(field("inbox"), "0");
     }
 
     /// A row named `what` at `rate` msg/s.
