@@ -55,6 +55,7 @@ pub mod driver;
 pub mod limits;
 pub mod request;
 pub mod retry;
+pub mod ring;
 pub mod stats;
 pub mod substrate;
 pub mod switch;

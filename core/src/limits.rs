@@ -449,16 +449,17 @@ pub const SUBSTRATE_SPARE_LARGE_STEP_BUFFERS_MAX: usize = 8;
 /// large spares of a peer hold at most 8 × 128 × 512 B = 512 KiB.
 pub const SUBSTRATE_SPARE_LARGE_STEP_BUFFER_ENTRIES_MAX: usize = 128;
 
-/// Most slots of a peer task's ring of answers by ticket (the shell's table from each command
-/// to where its answers go): 16 Ki slots of 16 bytes, 256 KiB a peer at most, its room too.
-/// The ring spans the tickets from the oldest one waiting; past this, the oldest entries still
-/// waiting move to a table of late ones. `tether-bench`'s 16 queues keep 12,800 sends waiting.
-pub const SUBSTRATE_ANSWER_RING_SLOTS_MAX: usize = 16 * 1024;
+/// Most slots of a [`crate::ring::Ring`], the table kept in order of the numbers it is keyed
+/// by, of which a peer has two: its task's answers by command ticket and its sends and reqs in
+/// flight by op-id counter, each 16 bytes a slot: at most 256 KiB a peer each, their room too. A ring spans the keys from the oldest entry waiting; past this, the oldest entries
+/// still waiting move to a table of late ones. `tether-bench`'s 16 queues keep 12,800 sends
+/// waiting.
+pub const SUBSTRATE_RING_SLOTS_MAX: usize = 16 * 1024;
 
-/// Most tickets without an entry (commands without answers, such as consumes) the ring of
-/// answers fills in to reach a new entry; past it, the entries waiting move to the table of
-/// late ones and the ring starts again at the new ticket.
-pub const SUBSTRATE_ANSWER_RING_GAP_MAX: u64 = 1024;
+/// Most numbers without an entry (commands without answers, such as consumes; op ids of
+/// opens) a [`crate::ring::Ring`] fills in to reach a new entry; past it, the entries waiting
+/// move to the table of late ones and the ring starts again at the new key.
+pub const SUBSTRATE_RING_GAP_MAX: u64 = 1024;
 
 /// Records a commit to a blocking store may hold and still run in place on the peer task's
 /// worker when nothing else waits for that task (the two hops to a blocking thread and back

@@ -59,6 +59,31 @@ fn assert_exactly_once_in_order(h: &Harness, count: u64) {
     );
 }
 
+/// The counters of the ids a machine mints rise with each one, and only its own ids have one:
+/// an id of the same counter under another boot (a peer's, or one a peer made up) has none, so
+/// a table of this side's ops by counter never takes a reply naming another id for its own.
+#[test]
+fn only_the_ids_a_machine_minted_have_its_counters() {
+    let mut h = harness(32);
+    let ids = open_and_send(&mut h, 3);
+    let counters: Vec<u64> = ids
+        .iter()
+        .map(|id| h.a.machine.minted_counter(id).expect("A minted it"))
+        .collect();
+    assert!(counters.windows(2).all(|w| w[0] < w[1]), "{counters:?}");
+    let (boot, counter) = ids[0].words().expect("a minted id has words");
+    assert_eq!(counter, counters[0]);
+    let forged = OpId::from_words(boot ^ 1, counter);
+    assert_eq!(h.a.machine.minted_counter(&forged), None);
+    assert_eq!(
+        h.b.machine.minted_counter(&ids[0]),
+        None,
+        "B's boot differs"
+    );
+    let upper = OpId::new(&ids[0].as_str().to_uppercase());
+    assert_eq!(h.a.machine.minted_counter(&upper), None);
+}
+
 #[test]
 fn queue_messages_are_delivered_once_in_order_and_acked() {
     for window in [1, 32] {

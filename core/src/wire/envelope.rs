@@ -233,6 +233,25 @@ impl OpId {
         Self(Text::inline(hex).expect("32 hex digits fit inline"))
     }
 
+    /// The two words of an id [`OpId::from_words`] wrote (32 lowercase hex digits); `None` for
+    /// any other id.
+    pub fn words(&self) -> Option<(u64, u64)> {
+        let text = self.0.as_str().as_bytes();
+        if text.len() != OP_ID_INLINE_BYTES {
+            return None;
+        }
+        let mut words = [0u64; 2];
+        for (i, byte) in text.iter().enumerate() {
+            let digit = match byte {
+                b'0'..=b'9' => byte - b'0',
+                b'a'..=b'f' => byte - b'a' + 10,
+                _ => return None,
+            };
+            words[i / 16] = words[i / 16] << 4 | u64::from(digit);
+        }
+        Some((words[0], words[1]))
+    }
+
     /// The id's text.
     pub fn as_str(&self) -> &str {
         self.0.as_str()
@@ -1156,6 +1175,22 @@ mod tests {
                 body: body.map(Bytes::from),
             }
         })
+    }
+
+    proptest! {
+        /// An id written from two words gives them back, and only such an id has words: any
+        /// other text (another length, upper case, not hex) has none.
+        #[test]
+        fn an_id_gives_back_the_words_it_was_written_from(
+            high in any::<u64>(),
+            low in any::<u64>(),
+            other in "[0-9a-zA-Z-]{0,40}",
+        ) {
+            prop_assert_eq!(OpId::from_words(high, low).words(), Some((high, low)));
+            let is_words = other.len() == 32
+                && other.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            prop_assert_eq!(OpId::new(&other).words().is_some(), is_words, "{}", other);
+        }
     }
 
     proptest! {

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, Instrument};
 
-use super::answers::Answers;
+use super::answers::{answers, Answers};
 use super::commands::{Answer, Command, CommandRx, CommandTx};
 use super::transport::Link;
 use super::{Delivery, Error, Inbound, OpenRequest, Request, Shared};
@@ -159,7 +159,7 @@ impl PeerExecutor {
             in_place: None,
             store_error: None,
             load_error: None,
-            answers: Answers::default(),
+            answers: answers(),
             next_ticket: 0,
             pinned,
             done: None,

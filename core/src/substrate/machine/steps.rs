@@ -196,6 +196,21 @@ impl Machine {
             .count()
     }
 
+    /// The counter of an op id this machine minted in this boot ([`Machine::mint`]), or `None`
+    /// for any other id: a number that rises with every id minted, for tables of this side's
+    /// ops in flight kept in order.
+    pub fn minted_counter(&self, id: &OpId) -> Option<u64> {
+        id.words()
+            .filter(|(boot, _)| *boot == self.boot)
+            .map(|(_, counter)| counter)
+    }
+
+    /// The boot its ids are minted under (tests make ids of it).
+    #[cfg(test)]
+    pub(crate) fn boot(&self) -> u64 {
+        self.boot
+    }
+
     pub(super) fn mint(&mut self) -> OpId {
         self.minted += 1;
         OpId::from_words(self.boot, self.minted)

@@ -22,7 +22,7 @@
 //! ([`REDIAL`]) and the store retry ([`STORE_RETRY`], for loads and commits). Counters are
 //! published at most once per [`STATS_EVERY`], on the next input after it passed.
 
-use std::collections::{hash_map, BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,11 +36,13 @@ use super::{Address, ObjName, OpId, PeerId, PersistBatch};
 use crate::limits::{
     SUBSTRATE_ADOPT_WAIT_MS, SUBSTRATE_LAZY_COMMIT_BATCHES_MAX, SUBSTRATE_LAZY_COMMIT_MS,
     SUBSTRATE_REDIAL_BASE_MS, SUBSTRATE_REDIAL_CAP_MS, SUBSTRATE_REPLY_BYTES_MAX,
-    SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_STATS_EVERY_MS, SUBSTRATE_STORE_RETRY_BASE_MS,
-    SUBSTRATE_STORE_RETRY_CAP_MS, SUBSTRATE_UNCOMMITTED_BATCHES_MAX,
-    SUBSTRATE_UNCOMMITTED_RECORDS_MAX, SUBSTRATE_WAITING_SENDS_MAX,
+    SUBSTRATE_REPLY_PART_OVERHEAD_BYTES, SUBSTRATE_RING_GAP_MAX, SUBSTRATE_RING_SLOTS_MAX,
+    SUBSTRATE_STATS_EVERY_MS, SUBSTRATE_STORE_RETRY_BASE_MS, SUBSTRATE_STORE_RETRY_CAP_MS,
+    SUBSTRATE_UNCOMMITTED_BATCHES_MAX, SUBSTRATE_UNCOMMITTED_RECORDS_MAX,
+    SUBSTRATE_WAITING_SENDS_MAX,
 };
 use crate::retry::{Backoff, Jitter, Retry};
+use crate::ring::Ring;
 use crate::time::Time;
 use crate::wire::envelope::{FrameSink, Verb};
 
@@ -66,11 +68,10 @@ pub const STATS_EVERY: Duration = Duration::from_millis(SUBSTRATE_STATS_EVERY_MS
 mod io;
 pub use io::*;
 
-/// Sends and reqs in flight by op id: a hash map, never iterated where its order could show
-/// (at shutdown its tickets are sorted first), so its random seed changes nothing a peer or a
-/// replay observes, and a peer cannot aim ids at it.
-#[allow(clippy::disallowed_types)]
-type Waiters = std::collections::HashMap<OpId, Waiter, foldhash::fast::RandomState>;
+/// Sends and reqs in flight, by the counter of their op ids ([`Machine::minted_counter`]):
+/// ids are minted in order and mostly acked in about that order, so a ring finds each beside
+/// the last one, where a hash table of thousands of 40-byte ids missed the cache on every ack.
+type Waiters = Ring<Waiter>;
 
 /// What a command in flight waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +164,7 @@ impl Peer {
             store_retry: Retry::new(STORE_RETRY),
             parked: BTreeMap::new(),
             freed: BTreeSet::new(),
-            waiters: Waiters::default(),
+            waiters: Ring::new(SUBSTRATE_RING_SLOTS_MAX, SUBSTRATE_RING_GAP_MAX),
             opens: BTreeMap::new(),
             unread: BTreeMap::new(),
             awaiting_link: false,
@@ -595,8 +596,9 @@ impl Peer {
         }
         self.unread.clear();
         // In the order the commands came.
-        let mut waiting: Vec<Ticket> = std::mem::take(&mut self.waiters)
-            .into_values()
+        let mut waiting: Vec<Ticket> = self
+            .waiters
+            .drain()
             .map(|(Waiter::Send(ticket) | Waiter::Req(ticket))| ticket)
             .collect();
         waiting.sort_unstable();
@@ -676,14 +678,16 @@ impl Peer {
             Command::Send { obj, body, wait } => match machine.message(now, &obj, Verb::Send, body)
             {
                 Ok(id) => {
-                    self.waiters.insert(id, Waiter::Send(ticket));
+                    let key = machine.minted_counter(&id).expect("the machine minted it");
+                    self.waiters.insert(key, Waiter::Send(ticket));
                     None
                 }
                 Err(Refused { error, body }) => Some((Command::Send { obj, body, wait }, error)),
             },
             Command::Req { obj, body, wait } => match machine.message(now, &obj, Verb::Req, body) {
                 Ok(id) => {
-                    self.waiters.insert(id, Waiter::Req(ticket));
+                    let key = machine.minted_counter(&id).expect("the machine minted it");
+                    self.waiters.insert(key, Waiter::Req(ticket));
                     None
                 }
                 Err(Refused { error, body }) => Some((Command::Req { obj, body, wait }, error)),
@@ -857,6 +861,14 @@ impl Peer {
             .map(|since| since.saturating_add(LAZY_COMMIT))
     }
 
+    /// The key of this side's op `id` among the waiters (`None`: not an id this side minted).
+    fn minted(&self, id: &OpId) -> Option<u64> {
+        match &self.stage {
+            Stage::Ready(link) => link.machine().minted_counter(id),
+            Stage::Loading { .. } => None,
+        }
+    }
+
     fn poll_link_event(&mut self) -> Option<Event> {
         match &mut self.stage {
             Stage::Ready(link) => link.poll_event(),
@@ -868,18 +880,17 @@ impl Peer {
         match event {
             Event::Acked { obj, op_id } => {
                 self.freed.insert(obj);
-                // A req's hop ack is not its outcome: it keeps waiting for the answer. (One
-                // search of a map that holds every send in flight.)
-                if let hash_map::Entry::Occupied(waiter) = self.waiters.entry(op_id) {
-                    if let Waiter::Send(ticket) = *waiter.get() {
-                        let (op_id, _) = waiter.remove_entry();
+                // A req's hop ack is not its outcome: it keeps waiting for the answer.
+                if let Some(key) = self.minted(&op_id) {
+                    if let Some(&Waiter::Send(ticket)) = self.waiters.get(key) {
+                        self.waiters.remove(key);
                         self.reply(ticket, Reply::Sent(op_id));
                     }
                 }
             }
             Event::Futile { obj, op_id, code } => {
                 self.freed.insert(obj.clone());
-                match self.waiters.remove(&op_id) {
+                match self.minted(&op_id).and_then(|key| self.waiters.remove(key)) {
                     Some(Waiter::Send(ticket) | Waiter::Req(ticket)) => {
                         self.unread.remove(&ticket);
                         self.reply(ticket, Reply::Failed(Failure::Futile(Code::parse(&code))));
@@ -914,7 +925,8 @@ impl Peer {
                 code,
             } => {
                 self.freed.insert(obj);
-                let Some(Waiter::Req(ticket)) = self.waiters.get(&req_id).copied() else {
+                let key = self.minted(&req_id);
+                let Some(&Waiter::Req(ticket)) = key.and_then(|key| self.waiters.get(key)) else {
                     return;
                 };
                 let reply = match verb {
@@ -934,8 +946,8 @@ impl Peer {
                     Verb::End => Reply::End(body),
                     _ => Reply::Failed(Failure::Remote(Code::of(code.as_deref()))),
                 };
-                if !matches!(reply, Reply::Res(_)) {
-                    self.waiters.remove(&req_id);
+                if let (false, Some(key)) = (matches!(reply, Reply::Res(_)), key) {
+                    self.waiters.remove(key);
                     self.unread.remove(&ticket);
                 }
                 self.reply(ticket, reply);

@@ -229,9 +229,11 @@ fn a_failed_commit_goes_again_first_after_a_backoff_and_commits_take_turns() {
 fn a_reply_the_app_leaves_unread_past_its_bound_fails_and_the_rest_is_dropped() {
     let mut peer = loaded(true, false);
     let _ = outputs(&mut peer);
+    // A req of this side's: its id is one the machine mints.
+    let boot = peer.machine().expect("loaded").boot();
     let answered = |verb: Verb, body: &[u8]| Event::Answered {
         obj: Address::parse("s").expect("an address"),
-        req_id: "r1".into(),
+        req_id: OpId::from_words(boot, 1),
         verb,
         body: Some(Bytes::copy_from_slice(body)),
         code: None,
@@ -245,7 +247,7 @@ fn a_reply_the_app_leaves_unread_past_its_bound_fails_and_the_rest_is_dropped() 
             })
             .collect()
     };
-    peer.waiters.insert("r1".into(), Waiter::Req(7));
+    peer.waiters.insert(1, Waiter::Req(7));
     let part = vec![0u8; 64 * 1024];
     let size = part.len() + SUBSTRATE_REPLY_PART_OVERHEAD_BYTES;
     let fit = SUBSTRATE_REPLY_BYTES_MAX / size;
