@@ -451,9 +451,9 @@ pub const SUBSTRATE_SPARE_LARGE_STEP_BUFFER_ENTRIES_MAX: usize = 128;
 
 /// Most slots of a [`crate::ring::Ring`], the table kept in order of the numbers it is keyed
 /// by, of which a peer has two: its task's answers by command ticket and its sends and reqs in
-/// flight by op-id counter, each 16 bytes a slot: at most 256 KiB a peer each, their room too. A ring spans the keys from the oldest entry waiting; past this, the oldest entries
-/// still waiting move to a table of late ones. `tether-bench`'s 16 queues keep 12,800 sends
-/// waiting.
+/// flight by op-id counter, each 16 bytes a slot: at most 256 KiB a peer each, their room too.
+/// A ring spans the keys from the oldest entry waiting; past this, the oldest entries still
+/// waiting move to a table of late ones. `tether-bench`'s 16 queues keep 12,800 sends waiting.
 pub const SUBSTRATE_RING_SLOTS_MAX: usize = 16 * 1024;
 
 /// Most numbers without an entry (commands without answers, such as consumes; op ids of

@@ -925,8 +925,10 @@ impl Peer {
                 code,
             } => {
                 self.freed.insert(obj);
-                let key = self.minted(&req_id);
-                let Some(&Waiter::Req(ticket)) = key.and_then(|key| self.waiters.get(key)) else {
+                let Some(key) = self.minted(&req_id) else {
+                    return;
+                };
+                let Some(&Waiter::Req(ticket)) = self.waiters.get(key) else {
                     return;
                 };
                 let reply = match verb {
@@ -946,7 +948,7 @@ impl Peer {
                     Verb::End => Reply::End(body),
                     _ => Reply::Failed(Failure::Remote(Code::of(code.as_deref()))),
                 };
-                if let (false, Some(key)) = (matches!(reply, Reply::Res(_)), key) {
+                if !matches!(reply, Reply::Res(_)) {
                     self.waiters.remove(key);
                     self.unread.remove(&ticket);
                 }
